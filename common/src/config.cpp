@@ -1,0 +1,249 @@
+#include "kf/common/config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "kf/common/error.h"
+
+namespace kf {
+namespace {
+
+const char* type_name(ConfigType t) {
+  switch (t) {
+    case ConfigType::Int: return "an integer";
+    case ConfigType::Float: return "a number";
+    case ConfigType::Bool: return "a boolean";
+    case ConfigType::String: return "a string";
+    case ConfigType::IntList: return "a list of integers";
+    case ConfigType::StringList: return "a list of strings";
+  }
+  return "?";
+}
+
+const ConfigKey* find_key(const std::string& path) {
+  for (const ConfigKey& k : config_schema())
+    if (k.path == path) return &k;
+  return nullptr;
+}
+
+bool is_section(const std::string& path) {
+  const std::string prefix = path + ".";
+  for (const ConfigKey& k : config_schema())
+    if (k.path.compare(0, prefix.size(), prefix) == 0) return true;
+  return false;
+}
+
+template <typename V>
+bool scalar_as(const YAML::Node& n, V& out) {
+  if (!n.IsScalar()) return false;
+  try {
+    out = n.as<V>();
+    return true;
+  } catch (const YAML::Exception&) {
+    return false;
+  }
+}
+
+bool scalar_is_int(const YAML::Node& n) {
+  int64_t v;
+  if (!scalar_as(n, v)) return false;
+  // yaml-cpp accepts "1.0" as int on some versions; require digits only.
+  const std::string& s = n.Scalar();
+  return s.find_first_of(".eE") == std::string::npos;
+}
+
+// Checks `value` against `key` and returns its canonical YAML text. Throws naming `where`.
+std::string validate_value(const ConfigKey& key, const YAML::Node& value, const std::string& where) {
+  auto fail = [&](const std::string& what) -> Error {
+    return error_at(where, "key '" + key.path + "' " + what);
+  };
+  YAML::Emitter out;
+  out.SetSeqFormat(YAML::Flow);
+  switch (key.type) {
+    case ConfigType::Int: {
+      int64_t v;
+      if (!scalar_is_int(value) || !scalar_as(value, v)) throw fail("expects an integer, got '" + YAML::Dump(value) + "'");
+      out << v;
+      break;
+    }
+    case ConfigType::Float: {
+      double v;
+      if (!scalar_as(value, v)) throw fail("expects a number, got '" + YAML::Dump(value) + "'");
+      out << v;
+      break;
+    }
+    case ConfigType::Bool: {
+      bool v;
+      if (!scalar_as(value, v)) throw fail("expects true or false, got '" + YAML::Dump(value) + "'");
+      out << v;
+      break;
+    }
+    case ConfigType::String: {
+      if (!value.IsScalar()) throw fail("expects a string, got " + std::string(value.IsSequence() ? "a list" : "a map"));
+      const std::string v = value.Scalar();
+      if (!key.choices.empty()) {
+        bool ok = false;
+        std::string all;
+        for (const auto& c : key.choices) {
+          ok = ok || c == v;
+          all += (all.empty() ? "" : ", ") + c;
+        }
+        if (!ok) throw fail("must be one of {" + all + "}, got '" + v + "'");
+      }
+      out << YAML::DoubleQuoted << v;
+      break;
+    }
+    case ConfigType::IntList:
+    case ConfigType::StringList: {
+      if (!value.IsSequence()) throw fail(std::string("expects ") + type_name(key.type) + ", got '" + YAML::Dump(value) + "'");
+      out << YAML::BeginSeq;
+      for (std::size_t i = 0; i < value.size(); ++i) {
+        const YAML::Node& e = value[i];
+        if (key.type == ConfigType::IntList) {
+          int64_t v;
+          if (!scalar_is_int(e) || !scalar_as(e, v))
+            throw fail("element " + std::to_string(i) + " expects an integer, got '" + YAML::Dump(e) + "'");
+          out << v;
+        } else {
+          if (!e.IsScalar()) throw fail("element " + std::to_string(i) + " expects a string");
+          out << YAML::DoubleQuoted << e.Scalar();
+        }
+      }
+      out << YAML::EndSeq;
+      break;
+    }
+  }
+  return out.c_str();
+}
+
+void walk(const YAML::Node& node, const std::string& prefix, const std::string& where,
+          std::map<std::string, std::string>& values) {
+  for (auto it = node.begin(); it != node.end(); ++it) {
+    const std::string name = it->first.as<std::string>();
+    const std::string path = prefix.empty() ? name : prefix + "." + name;
+    const YAML::Node& child = it->second;
+    if (const ConfigKey* key = find_key(path)) {
+      values[path] = validate_value(*key, child, where);
+    } else if (is_section(path)) {
+      if (!child.IsMap()) throw error_at(where, "key '" + path + "' is a section and expects a map of keys");
+      walk(child, path, where, values);
+    } else {
+      throw error_at(where, "unknown key '" + path + "'");
+    }
+  }
+}
+
+}  // namespace
+
+Config Config::load(const std::string& file, const std::vector<std::string>& overrides) {
+  std::ifstream in(file);
+  if (!in) throw error_at(file, "cannot open config file");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parse(ss.str(), file, overrides);
+}
+
+Config Config::parse(const std::string& yaml_text, const std::string& source_name,
+                     const std::vector<std::string>& overrides) {
+  Config cfg;
+  cfg.source_ = source_name;
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::Exception& e) {
+    throw error_at(source_name, std::string("not valid YAML: ") + e.what());
+  }
+  if (root.IsDefined() && !root.IsNull()) {
+    if (!root.IsMap()) throw error_at(source_name, "top level must be a map of sections");
+    walk(root, "", source_name, cfg.values_);
+  }
+  for (const std::string& ov : overrides) {
+    const auto eq = ov.find('=');
+    if (eq == std::string::npos || eq == 0) throw error_at("--set " + ov, "expects key.path=value");
+    const std::string path = ov.substr(0, eq);
+    const ConfigKey* key = find_key(path);
+    if (!key) throw error_at("--set " + ov, "unknown key '" + path + "'");
+    YAML::Node value;
+    try {
+      value = YAML::Load(ov.substr(eq + 1));
+    } catch (const YAML::Exception& e) {
+      throw error_at("--set " + ov, std::string("value is not valid YAML: ") + e.what());
+    }
+    cfg.values_[path] = validate_value(*key, value, "--set " + ov);
+  }
+  for (const ConfigKey& k : config_schema()) {
+    if (cfg.values_.count(k.path)) continue;
+    if (k.required) throw error_at(source_name, "missing required key '" + k.path + "'");
+    cfg.values_[k.path] = validate_value(k, YAML::Load(k.fallback), "schema default");
+  }
+  return cfg;
+}
+
+const ConfigKey& Config::key_or_throw(const std::string& path, ConfigType type) const {
+  const ConfigKey* key = find_key(path);
+  if (!key) throw error_at(source_, "program asked for undeclared key '" + path + "'");
+  if (key->type != type)
+    throw error_at(source_, "program read key '" + path + "' as " + type_name(type) + " but it is " + type_name(key->type));
+  return *key;
+}
+
+int64_t Config::get_int(const std::string& path) const {
+  key_or_throw(path, ConfigType::Int);
+  return YAML::Load(values_.at(path)).as<int64_t>();
+}
+double Config::get_float(const std::string& path) const {
+  key_or_throw(path, ConfigType::Float);
+  return YAML::Load(values_.at(path)).as<double>();
+}
+bool Config::get_bool(const std::string& path) const {
+  key_or_throw(path, ConfigType::Bool);
+  return YAML::Load(values_.at(path)).as<bool>();
+}
+std::string Config::get_string(const std::string& path) const {
+  key_or_throw(path, ConfigType::String);
+  return YAML::Load(values_.at(path)).as<std::string>();
+}
+std::vector<int64_t> Config::get_ints(const std::string& path) const {
+  key_or_throw(path, ConfigType::IntList);
+  return YAML::Load(values_.at(path)).as<std::vector<int64_t>>();
+}
+std::vector<std::string> Config::get_strings(const std::string& path) const {
+  key_or_throw(path, ConfigType::StringList);
+  return YAML::Load(values_.at(path)).as<std::vector<std::string>>();
+}
+
+namespace {
+struct YamlTree {
+  std::map<std::string, YamlTree> children;
+  std::string value;  // canonical YAML text for leaves
+};
+void emit_tree(const YamlTree& t, int indent, std::string& out) {
+  for (const auto& [name, child] : t.children) {
+    out += std::string(indent, ' ') + name + ":";
+    if (child.children.empty()) {
+      out += " " + child.value + "\n";
+    } else {
+      out += "\n";
+      emit_tree(child, indent + 2, out);
+    }
+  }
+}
+}  // namespace
+
+std::string Config::to_yaml() const {
+  YamlTree root;
+  for (const auto& [path, text] : values_) {
+    YamlTree* node = &root;
+    std::stringstream ss(path);
+    for (std::string part; std::getline(ss, part, '.');) node = &node->children[part];
+    node->value = text;
+  }
+  std::string out = "# resolved KernelForge config (from " + source_ + ")\n";
+  emit_tree(root, 0, out);
+  return out;
+}
+
+}  // namespace kf

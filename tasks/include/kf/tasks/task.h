@@ -1,0 +1,91 @@
+// A task: one imported reference program (tools/import-tasks wrote its artifact).
+//
+// The artifact folder <tasks.dir>/<name>/ holds, per backend ("cpu", "cuda"):
+//   task.json                 meta: name, level, tags, mode, tolerance, source, per-backend specs
+//   <backend>.graph.json      the reference forward as an ATen graph (torch.export)
+//   <backend>.inputs.json     the input generator as an ATen graph (make_fx of get_inputs)
+//   <backend>.params.safetensors   parameters and buffers after Model(*get_init_inputs())
+//   cpu.golden.safetensors    Python eager inputs/outputs for seed 0 (tests compare against it)
+// C++ runs both graphs through the c10 dispatcher: no Python at run time.
+//
+// Threading: a Task is immutable after load; make_inputs/new_reference may be called
+// from any thread. A Reference instance is used by one thread at a time.
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kf/common/error.h"
+
+namespace kf::tasks {
+
+enum class Backend { CPU, CUDA };
+const char* backend_name(Backend b);   // "cpu" / "cuda"
+Backend parse_backend(const std::string& s);  // throws kf::Error
+
+enum class Role { Input, Parameter, Buffer, Output };
+
+struct TensorSpec {
+  std::string name;            // inputs: "x0".."xN"; params/buffers: HF-style dotted module path
+  Role role;
+  std::vector<int64_t> shape;
+  c10::ScalarType dtype;
+};
+
+struct Tolerance {
+  double atol;
+  double rtol;
+};
+
+class Reference;
+
+class Task {
+ public:
+  // Loads the artifact folder. Throws kf::Error naming the file and field on bad input.
+  static std::shared_ptr<const Task> load(const std::string& artifact_dir);
+  // Loads every task under `tasks_dir` (sorted by name). Throws on the first bad artifact.
+  static std::vector<std::shared_ptr<const Task>> load_all(const std::string& tasks_dir);
+
+  virtual ~Task() = default;
+  virtual const std::string& name() const = 0;
+  virtual const std::string& dir() const = 0;
+  virtual int level() const = 0;
+  virtual const std::vector<std::string>& tags() const = 0;
+  virtual const std::string& mode() const = 0;        // "train" or "eval": verified and timed in this mode
+  virtual const std::string& source() const = 0;      // the Python reference program (for prompts)
+  virtual bool has_backend(Backend b) const = 0;
+  virtual std::vector<Backend> backends() const = 0;
+
+  // Kernel ABI order: inputs(b), then params(b) (parameters, then buffers).
+  virtual const std::vector<TensorSpec>& inputs(Backend b) const = 0;
+  virtual const std::vector<TensorSpec>& params(Backend b) const = 0;
+  virtual const std::vector<TensorSpec>& outputs(Backend b) const = 0;
+  // Per output: from KF_TOLERANCE if the task set it, else by output dtype.
+  virtual Tolerance tolerance(Backend b, std::size_t output_index) const = 0;
+
+  // Fresh inputs for `seed`, drawn with the task's own distributions on `device`.
+  // The same (seed, backend, device) gives the same tensors on every run; on CPU they
+  // equal Python's get_inputs() after torch.manual_seed(seed).
+  virtual std::vector<at::Tensor> make_inputs(Backend b, uint64_t seed, const at::Device& device) const = 0;
+  // Parameters and buffers as the task's Model(*get_init_inputs()) made them (ABI order).
+  virtual std::vector<at::Tensor> initial_params(Backend b, const at::Device& device) const = 0;
+  // A reference runner owning its own copy of the parameters on `device`.
+  virtual std::unique_ptr<Reference> new_reference(Backend b, const at::Device& device) const = 0;
+};
+
+// The reference computation of one task at one backend's size, on one device.
+class Reference {
+ public:
+  virtual ~Reference() = default;
+  // Runs forward with eager semantics (each ATen op dispatched as eager PyTorch does,
+  // including train-mode buffer updates). Returns the user outputs.
+  virtual std::vector<at::Tensor> forward(const std::vector<at::Tensor>& inputs) = 0;
+  // Parameters and buffers in ABI order; replace them (same shapes/dtypes) to re-draw weights.
+  virtual const std::vector<at::Tensor>& params() const = 0;
+  virtual void set_params(std::vector<at::Tensor> params) = 0;  // throws kf::Error on shape/dtype mismatch
+};
+
+}  // namespace kf::tasks

@@ -1,0 +1,31 @@
+// Timing of reference forwards, shared by tools and benchmarks so every number the
+// project prints about a reference comes from one protocol:
+//   warm-up calls, then per trial: device-wide sync, clock, forward, device-wide sync, clock.
+// The device-wide sync means work on any stream is counted.
+#pragma once
+#include <ATen/core/Tensor.h>
+
+#include <vector>
+
+#include "kf/tasks/task.h"
+
+namespace kf::tasks {
+
+void synchronize(const at::Device& device);  // cudaDeviceSynchronize for CUDA; no-op on CPU
+
+struct TimingStats {
+  std::vector<double> trials_ms;
+  double median_ms = 0, p10_ms = 0, p90_ms = 0, min_ms = 0;
+};
+TimingStats summarize_ms(std::vector<double> trials_ms);
+
+// Times `ref` on `inputs` (already on `device`).
+TimingStats time_reference(Reference& ref, const std::vector<at::Tensor>& inputs, const at::Device& device,
+                           int warmup, int trials);
+
+// The device a backend runs on in this process ("cuda" uses CUDA device `index`).
+// Throws kf::Error if the backend is cuda and no GPU is visible.
+at::Device backend_device(Backend b, int index = 0);
+bool cuda_available();
+
+}  // namespace kf::tasks
