@@ -49,7 +49,8 @@ find_package(Torch REQUIRED)
 add_compile_options(${TORCH_CXX_FLAGS})
 
 find_package(Threads REQUIRED)
-find_package(TBB REQUIRED)
+# TBB: required by the evaluator's compile pool; the GPU machine lacks it unless carried (tools/gpu-check).
+find_package(TBB QUIET)
 find_package(Boost 1.74 REQUIRED)
 find_package(nlohmann_json REQUIRED)
 find_package(CLI11 REQUIRED)
@@ -91,10 +92,15 @@ endif()
 message(STATUS "KernelForge: torch=${Torch_VERSION} cuda=${KF_HAVE_CUDA} nccl=${KF_HAVE_NCCL} seccomp=${KF_HAVE_SECCOMP} python=${KF_PYTHON}")
 
 # Helper: a GoogleTest executable registered with CTest.
+# FIXTURES names CTest fixtures the tests need (e.g. tasks_artifacts: the imported suite).
 function(kf_add_test name)
-  cmake_parse_arguments(T "" "" "SOURCES;LIBS" ${ARGN})
+  cmake_parse_arguments(T "" "" "SOURCES;LIBS;FIXTURES" ${ARGN})
   add_executable(${name} ${T_SOURCES})
   target_link_libraries(${name} PRIVATE ${T_LIBS} GTest::gtest_main)
-  gtest_discover_tests(${name} DISCOVERY_TIMEOUT 120
-    PROPERTIES ENVIRONMENT "KF_SOURCE_DIR=${CMAKE_SOURCE_DIR};KF_BUILD_DIR=${CMAKE_BINARY_DIR};KF_PYTHON=${KF_PYTHON}")
+  # The escaped ';' keeps the three variables one ENVIRONMENT value through gtest discovery.
+  set(_props ENVIRONMENT "KF_SOURCE_DIR=${CMAKE_SOURCE_DIR}\\;KF_BUILD_DIR=${CMAKE_BINARY_DIR}\\;KF_PYTHON=${KF_PYTHON}")
+  if(T_FIXTURES)
+    list(APPEND _props FIXTURES_REQUIRED "${T_FIXTURES}")
+  endif()
+  gtest_discover_tests(${name} DISCOVERY_TIMEOUT 120 PROPERTIES ${_props})
 endfunction()

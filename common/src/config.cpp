@@ -23,15 +23,15 @@ const char* type_name(ConfigType t) {
   return "?";
 }
 
-const ConfigKey* find_key(const std::string& path) {
-  for (const ConfigKey& k : config_schema())
+const ConfigKey* find_key(const std::vector<ConfigKey>& schema, const std::string& path) {
+  for (const ConfigKey& k : schema)
     if (k.path == path) return &k;
   return nullptr;
 }
 
-bool is_section(const std::string& path) {
+bool is_section(const std::vector<ConfigKey>& schema, const std::string& path) {
   const std::string prefix = path + ".";
-  for (const ConfigKey& k : config_schema())
+  for (const ConfigKey& k : schema)
     if (k.path.compare(0, prefix.size(), prefix) == 0) return true;
   return false;
 }
@@ -119,17 +119,17 @@ std::string validate_value(const ConfigKey& key, const YAML::Node& value, const 
   return out.c_str();
 }
 
-void walk(const YAML::Node& node, const std::string& prefix, const std::string& where,
-          std::map<std::string, std::string>& values) {
+void walk(const std::vector<ConfigKey>& schema, const YAML::Node& node, const std::string& prefix,
+          const std::string& where, std::map<std::string, std::string>& values) {
   for (auto it = node.begin(); it != node.end(); ++it) {
     const std::string name = it->first.as<std::string>();
     const std::string path = prefix.empty() ? name : prefix + "." + name;
     const YAML::Node& child = it->second;
-    if (const ConfigKey* key = find_key(path)) {
+    if (const ConfigKey* key = find_key(schema, path)) {
       values[path] = validate_value(*key, child, where);
-    } else if (is_section(path)) {
+    } else if (is_section(schema, path)) {
       if (!child.IsMap()) throw error_at(where, "key '" + path + "' is a section and expects a map of keys");
-      walk(child, path, where, values);
+      walk(schema, child, path, where, values);
     } else {
       throw error_at(where, "unknown key '" + path + "'");
     }
@@ -138,18 +138,20 @@ void walk(const YAML::Node& node, const std::string& prefix, const std::string& 
 
 }  // namespace
 
-Config Config::load(const std::string& file, const std::vector<std::string>& overrides) {
+Config Config::load(const std::string& file, const std::vector<std::string>& overrides,
+                    const std::vector<ConfigKey>& schema) {
   std::ifstream in(file);
   if (!in) throw error_at(file, "cannot open config file");
   std::stringstream ss;
   ss << in.rdbuf();
-  return parse(ss.str(), file, overrides);
+  return parse(ss.str(), file, overrides, schema);
 }
 
 Config Config::parse(const std::string& yaml_text, const std::string& source_name,
-                     const std::vector<std::string>& overrides) {
+                     const std::vector<std::string>& overrides, const std::vector<ConfigKey>& schema) {
   Config cfg;
   cfg.source_ = source_name;
+  cfg.schema_ = &schema;
   YAML::Node root;
   try {
     root = YAML::Load(yaml_text);
@@ -158,13 +160,13 @@ Config Config::parse(const std::string& yaml_text, const std::string& source_nam
   }
   if (root.IsDefined() && !root.IsNull()) {
     if (!root.IsMap()) throw error_at(source_name, "top level must be a map of sections");
-    walk(root, "", source_name, cfg.values_);
+    walk(schema, root, "", source_name, cfg.values_);
   }
   for (const std::string& ov : overrides) {
     const auto eq = ov.find('=');
     if (eq == std::string::npos || eq == 0) throw error_at("--set " + ov, "expects key.path=value");
     const std::string path = ov.substr(0, eq);
-    const ConfigKey* key = find_key(path);
+    const ConfigKey* key = find_key(schema, path);
     if (!key) throw error_at("--set " + ov, "unknown key '" + path + "'");
     YAML::Node value;
     try {
@@ -174,7 +176,7 @@ Config Config::parse(const std::string& yaml_text, const std::string& source_nam
     }
     cfg.values_[path] = validate_value(*key, value, "--set " + ov);
   }
-  for (const ConfigKey& k : config_schema()) {
+  for (const ConfigKey& k : schema) {
     if (cfg.values_.count(k.path)) continue;
     if (k.required) throw error_at(source_name, "missing required key '" + k.path + "'");
     cfg.values_[k.path] = validate_value(k, YAML::Load(k.fallback), "schema default");
@@ -183,7 +185,7 @@ Config Config::parse(const std::string& yaml_text, const std::string& source_nam
 }
 
 const ConfigKey& Config::key_or_throw(const std::string& path, ConfigType type) const {
-  const ConfigKey* key = find_key(path);
+  const ConfigKey* key = find_key(*schema_, path);
   if (!key) throw error_at(source_, "program asked for undeclared key '" + path + "'");
   if (key->type != type)
     throw error_at(source_, "program read key '" + path + "' as " + type_name(type) + " but it is " + type_name(key->type));

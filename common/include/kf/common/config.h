@@ -31,9 +31,12 @@ class Config {
  public:
   // Loads `file` (YAML), applies overrides ("a.b=value", value parsed as YAML), validates,
   // fills defaults. Throws kf::Error naming the file (or "--set") and the key path.
-  static Config load(const std::string& file, const std::vector<std::string>& overrides = {});
+  // `schema` defaults to config_schema(); it must outlive the Config.
+  static Config load(const std::string& file, const std::vector<std::string>& overrides = {},
+                     const std::vector<ConfigKey>& schema = config_schema());
   static Config parse(const std::string& yaml_text, const std::string& source_name,
-                      const std::vector<std::string>& overrides = {});
+                      const std::vector<std::string>& overrides = {},
+                      const std::vector<ConfigKey>& schema = config_schema());
 
   int64_t get_int(const std::string& path) const;
   double get_float(const std::string& path) const;
@@ -49,6 +52,7 @@ class Config {
  private:
   const ConfigKey& key_or_throw(const std::string& path, ConfigType type) const;
   std::string source_;
+  const std::vector<ConfigKey>* schema_ = &config_schema();
   std::map<std::string, std::string> values_;  // path -> canonical YAML text of the value
 };
 

@@ -1,0 +1,31 @@
+"""Leaky ReLU with slope 0.05."""
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        return F.leaky_relu(x, 0.05)
+
+
+# Size constants: the CUDA size (H200 estimate: 2 GiB in + 2 GiB out ~ 1 ms at 4 TB/s).
+rows = 16384
+cols = 32768
+
+
+def get_inputs():
+    return [torch.randn(rows, cols) * 2.0]
+
+
+def get_init_inputs():
+    return []
+
+
+KF_SIZES = {"cpu": {"rows": 7657, "cols": 2048}, "cuda": {"rows": 16384, "cols": 32768}}
+KF_MODE = "eval"
+KF_LEVEL = 1
+KF_TAGS = ['elementwise']

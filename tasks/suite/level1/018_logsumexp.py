@@ -1,0 +1,31 @@
+"""Log-sum-exp over the last dimension."""
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        return torch.logsumexp(x, dim=1)
+
+
+# Size constants: the CUDA size (H200 estimate: 2 GiB read ~ 0.5-1 ms).
+batch = 32768
+dim = 16384
+
+
+def get_inputs():
+    return [torch.randn(batch, dim) * 3.0 + 0.5]
+
+
+def get_init_inputs():
+    return []
+
+
+KF_SIZES = {"cpu": {"batch": 2164, "dim": 2048}, "cuda": {"batch": 32768, "dim": 16384}}
+KF_MODE = "eval"
+KF_LEVEL = 1
+KF_TAGS = ['reduction']

@@ -1,0 +1,31 @@
+"""Inclusive prefix sum along the last dimension."""
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        return torch.cumsum(x, dim=1)
+
+
+# Size constants: the CUDA size (H200 estimate: 1 GiB in + 1 GiB out, scan).
+batch = 16384
+dim = 16384
+
+
+def get_inputs():
+    return [torch.randn(batch, dim)]
+
+
+def get_init_inputs():
+    return []
+
+
+KF_SIZES = {"cpu": {"batch": 2100, "dim": 2048}, "cuda": {"batch": 16384, "dim": 16384}}
+KF_MODE = "eval"
+KF_LEVEL = 1
+KF_TAGS = ['reduction']

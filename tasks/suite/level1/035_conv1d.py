@@ -1,0 +1,34 @@
+"""1-D convolution, kernel 5, padding 2."""
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Model(nn.Module):
+    def __init__(self, cin, cout):
+        super().__init__()
+        self.conv = nn.Conv1d(cin, cout, 5, padding=2)
+
+    def forward(self, x):
+        return self.conv(x)
+
+
+# Size constants: the CUDA size (H200 estimate: 1.4e11 flop).
+batch = 64
+cin = 128
+cout = 128
+length = 16384
+
+
+def get_inputs():
+    return [torch.randn(batch, cin, length)]
+
+
+def get_init_inputs():
+    return [cin, cout]
+
+
+KF_SIZES = {"cpu": {"batch": 8, "cin": 32, "cout": 32, "length": 2048}, "cuda": {"batch": 64, "cin": 128, "cout": 128, "length": 16384}}
+KF_MODE = "eval"
+KF_LEVEL = 1
+KF_TAGS = ['conv']

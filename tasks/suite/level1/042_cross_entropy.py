@@ -1,0 +1,31 @@
+"""Cross entropy over classes with integer targets."""
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, pred, target):
+        return F.cross_entropy(pred, target)
+
+
+# Size constants: the CUDA size (H200 estimate: 2 GiB read).
+batch = 32768
+dim = 16384
+
+
+def get_inputs():
+    return [torch.randn(batch, dim) * 3.0, torch.randint(0, dim, (batch,))]
+
+
+def get_init_inputs():
+    return []
+
+
+KF_SIZES = {"cpu": {"batch": 6321, "dim": 1000}, "cuda": {"batch": 32768, "dim": 16384}}
+KF_MODE = "eval"
+KF_LEVEL = 1
+KF_TAGS = ['loss']

@@ -1,0 +1,31 @@
+"""1 - cosine similarity per row, averaged."""
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, pred, target):
+        return (1.0 - F.cosine_similarity(pred, target, dim=1)).mean()
+
+
+# Size constants: the CUDA size (H200 estimate: 2 GiB read).
+batch = 32768
+dim = 8192
+
+
+def get_inputs():
+    return [torch.randn(batch, dim), torch.randn(batch, dim) + 0.3]
+
+
+def get_init_inputs():
+    return []
+
+
+KF_SIZES = {"cpu": {"batch": 2827, "dim": 1024}, "cuda": {"batch": 32768, "dim": 8192}}
+KF_MODE = "eval"
+KF_LEVEL = 1
+KF_TAGS = ['loss']

@@ -1,0 +1,39 @@
+"""Learned-query attention pooling, classifier and cross entropy."""
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Model(nn.Module):
+    def __init__(self, dim, classes):
+        super().__init__()
+        self.query = nn.Parameter(torch.randn(1, 1, dim))
+        self.key = nn.Linear(dim, dim)
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, x, target):
+        k = self.key(x)
+        w = torch.softmax(torch.matmul(self.query, k.transpose(1, 2)) / k.shape[-1] ** 0.5, dim=-1)
+        pooled = torch.matmul(w, x).squeeze(1)
+        return F.cross_entropy(self.head(pooled), target)
+
+
+# Size constants: the CUDA size (H200 estimate: 7e10 flop).
+batch = 256
+seq = 1024
+dim = 512
+classes = 100
+
+
+def get_inputs():
+    return [torch.randn(batch, seq, dim), torch.randint(0, classes, (batch,))]
+
+
+def get_init_inputs():
+    return [dim, classes]
+
+
+KF_SIZES = {"cpu": {"batch": 64, "seq": 128, "dim": 128, "classes": 10}, "cuda": {"batch": 256, "seq": 1024, "dim": 512, "classes": 100}}
+KF_MODE = "eval"
+KF_LEVEL = 3
+KF_TAGS = ['model', 'attention', 'loss']

@@ -1,0 +1,135 @@
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "kf/common/config.h"
+#include "kf/common/error.h"
+
+namespace {
+
+using kf::Config;
+using kf::ConfigKey;
+using kf::ConfigType;
+
+// A schema of our own, so the tests do not depend on which keys components declare.
+const std::vector<ConfigKey>& test_schema() {
+  static const std::vector<ConfigKey> s = {
+      {"learner.lr", ConfigType::Float, "0.001", false, {}, ""},
+      {"learner.batch", ConfigType::Int, "", true, {}, ""},
+      {"learner.sched.kind", ConfigType::String, "cosine", false, {"cosine", "constant"}, ""},
+      {"actors.count", ConfigType::Int, "2", false, {}, ""},
+      {"actors.gpu", ConfigType::Bool, "false", false, {}, ""},
+      {"tasks.levels", ConfigType::IntList, "[1, 2]", false, {}, ""},
+      {"tasks.names", ConfigType::StringList, "[]", false, {}, ""},
+  };
+  return s;
+}
+
+std::string error_of(const std::string& yaml, const std::vector<std::string>& sets = {}) {
+  try {
+    Config::parse(yaml, "configs/x.yaml", sets, test_schema());
+  } catch (const kf::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(ConfigTest, LoadsTypedValuesAndFillsDefaults) {
+  Config c = Config::parse("learner:\n  batch: 8\n  lr: 3e-4\ntasks:\n  names: [a, b]\n", "x.yaml", {}, test_schema());
+  EXPECT_EQ(c.get_int("learner.batch"), 8);
+  EXPECT_DOUBLE_EQ(c.get_float("learner.lr"), 3e-4);
+  EXPECT_EQ(c.get_string("learner.sched.kind"), "cosine");
+  EXPECT_EQ(c.get_int("actors.count"), 2);
+  EXPECT_FALSE(c.get_bool("actors.gpu"));
+  EXPECT_EQ(c.get_ints("tasks.levels"), (std::vector<int64_t>{1, 2}));
+  EXPECT_EQ(c.get_strings("tasks.names"), (std::vector<std::string>{"a", "b"}));
+}
+
+TEST(ConfigTest, UnknownKeyNamesFileAndFullPath) {
+  const std::string e = error_of("learner:\n  batch: 8\n  sched:\n    knd: cosine\n");
+  EXPECT_NE(e.find("configs/x.yaml"), std::string::npos) << e;
+  EXPECT_NE(e.find("unknown key 'learner.sched.knd'"), std::string::npos) << e;
+}
+
+TEST(ConfigTest, UnknownSectionIsAnError) {
+  EXPECT_NE(error_of("learner:\n  batch: 1\nlernr:\n  lr: 1\n").find("unknown key 'lernr'"), std::string::npos);
+}
+
+TEST(ConfigTest, WrongTypeNamesKeyAndExpectedType) {
+  std::string e = error_of("learner:\n  batch: eight\n");
+  EXPECT_NE(e.find("configs/x.yaml"), std::string::npos) << e;
+  EXPECT_NE(e.find("'learner.batch' expects an integer"), std::string::npos) << e;
+  e = error_of("learner:\n  batch: 1.5\n");
+  EXPECT_NE(e.find("'learner.batch' expects an integer"), std::string::npos) << e;
+  e = error_of("learner:\n  batch: 1\nactors:\n  gpu: maybe\n");
+  EXPECT_NE(e.find("'actors.gpu' expects true or false"), std::string::npos) << e;
+  e = error_of("learner:\n  batch: 1\ntasks:\n  levels: [1, x]\n");
+  EXPECT_NE(e.find("'tasks.levels' element 1 expects an integer"), std::string::npos) << e;
+  e = error_of("learner:\n  batch: 1\n  sched: 3\n");
+  EXPECT_NE(e.find("'learner.sched' is a section"), std::string::npos) << e;
+}
+
+TEST(ConfigTest, ValueOutsideChoicesIsAnError) {
+  const std::string e = error_of("learner:\n  batch: 1\n  sched:\n    kind: linear\n");
+  EXPECT_NE(e.find("'learner.sched.kind' must be one of {cosine, constant}"), std::string::npos) << e;
+}
+
+TEST(ConfigTest, MissingRequiredKeyIsAnError) {
+  const std::string e = error_of("actors:\n  count: 3\n");
+  EXPECT_NE(e.find("configs/x.yaml"), std::string::npos) << e;
+  EXPECT_NE(e.find("missing required key 'learner.batch'"), std::string::npos) << e;
+}
+
+TEST(ConfigTest, OverridesApplyAndAreValidated) {
+  Config c = Config::parse("learner:\n  batch: 8\n", "x.yaml", {"learner.batch=16", "tasks.levels=[3]"}, test_schema());
+  EXPECT_EQ(c.get_int("learner.batch"), 16);
+  EXPECT_EQ(c.get_ints("tasks.levels"), (std::vector<int64_t>{3}));
+  // A required key may come from --set alone.
+  EXPECT_EQ(Config::parse("", "x.yaml", {"learner.batch=4"}, test_schema()).get_int("learner.batch"), 4);
+  std::string e = error_of("learner:\n  batch: 8\n", {"learner.bach=3"});
+  EXPECT_NE(e.find("--set learner.bach=3"), std::string::npos) << e;
+  EXPECT_NE(e.find("unknown key 'learner.bach'"), std::string::npos) << e;
+  e = error_of("learner:\n  batch: 8\n", {"learner.batch=big"});
+  EXPECT_NE(e.find("'learner.batch' expects an integer"), std::string::npos) << e;
+  e = error_of("learner:\n  batch: 8\n", {"novalue"});
+  EXPECT_NE(e.find("expects key.path=value"), std::string::npos) << e;
+}
+
+TEST(ConfigTest, InvalidYamlAndMissingFileNameTheFile) {
+  EXPECT_NE(error_of("learner: [unclosed\n").find("not valid YAML"), std::string::npos);
+  try {
+    Config::load("/nonexistent/cfg.yaml");
+    FAIL() << "expected an error";
+  } catch (const kf::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("/nonexistent/cfg.yaml"), std::string::npos);
+  }
+}
+
+TEST(ConfigTest, ResolvedYamlRoundTrips) {
+  Config c = Config::parse("learner:\n  batch: 8\n", "x.yaml", {"tasks.names=[p, q]"}, test_schema());
+  Config again = Config::parse(c.to_yaml(), "resolved.yaml", {}, test_schema());
+  EXPECT_EQ(again.to_yaml().substr(again.to_yaml().find('\n')), c.to_yaml().substr(c.to_yaml().find('\n')));
+  EXPECT_EQ(again.get_strings("tasks.names"), (std::vector<std::string>{"p", "q"}));
+  EXPECT_EQ(again.get_int("learner.batch"), 8);
+}
+
+TEST(ConfigTest, ProgramReadingWrongTypeIsAnError) {
+  Config c = Config::parse("learner:\n  batch: 8\n", "x.yaml", {}, test_schema());
+  EXPECT_THROW(c.get_string("learner.batch"), kf::Error);
+  EXPECT_THROW(c.get_int("learner.nothing"), kf::Error);
+}
+
+TEST(ConfigTest, ShippedConfigsLoadAgainstTheRealSchema) {
+  const char* src = std::getenv("KF_SOURCE_DIR");
+  ASSERT_NE(src, nullptr) << "KF_SOURCE_DIR is set by CTest";
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator(std::string(src) + "/configs")) {
+    if (e.path().extension() != ".yaml") continue;
+    EXPECT_NO_THROW(Config::load(e.path().string())) << e.path();
+    ++n;
+  }
+  EXPECT_GE(n, 1);
+}
+
+}  // namespace

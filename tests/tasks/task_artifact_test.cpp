@@ -1,0 +1,111 @@
+// Bad artifacts give errors that name the file and the field; nothing crashes.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "kf/common/run_dir.h"
+#include "kf/tasks/task.h"
+
+namespace fs = std::filesystem;
+using namespace kf::tasks;
+
+namespace {
+
+std::string some_task_dir() {
+  const char* b = std::getenv("KF_BUILD_DIR");
+  const std::string dir = std::string(b ? b : "build") + "/tasks";
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (fs::exists(e.path() / "task.json")) names.push_back(e.path().string());
+  std::sort(names.begin(), names.end());
+  return names.at(0);
+}
+
+struct Copy {
+  std::string dir;
+  explicit Copy(const std::string& src) {
+    dir = fs::temp_directory_path() / ("kf_task_copy_" + std::to_string(::getpid()));
+    fs::remove_all(dir);
+    fs::copy(src, dir, fs::copy_options::recursive);
+  }
+  ~Copy() { fs::remove_all(dir); }
+  void edit_json(const std::string& file, const std::function<void(nlohmann::json&)>& f) {
+    auto j = nlohmann::json::parse(kf::read_file(dir + "/" + file));
+    f(j);
+    std::ofstream(dir + "/" + file) << j.dump();
+  }
+};
+
+std::string load_error(const std::string& dir, bool run = false) {
+  try {
+    auto t = Task::load(dir);
+    if (run) t->new_reference(Backend::CPU, at::Device(at::kCPU))->forward(t->make_inputs(Backend::CPU, 0, at::Device(at::kCPU)));
+  } catch (const kf::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(TaskArtifactTest, MissingFolderOrFile) {
+  EXPECT_NE(load_error("/nonexistent/task").find("/nonexistent/task"), std::string::npos);
+  Copy c(some_task_dir());
+  fs::remove(c.dir + "/cpu.graph.json");
+  EXPECT_NE(load_error(c.dir).find("cpu.graph.json"), std::string::npos);
+}
+
+TEST(TaskArtifactTest, WrongFormatVersion) {
+  Copy c(some_task_dir());
+  c.edit_json("task.json", [](auto& j) { j["format"] = 99; });
+  const std::string e = load_error(c.dir);
+  EXPECT_NE(e.find("task.json"), std::string::npos) << e;
+  EXPECT_NE(e.find("'format'"), std::string::npos) << e;
+}
+
+TEST(TaskArtifactTest, MalformedFieldsNameTheFile) {
+  Copy c(some_task_dir());
+  c.edit_json("task.json", [](auto& j) { j["backends"]["cpu"]["inputs"][0]["dtype"] = "float7"; });
+  std::string e = load_error(c.dir);
+  EXPECT_NE(e.find("backends.cpu.inputs[0].dtype"), std::string::npos) << e;
+  Copy d(some_task_dir());
+  d.edit_json("task.json", [](auto& j) { j.erase("mode"); });
+  e = load_error(d.dir);
+  EXPECT_NE(e.find("task.json"), std::string::npos) << e;
+  EXPECT_NE(e.find("malformed artifact"), std::string::npos) << e;
+}
+
+TEST(TaskArtifactTest, UnknownOperatorIsReportedWithNode) {
+  Copy c(some_task_dir());
+  std::string node;
+  c.edit_json("cpu.graph.json", [&](auto& j) {
+    for (auto& n : j["nodes"])
+      if (n.contains("op")) {
+        n["op"] = "aten::no_such_op";
+        node = n["name"];
+        break;
+      }
+  });
+  ASSERT_FALSE(node.empty());
+  const std::string e = load_error(c.dir, true);
+  EXPECT_NE(e.find("cpu.graph.json"), std::string::npos) << e;
+  EXPECT_NE(e.find("node '" + node + "'"), std::string::npos) << e;
+  EXPECT_NE(e.find("aten::no_such_op"), std::string::npos) << e;
+}
+
+TEST(TaskArtifactTest, TruncatedParamsFileIsAnError) {
+  std::string src;
+  for (const auto& t : Task::load_all(fs::path(some_task_dir()).parent_path().string()))
+    if (!t->params(Backend::CPU).empty()) {
+      src = t->dir();
+      break;
+    }
+  ASSERT_FALSE(src.empty()) << "the suite has tasks with parameters";
+  Copy c(src);
+  fs::resize_file(c.dir + "/cpu.params.safetensors", 20);
+  const std::string e = load_error(c.dir, true);
+  EXPECT_NE(e.find("cpu.params.safetensors"), std::string::npos) << e;
+}
+
+}  // namespace
