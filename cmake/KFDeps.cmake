@@ -97,6 +97,8 @@ function(kf_add_test name)
   cmake_parse_arguments(T "" "" "SOURCES;LIBS;FIXTURES" ${ARGN})
   add_executable(${name} ${T_SOURCES})
   target_link_libraries(${name} PRIVATE ${T_LIBS} GTest::gtest_main)
+  # Where the tree and the build are, for tests run outside CTest too (env vars win).
+  target_compile_definitions(${name} PRIVATE KF_SOURCE_DIR_DEFAULT="${CMAKE_SOURCE_DIR}" KF_BUILD_DIR_DEFAULT="${CMAKE_BINARY_DIR}")
   # The escaped ';' keeps the three variables one ENVIRONMENT value through gtest discovery.
   set(_props ENVIRONMENT "KF_SOURCE_DIR=${CMAKE_SOURCE_DIR}\\;KF_BUILD_DIR=${CMAKE_BINARY_DIR}\\;KF_PYTHON=${KF_PYTHON}")
   if(T_FIXTURES)

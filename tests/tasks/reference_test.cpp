@@ -14,7 +14,7 @@ namespace {
 
 std::string tasks_dir() {
   const char* b = std::getenv("KF_BUILD_DIR");
-  return std::string(b ? b : "build") + "/tasks";
+  return std::string(b ? b : KF_BUILD_DIR_DEFAULT) + "/tasks";
 }
 
 std::vector<std::shared_ptr<const Task>> suite() {
@@ -128,9 +128,11 @@ TEST(ReferenceTest, CudaReferenceRunsEveryTask) {
     for (std::size_t i = 0; i < got.size(); ++i) {
       const Tolerance tol = t->tolerance(Backend::CPU, i);
       at::Tensor g = got[i].cpu().to(at::kDouble), w = want[i].to(at::kDouble);
-      // GPU math (e.g. cuBLAS reductions) differs in rounding; allow 10x the task tolerance here.
-      EXPECT_TRUE(at::allclose(g, w, 10 * tol.rtol + 1e-6, 10 * tol.atol + 1e-6))
-          << "output " << i << " max abs diff " << (g - w).abs().max().item<double>();
+      // Eager CUDA differs from CPU in rounding and, for cuDNN convolutions, in precision
+      // (torch's default allow_tf32 for cuDNN), so compare norm-wise: TF32 lands near 3e-4.
+      const double denom = std::max(w.norm().item<double>(), 1e-30);
+      const double rel = (g - w).norm().item<double>() / denom;
+      EXPECT_LE(rel, std::max(10 * tol.rtol, 2e-3)) << "output " << i << " norm-wise relative error";
     }
     if (t->has_backend(Backend::CUDA)) {
       auto ref = t->new_reference(Backend::CUDA, gpu);

@@ -1,4 +1,5 @@
 // Bad artifacts give errors that name the file and the field; nothing crashes.
+#include <ftw.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -14,9 +15,16 @@ using namespace kf::tasks;
 
 namespace {
 
+// Not std::filesystem::remove_all: libtorch.so exports its own copy of that symbol, and
+// calls from a torch-linked binary land there and crash (seen with torch 2.11 wheels).
+void remove_tree(const std::string& dir) {
+  ::nftw(dir.c_str(), [](const char* p, const struct stat*, int, struct FTW*) { return ::remove(p); }, 16,
+         FTW_DEPTH | FTW_PHYS);
+}
+
 std::string some_task_dir() {
   const char* b = std::getenv("KF_BUILD_DIR");
-  const std::string dir = std::string(b ? b : "build") + "/tasks";
+  const std::string dir = std::string(b ? b : KF_BUILD_DIR_DEFAULT) + "/tasks";
   std::vector<std::string> names;
   for (const auto& e : fs::directory_iterator(dir))
     if (fs::exists(e.path() / "task.json")) names.push_back(e.path().string());
@@ -28,10 +36,10 @@ struct Copy {
   std::string dir;
   explicit Copy(const std::string& src) {
     dir = fs::temp_directory_path() / ("kf_task_copy_" + std::to_string(::getpid()));
-    fs::remove_all(dir);
+    remove_tree(dir);
     fs::copy(src, dir, fs::copy_options::recursive);
   }
-  ~Copy() { fs::remove_all(dir); }
+  ~Copy() { remove_tree(dir); }
   void edit_json(const std::string& file, const std::function<void(nlohmann::json&)>& f) {
     auto j = nlohmann::json::parse(kf::read_file(dir + "/" + file));
     f(j);

@@ -12,8 +12,8 @@ class Model(nn.Module):
         return F.elu(x, alpha=0.8)
 
 
-# Size constants: the CUDA size (H200 estimate: 2 GiB in + 2 GiB out ~ 1 ms at 4 TB/s).
-rows = 16384
+# Size constants: the CUDA size (scaled x2 after measuring 1.02 ms on an H200).
+rows = 32768
 cols = 32768
 
 
@@ -25,7 +25,7 @@ def get_init_inputs():
     return []
 
 
-KF_SIZES = {"cpu": {"rows": 1024, "cols": 2048}, "cuda": {"rows": 16384, "cols": 32768}}
+KF_SIZES = {"cpu": {"rows": 1024, "cols": 2048}, "cuda": {"rows": 32768, "cols": 32768}}
 KF_MODE = "eval"
 KF_LEVEL = 1
 KF_TAGS = ['elementwise']

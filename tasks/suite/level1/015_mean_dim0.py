@@ -12,8 +12,8 @@ class Model(nn.Module):
         return x.mean(dim=0)
 
 
-# Size constants: the CUDA size (H200 estimate: 2 GiB read ~ 0.5-1 ms).
-batch = 32768
+# Size constants: the CUDA size (scaled x4 after measuring 0.49 ms on an H200).
+batch = 131072
 dim = 16384
 
 
@@ -25,7 +25,7 @@ def get_init_inputs():
     return []
 
 
-KF_SIZES = {"cpu": {"batch": 7354, "dim": 2048}, "cuda": {"batch": 32768, "dim": 16384}}
+KF_SIZES = {"cpu": {"batch": 7354, "dim": 2048}, "cuda": {"batch": 131072, "dim": 16384}}
 KF_MODE = "eval"
 KF_LEVEL = 1
 KF_TAGS = ['reduction']

@@ -12,8 +12,8 @@ class Model(nn.Module):
         return torch.softmax(x, dim=1)
 
 
-# Size constants: the CUDA size (H200 estimate: 2 GiB read ~ 0.5-1 ms).
-batch = 16384
+# Size constants: the CUDA size (scaled x3 after measuring 0.66 ms on an H200).
+batch = 49152
 dim = 16384
 
 
@@ -25,7 +25,7 @@ def get_init_inputs():
     return []
 
 
-KF_SIZES = {"cpu": {"batch": 3857, "dim": 2048}, "cuda": {"batch": 16384, "dim": 16384}}
+KF_SIZES = {"cpu": {"batch": 3857, "dim": 2048}, "cuda": {"batch": 49152, "dim": 16384}}
 KF_MODE = "eval"
 KF_LEVEL = 1
 KF_TAGS = ['normalization']

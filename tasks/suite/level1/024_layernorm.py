@@ -13,8 +13,8 @@ class Model(nn.Module):
         return self.norm(x)
 
 
-# Size constants: the CUDA size (H200 estimate: 1 GiB in + out).
-batch = 32768
+# Size constants: the CUDA size (scaled x2 after measuring 0.81 ms on an H200).
+batch = 65536
 features = 8192
 
 
@@ -26,7 +26,7 @@ def get_init_inputs():
     return [features]
 
 
-KF_SIZES = {"cpu": {"batch": 9753, "features": 1024}, "cuda": {"batch": 32768, "features": 8192}}
+KF_SIZES = {"cpu": {"batch": 9753, "features": 1024}, "cuda": {"batch": 65536, "features": 8192}}
 KF_MODE = "eval"
 KF_LEVEL = 1
 KF_TAGS = ['normalization']

@@ -13,8 +13,8 @@ class Model(nn.Module):
         return self.norm(x)
 
 
-# Size constants: the CUDA size (H200 estimate: 1 GiB in + out).
-batch = 64
+# Size constants: the CUDA size (scaled x3 after measuring 0.72 ms on an H200).
+batch = 192
 features = 64
 size = 256
 
@@ -27,7 +27,7 @@ def get_init_inputs():
     return [features]
 
 
-KF_SIZES = {"cpu": {"batch": 207, "features": 16, "size": 64}, "cuda": {"batch": 64, "features": 64, "size": 256}}
+KF_SIZES = {"cpu": {"batch": 207, "features": 16, "size": 64}, "cuda": {"batch": 192, "features": 64, "size": 256}}
 KF_MODE = "eval"
 KF_LEVEL = 1
 KF_TAGS = ['normalization']

@@ -13,8 +13,8 @@ class Model(nn.Module):
         return self.conv(x)
 
 
-# Size constants: the CUDA size (H200 estimate: 1 GiB read).
-batch = 64
+# Size constants: the CUDA size (scaled x3 after measuring 0.78 ms on an H200).
+batch = 192
 cin = 64
 cout = 64
 size = 256
@@ -28,7 +28,7 @@ def get_init_inputs():
     return [cin, cout]
 
 
-KF_SIZES = {"cpu": {"batch": 8, "cin": 16, "cout": 16, "size": 128}, "cuda": {"batch": 64, "cin": 64, "cout": 64, "size": 256}}
+KF_SIZES = {"cpu": {"batch": 8, "cin": 16, "cout": 16, "size": 128}, "cuda": {"batch": 192, "cin": 64, "cout": 64, "size": 256}}
 KF_MODE = "eval"
 KF_LEVEL = 1
 KF_TAGS = ['pooling']

@@ -12,8 +12,8 @@ class Model(nn.Module):
         return F.smooth_l1_loss(pred, target, beta=0.5)
 
 
-# Size constants: the CUDA size (H200 estimate: 2 GiB read).
-batch = 32768
+# Size constants: the CUDA size (scaled x2 after measuring 1.00 ms on an H200).
+batch = 65536
 dim = 8192
 
 
@@ -25,7 +25,7 @@ def get_init_inputs():
     return []
 
 
-KF_SIZES = {"cpu": {"batch": 7354, "dim": 1024}, "cuda": {"batch": 32768, "dim": 8192}}
+KF_SIZES = {"cpu": {"batch": 7354, "dim": 1024}, "cuda": {"batch": 65536, "dim": 8192}}
 KF_MODE = "eval"
 KF_LEVEL = 1
 KF_TAGS = ['loss']

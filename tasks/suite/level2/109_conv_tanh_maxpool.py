@@ -13,8 +13,8 @@ class Model(nn.Module):
         return F.max_pool2d(torch.tanh(self.conv(x)), 2)
 
 
-# Size constants: the CUDA size (H200 estimate: 3e10 flop + 1 GiB).
-batch = 64
+# Size constants: the CUDA size (scaled x2 after measuring 0.97 ms on an H200).
+batch = 128
 cin = 32
 cout = 64
 size = 128
@@ -28,7 +28,7 @@ def get_init_inputs():
     return [cin, cout]
 
 
-KF_SIZES = {"cpu": {"batch": 4, "cin": 16, "cout": 16, "size": 64}, "cuda": {"batch": 64, "cin": 32, "cout": 64, "size": 128}}
+KF_SIZES = {"cpu": {"batch": 4, "cin": 16, "cout": 16, "size": 64}, "cuda": {"batch": 128, "cin": 32, "cout": 64, "size": 128}}
 KF_MODE = "eval"
 KF_LEVEL = 2
 KF_TAGS = ['conv', 'elementwise', 'pooling']

@@ -13,8 +13,8 @@ class Model(nn.Module):
         return F.gelu(self.norm(x + y))
 
 
-# Size constants: the CUDA size (H200 estimate: 1.5 GiB).
-batch = 32768
+# Size constants: the CUDA size (scaled x2 after measuring 0.99 ms on an H200).
+batch = 65536
 features = 4096
 
 
@@ -26,7 +26,7 @@ def get_init_inputs():
     return [features]
 
 
-KF_SIZES = {"cpu": {"batch": 3879, "features": 1024}, "cuda": {"batch": 32768, "features": 4096}}
+KF_SIZES = {"cpu": {"batch": 3879, "features": 1024}, "cuda": {"batch": 65536, "features": 4096}}
 KF_MODE = "eval"
 KF_LEVEL = 2
 KF_TAGS = ['normalization', 'elementwise']

@@ -1,0 +1,31 @@
+"""Softmax over rows of bfloat16 logits."""
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x):
+        return torch.softmax(x, dim=-1)
+
+
+# Size constants: the CUDA size (H200 estimate: 4 GiB bf16, 2 reads + 1 write = 13 GB ~ 3.2 ms).
+batch = 65536
+dim = 32768
+
+
+def get_inputs():
+    return [(torch.randn(batch, dim) * 3.0).to(torch.bfloat16)]
+
+
+def get_init_inputs():
+    return []
+
+
+KF_SIZES = {"cpu": {"batch": 1024, "dim": 2048}, "cuda": {"batch": 65536, "dim": 32768}}
+KF_MODE = "eval"
+KF_TOLERANCE = {"atol": 1e-2, "rtol": 2e-2}
+KF_LEVEL = 1
+KF_TAGS = ['normalization']
