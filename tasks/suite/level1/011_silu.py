@@ -25,7 +25,7 @@ def get_init_inputs():
     return []
 
 
-KF_SIZES = {"cpu": {"rows": 4339, "cols": 2048}, "cuda": {"rows": 32768, "cols": 32768}}
+KF_SIZES = {"cpu": {"rows": 3983, "cols": 2048}, "cuda": {"rows": 32768, "cols": 32768}}
 KF_MODE = "eval"
 KF_LEVEL = 1
 KF_TAGS = ['elementwise']

@@ -12,8 +12,8 @@ class Model(nn.Module):
         return x.sum(dim=1)
 
 
-# Size constants: the CUDA size (scaled x4 after measuring 0.51 ms on an H200).
-batch = 131072
+# Size constants: the CUDA size (H200: 4 GiB read, the per-tensor cap; measured 1.02 ms).
+batch = 65536
 dim = 16384
 
 
@@ -25,7 +25,7 @@ def get_init_inputs():
     return []
 
 
-KF_SIZES = {"cpu": {"batch": 16126, "dim": 2048}, "cuda": {"batch": 131072, "dim": 16384}}
+KF_SIZES = {"cpu": {"batch": 15200, "dim": 2048}, "cuda": {"batch": 65536, "dim": 16384}}
 KF_MODE = "eval"
 KF_LEVEL = 1
 KF_TAGS = ['reduction']

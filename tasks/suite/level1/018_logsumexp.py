@@ -25,7 +25,7 @@ def get_init_inputs():
     return []
 
 
-KF_SIZES = {"cpu": {"batch": 2164, "dim": 2048}, "cuda": {"batch": 32768, "dim": 16384}}
+KF_SIZES = {"cpu": {"batch": 1949, "dim": 2048}, "cuda": {"batch": 32768, "dim": 16384}}
 KF_MODE = "eval"
 KF_LEVEL = 1
 KF_TAGS = ['reduction']

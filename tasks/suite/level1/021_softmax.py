@@ -25,7 +25,7 @@ def get_init_inputs():
     return []
 
 
-KF_SIZES = {"cpu": {"batch": 3857, "dim": 2048}, "cuda": {"batch": 49152, "dim": 16384}}
+KF_SIZES = {"cpu": {"batch": 3724, "dim": 2048}, "cuda": {"batch": 49152, "dim": 16384}}
 KF_MODE = "eval"
 KF_LEVEL = 1
 KF_TAGS = ['normalization']

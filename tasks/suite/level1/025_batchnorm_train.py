@@ -27,7 +27,7 @@ def get_init_inputs():
     return [features]
 
 
-KF_SIZES = {"cpu": {"batch": 27, "features": 16, "size": 64}, "cuda": {"batch": 64, "features": 64, "size": 256}}
+KF_SIZES = {"cpu": {"batch": 48, "features": 16, "size": 64}, "cuda": {"batch": 64, "features": 64, "size": 256}}
 KF_MODE = "train"
 KF_LEVEL = 1
 KF_TAGS = ['normalization']

@@ -13,8 +13,8 @@ class Model(nn.Module):
         return self.norm(x)
 
 
-# Size constants: the CUDA size (H200 estimate: 1 GiB in + out).
-batch = 64
+# Size constants: the CUDA size (H200: measured 1.28 ms at half this size, so ~2.6 ms).
+batch = 128
 features = 64
 size = 256
 
@@ -27,7 +27,7 @@ def get_init_inputs():
     return [features]
 
 
-KF_SIZES = {"cpu": {"batch": 102, "features": 32, "size": 48}, "cuda": {"batch": 64, "features": 64, "size": 256}}
+KF_SIZES = {"cpu": {"batch": 102, "features": 32, "size": 48}, "cuda": {"batch": 128, "features": 64, "size": 256}}
 KF_MODE = "eval"
 KF_LEVEL = 1
 KF_TAGS = ['normalization']

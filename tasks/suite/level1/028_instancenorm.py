@@ -27,7 +27,7 @@ def get_init_inputs():
     return [features]
 
 
-KF_SIZES = {"cpu": {"batch": 25, "features": 16, "size": 64}, "cuda": {"batch": 128, "features": 64, "size": 256}}
+KF_SIZES = {"cpu": {"batch": 51, "features": 16, "size": 64}, "cuda": {"batch": 128, "features": 64, "size": 256}}
 KF_MODE = "eval"
 KF_LEVEL = 1
 KF_TAGS = ['normalization']

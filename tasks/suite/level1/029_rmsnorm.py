@@ -28,7 +28,7 @@ def get_init_inputs():
     return [features]
 
 
-KF_SIZES = {"cpu": {"batch": 4308, "features": 1024}, "cuda": {"batch": 32768, "features": 8192}}
+KF_SIZES = {"cpu": {"batch": 2538, "features": 1024}, "cuda": {"batch": 32768, "features": 8192}}
 KF_MODE = "eval"
 KF_LEVEL = 1
 KF_TAGS = ['normalization']

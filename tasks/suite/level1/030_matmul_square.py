@@ -24,7 +24,7 @@ def get_init_inputs():
     return []
 
 
-KF_SIZES = {"cpu": {"n": 631}, "cuda": {"n": 4096}}
+KF_SIZES = {"cpu": {"n": 720}, "cuda": {"n": 4096}}
 KF_MODE = "eval"
 KF_LEVEL = 1
 KF_TAGS = ['matmul']

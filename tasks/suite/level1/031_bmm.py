@@ -27,7 +27,7 @@ def get_init_inputs():
     return []
 
 
-KF_SIZES = {"cpu": {"batch": 84, "m": 128, "k": 192, "n": 128}, "cuda": {"batch": 64, "m": 1024, "k": 1024, "n": 1024}}
+KF_SIZES = {"cpu": {"batch": 144, "m": 128, "k": 192, "n": 128}, "cuda": {"batch": 64, "m": 1024, "k": 1024, "n": 1024}}
 KF_MODE = "eval"
 KF_LEVEL = 1
 KF_TAGS = ['matmul']

@@ -13,8 +13,8 @@ class Model(nn.Module):
         return self.conv(x)
 
 
-# Size constants: the CUDA size (H200 estimate: 1.4e11 flop).
-batch = 64
+# Size constants: the CUDA size (H200: measured 1.64 ms at half this size, so ~3.3 ms).
+batch = 128
 cin = 128
 cout = 128
 length = 16384
@@ -28,7 +28,7 @@ def get_init_inputs():
     return [cin, cout]
 
 
-KF_SIZES = {"cpu": {"batch": 8, "cin": 32, "cout": 32, "length": 2048}, "cuda": {"batch": 64, "cin": 128, "cout": 128, "length": 16384}}
+KF_SIZES = {"cpu": {"batch": 27, "cin": 32, "cout": 32, "length": 2048}, "cuda": {"batch": 128, "cin": 128, "cout": 128, "length": 16384}}
 KF_MODE = "eval"
 KF_LEVEL = 1
 KF_TAGS = ['conv']

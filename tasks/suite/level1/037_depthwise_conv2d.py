@@ -13,8 +13,8 @@ class Model(nn.Module):
         return self.conv(x)
 
 
-# Size constants: the CUDA size (H200 estimate: 1 GiB in + out).
-batch = 64
+# Size constants: the CUDA size (H200: measured 1.31 ms at half this size, so ~2.6 ms).
+batch = 128
 cin = 128
 cout = 128
 size = 128
@@ -28,7 +28,7 @@ def get_init_inputs():
     return [cin, cout]
 
 
-KF_SIZES = {"cpu": {"batch": 32, "cin": 32, "cout": 32, "size": 64}, "cuda": {"batch": 64, "cin": 128, "cout": 128, "size": 128}}
+KF_SIZES = {"cpu": {"batch": 32, "cin": 32, "cout": 32, "size": 64}, "cuda": {"batch": 128, "cin": 128, "cout": 128, "size": 128}}
 KF_MODE = "eval"
 KF_LEVEL = 1
 KF_TAGS = ['conv']

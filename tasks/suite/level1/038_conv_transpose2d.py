@@ -13,8 +13,8 @@ class Model(nn.Module):
         return self.conv(x)
 
 
-# Size constants: the CUDA size (H200 estimate: 1.1e11 flop).
-batch = 32
+# Size constants: the CUDA size (H200: measured 1.20 ms at half this size, so ~2.4 ms).
+batch = 64
 cin = 64
 cout = 64
 size = 128
@@ -28,7 +28,7 @@ def get_init_inputs():
     return [cin, cout]
 
 
-KF_SIZES = {"cpu": {"batch": 21, "cin": 16, "cout": 16, "size": 32}, "cuda": {"batch": 32, "cin": 64, "cout": 64, "size": 128}}
+KF_SIZES = {"cpu": {"batch": 31, "cin": 16, "cout": 16, "size": 32}, "cuda": {"batch": 64, "cin": 64, "cout": 64, "size": 128}}
 KF_MODE = "eval"
 KF_LEVEL = 1
 KF_TAGS = ['conv']

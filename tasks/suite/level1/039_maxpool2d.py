@@ -28,7 +28,7 @@ def get_init_inputs():
     return [cin, cout]
 
 
-KF_SIZES = {"cpu": {"batch": 8, "cin": 16, "cout": 16, "size": 96}, "cuda": {"batch": 128, "cin": 64, "cout": 64, "size": 256}}
+KF_SIZES = {"cpu": {"batch": 5, "cin": 16, "cout": 16, "size": 96}, "cuda": {"batch": 128, "cin": 64, "cout": 64, "size": 256}}
 KF_MODE = "eval"
 KF_LEVEL = 1
 KF_TAGS = ['pooling']

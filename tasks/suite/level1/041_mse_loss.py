@@ -25,7 +25,7 @@ def get_init_inputs():
     return []
 
 
-KF_SIZES = {"cpu": {"batch": 8292, "dim": 1024}, "cuda": {"batch": 65536, "dim": 8192}}
+KF_SIZES = {"cpu": {"batch": 4500, "dim": 1024}, "cuda": {"batch": 65536, "dim": 8192}}
 KF_MODE = "eval"
 KF_LEVEL = 1
 KF_TAGS = ['loss']

@@ -12,8 +12,8 @@ class Model(nn.Module):
         return F.cross_entropy(pred, target)
 
 
-# Size constants: the CUDA size (H200 estimate: 2 GiB read).
-batch = 32768
+# Size constants: the CUDA size (H200: measured 1.30 ms at half this size, so ~2.6 ms).
+batch = 65536
 dim = 16384
 
 
@@ -25,7 +25,7 @@ def get_init_inputs():
     return []
 
 
-KF_SIZES = {"cpu": {"batch": 6321, "dim": 1000}, "cuda": {"batch": 32768, "dim": 16384}}
+KF_SIZES = {"cpu": {"batch": 6321, "dim": 1000}, "cuda": {"batch": 65536, "dim": 16384}}
 KF_MODE = "eval"
 KF_LEVEL = 1
 KF_TAGS = ['loss']

@@ -27,7 +27,7 @@ def get_init_inputs():
     return []
 
 
-KF_SIZES = {"cpu": {"batch": 7, "heads": 4, "seq": 256, "dim": 64}, "cuda": {"batch": 16, "heads": 16, "seq": 2048, "dim": 64}}
+KF_SIZES = {"cpu": {"batch": 9, "heads": 4, "seq": 256, "dim": 64}, "cuda": {"batch": 16, "heads": 16, "seq": 2048, "dim": 64}}
 KF_MODE = "eval"
 KF_LEVEL = 1
 KF_TAGS = ['attention']

@@ -32,7 +32,7 @@ def get_init_inputs():
     return []
 
 
-KF_SIZES = {"cpu": {"batch": 2, "heads": 4, "seq": 256, "dim": 64}, "cuda": {"batch": 8, "heads": 16, "seq": 2048, "dim": 64}}
+KF_SIZES = {"cpu": {"batch": 4, "heads": 4, "seq": 256, "dim": 64}, "cuda": {"batch": 8, "heads": 16, "seq": 2048, "dim": 64}}
 KF_MODE = "eval"
 KF_LEVEL = 1
 KF_TAGS = ['attention']

@@ -11,7 +11,7 @@ class Model(nn.Module):
         return torch.softmax(x, dim=-1)
 
 
-# Size constants: the CUDA size (H200 estimate: 4 GiB bf16, 2 reads + 1 write = 13 GB ~ 3.2 ms).
+# Size constants: the CUDA size (H200: 4 GiB bf16 in + 4 GiB out; measured 3.67 ms).
 batch = 65536
 dim = 32768
 
@@ -24,7 +24,7 @@ def get_init_inputs():
     return []
 
 
-KF_SIZES = {"cpu": {"batch": 1024, "dim": 2048}, "cuda": {"batch": 65536, "dim": 32768}}
+KF_SIZES = {"cpu": {"batch": 6094, "dim": 2048}, "cuda": {"batch": 65536, "dim": 32768}}
 KF_MODE = "eval"
 KF_TOLERANCE = {"atol": 1e-2, "rtol": 2e-2}
 KF_LEVEL = 1

@@ -9,13 +9,17 @@ class Model(nn.Module):
         super().__init__()
         self.conv = nn.Conv2d(cin, cout, 3, padding=1)
         self.bn = nn.BatchNorm2d(cout)
+        c = torch.arange(cout, dtype=torch.float32)
+        with torch.no_grad():  # statistics of a trained layer (the defaults make BN nearly an identity)
+            self.bn.running_mean.copy_(0.1 * torch.sin(c))
+            self.bn.running_var.copy_(0.05 + 0.1 * torch.cos(c) ** 2)
 
     def forward(self, x):
         return torch.relu(self.bn(self.conv(x)))
 
 
-# Size constants: the CUDA size (H200 estimate: 6e10 flop + 1 GiB).
-batch = 64
+# Size constants: the CUDA size (H200: measured 1.16 ms at half this size, so ~2.3 ms).
+batch = 128
 cin = 64
 cout = 64
 size = 128
@@ -29,7 +33,7 @@ def get_init_inputs():
     return [cin, cout]
 
 
-KF_SIZES = {"cpu": {"batch": 17, "cin": 16, "cout": 16, "size": 64}, "cuda": {"batch": 64, "cin": 64, "cout": 64, "size": 128}}
+KF_SIZES = {"cpu": {"batch": 20, "cin": 16, "cout": 16, "size": 64}, "cuda": {"batch": 128, "cin": 64, "cout": 64, "size": 128}}
 KF_MODE = "eval"
 KF_LEVEL = 2
 KF_TAGS = ['conv', 'normalization', 'elementwise']

@@ -14,8 +14,8 @@ class Model(nn.Module):
         return torch.relu(self.bn(self.conv(x)))
 
 
-# Size constants: the CUDA size (H200 estimate: 6e10 flop + 1 GiB).
-batch = 64
+# Size constants: the CUDA size (H200: measured 1.52 ms at half this size, so ~3.0 ms).
+batch = 128
 cin = 64
 cout = 64
 size = 128
@@ -29,7 +29,7 @@ def get_init_inputs():
     return [cin, cout]
 
 
-KF_SIZES = {"cpu": {"batch": 15, "cin": 16, "cout": 16, "size": 64}, "cuda": {"batch": 64, "cin": 64, "cout": 64, "size": 128}}
+KF_SIZES = {"cpu": {"batch": 23, "cin": 16, "cout": 16, "size": 64}, "cuda": {"batch": 128, "cin": 64, "cout": 64, "size": 128}}
 KF_MODE = "train"
 KF_LEVEL = 2
 KF_TAGS = ['conv', 'normalization', 'elementwise']

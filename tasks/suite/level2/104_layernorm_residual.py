@@ -26,7 +26,7 @@ def get_init_inputs():
     return [features]
 
 
-KF_SIZES = {"cpu": {"batch": 4134, "features": 1024}, "cuda": {"batch": 32768, "features": 8192}}
+KF_SIZES = {"cpu": {"batch": 2541, "features": 1024}, "cuda": {"batch": 32768, "features": 8192}}
 KF_MODE = "eval"
 KF_LEVEL = 2
 KF_TAGS = ['normalization', 'elementwise']

@@ -26,7 +26,7 @@ def get_init_inputs():
     return [features]
 
 
-KF_SIZES = {"cpu": {"batch": 4080, "features": 1024}, "cuda": {"batch": 16384, "features": 16384}}
+KF_SIZES = {"cpu": {"batch": 2642, "features": 1024}, "cuda": {"batch": 16384, "features": 16384}}
 KF_MODE = "eval"
 KF_LEVEL = 2
 KF_TAGS = ['normalization', 'elementwise']

@@ -26,7 +26,7 @@ def get_init_inputs():
     return [features]
 
 
-KF_SIZES = {"cpu": {"batch": 1536, "features": 384}, "cuda": {"batch": 4096, "features": 4096}}
+KF_SIZES = {"cpu": {"batch": 3302, "features": 384}, "cuda": {"batch": 4096, "features": 4096}}
 KF_MODE = "eval"
 KF_LEVEL = 2
 KF_TAGS = ['matmul', 'elementwise']

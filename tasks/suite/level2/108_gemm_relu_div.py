@@ -27,7 +27,7 @@ def get_init_inputs():
     return [in_features, out_features]
 
 
-KF_SIZES = {"cpu": {"batch": 1071, "in_features": 512, "out_features": 512}, "cuda": {"batch": 4096, "in_features": 4096, "out_features": 4096}}
+KF_SIZES = {"cpu": {"batch": 1611, "in_features": 512, "out_features": 512}, "cuda": {"batch": 4096, "in_features": 4096, "out_features": 4096}}
 KF_MODE = "eval"
 KF_LEVEL = 2
 KF_TAGS = ['matmul', 'elementwise']

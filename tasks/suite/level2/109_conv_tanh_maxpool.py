@@ -28,7 +28,7 @@ def get_init_inputs():
     return [cin, cout]
 
 
-KF_SIZES = {"cpu": {"batch": 4, "cin": 16, "cout": 16, "size": 64}, "cuda": {"batch": 128, "cin": 32, "cout": 64, "size": 128}}
+KF_SIZES = {"cpu": {"batch": 8, "cin": 16, "cout": 16, "size": 64}, "cuda": {"batch": 128, "cin": 32, "cout": 64, "size": 128}}
 KF_MODE = "eval"
 KF_LEVEL = 2
 KF_TAGS = ['conv', 'elementwise', 'pooling']

@@ -27,7 +27,7 @@ def get_init_inputs():
     return [channels]
 
 
-KF_SIZES = {"cpu": {"batch": 32, "channels": 32, "size": 48}, "cuda": {"batch": 64, "channels": 64, "size": 256}}
+KF_SIZES = {"cpu": {"batch": 53, "channels": 32, "size": 48}, "cuda": {"batch": 64, "channels": 64, "size": 256}}
 KF_MODE = "eval"
 KF_LEVEL = 2
 KF_TAGS = ['normalization', 'elementwise']

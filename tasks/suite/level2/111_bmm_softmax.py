@@ -27,7 +27,7 @@ def get_init_inputs():
     return []
 
 
-KF_SIZES = {"cpu": {"batch": 48, "m": 128, "k": 128, "n": 128}, "cuda": {"batch": 64, "m": 1024, "k": 512, "n": 1024}}
+KF_SIZES = {"cpu": {"batch": 91, "m": 128, "k": 128, "n": 128}, "cuda": {"batch": 64, "m": 1024, "k": 512, "n": 1024}}
 KF_MODE = "eval"
 KF_LEVEL = 2
 KF_TAGS = ['matmul', 'normalization']

@@ -26,7 +26,7 @@ def get_init_inputs():
     return [features]
 
 
-KF_SIZES = {"cpu": {"batch": 3879, "features": 1024}, "cuda": {"batch": 65536, "features": 4096}}
+KF_SIZES = {"cpu": {"batch": 2575, "features": 1024}, "cuda": {"batch": 65536, "features": 4096}}
 KF_MODE = "eval"
 KF_LEVEL = 2
 KF_TAGS = ['normalization', 'elementwise']

@@ -26,7 +26,7 @@ def get_init_inputs():
     return []
 
 
-KF_SIZES = {"cpu": {"m": 1696, "k": 384, "n": 384}, "cuda": {"m": 4096, "k": 4096, "n": 4096}}
+KF_SIZES = {"cpu": {"m": 2040, "k": 384, "n": 384}, "cuda": {"m": 4096, "k": 4096, "n": 4096}}
 KF_MODE = "eval"
 KF_LEVEL = 2
 KF_TAGS = ['matmul', 'reduction']

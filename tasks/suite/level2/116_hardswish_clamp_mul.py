@@ -25,7 +25,7 @@ def get_init_inputs():
     return []
 
 
-KF_SIZES = {"cpu": {"rows": 4096, "cols": 1024}, "cuda": {"rows": 16384, "cols": 16384}}
+KF_SIZES = {"cpu": {"rows": 2671, "cols": 1024}, "cuda": {"rows": 16384, "cols": 16384}}
 KF_MODE = "eval"
 KF_LEVEL = 2
 KF_TAGS = ['elementwise']

@@ -28,7 +28,7 @@ def get_init_inputs():
     return [features]
 
 
-KF_SIZES = {"cpu": {"batch": 1029, "features": 512}, "cuda": {"batch": 4096, "features": 4096}}
+KF_SIZES = {"cpu": {"batch": 1079, "features": 512}, "cuda": {"batch": 4096, "features": 4096}}
 KF_MODE = "eval"
 KF_LEVEL = 2
 KF_TAGS = ['normalization', 'matmul']

@@ -27,7 +27,7 @@ def get_init_inputs():
     return [in_features, classes]
 
 
-KF_SIZES = {"cpu": {"batch": 524, "in_features": 512, "classes": 1000}, "cuda": {"batch": 4096, "in_features": 4096, "classes": 8192}}
+KF_SIZES = {"cpu": {"batch": 557, "in_features": 512, "classes": 1000}, "cuda": {"batch": 4096, "in_features": 4096, "classes": 8192}}
 KF_MODE = "eval"
 KF_LEVEL = 2
 KF_TAGS = ['matmul', 'loss']

@@ -12,8 +12,8 @@ class Model(nn.Module):
         return torch.sigmoid(F.avg_pool2d(x, 2)) * 2.0 - 1.0
 
 
-# Size constants: the CUDA size (H200 estimate: 1.25 GiB).
-batch = 64
+# Size constants: the CUDA size (H200: measured 1.17 ms at half this size, so ~2.3 ms).
+batch = 128
 channels = 64
 size = 256
 
@@ -26,7 +26,7 @@ def get_init_inputs():
     return []
 
 
-KF_SIZES = {"cpu": {"batch": 8, "channels": 16, "size": 128}, "cuda": {"batch": 64, "channels": 64, "size": 256}}
+KF_SIZES = {"cpu": {"batch": 8, "channels": 16, "size": 128}, "cuda": {"batch": 128, "channels": 64, "size": 256}}
 KF_MODE = "eval"
 KF_LEVEL = 2
 KF_TAGS = ['pooling', 'elementwise']

@@ -26,7 +26,7 @@ def get_init_inputs():
     return []
 
 
-KF_SIZES = {"cpu": {"batch": 1024, "dim": 1024}, "cuda": {"batch": 32768, "dim": 8192}}
+KF_SIZES = {"cpu": {"batch": 1951, "dim": 1024}, "cuda": {"batch": 32768, "dim": 8192}}
 KF_MODE = "eval"
 KF_LEVEL = 2
 KF_TAGS = ['reduction', 'elementwise']

@@ -14,8 +14,8 @@ class Model(nn.Module):
         return torch.relu(dp - dn + 1.0).mean()
 
 
-# Size constants: the CUDA size (H200 estimate: 1.5 GiB).
-batch = 32768
+# Size constants: the CUDA size (H200: measured 1.53 ms at half this size, so ~3.1 ms).
+batch = 65536
 dim = 4096
 
 
@@ -27,7 +27,7 @@ def get_init_inputs():
     return []
 
 
-KF_SIZES = {"cpu": {"batch": 4096, "dim": 512}, "cuda": {"batch": 32768, "dim": 4096}}
+KF_SIZES = {"cpu": {"batch": 2963, "dim": 512}, "cuda": {"batch": 65536, "dim": 4096}}
 KF_MODE = "eval"
 KF_LEVEL = 2
 KF_TAGS = ['loss']

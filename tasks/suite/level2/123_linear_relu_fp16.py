@@ -12,7 +12,7 @@ class Model(nn.Module):
         return torch.relu(self.fc(x))
 
 
-# Size constants: the CUDA size (H200 estimate: 2.2e12 flop fp16 tensor cores at ~600 TFLOP/s ~ 3.7 ms).
+# Size constants: the CUDA size (H200: 2.2e12 flop fp16 on tensor cores; measured 3.00 ms).
 batch = 16384
 in_features = 8192
 out_features = 8192
@@ -26,7 +26,7 @@ def get_init_inputs():
     return [in_features, out_features]
 
 
-KF_SIZES = {"cpu": {"batch": 256, "in_features": 512, "out_features": 512}, "cuda": {"batch": 16384, "in_features": 8192, "out_features": 8192}}
+KF_SIZES = {"cpu": {"batch": 297, "in_features": 1024, "out_features": 1024}, "cuda": {"batch": 16384, "in_features": 8192, "out_features": 8192}}
 KF_MODE = "eval"
 KF_TOLERANCE = {"atol": 1e-2, "rtol": 1e-2}
 KF_LEVEL = 2

@@ -29,7 +29,7 @@ def get_init_inputs():
     return [dim, hidden]
 
 
-KF_SIZES = {"cpu": {"batch": 472, "dim": 256, "hidden": 1024}, "cuda": {"batch": 4096, "dim": 2048, "hidden": 8192}}
+KF_SIZES = {"cpu": {"batch": 520, "dim": 256, "hidden": 1024}, "cuda": {"batch": 4096, "dim": 2048, "hidden": 8192}}
 KF_MODE = "eval"
 KF_LEVEL = 3
 KF_TAGS = ['model', 'matmul']

@@ -17,8 +17,8 @@ class Model(nn.Module):
         return torch.relu(x + self.b2(self.c2(y)))
 
 
-# Size constants: the CUDA size (H200 estimate: 1.8e11 flop).
-batch = 32
+# Size constants: the CUDA size (H200: measured 1.19 ms at half this size, so ~2.4 ms).
+batch = 64
 channels = 64
 size = 112
 
@@ -31,7 +31,7 @@ def get_init_inputs():
     return [channels]
 
 
-KF_SIZES = {"cpu": {"batch": 9, "channels": 16, "size": 48}, "cuda": {"batch": 32, "channels": 64, "size": 112}}
+KF_SIZES = {"cpu": {"batch": 9, "channels": 16, "size": 48}, "cuda": {"batch": 64, "channels": 64, "size": 112}}
 KF_MODE = "train"
 KF_LEVEL = 3
 KF_TAGS = ['model', 'conv', 'normalization']

@@ -30,7 +30,7 @@ def get_init_inputs():
     return [channels, layers]
 
 
-KF_SIZES = {"cpu": {"batch": 9, "channels": 32, "length": 1024, "layers": 4}, "cuda": {"batch": 32, "channels": 128, "length": 8192, "layers": 4}}
+KF_SIZES = {"cpu": {"batch": 10, "channels": 32, "length": 1024, "layers": 4}, "cuda": {"batch": 32, "channels": 128, "length": 8192, "layers": 4}}
 KF_MODE = "eval"
 KF_LEVEL = 3
 KF_TAGS = ['model', 'conv']

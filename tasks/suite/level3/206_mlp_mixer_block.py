@@ -34,7 +34,7 @@ def get_init_inputs():
     return [tokens, dim]
 
 
-KF_SIZES = {"cpu": {"batch": 16, "tokens": 64, "dim": 128}, "cuda": {"batch": 64, "tokens": 256, "dim": 512}}
+KF_SIZES = {"cpu": {"batch": 18, "tokens": 64, "dim": 128}, "cuda": {"batch": 64, "tokens": 256, "dim": 512}}
 KF_MODE = "eval"
 KF_LEVEL = 3
 KF_TAGS = ['model', 'matmul', 'normalization']

@@ -28,7 +28,7 @@ def get_init_inputs():
     return [dim, code]
 
 
-KF_SIZES = {"cpu": {"batch": 841, "dim": 512, "code": 64}, "cuda": {"batch": 8192, "dim": 4096, "code": 256}}
+KF_SIZES = {"cpu": {"batch": 811, "dim": 512, "code": 64}, "cuda": {"batch": 8192, "dim": 4096, "code": 256}}
 KF_MODE = "eval"
 KF_LEVEL = 3
 KF_TAGS = ['model', 'matmul']

@@ -33,7 +33,7 @@ def get_init_inputs():
     return [dim, classes]
 
 
-KF_SIZES = {"cpu": {"batch": 64, "seq": 128, "dim": 128, "classes": 10}, "cuda": {"batch": 256, "seq": 1024, "dim": 512, "classes": 100}}
+KF_SIZES = {"cpu": {"batch": 92, "seq": 128, "dim": 128, "classes": 10}, "cuda": {"batch": 256, "seq": 1024, "dim": 512, "classes": 100}}
 KF_MODE = "eval"
 KF_LEVEL = 3
 KF_TAGS = ['model', 'attention', 'loss']

@@ -31,7 +31,7 @@ def get_init_inputs():
     return [dim, hidden]
 
 
-KF_SIZES = {"cpu": {"batch": 441, "dim": 256, "hidden": 704}, "cuda": {"batch": 4096, "dim": 2048, "hidden": 5632}}
+KF_SIZES = {"cpu": {"batch": 429, "dim": 256, "hidden": 704}, "cuda": {"batch": 4096, "dim": 2048, "hidden": 5632}}
 KF_MODE = "eval"
 KF_LEVEL = 3
 KF_TAGS = ['model', 'matmul', 'elementwise']

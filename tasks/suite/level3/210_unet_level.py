@@ -16,8 +16,8 @@ class Model(nn.Module):
         return torch.relu(self.fuse(torch.cat([x, y], dim=1)))
 
 
-# Size constants: the CUDA size (H200 estimate: 1e11 flop).
-batch = 32
+# Size constants: the CUDA size (H200: measured 1.52 ms at half this size, so ~3.0 ms).
+batch = 64
 channels = 64
 size = 128
 
@@ -30,7 +30,7 @@ def get_init_inputs():
     return [channels]
 
 
-KF_SIZES = {"cpu": {"batch": 5, "channels": 16, "size": 64}, "cuda": {"batch": 32, "channels": 64, "size": 128}}
+KF_SIZES = {"cpu": {"batch": 5, "channels": 16, "size": 64}, "cuda": {"batch": 64, "channels": 64, "size": 128}}
 KF_MODE = "eval"
 KF_LEVEL = 3
 KF_TAGS = ['model', 'conv']

@@ -15,8 +15,8 @@ class Model(nn.Module):
         return self.norm(self.patch(x).flatten(2).transpose(1, 2) + self.pos)
 
 
-# Size constants: the CUDA size (H200 estimate: 5.7e10 flop).
-batch = 128
+# Size constants: the CUDA size (H200: measured 1.45 ms at half this size, so ~2.9 ms).
+batch = 256
 size = 224
 dim = 768
 
@@ -29,7 +29,7 @@ def get_init_inputs():
     return [dim, (size // 16) ** 2]
 
 
-KF_SIZES = {"cpu": {"batch": 16, "size": 128, "dim": 192}, "cuda": {"batch": 128, "size": 224, "dim": 768}}
+KF_SIZES = {"cpu": {"batch": 19, "size": 128, "dim": 192}, "cuda": {"batch": 256, "size": 224, "dim": 768}}
 KF_MODE = "eval"
 KF_LEVEL = 3
 KF_TAGS = ['model', 'conv', 'normalization']

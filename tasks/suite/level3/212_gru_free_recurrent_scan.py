@@ -31,7 +31,7 @@ def get_init_inputs():
     return [dim]
 
 
-KF_SIZES = {"cpu": {"batch": 8, "seq": 64, "dim": 512}, "cuda": {"batch": 64, "seq": 64, "dim": 4096}}
+KF_SIZES = {"cpu": {"batch": 11, "seq": 64, "dim": 512}, "cuda": {"batch": 64, "seq": 64, "dim": 4096}}
 KF_MODE = "eval"
 KF_LEVEL = 3
 KF_TAGS = ['model', 'reduction', 'elementwise']
