@@ -1,0 +1,101 @@
+// ReplayBuffer: scored groups waiting for the learner.
+//
+// A group is one prompt plus G candidates sampled together (G <= 64). The actor
+// opens it with all G candidates; results (from the result queue, via ingest()) are
+// joined to it by group id and index. A group is READY when all G are scored, or
+// when its deadline passes or its missing candidates were reported lost (those are
+// marked missing). The learner takes ready groups in batches, oldest policy version
+// first. Groups whose policy version lags the learner's by more than max_lag are
+// dropped at take time and counted.
+//
+// Capacity and eviction: `capacity` group slots of `group_bytes` each, allocated at
+// start-up. When open_group() finds no free slot it evicts the open group with the
+// oldest policy version (ties: the oldest opened), ready or not, and counts it in
+// `evicted`: the newest data is the most on-policy. Slots being filled or taken are
+// never evicted.
+//
+// Robustness: slot owner words (state + pid) under a robust mutex; a result is
+// committed by setting its bit after its bytes are written. A process killed while
+// filling a group (actor) or copying one out (learner) loses that group only:
+// reap() frees it and counts it in lost_filling / lost_taking.
+//
+// Contract: any thread of any attached process.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kf/replay/queue.h"
+#include "kf/replay/records.h"
+#include "kf/replay/segment.h"
+
+namespace kf::replay {
+
+struct ReplayConfig {
+  uint32_t capacity = 256;            // groups
+  uint32_t group_bytes = 1u << 20;    // encoded prompt + G candidates + G results
+  uint32_t result_bytes = 2048;       // per result (reason text is truncated to fit)
+};
+
+struct ScoredGroup {
+  uint64_t group_id = 0;
+  std::string task;
+  int64_t policy_version = 0;
+  std::vector<int32_t> prompt_tokens;
+  std::vector<Candidate> candidates;  // prompt_tokens left empty (shared above)
+  std::vector<Result> results;        // results[i] belongs to candidates[i]
+  std::vector<uint8_t> missing;       // 1: no result (deadline passed or candidate lost)
+  bool deadline_hit = false;
+};
+
+struct ReplayStats {
+  uint64_t opened = 0, taken = 0, open_now = 0, ready_now = 0;
+  uint64_t results_joined = 0, results_orphan = 0, results_duplicate = 0;
+  uint64_t dropped_stale = 0, evicted = 0, dropped_full = 0;
+  uint64_t lost_filling = 0, lost_taking = 0, candidates_lost = 0, recoveries = 0;
+};
+
+class ReplayBuffer {
+ public:
+  static std::size_t segment_bytes(const ReplayConfig& cfg);
+  static ReplayBuffer create(const std::string& name, const ReplayConfig& cfg, const SegmentOptions& opt = {});
+  static ReplayBuffer attach(const std::string& name, Timeout wait_ready = std::chrono::seconds(10));
+
+  // Actor: opens a group of candidates (same group_id, indices 0..G-1, shared prompt
+  // = candidates[0].prompt_tokens). Scoring must finish within `deadline`. Returns
+  // false (counted dropped_full) if every slot stayed in use for `timeout`. Throws
+  // kf::Error for a malformed group or one larger than group_bytes.
+  bool open_group(const std::vector<Candidate>& candidates, Timeout deadline, Timeout timeout = Timeout(0));
+  // Joins one result to its group. False: no such open group (orphan) or duplicate.
+  bool add_result(const Result& r);
+  // Pops up to max results from the queue and joins them; returns how many popped.
+  std::size_t ingest(ResultQueue& results, std::size_t max, Timeout timeout);
+  // Marks candidates (by id, e.g. ShmQueue::lost_tags of the candidate queue) as lost,
+  // so their groups need not wait for the deadline.
+  std::size_t mark_lost(const std::vector<uint64_t>& candidate_ids);
+
+  // Learner: takes up to max ready groups (blocks up to timeout for the first), first
+  // dropping groups with current_version - policy_version > max_lag (counted).
+  std::size_t take_ready(std::vector<ScoredGroup>& out, std::size_t max, int64_t current_version, int64_t max_lag,
+                         Timeout timeout);
+
+  std::size_t reap();  // frees groups held by dead fillers/takers
+  ReplayStats stats() const;
+
+  // Persistence (binary, see docs/replay.md): save() writes every open group
+  // atomically (temp + fsync + rename); load() validates the whole file first, then
+  // adds its groups. Bad file -> kf::Error naming the file and field; nothing stored
+  // is changed then. Deadlines are saved as time remaining.
+  void save(const std::string& path) const;
+  std::size_t load(const std::string& path);
+
+  const ShmSegment& segment() const { return seg_; }
+  struct Header;
+
+ private:
+  ReplayBuffer() = default;
+  Header* hdr() const;
+  ShmSegment seg_;
+};
+
+}  // namespace kf::replay

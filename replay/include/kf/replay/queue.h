@@ -1,0 +1,131 @@
+// ShmQueue: a bounded many-producer many-consumer queue of variable-size records in
+// one shared-memory segment, and RecordQueue<T>: the typed candidate/result queues.
+//
+// Shape (Sample Factory style): a slab of `capacity` fixed-size slots is allocated
+// when the segment is created; the queue proper is a ring of 4-byte slot handles.
+// Producers copy a record into a free slot outside any lock, then commit its handle;
+// consumers take handles, read the slots in place (or copy out), then release them.
+//
+// Back-pressure: with no free slot, push blocks (futex) until a consumer releases one
+// or the timeout passes; a timed-out push is counted in `dropped_full`, never silent.
+//
+// Robustness: every slot has an owner word (state + pid, one 64-bit store) that is
+// the source of truth; the ring and the free stack are derived from it under a
+// robust mutex. A process SIGKILLed anywhere loses at most the slots it owned
+// (being written or being read): reap() finds slots whose owner is dead (pid + start
+// time), frees them, counts them in lost_producer / lost_consumer and records their
+// tags in the lost log, so upstream can account for exactly which items were lost.
+// A record is only ever visible to consumers after its producer committed it, so a
+// torn record cannot be delivered; a checksum over each record backs this up.
+//
+// Contract: any thread of any process that attached the segment may call any method;
+// one ShmQueue object may be shared by threads. Item order is FIFO by commit.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kf/replay/records.h"
+#include "kf/replay/segment.h"
+
+namespace kf::replay {
+
+struct QueueConfig {
+  uint32_t capacity = 4096;    // slots (also the most records in flight)
+  uint32_t slot_bytes = 4096;  // largest record
+  // How long a blocked push/pop waits before it looks for dead owners (reap()).
+  std::chrono::milliseconds reap_after{100};
+  uint32_t spin_us = 20;       // consumers spin this long on an empty queue before sleeping
+};
+
+struct QueueStats {
+  uint64_t pushed = 0, popped = 0;  // committed / released by consumers
+  uint64_t queued = 0;              // committed, not yet taken
+  uint64_t free_slots = 0;
+  uint64_t dropped_full = 0;        // pushes that timed out on a full queue
+  uint64_t dropped_too_large = 0;   // records larger than slot_bytes
+  uint64_t dropped_abandoned = 0;   // slots a producer acquired and gave back unwritten
+  uint64_t lost_producer = 0;       // reclaimed from dead producers (mid-write)
+  uint64_t lost_consumer = 0;       // reclaimed from dead consumers (mid-read)
+  uint64_t corrupt = 0;             // records failing their checksum (should stay 0)
+  uint64_t recoveries = 0;          // locks recovered from a dead owner
+};
+
+class ShmQueue {
+ public:
+  struct Slot {            // a slot held by this process (writing or reading)
+    uint32_t handle = 0;
+    unsigned char* data = nullptr;
+    uint32_t len = 0;      // reading: record length; writing: set before commit
+    uint64_t tag = 0;      // caller's id for the record (e.g. candidate id)
+  };
+
+  static std::size_t segment_bytes(const QueueConfig& cfg);
+  static ShmQueue create(const std::string& name, const QueueConfig& cfg, const SegmentOptions& opt = {});
+  static ShmQueue attach(const std::string& name, Timeout wait_ready = std::chrono::seconds(10));
+
+  ShmQueue(ShmQueue&&) noexcept = default;
+  ShmQueue& operator=(ShmQueue&&) noexcept = default;
+
+  // --- producers
+  // Copies one record in; false if the queue stayed full for `timeout` (counted) or
+  // the record exceeds slot_bytes (counted).
+  bool push(const void* data, std::size_t len, uint64_t tag, Timeout timeout);
+  // Pushes records in order; returns how many went in before the timeout.
+  std::size_t push_batch(const std::vector<std::string>& records, const std::vector<uint64_t>& tags,
+                         Timeout timeout);
+  // Zero-copy: take up to n free slots (at least 1 unless the timeout passes) tagged
+  // tags[0..), write into slot.data, set slot.len, then commit() or abandon().
+  std::size_t acquire(Slot* out, std::size_t n, const uint64_t* tags, Timeout timeout);
+  void commit(Slot* slots, std::size_t n);
+  void abandon(Slot* slots, std::size_t n);
+
+  // --- consumers
+  // Takes up to max records in FIFO order (at least 1 unless the timeout passes);
+  // read them in place, then release(). Records failing the checksum are dropped
+  // (counted) and not returned.
+  std::size_t take(Slot* out, std::size_t max, Timeout timeout);
+  void release(Slot* slots, std::size_t n);
+  // Convenience: take + copy out + release.
+  std::size_t pop_batch(std::vector<std::string>& out, std::size_t max, Timeout timeout);
+
+  // --- supervision
+  std::size_t reap();  // frees slots of dead owners; returns how many (all counted as lost)
+  QueueStats stats() const;
+  // Tags of lost records with sequence number >= *cursor (advances *cursor). The log
+  // keeps the newest kLostLog tags; older ones are counted but their tags are gone.
+  std::vector<uint64_t> lost_tags(uint64_t* cursor) const;
+  static constexpr uint32_t kLostLog = 4096;
+  uint32_t slot_bytes() const;
+  uint32_t capacity() const;
+  const ShmSegment& segment() const { return seg_; }
+  struct Header;  // the shared layout; defined in queue.cpp only
+
+ private:
+  template <typename T> friend class RecordQueue;
+  ShmQueue() = default;
+  Header* hdr() const;
+  ShmSegment seg_;
+};
+
+// Typed queue over ShmQueue: encodes T straight into the slot (no temporary copy).
+template <typename T> class RecordQueue {
+ public:
+  explicit RecordQueue(ShmQueue q) : q_(std::move(q)) {}
+  // Tag = record id (Candidate::id, Result::candidate_id). False: full (timeout) or too large.
+  bool push(const T& rec, Timeout timeout);
+  // Pops up to max records (decoded); blocks up to timeout for the first.
+  std::size_t pop_batch(std::vector<T>& out, std::size_t max, Timeout timeout);
+  ShmQueue& raw() { return q_; }
+
+ private:
+  ShmQueue q_;
+};
+
+using CandidateQueue = RecordQueue<Candidate>;
+using ResultQueue = RecordQueue<Result>;
+extern template class RecordQueue<Candidate>;
+extern template class RecordQueue<Result>;
+
+}  // namespace kf::replay

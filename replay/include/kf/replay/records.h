@@ -1,0 +1,60 @@
+// The records that travel between actors, evaluators and the learner (ARCHITECTURE.md
+// "Records"), and their compact binary encoding. replay/ owns this layout.
+//
+// Encoding: little-endian, a 4-byte tag and a format version, then the fields in the
+// order declared; strings and arrays as u32 length + bytes. Decoding checks every
+// length against the buffer and throws kf::Error naming the record and field, so a
+// bad or truncated buffer is never half-read. Plain functions: any thread.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace kf::replay {
+
+struct Candidate {
+  uint64_t id = 0;
+  std::string task;
+  uint64_t group_id = 0;
+  uint32_t index_in_group = 0;           // 0..G-1
+  int64_t policy_version = 0;            // behaviour policy that sampled it
+  std::vector<int32_t> prompt_tokens;
+  std::vector<int32_t> completion_tokens;
+  std::vector<float> behaviour_logprobs;  // one per completion token
+  std::string source;                     // extracted kernel source (empty on error)
+  std::string extraction_error;           // why no source could be extracted
+  int32_t actor_id = 0;
+  int64_t t_sampled_ns = 0;               // CLOCK_MONOTONIC
+  int64_t t_pushed_ns = 0;
+};
+
+enum class Verdict : uint8_t { compile_error, runtime_error, timeout, incorrect, rejected_cheat, ok };
+const char* verdict_name(Verdict v);
+
+struct Result {
+  uint64_t candidate_id = 0;
+  uint64_t group_id = 0;        // routing: copied from the candidate
+  uint32_t index_in_group = 0;  // routing: copied from the candidate
+  Verdict verdict = Verdict::compile_error;
+  std::string reason;
+  double ref_time_median_us = 0, ref_time_spread_us = 0;
+  double cand_time_median_us = 0, cand_time_spread_us = 0;
+  double speedup = 0;
+  double max_error = 0;
+  uint32_t checks_passed = 0;
+  double reward = 0;
+  int32_t evaluator_id = 0;
+  int64_t t_scored_ns = 0;
+};
+
+std::size_t encoded_size(const Candidate& c);
+std::size_t encoded_size(const Result& r);
+// Write exactly encoded_size(x) bytes at dst.
+void encode(const Candidate& c, unsigned char* dst);
+void encode(const Result& r, unsigned char* dst);
+// Throw kf::Error("<context>: candidate record: field <f>: ...") on malformed input.
+Candidate decode_candidate(const unsigned char* src, std::size_t n, const std::string& context = "replay");
+Result decode_result(const unsigned char* src, std::size_t n, const std::string& context = "replay");
+
+}  // namespace kf::replay

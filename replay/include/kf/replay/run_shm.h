@@ -1,0 +1,80 @@
+// RunShm: all shared-memory segments of one run, named "kf.<run>.<part>"
+// (ctl, cand, res, replay, kdb, snap). The launcher creates them; workers attach by
+// run name. Parts share one random incarnation id, so a worker never mixes a stale
+// segment with a fresh one.
+//
+// Stale runs: create() finds an existing run of the same name stale if its creator
+// is dead (pid + start time), or if neither the creator (heartbeat()) nor any process
+// registered in the control block has beaten within stale_after (a hung run), or if
+// it is half made. It then removes and replaces every part (logged). A live run makes
+// create() throw. So a launcher must call heartbeat() more often than stale_after.
+// Concurrent creators are serialised by an flock on /dev/shm/kf.<run>.lock.
+//
+// Clean shutdown: the creator's shutdown() (also run by its destructor) sets the run
+// state to stopped and unlinks every part; attached processes keep their mappings
+// until they exit.
+//
+// Contract: create/attach/shutdown from one thread; the parts' own contracts apply
+// to their use.
+#pragma once
+#include <memory>
+#include <string>
+
+#include "kf/replay/control.h"
+#include "kf/replay/group_replay.h"
+#include "kf/replay/kernel_db.h"
+#include "kf/replay/queue.h"
+#include "kf/replay/snapshot.h"
+
+namespace kf::replay {
+
+struct RunShmConfig {
+  QueueConfig candidates{1024, 128 * 1024};
+  QueueConfig results{4096, 4096};
+  ReplayConfig replay{};
+  KernelDbConfig kernels{};
+  SnapshotConfig snapshot{};
+  std::chrono::milliseconds stale_after{30000};
+};
+
+class RunShm {
+ public:
+  static std::string segment_name(const std::string& run, const char* part);  // "kf.<run>.<part>"
+  static std::unique_ptr<RunShm> create(const std::string& run, const RunShmConfig& cfg = {});
+  static std::unique_ptr<RunShm> attach(const std::string& run, Timeout wait_ready = std::chrono::seconds(10));
+  static SegmentState probe(const std::string& run, std::chrono::milliseconds stale_after = {});
+  static void remove(const std::string& run);  // unlinks every part (whoever created them)
+  ~RunShm();
+
+  ControlBlock& control() { return *control_; }
+  CandidateQueue& candidates() { return *candidates_; }
+  ResultQueue& results() { return *results_; }
+  ReplayBuffer& replay() { return *replay_; }
+  KernelDb& kernels() { return *kernels_; }
+  SnapshotStore& snapshots() { return *snapshots_; }
+  const std::string& run() const { return run_; }
+  bool is_creator() const { return creator_; }
+
+  void heartbeat();  // creator: keeps the run from looking stale
+  void shutdown();   // creator: state stopped + unlink all parts (idempotent)
+
+  // Checkpoint into a run directory: <dir>/checkpoints/replay.bin and
+  // <dir>/kernels/kernel_db.json, each written atomically. load() reads whichever
+  // exist (returns how many files were loaded).
+  void save(const std::string& run_dir) const;
+  int load(const std::string& run_dir);
+
+ private:
+  RunShm() = default;
+  std::string run_;
+  bool creator_ = false;
+  bool shut_ = false;
+  std::unique_ptr<ControlBlock> control_;
+  std::unique_ptr<CandidateQueue> candidates_;
+  std::unique_ptr<ResultQueue> results_;
+  std::unique_ptr<ReplayBuffer> replay_;
+  std::unique_ptr<KernelDb> kernels_;
+  std::unique_ptr<SnapshotStore> snapshots_;
+};
+
+}  // namespace kf::replay

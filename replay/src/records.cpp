@@ -1,0 +1,127 @@
+#include "kf/replay/records.h"
+
+#include "codec.h"
+
+namespace kf::replay {
+using detail::ByteReader;
+using detail::ByteWriter;
+
+namespace {
+constexpr uint32_t kCandidateTag = 0x444E4143;  // "CAND"
+constexpr uint32_t kResultTag = 0x53455252;     // "RRES"
+constexpr uint32_t kRecordVersion = 1;
+}  // namespace
+
+const char* verdict_name(Verdict v) {
+  switch (v) {
+    case Verdict::compile_error: return "compile_error";
+    case Verdict::runtime_error: return "runtime_error";
+    case Verdict::timeout: return "timeout";
+    case Verdict::incorrect: return "incorrect";
+    case Verdict::rejected_cheat: return "rejected_cheat";
+    case Verdict::ok: return "ok";
+  }
+  return "unknown";
+}
+
+std::size_t encoded_size(const Candidate& c) {
+  return 8 + 8 + (4 + c.task.size()) + 8 + 4 + 8 + (4 + c.prompt_tokens.size() * 4) +
+         (4 + c.completion_tokens.size() * 4) + (4 + c.behaviour_logprobs.size() * 4) + (4 + c.source.size()) +
+         (4 + c.extraction_error.size()) + 4 + 8 + 8;
+}
+
+void encode(const Candidate& c, unsigned char* dst) {
+  ByteWriter w(dst);
+  w.put(kCandidateTag);
+  w.put(kRecordVersion);
+  w.put(c.id);
+  w.str(c.task);
+  w.put(c.group_id);
+  w.put(c.index_in_group);
+  w.put(c.policy_version);
+  w.vec(c.prompt_tokens);
+  w.vec(c.completion_tokens);
+  w.vec(c.behaviour_logprobs);
+  w.str(c.source);
+  w.str(c.extraction_error);
+  w.put(c.actor_id);
+  w.put(c.t_sampled_ns);
+  w.put(c.t_pushed_ns);
+}
+
+Candidate decode_candidate(const unsigned char* src, std::size_t n, const std::string& context) {
+  ByteReader r(src, n, context + ": candidate record");
+  if (r.get<uint32_t>("tag") != kCandidateTag) r.fail("tag", "not a candidate record");
+  uint32_t v = r.get<uint32_t>("version");
+  if (v != kRecordVersion) r.fail("version", std::to_string(v) + ", expected " + std::to_string(kRecordVersion));
+  Candidate c;
+  c.id = r.get<uint64_t>("id");
+  c.task = r.str("task");
+  c.group_id = r.get<uint64_t>("group_id");
+  c.index_in_group = r.get<uint32_t>("index_in_group");
+  c.policy_version = r.get<int64_t>("policy_version");
+  c.prompt_tokens = r.vec<int32_t>("prompt_tokens");
+  c.completion_tokens = r.vec<int32_t>("completion_tokens");
+  c.behaviour_logprobs = r.vec<float>("behaviour_logprobs");
+  c.source = r.str("source");
+  c.extraction_error = r.str("extraction_error");
+  c.actor_id = r.get<int32_t>("actor_id");
+  c.t_sampled_ns = r.get<int64_t>("t_sampled_ns");
+  c.t_pushed_ns = r.get<int64_t>("t_pushed_ns");
+  if (r.left() != 0) r.fail("end", std::to_string(r.left()) + " trailing bytes");
+  return c;
+}
+
+std::size_t encoded_size(const Result& x) {
+  return 8 + 8 + 8 + 4 + 1 + (4 + x.reason.size()) + 8 * 6 + 4 + 8 + 4 + 8;
+}
+
+void encode(const Result& x, unsigned char* dst) {
+  ByteWriter w(dst);
+  w.put(kResultTag);
+  w.put(kRecordVersion);
+  w.put(x.candidate_id);
+  w.put(x.group_id);
+  w.put(x.index_in_group);
+  w.put(static_cast<uint8_t>(x.verdict));
+  w.str(x.reason);
+  w.put(x.ref_time_median_us);
+  w.put(x.ref_time_spread_us);
+  w.put(x.cand_time_median_us);
+  w.put(x.cand_time_spread_us);
+  w.put(x.speedup);
+  w.put(x.max_error);
+  w.put(x.checks_passed);
+  w.put(x.reward);
+  w.put(x.evaluator_id);
+  w.put(x.t_scored_ns);
+}
+
+Result decode_result(const unsigned char* src, std::size_t n, const std::string& context) {
+  ByteReader r(src, n, context + ": result record");
+  if (r.get<uint32_t>("tag") != kResultTag) r.fail("tag", "not a result record");
+  uint32_t v = r.get<uint32_t>("version");
+  if (v != kRecordVersion) r.fail("version", std::to_string(v) + ", expected " + std::to_string(kRecordVersion));
+  Result x;
+  x.candidate_id = r.get<uint64_t>("candidate_id");
+  x.group_id = r.get<uint64_t>("group_id");
+  x.index_in_group = r.get<uint32_t>("index_in_group");
+  uint8_t verdict = r.get<uint8_t>("verdict");
+  if (verdict > static_cast<uint8_t>(Verdict::ok)) r.fail("verdict", "value " + std::to_string(verdict) + " unknown");
+  x.verdict = static_cast<Verdict>(verdict);
+  x.reason = r.str("reason");
+  x.ref_time_median_us = r.get<double>("ref_time_median_us");
+  x.ref_time_spread_us = r.get<double>("ref_time_spread_us");
+  x.cand_time_median_us = r.get<double>("cand_time_median_us");
+  x.cand_time_spread_us = r.get<double>("cand_time_spread_us");
+  x.speedup = r.get<double>("speedup");
+  x.max_error = r.get<double>("max_error");
+  x.checks_passed = r.get<uint32_t>("checks_passed");
+  x.reward = r.get<double>("reward");
+  x.evaluator_id = r.get<int32_t>("evaluator_id");
+  x.t_scored_ns = r.get<int64_t>("t_scored_ns");
+  if (r.left() != 0) r.fail("end", std::to_string(r.left()) + " trailing bytes");
+  return x;
+}
+
+}  // namespace kf::replay

@@ -1,0 +1,170 @@
+#include "kf/replay/run_shm.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+
+#include "kf/common/error.h"
+#include "kf/common/log.h"
+#include "shm_util.h"
+
+namespace kf::replay {
+using namespace detail;
+
+namespace {
+const char* const kParts[] = {"cand", "res", "replay", "kdb", "snap", "ctl"};
+
+std::string lock_path(const std::string& run) { return "/dev/shm/kf." + run + ".lock"; }
+
+// Serialises creators of one run name; released on close (or when the process dies).
+class CreateLock {
+ public:
+  explicit CreateLock(const std::string& run) {
+    fd_ = ::open(lock_path(run).c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (fd_ < 0) throw Error("replay: run '" + run + "': cannot open " + lock_path(run) + ": " + std::strerror(errno));
+    if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+      ::close(fd_);
+      throw Error("replay: run '" + run + "': another launcher is creating this run right now");
+    }
+  }
+  ~CreateLock() { ::close(fd_); }
+
+ private:
+  int fd_ = -1;
+};
+
+void check_incarnation(const std::string& run, const char* part, const ShmSegment& s, uint64_t inc) {
+  if (s.incarnation() != inc)
+    throw Error("replay: run '" + run + "': segment " + part +
+                ": field incarnation differs from the control block (stale segment from another run)");
+}
+}  // namespace
+
+std::string RunShm::segment_name(const std::string& run, const char* part) { return "kf." + run + "." + part; }
+
+SegmentState RunShm::probe(const std::string& run, std::chrono::milliseconds stale_after) {
+  check_name(run, "run name");
+  const std::string ctl = segment_name(run, "ctl");
+  SegmentState st = ShmSegment::probe(ctl);  // creator identity only
+  if (st == SegmentState::Live && stale_after.count() > 0) {
+    // A live creator is hung only if neither it nor any registered process of the run
+    // has beaten within stale_after ("no live heartbeat").
+    try {
+      ControlBlock c = ControlBlock::attach(ctl, std::chrono::milliseconds(200));
+      int64_t newest = std::max<int64_t>(static_cast<int64_t>(c.segment().header()->heartbeat_ns), c.newest_heartbeat_ns());
+      if (now_ns() - newest > std::chrono::duration_cast<std::chrono::nanoseconds>(stale_after).count())
+        return SegmentState::Stale;
+    } catch (const Error&) {
+      return SegmentState::Stale;  // live creator, but its control block never became ready
+    }
+    return SegmentState::Live;
+  }
+  if (st != SegmentState::Absent) return st;
+  for (const char* p : kParts)
+    if (ShmSegment::probe(segment_name(run, p)) != SegmentState::Absent) return SegmentState::Stale;  // half-made run
+  return SegmentState::Absent;
+}
+
+void RunShm::remove(const std::string& run) {
+  check_name(run, "run name");
+  for (const char* p : kParts) ShmSegment::remove(segment_name(run, p));
+}
+
+std::unique_ptr<RunShm> RunShm::create(const std::string& run, const RunShmConfig& cfg) {
+  check_name(run, "run name");
+  CreateLock lock(run);
+  SegmentState st = probe(run, cfg.stale_after);
+  if (st == SegmentState::Live)
+    throw Error("replay: run '" + run + "' is live (its launcher is running); stop it or pick another run name");
+  if (st == SegmentState::Stale) {
+    log_warn("replay: run '", run, "': replacing stale shared-memory segments");
+    remove(run);
+  }
+  std::unique_ptr<RunShm> r(new RunShm());
+  r->run_ = run;
+  r->creator_ = true;
+  SegmentOptions opt;
+  opt.stale_after = cfg.stale_after;
+  opt.incarnation = 0;
+  try {
+    // The control block goes last: its ready flag is what attachers wait for.
+    ShmQueue probe_inc = ShmQueue::create(segment_name(run, "cand"), cfg.candidates, opt);
+    opt.incarnation = probe_inc.segment().incarnation();
+    r->candidates_ = std::make_unique<CandidateQueue>(std::move(probe_inc));
+    r->results_ = std::make_unique<ResultQueue>(ShmQueue::create(segment_name(run, "res"), cfg.results, opt));
+    r->replay_ = std::make_unique<ReplayBuffer>(ReplayBuffer::create(segment_name(run, "replay"), cfg.replay, opt));
+    r->kernels_ = std::make_unique<KernelDb>(KernelDb::create(segment_name(run, "kdb"), cfg.kernels, opt));
+    r->snapshots_ = std::make_unique<SnapshotStore>(SnapshotStore::create(segment_name(run, "snap"), cfg.snapshot, opt));
+    r->control_ = std::make_unique<ControlBlock>(ControlBlock::create(segment_name(run, "ctl"), opt));
+  } catch (...) {
+    remove(run);
+    throw;
+  }
+  r->control_->segment().heartbeat();
+  return r;
+}
+
+std::unique_ptr<RunShm> RunShm::attach(const std::string& run, Timeout wait_ready) {
+  check_name(run, "run name");
+  std::unique_ptr<RunShm> r(new RunShm());
+  r->run_ = run;
+  r->control_ = std::make_unique<ControlBlock>(ControlBlock::attach(segment_name(run, "ctl"), wait_ready));
+  const uint64_t inc = r->control_->segment().incarnation();
+  r->candidates_ = std::make_unique<CandidateQueue>(ShmQueue::attach(segment_name(run, "cand"), wait_ready));
+  check_incarnation(run, "cand", r->candidates_->raw().segment(), inc);
+  r->results_ = std::make_unique<ResultQueue>(ShmQueue::attach(segment_name(run, "res"), wait_ready));
+  check_incarnation(run, "res", r->results_->raw().segment(), inc);
+  r->replay_ = std::make_unique<ReplayBuffer>(ReplayBuffer::attach(segment_name(run, "replay"), wait_ready));
+  check_incarnation(run, "replay", r->replay_->segment(), inc);
+  r->kernels_ = std::make_unique<KernelDb>(KernelDb::attach(segment_name(run, "kdb"), wait_ready));
+  check_incarnation(run, "kdb", r->kernels_->segment(), inc);
+  r->snapshots_ = std::make_unique<SnapshotStore>(SnapshotStore::attach(segment_name(run, "snap"), wait_ready));
+  check_incarnation(run, "snap", r->snapshots_->segment(), inc);
+  return r;
+}
+
+RunShm::~RunShm() {
+  if (creator_) {
+    try {
+      shutdown();
+    } catch (...) {
+    }
+  }
+}
+
+void RunShm::heartbeat() { control_->segment().heartbeat(); }
+
+void RunShm::shutdown() {
+  if (!creator_ || shut_) return;
+  shut_ = true;
+  control_->set_state(RunState::stopped);
+  remove(run_);
+  ::unlink(lock_path(run_).c_str());
+}
+
+void RunShm::save(const std::string& run_dir) const {
+  std::filesystem::create_directories(run_dir + "/checkpoints");
+  std::filesystem::create_directories(run_dir + "/kernels");
+  replay_->save(run_dir + "/checkpoints/replay.bin");
+  kernels_->save(run_dir + "/kernels/kernel_db.json");
+}
+
+int RunShm::load(const std::string& run_dir) {
+  int n = 0;
+  if (std::filesystem::exists(run_dir + "/checkpoints/replay.bin")) {
+    replay_->load(run_dir + "/checkpoints/replay.bin");
+    ++n;
+  }
+  if (std::filesystem::exists(run_dir + "/kernels/kernel_db.json")) {
+    kernels_->load(run_dir + "/kernels/kernel_db.json");
+    ++n;
+  }
+  return n;
+}
+
+}  // namespace kf::replay
