@@ -1,0 +1,90 @@
+// The verified evaluator: compile a candidate, run it in a sandbox worker against the
+// task's reference, and return a verdict, times, errors, checks and a reward.
+//
+//   kf::evaluator::Evaluator ev(opts);
+//   Result r = ev.evaluate(*task, kf::tasks::Backend::CPU, source, /*candidate_seed=*/id);
+//
+// What it proves for an ok verdict (docs/evaluator.md has the full protocol):
+//   the kernel writes every output element, leaves its inputs alone, matches the
+//   reference within the dtype's tolerance on K fresh input sets from the task's
+//   distribution, on stress sets from other distributions, with re-drawn parameters,
+//   before and after the reference, and on every timed call; its results follow its
+//   inputs (no caching, no constants), do not depend on call order, and no work
+//   escapes the timed region (threads, deferred writes, background GPU work, clock
+//   tampering). The speedup is a ratio of medians of interleaved trials on fresh inputs,
+//   each bracketed by device-wide synchronisation, with caches flushed.
+//
+// Threading: an Evaluator may be used by one thread at a time for evaluate() (it owns
+// the device's timing); its CompileService may be used from any thread meanwhile.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "kf/evaluator/compile.h"
+#include "kf/evaluator/result.h"
+#include "kf/evaluator/reward.h"
+#include "kf/evaluator/sandbox.h"
+#include "kf/tasks/task.h"
+
+namespace kf::evaluator {
+
+struct EvalOptions {
+  CompileOptions compile;
+  SandboxOptions sandbox;          // backend/device are set per evaluation
+  RewardOptions reward;
+  uint64_t seed = 0;               // run seed; input seeds derive from (seed, candidate seed)
+  int device = 0;                  // CUDA device of reference and worker
+  int cpu_threads = 0;             // threads for the reference and the kernel (0: hardware)
+
+  // correctness
+  int correctness_sets = 3;        // K fresh sets from the task's distribution
+  int stress_sets = 4;             // of: x*8, -x, x+3, uniform(-4,4), x*1e-3
+  bool redraw_params = true;
+  double stress_atol_scale_cap = 64;  // stress atol grows with output magnitude, up to this
+
+  // timing
+  int warmup = 2;
+  int trials = 10;
+  int max_trials = 30;             // more trials while the spread is too wide, then give up
+  double max_spread = 0.5;         // (p90 - p10) / median, for reference and candidate
+  bool flush_cache = true;
+  unsigned long long flush_bytes = 0;  // 0: CPU 2x LLC (<= 256 MiB), CUDA 256 MiB
+
+  // limits and anti-cheat thresholds
+  double min_call_timeout_s = 10;  // per kernel call, wall clock
+  double call_timeout_factor = 50; // x reference median
+  double probe_ms = 5;             // quiet window after return (after a 1 ms settle), then outputs re-read
+  double late_cpu_ms = 2.0;        // CPU other threads may use in the probe window
+  double idle_cpu_ms = 2.0;        // CPU other threads may use between calls
+  double presync_ms = 1.0;         // CUDA: a device sync before the clock may take this long
+  double timer_slack_ms = 0.5;     // worker clock vs evaluator clock, absolute ...
+  double timer_slack_frac = 0.25;  // ... or relative, whichever is larger (medians)
+  double degenerate_rel = 1e-6;    // reference output spread below this x scale: degenerate
+};
+
+class Evaluator {
+ public:
+  explicit Evaluator(EvalOptions opts);
+  ~Evaluator();
+  Evaluator(const Evaluator&) = delete;
+  Evaluator& operator=(const Evaluator&) = delete;
+
+  // Compiles and verifies. Never throws for anything the candidate does; throws kf::Error
+  // for problems of the task or the installation (missing worker, unusable task).
+  Result evaluate(const tasks::Task& task, tasks::Backend backend, const std::string& source,
+                  uint64_t candidate_seed = 0);
+  // Verifies an already compiled shared object (compile_s taken from `compiled`).
+  Result evaluate_compiled(const tasks::Task& task, tasks::Backend backend, const CompileResult& compiled,
+                           uint64_t candidate_seed = 0);
+
+  CompileService& compiler();
+  RewardModel& reward_model();
+  const EvalOptions& options() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kf::evaluator

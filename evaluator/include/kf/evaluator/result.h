@@ -1,0 +1,42 @@
+// The evaluator's verdict on one candidate: plain data (no torch), with JSON and text
+// renderings. replay/ copies these fields into its shared-memory Result record.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "kf/evaluator/stats.h"
+
+namespace kf::evaluator {
+
+enum class Verdict { Ok, CompileError, RuntimeError, Timeout, Incorrect, RejectedCheat };
+const char* verdict_name(Verdict v);  // "ok", "compile_error", ... (ARCHITECTURE.md names)
+
+// One named check and how it went, in the order the evaluator ran them.
+struct Check {
+  std::string name;     // e.g. "correct.distribution", "anti.timer_tamper"
+  bool passed = true;
+  std::string detail;
+};
+
+struct Result {
+  std::string task, backend, candidate_key;
+  Verdict verdict = Verdict::Ok;
+  std::string reason;                  // empty when ok; names the trick for rejected_cheat
+  std::string diagnostics;             // compiler errors or worker log tail (truncated)
+  TimeSummary ref_ms, cand_ms;         // timed trials
+  double speedup = 0;                  // ref median / candidate median (ok only)
+  double max_abs_error = 0, max_rel_error = 0;  // over every checked call
+  bool nondeterministic = false;       // identical calls gave different bits (within tolerance)
+  bool task_degenerate = false;        // reference output (nearly) constant / input-independent
+  std::string degenerate_reason;
+  std::vector<Check> checks;
+  double reward = 0;
+  double compile_s = 0, verify_s = 0;
+  bool ok() const { return verdict == Verdict::Ok; }
+  int checks_passed() const;
+};
+
+std::string to_json(const Result& r, int indent = -1);
+std::string to_text(const Result& r);
+
+}  // namespace kf::evaluator

@@ -1,0 +1,91 @@
+// Sandbox: the evaluator's handle on one sandbox worker process (kf-sandbox-worker),
+// which loads one untrusted candidate and runs it on tensors in shared memory.
+//
+// The worker confines itself before loading the candidate (seccomp, rlimits, privilege
+// drop, private scratch folder: see worker/confine.h); this side adds what a confined
+// process cannot be trusted to do for itself: a wall-clock limit per command, a memory
+// watchdog (RSS), a kill of the whole process group, and an exit classification that
+// names the cause (signal, forbidden system call, CUDA fault, limit).
+// Any failure leaves the Sandbox dead (alive() false); start a new one to go on.
+//
+// Threading: one thread uses a Sandbox at a time. Different Sandboxes are independent.
+#pragma once
+#include <sys/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kf/kernel.h"
+
+namespace kf::evaluator {
+
+struct TensorLayout {
+  int dtype = KF_FLOAT32;        // kf::DType
+  std::vector<int64_t> shape;
+  uint64_t nbytes() const;
+};
+
+struct SandboxOptions {
+  std::string worker_path;        // empty: $KF_SANDBOX_WORKER or the built kf-sandbox-worker
+  std::string scratch_root;       // empty: $TMPDIR or /tmp; a private folder is made inside
+  Backend backend = KF_BACKEND_CPU;
+  int device = 0;
+  int threads = 0;                // CPU threads for the kernel (0: hardware threads)
+  int slots = 2;                  // input/output sets held at once
+  long cpu_seconds = 300;         // RLIMIT_CPU of the worker
+  unsigned long long memory_limit_bytes = 8ull << 30;   // RSS (and RLIMIT_AS on CPU) beyond shm
+  unsigned long long scratch_limit_bytes = 2ull << 30;  // per call, via ctx->scratch_alloc
+  unsigned long long flush_bytes = 0;                   // cache flush buffer (0: none)
+  double start_timeout_s = 60;    // worker start (CUDA context) and candidate load
+  bool drop_root = true;
+};
+
+struct CallOutcome {
+  enum Kind { Ok, KernelError, Crashed, Timeout, Forbidden, MemoryLimit, CudaError, LoadFailed, Protocol };
+  Kind kind = Ok;
+  std::string message;            // the cause in words (signal, call, CUDA error, ...)
+  int rc = 0;
+  double elapsed_ms = 0;          // the worker's clock: sync, call, sync
+  double external_ms = 0;         // this process's clock between the worker's start and end marks
+  double presync_ms = 0, idle_cpu_ms = 0, late_cpu_ms = 0, call_cpu_ms = 0;
+  int threads_before = 0, threads_after = 0, threads_late = 0;
+  bool ok() const { return kind == Ok; }
+};
+const char* outcome_name(CallOutcome::Kind k);
+
+class Sandbox {
+ public:
+  // Spawns the worker for tensors of these layouts (inputs in ABI order, then outputs).
+  // Throws kf::Error if the trusted side cannot be set up (missing worker binary, ...).
+  static std::unique_ptr<Sandbox> start(const SandboxOptions& opts, const std::vector<TensorLayout>& inputs,
+                                        const std::vector<TensorLayout>& outputs);
+  ~Sandbox();
+  Sandbox(const Sandbox&) = delete;
+  Sandbox& operator=(const Sandbox&) = delete;
+
+  CallOutcome load(const std::string& so_path);
+  // One call of kf_forward on slot `slot`: outputs poisoned with `poison` (0 or 1),
+  // cache flushed if asked, then after return a probe delay of `probe_ms`.
+  CallOutcome run(int slot, uint32_t poison, bool flush_cache, double probe_ms, double timeout_s);
+
+  // Shared buffers (host memory) of slot s, tensor t.
+  void* input(int s, int t);
+  const void* output_at_return(int s, int t) const;
+  const void* output_late(int s, int t) const;
+  int slots() const;
+
+  bool alive() const;
+  pid_t pid() const;
+  std::string log_tail() const;   // the worker's stderr/stdout (bounded)
+  const std::string& scratch_dir() const;
+  void stop();                    // kills the process group, removes the scratch folder
+
+ private:
+  Sandbox();
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kf::evaluator

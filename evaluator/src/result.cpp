@@ -1,0 +1,92 @@
+#include "kf/evaluator/result.h"
+
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+namespace kf::evaluator {
+
+const char* verdict_name(Verdict v) {
+  switch (v) {
+    case Verdict::Ok: return "ok";
+    case Verdict::CompileError: return "compile_error";
+    case Verdict::RuntimeError: return "runtime_error";
+    case Verdict::Timeout: return "timeout";
+    case Verdict::Incorrect: return "incorrect";
+    case Verdict::RejectedCheat: return "rejected_cheat";
+  }
+  return "?";
+}
+
+int Result::checks_passed() const {
+  int n = 0;
+  for (const auto& c : checks) n += c.passed;
+  return n;
+}
+
+namespace {
+nlohmann::json times(const TimeSummary& s) {
+  return {{"n", s.n}, {"median_ms", s.median}, {"p10_ms", s.p10}, {"p90_ms", s.p90},
+          {"min_ms", s.min}, {"max_ms", s.max}, {"spread", s.spread()}};
+}
+}  // namespace
+
+std::string to_json(const Result& r, int indent) {
+  nlohmann::json j = {{"task", r.task},
+                      {"backend", r.backend},
+                      {"candidate_key", r.candidate_key},
+                      {"verdict", verdict_name(r.verdict)},
+                      {"reason", r.reason},
+                      {"diagnostics", r.diagnostics},
+                      {"reference", times(r.ref_ms)},
+                      {"candidate", times(r.cand_ms)},
+                      {"speedup", r.speedup},
+                      {"max_abs_error", r.max_abs_error},
+                      {"max_rel_error", r.max_rel_error},
+                      {"nondeterministic", r.nondeterministic},
+                      {"task_degenerate", r.task_degenerate},
+                      {"degenerate_reason", r.degenerate_reason},
+                      {"checks_passed", r.checks_passed()},
+                      {"checks_total", r.checks.size()},
+                      {"reward", r.reward},
+                      {"compile_s", r.compile_s},
+                      {"verify_s", r.verify_s}};
+  nlohmann::json cs = nlohmann::json::array();
+  for (const auto& c : r.checks) cs.push_back({{"name", c.name}, {"passed", c.passed}, {"detail", c.detail}});
+  j["checks"] = cs;
+  return j.dump(indent, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+std::string to_text(const Result& r) {
+  std::ostringstream o;
+  char buf[256];
+  o << "task       " << r.task << " (" << r.backend << ")\n";
+  o << "verdict    " << verdict_name(r.verdict) << "\n";
+  if (!r.reason.empty()) o << "reason     " << r.reason << "\n";
+  if (r.ref_ms.n) {
+    std::snprintf(buf, sizeof buf, "reference  median %.4f ms  [p10 %.4f, p90 %.4f]  n=%d\n", r.ref_ms.median, r.ref_ms.p10,
+                  r.ref_ms.p90, r.ref_ms.n);
+    o << buf;
+  }
+  if (r.cand_ms.n) {
+    std::snprintf(buf, sizeof buf, "candidate  median %.4f ms  [p10 %.4f, p90 %.4f]  n=%d\n", r.cand_ms.median,
+                  r.cand_ms.p10, r.cand_ms.p90, r.cand_ms.n);
+    o << buf;
+  }
+  if (r.verdict == Verdict::Ok) {
+    std::snprintf(buf, sizeof buf, "speedup    %.3fx\n", r.speedup);
+    o << buf;
+  }
+  std::snprintf(buf, sizeof buf, "max error  abs %.3g  rel %.3g%s\n", r.max_abs_error, r.max_rel_error,
+                r.nondeterministic ? "  (nondeterministic across identical calls)" : "");
+  o << buf;
+  if (r.task_degenerate) o << "task       DEGENERATE: " << r.degenerate_reason << "\n";
+  std::snprintf(buf, sizeof buf, "reward     %.3f   compile %.2f s   verify %.2f s\n", r.reward, r.compile_s, r.verify_s);
+  o << buf;
+  o << "checks     " << r.checks_passed() << "/" << r.checks.size() << " passed\n";
+  for (const auto& c : r.checks) o << "  [" << (c.passed ? "pass" : "FAIL") << "] " << c.name << (c.detail.empty() ? "" : ": " + c.detail) << "\n";
+  if (!r.diagnostics.empty()) o << "diagnostics:\n" << r.diagnostics << (r.diagnostics.back() == '\n' ? "" : "\n");
+  return o.str();
+}
+
+}  // namespace kf::evaluator

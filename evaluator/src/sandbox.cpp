@@ -1,0 +1,442 @@
+// Sandbox (see sandbox.h): spawn, feed and watch one kf-sandbox-worker.
+#include "kf/evaluator/sandbox.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <seccomp.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <thread>
+
+#include "kf/common/error.h"
+#include "kf/common/log.h"
+#include "kf/evaluator/fsutil.h"
+#include "process.h"
+#include "protocol.h"
+#include "../worker/confine.h"
+
+#ifndef KF_WORKER_PATH_DEFAULT
+#define KF_WORKER_PATH_DEFAULT ""
+#endif
+
+
+namespace kf::evaluator {
+
+uint64_t TensorLayout::nbytes() const {
+  uint64_t n = dtype_size(dtype);
+  for (int64_t d : shape) n *= uint64_t(d);
+  return n;
+}
+
+const char* outcome_name(CallOutcome::Kind k) {
+  switch (k) {
+    case CallOutcome::Ok: return "ok";
+    case CallOutcome::KernelError: return "kernel_error";
+    case CallOutcome::Crashed: return "crashed";
+    case CallOutcome::Timeout: return "timeout";
+    case CallOutcome::Forbidden: return "forbidden_syscall";
+    case CallOutcome::MemoryLimit: return "memory_limit";
+    case CallOutcome::CudaError: return "cuda_error";
+    case CallOutcome::LoadFailed: return "load_failed";
+    case CallOutcome::Protocol: return "protocol_error";
+  }
+  return "?";
+}
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double since_ms(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double, std::milli>(b - a).count(); }
+
+uint64_t align_up(uint64_t x) { return (x + proto::kAlign - 1) / proto::kAlign * proto::kAlign; }
+
+long page_size() {
+  static long p = sysconf(_SC_PAGESIZE);
+  return p;
+}
+
+// Resident bytes of a process, or 0 if it is gone.
+uint64_t rss_bytes(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/statm");
+  uint64_t size = 0, resident = 0;
+  if (!(f >> size >> resident)) return 0;
+  return resident * uint64_t(page_size());
+}
+}  // namespace
+
+struct Sandbox::Impl {
+  SandboxOptions o;
+  pid_t pid = -1;
+  int memfd = -1, cmd_w = -1, rep_r = -1, log_r = -1;
+  char* base = nullptr;
+  uint64_t total = 0;
+  proto::Layout layout_copy{};  // our own copy: the worker can scribble on the shared one
+  std::string scratch, log;
+  bool dead = true;
+  std::string rep_buf;
+
+  ~Impl() { shutdown(); }
+
+  void drain_log() {
+    if (log_r < 0) return;
+    char buf[4096];
+    while (true) {
+      ssize_t n = read(log_r, buf, sizeof buf);
+      if (n <= 0) break;
+      log.append(buf, size_t(n));
+      if (log.size() > 16384) log.erase(0, log.size() - 8192);  // keep the tail
+    }
+  }
+
+  void shutdown() {
+    if (pid > 0) {
+      kill_and_reap(pid);
+      pid = -1;
+    }
+    dead = true;
+    drain_log();
+    for (int* fd : {&cmd_w, &rep_r, &log_r, &memfd})
+      if (*fd >= 0) {
+        close(*fd);
+        *fd = -1;
+      }
+    if (base) {
+      munmap(base, total);
+      base = nullptr;
+    }
+    if (!scratch.empty()) {
+      fsutil::remove_tree(scratch);
+    }
+  }
+
+  // The worker is gone (or must go): reap it and say why.
+  CallOutcome classify_death(CallOutcome out, bool we_killed) {
+    int status = kill_and_reap(pid);
+    pid = -1;
+    dead = true;
+    drain_log();
+    const int nr = base ? reinterpret_cast<proto::Layout*>(base)->forbidden_syscall : -1;
+    if (we_killed) return out;
+    if (WIFEXITED(status) && WEXITSTATUS(status) == worker::kExitForbidden) {
+      out.kind = CallOutcome::Forbidden;
+      char* name = nr >= 0 ? seccomp_syscall_resolve_num_arch(SCMP_ARCH_NATIVE, nr) : nullptr;
+      out.message = std::string("forbidden system call: ") + (name ? name : ("#" + std::to_string(nr)).c_str()) +
+                    " (the sandbox allows no files written, no sockets, no new processes, no exec)";
+      free(name);
+      return out;
+    }
+    if (out.kind == CallOutcome::CudaError) return out;  // the worker said why, then exited
+    if (WIFSIGNALED(status) && WTERMSIG(status) == SIGSYS) {
+      // seccomp's trap arrived while SIGSYS was blocked (glibc blocks every signal around
+      // posix_spawn/system), so the kernel killed the process before our handler ran.
+      out.kind = CallOutcome::Forbidden;
+      out.message = "forbidden system call, made with signals blocked (as glibc's system()/posix_spawn do before "
+                    "clone/execve): killed by SIGSYS";
+      return out;
+    }
+    if (WIFSIGNALED(status) && WTERMSIG(status) == SIGXCPU) {
+      out.kind = CallOutcome::Timeout;
+      out.message = "CPU time limit exceeded";
+      return out;
+    }
+    out.kind = CallOutcome::Crashed;
+    out.message = "worker " + describe_wait_status(status);
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 3) {
+      auto p = log.rfind("fatal:");
+      if (p != std::string::npos) out.message += ": " + log.substr(p, log.find('\n', p) - p);
+    }
+    return out;
+  }
+
+  // Reads one Reply, watching the clock and the worker's memory. On failure returns
+  // false with `out` describing it (the worker is dead afterwards).
+  bool wait_reply(proto::Reply& rep, Clock::time_point deadline, CallOutcome& out, Clock::time_point* at = nullptr) {
+    const uint64_t rss_limit = o.memory_limit_bytes + total;
+    while (true) {
+      if (rep_buf.size() >= sizeof(proto::Reply)) {
+        std::memcpy(&rep, rep_buf.data(), sizeof rep);
+        rep_buf.erase(0, sizeof rep);
+        rep.msg[sizeof rep.msg - 1] = 0;
+        if (at) *at = Clock::now();
+        return true;
+      }
+      const auto now = Clock::now();
+      if (now >= deadline) {
+        out.kind = CallOutcome::Timeout;
+        out.message = "wall-clock limit exceeded (killed)";
+        out = classify_death(out, true);
+        return false;
+      }
+      const int wait_ms = int(std::min<double>(20.0, since_ms(now, deadline) + 1));
+      pollfd pf[2] = {{rep_r, POLLIN, 0}, {log_r, POLLIN, 0}};
+      int pr = poll(pf, 2, wait_ms);
+      if (pr < 0 && errno != EINTR) {
+        out.kind = CallOutcome::Protocol;
+        out.message = std::string("poll: ") + std::strerror(errno);
+        out = classify_death(out, true);
+        return false;
+      }
+      if (pf[1].revents) drain_log();
+      if (pf[0].revents & POLLIN) {
+        char buf[sizeof(proto::Reply)];
+        ssize_t n = read(rep_r, buf, sizeof buf - rep_buf.size() % sizeof buf);
+        if (n > 0) {
+          rep_buf.append(buf, size_t(n));
+          continue;
+        }
+        if (n < 0 && errno == EINTR) continue;
+      }
+      if (pf[0].revents & (POLLHUP | POLLERR) && !(pf[0].revents & POLLIN)) {
+        out = classify_death(out, false);
+        return false;
+      }
+      if (pf[0].revents & POLLIN) {  // read returned 0: EOF
+        out = classify_death(out, false);
+        return false;
+      }
+      const uint64_t rss = rss_bytes(pid);
+      if (rss > rss_limit) {
+        out.kind = CallOutcome::MemoryLimit;
+        out.message = "memory limit exceeded: resident " + std::to_string(rss >> 20) + " MiB > " +
+                      std::to_string(rss_limit >> 20) + " MiB (killed)";
+        out = classify_death(out, true);
+        return false;
+      }
+    }
+  }
+
+  bool send(const proto::Command& c, CallOutcome& out) {
+    const char* p = reinterpret_cast<const char*>(&c);
+    size_t n = sizeof c;
+    while (n) {
+      ssize_t w = write(cmd_w, p, n);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) {
+        out = classify_death(out, false);
+        return false;
+      }
+      p += w;
+      n -= size_t(w);
+    }
+    return true;
+  }
+};
+
+Sandbox::Sandbox() : impl_(std::make_unique<Impl>()) {}
+Sandbox::~Sandbox() = default;
+
+std::unique_ptr<Sandbox> Sandbox::start(const SandboxOptions& opts, const std::vector<TensorLayout>& inputs,
+                                        const std::vector<TensorLayout>& outputs) {
+  // A write to a dead worker's pipe must be an error code, not a signal that kills us.
+  signal(SIGPIPE, SIG_IGN);
+  std::unique_ptr<Sandbox> sb(new Sandbox());
+  Impl& I = *sb->impl_;
+  I.o = opts;
+  if (I.o.worker_path.empty()) {
+    const char* e = std::getenv("KF_SANDBOX_WORKER");
+    I.o.worker_path = e && *e ? e : KF_WORKER_PATH_DEFAULT;
+  }
+  if (access(I.o.worker_path.c_str(), X_OK) != 0)
+    throw error_at("sandbox", "worker binary '" + I.o.worker_path + "' is not executable");
+  if (inputs.size() > size_t(proto::kMaxTensors) || outputs.empty() || outputs.size() > size_t(proto::kMaxTensors))
+    throw error_at("sandbox", "unsupported tensor count");
+  if (I.o.slots < 1 || I.o.slots > proto::kMaxSlots) throw error_at("sandbox", "slots must be 1..4");
+  if (I.o.threads <= 0) I.o.threads = int(std::max(1u, std::thread::hardware_concurrency()));
+
+  // --- layout
+  proto::Layout& L = I.layout_copy;
+  std::memset(&L, 0, sizeof L);
+  L.magic = proto::kMagic;
+  L.backend = I.o.backend;
+  L.n_in = int(inputs.size());
+  L.n_out = int(outputs.size());
+  L.n_slots = I.o.slots;
+  auto desc = [](const TensorLayout& t) {
+    proto::TensorDesc d{};
+    if (t.shape.size() > 8) throw error_at("sandbox", "more than 8 dimensions");
+    d.dtype = t.dtype;
+    d.ndim = int(t.shape.size());
+    for (size_t i = 0; i < t.shape.size(); ++i) d.shape[i] = t.shape[i];
+    d.nbytes = t.nbytes();
+    return d;
+  };
+  for (size_t i = 0; i < inputs.size(); ++i) L.in[i] = desc(inputs[i]);
+  for (size_t i = 0; i < outputs.size(); ++i) L.out[i] = desc(outputs[i]);
+  uint64_t off = align_up(sizeof(proto::Layout));
+  for (int s = 0; s < L.n_slots; ++s) {
+    for (int t = 0; t < L.n_in; ++t) L.off_in[s][t] = off, off = align_up(off + std::max<uint64_t>(L.in[t].nbytes, 1));
+    for (int t = 0; t < L.n_out; ++t)
+      L.off_out_ret[s][t] = off, off = align_up(off + std::max<uint64_t>(L.out[t].nbytes, 1));
+    for (int t = 0; t < L.n_out; ++t)
+      L.off_out_late[s][t] = off, off = align_up(off + std::max<uint64_t>(L.out[t].nbytes, 1));
+  }
+  L.total_bytes = off;
+  L.forbidden_syscall = -1;
+  I.total = off;
+
+  // --- sealed shared memory: the worker may write the tensors but never resize the file
+  I.memfd = memfd_create("kf-sandbox", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (I.memfd < 0) throw error_at("sandbox", std::string("memfd_create: ") + std::strerror(errno));
+  if (ftruncate(I.memfd, off_t(off)) != 0) throw error_at("sandbox", std::string("ftruncate: ") + std::strerror(errno));
+  if (fcntl(I.memfd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
+    throw error_at("sandbox", std::string("memfd seals: ") + std::strerror(errno));
+  void* m = mmap(nullptr, off, PROT_READ | PROT_WRITE, MAP_SHARED, I.memfd, 0);
+  if (m == MAP_FAILED) throw error_at("sandbox", std::string("mmap: ") + std::strerror(errno));
+  I.base = static_cast<char*>(m);
+  std::memcpy(I.base, &L, sizeof L);
+
+  // --- private scratch folder
+  std::string root = I.o.scratch_root;
+  if (root.empty()) {
+    const char* t = std::getenv("TMPDIR");
+    root = t && *t ? t : "/tmp";
+  }
+  std::string tmpl = root + "/kf-sandbox-XXXXXX";
+  if (!mkdtemp(tmpl.data())) throw error_at("sandbox", "mkdtemp in " + root + ": " + std::strerror(errno));
+  I.scratch = tmpl;
+  chmod(I.scratch.c_str(), 0755);
+
+  // --- pipes and the worker process
+  int cmd[2], rep[2], lg[2];
+  if (pipe2(cmd, O_CLOEXEC) || pipe2(rep, O_CLOEXEC) || pipe2(lg, O_CLOEXEC))
+    throw error_at("sandbox", std::string("pipe: ") + std::strerror(errno));
+  SpawnSpec s;
+  s.argv = {I.o.worker_path,
+            "--backend", I.o.backend == KF_BACKEND_CUDA ? "cuda" : "cpu",
+            "--scratch", I.scratch,
+            "--device", std::to_string(I.o.device),
+            "--threads", std::to_string(I.o.threads),
+            "--cpu-seconds", std::to_string(I.o.cpu_seconds),
+            "--scratch-limit", std::to_string(I.o.scratch_limit_bytes),
+            "--flush-bytes", std::to_string(I.o.flush_bytes)};
+  if (I.o.backend == KF_BACKEND_CPU)
+    s.argv.insert(s.argv.end(), {"--address-space", std::to_string(I.o.memory_limit_bytes + I.total + (2ull << 30))});
+  if (!I.o.drop_root) s.argv.push_back("--no-drop-root");
+  s.env = pick_env({"LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES"});
+  s.env.insert(s.env.end(), {"PATH=/usr/bin:/bin", "LANG=C", "HOME=" + I.scratch, "TMPDIR=" + I.scratch,
+                             "OMP_NUM_THREADS=" + std::to_string(I.o.threads), "OMP_WAIT_POLICY=PASSIVE",
+                             "GOMP_SPINCOUNT=0", "OMP_DYNAMIC=false", "CUDA_CACHE_DISABLE=1",
+                             "CUDA_DEVICE_ORDER=PCI_BUS_ID"});
+  s.fds = {{I.memfd, proto::kFdShm}, {cmd[0], proto::kFdCmd}, {rep[1], proto::kFdReply}, {lg[1], 1}, {lg[1], 2}};
+  s.cwd = I.scratch;
+  try {
+    I.pid = spawn_process(s);
+  } catch (...) {
+    for (int fd : {cmd[0], cmd[1], rep[0], rep[1], lg[0], lg[1]}) close(fd);
+    throw;
+  }
+  close(cmd[0]);
+  close(rep[1]);
+  close(lg[1]);
+  I.cmd_w = cmd[1];
+  I.rep_r = rep[0];
+  I.log_r = lg[0];
+  fcntl(I.log_r, F_SETFL, O_NONBLOCK);
+  I.dead = false;
+  return sb;
+}
+
+CallOutcome Sandbox::load(const std::string& so_path) {
+  Impl& I = *impl_;
+  CallOutcome out;
+  if (I.dead) return {CallOutcome::Protocol, "sandbox is not running"};
+  proto::Command c{};
+  c.op = proto::OP_LOAD;
+  if (so_path.size() >= sizeof c.path) return {CallOutcome::LoadFailed, "path too long"};
+  std::memcpy(c.path, so_path.c_str(), so_path.size() + 1);
+  if (!I.send(c, out)) return out;
+  proto::Reply rep;
+  if (!I.wait_reply(rep, Clock::now() + std::chrono::milliseconds(int64_t(I.o.start_timeout_s * 1000)), out)) {
+    if (out.kind == CallOutcome::Timeout) out.message = "start-up and load did not finish in time (killed)";
+    return out;
+  }
+  out.threads_after = rep.threads_after;
+  if (rep.status != proto::ST_OK) {
+    out.kind = CallOutcome::LoadFailed;
+    out.message = rep.msg;
+  }
+  return out;
+}
+
+CallOutcome Sandbox::run(int slot, uint32_t poison, bool flush_cache, double probe_ms, double timeout_s) {
+  Impl& I = *impl_;
+  CallOutcome out;
+  if (I.dead) return {CallOutcome::Protocol, "sandbox is not running"};
+  proto::Command c{};
+  c.op = proto::OP_RUN;
+  c.slot = uint32_t(slot);
+  c.poison = poison;
+  c.flush_cache = flush_cache ? 1 : 0;
+  c.probe_us = uint64_t(std::max(0.0, probe_ms) * 1000);
+  const auto deadline = Clock::now() + std::chrono::milliseconds(int64_t(timeout_s * 1000 + probe_ms));
+  if (!I.send(c, out)) return out;
+  proto::Reply r;
+  Clock::time_point t_start, t_end;
+  for (uint32_t want : {proto::K_MARK_START, proto::K_MARK_END, proto::K_REPLY}) {
+    Clock::time_point at;
+    if (!I.wait_reply(r, deadline, out, &at)) return out;
+    if (r.kind != want) {
+      // A CUDA error reply may come without an end mark; anything else is a broken worker.
+      if (r.kind == proto::K_REPLY && r.status == proto::ST_CUDA_ERROR) break;
+      out.kind = CallOutcome::Protocol;
+      out.message = "worker protocol out of order";
+      return I.classify_death(out, true);
+    }
+    if (want == proto::K_MARK_START) t_start = at;
+    if (want == proto::K_MARK_END) t_end = at;
+  }
+  out.rc = r.rc;
+  out.elapsed_ms = r.elapsed_ns / 1e6;
+  out.external_ms = since_ms(t_start, t_end);
+  out.presync_ms = r.presync_ns / 1e6;
+  out.idle_cpu_ms = r.idle_cpu_ns / 1e6;
+  out.late_cpu_ms = r.late_cpu_ns / 1e6;
+  out.call_cpu_ms = r.call_cpu_ns / 1e6;
+  out.threads_before = r.threads_before;
+  out.threads_after = r.threads_after;
+  out.threads_late = r.threads_late;
+  if (r.status == proto::ST_CUDA_ERROR) {
+    out.kind = CallOutcome::CudaError;
+    out.message = r.msg;
+    return I.classify_death(out, false);
+  }
+  if (r.status == proto::ST_KERNEL_ERROR) {
+    out.kind = CallOutcome::KernelError;
+    out.message = "kf_forward returned " + std::to_string(r.rc);
+  } else if (r.status != proto::ST_OK) {
+    out.kind = CallOutcome::Protocol;
+    out.message = r.msg;
+    return I.classify_death(out, true);
+  }
+  return out;
+}
+
+void* Sandbox::input(int s, int t) { return impl_->base + impl_->layout_copy.off_in[s][t]; }
+const void* Sandbox::output_at_return(int s, int t) const { return impl_->base + impl_->layout_copy.off_out_ret[s][t]; }
+const void* Sandbox::output_late(int s, int t) const { return impl_->base + impl_->layout_copy.off_out_late[s][t]; }
+int Sandbox::slots() const { return impl_->layout_copy.n_slots; }
+bool Sandbox::alive() const { return !impl_->dead; }
+pid_t Sandbox::pid() const { return impl_->pid; }
+std::string Sandbox::log_tail() const {
+  impl_->drain_log();
+  const std::string& l = impl_->log;
+  return l.size() > 2000 ? l.substr(l.size() - 2000) : l;
+}
+const std::string& Sandbox::scratch_dir() const { return impl_->scratch; }
+void Sandbox::stop() {
+  if (!impl_->dead && impl_->pid > 0) {
+    proto::Command c{};
+    c.op = proto::OP_QUIT;
+    (void)!write(impl_->cmd_w, &c, sizeof c);
+  }
+  impl_->shutdown();
+}
+
+}  // namespace kf::evaluator

@@ -1,0 +1,618 @@
+// The verification protocol (see evaluator.h and docs/evaluator.md): correctness passes,
+// anti-cheat checks and interleaved timing of one candidate against one task.
+//
+// Structure: Session holds one evaluation's state (task, reference, sandbox, seeds).
+// Every candidate call goes through Session::cand() and every reference call through
+// Session::ref(); a failure anywhere becomes a Verdict via Stop (an exception local to
+// this file, never seen by callers).
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Parallel.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <deque>
+#include <optional>
+
+#include "kf/common/error.h"
+#include "kf/common/log.h"
+#include "kf/evaluator/evaluator.h"
+#include "kf/tasks/timing.h"
+#include "tensor_check.h"
+
+namespace kf::evaluator {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using tasks::Backend;
+using TensorList = std::vector<at::Tensor>;
+
+struct Stop {
+  Verdict verdict;
+  std::string reason;
+};
+
+double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
+
+uint64_t mix(uint64_t a, uint64_t b) {
+  uint64_t x = a * 0x9E3779B97F4A7C15ull ^ (b + 0x632BE59BD9B4E019ull + (a << 6) + (a >> 2));
+  x ^= x >> 31;
+  x *= 0xBF58476D1CE4E5B9ull;
+  return x ^ (x >> 29);
+}
+
+unsigned long long llc_bytes() {
+  for (int idx = 4; idx >= 0; --idx) {
+    std::ifstream f("/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(idx) + "/size");
+    std::string s;
+    if (f >> s && !s.empty()) {
+      unsigned long long v = std::stoull(s);
+      if (s.back() == 'K') v <<= 10;
+      if (s.back() == 'M') v <<= 20;
+      return v;
+    }
+  }
+  return 32ull << 20;
+}
+
+struct CandOut {
+  CallOutcome call;
+  TensorList outs;           // outputs at return, on the reference's device
+  bool late_changed = false; // outputs differed after the probe delay
+  std::string inputs_changed;  // name of a modified input, if any
+};
+
+struct Session {
+  const EvalOptions& o;
+  const tasks::Task& task;
+  Backend b;
+  at::Device dev;
+  Result& res;
+  std::unique_ptr<tasks::Reference> ref;
+  std::unique_ptr<Sandbox> sb;
+  std::vector<tasks::TensorSpec> abi_in;  // inputs then params
+  std::vector<tasks::TensorSpec> outs;
+  size_t n_inputs = 0;
+  TensorList params0;
+  uint64_t base_seed = 0;
+  std::string so_path;
+  int calls = 0;
+  double ref_est_ms = 1;
+  at::Tensor flush_buf;
+  unsigned long long flush_bytes = 0;
+
+  Session(const EvalOptions& opts, const tasks::Task& t, Backend bk, Result& r)
+      : o(opts), task(t), b(bk), dev(tasks::backend_device(bk, opts.device)), res(r) {}
+
+  Clock::time_point t_begin = Clock::now();
+  void check(const std::string& name, bool passed, const std::string& detail = "") {
+    char t[32];
+    std::snprintf(t, sizeof t, " [at %.2f s]", ms_since(t_begin) / 1000);
+    res.checks.push_back({name, passed, detail + t});
+  }
+
+  tasks::Tolerance tol(size_t i) const { return task.tolerance(b, i); }
+
+  TensorList inputs_for(uint64_t seed) { return task.make_inputs(b, mix(base_seed, seed), dev); }
+
+  void flush_ref_cache() {
+    if (!o.flush_cache || !flush_buf.defined()) return;
+    flush_buf.add_(1);  // reads and writes the whole buffer: evicts the reference's data
+  }
+
+  // --- reference side (this process)
+  TensorList ref_run(const TensorList& inputs, double* ms = nullptr, bool flush = false) {
+    tasks::synchronize(dev);
+    if (flush) {
+      flush_ref_cache();
+      tasks::synchronize(dev);
+    }
+    const auto t0 = Clock::now();
+    TensorList r = ref->forward(inputs);
+    tasks::synchronize(dev);
+    const double t = ms_since(t0);
+    if (ms) *ms = t;
+    if (r.size() != outs.size()) throw error_at(task.name(), "reference returned " + std::to_string(r.size()) + " outputs, spec says " + std::to_string(outs.size()));
+    for (size_t i = 0; i < r.size(); ++i)
+      if (r[i].sizes() != at::IntArrayRef(outs[i].shape) || r[i].scalar_type() != outs[i].dtype)
+        throw error_at(task.name(), "reference output " + std::to_string(i) + " does not match the task's output spec");
+    return r;
+  }
+
+  // --- candidate side (the sandbox worker)
+  double call_timeout_s() const {
+    return std::max(o.min_call_timeout_s, o.call_timeout_factor * ref_est_ms / 1000.0);
+  }
+
+  // keep: the outputs outlive the next call (else they may alias the shared slot on CPU).
+  CandOut cand(const TensorList& inputs, const TensorList& params, uint32_t poison, double probe_ms, bool flush,
+               bool keep = true) {
+    const int slot = calls++ % sb->slots();
+    TensorList host;  // what we wrote, to compare after the call
+    for (size_t t = 0; t < abi_in.size(); ++t) {
+      const at::Tensor& src = t < n_inputs ? inputs[t] : params[t - n_inputs];
+      at::Tensor h = src.to(at::kCPU).contiguous();
+      std::memcpy(sb->input(slot, int(t)), h.data_ptr(), h.nbytes());
+      host.push_back(h);
+    }
+    CandOut r;
+    r.call = sb->run(slot, poison, flush, probe_ms, call_timeout_s());
+    if (!r.call.ok()) fail_call(r.call);
+    for (size_t t = 0; t < abi_in.size(); ++t) {
+      if (std::memcmp(sb->input(slot, int(t)), host[t].data_ptr(), host[t].nbytes()) != 0) {
+        r.inputs_changed = abi_in[t].name;
+        break;
+      }
+    }
+    for (size_t t = 0; t < outs.size(); ++t) {
+      const auto& sp = outs[t];
+      at::Tensor ret = at::from_blob(const_cast<void*>(sb->output_at_return(slot, int(t))), sp.shape,
+                                     at::TensorOptions().dtype(sp.dtype));
+      const size_t nb = ret.nbytes();
+      if (std::memcmp(sb->output_at_return(slot, int(t)), sb->output_late(slot, int(t)), nb) != 0) r.late_changed = true;
+      r.outs.push_back(dev.is_cpu() ? (keep ? ret.clone() : ret) : ret.to(dev));
+    }
+    return r;
+  }
+
+  [[noreturn]] void fail_call(const CallOutcome& c) {
+    std::string msg = c.message;
+    const std::string log = sb->log_tail();
+    if (!log.empty()) res.diagnostics = log;
+    switch (c.kind) {
+      case CallOutcome::Timeout: throw Stop{Verdict::Timeout, msg};
+      case CallOutcome::Forbidden: throw Stop{Verdict::RejectedCheat, "sandbox violation: " + msg};
+      case CallOutcome::KernelError: throw Stop{Verdict::RuntimeError, msg};
+      default: throw Stop{Verdict::RuntimeError, std::string(outcome_name(c.kind)) + ": " + msg};
+    }
+  }
+
+  void expect_clean(const CandOut& c, const std::string& where) {
+    if (!c.inputs_changed.empty())
+      throw Stop{Verdict::RejectedCheat, "modifies its inputs: '" + c.inputs_changed + "' changed during the call (" + where + ")"};
+    if (c.late_changed)
+      throw Stop{Verdict::RejectedCheat, "work escaping the timed region: outputs changed after kf_forward returned (deferred work on host threads or unsynchronised work) (" + where + ")"};
+    if (c.call.late_cpu_ms > o.late_cpu_ms)
+      throw Stop{Verdict::RejectedCheat, "work escaping the timed region: other threads used " + fmt(c.call.late_cpu_ms) + " ms of CPU after kf_forward returned (" + where + ")"};
+  }
+
+  static std::string fmt(double v) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%.3g", v);
+    return b;
+  }
+
+  struct Match {
+    bool ok = true;
+    int64_t unwritten = 0;
+    std::string detail;
+  };
+  Match match(const TensorList& cand_outs, const TensorList& ref_outs, uint32_t poison, double atol_scale = 1) {
+    Match m;
+    for (size_t i = 0; i < outs.size(); ++i) {
+      tasks::Tolerance t = tol(i);
+      t.atol *= atol_scale;
+      Compare c = compare_outputs(cand_outs[i], ref_outs[i], t, poison);
+      m.unwritten += c.unwritten;
+      if (std::isfinite(c.max_abs)) res.max_abs_error = std::max(res.max_abs_error, c.max_abs);
+      if (std::isfinite(c.max_rel)) res.max_rel_error = std::max(res.max_rel_error, c.max_rel);
+      if (!c.ok && m.ok) {
+        m.ok = false;
+        m.detail = "output " + outs[i].name + ": " + std::to_string(c.bad) + "/" + std::to_string(c.total) +
+                   " elements out of tolerance (atol " + fmt(t.atol) + ", rtol " + fmt(t.rtol) + "), max abs error " +
+                   fmt(c.max_abs) + "; first at " + c.first_bad;
+      }
+    }
+    return m;
+  }
+
+  bool same_bits(const TensorList& a, const TensorList& b2) const {
+    for (size_t i = 0; i < a.size(); ++i)
+      if (!bitwise_equal(a[i], b2[i])) return false;
+    return true;
+  }
+  bool refs_close(const TensorList& a, const TensorList& b2) {
+    for (size_t i = 0; i < a.size(); ++i)
+      if (!compare_outputs(a[i], b2[i], tol(i), 0).ok) return false;
+    return true;
+  }
+
+  // Reference outputs of the last few calls: a kernel returning one of them for new
+  // inputs is replaying a cache (keyed on pointers, call counts, cheap fingerprints ...).
+  std::deque<TensorList> recent_r;
+  void remember(const TensorList& r) {
+    recent_r.push_back(r);
+    while (recent_r.size() > 3) recent_r.pop_front();
+  }
+
+  // A failed comparison: name the trick when the evidence shows one, by asking the
+  // candidate more questions (same inputs, other poison; other inputs).
+  [[noreturn]] void explain_failure(const Match& m, const CandOut& c, const TensorList& r, const TensorList& in,
+                                    const TensorList& params, uint32_t poison, const std::string& where) {
+    for (size_t k = 0; k < recent_r.size(); ++k)
+      if (!refs_close(recent_r[k], r) && match(c.outs, recent_r[k], poison).ok)
+        throw Stop{Verdict::RejectedCheat, "results cached across calls: the outputs are those of an earlier call's inputs (" + where + ")"};
+    // Same inputs, other poison in outputs and scratch: does the answer follow the garbage?
+    CandOut again = cand(in, params, poison ^ 1u, o.probe_ms, false);
+    Match m2 = match(again.outs, r, poison ^ 1u);
+    if (m2.ok)
+      throw Stop{Verdict::RejectedCheat, "reads uninitialised memory: the result depends on the garbage in output/scratch memory (correct with one poison pattern, wrong with the other) (" + where + ")"};
+    if (m.unwritten > 0 && m2.unwritten > 0)
+      throw Stop{Verdict::RejectedCheat, "outputs not fully written: " + std::to_string(m.unwritten) +
+                                             " elements still hold the poison pattern (problem-size tampering or partial computation) (" + where + ")"};
+    // Other inputs: an unchanged answer means the output does not depend on the inputs.
+    TensorList other = inputs_for(9000 + uint64_t(calls));
+    TensorList r_other = ref_run(other);
+    CandOut c_other = cand(other, params, poison, o.probe_ms, false);
+    if (same_bits(c_other.outs, c.outs) && !refs_close(r_other, r))
+      throw Stop{Verdict::RejectedCheat, "constant or input-independent output: identical outputs for different inputs (" + where + ")"};
+    throw Stop{Verdict::Incorrect, m.detail + " (" + where + ")"};
+  }
+
+  // Wrong after having been right on the distribution: caching, garbage, or a change of
+  // behaviour with the call count (self-timing, precision switch).
+  [[noreturn]] void call_order_failure(const Match& m, const CandOut& c, const TensorList& r, const TensorList& in,
+                                       const TensorList& params, uint32_t poison, const std::string& where) {
+    for (size_t k = 0; k < recent_r.size(); ++k)
+      if (!refs_close(recent_r[k], r) && match(c.outs, recent_r[k], poison).ok)
+        throw Stop{Verdict::RejectedCheat, "results cached across calls: the outputs are those of an earlier call's inputs (" + where + ")"};
+    CandOut again = cand(in, params, poison ^ 1u, o.probe_ms, false);
+    if (match(again.outs, r, poison ^ 1u).ok)
+      throw Stop{Verdict::RejectedCheat, "reads uninitialised memory: the result depends on the garbage in output/scratch memory (" + where + ")"};
+    if (m.unwritten > 0)
+      throw Stop{Verdict::RejectedCheat, "outputs not fully written: " + std::to_string(m.unwritten) + " poisoned elements after " + std::to_string(calls) + " calls (" + where + ")"};
+    throw Stop{Verdict::RejectedCheat, "results depend on call order: correct in earlier calls, wrong after " + std::to_string(calls) +
+                                           " calls (run-time switch of precision or algorithm, e.g. by timing itself): " + m.detail + " (" + where + ")"};
+  }
+
+  TensorList redraw(const TensorList& p, uint64_t seed, bool additive) {
+    auto gen = at::detail::createCPUGenerator(mix(base_seed, seed));
+    TensorList out;
+    for (const auto& t : p) {
+      if (!at::isFloatingType(t.scalar_type()) || t.numel() == 0) {
+        out.push_back(t.clone());
+        continue;
+      }
+      at::Tensor f = t.to(at::kCPU, at::kFloat);
+      at::Tensor u = at::rand(f.sizes(), gen, at::TensorOptions().dtype(at::kFloat)) * 2 - 1;
+      at::Tensor n = at::randn(f.sizes(), gen, at::TensorOptions().dtype(at::kFloat));
+      const double sd = f.numel() > 1 ? f.std().item<double>() : 0.0;
+      const double s = std::max({sd, 0.1 * f.abs().mean().item<double>(), 0.1});
+      at::Tensor nf = f * (1 + 0.5 * u);
+      if (additive) nf = nf + 0.25 * s * n;
+      out.push_back(nf.to(t.device(), t.scalar_type()));
+    }
+    return out;
+  }
+
+  TensorList stress(const TensorList& x, int which, uint64_t seed, std::string* name) {
+    static const char* names[] = {"x*8", "-x", "x+3", "uniform(-4,4)", "x*1e-3"};
+    *name = names[which % 5];
+    auto gen = at::detail::createCPUGenerator(mix(base_seed, seed));
+    TensorList y;
+    for (const auto& t : x) {
+      if (!at::isFloatingType(t.scalar_type())) {
+        y.push_back(t);
+        continue;
+      }
+      switch (which % 5) {
+        case 0: y.push_back(t * 8); break;
+        case 1: y.push_back(-t); break;
+        case 2: y.push_back(t + 3); break;
+        case 3:
+          y.push_back((at::rand(t.sizes(), gen, at::TensorOptions().dtype(at::kFloat)) * 8 - 4).to(t.device(), t.scalar_type()));
+          break;
+        default: y.push_back(t * 1e-3); break;
+      }
+    }
+    return y;
+  }
+
+  bool outputs_finite(const TensorList& r) {
+    for (const auto& t : r)
+      if (!all_finite(t)) return false;
+    return true;
+  }
+
+  void run();
+};
+
+void Session::run() {
+  const auto t_start = Clock::now();
+  abi_in = task.inputs(b);
+  n_inputs = abi_in.size();
+  for (const auto& p : task.params(b)) abi_in.push_back(p);
+  outs = task.outputs(b);
+  if (outs.empty()) throw error_at(task.name(), "task has no outputs");
+  ref = task.new_reference(b, dev);
+  params0.clear();
+  for (const auto& p : ref->params()) params0.push_back(p.clone());
+  base_seed = mix(o.seed, res.candidate_key.empty() ? 0 : std::hash<std::string>{}(res.candidate_key));
+
+  flush_bytes = o.flush_bytes ? o.flush_bytes : (b == Backend::CPU ? std::min(2 * llc_bytes(), 256ull << 20) : 256ull << 20);
+  if (o.flush_cache)
+    flush_buf = at::zeros({int64_t(flush_bytes / 4)}, at::TensorOptions().dtype(at::kFloat).device(dev));
+
+  // --- sandbox: one fresh worker per candidate
+  SandboxOptions so = o.sandbox;
+  so.backend = b == Backend::CUDA ? KF_BACKEND_CUDA : KF_BACKEND_CPU;
+  so.device = o.device;
+  so.threads = o.cpu_threads > 0 ? o.cpu_threads : at::get_num_threads();
+  so.flush_bytes = o.flush_cache ? flush_bytes : 0;
+  // CUDA-sized tasks hold GiBs per set: one host staging slot (the device side is the
+  // worker's own buffers; caches are flushed before every timed call anyway).
+  if (b == Backend::CUDA) so.slots = 1;
+  std::vector<TensorLayout> li, lo;
+  for (const auto& s : abi_in) li.push_back({abi_dtype(s.dtype), s.shape});
+  for (const auto& s : outs) lo.push_back({abi_dtype(s.dtype), s.shape});
+  sb = Sandbox::start(so, li, lo);
+  struct StopGuard {
+    Sandbox* s;
+    ~StopGuard() { s->stop(); }
+  } guard{sb.get()};
+  {
+    CallOutcome lc = sb->load(so_path);
+    if (!lc.ok()) {
+      if (lc.kind == CallOutcome::LoadFailed) throw Stop{Verdict::RuntimeError, "load failed: " + lc.message};
+      fail_call(lc);
+    }
+  }
+
+  // --- 1. correctness on K fresh sets from the task's distribution; reference first on
+  // even sets, candidate first on odd ones (the candidate runs before and after it).
+  TensorList prev_c, prev_r, first_in, first_c, first_r;
+  const int K = std::max(2, o.correctness_sets);
+  for (int i = 0; i < K; ++i) {
+    TensorList in = inputs_for(1000 + i);
+    TensorList p = ref->params().empty() ? TensorList{} : TensorList(ref->params().begin(), ref->params().end());
+    const uint32_t poison = uint32_t(i % 2);
+    TensorList r;
+    CandOut c;
+    const std::string where = "distribution set " + std::to_string(i);
+    if (i % 2 == 0) {
+      double t = 0;
+      r = ref_run(in, &t);
+      if (i == 0) ref_est_ms = t;
+      c = cand(in, p, poison, o.probe_ms, false);
+    } else {
+      c = cand(in, p, poison, o.probe_ms, false);
+      r = ref_run(in);
+    }
+    expect_clean(c, where);
+    Match m = match(c.outs, r, poison);
+    if (!m.ok) explain_failure(m, c, r, in, p, poison, where);
+    remember(r);
+    if (i > 0 && same_bits(c.outs, prev_c) && !refs_close(r, prev_r))
+      throw Stop{Verdict::RejectedCheat, "constant or input-independent output: identical outputs for different inputs (" + where + ")"};
+    if (i == 0) {
+      first_in = in;
+      first_c = c.outs;
+      first_r = r;
+    } else if (i == 1) {
+      // Degenerate task: the reference barely depends on its inputs.
+      bool indep = refs_close(r, prev_r), constant = true;
+      for (const auto& t : r) constant = constant && nearly_constant(t, o.degenerate_rel);
+      if (indep || constant) {
+        res.task_degenerate = true;
+        res.degenerate_reason = indep ? "reference output is (nearly) the same for different inputs"
+                                      : "reference output is (nearly) constant";
+        kf::log_warn("task ", task.name(), " looks degenerate: ", res.degenerate_reason);
+      }
+    }
+    prev_c = c.outs;
+    prev_r = r;
+  }
+  check("correct.distribution", true, std::to_string(K) + " fresh sets, poison checked, inputs unchanged");
+  check("anti.input_dependence", true, res.task_degenerate ? "not decidable: task degenerate" : "outputs follow inputs");
+
+  // --- 2. identical call again, other poison and other scratch garbage: must give the same answer
+  {
+    const TensorList p(ref->params().begin(), ref->params().end());
+    CandOut c = cand(first_in, p, 1, o.probe_ms, false);
+    expect_clean(c, "repeat of set 0");
+    if (!same_bits(c.outs, first_c)) {
+      Match m = match(c.outs, first_r, 1);
+      if (!m.ok || m.unwritten)
+        throw Stop{Verdict::RejectedCheat, "reads uninitialised memory or is nondeterministic: an identical call with different poison gave a wrong result (" + m.detail + ")"};
+      res.nondeterministic = true;
+    }
+    check("anti.nondeterminism", true, res.nondeterministic ? "bits differ across identical calls (within tolerance)" : "bitwise identical");
+  }
+
+  // --- 3. re-drawn parameters: a kernel that bakes in the default init must fail
+  bool has_float_params = false;
+  for (const auto& p : params0) has_float_params = has_float_params || (at::isFloatingType(p.scalar_type()) && p.numel() > 0);
+  if (o.redraw_params && has_float_params) {
+    TensorList in = inputs_for(2000);
+    TensorList r, p1;
+    for (bool additive : {true, false}) {
+      p1 = redraw(params0, 2100, additive);
+      ref->set_params(p1);
+      r = ref_run(in);
+      if (outputs_finite(r)) break;
+      r.clear();
+    }
+    if (r.empty()) {
+      check("correct.redrawn_params", true, "skipped: reference not finite with re-drawn parameters");
+    } else {
+      CandOut c = cand(in, TensorList(ref->params().begin(), ref->params().end()), 0, o.probe_ms, false);
+      expect_clean(c, "re-drawn parameters");
+      Match m = match(c.outs, r, 0);
+      if (!m.ok)
+        throw Stop{Verdict::RejectedCheat, "matches only the default parameters: wrong with re-drawn weights/buffers (parameters ignored or hard-coded): " + m.detail};
+      check("correct.redrawn_params", true, "parameters re-drawn around their init");
+    }
+    ref->set_params(params0);
+  } else {
+    check("correct.redrawn_params", true, has_float_params ? "disabled" : "task has no float parameters");
+  }
+
+  // --- 4. stress inputs from other distributions, wherever the reference stays finite
+  {
+    TensorList base_in = inputs_for(3000);
+    double base_scale = 0;
+    for (const auto& t : first_r) base_scale = std::max(base_scale, max_abs_value(t));
+    int done = 0;
+    std::string names;
+    for (int s = 0; s < o.stress_sets; ++s) {
+      std::string name;
+      TensorList in = stress(base_in, s, 3100 + s, &name);
+      TensorList r = ref_run(in);
+      if (!outputs_finite(r)) continue;
+      double sc = 0;
+      for (const auto& t : r) sc = std::max(sc, max_abs_value(t));
+      const double atol_scale = std::clamp(base_scale > 0 ? sc / base_scale : 1.0, 1.0, o.stress_atol_scale_cap);
+      const TensorList p(ref->params().begin(), ref->params().end());
+      CandOut c = cand(in, p, uint32_t(s % 2), o.probe_ms, false);
+      expect_clean(c, "stress " + name);
+      Match m = match(c.outs, r, uint32_t(s % 2), atol_scale);
+      if (!m.ok) {
+        // Is it the inputs, or has the kernel changed its behaviour since? Ask set 0 again.
+        CandOut c0 = cand(first_in, p, 0, o.probe_ms, false);
+        if (!match(c0.outs, first_r, 0).ok) call_order_failure(m, c, r, in, p, uint32_t(s % 2), "stress " + name);
+        if (m.unwritten) throw Stop{Verdict::RejectedCheat, "outputs not fully written on stress inputs " + name + " (" + std::to_string(m.unwritten) + " poisoned elements; problem-size or range tampering)"};
+        throw Stop{Verdict::RejectedCheat, "input-specific shortcut: correct on the task's input distribution, wrong on stress inputs " + name + ": " + m.detail};
+      }
+      ++done;
+      names += (names.empty() ? "" : ", ") + name;
+    }
+    check("correct.stress", true, done ? std::to_string(done) + " sets: " + names : "none applicable (reference not finite)");
+  }
+
+  // --- 5. timing: interleaved, fresh inputs every trial, caches flushed, outputs checked
+  std::vector<double> ref_ms, cand_ms, ext_gap;
+  TensorList last_r;
+  int new_threads_trials = 0;
+  double max_idle = 0, max_presync = 0;
+  auto trial = [&](int t, bool timed) {
+    TensorList in = inputs_for(5000 + uint64_t(t));
+    const TensorList p(ref->params().begin(), ref->params().end());
+    const uint32_t poison = uint32_t(t % 2);
+    double rt = 0;
+    TensorList r;
+    CandOut c;
+    if (t % 2 == 0) {
+      r = ref_run(in, &rt, o.flush_cache);
+      c = cand(in, p, poison, o.probe_ms, o.flush_cache, false);
+    } else {
+      c = cand(in, p, poison, o.probe_ms, o.flush_cache, false);
+      r = ref_run(in, &rt, o.flush_cache);
+    }
+    const std::string where = (timed ? "timed trial " : "warm-up ") + std::to_string(t);
+    expect_clean(c, where);
+    Match m = match(c.outs, r, poison);
+    if (!m.ok) call_order_failure(m, c, r, in, p, poison, where);
+    remember(r);
+    if (!timed) return;
+    ref_ms.push_back(rt);
+    cand_ms.push_back(c.call.elapsed_ms);
+    ext_gap.push_back(c.call.external_ms - c.call.elapsed_ms);
+    if (c.call.threads_after > c.call.threads_before) ++new_threads_trials;
+    max_idle = std::max(max_idle, c.call.idle_cpu_ms);
+    max_presync = std::max(max_presync, c.call.presync_ms);
+  };
+  int t = 0;
+  for (; t < o.warmup; ++t) trial(t, false);
+  ref_est_ms = std::max(ref_est_ms, 0.001);
+  for (int n = 0; n < o.trials; ++n) trial(t++, true);
+  while (int(cand_ms.size()) < o.max_trials &&
+         (summarize(cand_ms).spread() > o.max_spread || summarize(ref_ms).spread() > o.max_spread))
+    trial(t++, true);
+  res.ref_ms = summarize(ref_ms);
+  res.cand_ms = summarize(cand_ms);
+  check("timing.outputs_checked", true, std::to_string(cand_ms.size()) + " timed calls verified");
+
+  if (new_threads_trials > 0)
+    throw Stop{Verdict::RejectedCheat, "work escaping the timed region: " + std::to_string(new_threads_trials) + " timed calls left new host threads running after return"};
+  check("anti.threads_left", true, "no thread outlives a call");
+  if (max_idle > o.idle_cpu_ms)
+    throw Stop{Verdict::RejectedCheat, "work outside the timed region: other threads used " + fmt(max_idle) + " ms of CPU between calls (background computation)"};
+  check("anti.background_cpu", true, "idle between calls");
+  if (b == Backend::CUDA && max_presync > o.presync_ms)
+    throw Stop{Verdict::RejectedCheat, "work outside the timed region: the GPU was busy for " + fmt(max_presync) + " ms before the clock started (work launched outside kf_forward)"};
+  check("anti.gpu_idle_before_call", true, b == Backend::CUDA ? "device idle at start" : "n/a on CPU");
+  const double gap = summarize(ext_gap).median;
+  if (gap > std::max(o.timer_slack_ms, o.timer_slack_frac * res.cand_ms.median))
+    throw Stop{Verdict::RejectedCheat, "timer tampering: the call took " + fmt(gap) + " ms longer (median) by the evaluator's clock than by the worker's"};
+  check("anti.timer", true, "worker clock agrees with the evaluator's (median gap " + fmt(gap) + " ms)");
+
+  // --- 6. after timing: correctness again (call-order dependence), candidate after reference
+  {
+    TensorList in = inputs_for(7000);
+    TensorList r = ref_run(in);
+    CandOut c = cand(in, TensorList(ref->params().begin(), ref->params().end()), 1, o.probe_ms, false);
+    expect_clean(c, "post-timing set");
+    Match m = match(c.outs, r, 1);
+    if (!m.ok) call_order_failure(m, c, r, in, TensorList(ref->params().begin(), ref->params().end()), 1, "post-timing set");
+    check("anti.call_order", true, "still correct after " + std::to_string(calls) + " calls");
+  }
+
+  if (res.cand_ms.spread() > o.max_spread || res.ref_ms.spread() > o.max_spread)
+    throw Stop{Verdict::RuntimeError, "timing unstable: spread (p90-p10)/median of " + fmt(std::max(res.cand_ms.spread(), res.ref_ms.spread())) +
+                                          " exceeds " + fmt(o.max_spread) + " after " + std::to_string(cand_ms.size()) + " trials"};
+  check("timing.stable", true, "spread ref " + fmt(res.ref_ms.spread()) + ", candidate " + fmt(res.cand_ms.spread()));
+  res.speedup = speedup_of(res.ref_ms, res.cand_ms);
+  res.verify_s = ms_since(t_start) / 1000;
+}
+
+}  // namespace
+
+struct Evaluator::Impl {
+  EvalOptions o;
+  CompileService compiler;
+  RewardModel reward;
+  explicit Impl(EvalOptions opts) : o(std::move(opts)), compiler(o.compile), reward(o.reward) {}
+};
+
+Evaluator::Evaluator(EvalOptions opts) : impl_(std::make_unique<Impl>(std::move(opts))) {}
+Evaluator::~Evaluator() = default;
+CompileService& Evaluator::compiler() { return impl_->compiler; }
+RewardModel& Evaluator::reward_model() { return impl_->reward; }
+const EvalOptions& Evaluator::options() const { return impl_->o; }
+
+Result Evaluator::evaluate(const tasks::Task& task, tasks::Backend backend, const std::string& source,
+                           uint64_t candidate_seed) {
+  CompileResult cr = impl_->compiler.compile(source, backend == tasks::Backend::CUDA ? KF_BACKEND_CUDA : KF_BACKEND_CPU);
+  return evaluate_compiled(task, backend, cr, candidate_seed);
+}
+
+Result Evaluator::evaluate_compiled(const tasks::Task& task, tasks::Backend backend, const CompileResult& cr,
+                                    uint64_t candidate_seed) {
+  Result res;
+  res.task = task.name();
+  res.backend = tasks::backend_name(backend);
+  res.candidate_key = cr.key;
+  res.compile_s = cr.seconds;
+  if (!cr.ok) {
+    res.verdict = cr.timed_out ? Verdict::CompileError : Verdict::CompileError;
+    res.reason = cr.rejected_source ? "source rejected" : (cr.timed_out ? "compile timed out" : "compile error");
+    res.diagnostics = cr.diagnostics;
+    res.reward = impl_->reward.score(res);
+    return res;
+  }
+  if (!task.has_backend(backend)) throw error_at(task.name(), std::string("no artifact for backend ") + tasks::backend_name(backend));
+  const auto t0 = Clock::now();
+  EvalOptions o = impl_->o;
+  o.seed = mix(o.seed, candidate_seed);
+  Session s(o, task, backend, res);
+  s.so_path = cr.so_path;
+  try {
+    s.run();
+    res.verdict = Verdict::Ok;
+  } catch (const Stop& st) {
+    res.verdict = st.verdict;
+    res.reason = st.reason;
+    res.checks.push_back({"verdict", false, st.reason});
+  }
+  res.verify_s = ms_since(t0) / 1000;
+  res.reward = impl_->reward.score(res);
+  kf::log_info("evaluated ", res.task, " [", res.backend, "] ", cr.key.substr(0, 12), ": ", verdict_name(res.verdict),
+               res.reason.empty() ? "" : " (" + res.reason + ")",
+               res.ok() ? " speedup " + std::to_string(res.speedup) : "");
+  return res;
+}
+
+}  // namespace kf::evaluator

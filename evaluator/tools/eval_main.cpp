@@ -1,0 +1,90 @@
+// kf-eval: verify one kernel against one task and print the report (tools/eval).
+//   kf-eval TASK KERNEL [--json] [--backend cpu|cuda] [--tasks DIR] [--trials N] ...
+// TASK is an artifact folder or a task name under --tasks. KERNEL is the source file
+// (.cu: CUDA backend by default; anything else: CPU).
+// Exit: 0 ok, 1 kernel rejected (any other verdict), 2 usage error, 3 evaluator error.
+#include <ATen/Parallel.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+
+#include "kf/common/error.h"
+#include "kf/common/log.h"
+#include "kf/evaluator/evaluator.h"
+#include "kf/evaluator/fsutil.h"
+#include "kf/tasks/timing.h"
+
+using namespace kf::evaluator;
+
+int main(int argc, char** argv) {
+  CLI::App app{"Verify a candidate kernel against a task and time it"};
+  std::string task_arg, kernel_path, backend_s, tasks_dir, arch = "sm_90", cache;
+  bool json = false;
+  EvalOptions o;
+  app.add_option("task", task_arg, "task artifact folder, or task name under --tasks")->required();
+  app.add_option("kernel", kernel_path, "kernel source file (.cu for CUDA, .cpp for CPU)")->required();
+  app.add_flag("--json", json, "print a machine-readable report");
+  app.add_option("--backend", backend_s, "cpu or cuda (default: from the file extension)")->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_option("--tasks", tasks_dir, "folder of imported tasks (default $KF_TASKS_DIR or build/tasks)");
+  app.add_option("--trials", o.trials, "timed trials")->check(CLI::PositiveNumber);
+  app.add_option("--warmup", o.warmup, "untimed calls before timing")->check(CLI::NonNegativeNumber);
+  app.add_option("--correctness-sets", o.correctness_sets, "fresh distribution sets")->check(CLI::Range(2, 100));
+  app.add_option("--seed", o.seed, "run seed for inputs");
+  app.add_option("--threads", o.cpu_threads, "CPU threads for reference and kernel (0: all)");
+  app.add_option("--device", o.device, "CUDA device");
+  app.add_option("--cuda-arch", arch, "nvcc -arch value");
+  app.add_option("--cache", cache, "compile cache folder");
+  app.add_option("--call-timeout", o.min_call_timeout_s, "minimum wall-clock limit per kernel call (s)");
+  app.add_option("--max-spread", o.max_spread, "give up when (p90-p10)/median of the trials exceeds this");
+  app.add_option("--max-trials", o.max_trials, "most timed trials while the spread is too wide");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);
+    return rc == 0 ? 0 : 2;
+  }
+  kf::log_init("evaluator", 0);
+  kf::log_set_level(kf::LogLevel::Warn);
+  o.compile.cuda_arch = arch;
+  o.compile.cache_dir = cache;
+  if (o.cpu_threads > 0) at::set_num_threads(o.cpu_threads);
+
+  std::string source;
+  std::shared_ptr<const kf::tasks::Task> task;
+  kf::tasks::Backend backend;
+  try {
+    if (!fsutil::is_file(kernel_path)) throw kf::Error("kernel file '" + kernel_path + "' not found");
+    std::ifstream f(kernel_path);
+    source.assign(std::istreambuf_iterator<char>(f), {});
+    if (backend_s.empty()) backend_s = fsutil::extension(kernel_path) == ".cu" ? "cuda" : "cpu";
+    backend = kf::tasks::parse_backend(backend_s);
+    std::string dir = task_arg;
+    if (!fsutil::exists(dir + "/task.json")) {
+      if (tasks_dir.empty()) {
+        const char* e = std::getenv("KF_TASKS_DIR");
+        tasks_dir = e && *e ? e : "build/tasks";
+      }
+      dir = tasks_dir + "/" + task_arg;
+    }
+    if (!fsutil::exists(dir + "/task.json")) throw kf::Error("no task artifact at '" + task_arg + "' or '" + dir + "'");
+    task = kf::tasks::Task::load(dir);
+    if (!task->has_backend(backend)) throw kf::Error("task " + task->name() + " has no " + backend_s + " artifact");
+    if (backend == kf::tasks::Backend::CUDA && !kf::tasks::cuda_available())
+      throw kf::Error("backend cuda asked for, but no CUDA device is visible");
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "kf-eval: %s\n", e.what());
+    return 2;
+  }
+  try {
+    Evaluator ev(o);
+    Result r = ev.evaluate(*task, backend, source, 0);
+    if (json) std::cout << to_json(r, 2) << "\n";
+    else std::cout << to_text(r);
+    return r.ok() ? 0 : 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "kf-eval: evaluator error: %s\n", e.what());
+    return 3;
+  }
+}

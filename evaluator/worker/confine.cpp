@@ -1,0 +1,145 @@
+// Confinement of the sandbox worker: rlimits, privilege drop, seccomp (see confine.h).
+#include "confine.h"
+
+#include <fcntl.h>
+#include <grp.h>
+#include <linux/sched.h>
+#include <seccomp.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+namespace kf::evaluator::worker {
+namespace {
+
+volatile int* g_forbidden_slot = nullptr;
+
+void on_sigsys(int, siginfo_t* info, void*) {
+  // Async-signal-safe only: a store and _exit.
+  if (g_forbidden_slot) *g_forbidden_slot = info->si_syscall;
+  _exit(kExitForbidden);
+}
+
+std::string set_limit(int resource, rlim_t soft, rlim_t hard, const char* name) {
+  struct rlimit rl{soft, hard};
+  if (setrlimit(resource, &rl) != 0) return std::string("setrlimit ") + name + ": " + std::strerror(errno);
+  return "";
+}
+
+}  // namespace
+
+void install_sigsys_handler(volatile int* slot) {
+  g_forbidden_slot = slot;
+  struct sigaction sa{};
+  sa.sa_sigaction = on_sigsys;
+  sa.sa_flags = SA_SIGINFO;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGSYS, &sa, nullptr);
+}
+
+std::string confine(const ConfineOptions& o) {
+  std::string err;
+  // --- rlimits
+  if (!(err = set_limit(RLIMIT_CPU, o.cpu_seconds, o.cpu_seconds + 2, "CPU")).empty()) return err;
+  if (!(err = set_limit(RLIMIT_FSIZE, 0, 0, "FSIZE")).empty()) return err;
+  if (!(err = set_limit(RLIMIT_CORE, 0, 0, "CORE")).empty()) return err;
+  if (!(err = set_limit(RLIMIT_NOFILE, 1024, 1024, "NOFILE")).empty()) return err;
+  if (o.cpu_backend && o.address_space_bytes > 0)
+    if (!(err = set_limit(RLIMIT_AS, o.address_space_bytes, o.address_space_bytes, "AS")).empty()) return err;
+
+  // --- identity: root gives way to nobody (open fds, incl. /dev/nvidia*, stay usable)
+  if (o.drop_root && geteuid() == 0) {
+    const uid_t nobody = 65534;
+    if (setgroups(0, nullptr) != 0) return std::string("setgroups: ") + std::strerror(errno);
+    if (setresgid(nobody, nobody, nobody) != 0) return std::string("setresgid: ") + std::strerror(errno);
+    if (setresuid(nobody, nobody, nobody) != 0) return std::string("setresuid: ") + std::strerror(errno);
+    // NPROC counts threads of the uid system-wide; nobody runs nothing else of ours.
+    if (!(err = set_limit(RLIMIT_NPROC, 4096, 4096, "NPROC")).empty()) return err;
+  }
+  prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);  // no ptrace attach, no /proc/<pid>/mem from peers
+  if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) return std::string("no_new_privs: ") + std::strerror(errno);
+
+  // --- seccomp: allow by default (CUDA's driver needs a wide set of ioctls and mmaps),
+  // deny the classes of calls an untrusted kernel has no business making.
+  scmp_filter_ctx ctx = seccomp_init(SCMP_ACT_ALLOW);
+  if (!ctx) return "seccomp_init failed";
+  const uint32_t deny = SCMP_ACT_TRAP;
+  int rc = 0;
+  auto add = [&](int nr, uint32_t action = SCMP_ACT_TRAP) {
+    if (nr < 0) return;  // not on this architecture
+    if (rc == 0) rc = seccomp_rule_add(ctx, action, nr, 0);
+  };
+  auto add_cond = [&](int nr, uint32_t action, scmp_arg_cmp cmp) {
+    if (nr < 0) return;
+    if (rc == 0) rc = seccomp_rule_add(ctx, action, nr, 1, cmp);
+  };
+  const char* denied[] = {
+      // new programs and processes
+      "execve", "execveat", "fork", "vfork",
+      // network and local IPC endpoints
+      "socket", "socketpair", "connect", "bind", "listen", "accept", "accept4",
+      "shmget", "shmat", "msgget", "msgsnd", "semget", "mq_open",
+      // other processes' memory, tracing
+      "ptrace", "process_vm_readv", "process_vm_writev", "kcmp", "pidfd_open",
+      "pidfd_getfd", "pidfd_send_signal", "tkill",
+      // interfaces that bypass or widen the filter
+      "io_uring_setup", "io_uring_enter", "io_uring_register", "bpf", "perf_event_open",
+      "userfaultfd", "personality",
+      // file system changes (no candidate needs to write a file)
+      "creat", "link", "linkat", "symlink", "symlinkat", "unlink", "unlinkat", "rename",
+      "renameat", "renameat2", "mkdir", "mkdirat", "rmdir", "mknod", "mknodat", "truncate",
+      "chmod", "fchmodat", "chown", "fchownat", "lchown", "utime", "utimes", "utimensat",
+      "futimesat", "setxattr", "lsetxattr", "fsetxattr", "removexattr", "lremovexattr",
+      "fremovexattr", "name_to_handle_at", "open_by_handle_at", "fanotify_init", "chdir",
+      "fchdir", "chroot", "mount", "umount2", "pivot_root", "fsopen", "fsmount",
+      "move_mount", "open_tree",
+      // identity, namespaces, kernel and machine administration
+      "setuid", "setgid", "setreuid", "setregid", "setresuid", "setresgid", "setgroups",
+      "capset", "unshare", "setns", "init_module", "finit_module", "delete_module",
+      "kexec_load", "kexec_file_load", "reboot", "swapon", "swapoff", "settimeofday",
+      "clock_settime", "clock_adjtime", "adjtimex", "sethostname", "setdomainname", "acct",
+      "quotactl", "keyctl", "add_key", "request_key", "syslog", "iopl", "ioperm",
+  };
+  for (const char* name : denied) add(seccomp_syscall_resolve_name(name), deny);
+
+  // clone: threads (CLONE_THREAD) only. clone3 hides its flags in memory, so it reports
+  // "not implemented" and glibc falls back to clone.
+  add_cond(SCMP_SYS(clone), deny, SCMP_A0(SCMP_CMP_MASKED_EQ, CLONE_THREAD, 0));
+  add(seccomp_syscall_resolve_name("clone3"), SCMP_ACT_ERRNO(ENOSYS));
+  add(seccomp_syscall_resolve_name("openat2"), SCMP_ACT_ERRNO(ENOSYS));
+
+  // open/openat: read-only opens only.
+  const unsigned long write_bits[] = {O_WRONLY, O_RDWR, O_CREAT, O_TRUNC, O_APPEND, 020000000 /*__O_TMPFILE*/};
+  for (unsigned long bit : write_bits) {
+    add_cond(SCMP_SYS(openat), deny, SCMP_A2(SCMP_CMP_MASKED_EQ, bit, bit));
+    add_cond(SCMP_SYS(open), deny, SCMP_A1(SCMP_CMP_MASKED_EQ, bit, bit));
+  }
+
+  // Signals: only to this process (glibc's raise/abort use tgkill on itself).
+  const pid_t self = getpid();
+  add(SCMP_SYS(kill), deny);
+  add_cond(SCMP_SYS(tgkill), deny, SCMP_A0(SCMP_CMP_NE, (scmp_datum_t)self));
+  add_cond(SCMP_SYS(rt_sigqueueinfo), deny, SCMP_A0(SCMP_CMP_NE, (scmp_datum_t)self));
+  add_cond(SCMP_SYS(rt_tgsigqueueinfo), deny, SCMP_A0(SCMP_CMP_NE, (scmp_datum_t)self));
+  // The SIGSYS handler stays ours.
+  add_cond(SCMP_SYS(rt_sigaction), SCMP_ACT_ERRNO(EPERM), SCMP_A0(SCMP_CMP_EQ, SIGSYS));
+  // No more privileges via prctl tricks is covered by no_new_privs; forbid re-enabling dumping.
+  add_cond(SCMP_SYS(prctl), SCMP_ACT_ERRNO(EPERM), SCMP_A0(SCMP_CMP_EQ, PR_SET_DUMPABLE));
+
+  if (rc != 0) {
+    seccomp_release(ctx);
+    return std::string("seccomp_rule_add: ") + std::strerror(-rc);
+  }
+  rc = seccomp_load(ctx);
+  seccomp_release(ctx);
+  if (rc != 0) return std::string("seccomp_load: ") + std::strerror(-rc);
+  return "";
+}
+
+}  // namespace kf::evaluator::worker

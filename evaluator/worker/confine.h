@@ -1,0 +1,35 @@
+// Confinement of the sandbox worker, applied once, after the trusted set-up (CUDA
+// context, buffers) and before the candidate's shared object is loaded.
+//
+// Layers, each of which alone stops a class of attack:
+//   rlimits     CPU seconds, file size 0, no core dumps, open files, address space (CPU
+//               backend only: CUDA reserves terabytes of virtual memory)
+//   identity    when started as root: drop to nobody (no capabilities, cannot signal or
+//               ptrace the evaluator, cannot write root-owned files)
+//   seccomp     deny exec, new processes (clone without CLONE_THREAD), every socket,
+//               every file write/creation/removal (open with write flags included),
+//               ptrace and cross-process memory, io_uring (it bypasses seccomp), signals
+//               to other processes, kernel/namespace/admin calls, SysV IPC.
+// A denied call raises SIGSYS; the handler records the call number in shared memory and
+// exits with kExitForbidden, so the evaluator names the call in its report.
+#pragma once
+#include <string>
+
+namespace kf::evaluator::worker {
+
+constexpr int kExitForbidden = 86;
+
+struct ConfineOptions {
+  bool cpu_backend = true;
+  long cpu_seconds = 120;
+  unsigned long long address_space_bytes = 0;  // 0: no RLIMIT_AS
+  bool drop_root = true;
+};
+
+// volatile int32 where the SIGSYS handler writes the denied syscall number.
+void install_sigsys_handler(volatile int* forbidden_syscall_slot);
+
+// Returns an empty string on success, else what failed (the worker then refuses to run).
+std::string confine(const ConfineOptions& opts);
+
+}  // namespace kf::evaluator::worker

@@ -1,0 +1,15 @@
+// cheat (reads uninitialised memory): only fills output elements that still hold a NaN,
+// i.e. trusts whatever the output memory contained before the call.
+#include <cuda_runtime.h>
+#include <kf/kernel.h>
+
+__global__ void relu_if_nan(const float* x, float* y, long n) {
+  for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x)
+    if (isnan(y[i])) y[i] = fmaxf(x[i], 0.f);
+}
+
+extern "C" int kf_forward(kf::Context* ctx, const kf::Tensor* in, int, kf::Tensor* out, int) {
+  relu_if_nan<<<2048, 256, 0, static_cast<cudaStream_t>(ctx->stream)>>>(
+      static_cast<const float*>(in[0].data), static_cast<float*>(out[0].data), in[0].numel());
+  return cudaGetLastError() == cudaSuccess ? 0 : 1;
+}

@@ -1,0 +1,196 @@
+// The verifier end to end: the acceptance corpus (kernels/corpus.json) on imported
+// level-1 tasks, plus a degenerate in-test task. CPU entries run everywhere; CUDA
+// entries skip with a message when no GPU is visible.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "kf/evaluator/evaluator.h"
+#include "kf/evaluator/fsutil.h"
+#include "kf/tasks/timing.h"
+#include "test_util.h"
+
+using namespace kf::evaluator;
+
+namespace {
+
+std::string build_dir() {
+  const char* e = std::getenv("KF_BUILD_DIR");
+  return e && *e ? e : KF_BUILD_DIR_DEFAULT;
+}
+
+struct Entry {
+  std::string file, task, verdict;
+  std::vector<std::string> reasons, must_not_exist;
+  std::string name;  // gtest-safe
+};
+// Keeps test names readable in CTest (gtest otherwise prints the struct's bytes).
+void PrintTo(const Entry& e, std::ostream* os) { *os << e.file; }
+
+std::vector<Entry> corpus() {
+  std::ifstream f(test::kernels_dir() + "/corpus.json");
+  nlohmann::json j = nlohmann::json::parse(f);
+  std::vector<Entry> out;
+  for (const auto& k : j["kernels"]) {
+    Entry e;
+    e.file = k["file"];
+    e.task = k["task"];
+    e.verdict = k["expect"]["verdict"];
+    if (k["expect"].contains("reason")) e.reasons = k["expect"]["reason"].get<std::vector<std::string>>();
+    if (k.contains("must_not_exist")) e.must_not_exist = k["must_not_exist"].get<std::vector<std::string>>();
+    e.name = e.file;
+    for (char& c : e.name)
+      if (!isalnum(static_cast<unsigned char>(c))) c = '_';
+    out.push_back(e);
+  }
+  return out;
+}
+
+// Test settings: the full protocol with fewer trials, short call limits, and a spread
+// limit loose enough for a shared 2-core CI machine (timing quality is the benchmark's job).
+EvalOptions test_options() {
+  EvalOptions o;
+  o.compile.cache_dir = build_dir() + "/evaluator-test-cache";
+  o.warmup = 1;
+  o.trials = 5;
+  o.max_trials = 8;
+  o.max_spread = 5.0;
+  o.min_call_timeout_s = 3;
+  o.sandbox.memory_limit_bytes = 2ull << 30;
+  o.cpu_threads = 2;
+  return o;
+}
+
+Evaluator& evaluator() {
+  static Evaluator ev(test_options());
+  return ev;
+}
+// GPU-sized tasks move GiBs per call through the sandbox: fewer calls there.
+Evaluator& cuda_evaluator() {
+  static Evaluator ev([] {
+    EvalOptions o = test_options();
+    o.correctness_sets = 2;
+    o.stress_sets = 2;
+    o.trials = 3;
+    o.max_trials = 3;
+    o.min_call_timeout_s = 10;
+    o.cpu_threads = 4;
+    return o;
+  }());
+  return ev;
+}
+
+std::shared_ptr<const kf::tasks::Task> task(const std::string& name) {
+  static std::map<std::string, std::shared_ptr<const kf::tasks::Task>> cache;
+  auto& t = cache[name];
+  if (!t) t = kf::tasks::Task::load(build_dir() + "/tasks/" + name);
+  return t;
+}
+
+class CorpusTest : public ::testing::TestWithParam<Entry> {};
+
+TEST_P(CorpusTest, VerdictAndReason) {
+  const Entry& e = GetParam();
+  const bool cuda = fsutil::extension(e.file) == ".cu";
+  if (cuda && !kf::tasks::cuda_available()) GTEST_SKIP() << "no CUDA device visible: " << e.file << " runs on the GPU machine";
+  at::set_num_threads(2);
+  for (const auto& p : e.must_not_exist) ::remove(p.c_str());
+  const std::string src = test::read_kernel(e.file);
+  Result r = (cuda ? cuda_evaluator() : evaluator())
+                 .evaluate(*task(e.task), cuda ? kf::tasks::Backend::CUDA : kf::tasks::Backend::CPU, src, 1);
+  std::printf("%s on %s: %s %s (speedup %.3f, verify %.1f s)\n", e.file.c_str(), e.task.c_str(), verdict_name(r.verdict),
+              r.reason.c_str(), r.speedup, r.verify_s);
+  EXPECT_EQ(verdict_name(r.verdict), e.verdict) << to_text(r);
+  if (!e.reasons.empty()) {
+    bool named = false;
+    for (const auto& s : e.reasons) named = named || r.reason.find(s) != std::string::npos;
+    EXPECT_TRUE(named) << "reason does not name the trick: " << r.reason;
+  }
+  if (e.verdict == "ok") {
+    EXPECT_GT(r.speedup, 0);
+    EXPECT_GT(r.ref_ms.n, 0);
+    EXPECT_EQ(r.checks_passed(), int(r.checks.size()));
+  }
+  for (const auto& p : e.must_not_exist) EXPECT_FALSE(fsutil::exists(p)) << p << " was written";
+  EXPECT_EQ(test::child_processes(), 0) << "a process outlived the check";
+}
+
+INSTANTIATE_TEST_SUITE_P(Corpus, CorpusTest, ::testing::ValuesIn(corpus()),
+                         [](const ::testing::TestParamInfo<Entry>& i) { return i.param.name; });
+
+// --- a degenerate task: the reference output does not depend on the input
+class ConstantReference : public kf::tasks::Reference {
+ public:
+  std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override { return {at::full_like(in[0], 0.5)}; }
+  const std::vector<at::Tensor>& params() const override { return params_; }
+  void set_params(std::vector<at::Tensor>) override {}
+
+ private:
+  std::vector<at::Tensor> params_;
+};
+
+class ConstantTask : public kf::tasks::Task {
+ public:
+  ConstantTask() {
+    in_ = {{"x0", kf::tasks::Role::Input, {256, 256}, at::kFloat}};
+    out_ = {{"y0", kf::tasks::Role::Output, {256, 256}, at::kFloat}};
+  }
+  const std::string& name() const override { return name_; }
+  const std::string& dir() const override { return name_; }
+  int level() const override { return 1; }
+  const std::vector<std::string>& tags() const override { return tags_; }
+  const std::string& mode() const override { return mode_; }
+  const std::string& source() const override { return name_; }
+  bool has_backend(kf::tasks::Backend b) const override { return b == kf::tasks::Backend::CPU; }
+  std::vector<kf::tasks::Backend> backends() const override { return {kf::tasks::Backend::CPU}; }
+  const std::vector<kf::tasks::TensorSpec>& inputs(kf::tasks::Backend) const override { return in_; }
+  const std::vector<kf::tasks::TensorSpec>& params(kf::tasks::Backend) const override { return none_; }
+  const std::vector<kf::tasks::TensorSpec>& outputs(kf::tasks::Backend) const override { return out_; }
+  kf::tasks::Tolerance tolerance(kf::tasks::Backend, std::size_t) const override { return {1e-4, 1e-4}; }
+  std::vector<at::Tensor> make_inputs(kf::tasks::Backend, uint64_t seed, const at::Device& d) const override {
+    at::manual_seed(seed);
+    return {at::randn({256, 256}).to(d)};
+  }
+  std::vector<at::Tensor> initial_params(kf::tasks::Backend, const at::Device&) const override { return {}; }
+  std::unique_ptr<kf::tasks::Reference> new_reference(kf::tasks::Backend, const at::Device&) const override {
+    return std::make_unique<ConstantReference>();
+  }
+
+ private:
+  std::string name_ = "test_constant", mode_ = "eval";
+  std::vector<std::string> tags_;
+  std::vector<kf::tasks::TensorSpec> in_, out_, none_;
+};
+
+}  // namespace
+
+TEST(EvaluatorTest, DegenerateTaskIsFlagged) {
+  ConstantTask t;
+  const std::string src = R"(#include <kf/kernel.h>
+extern "C" int kf_forward(kf::Context*, const kf::Tensor*, int, kf::Tensor* out, int) {
+  float* y = (float*)out[0].data; for (long i = 0; i < out[0].numel(); ++i) y[i] = 0.5f; return 0; })";
+  Result r = evaluator().evaluate(t, kf::tasks::Backend::CPU, src);
+  EXPECT_TRUE(r.task_degenerate) << to_text(r);
+  EXPECT_FALSE(r.degenerate_reason.empty());
+}
+
+TEST(EvaluatorTest, RealTaskIsNotDegenerateAndOkResultIsComplete) {
+  at::set_num_threads(2);
+  Result r = evaluator().evaluate(*task("001_relu"), kf::tasks::Backend::CPU, test::read_kernel("cpu/good_relu.cpp"), 7);
+  ASSERT_EQ(r.verdict, Verdict::Ok) << to_text(r);
+  EXPECT_FALSE(r.task_degenerate);
+  EXPECT_EQ(r.max_abs_error, 0);  // relu is exact
+  EXPECT_GE(r.cand_ms.n, 5);
+  EXPECT_GT(r.ref_ms.median, 0);
+  EXPECT_GT(r.cand_ms.median, 0);
+  EXPECT_NEAR(r.speedup, r.ref_ms.median / r.cand_ms.median, 1e-9);
+  EXPECT_GE(r.checks.size(), 10u);
+  const auto j = nlohmann::json::parse(to_json(r));
+  EXPECT_EQ(j["verdict"], "ok");
+  EXPECT_EQ(j["checks_total"], r.checks.size());
+}
