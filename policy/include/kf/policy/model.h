@@ -1,0 +1,135 @@
+// CausalLM: a Llama/Qwen2-family decoder in libtorch (RMSNorm in fp32, half-split RoPE,
+// SwiGLU, grouped-query attention via SDPA, optional q/k/v bias, tied or untied
+// embeddings). Submodules carry HF names (model.layers.N.self_attn.q_proj, ...), so
+// named_parameters() are exactly the checkpoint's tensor names.
+// Threading: one thread drives a model at a time (forward mutates the KV cache it is given).
+#pragma once
+#include <torch/torch.h>
+
+#include <vector>
+
+#include "kf/policy/config.h"
+
+namespace kf::policy {
+
+// Preallocated per-layer keys/values, [B, kv_heads, capacity, head_dim], plus which slots
+// hold real tokens (left padding is masked) and each row's next position id.
+struct KVCache {
+  std::vector<torch::Tensor> k, v;
+  torch::Tensor slot_valid;  // bool [B, capacity]
+  torch::Tensor next_pos;    // int64 [B]: the RoPE position of each row's next token
+  int64_t length = 0;        // slots filled (same for every row)
+  int64_t capacity = 0;
+  static KVCache create(const ModelConfig& c, int64_t batch, int64_t capacity, torch::TensorOptions opts);
+};
+
+// Linear and Embedding that allocate uninitialised storage in the target dtype/device, so a
+// multi-GB model is never materialised in fp32 on the host first.
+class LinearImpl : public torch::nn::Module {
+ public:
+  LinearImpl(int64_t in, int64_t out, bool bias, torch::TensorOptions opts);
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor weight, bias;
+};
+TORCH_MODULE(Linear);
+
+class EmbeddingImpl : public torch::nn::Module {
+ public:
+  EmbeddingImpl(int64_t vocab, int64_t dim, torch::TensorOptions opts);
+  torch::Tensor forward(const torch::Tensor& ids);
+  torch::Tensor weight;
+};
+TORCH_MODULE(Embedding);
+
+class RMSNormImpl : public torch::nn::Module {
+ public:
+  RMSNormImpl(int64_t dim, double eps, torch::TensorOptions opts);
+  torch::Tensor forward(const torch::Tensor& x);  // normalises in fp32, as HF does
+  torch::Tensor weight;
+  double eps;
+};
+TORCH_MODULE(RMSNorm);
+
+struct RopeTables {
+  torch::Tensor cos, sin;  // [B, T, head_dim] in the compute dtype
+};
+
+class AttentionImpl : public torch::nn::Module {
+ public:
+  AttentionImpl(const ModelConfig& c, torch::TensorOptions opts);
+  // mask: bool [B, 1, T, keys] (true = attend) or undefined for plain causal attention.
+  torch::Tensor forward(const torch::Tensor& x, const RopeTables& rope, const torch::Tensor& mask, KVCache* cache,
+                        int64_t layer);
+  Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  int64_t heads, kv_heads, head_dim;
+};
+TORCH_MODULE(Attention);
+
+class MLPImpl : public torch::nn::Module {
+ public:
+  MLPImpl(const ModelConfig& c, torch::TensorOptions opts);
+  torch::Tensor forward(const torch::Tensor& x);
+  Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+};
+TORCH_MODULE(MLP);
+
+class DecoderLayerImpl : public torch::nn::Module {
+ public:
+  DecoderLayerImpl(const ModelConfig& c, torch::TensorOptions opts);
+  torch::Tensor forward(const torch::Tensor& x, const RopeTables& rope, const torch::Tensor& mask, KVCache* cache,
+                        int64_t layer);
+  Attention self_attn{nullptr};
+  MLP mlp{nullptr};
+  RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
+};
+TORCH_MODULE(DecoderLayer);
+
+class BackboneImpl : public torch::nn::Module {  // HF's "model." prefix
+ public:
+  BackboneImpl(const ModelConfig& c, torch::TensorOptions opts);
+  Embedding embed_tokens{nullptr};
+  torch::nn::ModuleList layers;
+  RMSNorm norm{nullptr};
+};
+TORCH_MODULE(Backbone);
+
+class CausalLMImpl : public torch::nn::Module {
+ public:
+  // Parameters are allocated (uninitialised) with `opts`: bf16 on CUDA, fp32 on CPU.
+  CausalLMImpl(const ModelConfig& c, torch::TensorOptions opts);
+
+  // Logits [B, T, V] for whole sequences, causal attention. attention_mask (optional,
+  // [B, T], 1 = token, 0 = padding, left or right) sets positions and masks padding.
+  torch::Tensor forward(const torch::Tensor& ids, const torch::Tensor& attention_mask = {});
+
+  // Hidden states after the final norm, [B, T, H]. With a cache, appends T tokens to it
+  // (positions from cache.next_pos) and attends to everything cached so far.
+  torch::Tensor hidden(const torch::Tensor& ids, const torch::Tensor& attention_mask, KVCache* cache);
+  torch::Tensor logits(const torch::Tensor& hidden_states);  // lm_head (or tied embeddings)
+
+  // For GRPO: log p(ids[:, t+1] | ids[:, :t+1]) under softmax(logits / temperature), fp32
+  // [B, T-1], differentiable. Positions where attention_mask is 0 get 0.
+  torch::Tensor token_logprobs(const torch::Tensor& ids, const torch::Tensor& attention_mask = {},
+                               double temperature = 1.0);
+
+  // Recompute each layer in backward instead of keeping its activations.
+  void set_gradient_checkpointing(bool on) { checkpointing_ = on; }
+  // HF-style init (normal(0, std) weights, zero biases, unit norms), seeded.
+  void init_random(uint64_t seed, double std = 0.02);
+
+  const ModelConfig& config() const { return config_; }
+  torch::TensorOptions options() const { return opts_; }
+  RopeTables rope(const torch::Tensor& positions) const;  // positions int64 [B, T]
+
+  Backbone model{nullptr};
+  Linear lm_head{nullptr};  // null when tie_word_embeddings
+
+ private:
+  ModelConfig config_;
+  torch::TensorOptions opts_;
+  torch::Tensor inv_freq_;  // fp32 [head_dim / 2] on the model's device
+  bool checkpointing_ = false;
+};
+TORCH_MODULE(CausalLM);
+
+}  // namespace kf::policy

@@ -1,0 +1,55 @@
+// Sampler: batched generation with a preallocated KV cache. Prompts are left-padded into
+// one prefill; each decode step samples one token per row (temperature, top-k, top-p,
+// padding logits masked) and records its log-prob for the learner's importance ratios.
+// Reproducible for a given seed on CPU. Per-row stop: EOS ids, stop strings, max tokens.
+// Threading: one thread per Sampler; the model must not be used concurrently.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kf/policy/model.h"
+#include "kf/policy/tokenizer.h"
+
+namespace kf::policy {
+
+struct SamplingParams {
+  double temperature = 1.0;  // 0 = greedy
+  double top_p = 1.0;
+  int64_t top_k = 0;         // 0 = off
+  int64_t max_new_tokens = 256;
+  std::vector<int64_t> eos_ids;
+  std::vector<std::string> stop;  // stop strings (need a tokenizer)
+  uint64_t seed = 0;
+  // Ids >= valid_vocab (checkpoint padding rows beyond the tokenizer) are never sampled;
+  // -1 = the tokenizer's vocab size, or the model's when there is no tokenizer.
+  int64_t valid_vocab = -1;
+  // Host checks for EOS/stop strings every N steps (each check is a device sync); the
+  // result is exact for any N, a larger N only wastes some tokens after a stop.
+  int64_t check_every = 8;
+};
+
+struct Completion {
+  std::vector<int32_t> tokens;   // the completion, the stopping token included
+  std::vector<float> logprobs;   // log p(token) under softmax(logits / T), full vocab
+  std::string text;              // decoded tokens (empty without a tokenizer)
+  std::string finish_reason;     // "eos", "stop", "length"
+};
+
+// Samples one token per row from logits [B, V] (fp32). Returns (tokens int64 [B],
+// log-probs fp32 [B]). Runs on the logits' device, no host sync. Exposed for tests.
+std::pair<torch::Tensor, torch::Tensor> sample_tokens(const torch::Tensor& logits, const SamplingParams& p,
+                                                      int64_t valid_vocab, at::Generator& gen);
+
+class Sampler {
+ public:
+  // tokenizer may be null (then stop strings are not allowed and text stays empty).
+  Sampler(CausalLM model, const Tokenizer* tokenizer);
+  std::vector<Completion> generate(const std::vector<std::vector<int32_t>>& prompts, const SamplingParams& p);
+
+ private:
+  CausalLM model_;
+  const Tokenizer* tokenizer_;
+};
+
+}  // namespace kf::policy

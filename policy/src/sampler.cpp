@@ -1,0 +1,157 @@
+#include "kf/policy/sampler.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "kf/common/error.h"
+
+namespace kf::policy {
+
+std::pair<torch::Tensor, torch::Tensor> sample_tokens(const torch::Tensor& logits_in, const SamplingParams& p,
+                                                      int64_t valid_vocab, at::Generator& gen) {
+  const double neg_inf = -std::numeric_limits<double>::infinity();
+  auto logits = logits_in.to(torch::kFloat32);
+  const int64_t V = logits.size(-1);
+  if (valid_vocab > 0 && valid_vocab < V) logits = logits.clone(), logits.narrow(-1, valid_vocab, V - valid_vocab).fill_(neg_inf);
+  if (p.temperature <= 0) {
+    auto tok = logits.argmax(-1);
+    auto lp = torch::log_softmax(logits, -1).gather(-1, tok.unsqueeze(-1)).squeeze(-1);
+    return {tok, lp};
+  }
+  const auto x = p.temperature == 1.0 ? logits : logits / p.temperature;
+  const auto logp = torch::log_softmax(x, -1);
+  auto filtered = x;
+  if (p.top_k > 0 && p.top_k < V) {
+    const auto kth = std::get<0>(x.topk(p.top_k, -1)).narrow(-1, p.top_k - 1, 1);
+    filtered = filtered.masked_fill(filtered < kth, neg_inf);
+  }
+  if (p.top_p < 1.0) {
+    auto [sorted, idx] = filtered.sort(-1, /*descending=*/true);
+    const auto probs = torch::softmax(sorted, -1);
+    // Drop a token when the mass before it already reaches top_p (the first always stays).
+    const auto drop = (probs.cumsum(-1) - probs) > p.top_p;
+    filtered = torch::full_like(filtered, neg_inf).scatter(-1, idx, sorted.masked_fill(drop, neg_inf));
+  }
+  // Gumbel-max: argmax(logits + Gumbel noise) samples from softmax(filtered logits).
+  const auto u = torch::rand(filtered.sizes(), gen, filtered.options()).clamp_(1e-20, 1.0 - 1e-7);
+  const auto tok = (filtered - torch::log(-torch::log(u))).argmax(-1);
+  return {tok, logp.gather(-1, tok.unsqueeze(-1)).squeeze(-1)};
+}
+
+Sampler::Sampler(CausalLM model, const Tokenizer* tokenizer) : model_(std::move(model)), tokenizer_(tokenizer) {}
+
+namespace {
+
+// Index of the token whose text completes the first stop string, or -1.
+int64_t find_stop(const Tokenizer& tok, const std::vector<int32_t>& tokens, const std::vector<std::string>& stops) {
+  const std::string all = tok.decode(tokens);
+  bool any = false;
+  for (const auto& s : stops) any = any || all.find(s) != std::string::npos;
+  if (!any) return -1;
+  std::string text;
+  for (std::size_t i = 0; i < tokens.size(); ++i) {
+    text += tok.decode({tokens[i]});
+    for (const auto& s : stops)
+      if (text.find(s) != std::string::npos) return static_cast<int64_t>(i);
+  }
+  return -1;
+}
+
+}  // namespace
+
+std::vector<Completion> Sampler::generate(const std::vector<std::vector<int32_t>>& prompts, const SamplingParams& p) {
+  if (prompts.empty()) return {};
+  if (!p.stop.empty() && !tokenizer_) throw Error("Sampler: stop strings need a tokenizer");
+  if (p.max_new_tokens <= 0) throw Error("Sampler: max_new_tokens must be positive");
+  torch::NoGradGuard no_grad;
+  const auto& cfg = model_->config();
+  const auto opts = model_->options();
+  const auto dev = opts.device();
+  const int64_t B = static_cast<int64_t>(prompts.size());
+  int64_t L = 0;
+  for (const auto& pr : prompts) {
+    if (pr.empty()) throw Error("Sampler: empty prompt");
+    L = std::max<int64_t>(L, static_cast<int64_t>(pr.size()));
+  }
+  const int64_t valid_vocab = p.valid_vocab > 0 ? p.valid_vocab : tokenizer_ ? tokenizer_->vocab_size() : cfg.vocab_size;
+  for (const auto& pr : prompts)
+    for (int32_t t : pr)
+      if (t < 0 || t >= cfg.vocab_size) throw Error("Sampler: prompt token " + std::to_string(t) + " outside the vocab");
+
+  // Left-padded prompts: every row's next token lands in the same cache slot.
+  auto ids = torch::zeros({B, L}, torch::kInt64), am = torch::zeros({B, L}, torch::kInt64);
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t n = static_cast<int64_t>(prompts[b].size());
+    for (int64_t i = 0; i < n; ++i) {
+      ids[b][L - n + i] = prompts[b][i];
+      am[b][L - n + i] = 1;
+    }
+  }
+  KVCache cache = KVCache::create(cfg, B, L + p.max_new_tokens, opts);
+  auto gen = at::globalContext().defaultGenerator(dev).clone();
+  gen.set_current_seed(p.seed);
+
+  auto h = model_->hidden(ids.to(dev), am.to(dev), &cache);
+  auto logits = model_->logits(h.narrow(1, L - 1, 1)).squeeze(1);
+  const auto i64 = torch::TensorOptions().dtype(torch::kInt64).device(dev);
+  auto out_tok = torch::zeros({B, p.max_new_tokens}, i64);
+  auto out_lp = torch::zeros({B, p.max_new_tokens}, opts.dtype(torch::kFloat32));
+
+  std::vector<Completion> res(B);
+  std::vector<bool> done(B, false);
+  int64_t steps = 0, checked = 0;
+  auto check = [&](int64_t upto) {
+    // Host copy of the new tokens; finish rows that hit EOS or a stop string.
+    const auto toks = out_tok.narrow(1, 0, upto).to(torch::kCPU);
+    const auto lps = out_lp.narrow(1, 0, upto).to(torch::kCPU);
+    const auto ta = toks.accessor<int64_t, 2>();
+    const auto la = lps.accessor<float, 2>();
+    bool all = true;
+    for (int64_t b = 0; b < B; ++b) {
+      if (done[b]) continue;
+      auto& c = res[b];
+      for (int64_t i = checked; i < upto && !done[b]; ++i) {
+        c.tokens.push_back(static_cast<int32_t>(ta[b][i]));
+        c.logprobs.push_back(la[b][i]);
+        if (std::find(p.eos_ids.begin(), p.eos_ids.end(), ta[b][i]) != p.eos_ids.end()) {
+          done[b] = true;
+          c.finish_reason = "eos";
+        }
+      }
+      if (!done[b] && !p.stop.empty()) {
+        const int64_t k = find_stop(*tokenizer_, c.tokens, p.stop);
+        if (k >= 0) {
+          c.tokens.resize(k + 1);
+          c.logprobs.resize(k + 1);
+          done[b] = true;
+          c.finish_reason = "stop";
+        }
+      }
+      if (!done[b] && upto == p.max_new_tokens) {
+        done[b] = true;
+        c.finish_reason = "length";
+      }
+      all = all && done[b];
+    }
+    checked = upto;
+    return all;
+  };
+
+  const int64_t every = std::max<int64_t>(1, p.check_every);
+  while (true) {
+    auto [tok, lp] = sample_tokens(logits, p, valid_vocab, gen);
+    out_tok.select(1, steps).copy_(tok);
+    out_lp.select(1, steps).copy_(lp);
+    ++steps;
+    if (steps == p.max_new_tokens || steps % every == 0) {
+      if (check(steps)) break;
+    }
+    h = model_->hidden(tok.unsqueeze(1), torch::Tensor(), &cache);
+    logits = model_->logits(h).squeeze(1);
+  }
+  if (tokenizer_)
+    for (auto& c : res) c.text = tokenizer_->decode(c.tokens);
+  return res;
+}
+
+}  // namespace kf::policy

@@ -1,0 +1,142 @@
+// The libtorch model against HF transformers' fp32 logits (tests/policy/hf_reference.py).
+#include <gtest/gtest.h>
+
+#include "kf/policy/checkpoint.h"
+#include "kf/policy/model.h"
+#include "torch_util.h"
+
+using namespace kf::policy;
+namespace t = kf::policy::test;
+
+namespace {
+
+constexpr double kTol = 1e-4;
+
+struct Loaded {
+  Policy p;
+  torch::Tensor ids, logits, mask, logits_pad;
+};
+
+Loaded load(const std::string& name) {
+  torch::manual_seed(0);
+  Loaded l;
+  const std::string dir = t::refs_dir() + "/" + name;
+  l.p = load_policy(dir, torch::kCPU);
+  const std::string refs = t::refs_dir() + "/" + (name == "qwen2_sharded" ? "qwen2" : name) + "/refs.safetensors";
+  l.ids = t::load_tensor(refs, "ids");
+  l.logits = t::load_tensor(refs, "logits");
+  l.mask = t::load_tensor(refs, "mask");
+  l.logits_pad = t::load_tensor(refs, "logits_pad");
+  l.p.model->eval();
+  return l;
+}
+
+void check_full(const std::string& name) {
+  auto l = load(name);
+  torch::NoGradGuard g;
+  const auto ours = l.p.model->forward(l.ids);
+  ASSERT_EQ(ours.sizes(), l.logits.sizes());
+  EXPECT_LT(t::max_abs_diff(ours, l.logits), kTol) << name;
+}
+
+// Prefill of 5 tokens, then one token at a time through the KV cache.
+void check_cached(const std::string& name) {
+  auto l = load(name);
+  torch::NoGradGuard g;
+  auto& m = l.p.model;
+  const int64_t B = l.ids.size(0), T = l.ids.size(1);
+  KVCache cache = KVCache::create(m->config(), B, T, m->options());
+  std::vector<torch::Tensor> parts{m->logits(m->hidden(l.ids.narrow(1, 0, 5), {}, &cache))};
+  for (int64_t i = 5; i < T; ++i) parts.push_back(m->logits(m->hidden(l.ids.narrow(1, i, 1), {}, &cache)));
+  EXPECT_LT(t::max_abs_diff(torch::cat(parts, 1), l.logits), kTol) << name;
+}
+
+// Row 1 is left-padded by 4; only real tokens are compared.
+void check_padded(const std::string& name, bool cached) {
+  auto l = load(name);
+  torch::NoGradGuard g;
+  auto& m = l.p.model;
+  torch::Tensor ours;
+  if (cached) {
+    KVCache cache = KVCache::create(m->config(), 2, 12, m->options());
+    auto a = m->logits(m->hidden(l.ids.narrow(1, 0, 8), l.mask.narrow(1, 0, 8), &cache));
+    std::vector<torch::Tensor> parts{a};
+    for (int64_t i = 8; i < 12; ++i) parts.push_back(m->logits(m->hidden(l.ids.narrow(1, i, 1), {}, &cache)));
+    ours = torch::cat(parts, 1);
+  } else {
+    ours = m->forward(l.ids, l.mask);
+  }
+  const auto keep = l.mask.to(torch::kBool).unsqueeze(-1);
+  EXPECT_LT(t::max_abs_diff(ours.masked_fill(~keep, 0), l.logits_pad.masked_fill(~keep, 0)), kTol) << name;
+}
+
+}  // namespace
+
+TEST(PolicyModelTest, Qwen2LogitsMatchHf) { check_full("qwen2"); }
+TEST(PolicyModelTest, LlamaLogitsMatchHf) { check_full("llama"); }
+TEST(PolicyModelTest, ShardedCheckpointLogitsMatchHf) { check_full("qwen2_sharded"); }
+TEST(PolicyModelTest, Qwen2KvCacheMatchesHf) { check_cached("qwen2"); }
+TEST(PolicyModelTest, LlamaKvCacheMatchesHf) { check_cached("llama"); }
+TEST(PolicyModelTest, LeftPaddedBatchMatchesHf) {
+  check_padded("qwen2", false);
+  check_padded("llama", false);
+}
+TEST(PolicyModelTest, LeftPaddedKvCacheMatchesHf) {
+  check_padded("qwen2", true);
+  check_padded("llama", true);
+}
+
+TEST(PolicyModelTest, ParameterNamesAreHfNames) {
+  auto l = load("qwen2");
+  std::set<std::string> names;
+  for (const auto& p : l.p.model->named_parameters()) names.insert(p.key());
+  EXPECT_TRUE(names.count("model.embed_tokens.weight"));
+  EXPECT_TRUE(names.count("model.layers.1.self_attn.q_proj.bias"));
+  EXPECT_TRUE(names.count("model.layers.0.mlp.gate_proj.weight"));
+  EXPECT_TRUE(names.count("model.norm.weight"));
+  EXPECT_TRUE(names.count("lm_head.weight"));
+  auto ll = load("llama");
+  for (const auto& p : ll.p.model->named_parameters()) EXPECT_EQ(p.key().find("lm_head"), std::string::npos);  // tied
+}
+
+TEST(PolicyModelTest, TokenLogprobsMatchLogits) {
+  auto l = load("qwen2");
+  torch::NoGradGuard g;
+  const auto lp = l.p.model->token_logprobs(l.ids, {}, 0.7);
+  const auto ref = torch::log_softmax(l.logits.narrow(1, 0, 11) / 0.7, -1)
+                       .gather(-1, l.ids.narrow(1, 1, 11).unsqueeze(-1))
+                       .squeeze(-1);
+  EXPECT_LT(t::max_abs_diff(lp, ref), kTol);
+}
+
+TEST(PolicyModelTest, GradientCheckpointingGivesSameGradients) {
+  auto l = load("llama");
+  auto& m = l.p.model;
+  auto grads = [&](bool ckpt) {
+    m->zero_grad();
+    m->set_gradient_checkpointing(ckpt);
+    m->token_logprobs(l.ids, l.mask).sum().backward();
+    std::vector<torch::Tensor> out;
+    for (const auto& p : m->parameters()) out.push_back(p.grad().clone());
+    return out;
+  };
+  const auto a = grads(false), b = grads(true);
+  ASSERT_EQ(a.size(), b.size());
+  double worst = 0, norm = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    worst = std::max(worst, t::max_abs_diff(a[i], b[i]));
+    norm = std::max(norm, a[i].abs().max().item<double>());
+  }
+  EXPECT_GT(norm, 1e-3);
+  EXPECT_LT(worst, 1e-5);
+}
+
+TEST(PolicyModelTest, CudaBf16ForwardRunsOnGpu) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  auto p = load_policy(t::refs_dir() + "/qwen2", torch::kCUDA);
+  const std::string refs = t::refs_dir() + "/qwen2/refs.safetensors";
+  torch::NoGradGuard g;
+  const auto ours = p.model->forward(t::load_tensor(refs, "ids").cuda()).to(torch::kCPU, torch::kFloat32);
+  // bf16 weights and activations: a loose bound, the fp32 CPU tests carry exactness.
+  EXPECT_LT(t::max_abs_diff(ours, t::load_tensor(refs, "logits")), 0.15);
+}
