@@ -17,7 +17,14 @@
 //   out_ret[s][t]  outputs as they were when kf_forward returned (after device sync)
 //   out_late[s][t] outputs again, after the post-return probe delay
 // CPU backend: the kernel reads in[s] and writes out_late[s] in place (the live buffers);
-// out_ret is a copy taken at return. CUDA backend: device buffers, copied in and out.
+// out_ret is a copy taken at return.
+// CUDA backend, device arena (the default): the same regions live in one device
+// allocation of the evaluator's, shared by CUDA IPC (ipc_handle); the memfd then holds
+// only this header. The kernel works on in[s] and out_late[s] in place, the worker copies
+// out_late to out_ret at return, and the evaluator reads everything on the device: no
+// tensor crosses PCIe, which for GiB-sized GPU tasks is most of an evaluation's time.
+// CUDA backend, host staging (fallback when IPC is unavailable): device buffers of the
+// worker's own, copied in and out through the memfd.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -47,6 +54,9 @@ struct Layout {
   uint64_t off_in[kMaxSlots][kMaxTensors];
   uint64_t off_out_ret[kMaxSlots][kMaxTensors];
   uint64_t off_out_late[kMaxSlots][kMaxTensors];
+  int32_t device_arena;             // 1: offsets are into the IPC device arena, not the memfd
+  uint64_t arena_bytes;
+  unsigned char ipc_handle[64];     // cudaIpcMemHandle_t of the arena
   // Worker status written by the SIGSYS handler (the reply pipe may be mid-message).
   volatile int32_t forbidden_syscall;  // -1: none
 };

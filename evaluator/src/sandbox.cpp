@@ -23,6 +23,10 @@
 #include "protocol.h"
 #include "../worker/confine.h"
 
+#ifdef KF_EVAL_CUDA
+#include <cuda_runtime.h>
+#endif
+
 #ifndef KF_WORKER_PATH_DEFAULT
 #define KF_WORKER_PATH_DEFAULT ""
 #endif
@@ -76,13 +80,15 @@ struct Sandbox::Impl {
   pid_t pid = -1;
   int memfd = -1, cmd_w = -1, rep_r = -1, log_r = -1;
   char* base = nullptr;
-  uint64_t total = 0;
+  uint64_t total = 0;            // bytes of the memfd
+  char* arena = nullptr;         // device arena (CUDA IPC), or null: tensors in the memfd
   proto::Layout layout_copy{};  // our own copy: the worker can scribble on the shared one
   std::string scratch, log;
   bool dead = true;
   std::string rep_buf;
 
   ~Impl() { shutdown(); }
+  char* data() const { return arena ? arena : base; }
 
   void drain_log() {
     if (log_r < 0) return;
@@ -111,6 +117,15 @@ struct Sandbox::Impl {
       munmap(base, total);
       base = nullptr;
     }
+#ifdef KF_EVAL_CUDA
+    if (arena) {
+      // The worker is reaped, so its IPC mapping is gone; a sticky error from the
+      // candidate's context cannot reach ours.
+      cudaFree(arena);
+      cudaGetLastError();
+      arena = nullptr;
+    }
+#endif
     if (!scratch.empty()) {
       fsutil::remove_tree(scratch);
     }
@@ -212,6 +227,32 @@ struct Sandbox::Impl {
     }
   }
 
+  unsigned char ipc_handle[64] = {};
+  bool alloc_arena(uint64_t bytes, std::string* why) {
+#ifdef KF_EVAL_CUDA
+    auto fail = [&](const char* what, cudaError_t e) {
+      *why = std::string(what) + ": " + cudaGetErrorString(e);
+      cudaGetLastError();
+      if (arena) cudaFree(arena);
+      arena = nullptr;
+      return false;
+    };
+    cudaError_t e = cudaSetDevice(o.device);
+    if (e != cudaSuccess) return fail("cudaSetDevice", e);
+    if ((e = cudaMalloc(reinterpret_cast<void**>(&arena), std::max<uint64_t>(bytes, 4096))) != cudaSuccess)
+      return fail("cudaMalloc", e);
+    cudaIpcMemHandle_t h;
+    if ((e = cudaIpcGetMemHandle(&h, arena)) != cudaSuccess) return fail("cudaIpcGetMemHandle", e);
+    static_assert(sizeof h == sizeof ipc_handle, "IPC handle size");
+    std::memcpy(ipc_handle, &h, sizeof h);
+    return true;
+#else
+    (void)bytes;
+    *why = "evaluator built without CUDA";
+    return false;
+#endif
+  }
+
   bool send(const proto::Command& c, CallOutcome& out) {
     const char* p = reinterpret_cast<const char*>(&c);
     size_t n = sizeof c;
@@ -280,6 +321,26 @@ std::unique_ptr<Sandbox> Sandbox::start(const SandboxOptions& opts, const std::v
   L.total_bytes = off;
   L.forbidden_syscall = -1;
   I.total = off;
+  if (I.o.backend == KF_BACKEND_CUDA && I.o.device_arena) {
+    // Tensors in one device allocation shared with the worker by CUDA IPC; the memfd keeps
+    // only the header. Offsets stay relative to the arena's base (minus the header).
+    const uint64_t header = align_up(sizeof(proto::Layout));
+    std::string why;
+    if (I.alloc_arena(off - header, &why)) {
+      for (int s = 0; s < L.n_slots; ++s) {
+        for (int t = 0; t < L.n_in; ++t) L.off_in[s][t] -= header;
+        for (int t = 0; t < L.n_out; ++t) L.off_out_ret[s][t] -= header, L.off_out_late[s][t] -= header;
+      }
+      L.device_arena = 1;
+      L.arena_bytes = off - header;
+      std::memcpy(L.ipc_handle, I.ipc_handle, sizeof L.ipc_handle);
+      L.total_bytes = header;
+      I.total = header;
+    } else {
+      kf::log_warn("sandbox: CUDA IPC device arena unavailable (", why, "); staging tensors through host memory instead");
+    }
+  }
+  off = I.total;
 
   // --- sealed shared memory: the worker may write the tensors but never resize the file
   I.memfd = memfd_create("kf-sandbox", MFD_CLOEXEC | MFD_ALLOW_SEALING);
@@ -418,9 +479,11 @@ CallOutcome Sandbox::run(int slot, uint32_t poison, bool flush_cache, double pro
   return out;
 }
 
-void* Sandbox::input(int s, int t) { return impl_->base + impl_->layout_copy.off_in[s][t]; }
-const void* Sandbox::output_at_return(int s, int t) const { return impl_->base + impl_->layout_copy.off_out_ret[s][t]; }
-const void* Sandbox::output_late(int s, int t) const { return impl_->base + impl_->layout_copy.off_out_late[s][t]; }
+// Tensor regions: in the device arena when there is one, else in the memfd.
+void* Sandbox::input(int s, int t) { return impl_->data() + impl_->layout_copy.off_in[s][t]; }
+const void* Sandbox::output_at_return(int s, int t) const { return impl_->data() + impl_->layout_copy.off_out_ret[s][t]; }
+const void* Sandbox::output_late(int s, int t) const { return impl_->data() + impl_->layout_copy.off_out_late[s][t]; }
+bool Sandbox::device_resident() const { return impl_->arena != nullptr; }
 int Sandbox::slots() const { return impl_->layout_copy.n_slots; }
 bool Sandbox::alive() const { return !impl_->dead; }
 pid_t Sandbox::pid() const { return impl_->pid; }

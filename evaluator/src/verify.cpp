@@ -127,33 +127,46 @@ struct Session {
     return std::max(o.min_call_timeout_s, o.call_timeout_factor * ref_est_ms / 1000.0);
   }
 
-  // keep: the outputs outlive the next call (else they may alias the shared slot on CPU).
+  // keep: the outputs outlive the next call (else they may alias the shared slot).
+  // Two transports (sandbox.h): a CUDA device arena (tensors stay on the GPU; `src`
+  // tensors are our private copies) or host memory shared with the worker.
   CandOut cand(const TensorList& inputs, const TensorList& params, uint32_t poison, double probe_ms, bool flush,
                bool keep = true) {
     const int slot = calls++ % sb->slots();
-    TensorList host;  // what we wrote, to compare after the call
+    const bool on_device = sb->device_resident();
+    auto slot_view = [&](const void* p, const tasks::TensorSpec& sp) {
+      return at::from_blob(const_cast<void*>(p), sp.shape, at::TensorOptions().dtype(sp.dtype).device(on_device ? dev : at::Device(at::kCPU)));
+    };
+    TensorList mine;  // what we wrote, to compare after the call
     for (size_t t = 0; t < abi_in.size(); ++t) {
       const at::Tensor& src = t < n_inputs ? inputs[t] : params[t - n_inputs];
-      at::Tensor h = src.to(at::kCPU).contiguous();
-      std::memcpy(sb->input(slot, int(t)), h.data_ptr(), h.nbytes());
-      host.push_back(h);
+      if (on_device) {
+        slot_view(sb->input(slot, int(t)), abi_in[t]).copy_(src);
+        mine.push_back(src);
+      } else {
+        at::Tensor h = src.to(at::kCPU).contiguous();
+        std::memcpy(sb->input(slot, int(t)), h.data_ptr(), h.nbytes());
+        mine.push_back(h);
+      }
     }
+    if (on_device) tasks::synchronize(dev);  // the worker must see finished copies
     CandOut r;
     r.call = sb->run(slot, poison, flush, probe_ms, call_timeout_s());
     if (!r.call.ok()) fail_call(r.call);
     for (size_t t = 0; t < abi_in.size(); ++t) {
-      if (std::memcmp(sb->input(slot, int(t)), host[t].data_ptr(), host[t].nbytes()) != 0) {
+      const bool same = on_device ? bitwise_equal(slot_view(sb->input(slot, int(t)), abi_in[t]), mine[t])
+                                  : std::memcmp(sb->input(slot, int(t)), mine[t].data_ptr(), mine[t].nbytes()) == 0;
+      if (!same) {
         r.inputs_changed = abi_in[t].name;
         break;
       }
     }
     for (size_t t = 0; t < outs.size(); ++t) {
-      const auto& sp = outs[t];
-      at::Tensor ret = at::from_blob(const_cast<void*>(sb->output_at_return(slot, int(t))), sp.shape,
-                                     at::TensorOptions().dtype(sp.dtype));
-      const size_t nb = ret.nbytes();
-      if (std::memcmp(sb->output_at_return(slot, int(t)), sb->output_late(slot, int(t)), nb) != 0) r.late_changed = true;
-      r.outs.push_back(dev.is_cpu() ? (keep ? ret.clone() : ret) : ret.to(dev));
+      at::Tensor ret = slot_view(sb->output_at_return(slot, int(t)), outs[t]);
+      at::Tensor late = slot_view(sb->output_late(slot, int(t)), outs[t]);
+      if (!bitwise_equal(ret, late)) r.late_changed = true;
+      if (on_device || dev.is_cpu()) r.outs.push_back(keep ? ret.clone() : ret);
+      else r.outs.push_back(ret.to(dev));
     }
     return r;
   }

@@ -218,6 +218,7 @@ int main(int argc, char** argv) {
   // Per slot, the tensors the kernel sees: host views into shm (CPU) or device buffers (CUDA).
   std::vector<std::vector<kf::Tensor>> ins(L->n_slots), outs(L->n_slots);
   void* flush_buf = nullptr;
+  char* dbase = nullptr;  // CUDA: the IPC device arena, if the evaluator shares one
 #ifdef KF_WORKER_CUDA
   cudaStream_t stream = nullptr;
   cublasHandle_t cublas = nullptr;
@@ -235,9 +236,30 @@ int main(int argc, char** argv) {
     ctx.stream = stream;
     ctx.cublas = cublas;
     harness.stream = stream;
-    cudaHostRegister(base, size_t(shm_size), cudaHostRegisterDefault);  // pinned copies; optional
-    cudaGetLastError();
-    for (int s = 0; s < L->n_slots; ++s) {
+    if (L->device_arena) {
+      // The evaluator's device arena: the kernel works on it in place (protocol.h).
+      cudaIpcMemHandle_t h;
+      std::memcpy(&h, L->ipc_handle, sizeof h);
+      void* d = nullptr;
+      ck(cudaIpcOpenMemHandle(&d, h, cudaIpcMemLazyEnablePeerAccess), "cudaIpcOpenMemHandle");
+      dbase = static_cast<char*>(d);
+      for (int s = 0; s < L->n_slots; ++s) {
+        for (int t = 0; t < L->n_in; ++t) {
+          if (L->off_in[s][t] + L->in[t].nbytes > L->arena_bytes) die("bad layout");
+          ins[s].push_back(make_view(L->in[t], dbase + L->off_in[s][t]));
+        }
+        for (int t = 0; t < L->n_out; ++t) {
+          if (L->off_out_late[s][t] + L->out[t].nbytes > L->arena_bytes ||
+              L->off_out_ret[s][t] + L->out[t].nbytes > L->arena_bytes)
+            die("bad layout");
+          outs[s].push_back(make_view(L->out[t], dbase + L->off_out_late[s][t]));
+        }
+      }
+    } else {
+      cudaHostRegister(base, size_t(shm_size), cudaHostRegisterDefault);  // pinned copies; optional
+      cudaGetLastError();
+    }
+    for (int s = 0; s < L->n_slots && !L->device_arena; ++s) {
       for (int t = 0; t < L->n_in; ++t) {
         void* p = nullptr;
         ck(cudaMalloc(&p, std::max<size_t>(L->in[t].nbytes, 256)), "cudaMalloc input");
@@ -314,8 +336,9 @@ int main(int argc, char** argv) {
     // --- stage: inputs in, outputs poisoned, caches flushed
     if (cuda) {
 #ifdef KF_WORKER_CUDA
-      for (int t = 0; t < L->n_in; ++t)
-        cudaMemcpy(ins[s][t].data, B + L->off_in[s][t], L->in[t].nbytes, cudaMemcpyHostToDevice);
+      if (!dbase)
+        for (int t = 0; t < L->n_in; ++t)
+          cudaMemcpy(ins[s][t].data, B + L->off_in[s][t], L->in[t].nbytes, cudaMemcpyHostToDevice);
       for (int t = 0; t < L->n_out; ++t)
         cudaMemsetAsync(outs[s][t].data, cmd.poison ? 0x5A : 0xFF, L->out[t].nbytes, stream);  // poison.h patterns
       if (cmd.flush_cache && flush_buf) cudaMemsetAsync(flush_buf, int(++flush_round & 0xFF), args.flush_bytes, stream);
@@ -368,10 +391,15 @@ int main(int argc, char** argv) {
         write_all(proto::kFdReply, &rep, sizeof rep);
         _exit(4);  // the context is unusable; the evaluator starts a fresh worker
       }
-      for (int t = 0; t < L->n_out; ++t)
-        cudaMemcpy(B + L->off_out_ret[s][t], outs[s][t].data, L->out[t].nbytes, cudaMemcpyDeviceToHost);
-      for (int t = 0; t < L->n_in; ++t)
-        cudaMemcpy(B + L->off_in[s][t], ins[s][t].data, L->in[t].nbytes, cudaMemcpyDeviceToHost);
+      if (dbase) {
+        for (int t = 0; t < L->n_out; ++t)
+          cudaMemcpy(dbase + L->off_out_ret[s][t], outs[s][t].data, L->out[t].nbytes, cudaMemcpyDeviceToDevice);
+      } else {
+        for (int t = 0; t < L->n_out; ++t)
+          cudaMemcpy(B + L->off_out_ret[s][t], outs[s][t].data, L->out[t].nbytes, cudaMemcpyDeviceToHost);
+        for (int t = 0; t < L->n_in; ++t)
+          cudaMemcpy(B + L->off_in[s][t], ins[s][t].data, L->in[t].nbytes, cudaMemcpyDeviceToHost);
+      }
     }
 #endif
     if (!cuda)
@@ -391,8 +419,9 @@ int main(int argc, char** argv) {
 #ifdef KF_WORKER_CUDA
     if (cuda) {
       cudaDeviceSynchronize();
-      for (int t = 0; t < L->n_out; ++t)
-        cudaMemcpy(B + L->off_out_late[s][t], outs[s][t].data, L->out[t].nbytes, cudaMemcpyDeviceToHost);
+      if (!dbase)  // with the arena the evaluator reads the live buffer itself
+        for (int t = 0; t < L->n_out; ++t)
+          cudaMemcpy(B + L->off_out_late[s][t], outs[s][t].data, L->out[t].nbytes, cudaMemcpyDeviceToHost);
       cudaError_t e = cudaGetLastError();
       if (e != cudaSuccess) {
         rep.status = proto::ST_CUDA_ERROR;

@@ -39,6 +39,9 @@ struct SandboxOptions {
   unsigned long long scratch_limit_bytes = 2ull << 30;  // per call, via ctx->scratch_alloc
   unsigned long long flush_bytes = 0;                   // cache flush buffer (0: none)
   double start_timeout_s = 60;    // worker start (CUDA context) and candidate load
+  // CUDA: tensors live in one device allocation shared with the worker by CUDA IPC, so
+  // nothing crosses PCIe (falls back to host staging, with a log line, if IPC fails).
+  bool device_arena = true;
   bool drop_root = true;
 };
 
@@ -70,10 +73,13 @@ class Sandbox {
   // cache flushed if asked, then after return a probe delay of `probe_ms`.
   CallOutcome run(int slot, uint32_t poison, bool flush_cache, double probe_ms, double timeout_s);
 
-  // Shared buffers (host memory) of slot s, tensor t.
+  // Shared buffers of slot s, tensor t: device pointers when device_resident(), else
+  // host memory. output_late is the live buffer the kernel wrote, read as late as the
+  // caller reads it (after the probe delay).
   void* input(int s, int t);
   const void* output_at_return(int s, int t) const;
   const void* output_late(int s, int t) const;
+  bool device_resident() const;
   int slots() const;
 
   bool alive() const;
