@@ -91,8 +91,22 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const RopeTables& r
   }
   std::optional<torch::Tensor> m;
   if (mask.defined()) m = mask;
-  auto o = at::scaled_dot_product_attention(q, k, v, m, 0.0, /*is_causal=*/!mask.defined(), std::nullopt,
-                                            /*enable_gqa=*/heads != kv_heads);
+  const int64_t groups = heads / kv_heads;
+  torch::Tensor o;
+  if (T == 1 && groups > 1) {
+    // Decode: the G query heads sharing a KV head become G queries of one head (same
+    // position, so the key mask broadcasts): no copy of the cache, any SDPA backend.
+    auto qg = q.reshape({B, kv_heads, groups, head_dim});
+    o = at::scaled_dot_product_attention(qg, k, v, m, 0.0, false).reshape({B, heads, 1, head_dim});
+  } else {
+    // Prefill/training: expand K/V to all heads so the flash/memory-efficient kernels apply
+    // (SDPA's enable_gqa is not supported by all of them).
+    if (groups > 1) {
+      k = k.repeat_interleave(groups, 1);
+      v = v.repeat_interleave(groups, 1);
+    }
+    o = at::scaled_dot_product_attention(q, k, v, m, 0.0, /*is_causal=*/!mask.defined());
+  }
   return o_proj(o.transpose(1, 2).reshape({B, T, heads * head_dim}));
 }
 

@@ -140,3 +140,14 @@ TEST(PolicyModelTest, CudaBf16ForwardRunsOnGpu) {
   // bf16 weights and activations: a loose bound, the fp32 CPU tests carry exactness.
   EXPECT_LT(t::max_abs_diff(ours, t::load_tensor(refs, "logits")), 0.15);
 }
+
+// Negative control: the 1e-4 comparison is sensitive (a wrong RoPE theta must fail it).
+TEST(PolicyModelTest, ComparisonDetectsWrongRopeTheta) {
+  auto cfg = load_model_config(t::refs_dir() + "/qwen2/config.json");
+  cfg.rope.theta = 10000.0;
+  CausalLM m(cfg, torch::TensorOptions().dtype(torch::kFloat32));
+  load_weights(m, t::refs_dir() + "/qwen2");
+  const std::string refs = t::refs_dir() + "/qwen2/refs.safetensors";
+  torch::NoGradGuard g;
+  EXPECT_GT(t::max_abs_diff(m->forward(t::load_tensor(refs, "ids")), t::load_tensor(refs, "logits")), 1e-3);
+}

@@ -18,7 +18,10 @@ inline std::string env_or(const char* name, const char* dflt) {
 inline std::string build_dir() { return env_or("KF_BUILD_DIR", KF_BUILD_DIR_DEFAULT); }
 inline std::string source_dir() { return env_or("KF_SOURCE_DIR", KF_SOURCE_DIR_DEFAULT); }
 inline std::string refs_dir() { return build_dir() + "/policy_refs"; }
-inline std::string python() { return env_or("KF_PYTHON", "python3"); }
+#ifndef KF_PYTHON_DEFAULT
+#define KF_PYTHON_DEFAULT "python3"
+#endif
+inline std::string python() { return env_or("KF_PYTHON", KF_PYTHON_DEFAULT); }
 
 // Not std::filesystem::remove_all: libtorch.so exports its own copy of that symbol.
 inline void remove_tree(const std::string& dir) {
