@@ -18,6 +18,7 @@
 #include <optional>
 
 #include "kf/common/error.h"
+#include "kf/common/gpu_lock.h"
 #include "kf/common/log.h"
 #include "kf/evaluator/evaluator.h"
 #include "kf/tasks/timing.h"
@@ -83,6 +84,8 @@ struct Session {
   double ref_est_ms = 1;
   at::Tensor flush_buf;
   unsigned long long flush_bytes = 0;
+  GpuTimingLock* gpu_lock = nullptr;  // CUDA: held exclusively around each timed trial
+  double lock_wait_ms = 0;
 
   Session(const EvalOptions& opts, const tasks::Task& t, Backend bk, Result& r)
       : o(opts), task(t), b(bk), dev(tasks::backend_device(bk, opts.device)), res(r) {}
@@ -507,6 +510,12 @@ void Session::run() {
     double rt = 0;
     TensorList r;
     CandOut c;
+    const auto lock_t0 = Clock::now();
+    GpuTimingLock::Hold hold(gpu_lock, /*exclusive=*/true,
+                             std::chrono::milliseconds(int64_t(o.gpu_lock_timeout_s * 1000)));
+    if (gpu_lock && !hold.held())
+      throw error_at(gpu_lock->path(), "GPU timing lock not acquired in " + fmt(o.gpu_lock_timeout_s) + " s (a process of the run holds the GPU)");
+    lock_wait_ms += ms_since(lock_t0);
     if (t % 2 == 0) {
       r = ref_run(in, &rt, o.flush_cache);
       c = cand(in, p, poison, o.probe_ms, o.flush_cache, false);
@@ -537,6 +546,7 @@ void Session::run() {
   res.ref_ms = summarize(ref_ms);
   res.cand_ms = summarize(cand_ms);
   check("timing.outputs_checked", true, std::to_string(cand_ms.size()) + " timed calls verified");
+  if (gpu_lock) check("timing.gpu_lock", true, "exclusive GPU lock held per trial (waited " + fmt(lock_wait_ms) + " ms in all)");
 
   if (new_threads_trials > 0)
     throw Stop{Verdict::RejectedCheat, "work escaping the timed region: " + std::to_string(new_threads_trials) + " timed calls left new host threads running after return"};
@@ -577,6 +587,7 @@ struct Evaluator::Impl {
   EvalOptions o;
   CompileService compiler;
   RewardModel reward;
+  std::unique_ptr<GpuTimingLock> gpu_lock;  // made at the first CUDA evaluation
   explicit Impl(EvalOptions opts) : o(std::move(opts)), compiler(o.compile), reward(o.reward) {}
 };
 
@@ -612,6 +623,10 @@ Result Evaluator::evaluate_compiled(const tasks::Task& task, tasks::Backend back
   o.seed = mix(o.seed, candidate_seed);
   Session s(o, task, backend, res);
   s.so_path = cr.so_path;
+  if (backend == tasks::Backend::CUDA && o.gpu_lock) {
+    if (!impl_->gpu_lock) impl_->gpu_lock = std::make_unique<GpuTimingLock>(o.gpu_lock_dir, o.device);
+    s.gpu_lock = impl_->gpu_lock.get();
+  }
   try {
     s.run();
     res.verdict = Verdict::Ok;

@@ -49,6 +49,11 @@ struct EvalOptions {
   int max_trials = 30;             // more trials while the spread is too wide, then give up
   double max_spread = 0.5;         // (p90 - p10) / median, for reference and candidate
   bool flush_cache = true;
+  // CUDA: each timed trial holds the run's exclusive GPU timing lock (kf/common/gpu_lock.h),
+  // so learners and actors sharing the GPU pause meanwhile. Empty dir: $KF_GPU_LOCK_DIR or /tmp.
+  bool gpu_lock = true;
+  std::string gpu_lock_dir;
+  double gpu_lock_timeout_s = 120;  // longer: an installation problem (kf::Error), not the kernel's
   unsigned long long flush_bytes = 0;  // 0: CPU 2x LLC (<= 256 MiB), CUDA 256 MiB
 
   // limits and anti-cheat thresholds
