@@ -85,6 +85,9 @@ TEST(CompileServiceTest, IncludePolicyRefusesFileDisclosure) {
   EXPECT_NE(check_source_policy("#  include \"../../secret.h\"\n"), "");
   EXPECT_NE(check_source_policy("#include \"other.h\"\n"), "");
   EXPECT_NE(check_source_policy("#embed \"/dev/zero\"\n"), "");
+  EXPECT_NE(check_source_policy("asm(\".incbin \\\"/etc/passwd\\\"\");\n"), "");
+  EXPECT_NE(check_source_policy("asm(\".include \\\"/etc/passwd\\\"\");\n"), "");
+  EXPECT_EQ(check_source_policy("struct S { bool include; } s; int f() { return s.include ? 1 : 0; }\n"), "");
   CompileService cs(fresh_cache("policy"));
   CompileResult r = cs.compile("#include \"/etc/passwd\"\n", KF_BACKEND_CPU);
   EXPECT_FALSE(r.ok);
