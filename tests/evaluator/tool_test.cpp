@@ -6,6 +6,9 @@
 #include <cstdlib>
 #include <nlohmann/json.hpp>
 
+#include "kf/common/config.h"
+#include "kf/common/error.h"
+#include "kf/evaluator/evaluator.h"
 #include "test_util.h"
 
 namespace {
@@ -48,4 +51,22 @@ TEST(EvalToolTest, UsageErrorsExitTwo) {
   EXPECT_EQ(run("no_such_task " + kernel("cpu/good_relu.cpp"), &out), 2);
   EXPECT_EQ(run("001_relu /no/such/kernel.cpp", &out), 2);
   EXPECT_EQ(run("001_relu " + kernel("cpu/good_relu.cpp") + " --backend tpu", &out), 2);
+}
+
+TEST(EvalOptionsTest, ConfigKeysReachTheOptionsAndBadValuesNameTheKey) {
+  const kf::Config c = kf::Config::parse("run:\n  seed: 7\nevaluator:\n  trials: 12\n  reward:\n    kind: log_speedup\n",
+                                         "test.yaml", {"evaluator.cuda_arch=sm_100"});
+  const kf::evaluator::EvalOptions o = kf::evaluator::eval_options(c);
+  EXPECT_EQ(o.seed, 7u);
+  EXPECT_EQ(o.trials, 12);
+  EXPECT_EQ(o.reward.kind, "log_speedup");
+  EXPECT_EQ(o.compile.cuda_arch, "sm_100");
+  EXPECT_EQ(o.correctness_sets, 3);  // schema default
+  try {
+    kf::evaluator::eval_options(kf::Config::parse("evaluator:\n  trials: 5\n  max_trials: 2\n", "bad.yaml"));
+    FAIL() << "expected kf::Error";
+  } catch (const kf::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("bad.yaml"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("evaluator.max_trials"), std::string::npos) << e.what();
+  }
 }

@@ -189,3 +189,20 @@ TEST_F(ReplayRunShmTest, HungRunIsStaleOnlyWithoutAnyFreshHeartbeat) {
   run->heartbeat();
   EXPECT_EQ(RunShm::probe(name, 60ms), SegmentState::Live);
 }
+
+TEST(RunShmConfigTest, ReplayKeysReachTheSegmentsAndBadValuesNameTheKey) {
+  const kf::Config c = kf::Config::parse("replay:\n  groups:\n    capacity: 17\n  candidate_queue:\n    slot_bytes: 65536\n",
+                                         "test.yaml", {"replay.kernels.max_per_task=5"});
+  const kf::replay::RunShmConfig r = kf::replay::run_shm_config(c);
+  EXPECT_EQ(r.replay.capacity, 17u);
+  EXPECT_EQ(r.candidates.slot_bytes, 65536u);
+  EXPECT_EQ(r.kernels.max_per_task, 5u);
+  EXPECT_EQ(r.results.capacity, 4096u);  // schema default
+  try {
+    kf::replay::run_shm_config(kf::Config::parse("replay:\n  groups:\n    capacity: 0\n", "bad.yaml"));
+    FAIL() << "expected kf::Error";
+  } catch (const kf::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("bad.yaml"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("replay.groups.capacity"), std::string::npos) << e.what();
+  }
+}

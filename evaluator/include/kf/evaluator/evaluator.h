@@ -21,6 +21,7 @@
 #include <memory>
 #include <string>
 
+#include "kf/common/config.h"
 #include "kf/evaluator/compile.h"
 #include "kf/evaluator/result.h"
 #include "kf/evaluator/reward.h"
@@ -67,6 +68,10 @@ struct EvalOptions {
   double timer_slack_frac = 0.25;  // ... or relative, whichever is larger (medians)
   double degenerate_rel = 1e-6;    // reference output spread below this x scale: degenerate
 };
+
+// From the run's config (run.seed and the evaluator.* keys); throws kf::Error naming the
+// file and key for an out-of-range value.
+EvalOptions eval_options(const Config& cfg);
 
 class Evaluator {
  public:

@@ -20,6 +20,7 @@
 #include <memory>
 #include <string>
 
+#include "kf/common/config.h"
 #include "kf/replay/control.h"
 #include "kf/replay/group_replay.h"
 #include "kf/replay/kernel_db.h"
@@ -36,6 +37,10 @@ struct RunShmConfig {
   SnapshotConfig snapshot{};
   std::chrono::milliseconds stale_after{30000};
 };
+
+// From the run's config (replay.* keys); throws kf::Error naming the file and key for
+// an out-of-range value.
+RunShmConfig run_shm_config(const Config& cfg);
 
 class RunShm {
  public:

@@ -1,0 +1,37 @@
+// RunShmConfig from the run's config (the replay.* keys of config_schema.cpp).
+#include "kf/common/config.h"
+#include "kf/common/error.h"
+#include "kf/replay/run_shm.h"
+
+namespace kf::replay {
+namespace {
+
+uint32_t u32(const Config& c, const std::string& key, uint64_t lo, uint64_t hi) {
+  const int64_t v = c.get_int(key);
+  if (v < int64_t(lo) || uint64_t(v) > hi)
+    throw error_at(c.source(), key + ": " + std::to_string(v) + " is outside [" + std::to_string(lo) + ", " +
+                                   std::to_string(hi) + "]");
+  return uint32_t(v);
+}
+
+}  // namespace
+
+RunShmConfig run_shm_config(const Config& c) {
+  RunShmConfig r;
+  r.candidates.capacity = u32(c, "replay.candidate_queue.capacity", 2, 1u << 20);
+  r.candidates.slot_bytes = u32(c, "replay.candidate_queue.slot_bytes", 256, 64u << 20);
+  r.results.capacity = u32(c, "replay.result_queue.capacity", 2, 1u << 20);
+  r.results.slot_bytes = u32(c, "replay.result_queue.slot_bytes", 256, 1u << 20);
+  r.replay.capacity = u32(c, "replay.groups.capacity", 1, 1u << 16);
+  r.replay.group_bytes = u32(c, "replay.groups.group_bytes", 4096, 1u << 30);
+  r.kernels.capacity = u32(c, "replay.kernels.capacity", 1, 1u << 20);
+  r.kernels.source_bytes = u32(c, "replay.kernels.source_bytes", 1024, 16u << 20);
+  r.kernels.max_per_task = u32(c, "replay.kernels.max_per_task", 1, 1u << 16);
+  const int64_t snap = c.get_int("replay.snapshot.max_bytes");
+  if (snap < 4096) throw error_at(c.source(), "replay.snapshot.max_bytes: must be at least 4096");
+  r.snapshot.max_bytes = uint64_t(snap);
+  r.stale_after = std::chrono::milliseconds(u32(c, "replay.stale_after_ms", 100, 86400000));
+  return r;
+}
+
+}  // namespace kf::replay
