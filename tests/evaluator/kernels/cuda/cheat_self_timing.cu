@@ -1,5 +1,5 @@
 // cheat (chooses precision at run time by timing itself): exact erf GELU while it
-// measures itself in the first calls, then the cheaper sigmoid approximation
+// measures itself in the first six calls, then the cheaper sigmoid approximation
 // x * sigmoid(1.702 x) (error ~1e-2) once it has seen enough calls.
 #include <cuda_runtime.h>
 #include <kf/kernel.h>
@@ -20,7 +20,7 @@ extern "C" int kf_forward(kf::Context* ctx, const kf::Tensor* in, int, kf::Tenso
   auto s = static_cast<cudaStream_t>(ctx->stream);
   const float* x = static_cast<const float*>(in[0].data);
   float* y = static_cast<float*>(out[0].data);
-  if (++calls > 12 && exact_ms > 0) {
+  if (++calls > 6 && exact_ms > 0) {
     gelu_fast<<<2048, 256, 0, s>>>(x, y, in[0].numel());
     return cudaGetLastError() == cudaSuccess ? 0 : 1;
   }
