@@ -74,7 +74,7 @@ int main(int argc, char** argv) {
   CLI::App app{"policy model benchmark"};
   std::string device = "auto", model = "auto", batches, mode = "all";
   int64_t prompt = 0, new_tokens = 0, train_seq = 0, train_batch = 0, iters = 3;
-  bool ckpt = false;
+  bool ckpt = false, no_graph = false;
   double peak_tflops = 989.4;  // H200 dense bf16
   app.add_option("--device", device, "auto, cuda or cpu");
   app.add_option("--model", model, "auto, qwen2.5-0.5b or tiny");
@@ -87,6 +87,7 @@ int main(int argc, char** argv) {
   app.add_option("--mode", mode, "decode, train or all");
   app.add_option("--peak-tflops", peak_tflops, "peak bf16 TFLOP/s for MFU");
   app.add_flag("--checkpointing", ckpt, "gradient checkpointing in the train step");
+  app.add_flag("--no-cuda-graph", no_graph, "eager decode steps instead of a captured CUDA graph");
   CLI11_PARSE(app, argc, argv);
 
   const bool cuda = device == "cuda" || (device == "auto" && torch::cuda::is_available());
@@ -104,7 +105,7 @@ int main(int argc, char** argv) {
 
   CausalLM m(cfg, opts);
   m->init_random(1);
-  const std::string tag = model + (cuda ? "_bf16" : "_fp32");
+  const std::string tag = model + (cuda ? "_bf16" : "_fp32") + (cuda && no_graph ? "_eager" : "");
 
   if (mode == "decode" || mode == "all") {
     m->eval();
@@ -118,6 +119,7 @@ int main(int argc, char** argv) {
       sp.max_new_tokens = new_tokens;
       sp.check_every = new_tokens;  // no EOS/stop strings here: no host syncs mid-run
       sp.seed = 1;
+      sp.cuda_graph = !no_graph;
       SamplingParams warm = sp;
       warm.max_new_tokens = 8;
       sampler.generate(prompts, warm);

@@ -82,7 +82,12 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const RopeTables& r
   auto v = v_proj(x).view({B, T, kv_heads, head_dim}).transpose(1, 2);
   q = apply_rope(q, rope);
   k = apply_rope(k, rope);
-  if (cache) {
+  if (cache && cache->static_slot.defined()) {
+    cache->k[layer].index_copy_(2, cache->static_slot, k);
+    cache->v[layer].index_copy_(2, cache->static_slot, v);
+    k = cache->k[layer];
+    v = cache->v[layer];
+  } else if (cache) {
     const int64_t start = cache->length;
     cache->k[layer].narrow(2, start, T).copy_(k);
     cache->v[layer].narrow(2, start, T).copy_(v);
@@ -244,6 +249,21 @@ torch::Tensor CausalLMImpl::hidden(const torch::Tensor& ids, const torch::Tensor
   }
   if (cache) cache->length += T;
   return model->norm(x);
+}
+
+torch::Tensor CausalLMImpl::decode_static(const torch::Tensor& tok, KVCache& cache) {
+  TORCH_CHECK(cache.static_slot.defined(), "decode_static needs cache.static_slot");
+  const int64_t B = tok.size(0), cap = cache.capacity;
+  const auto positions = cache.next_pos.unsqueeze(1).clone();
+  cache.next_pos.add_(1);
+  cache.slot_valid.index_fill_(1, cache.static_slot, true);
+  const auto k_slot = torch::arange(cap, cache.next_pos.options()).unsqueeze(0);
+  const auto mask = (cache.slot_valid & (k_slot <= cache.static_slot)).view({B, 1, 1, cap});
+  const RopeTables r = rope(positions);
+  auto x = model->embed_tokens(tok);
+  for (int64_t l = 0; l < static_cast<int64_t>(model->layers->size()); ++l)
+    x = model->layers[l]->as<DecoderLayerImpl>()->forward(x, r, mask, &cache, l);
+  return logits(model->norm(x)).squeeze(1);
 }
 
 torch::Tensor CausalLMImpl::logits(const torch::Tensor& h) {

@@ -5,6 +5,12 @@
 
 #include "kf/common/error.h"
 
+#ifdef KF_POLICY_CUDA
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
 namespace kf::policy {
 
 std::pair<torch::Tensor, torch::Tensor> sample_tokens(const torch::Tensor& logits_in, const SamplingParams& p,
@@ -67,6 +73,7 @@ std::vector<Completion> Sampler::generate(const std::vector<std::vector<int32_t>
   const auto& cfg = model_->config();
   const auto opts = model_->options();
   const auto dev = opts.device();
+  const bool use_static = p.static_decode > 0 || (p.static_decode < 0 && dev.is_cuda());
   const int64_t B = static_cast<int64_t>(prompts.size());
   int64_t L = 0;
   for (const auto& pr : prompts) {
@@ -91,6 +98,17 @@ std::vector<Completion> Sampler::generate(const std::vector<std::vector<int32_t>
   auto gen = at::globalContext().defaultGenerator(dev).clone();
   gen.set_current_seed(p.seed);
 
+#ifdef KF_POLICY_CUDA
+  // Graph capture needs a non-default stream: run the whole generation on one.
+  std::optional<c10::cuda::CUDAStreamGuard> stream_guard;
+  std::unique_ptr<at::cuda::CUDAGraph> graph;
+  torch::Tensor graph_logits;
+  const bool use_graph = dev.is_cuda() && use_static && p.cuda_graph;
+  if (use_graph) {
+    torch::cuda::synchronize();
+    stream_guard.emplace(c10::cuda::getStreamFromPool(false, dev.index() < 0 ? c10::cuda::current_device() : dev.index()));
+  }
+#endif
   auto h = model_->hidden(ids.to(dev), am.to(dev), &cache);
   auto logits = model_->logits(h.narrow(1, L - 1, 1)).squeeze(1);
   const auto i64 = torch::TensorOptions().dtype(torch::kInt64).device(dev);
@@ -138,6 +156,7 @@ std::vector<Completion> Sampler::generate(const std::vector<std::vector<int32_t>
   };
 
   const int64_t every = std::max<int64_t>(1, p.check_every);
+  torch::Tensor tok_in;
   while (true) {
     auto [tok, lp] = sample_tokens(logits, p, valid_vocab, gen);
     out_tok.select(1, steps).copy_(tok);
@@ -146,8 +165,35 @@ std::vector<Completion> Sampler::generate(const std::vector<std::vector<int32_t>
     if (steps == p.max_new_tokens || steps % every == 0) {
       if (check(steps)) break;
     }
-    h = model_->hidden(tok.unsqueeze(1), torch::Tensor(), &cache);
-    logits = model_->logits(h).squeeze(1);
+    if (!use_static) {
+      h = model_->hidden(tok.unsqueeze(1), torch::Tensor(), &cache);
+      logits = model_->logits(h).squeeze(1);
+      continue;
+    }
+    if (!cache.static_slot.defined()) {
+      cache.static_slot = torch::zeros({1}, i64);
+      tok_in = torch::zeros({B, 1}, i64);
+    }
+    tok_in.copy_(tok.unsqueeze(1));
+    cache.static_slot.fill_(cache.length);
+#ifdef KF_POLICY_CUDA
+    // The first static step runs eagerly (warm-up: cuBLAS handles, allocator); the second is
+    // captured, and every step from then on replays the graph.
+    if (use_graph && steps >= 2) {
+      if (!graph) {
+        graph = std::make_unique<at::cuda::CUDAGraph>();
+        graph->capture_begin();
+        graph_logits = model_->decode_static(tok_in, cache);
+        graph->capture_end();
+      }
+      graph->replay();
+      logits = graph_logits;
+      ++cache.length;
+      continue;
+    }
+#endif
+    logits = model_->decode_static(tok_in, cache);
+    ++cache.length;
   }
   if (tokenizer_)
     for (auto& c : res) c.text = tokenizer_->decode(c.tokens);

@@ -20,6 +20,9 @@ struct KVCache {
   torch::Tensor next_pos;    // int64 [B]: the RoPE position of each row's next token
   int64_t length = 0;        // slots filled (same for every row)
   int64_t capacity = 0;
+  // When defined (device int64 [1]), decode writes at this slot with index_copy_ and attends
+  // over the whole capacity: fixed shapes, so a CUDA graph can capture the step.
+  torch::Tensor static_slot;
   static KVCache create(const ModelConfig& c, int64_t batch, int64_t capacity, torch::TensorOptions opts);
 };
 
@@ -106,6 +109,11 @@ class CausalLMImpl : public torch::nn::Module {
   // (positions from cache.next_pos) and attends to everything cached so far.
   torch::Tensor hidden(const torch::Tensor& ids, const torch::Tensor& attention_mask, KVCache* cache);
   torch::Tensor logits(const torch::Tensor& hidden_states);  // lm_head (or tied embeddings)
+
+  // One decode step with fixed shapes: tok [B, 1] goes to slot cache.static_slot (set by the
+  // caller, who also advances cache.length afterwards). Returns fp logits [B, V]. No host
+  // syncs and no shape that depends on host values, so it is CUDA-graph capturable.
+  torch::Tensor decode_static(const torch::Tensor& tok, KVCache& cache);
 
   // For GRPO: log p(ids[:, t+1] | ids[:, :t+1]) under softmax(logits / temperature), fp32
   // [B, T-1], differentiable. Positions where attention_mask is 0 get 0.

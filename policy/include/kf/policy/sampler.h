@@ -27,6 +27,11 @@ struct SamplingParams {
   // Host checks for EOS/stop strings every N steps (each check is a device sync); the
   // result is exact for any N, a larger N only wastes some tokens after a stop.
   int64_t check_every = 8;
+  // Decode with fixed shapes (KVCache::static_slot); on CUDA the step is then captured once
+  // as a CUDA graph and replayed. Off: the eager, growing-cache path.
+  // -1: on CUDA only (on CPU the growing cache is faster), 0: off, 1: on.
+  int static_decode = -1;
+  bool cuda_graph = true;
 };
 
 struct Completion {
