@@ -1,0 +1,109 @@
+// Actor: turns the current policy into candidates (ARCHITECTURE.md, "actor").
+//
+// One step(): refresh weights if a newer snapshot is published -> pick a task ->
+// contrastive prompt (K exemplars from the KernelDb, bucketed) -> G completions sharing
+// the prefill -> extract each kernel -> open the group in the ReplayBuffer -> push the
+// candidates to the evaluators. Every candidate carries the policy version that sampled
+// it, its prompt/completion tokens and behaviour log-probs.
+//
+// Failed extractions are candidates too (empty source, extraction_error set). With
+// score_extraction_failures the actor joins their compile_error result to the group
+// itself (reward: evaluator.reward.compile_error) instead of sending them through the
+// candidate queue, so the learner sees the negative example without evaluator work.
+//
+// Back-pressure: before sampling, the actor waits until the candidate queue has room
+// for the group (time waited is reported); pushes then block while the queue is full.
+// A group the ReplayBuffer cannot take is dropped (logged, counted), never pushed.
+//
+// Bad input never crashes the actor: a task missing from tasks.dir or without the
+// backend is left out at start (logged); an empty KernelDb gives no-exemplar prompts
+// (logged once per task); a prompt that cannot fit the context takes the task out of
+// the schedule (logged); a snapshot that does not match the model is ignored (logged
+// once per version) and the old weights stay.
+//
+// Control block counters (role "actor"): 0 candidates pushed, 1 groups opened,
+// 2 completion tokens, 3 extraction failures, 4 snapshots loaded, 5 snapshots rejected,
+// 6 groups dropped (replay full), 7 sum of policy lag over pushed candidates.
+// Threading: one thread drives an Actor; request_stop() may be called from any thread
+// (or a signal handler via the flag passed to run()).
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "kf/actors/actor_options.h"
+#include "kf/actors/actor_policy.h"
+#include "kf/actors/prompt.h"
+#include "kf/actors/scheduler.h"
+#include "kf/replay/run_shm.h"
+#include "kf/tasks/task.h"
+
+namespace kf::actors {
+
+struct ActorMetrics {
+  uint64_t groups = 0, candidates = 0, pushed = 0, extraction_failures = 0;
+  uint64_t completion_tokens = 0, prompt_tokens = 0;
+  uint64_t snapshots_loaded = 0, snapshots_rejected = 0, groups_dropped = 0;
+  uint64_t prompts_truncated = 0, exemplars_dropped = 0, no_exemplar_prompts = 0;
+  int64_t policy_version = 0;
+  double lag_sum = 0;
+  int64_t lag_max = 0;
+  double sample_s = 0, backpressure_s = 0, elapsed_s = 0;
+  std::map<std::string, uint64_t> extraction_codes;  // failure code -> count
+};
+
+enum class StepResult { pushed, dropped, stopped, no_task };
+
+class Actor {
+ public:
+  // `tasks`: the candidates for scheduling (load_actor_tasks). `shm` must outlive the actor.
+  Actor(ActorOptions opts, ActorPolicy policy, std::vector<std::shared_ptr<const tasks::Task>> tasks,
+        replay::RunShm& shm);
+  ~Actor();
+  Actor(const Actor&) = delete;
+  Actor& operator=(const Actor&) = delete;
+
+  StepResult step();
+  // Steps until *stop, the run drains or stops, or max_groups; logs metrics periodically.
+  void run(const std::atomic<bool>* stop = nullptr);
+  void request_stop() { stop_ = true; }
+
+  // Reads the newest snapshot if it is newer than the weights in use; returns true if new
+  // weights were loaded. A mismatching blob is logged once per version and ignored.
+  bool refresh_weights();
+  int64_t policy_version() const { return version_; }
+  const ActorMetrics& metrics() const { return m_; }
+  std::string metrics_json() const;
+  // Builds the prompt step() would for this task (tests, tools).
+  Prompt build_task_prompt(const tasks::Task& task, uint64_t seed);
+
+ private:
+  ActorOptions opts_;
+  ActorPolicy policy_;
+  std::vector<std::shared_ptr<const tasks::Task>> tasks_;
+  replay::RunShm& shm_;
+  std::unique_ptr<TaskScheduler> sched_;
+  PromptTemplate tpl_;
+  std::string abi_;
+  int64_t version_ = 0;
+  int64_t loaded_version_ = -1;  // newest snapshot loaded (-1: initial weights)
+  int64_t rejected_version_ = -2;
+  int slot_ = -1;
+  uint64_t counter_ = 0, picks_ = 0;
+  std::atomic<bool> stop_{false};
+  std::set<std::string> unusable_, warned_empty_;
+  std::map<std::string, TaskInfo> info_;
+  ActorMetrics m_;
+  std::vector<unsigned char> blob_;
+};
+
+// Loads the tasks an actor schedules: tasks.include names (a missing one is logged and
+// left out) or every task of the chosen levels; tasks without `backend` are left out.
+// Throws kf::Error if none remain.
+std::vector<std::shared_ptr<const tasks::Task>> load_actor_tasks(const ActorOptions& o);
+
+}  // namespace kf::actors

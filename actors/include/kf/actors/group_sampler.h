@@ -1,0 +1,24 @@
+// Group sampling: G completions of one prompt that share the prefill.
+//
+// The prompt is prefilled once (batch 1); its KV cache is then replicated G times and
+// the G rows decode together, each drawing its own tokens (one seeded generator for the
+// group). Each completion carries the per-token log-probs of the behaviour policy under
+// softmax(logits / temperature), as the learner's importance ratios expect. Stops per
+// row at an EOS id or max_new_tokens (the stopping token included).
+// shared_prefill = false falls back to policy::Sampler on G copies of the prompt (G
+// prefills in one batch): same distribution, for comparison and as an escape hatch.
+// Threading: one thread; the model must not be used concurrently.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "kf/policy/model.h"
+#include "kf/policy/sampler.h"
+
+namespace kf::actors {
+
+std::vector<policy::Completion> sample_group(policy::CausalLM& model, const std::vector<int32_t>& prompt, int64_t G,
+                                             const policy::SamplingParams& p, int64_t valid_vocab,
+                                             bool shared_prefill = true);
+
+}  // namespace kf::actors

@@ -1,0 +1,60 @@
+// TaskScheduler: which task the next group is for.
+//
+// Policies (actors.schedule.policy):
+//   uniform     every task equally often
+//   room        weighted toward tasks with room to improve: a task with no verified kernel
+//               has room 1; one whose best kernel is s times faster than the reference has
+//               room 1 / max(1, s)^alpha. Tasks tried many times without a kernel keep room 1.
+//   curriculum  levels unlock in order: level L+1 opens once `unlock_fraction` of the tasks
+//               of the open levels have a verified kernel; open tasks are weighted by room.
+// Every task keeps a share: with probability min_share the pick is uniform over all tasks
+// (locked curriculum levels included), so no task starves and none is forgotten.
+// The weights come from TaskStats the caller refreshes (the actor reads the KernelDb).
+// Seeded and deterministic. One thread at a time.
+#pragma once
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace kf::actors {
+
+enum class SchedulePolicy { uniform, room, curriculum };
+SchedulePolicy parse_schedule_policy(const std::string& s, const std::string& context);  // throws kf::Error
+
+struct ScheduleOptions {
+  SchedulePolicy policy = SchedulePolicy::room;
+  double min_share = 0.2;        // probability of a uniform pick over all tasks
+  double alpha = 1.0;            // room exponent on the best speedup
+  double unlock_fraction = 0.5;  // curriculum
+};
+
+struct TaskEntry {
+  std::string name;
+  int level = 1;
+};
+
+struct TaskStats {
+  bool solved = false;        // has a verified kernel
+  double best_speedup = 0;    // of the best verified kernel
+};
+
+class TaskScheduler {
+ public:
+  TaskScheduler(std::vector<TaskEntry> tasks, ScheduleOptions opts, uint64_t seed);
+  void update(const std::string& task, const TaskStats& s);
+  std::size_t next();  // index into tasks()
+  const std::vector<TaskEntry>& tasks() const { return tasks_; }
+  // The probability of each task on the next pick (tests, metrics).
+  std::vector<double> probabilities() const;
+  int open_level() const;  // curriculum: highest unlocked level
+
+ private:
+  double room(std::size_t i) const;
+  std::vector<TaskEntry> tasks_;
+  std::vector<TaskStats> stats_;
+  ScheduleOptions opts_;
+  std::mt19937_64 rng_;
+};
+
+}  // namespace kf::actors

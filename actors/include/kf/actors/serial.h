@@ -1,0 +1,49 @@
+// Serial mode (Sample Factory style): actor -> evaluator -> replay in one process, over
+// the same shared-memory pipes a multi-process run uses, for debugging and tests.
+//
+//   SerialRunner serial(actor, evaluator, shm, tasks, backend);
+//   serial.step();   // one actor group, then every queued candidate evaluated and joined
+//
+// The evaluator side does what the evaluator process does: pops candidates, verifies each
+// (kf::evaluator::Evaluator), pushes the Result to the result queue, inserts ok kernels
+// into the KernelDb (speedup, policy version), and the replay ingests the results.
+// One thread.
+#pragma once
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kf/actors/actor.h"
+#include "kf/evaluator/evaluator.h"
+#include "kf/replay/records.h"
+
+namespace kf::actors {
+
+// The replay record of an evaluator verdict for candidate `c`.
+replay::Result to_replay_result(const evaluator::Result& r, const replay::Candidate& c, int evaluator_id = 0);
+
+struct SerialStats {
+  uint64_t groups = 0, evaluated = 0, ok = 0, kernels_inserted = 0, results_joined = 0;
+};
+
+class SerialRunner {
+ public:
+  SerialRunner(Actor& actor, evaluator::Evaluator& ev, replay::RunShm& shm,
+               std::vector<std::shared_ptr<const tasks::Task>> tasks, tasks::Backend backend);
+  StepResult step();                 // actor.step() then evaluate_pending()
+  std::size_t evaluate_pending();    // drains the candidate queue; returns how many evaluated
+  const SerialStats& stats() const { return stats_; }
+  const std::vector<replay::Result>& results() const { return results_; }  // every result produced
+
+ private:
+  Actor& actor_;
+  evaluator::Evaluator& ev_;
+  replay::RunShm& shm_;
+  std::map<std::string, std::shared_ptr<const tasks::Task>> tasks_;
+  tasks::Backend backend_;
+  SerialStats stats_;
+  std::vector<replay::Result> results_;
+};
+
+}  // namespace kf::actors

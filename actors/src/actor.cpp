@@ -1,0 +1,390 @@
+#include "kf/actors/actor.h"
+
+#include <dirent.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "kf/actors/extract.h"
+#include "kf/actors/group_sampler.h"
+#include "kf/actors/weights_blob.h"
+#include "kf/common/error.h"
+#include "kf/common/log.h"
+#include "kf/common/run_dir.h"
+
+namespace kf::actors {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double secs(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
+int64_t mono_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return int64_t(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
+}
+
+uint64_t splitmix(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ULL;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+  return x ^ (x >> 31);
+}
+
+// Ids unique across actors and restarts: wall clock, pid, actor id and a counter, mixed.
+uint64_t fresh_id(int actor, uint64_t counter) {
+  timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  uint64_t x = splitmix(uint64_t(ts.tv_sec) * 1000000000ULL + uint64_t(ts.tv_nsec));
+  x = splitmix(x ^ (uint64_t(::getpid()) << 32) ^ uint64_t(actor));
+  x = splitmix(x ^ counter);
+  return x ? x : 1;
+}
+
+bool is_dir(const std::string& p) {
+  struct stat st;
+  return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+}  // namespace
+
+std::vector<std::shared_ptr<const tasks::Task>> load_actor_tasks(const ActorOptions& o) {
+  std::vector<std::shared_ptr<const tasks::Task>> all, out;
+  if (!o.include.empty()) {
+    for (const auto& name : o.include) {
+      const std::string dir = o.tasks_dir + "/" + name;
+      if (!is_dir(dir)) {
+        log_warn("actor: task '", name, "' (tasks.include) is not in ", o.tasks_dir, ": left out of the schedule");
+        continue;
+      }
+      try {
+        all.push_back(tasks::Task::load(dir));
+      } catch (const Error& e) {
+        log_warn("actor: task '", name, "' cannot be loaded (", e.what(), "): left out of the schedule");
+      }
+    }
+  } else {
+    all = tasks::Task::load_all(o.tasks_dir);
+  }
+  for (auto& t : all) {
+    if (o.include.empty() && std::find(o.levels.begin(), o.levels.end(), t->level()) == o.levels.end()) continue;
+    if (!t->has_backend(o.backend)) {
+      log_warn("actor: task '", t->name(), "' has no ", tasks::backend_name(o.backend),
+               " artifact (import it with --backends): left out of the schedule");
+      continue;
+    }
+    out.push_back(t);
+  }
+  if (out.empty())
+    throw Error("actor: no usable task in " + o.tasks_dir + " for backend " + tasks::backend_name(o.backend) +
+                " (tasks.levels / tasks.include)");
+  return out;
+}
+
+Actor::Actor(ActorOptions opts, ActorPolicy policy, std::vector<std::shared_ptr<const tasks::Task>> tasks,
+             replay::RunShm& shm)
+    : opts_(std::move(opts)), policy_(std::move(policy)), tasks_(std::move(tasks)), shm_(shm) {
+  std::vector<TaskEntry> entries;
+  for (const auto& t : tasks_) entries.push_back({t->name(), t->level()});
+  sched_ = std::make_unique<TaskScheduler>(entries, opts_.schedule, opts_.seed ^ splitmix(uint64_t(opts_.id) + 1));
+  const std::string tpl = resolve_tree_path(opts_.template_path.empty() ? "configs/prompts/contrastive.txt"
+                                                                        : opts_.template_path);
+  tpl_ = PromptTemplate::load(tpl);
+  const std::string abi = resolve_tree_path(opts_.abi_header_path.empty() ? "evaluator/include/kf/kernel.h"
+                                                                          : opts_.abi_header_path);
+  abi_ = compact_abi(read_file(abi));
+  slot_ = shm_.control().register_process("actor", opts_.id);
+  if (opts_.context_tokens == 0) opts_.context_tokens = policy_.config.max_position_embeddings;
+  if (opts_.context_tokens <= opts_.max_new_tokens)
+    throw Error("actors.prompt.context_tokens (" + std::to_string(opts_.context_tokens) +
+                ") must exceed actors.sampling.max_new_tokens (" + std::to_string(opts_.max_new_tokens) + ")");
+  log_info("actor ", opts_.id, ": ", tasks_.size(), " tasks, G=", opts_.group_size, ", K=", opts_.exemplars,
+           ", mode ", prompt_mode_name(opts_.mode), ", context ", opts_.context_tokens, " tokens, template ", tpl);
+}
+
+Actor::~Actor() {
+  if (slot_ >= 0) shm_.control().unregister_process(slot_);
+}
+
+bool Actor::refresh_weights() {
+  auto& snaps = shm_.snapshots();
+  const auto info = snaps.latest();
+  // Newer than what is loaded (-1: the initial weights) and not already found bad.
+  if (info.version < 0 || info.version <= loaded_version_ || info.version == rejected_version_) return false;
+  const auto got = snaps.read(blob_, 1);
+  if (got.version < 0) return false;
+  const std::string ctx = "snapshot v" + std::to_string(got.version) + " (" + shm_.run() + ")";
+  const auto check = check_weights_blob(policy_.model, blob_.data(), got.bytes, ctx);
+  if (!check.ok) {
+    if (rejected_version_ != got.version)
+      log_error("actor ", opts_.id, ": ignoring ", ctx, ": ", check.error, "; keeping the weights of version ",
+                version_);
+    rejected_version_ = got.version;
+    ++m_.snapshots_rejected;
+    shm_.control().add_counter(slot_, 5, 1);
+    return false;
+  }
+  load_weights_blob(policy_.model, blob_.data(), got.bytes, ctx);
+  version_ = got.version;
+  loaded_version_ = got.version;
+  m_.policy_version = version_;
+  ++m_.snapshots_loaded;
+  shm_.control().add_counter(slot_, 4, 1);
+  log_info("actor ", opts_.id, ": loaded policy snapshot v", version_, " (", got.bytes, " bytes)");
+  return true;
+}
+
+Prompt Actor::build_task_prompt(const tasks::Task& task, uint64_t seed) {
+  auto it = info_.find(task.name());
+  if (it == info_.end()) it = info_.emplace(task.name(), task_info(task, opts_.backend)).first;
+  std::vector<ExemplarIn> ex;
+  if (opts_.mode == PromptMode::contrastive && opts_.exemplars > 0) {
+    for (const auto& e : shm_.kernels().exemplars(task.name(), static_cast<std::size_t>(opts_.exemplars), seed))
+      ex.push_back({e.speedup, e.policy_version, "ok", e.source});
+    if (ex.empty()) {
+      ++m_.no_exemplar_prompts;
+      if (warned_empty_.insert(task.name()).second)
+        log_info("actor ", opts_.id, ": task ", task.name(),
+                 " has no kernel in the database yet: no-exemplar prompt (logged once per task)");
+    }
+  }
+  PromptOptions po;
+  po.mode = opts_.mode;
+  po.max_tokens = static_cast<std::size_t>(opts_.context_tokens - opts_.max_new_tokens);
+  po.min_exemplar_tokens = static_cast<std::size_t>(opts_.min_exemplar_tokens);
+  po.marker = opts_.extract.marker;
+  po.abi = abi_;
+  return build_prompt(tpl_, policy_.codec, it->second, ex, po);
+}
+
+StepResult Actor::step() {
+  const auto t0 = Clock::now();
+  auto& ctl = shm_.control();
+  ctl.heartbeat(slot_);
+  refresh_weights();
+  if (opts_.wait_for_snapshot && m_.snapshots_loaded == 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    return StepResult::no_task;
+  }
+
+  // Task and prompt.
+  if (picks_ % static_cast<uint64_t>(opts_.stats_refresh_every) == 0) {
+    for (const auto& t : tasks_) {
+      auto best = shm_.kernels().best(t->name());
+      sched_->update(t->name(), TaskStats{best.has_value(), best ? best->speedup : 0.0});
+    }
+  }
+  ++picks_;
+  const tasks::Task* task = nullptr;
+  for (int tries = 0; tries < 64 && !task; ++tries) {
+    const auto& cand = tasks_[sched_->next()];
+    if (!unusable_.count(cand->name())) task = cand.get();
+  }
+  if (!task) {
+    if (unusable_.size() >= tasks_.size()) throw Error("actor: every task was left out (see the log lines above)");
+    return StepResult::no_task;
+  }
+  ++counter_;
+  const uint64_t group_id = fresh_id(opts_.id, counter_);
+  Prompt prompt;
+  try {
+    prompt = build_task_prompt(*task, opts_.seed ^ group_id);
+  } catch (const Error& e) {
+    log_error("actor ", opts_.id, ": ", e.what(), "; task ", task->name(), " is left out of the schedule");
+    unusable_.insert(task->name());
+    return StepResult::no_task;
+  }
+  m_.prompt_tokens += prompt.tokens.size();
+  if (prompt.truncated) ++m_.prompts_truncated;
+  m_.exemplars_dropped += prompt.dropped;
+
+  // Back-pressure: wait for room for the whole group before spending time sampling.
+  const auto G = static_cast<uint64_t>(opts_.group_size);
+  const uint64_t need = opts_.score_extraction_failures ? 1 : G;
+  auto& queue = shm_.candidates();
+  const auto bp0 = Clock::now();
+  while (queue.raw().stats().free_slots < std::min<uint64_t>(need, queue.raw().capacity())) {
+    const auto st = ctl.state();
+    if (stop_ || st == replay::RunState::stopped || st == replay::RunState::draining) return StepResult::stopped;
+    ctl.heartbeat(slot_);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  m_.backpressure_s += secs(bp0, Clock::now());
+
+  // Sample.
+  const int64_t version = version_;
+  policy::SamplingParams sp;
+  sp.temperature = opts_.temperature;
+  sp.top_p = opts_.top_p;
+  sp.top_k = opts_.top_k;
+  sp.max_new_tokens = opts_.max_new_tokens;
+  sp.eos_ids = policy_.eos_ids;
+  sp.seed = opts_.seed ^ group_id;
+  const auto s0 = Clock::now();
+  const auto completions =
+      sample_group(policy_.model, prompt.tokens, opts_.group_size, sp, policy_.valid_vocab, opts_.shared_prefill);
+  m_.sample_s += secs(s0, Clock::now());
+  const int64_t t_sampled = mono_ns();
+
+  // Extract and build the candidates.
+  std::vector<replay::Candidate> cands(completions.size());
+  std::vector<bool> extracted(completions.size());
+  uint64_t tokens = 0;
+  for (std::size_t i = 0; i < completions.size(); ++i) {
+    auto& c = cands[i];
+    const auto& comp = completions[i];
+    c.id = splitmix(group_id ^ (uint64_t(i) + 1) * 0x9E3779B97F4A7C15ULL);
+    c.task = task->name();
+    c.group_id = group_id;
+    c.index_in_group = static_cast<uint32_t>(i);
+    c.policy_version = version;
+    c.prompt_tokens = prompt.tokens;
+    c.completion_tokens = comp.tokens;
+    c.behaviour_logprobs = comp.logprobs;
+    c.actor_id = opts_.id;
+    c.t_sampled_ns = t_sampled;
+    tokens += comp.tokens.size();
+    auto ex = extract_kernel(policy_.codec.decode(comp.tokens), opts_.extract);
+    extracted[i] = ex.ok;
+    if (ex.ok) {
+      c.source = std::move(ex.source);
+    } else {
+      c.extraction_error = ex.error;
+      ++m_.extraction_failures;
+      ++m_.extraction_codes[ex.code];
+    }
+  }
+  m_.completion_tokens += tokens;
+  m_.candidates += cands.size();
+  ctl.add_counter(slot_, 2, tokens);
+  ctl.add_counter(slot_, 3, static_cast<uint64_t>(std::count(extracted.begin(), extracted.end(), false)));
+
+  // Open the group, then push (replay must know the group before any result arrives).
+  const auto deadline = std::chrono::duration_cast<replay::Timeout>(std::chrono::duration<double>(opts_.group_deadline_s));
+  bool opened = false;
+  try {
+    opened = shm_.replay().open_group(cands, deadline, std::chrono::seconds(5));
+  } catch (const Error& e) {
+    log_error("actor ", opts_.id, ": group for task ", task->name(), " not opened (", e.what(),
+              "); dropped, the actor goes on");
+  }
+  if (!opened) {
+    ++m_.groups_dropped;
+    ctl.add_counter(slot_, 6, 1);
+    log_warn("actor ", opts_.id, ": replay buffer full for 5 s, group for task ", task->name(), " dropped");
+    return StepResult::dropped;
+  }
+  ++m_.groups;
+  ctl.add_counter(slot_, 1, 1);
+  std::vector<uint64_t> unpushed;
+  for (std::size_t i = 0; i < cands.size(); ++i) {
+    auto& c = cands[i];
+    if (!extracted[i] && opts_.score_extraction_failures) {
+      replay::Result r;
+      r.candidate_id = c.id;
+      r.group_id = c.group_id;
+      r.index_in_group = c.index_in_group;
+      r.verdict = replay::Verdict::compile_error;
+      r.reason = c.extraction_error;
+      r.reward = opts_.extraction_failure_reward;
+      r.evaluator_id = -1 - opts_.id;  // scored by an actor
+      r.t_scored_ns = mono_ns();
+      shm_.replay().add_result(r);
+      continue;
+    }
+    bool ok = false;
+    while (!ok) {
+      c.t_pushed_ns = mono_ns();
+      ok = queue.push(c, std::chrono::milliseconds(200));
+      if (ok) break;
+      const auto st = ctl.state();
+      if (stop_ || st == replay::RunState::stopped || st == replay::RunState::draining) break;
+      ctl.heartbeat(slot_);
+      if (queue.raw().stats().dropped_too_large > 0 && encoded_size(c) > queue.raw().slot_bytes()) {
+        log_error("actor ", opts_.id, ": candidate of task ", task->name(), " is ", encoded_size(c),
+                  " bytes, over replay.candidate_queue.slot_bytes ", queue.raw().slot_bytes(), "; marked lost");
+        break;
+      }
+    }
+    if (!ok) {
+      unpushed.push_back(c.id);
+      continue;
+    }
+    ++m_.pushed;
+    const int64_t lag = std::max<int64_t>(0, shm_.snapshots().latest().version - version);
+    m_.lag_sum += static_cast<double>(lag);
+    m_.lag_max = std::max(m_.lag_max, lag);
+    ctl.add_counter(slot_, 0, 1);
+    ctl.add_counter(slot_, 7, static_cast<uint64_t>(lag));
+  }
+  if (!unpushed.empty()) shm_.replay().mark_lost(unpushed);
+  m_.elapsed_s += secs(t0, Clock::now());
+  return unpushed.empty() ? StepResult::pushed : StepResult::stopped;
+}
+
+std::string Actor::metrics_json() const {
+  nlohmann::json j;
+  j["actor"] = opts_.id;
+  j["policy_version"] = version_;
+  j["groups"] = m_.groups;
+  j["candidates"] = m_.candidates;
+  j["pushed"] = m_.pushed;
+  j["extraction_failures"] = m_.extraction_failures;
+  j["extraction_codes"] = m_.extraction_codes;
+  j["completion_tokens"] = m_.completion_tokens;
+  j["samples_per_s"] = m_.elapsed_s > 0 ? double(m_.candidates) / m_.elapsed_s : 0.0;
+  j["tokens_per_s"] = m_.sample_s > 0 ? double(m_.completion_tokens) / m_.sample_s : 0.0;
+  j["policy_lag_mean"] = m_.pushed ? m_.lag_sum / double(m_.pushed) : 0.0;
+  j["policy_lag_max"] = m_.lag_max;
+  j["backpressure_s"] = m_.backpressure_s;
+  j["snapshots_loaded"] = m_.snapshots_loaded;
+  j["snapshots_rejected"] = m_.snapshots_rejected;
+  j["groups_dropped"] = m_.groups_dropped;
+  j["prompts_truncated"] = m_.prompts_truncated;
+  j["exemplars_dropped"] = m_.exemplars_dropped;
+  j["no_exemplar_prompts"] = m_.no_exemplar_prompts;
+  return j.dump();
+}
+
+void Actor::run(const std::atomic<bool>* stop) {
+  auto& ctl = shm_.control();
+  if (ctl.state() == replay::RunState::starting) {
+    log_info("actor ", opts_.id, ": waiting for the run to start");
+    while (ctl.state() == replay::RunState::starting && !stop_ && !(stop && *stop)) {
+      ctl.heartbeat(slot_);
+      ctl.wait_state_change(replay::RunState::starting, std::chrono::milliseconds(200));
+    }
+  }
+  std::ofstream metrics;
+  if (!opts_.metrics_file.empty()) metrics.open(opts_.metrics_file, std::ios::app);
+  auto last = Clock::now();
+  auto report = [&]() {
+    const std::string j = metrics_json();
+    log_info("actor ", opts_.id, ": ", j);
+    if (metrics) metrics << j << "\n" << std::flush;
+  };
+  while (!stop_ && !(stop && *stop)) {
+    const auto st = ctl.state();
+    if (st == replay::RunState::stopped || st == replay::RunState::draining) {
+      log_info("actor ", opts_.id, ": run is ", replay::run_state_name(st), ", stopping");
+      break;
+    }
+    if (opts_.max_groups > 0 && m_.groups >= static_cast<uint64_t>(opts_.max_groups)) break;
+    if (stop) stop_ = stop_ || stop->load();
+    step();
+    if (secs(last, Clock::now()) >= opts_.metrics_every_s) {
+      report();
+      last = Clock::now();
+    }
+  }
+  report();
+}
+
+}  // namespace kf::actors

@@ -1,0 +1,201 @@
+// Group sampling, the weights blob, and an in-process Actor on a real RunShm: snapshot
+// pickup, a mismatching snapshot, an empty kernel database, failed extractions as results.
+#include <gtest/gtest.h>
+
+#include "kf/actors/actor.h"
+#include "kf/actors/group_sampler.h"
+#include "kf/actors/weights_blob.h"
+#include "kf/common/error.h"
+#include "test_util.h"
+
+using namespace kf::actors;
+namespace rp = kf::replay;
+
+TEST(GroupSamplerTest, SharedPrefillMatchesSeparatePrefills) {
+  auto pol = test::tiny_policy(1);
+  const auto prompt = pol.codec.encode("Write a relu kernel:\n```cpp kernel\n");
+  kf::policy::SamplingParams sp;
+  sp.temperature = 0;  // greedy: both paths must agree token for token
+  sp.max_new_tokens = 24;
+  sp.eos_ids = {};
+  const auto shared = sample_group(pol.model, prompt, 3, sp, 256, true);
+  const auto separate = sample_group(pol.model, prompt, 3, sp, 256, false);
+  ASSERT_EQ(shared.size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(shared[i].tokens, separate[i].tokens);
+    ASSERT_EQ(shared[i].logprobs.size(), shared[i].tokens.size());
+    for (std::size_t t = 0; t < shared[i].logprobs.size(); ++t)
+      EXPECT_NEAR(shared[i].logprobs[t], separate[i].logprobs[t], 1e-4);
+    EXPECT_EQ(shared[i].finish_reason, "length");
+  }
+  // Sampled rows differ from each other, and log-probs match a teacher-forced forward.
+  sp.temperature = 1.0;
+  sp.seed = 7;
+  const auto g = sample_group(pol.model, prompt, 4, sp, 256, true);
+  EXPECT_NE(g[0].tokens, g[1].tokens);
+  std::vector<int64_t> full(prompt.begin(), prompt.end());
+  full.insert(full.end(), g[2].tokens.begin(), g[2].tokens.end());
+  torch::NoGradGuard ng;
+  const auto lp = pol.model->token_logprobs(torch::tensor(full).unsqueeze(0));
+  for (std::size_t t = 0; t < g[2].tokens.size(); ++t)
+    EXPECT_NEAR(lp[0][static_cast<int64_t>(prompt.size() + t - 1)].item<float>(), g[2].logprobs[t], 1e-3);
+}
+
+TEST(WeightsBlobTest, RoundTripAndMismatchLeavesTheModelUntouched) {
+  auto a = test::tiny_policy(1), b = test::tiny_policy(2);
+  const auto blob = make_weights_blob(b.model, 42);
+  EXPECT_EQ(load_weights_blob(a.model, blob.data(), blob.size(), "test blob"), 42);
+  for (const auto& p : a.model->named_parameters())
+    EXPECT_TRUE(torch::equal(p.value(), b.model->named_parameters()[p.key()])) << p.key();
+  // A blob of another shape: rejected naming the tensor; nothing copied.
+  auto wide = test::tiny_policy(3, 128);
+  const auto bad = make_weights_blob(wide.model, 43);
+  const auto before = a.model->named_parameters()["model.norm.weight"].clone();
+  const auto c = check_weights_blob(a.model, bad.data(), bad.size(), "snapshot v43");
+  EXPECT_FALSE(c.ok);
+  EXPECT_NE(c.error.find("snapshot v43: tensor '"), std::string::npos) << c.error;
+  EXPECT_THROW(load_weights_blob(a.model, bad.data(), bad.size(), "snapshot v43"), kf::Error);
+  for (const auto& p : a.model->named_parameters())
+    EXPECT_TRUE(torch::equal(p.value(), b.model->named_parameters()[p.key()])) << p.key();
+  // bf16 blobs (the learner's default) load with a cast.
+  const auto half = make_weights_blob(b.model, 44, torch::kBFloat16);
+  EXPECT_EQ(load_weights_blob(a.model, half.data(), half.size(), "bf16"), 44);
+  // Garbage is an error, not a crash.
+  std::vector<unsigned char> junk(64, 0xAB);
+  EXPECT_FALSE(check_weights_blob(a.model, junk.data(), junk.size(), "junk").ok);
+}
+
+namespace {
+
+struct RunFixture {
+  std::string name = test::run_name("a");
+  std::unique_ptr<rp::RunShm> shm;
+  RunFixture() {
+    rp::RunShmConfig c;
+    c.candidates = {64, 256 * 1024};
+    c.results = {256, 4096};
+    c.replay.capacity = 16;
+    c.replay.group_bytes = 4u << 20;
+    c.kernels = {64, 64 * 1024, 16};
+    c.snapshot.max_bytes = 8u << 20;
+    shm = rp::RunShm::create(name, c);
+    shm->control().set_state(rp::RunState::running);
+  }
+  ~RunFixture() { shm->shutdown(); }
+};
+
+ActorOptions small_options() {
+  ActorOptions o;
+  o.tasks_dir = test::tasks_dir();
+  o.include = {"001_relu"};
+  o.group_size = 2;
+  o.max_new_tokens = 12;
+  o.context_tokens = 8192;
+  o.exemplars = 2;
+  o.template_path = test::source_dir() + "/configs/prompts/contrastive.txt";
+  o.abi_header_path = test::source_dir() + "/evaluator/include/kf/kernel.h";
+  o.score_extraction_failures = false;  // every candidate goes through the queue
+  return o;
+}
+
+std::vector<rp::Candidate> drain(rp::RunShm& shm) {
+  std::vector<rp::Candidate> all, batch;
+  while (shm.candidates().pop_batch(batch, 64, std::chrono::milliseconds(0)) > 0) {
+    all.insert(all.end(), batch.begin(), batch.end());
+    batch.clear();
+  }
+  return all;
+}
+
+}  // namespace
+
+TEST(ActorTest, PicksUpNewSnapshotsAndIgnoresAMismatchingOne) {
+  KF_NEED_TASKS();
+  RunFixture run;
+  auto opts = small_options();
+  Actor actor(opts, test::tiny_policy(0), load_actor_tasks(opts), *run.shm);
+  ASSERT_EQ(actor.step(), StepResult::pushed);
+  auto c = drain(*run.shm);
+  ASSERT_EQ(c.size(), 2u);
+  EXPECT_EQ(c[0].policy_version, 0);
+  EXPECT_EQ(c[0].group_id, c[1].group_id);
+  EXPECT_NE(c[0].id, c[1].id);
+  EXPECT_EQ(c[0].behaviour_logprobs.size(), c[0].completion_tokens.size());
+  EXPECT_FALSE(c[0].prompt_tokens.empty());
+  // Random weights write garbage: failed extractions with their reason.
+  EXPECT_FALSE(c[0].extraction_error.empty());
+  EXPECT_EQ(actor.metrics().no_exemplar_prompts, 1u);  // empty kernel database
+
+  // Mid-run: the learner publishes v1.
+  auto v1 = test::tiny_policy(5);
+  const auto blob1 = make_weights_blob(v1.model, 1);
+  run.shm->snapshots().publish(1, blob1.data(), blob1.size());
+  ASSERT_EQ(actor.step(), StepResult::pushed);
+  c = drain(*run.shm);
+  ASSERT_EQ(c.size(), 2u);
+  EXPECT_EQ(c[0].policy_version, 1);
+  EXPECT_EQ(actor.policy_version(), 1);
+
+  // v2 has the wrong shape: logged, ignored, v1 weights stay.
+  auto wide = test::tiny_policy(6, 128);
+  const auto blob2 = make_weights_blob(wide.model, 2);
+  run.shm->snapshots().publish(2, blob2.data(), blob2.size());
+  ASSERT_EQ(actor.step(), StepResult::pushed);
+  ASSERT_EQ(actor.step(), StepResult::pushed);
+  c = drain(*run.shm);
+  ASSERT_EQ(c.size(), 4u);
+  for (const auto& x : c) EXPECT_EQ(x.policy_version, 1);
+  EXPECT_EQ(actor.metrics().snapshots_rejected, 1u);  // once per version
+  // Policy lag of what was pushed: v2 is newest, samples are v1.
+  EXPECT_EQ(actor.metrics().lag_max, 1);
+
+  // v3 is fine again.
+  const auto blob3 = make_weights_blob(v1.model, 3);
+  run.shm->snapshots().publish(3, blob3.data(), blob3.size());
+  actor.step();
+  c = drain(*run.shm);
+  EXPECT_EQ(c.at(0).policy_version, 3);
+  EXPECT_EQ(actor.metrics().snapshots_loaded, 2u);
+  const auto j = actor.metrics_json();
+  for (const char* k : {"samples_per_s", "tokens_per_s", "policy_lag_mean", "policy_lag_max"})
+    EXPECT_NE(j.find(k), std::string::npos) << k;
+}
+
+TEST(ActorTest, FailedExtractionsAreScoredIntoTheGroupAndExemplarsAreUsed) {
+  KF_NEED_TASKS();
+  RunFixture run;
+  // A kernel in the database: the prompt shows it.
+  run.shm->kernels().insert({"001_relu", 1.25, -1, "extern \"C\" int kf_forward() { return 0; }\n", 0});
+  auto opts = small_options();
+  opts.score_extraction_failures = true;
+  Actor actor(opts, test::tiny_policy(0), load_actor_tasks(opts), *run.shm);
+  const auto p = actor.build_task_prompt(*test::relu_task(), 1);
+  EXPECT_NE(p.text.find("speedup 1.25x"), std::string::npos);
+  ASSERT_EQ(actor.step(), StepResult::pushed);
+  EXPECT_TRUE(drain(*run.shm).empty());  // nothing for the evaluators
+  std::vector<rp::ScoredGroup> groups;
+  ASSERT_EQ(run.shm->replay().take_ready(groups, 4, 0, 100, std::chrono::seconds(2)), 1u);
+  ASSERT_EQ(groups[0].results.size(), 2u);
+  for (const auto& r : groups[0].results) {
+    EXPECT_EQ(r.verdict, rp::Verdict::compile_error);
+    EXPECT_EQ(r.reason.rfind("extract: ", 0), 0u) << r.reason;
+    EXPECT_DOUBLE_EQ(r.reward, opts.extraction_failure_reward);
+  }
+  EXPECT_FALSE(groups[0].deadline_hit);
+}
+
+TEST(ActorTest, MissingTasksAreLeftOutAndNoneLeftIsAnError) {
+  KF_NEED_TASKS();
+  auto opts = small_options();
+  opts.include = {"001_relu", "999_not_a_task"};
+  EXPECT_EQ(load_actor_tasks(opts).size(), 1u);
+  opts.include = {"999_not_a_task"};
+  EXPECT_THROW(load_actor_tasks(opts), kf::Error);
+  // A context too small for the prompt: the task leaves the schedule; none left -> error.
+  RunFixture run;
+  opts = small_options();
+  opts.context_tokens = 200;
+  Actor actor(opts, test::tiny_policy(0), load_actor_tasks(opts), *run.shm);
+  EXPECT_EQ(actor.step(), StepResult::no_task);
+  EXPECT_THROW(actor.step(), kf::Error);
+}

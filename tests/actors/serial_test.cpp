@@ -1,0 +1,108 @@
+// Serial mode end to end on the CPU backend: a tiny byte-level model overfit on one
+// prompt -> completion pair writes a known-good ReLU kernel; the actor samples it
+// greedily, extracts it, the evaluator verifies it for real, and the Result lands in the
+// ReplayBuffer group and the kernel in the KernelDb. No mocks.
+#include <gtest/gtest.h>
+
+#include <chrono>
+
+#include "kf/actors/serial.h"
+#include "test_util.h"
+
+using namespace kf::actors;
+namespace rp = kf::replay;
+
+TEST(SerialTest, OverfitPolicyKernelIsVerifiedAndLandsInReplayAndKernelDb) {
+  KF_NEED_TASKS();
+  const auto t_start = std::chrono::steady_clock::now();
+  test::TempDir tmp;
+  torch::manual_seed(0);
+  at::set_num_threads(2);
+  // A short plain prompt (template files are data: a test may bring its own).
+  const std::string tpl = tmp.path + "/short.txt";
+  test::write_file(tpl, "=== plain ===\nTask {{task}} ({{lang}} {{marker}}):\n");
+  const std::string kernel = test::read_text(test::source_dir() + "/tests/evaluator/kernels/cpu/good_relu.cpp");
+  ASSERT_FALSE(kernel.empty());
+  const std::string completion = "```cpp kernel\n" + kernel + "```\n";
+
+  rp::RunShmConfig c;
+  c.candidates = {16, 256 * 1024};
+  c.replay.capacity = 8;
+  auto shm = rp::RunShm::create(test::run_name("s"), c);
+  shm->control().set_state(rp::RunState::running);
+
+  ActorOptions o;
+  o.tasks_dir = test::tasks_dir();
+  o.include = {"001_relu"};
+  o.mode = PromptMode::plain;
+  o.template_path = tpl;
+  o.abi_header_path = test::source_dir() + "/evaluator/include/kf/kernel.h";
+  o.group_size = 1;
+  o.temperature = 0;  // greedy
+  o.max_new_tokens = static_cast<int64_t>(completion.size()) + 8;
+  auto pol = test::tiny_policy(0);
+  auto model = pol.model;
+  auto tasks = load_actor_tasks(o);
+  Actor actor(o, std::move(pol), tasks, *shm);
+  const auto prompt = actor.build_task_prompt(*tasks[0], 0).tokens;
+
+  // Overfit: teacher-forced argmax must reproduce every completion token (then greedy
+  // decoding does too). Completion ends with EOS (id 0).
+  std::vector<int64_t> seq(prompt.begin(), prompt.end());
+  for (unsigned char ch : completion) seq.push_back(ch);
+  seq.push_back(0);
+  const auto ids = torch::tensor(seq).unsqueeze(0);
+  const int64_t P = static_cast<int64_t>(prompt.size()), T = static_cast<int64_t>(seq.size());
+  const auto target = ids.narrow(1, P, T - P);
+  model->train();
+  torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(3e-3));
+  int step = 0;
+  bool memorised = false;
+  for (; step < 1500 && !memorised; ++step) {
+    const auto logits = model->forward(ids).narrow(1, P - 1, T - P);
+    const auto loss = torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), target.reshape({-1}));
+    opt.zero_grad();
+    loss.backward();
+    opt.step();
+    if (step % 20 == 19) memorised = logits.argmax(-1).eq(target).all().item<bool>();
+  }
+  model->eval();
+  ASSERT_TRUE(memorised) << "tiny model did not memorise the kernel in " << step << " steps";
+  std::cerr << "memorised after " << step << " Adam steps, "
+            << std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count() << " s\n";
+
+  kf::evaluator::EvalOptions eo;
+  eo.compile.cache_dir = tmp.path + "/cache";
+  eo.correctness_sets = 1;
+  eo.stress_sets = 1;
+  eo.warmup = 1;
+  eo.trials = 3;
+  eo.max_trials = 3;
+  eo.max_spread = 100;  // a loaded CI machine: time, but never give up on spread
+  eo.cpu_threads = 2;
+  kf::evaluator::Evaluator ev(eo);
+  SerialRunner serial(actor, ev, *shm, tasks, kf::tasks::Backend::CPU);
+  ASSERT_EQ(serial.step(), StepResult::pushed);
+  ASSERT_EQ(serial.results().size(), 1u);
+  const auto& r = serial.results()[0];
+  EXPECT_EQ(r.verdict, rp::Verdict::ok) << r.reason;
+  EXPECT_GT(r.speedup, 0);
+
+  std::vector<rp::ScoredGroup> groups;
+  ASSERT_EQ(shm->replay().take_ready(groups, 4, 0, 100, std::chrono::seconds(5)), 1u);
+  const auto& g = groups[0];
+  EXPECT_EQ(g.task, "001_relu");
+  ASSERT_EQ(g.results.size(), 1u);
+  EXPECT_EQ(g.results[0].verdict, rp::Verdict::ok);
+  EXPECT_EQ(g.candidates[0].source, kernel);
+  EXPECT_EQ(g.prompt_tokens, prompt);
+  EXPECT_EQ(g.candidates[0].completion_tokens.back(), 0);  // EOS kept
+  const auto best = shm->kernels().best("001_relu");
+  ASSERT_TRUE(best.has_value());
+  EXPECT_EQ(best->source, kernel);
+  EXPECT_DOUBLE_EQ(best->speedup, r.speedup);
+  EXPECT_EQ(best->policy_version, 0);
+
+  // The next prompt of this task (contrastive mode) shows that kernel as an exemplar.
+  shm->shutdown();
+}
