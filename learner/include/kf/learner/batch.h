@@ -1,0 +1,67 @@
+// From scored groups to training tensors: filter the groups (staleness, no signal,
+// missing results), compute group-relative advantages and pairs, and pack the
+// sequences into micro-batches of at most `micro_batch_tokens` padded tokens.
+//
+// Why groups stay whole in a micro-batch: the pairwise loss is non-linear in a pair's
+// two log-prob sums, so both must be in one forward; GRPO does not care. A group larger
+// than the budget becomes a micro-batch of its own (logged once per step by the learner).
+// Plain functions; any thread.
+#pragma once
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "kf/learner/learner_config.h"
+#include "kf/replay/group_replay.h"
+
+namespace kf::learner {
+
+struct Sequence {
+  std::vector<int32_t> tokens;     // prompt + completion
+  int64_t prompt_len = 0;
+  std::vector<float> behaviour;    // one per completion token
+  double reward = 0;
+  double advantage = 0;
+  int64_t group = 0;               // index of its group in this step's batch
+};
+
+struct BatchCounts {
+  int64_t groups_in = 0, groups_used = 0, dropped_stale = 0, skipped_equal = 0, skipped_small = 0;
+  int64_t candidates_missing = 0, candidates_malformed = 0;
+};
+
+struct StepBatch {
+  std::vector<Sequence> seqs;
+  std::vector<std::pair<int64_t, int64_t>> pairs;   // indices into seqs: (faster, slower)
+  std::vector<std::vector<int64_t>> groups;         // sequence indices of each used group
+  BatchCounts counts;
+  int64_t completion_tokens() const;
+};
+
+// Filters and scores `groups` for a learner at `current_version`. A group is dropped
+// when current_version - policy_version > max_staleness (counted), skipped when its
+// rewards are all equal (GRPO and pairwise: no signal) or fewer than two candidates
+// have results and usable tokens. Candidates with a missing result, no completion
+// tokens or a behaviour log-prob count that differs from the token count are left out
+// (counted) and the group's advantages are computed over the rest.
+StepBatch build_step_batch(const std::vector<replay::ScoredGroup>& groups, int64_t current_version,
+                           const LearnerConfig& cfg);
+
+struct MicroBatch {
+  torch::Tensor ids;         // int64 [B, T], right-padded
+  torch::Tensor attention;   // int64 [B, T], 1 = token
+  torch::Tensor behaviour;   // fp32 [B, T-1], aligned with token_logprobs
+  torch::Tensor completion;  // fp32 [B, T-1], 1 on completion tokens
+  torch::Tensor advantages;  // fp32 [B]
+  std::vector<int64_t> seq_index;  // which StepBatch sequences, in row order
+  int64_t padded_tokens() const { return ids.numel(); }
+};
+
+// Greedy packing, groups in order, each micro-batch at most max_tokens padded tokens
+// (B * longest) unless one group alone exceeds it. Returns sequence indices per batch.
+std::vector<std::vector<int64_t>> pack_micro_batches(const StepBatch& b, int64_t max_tokens);
+MicroBatch make_micro_batch(const StepBatch& b, const std::vector<int64_t>& seq_index);
+
+}  // namespace kf::learner

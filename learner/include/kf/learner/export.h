@@ -1,0 +1,23 @@
+// Export: a learner checkpoint -> an HF-format folder that transformers loads
+// (config.json, model.safetensors, tokenizer.json when the checkpoint has one,
+// generation_config.json). Used by tools/export.
+// Plain function; any thread.
+#pragma once
+#include <string>
+
+namespace kf::learner {
+
+struct ExportOptions {
+  std::string dtype = "float32";  // "float32" or "bfloat16" weights
+  double temperature = 1.0;       // generation_config.json sampling defaults
+  double top_p = 1.0;
+  int64_t max_new_tokens = 2048;
+};
+
+// `checkpoint` is a checkpoint folder, a run's checkpoints/ folder or a run folder (then
+// the newest valid checkpoint is used). The checkpoint is verified first. Throws
+// kf::Error naming the file and field. Returns the checkpoint folder used.
+std::string export_checkpoint(const std::string& checkpoint, const std::string& out_dir,
+                              const ExportOptions& opt = {});
+
+}  // namespace kf::learner

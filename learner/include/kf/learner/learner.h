@@ -1,0 +1,95 @@
+// Learner: one data-parallel rank of the GRPO / pairwise trainer. Each step():
+//   1. take this rank's share of scored groups from the GroupSource;
+//   2. drop stale groups, skip groups without signal, compute advantages and pairs;
+//   3. all-reduce the batch counts, so the loss is normalised over all ranks' tokens;
+//   4. forward/backward over token-budgeted micro-batches (bf16 autocast on CUDA),
+//      the last one all-reducing gradient buckets as they complete;
+//   5. clip, AdamW with the scheduled learning rate; the policy version becomes the
+//      step count;
+//   6. publish a snapshot every snapshot.every steps and checkpoint every
+//      checkpoint.every steps (rank 0 writes; all ranks call).
+// A step in which no rank has usable data changes nothing and returns updated=false.
+// Every rank keeps identical weights: rank 0's initial weights are broadcast, and the
+// all-reduced gradients are bitwise identical on every rank (weights_checksum()).
+// Threading: one thread drives a Learner.
+#pragma once
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "kf/learner/comm.h"
+#include "kf/learner/group_source.h"
+#include "kf/learner/learner_config.h"
+#include "kf/learner/snapshot_publisher.h"
+#include "kf/policy/model.h"
+#include "kf/replay/run_shm.h"
+
+namespace kf::learner {
+
+struct LearnerDeps {
+  Communicator* comm = nullptr;               // required
+  GroupSource* source = nullptr;              // required
+  replay::SnapshotStore* snapshots = nullptr; // optional: where snapshots go (rank 0 publishes)
+  replay::RunShm* shm = nullptr;              // optional: replay + kernel DB saved in checkpoints
+  std::string checkpoint_dir;                 // optional: <run>/checkpoints
+  torch::Device device = torch::kCPU;
+};
+
+struct StepStats {
+  bool updated = false;
+  int64_t step = 0;              // steps done after this one
+  double loss = 0, grpo_loss = 0, pairwise_loss = 0, kl = 0, clip_fraction = 0, mean_ratio = 0;
+  double grad_norm = 0, lr = 0;
+  int64_t groups = 0, sequences = 0, tokens = 0, pairs = 0, micro_batches = 0;  // all ranks
+  double seconds = 0, publish_stall_ms = 0, checkpoint_seconds = 0;
+  int64_t buckets_in_backward = 0;
+};
+
+// The architecture of a random-init model by name: "tiny" (2 layers, hidden 64, vocab
+// 256: tests) or "qwen2.5-0.5b" (benchmarks). Throws kf::Error for another name.
+policy::ModelConfig model_shape(const std::string& name);
+
+class Learner {
+ public:
+  Learner(LearnerConfig cfg, LearnerDeps deps);
+  ~Learner();
+  Learner(const Learner&) = delete;
+  Learner& operator=(const Learner&) = delete;
+
+  // Continues from the newest valid checkpoint in deps.checkpoint_dir (rank 0 picks it,
+  // every rank loads it). Returns its step, or nullopt when there is none.
+  std::optional<int64_t> resume();
+  // Loads a specific checkpoint folder (weights, optimizer, step, RNG, counters; replay
+  // and kernel DB into deps.shm on rank 0 when restore_shm).
+  void load_checkpoint(const std::string& path, bool restore_shm = true);
+
+  StepStats step();
+  std::string checkpoint();      // all ranks call; rank 0 writes; returns the path ("" on others)
+  void publish_snapshot();       // rank 0 publishes the current weights as version()
+
+  int64_t steps_done() const { return step_; }
+  int64_t version() const { return step_; }
+  policy::CausalLM model() const { return model_; }
+  const LearnerConfig& config() const { return cfg_; }
+  uint64_t weights_checksum() const;                 // xxh64 over all weights, name order
+  const std::map<std::string, int64_t>& counters() const { return counters_; }
+  PublishStats publish_stats() const;  // waits for the publish in flight; zeros without a store
+  void set_tokenizer_json(std::string json) { tokenizer_json_ = std::move(json); }
+
+  struct Impl;
+
+ private:
+  LearnerConfig cfg_;
+  LearnerDeps deps_;
+  policy::CausalLM model_{nullptr};
+  int64_t step_ = 0;
+  std::map<std::string, int64_t> counters_;
+  std::string tokenizer_json_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kf::learner

@@ -1,0 +1,82 @@
+// LearnerConfig: every knob of the learner as one plain struct, read from the run config's
+// `learner:` section (keys, defaults and help in common/src/config_schema.cpp).
+// Why a struct: tests and benchmarks build one directly; the learner never reads the YAML.
+// Plain data; any thread.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "kf/common/config.h"
+
+namespace kf::learner {
+
+enum class Objective { grpo, pairwise, grpo_pairwise };
+enum class RatioMode { behaviour, decoupled };
+enum class Aggregation { token, sequence };
+enum class ScheduleKind { constant, linear, cosine };
+
+struct GrpoConfig {
+  bool std_normalize = false;   // A = (r - mean) / (std + adv_eps) instead of r - mean
+  double adv_eps = 1e-6;
+  RatioMode ratio = RatioMode::behaviour;
+  double clip_low = 0.2;        // ratio clipped to [1 - clip_low, 1 + clip_high]
+  double clip_high = 0.2;       // DAPO clip-higher: 0.28
+  double behaviour_weight_cap = 5.0;  // decoupled: pi_prox / pi_behaviour capped here
+  double kl_coef = 0.0;         // k3 KL to the frozen reference
+  Aggregation aggregation = Aggregation::token;
+};
+
+struct PairwiseConfig {
+  double coef = 1.0;
+  double beta = 0.1;
+  int64_t pairs_per_group = 4;
+  double min_reward_gap = 0.0;
+};
+
+struct OptimConfig {
+  double lr = 1e-6, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0, grad_clip = 1.0;
+};
+
+struct ScheduleConfig {
+  ScheduleKind kind = ScheduleKind::constant;
+  int64_t warmup_steps = 10;
+  int64_t total_steps = 1000;
+  double min_lr_ratio = 0.1;
+};
+
+struct LearnerConfig {
+  std::string policy;               // initial HF folder; empty: random init
+  std::string init_shape = "tiny";  // "tiny" | "qwen2.5-0.5b" for a random init
+  uint64_t seed = 0;
+  int64_t steps = 0;
+  Objective objective = Objective::grpo;
+  int64_t groups_per_step = 8;      // over all ranks
+  int64_t take_timeout_ms = 1000;
+  int64_t max_staleness = 4;
+  int64_t micro_batch_tokens = 16384;
+  double temperature = 1.0;
+  std::string precision = "auto";   // auto | fp32 | bf16
+  bool gradient_checkpointing = false;
+  bool deterministic = false;
+  GrpoConfig grpo;
+  PairwiseConfig pairwise;
+  OptimConfig optim;
+  ScheduleConfig schedule;
+  int64_t ranks = 1;
+  std::string comm = "auto";        // auto | cpu | nccl
+  int64_t bucket_mb = 25;
+  int64_t snapshot_every = 1;
+  std::string snapshot_dtype = "bf16";
+  int64_t checkpoint_every = 100;
+  int64_t checkpoint_keep = 3;
+
+  bool uses_grpo() const { return objective != Objective::pairwise; }
+  bool uses_pairwise() const { return objective != Objective::grpo; }
+  bool needs_reference() const { return uses_pairwise() || (uses_grpo() && grpo.kl_coef != 0.0); }
+};
+
+// Reads the `learner.*` keys (and run.seed). Throws kf::Error naming the key for a value
+// out of range (e.g. "learner.dist.ranks: must be >= 1").
+LearnerConfig learner_config_from(const kf::Config& cfg);
+
+}  // namespace kf::learner

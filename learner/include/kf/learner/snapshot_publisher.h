@@ -1,0 +1,75 @@
+// Publishing policy weights to the run's SnapshotStore for the actors, without
+// stalling training for long.
+//
+// Blob format: a safetensors image in memory (u64 header length, JSON header with HF
+// parameter names, dtype and offsets, then the data), so a reader needs nothing but
+// kf::policy::st_parse; metadata carries "kf_version" (the policy version).
+//
+// publish(version): the learner thread only snapshots the weights: on CUDA a
+// device-to-device cast into a staging buffer (the model may change right after), on
+// CPU a cast-copy into the host blob. A background thread then copies device ->
+// pinned host (own stream) and writes the store. A publish due while the previous one
+// is still in flight first waits for it; that wait counts as stall.
+// Threading: publish/wait/stats from the learner thread.
+#pragma once
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kf/policy/model.h"
+#include "kf/replay/snapshot.h"
+
+namespace kf::learner {
+
+struct PublishStats {
+  int64_t publishes = 0;
+  double last_stall_ms = 0, max_stall_ms = 0, total_stall_ms = 0;
+  double last_total_ms = 0;  // staging + copy + store write of the last finished publish
+  uint64_t blob_bytes = 0;
+};
+
+class SnapshotPublisher {
+ public:
+  // dtype: kBFloat16 or kFloat32. `store` may be null (then only the blob is built,
+  // e.g. for benchmarks); it must outlive the publisher.
+  SnapshotPublisher(policy::CausalLM model, replay::SnapshotStore* store, torch::ScalarType dtype);
+  ~SnapshotPublisher();
+  SnapshotPublisher(const SnapshotPublisher&) = delete;
+  SnapshotPublisher& operator=(const SnapshotPublisher&) = delete;
+
+  void publish(int64_t version);
+  void wait();  // until the background part of the last publish is done; rethrows its error
+  PublishStats stats() const { return stats_; }
+  uint64_t blob_bytes() const { return blob_bytes_; }
+  // The host blob of the last finished publish (valid after wait()).
+  const unsigned char* blob() const { return host_.data_ptr<unsigned char>(); }
+
+ private:
+  struct Slot {
+    std::string name;
+    torch::Tensor param, staging, host_view;
+  };
+  void background(int64_t version, double stall_ms, double t0);
+  policy::CausalLM model_;
+  replay::SnapshotStore* store_;
+  torch::ScalarType dtype_;
+  bool cuda_;
+  torch::Tensor host_;  // uint8 blob (pinned on CUDA)
+  uint64_t blob_bytes_ = 0;
+  std::vector<Slot> slots_;
+  std::thread worker_;
+  std::exception_ptr error_;
+  std::shared_ptr<void> ready_event_;  // at::cuda::CUDAEvent on CUDA builds
+  PublishStats stats_;
+};
+
+// Reader side: copies a blob published above into `model`'s parameters by name (any
+// dtype conversion in the copy). Throws kf::Error naming `context` and the tensor on a
+// missing or extra tensor or a shape mismatch. Returns the blob's kf_version (-1 if absent).
+int64_t load_weights_blob(policy::CausalLM& model, const void* data, std::size_t bytes, const std::string& context);
+
+}  // namespace kf::learner

@@ -1,0 +1,130 @@
+#include "kf/learner/batch.h"
+
+#include <algorithm>
+
+#include "kf/learner/loss.h"
+
+namespace kf::learner {
+
+int64_t StepBatch::completion_tokens() const {
+  int64_t n = 0;
+  for (const auto& s : seqs) n += static_cast<int64_t>(s.tokens.size()) - s.prompt_len;
+  return n;
+}
+
+StepBatch build_step_batch(const std::vector<replay::ScoredGroup>& groups, int64_t current_version,
+                           const LearnerConfig& cfg) {
+  StepBatch out;
+  for (const auto& g : groups) {
+    ++out.counts.groups_in;
+    if (current_version - g.policy_version > cfg.max_staleness) {
+      ++out.counts.dropped_stale;
+      continue;
+    }
+    std::vector<Sequence> seqs;
+    for (std::size_t i = 0; i < g.candidates.size(); ++i) {
+      const auto& c = g.candidates[i];
+      if (i >= g.results.size() || (i < g.missing.size() && g.missing[i])) {
+        ++out.counts.candidates_missing;
+        continue;
+      }
+      if (c.completion_tokens.empty() || c.behaviour_logprobs.size() != c.completion_tokens.size() ||
+          g.prompt_tokens.empty()) {
+        ++out.counts.candidates_malformed;
+        continue;
+      }
+      Sequence s;
+      s.tokens = g.prompt_tokens;
+      s.tokens.insert(s.tokens.end(), c.completion_tokens.begin(), c.completion_tokens.end());
+      s.prompt_len = static_cast<int64_t>(g.prompt_tokens.size());
+      s.behaviour = c.behaviour_logprobs;
+      s.reward = g.results[i].reward;
+      seqs.push_back(std::move(s));
+    }
+    if (seqs.size() < 2) {
+      ++out.counts.skipped_small;
+      continue;
+    }
+    std::vector<double> rewards;
+    for (const auto& s : seqs) rewards.push_back(s.reward);
+    if (rewards_all_equal(rewards)) {
+      ++out.counts.skipped_equal;
+      continue;
+    }
+    const auto adv = group_advantages(rewards, cfg.grpo.std_normalize, cfg.grpo.adv_eps);
+    const int64_t group_index = static_cast<int64_t>(out.groups.size());
+    const int64_t base = static_cast<int64_t>(out.seqs.size());
+    std::vector<int64_t> members;
+    for (std::size_t i = 0; i < seqs.size(); ++i) {
+      seqs[i].advantage = adv[i];
+      seqs[i].group = group_index;
+      members.push_back(base + static_cast<int64_t>(i));
+      out.seqs.push_back(std::move(seqs[i]));
+    }
+    if (cfg.uses_pairwise())
+      for (const auto& p : select_pairs(rewards, cfg.pairwise.pairs_per_group, cfg.pairwise.min_reward_gap))
+        out.pairs.emplace_back(base + p.first, base + p.second);
+    out.groups.push_back(std::move(members));
+    ++out.counts.groups_used;
+  }
+  return out;
+}
+
+std::vector<std::vector<int64_t>> pack_micro_batches(const StepBatch& b, int64_t max_tokens) {
+  std::vector<std::vector<int64_t>> out;
+  std::vector<int64_t> cur;
+  int64_t cur_len = 0;
+  for (const auto& members : b.groups) {
+    int64_t glen = 0;
+    for (int64_t i : members) glen = std::max<int64_t>(glen, b.seqs[i].tokens.size());
+    const int64_t len = std::max(cur_len, glen);
+    const int64_t rows = static_cast<int64_t>(cur.size() + members.size());
+    if (!cur.empty() && rows * len > max_tokens) {
+      out.push_back(std::move(cur));
+      cur.clear();
+      cur_len = 0;
+    }
+    cur.insert(cur.end(), members.begin(), members.end());
+    cur_len = std::max(cur_len, glen);
+  }
+  if (!cur.empty()) out.push_back(std::move(cur));
+  return out;
+}
+
+MicroBatch make_micro_batch(const StepBatch& b, const std::vector<int64_t>& seq_index) {
+  const int64_t B = static_cast<int64_t>(seq_index.size());
+  int64_t T = 2;
+  for (int64_t i : seq_index) T = std::max<int64_t>(T, b.seqs[i].tokens.size());
+  auto ids = torch::zeros({B, T}, torch::kInt64);
+  auto attn = torch::zeros({B, T}, torch::kInt64);
+  auto beh = torch::zeros({B, T - 1}, torch::kFloat32);
+  auto comp = torch::zeros({B, T - 1}, torch::kFloat32);
+  auto adv = torch::zeros({B}, torch::kFloat32);
+  auto ia = ids.accessor<int64_t, 2>();
+  auto aa = attn.accessor<int64_t, 2>();
+  auto ba = beh.accessor<float, 2>();
+  auto ca = comp.accessor<float, 2>();
+  for (int64_t r = 0; r < B; ++r) {
+    const auto& s = b.seqs[seq_index[r]];
+    for (std::size_t t = 0; t < s.tokens.size(); ++t) {
+      ia[r][t] = s.tokens[t];
+      aa[r][t] = 1;
+    }
+    // token_logprobs position t predicts token t+1: completion token j sits at P+j.
+    for (std::size_t j = 0; j < s.behaviour.size(); ++j) {
+      ba[r][s.prompt_len - 1 + j] = s.behaviour[j];
+      ca[r][s.prompt_len - 1 + j] = 1.0f;
+    }
+    adv[r] = static_cast<float>(s.advantage);
+  }
+  MicroBatch m;
+  m.ids = ids;
+  m.attention = attn;
+  m.behaviour = beh;
+  m.completion = comp;
+  m.advantages = adv;
+  m.seq_index = seq_index;
+  return m;
+}
+
+}  // namespace kf::learner

@@ -1,0 +1,282 @@
+#include "kf/learner/checkpoint.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "kf/common/error.h"
+#include "kf/common/log.h"
+#include "kf/common/run_dir.h"
+#include "kf/policy/checkpoint.h"
+#include "kf/policy/safetensors_format.h"
+
+namespace kf::learner {
+namespace {
+
+constexpr uint64_t P1 = 11400714785074694791ULL, P2 = 14029467366897019727ULL, P3 = 1609587929392839161ULL,
+                   P4 = 9650029242287828579ULL, P5 = 2870177450012600261ULL;
+inline uint64_t rotl(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
+inline uint64_t rd64(const unsigned char* p) {
+  uint64_t v;
+  std::memcpy(&v, p, 8);
+  return v;
+}
+inline uint32_t rd32(const unsigned char* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+inline uint64_t round1(uint64_t acc, uint64_t in) { return rotl(acc + in * P2, 31) * P1; }
+inline uint64_t merge(uint64_t acc, uint64_t v) { return (acc ^ round1(0, v)) * P1 + P4; }
+
+void fsync_path(const std::string& path, bool dir) {
+  const int fd = ::open(path.c_str(), dir ? (O_RDONLY | O_DIRECTORY) : O_RDONLY);
+  if (fd < 0) throw Error("checkpoint: open " + path + " for fsync: " + std::strerror(errno));
+  ::fsync(fd);
+  ::close(fd);
+}
+
+void write_plain(const std::string& path, const std::string& bytes) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) throw Error("checkpoint: create " + path + ": " + std::strerror(errno));
+  std::size_t off = 0;
+  while (off < bytes.size()) {
+    const ssize_t w = ::write(fd, bytes.data() + off, bytes.size() - off);
+    if (w <= 0) {
+      ::close(fd);
+      throw Error("checkpoint: write " + path + ": " + std::strerror(errno));
+    }
+    off += static_cast<std::size_t>(w);
+  }
+  ::fsync(fd);
+  ::close(fd);
+}
+
+void write_tensors(const std::string& path, const NamedTensors& tensors) {
+  std::vector<policy::StWriteSpec> specs;
+  for (const auto& [name, t] : tensors)
+    specs.push_back({name, policy::safetensors_dtype(t.scalar_type()), t.sizes().vec()});
+  policy::st_write(path, specs, [&](std::size_t i, std::string& bytes) {
+    const auto cpu = tensors[i].second.detach().to(torch::kCPU).contiguous();
+    bytes.assign(static_cast<const char*>(cpu.data_ptr()), cpu.numel() * cpu.element_size());
+  });
+}
+
+std::vector<std::string> list_dir(const std::string& dir) {
+  std::vector<std::string> out;
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) return out;
+  while (dirent* e = ::readdir(d)) {
+    const std::string n = e->d_name;
+    if (n != "." && n != "..") out.push_back(n);
+  }
+  ::closedir(d);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+void mkdir_p(const std::string& dir) {
+  for (std::size_t i = 1; i <= dir.size(); ++i)
+    if (i == dir.size() || dir[i] == '/') ::mkdir(dir.substr(0, i).c_str(), 0755);
+}
+
+bool is_dir(const std::string& p) {
+  struct stat st {};
+  return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+}  // namespace
+
+uint64_t hash64(const void* data, std::size_t len, uint64_t seed) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  const unsigned char* end = p + len;
+  uint64_t h;
+  if (len >= 32) {
+    uint64_t v1 = seed + P1 + P2, v2 = seed + P2, v3 = seed, v4 = seed - P1;
+    const unsigned char* limit = end - 32;
+    do {
+      v1 = round1(v1, rd64(p));
+      v2 = round1(v2, rd64(p + 8));
+      v3 = round1(v3, rd64(p + 16));
+      v4 = round1(v4, rd64(p + 24));
+      p += 32;
+    } while (p <= limit);
+    h = rotl(v1, 1) + rotl(v2, 7) + rotl(v3, 12) + rotl(v4, 18);
+    h = merge(h, v1);
+    h = merge(h, v2);
+    h = merge(h, v3);
+    h = merge(h, v4);
+  } else {
+    h = seed + P5;
+  }
+  h += static_cast<uint64_t>(len);
+  while (p + 8 <= end) {
+    h ^= round1(0, rd64(p));
+    h = rotl(h, 27) * P1 + P4;
+    p += 8;
+  }
+  if (p + 4 <= end) {
+    h ^= static_cast<uint64_t>(rd32(p)) * P1;
+    h = rotl(h, 23) * P2 + P3;
+    p += 4;
+  }
+  while (p < end) {
+    h ^= (*p) * P5;
+    h = rotl(h, 11) * P1;
+    ++p;
+  }
+  h ^= h >> 33;
+  h *= P2;
+  h ^= h >> 29;
+  h *= P3;
+  h ^= h >> 32;
+  return h;
+}
+
+uint64_t hash_file(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) throw Error(path + ": cannot open: " + std::strerror(errno));
+  struct stat st {};
+  ::fstat(fd, &st);
+  if (st.st_size == 0) {
+    ::close(fd);
+    return hash64(nullptr, 0);
+  }
+  void* m = ::mmap(nullptr, st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  if (m == MAP_FAILED) throw Error(path + ": mmap failed: " + std::strerror(errno));
+  ::madvise(m, st.st_size, MADV_SEQUENTIAL);
+  const uint64_t h = hash64(m, st.st_size);
+  ::munmap(m, st.st_size);
+  return h;
+}
+
+void remove_tree(const std::string& path) {
+  ::nftw(path.c_str(), [](const char* p, const struct stat*, int, struct FTW*) { return ::remove(p); }, 16,
+         FTW_DEPTH | FTW_PHYS);
+}
+
+std::string checkpoint_name(int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "step-%012lld", static_cast<long long>(step));
+  return buf;
+}
+
+std::string write_checkpoint(const std::string& dir, const CheckpointData& data, int64_t keep) {
+  mkdir_p(dir);
+  // Temp folders of writers that died mid-checkpoint.
+  for (const auto& n : list_dir(dir)) {
+    if (n.rfind(".tmp-", 0) != 0) continue;
+    const auto dash = n.rfind('-');
+    const int pid = std::atoi(n.c_str() + dash + 1);
+    if (pid > 0 && pid != ::getpid() && ::kill(pid, 0) != 0) {
+      log_warn("learner checkpoint: removing ", dir, "/", n, " left by dead writer pid ", pid);
+      remove_tree(dir + "/" + n);
+    }
+  }
+  const std::string name = checkpoint_name(data.step);
+  const std::string tmp = dir + "/.tmp-" + name + "-" + std::to_string(::getpid());
+  remove_tree(tmp);
+  if (::mkdir(tmp.c_str(), 0755) != 0) throw Error("checkpoint: mkdir " + tmp + ": " + std::strerror(errno));
+  write_tensors(tmp + "/model.safetensors", data.model);
+  write_tensors(tmp + "/optimizer.safetensors", data.optimizer);
+  if (!data.reference.empty()) write_tensors(tmp + "/reference.safetensors", data.reference);
+  write_plain(tmp + "/state.json", data.state_json);
+  write_plain(tmp + "/config.json", data.model_config_json);
+  if (!data.tokenizer_json.empty()) write_plain(tmp + "/tokenizer.json", data.tokenizer_json);
+  if (data.extra) data.extra(tmp);
+  nlohmann::json files = nlohmann::json::object();
+  for (const auto& n : list_dir(tmp)) {
+    const std::string p = tmp + "/" + n;
+    struct stat st {};
+    ::stat(p.c_str(), &st);
+    char hex[17];
+    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(hash_file(p)));
+    files[n] = {{"bytes", static_cast<uint64_t>(st.st_size)}, {"xxh64", hex}};
+    fsync_path(p, false);
+  }
+  nlohmann::json manifest = {{"format", "kf-learner-checkpoint"}, {"version", 1}, {"step", data.step}, {"files", files}};
+  write_plain(tmp + "/MANIFEST.json", manifest.dump(1));
+  fsync_path(tmp, true);
+  const std::string final_path = dir + "/" + name;
+  if (is_dir(final_path)) remove_tree(final_path);  // a rewrite of the same step (e.g. final checkpoint)
+  if (::rename(tmp.c_str(), final_path.c_str()) != 0)
+    throw Error("checkpoint: rename " + tmp + " -> " + final_path + ": " + std::strerror(errno));
+  fsync_path(dir, true);
+  auto all = list_checkpoints(dir);
+  for (std::size_t i = 0; keep > 0 && i + keep < all.size(); ++i) remove_tree(all[i].path);
+  return final_path;
+}
+
+void verify_checkpoint(const std::string& path) {
+  const std::string mpath = path + "/MANIFEST.json";
+  struct stat st {};
+  if (::stat(mpath.c_str(), &st) != 0) throw Error(mpath + ": missing (partial checkpoint)");
+  nlohmann::json m;
+  try {
+    m = nlohmann::json::parse(read_file(mpath));
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(mpath + ": not valid JSON: " + e.what());
+  }
+  if (m.value("format", "") != "kf-learner-checkpoint" || !m.contains("files") || !m["files"].is_object())
+    throw Error(mpath + ": field 'format'/'files': not a learner checkpoint manifest");
+  for (const char* required : {"model.safetensors", "optimizer.safetensors", "state.json", "config.json"})
+    if (!m["files"].contains(required)) throw Error(mpath + ": field 'files': lists no " + std::string(required));
+  for (const auto& [n, f] : m["files"].items()) {
+    const std::string p = path + "/" + n;
+    if (::stat(p.c_str(), &st) != 0) throw Error(p + ": missing");
+    if (static_cast<uint64_t>(st.st_size) != f.at("bytes").get<uint64_t>())
+      throw Error(p + ": size " + std::to_string(st.st_size) + " != manifest " +
+                  std::to_string(f.at("bytes").get<uint64_t>()) + " (truncated)");
+    char hex[17];
+    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(hash_file(p)));
+    if (f.at("xxh64").get<std::string>() != hex)
+      throw Error(p + ": xxh64 " + hex + " != manifest " + f.at("xxh64").get<std::string>() + " (corrupt)");
+  }
+}
+
+std::vector<CheckpointRef> list_checkpoints(const std::string& dir) {
+  std::vector<CheckpointRef> out;
+  for (const auto& n : list_dir(dir)) {
+    if (n.rfind("step-", 0) != 0 || !is_dir(dir + "/" + n)) continue;
+    out.push_back({dir + "/" + n, std::atoll(n.c_str() + 5)});
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.step < b.step; });
+  return out;
+}
+
+std::optional<CheckpointRef> find_latest_valid(const std::string& dir) {
+  auto all = list_checkpoints(dir);
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    try {
+      verify_checkpoint(it->path);
+      return *it;
+    } catch (const Error& e) {
+      const bool more = std::next(it) != all.rend();
+      log_warn("learner checkpoint: ", it->path, " is unusable: ", e.what(), "; ",
+               more ? "falling back to " + std::next(it)->path : std::string("no older checkpoint left"));
+    }
+  }
+  return std::nullopt;
+}
+
+std::map<std::string, torch::Tensor> read_tensors(const std::string& file) {
+  auto f = policy::StFile::open(file);
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& t : f->header().tensors) {
+    const auto dtype = policy::dtype_from_name(t.dtype, file + ": tensor '" + t.name + "'");
+    out[t.name] = torch::from_blob(const_cast<void*>(f->data(t)), t.shape, torch::TensorOptions().dtype(dtype)).clone();
+  }
+  return out;
+}
+
+}  // namespace kf::learner

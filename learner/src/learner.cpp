@@ -1,0 +1,452 @@
+#include "kf/learner/learner.h"
+
+#include <ATen/autocast_mode.h>
+
+#include <chrono>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <unordered_map>
+
+#include "kf/common/error.h"
+#include "kf/common/log.h"
+#include "kf/common/run_dir.h"
+#include "kf/learner/batch.h"
+#include "kf/learner/checkpoint.h"
+#include "kf/learner/grad_buckets.h"
+#include "kf/learner/loss.h"
+#include "kf/learner/optimizer.h"
+#include "kf/learner/snapshot_publisher.h"
+#include "kf/policy/checkpoint.h"
+
+#ifdef KF_HAVE_CUDA
+#include <ATen/cuda/CUDAGeneratorImpl.h>
+#endif
+
+namespace kf::learner {
+namespace {
+
+double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+// bf16 autocast for the forward pass on CUDA (weights and optimizer stay fp32).
+struct AutocastGuard {
+  bool on;
+  explicit AutocastGuard(bool enable) : on(enable) {
+    if (!on) return;
+    at::autocast::set_autocast_enabled(at::kCUDA, true);
+    at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
+    at::autocast::increment_nesting();
+  }
+  ~AutocastGuard() {
+    if (!on) return;
+    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+    at::autocast::set_autocast_enabled(at::kCUDA, false);
+  }
+};
+
+std::string to_hex(const torch::Tensor& bytes) {
+  const auto t = bytes.contiguous().to(torch::kCPU);
+  const auto* p = t.data_ptr<uint8_t>();
+  std::string s;
+  s.reserve(t.numel() * 2);
+  const char* d = "0123456789abcdef";
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    s.push_back(d[p[i] >> 4]);
+    s.push_back(d[p[i] & 15]);
+  }
+  return s;
+}
+
+torch::Tensor from_hex(const std::string& s) {
+  auto t = torch::empty({static_cast<int64_t>(s.size() / 2)}, torch::kUInt8);
+  auto* p = t.data_ptr<uint8_t>();
+  auto v = [](char c) { return c <= '9' ? c - '0' : c - 'a' + 10; };
+  for (std::size_t i = 0; i + 1 < s.size(); i += 2) p[i / 2] = static_cast<uint8_t>(v(s[i]) << 4 | v(s[i + 1]));
+  return t;
+}
+
+}  // namespace
+
+policy::ModelConfig model_shape(const std::string& name) {
+  policy::ModelConfig c;
+  c.model_type = "qwen2";
+  c.qkv_bias = true;
+  c.rope.theta = 1e6;
+  c.rms_norm_eps = 1e-6;
+  c.eos_token_ids = {0};
+  if (name == "tiny") {
+    c.vocab_size = 256;
+    c.hidden_size = 64;
+    c.intermediate_size = 128;
+    c.num_hidden_layers = 2;
+    c.num_attention_heads = 4;
+    c.num_key_value_heads = 2;
+    c.head_dim = 16;
+    c.max_position_embeddings = 4096;
+    c.tie_word_embeddings = false;
+  } else if (name == "qwen2.5-0.5b") {
+    c.vocab_size = 151936;
+    c.hidden_size = 896;
+    c.intermediate_size = 4864;
+    c.num_hidden_layers = 24;
+    c.num_attention_heads = 14;
+    c.num_key_value_heads = 2;
+    c.head_dim = 64;
+    c.max_position_embeddings = 32768;
+    c.tie_word_embeddings = true;
+    c.eos_token_ids = {151643, 151645};
+  } else {
+    throw Error("learner.init_shape: unknown model shape '" + name + "' (tiny, qwen2.5-0.5b)");
+  }
+  c.validate("learner.init_shape " + name);
+  return c;
+}
+
+struct Learner::Impl {
+  NamedTensors params;  // trainable, name order
+  std::unique_ptr<AdamW> opt;
+  std::unique_ptr<GradBuckets> buckets;
+  std::unique_ptr<SnapshotPublisher> publisher;
+  policy::CausalLM reference{nullptr};
+  bool autocast = false;
+  std::string config_json;
+};
+
+Learner::Learner(LearnerConfig cfg, LearnerDeps deps) : cfg_(std::move(cfg)), deps_(deps), impl_(new Impl) {
+  if (!deps_.comm) throw Error("learner: no communicator given");
+  if (!deps_.source) throw Error("learner: no group source given");
+  const auto dev = deps_.device;
+  if (cfg_.deterministic) {
+    at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
+    torch::manual_seed(cfg_.seed);
+  }
+  const auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(dev);
+  policy::ModelConfig mc;
+  if (!cfg_.policy.empty()) {
+    auto p = policy::load_policy(cfg_.policy, dev, torch::kFloat32);
+    model_ = p.model;
+    mc = p.config;
+    const std::string tok = cfg_.policy + "/tokenizer.json";
+    std::ifstream in(tok, std::ios::binary);
+    if (in) tokenizer_json_.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  } else {
+    mc = model_shape(cfg_.init_shape);
+    model_ = policy::CausalLM(mc, opts);
+    model_->init_random(cfg_.seed);
+  }
+  model_->set_gradient_checkpointing(cfg_.gradient_checkpointing);
+  model_->train();
+  impl_->config_json = policy::model_config_to_json(mc);
+  if (cfg_.precision == "bf16" && !dev.is_cuda())
+    throw Error("learner.precision: bf16 autocast needs a CUDA device (this learner runs on CPU)");
+  impl_->autocast = dev.is_cuda() && cfg_.precision != "fp32";
+  for (const auto& p : model_->named_parameters()) impl_->params.emplace_back(p.key(), p.value());
+  // Rank 0's weights are everyone's (random init or a checkpoint on a shared disk).
+  {
+    torch::NoGradGuard ng;
+    for (auto& [name, t] : impl_->params) {
+      auto flat = t.detach().contiguous().view({-1});
+      deps_.comm->broadcast(flat, 0);
+      if (flat.data_ptr() != t.data_ptr()) t.view({-1}).copy_(flat);
+    }
+  }
+  if (cfg_.needs_reference()) {
+    impl_->reference = policy::CausalLM(mc, opts);
+    torch::NoGradGuard ng;
+    auto rp = impl_->reference->named_parameters();
+    for (auto& [name, t] : impl_->params) rp[name].copy_(t);
+    for (auto& p : impl_->reference->parameters()) p.set_requires_grad(false);
+    impl_->reference->eval();
+  }
+  impl_->opt = std::make_unique<AdamW>(impl_->params, cfg_.optim);
+  impl_->buckets = std::make_unique<GradBuckets>(impl_->params, static_cast<std::size_t>(cfg_.bucket_mb) << 20,
+                                                 deps_.comm);
+  if (deps_.snapshots && deps_.comm->rank() == 0 && cfg_.snapshot_every > 0)
+    impl_->publisher = std::make_unique<SnapshotPublisher>(
+        model_, deps_.snapshots, cfg_.snapshot_dtype == "fp32" ? torch::kFloat32 : torch::kBFloat16);
+  for (const char* k : {"steps", "empty_steps", "groups_in", "groups_used", "dropped_stale", "skipped_equal",
+                        "skipped_small", "candidates_missing", "candidates_malformed", "tokens", "sequences", "pairs",
+                        "publishes", "checkpoints"})
+    counters_[k] = 0;
+  log_info("learner rank ", deps_.comm->rank(), "/", deps_.comm->world(), ": ", mc.num_hidden_layers, " layers, ",
+           impl_->params.size(), " tensors, ", impl_->buckets->buckets(), " gradient buckets on ", dev.str(),
+           impl_->autocast ? " (bf16 autocast)" : " (fp32)", "; ", deps_.comm->name());
+}
+
+Learner::~Learner() {
+  if (impl_ && impl_->publisher) {
+    try {
+      impl_->publisher->wait();
+    } catch (const std::exception& e) {
+      log_error("learner: last snapshot publish failed: ", e.what());
+    }
+  }
+}
+
+PublishStats Learner::publish_stats() const {
+  if (!impl_->publisher) return {};
+  impl_->publisher->wait();
+  return impl_->publisher->stats();
+}
+
+void Learner::publish_snapshot() {
+  if (!impl_->publisher) return;
+  impl_->publisher->publish(version());
+  ++counters_["publishes"];
+}
+
+StepStats Learner::step() {
+  const double t0 = now_s();
+  auto& comm = *deps_.comm;
+  StepStats st;
+  TakeRequest req;
+  req.step = step_;
+  req.rank = comm.rank();
+  req.world = comm.world();
+  req.groups = cfg_.groups_per_step / comm.world() + (comm.rank() < cfg_.groups_per_step % comm.world() ? 1 : 0);
+  req.version = version();
+  req.max_lag = cfg_.max_staleness;
+  const uint64_t src_stale_before = deps_.source->dropped_stale();
+  const auto groups = deps_.source->take(req);
+  const auto batch = build_step_batch(groups, version(), cfg_);
+  const auto& bc = batch.counts;
+  counters_["groups_in"] += bc.groups_in;
+  counters_["groups_used"] += bc.groups_used;
+  counters_["dropped_stale"] += bc.dropped_stale + static_cast<int64_t>(deps_.source->dropped_stale() - src_stale_before);
+  counters_["skipped_equal"] += bc.skipped_equal;
+  counters_["skipped_small"] += bc.skipped_small;
+  counters_["candidates_missing"] += bc.candidates_missing;
+  counters_["candidates_malformed"] += bc.candidates_malformed;
+
+  // Global counts: the loss is normalised over every rank's batch.
+  const auto dopts = torch::TensorOptions().dtype(torch::kFloat64).device(deps_.device);
+  auto counts = torch::tensor({static_cast<double>(batch.completion_tokens()), static_cast<double>(batch.seqs.size()),
+                               static_cast<double>(batch.pairs.size()), static_cast<double>(bc.groups_used)},
+                              torch::kFloat64)
+                    .to(deps_.device);
+  comm.all_reduce_sum(counts);
+  const auto c = counts.to(torch::kCPU);
+  const double n_tok = c[0].item<double>(), n_seq = c[1].item<double>(), n_pairs = c[2].item<double>();
+  st.tokens = static_cast<int64_t>(n_tok);
+  st.sequences = static_cast<int64_t>(n_seq);
+  st.pairs = static_cast<int64_t>(n_pairs);
+  st.groups = static_cast<int64_t>(c[3].item<double>());
+  const bool any_grpo = cfg_.uses_grpo() && n_seq > 0;
+  const bool any_pairs = cfg_.uses_pairwise() && n_pairs > 0;
+  if (!any_grpo && !any_pairs) {
+    ++counters_["empty_steps"];
+    st.step = step_;
+    st.seconds = now_s() - t0;
+    return st;
+  }
+
+  impl_->buckets->zero();
+  const auto mbs = pack_micro_batches(batch, cfg_.micro_batch_tokens);
+  std::unordered_map<int64_t, int64_t> pair_of_win;  // not used: pairs mapped per micro-batch below
+  auto stats = torch::zeros({6}, dopts);  // grpo loss, pairwise loss, clipped, ratio, kl, micro-batches
+  for (std::size_t k = 0; k < mbs.size(); ++k) {
+    if (k + 1 == mbs.size()) impl_->buckets->arm();
+    const auto mb = make_micro_batch(batch, mbs[k]);
+    const auto ids = mb.ids.to(deps_.device), attn = mb.attention.to(deps_.device);
+    const auto comp = mb.completion.to(deps_.device);
+    torch::Tensor logp, ref;
+    {
+      AutocastGuard ac(impl_->autocast);
+      logp = model_->token_logprobs(ids, attn, cfg_.temperature);
+      if (impl_->reference) {
+        torch::NoGradGuard ng;
+        ref = impl_->reference->token_logprobs(ids, attn, cfg_.temperature);
+      }
+    }
+    torch::Tensor loss = torch::zeros({}, logp.options());
+    if (any_grpo) {
+      torch::Tensor weight;
+      if (cfg_.grpo.aggregation == Aggregation::token) {
+        weight = comp / n_tok;
+      } else {
+        weight = comp / comp.sum(1, true).clamp_min(1.0) / n_seq;
+      }
+      const auto g = grpo_loss(logp, mb.behaviour.to(deps_.device), ref, mb.advantages.to(deps_.device), weight,
+                               cfg_.grpo);
+      loss = loss + g.loss;
+      stats[0] += g.loss.detach().to(torch::kFloat64);
+      stats[2] += g.clipped.to(torch::kFloat64);
+      stats[3] += g.ratio.to(torch::kFloat64);
+      stats[4] += g.kl.to(torch::kFloat64);
+    }
+    if (any_pairs) {
+      std::unordered_map<int64_t, int64_t> row;
+      for (std::size_t r = 0; r < mb.seq_index.size(); ++r) row[mb.seq_index[r]] = static_cast<int64_t>(r);
+      std::vector<std::pair<int64_t, int64_t>> local;
+      for (const auto& p : batch.pairs) {
+        auto a = row.find(p.first), b = row.find(p.second);
+        if (a != row.end() && b != row.end()) local.emplace_back(a->second, b->second);
+      }
+      if (!local.empty()) {
+        const auto seq_logp = (logp * comp).sum(1);
+        const auto seq_ref = (ref * comp).sum(1);
+        const auto pl = pairwise_loss(seq_logp, seq_ref, local, cfg_.pairwise.beta, 1.0 / n_pairs);
+        loss = loss + cfg_.pairwise.coef * pl;
+        stats[1] += pl.detach().to(torch::kFloat64);
+      }
+    }
+    stats[5] += 1.0;
+    loss.backward();
+  }
+  impl_->buckets->finish();
+  st.buckets_in_backward = impl_->buckets->launched_in_backward();
+  comm.all_reduce_sum(stats);
+  std::vector<torch::Tensor> ps;
+  for (auto& p : impl_->params) ps.push_back(p.second);
+  st.grad_norm = clip_grad_norm(ps, cfg_.optim.grad_clip);
+  st.lr = schedule_lr(cfg_.optim, cfg_.schedule, step_);
+  impl_->opt->step(st.lr);
+  ++step_;
+  const auto s = stats.to(torch::kCPU);
+  st.grpo_loss = s[0].item<double>();
+  st.pairwise_loss = s[1].item<double>();
+  st.loss = st.grpo_loss + cfg_.pairwise.coef * st.pairwise_loss;
+  st.clip_fraction = s[2].item<double>();
+  st.mean_ratio = s[3].item<double>();
+  st.kl = s[4].item<double>();
+  st.micro_batches = static_cast<int64_t>(s[5].item<double>());
+  if (cfg_.grpo.aggregation == Aggregation::sequence || !any_grpo) st.clip_fraction = st.mean_ratio = 0;
+  st.updated = true;
+  st.step = step_;
+  ++counters_["steps"];
+  counters_["tokens"] += st.tokens;
+  counters_["sequences"] += st.sequences;
+  counters_["pairs"] += st.pairs;
+  if (cfg_.snapshot_every > 0 && step_ % cfg_.snapshot_every == 0 && impl_->publisher) {
+    publish_snapshot();
+    st.publish_stall_ms = impl_->publisher->stats().last_stall_ms;
+  }
+  if (cfg_.checkpoint_every > 0 && step_ % cfg_.checkpoint_every == 0 && !deps_.checkpoint_dir.empty()) {
+    const double c0 = now_s();
+    checkpoint();
+    st.checkpoint_seconds = now_s() - c0;
+  }
+  st.seconds = now_s() - t0;
+  log_debug("learner step ", step_, ": loss ", st.loss, " groups ", st.groups, " tokens ", st.tokens, " grad_norm ",
+            st.grad_norm, " lr ", st.lr, " ", st.seconds, " s");
+  return st;
+}
+
+uint64_t Learner::weights_checksum() const {
+  uint64_t h = 0;
+  for (const auto& [name, t] : impl_->params) {
+    const auto cpu = t.detach().to(torch::kCPU).contiguous();
+    h = hash64(cpu.data_ptr(), cpu.numel() * cpu.element_size(), h);
+  }
+  return h;
+}
+
+std::string Learner::checkpoint() {
+  auto& comm = *deps_.comm;
+  std::string path;
+  if (deps_.checkpoint_dir.empty()) throw Error("learner: checkpoint() without a checkpoint_dir");
+  if (comm.rank() == 0) {
+    if (impl_->publisher) impl_->publisher->wait();
+    ++counters_["checkpoints"];
+    CheckpointData d;
+    d.step = step_;
+    d.model = impl_->params;
+    d.optimizer = impl_->opt->state();
+    if (impl_->reference)
+      for (const auto& p : impl_->reference->named_parameters()) d.reference.emplace_back(p.key(), p.value());
+    nlohmann::json state;
+    state["step"] = step_;
+    state["version"] = version();
+    state["optimizer_steps"] = impl_->opt->steps();
+    state["next_lr"] = schedule_lr(cfg_.optim, cfg_.schedule, step_);
+    state["world"] = comm.world();
+    state["counters"] = counters_;
+    state["rng"]["cpu"] = to_hex(at::detail::getDefaultCPUGenerator().get_state());
+#ifdef KF_HAVE_CUDA
+    if (deps_.device.is_cuda())
+      state["rng"]["cuda"] = to_hex(at::cuda::detail::getDefaultCUDAGenerator(deps_.device.index()).get_state());
+#endif
+    d.state_json = state.dump(1);
+    d.model_config_json = impl_->config_json;
+    d.tokenizer_json = tokenizer_json_;
+    if (deps_.shm)
+      d.extra = [this](const std::string& dir) {
+        deps_.shm->replay().save(dir + "/replay.bin");
+        deps_.shm->kernels().save(dir + "/kernel_db.json");
+      };
+    path = write_checkpoint(deps_.checkpoint_dir, d, cfg_.checkpoint_keep);
+    log_info("learner rank 0: checkpoint ", path, " written (step ", step_, ")");
+  }
+  comm.barrier();
+  return path;
+}
+
+std::optional<int64_t> Learner::resume() {
+  auto& comm = *deps_.comm;
+  if (deps_.checkpoint_dir.empty()) throw Error("learner: resume() without a checkpoint_dir");
+  auto pick = torch::full({1}, -1.0, torch::TensorOptions().dtype(torch::kFloat64).device(deps_.device));
+  if (comm.rank() == 0) {
+    if (auto ref = find_latest_valid(deps_.checkpoint_dir)) pick.fill_(static_cast<double>(ref->step));
+  }
+  comm.broadcast(pick, 0);
+  const int64_t step = static_cast<int64_t>(pick.to(torch::kCPU).item<double>());
+  if (step < 0) {
+    if (comm.rank() == 0)
+      log_warn("learner rank 0: no valid checkpoint in ", deps_.checkpoint_dir, "; starting from step 0");
+    return std::nullopt;
+  }
+  load_checkpoint(deps_.checkpoint_dir + "/" + checkpoint_name(step));
+  return step;
+}
+
+void Learner::load_checkpoint(const std::string& path, bool restore_shm) {
+  verify_checkpoint(path);
+  torch::NoGradGuard ng;
+  auto weights = read_tensors(path + "/model.safetensors");
+  for (auto& [name, t] : impl_->params) {
+    auto it = weights.find(name);
+    if (it == weights.end()) throw Error(path + "/model.safetensors: tensor '" + name + "' is missing");
+    if (it->second.sizes() != t.sizes()) throw Error(path + "/model.safetensors: tensor '" + name + "': shape mismatch");
+    t.copy_(it->second);
+  }
+  for (const auto& [name, t] : read_tensors(path + "/optimizer.safetensors"))
+    impl_->opt->load_state_tensor(name, t.to(deps_.device));
+  if (impl_->reference) {
+    auto rp = impl_->reference->named_parameters();
+    for (const auto& [name, t] : read_tensors(path + "/reference.safetensors")) {
+      auto* p = rp.find(name);
+      if (!p) throw Error(path + "/reference.safetensors: tensor '" + name + "' is not a parameter");
+      p->copy_(t);
+    }
+  }
+  nlohmann::json state;
+  try {
+    state = nlohmann::json::parse(read_file(path + "/state.json"));
+    step_ = state.at("step").get<int64_t>();
+    impl_->opt->set_steps(state.at("optimizer_steps").get<int64_t>());
+    for (const auto& [k, v] : state.at("counters").items()) counters_[k] = v.get<int64_t>();
+    {
+      auto gen = at::detail::getDefaultCPUGenerator();
+      gen.set_state(from_hex(state.at("rng").at("cpu").get<std::string>()));
+    }
+#ifdef KF_HAVE_CUDA
+    if (deps_.device.is_cuda() && state["rng"].contains("cuda"))
+    {
+      auto gen = at::cuda::detail::getDefaultCUDAGenerator(deps_.device.index());
+      gen.set_state(from_hex(state["rng"]["cuda"].get<std::string>()));
+    }
+#endif
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(path + "/state.json: " + e.what());
+  }
+  if (restore_shm && deps_.shm && deps_.comm->rank() == 0) {
+    std::size_t groups = 0, kernels = 0;
+    std::ifstream r(path + "/replay.bin");
+    if (r) groups = deps_.shm->replay().load(path + "/replay.bin");
+    std::ifstream k(path + "/kernel_db.json");
+    if (k) kernels = deps_.shm->kernels().load(path + "/kernel_db.json");
+    log_info("learner rank 0: restored ", groups, " replay groups and ", kernels, " kernels from ", path);
+  }
+  log_info("learner rank ", deps_.comm->rank(), ": resumed from ", path, " at step ", step_);
+}
+
+}  // namespace kf::learner

@@ -1,0 +1,78 @@
+#include "kf/learner/learner_config.h"
+
+#include "kf/common/error.h"
+
+namespace kf::learner {
+namespace {
+void require(bool ok, const std::string& key, const std::string& what) {
+  if (!ok) throw Error(key + ": " + what);
+}
+}  // namespace
+
+LearnerConfig learner_config_from(const kf::Config& c) {
+  LearnerConfig l;
+  l.seed = static_cast<uint64_t>(c.get_int("run.seed"));
+  l.policy = c.get_string("learner.policy");
+  l.init_shape = c.get_string("learner.init_shape");
+  l.steps = c.get_int("learner.steps");
+  const auto obj = c.get_string("learner.objective");
+  l.objective = obj == "grpo" ? Objective::grpo : obj == "pairwise" ? Objective::pairwise : Objective::grpo_pairwise;
+  l.groups_per_step = c.get_int("learner.groups_per_step");
+  l.take_timeout_ms = c.get_int("learner.take_timeout_ms");
+  l.max_staleness = c.get_int("learner.max_staleness");
+  l.micro_batch_tokens = c.get_int("learner.micro_batch_tokens");
+  l.temperature = c.get_float("learner.temperature");
+  l.precision = c.get_string("learner.precision");
+  l.gradient_checkpointing = c.get_bool("learner.gradient_checkpointing");
+  l.deterministic = c.get_bool("learner.deterministic");
+  l.grpo.std_normalize = c.get_bool("learner.grpo.std_normalize");
+  l.grpo.adv_eps = c.get_float("learner.grpo.adv_eps");
+  l.grpo.ratio = c.get_string("learner.grpo.ratio") == "decoupled" ? RatioMode::decoupled : RatioMode::behaviour;
+  l.grpo.clip_low = c.get_float("learner.grpo.clip_low");
+  l.grpo.clip_high = c.get_float("learner.grpo.clip_high");
+  l.grpo.behaviour_weight_cap = c.get_float("learner.grpo.behaviour_weight_cap");
+  l.grpo.kl_coef = c.get_float("learner.grpo.kl_coef");
+  l.grpo.aggregation = c.get_string("learner.grpo.aggregation") == "sequence" ? Aggregation::sequence : Aggregation::token;
+  l.pairwise.coef = c.get_float("learner.pairwise.coef");
+  l.pairwise.beta = c.get_float("learner.pairwise.beta");
+  l.pairwise.pairs_per_group = c.get_int("learner.pairwise.pairs_per_group");
+  l.pairwise.min_reward_gap = c.get_float("learner.pairwise.min_reward_gap");
+  l.optim.lr = c.get_float("learner.optim.lr");
+  l.optim.beta1 = c.get_float("learner.optim.beta1");
+  l.optim.beta2 = c.get_float("learner.optim.beta2");
+  l.optim.eps = c.get_float("learner.optim.eps");
+  l.optim.weight_decay = c.get_float("learner.optim.weight_decay");
+  l.optim.grad_clip = c.get_float("learner.optim.grad_clip");
+  const auto kind = c.get_string("learner.schedule.kind");
+  l.schedule.kind = kind == "cosine" ? ScheduleKind::cosine : kind == "linear" ? ScheduleKind::linear : ScheduleKind::constant;
+  l.schedule.warmup_steps = c.get_int("learner.schedule.warmup_steps");
+  l.schedule.total_steps = c.get_int("learner.schedule.total_steps");
+  l.schedule.min_lr_ratio = c.get_float("learner.schedule.min_lr_ratio");
+  l.ranks = c.get_int("learner.dist.ranks");
+  l.comm = c.get_string("learner.dist.comm");
+  l.bucket_mb = c.get_int("learner.dist.bucket_mb");
+  l.snapshot_every = c.get_int("learner.snapshot.every");
+  l.snapshot_dtype = c.get_string("learner.snapshot.dtype");
+  l.checkpoint_every = c.get_int("learner.checkpoint.every");
+  l.checkpoint_keep = c.get_int("learner.checkpoint.keep");
+  const std::string src = c.source() + ": ";
+  require(l.groups_per_step >= 1, src + "learner.groups_per_step", "must be >= 1");
+  require(l.max_staleness >= 0, src + "learner.max_staleness", "must be >= 0");
+  require(l.micro_batch_tokens >= 2, src + "learner.micro_batch_tokens", "must be >= 2");
+  require(l.temperature > 0, src + "learner.temperature", "must be > 0");
+  require(l.grpo.clip_low >= 0 && l.grpo.clip_low < 1, src + "learner.grpo.clip_low", "must be in [0, 1)");
+  require(l.grpo.clip_high >= 0, src + "learner.grpo.clip_high", "must be >= 0");
+  require(l.grpo.behaviour_weight_cap > 0, src + "learner.grpo.behaviour_weight_cap", "must be > 0");
+  require(l.pairwise.beta > 0, src + "learner.pairwise.beta", "must be > 0");
+  require(l.pairwise.pairs_per_group >= 1, src + "learner.pairwise.pairs_per_group", "must be >= 1");
+  require(l.optim.lr >= 0, src + "learner.optim.lr", "must be >= 0");
+  require(l.optim.beta1 >= 0 && l.optim.beta1 < 1, src + "learner.optim.beta1", "must be in [0, 1)");
+  require(l.optim.beta2 >= 0 && l.optim.beta2 < 1, src + "learner.optim.beta2", "must be in [0, 1)");
+  require(l.schedule.warmup_steps >= 0, src + "learner.schedule.warmup_steps", "must be >= 0");
+  require(l.ranks >= 1 && l.ranks <= 64, src + "learner.dist.ranks", "must be in 1..64");
+  require(l.bucket_mb >= 1, src + "learner.dist.bucket_mb", "must be >= 1");
+  require(l.checkpoint_keep >= 1, src + "learner.checkpoint.keep", "must be >= 1");
+  return l;
+}
+
+}  // namespace kf::learner

@@ -1,0 +1,64 @@
+// Rendezvous over a folder (multi-node later: a shared filesystem) or the run's control block.
+#include <sys/stat.h>
+
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "kf/common/error.h"
+#include "kf/common/run_dir.h"
+#include "kf/learner/comm.h"
+#include "kf/replay/control.h"
+
+namespace kf::learner {
+namespace {
+
+class FileRendezvous : public Rendezvous {
+ public:
+  explicit FileRendezvous(std::string dir) : dir_(std::move(dir)) {}
+  void put(const std::string& key, const std::string& bytes) override { write_file_atomic(dir_ + "/" + key, bytes); }
+  std::string get(const std::string& key, std::chrono::milliseconds timeout) override {
+    const std::string path = dir_ + "/" + key;
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+      std::ifstream in(path, std::ios::binary);
+      if (in) {
+        std::ostringstream os;
+        os << in.rdbuf();
+        return os.str();
+      }
+      if (std::chrono::steady_clock::now() > deadline)
+        throw Error("rendezvous file " + path + ": not written within " + std::to_string(timeout.count()) + " ms");
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+
+ private:
+  std::string dir_;
+};
+
+class ControlRendezvous : public Rendezvous {
+ public:
+  explicit ControlRendezvous(replay::ControlBlock& ctl) : ctl_(ctl) {}
+  void put(const std::string& key, const std::string& bytes) override {
+    ctl_.rendezvous_put(key, bytes.data(), bytes.size());
+  }
+  std::string get(const std::string& key, std::chrono::milliseconds timeout) override {
+    auto v = ctl_.rendezvous_get(key, timeout);
+    if (!v) throw Error("rendezvous key '" + key + "' in the control block: not put within " +
+                        std::to_string(timeout.count()) + " ms");
+    return *v;
+  }
+
+ private:
+  replay::ControlBlock& ctl_;
+};
+
+}  // namespace
+
+std::unique_ptr<Rendezvous> file_rendezvous(const std::string& dir) { return std::make_unique<FileRendezvous>(dir); }
+std::unique_ptr<Rendezvous> control_rendezvous(replay::ControlBlock& ctl) {
+  return std::make_unique<ControlRendezvous>(ctl);
+}
+
+}  // namespace kf::learner

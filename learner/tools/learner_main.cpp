@@ -1,0 +1,155 @@
+// kf-learner: one data-parallel learner rank.
+//   kf-learner CONFIG [--set key=value]... --run NAME [--rank R] [--resume]
+//       attached to a run's shared memory (replay, snapshots, control block), with
+//       checkpoints in <run.root>/<run.name>/checkpoints;
+//   kf-learner CONFIG --synthetic [--run-dir DIR] ...
+//       the deterministic synthetic group stream instead of the replay (tests, benchmarks).
+// Ranks: learner.dist.ranks processes with --rank 0..R-1. The communicator is NCCL on
+// CUDA (the unique id goes through the control block, or --rendezvous DIR), shared
+// memory on CPU. Prints "STEP {json}" per step with --print-steps, and
+// "WEIGHTS_CHECKSUM <hex>" at the end. Exit 0 ok, 1 error, 2 usage.
+#include <sys/stat.h>
+
+#include <CLI/CLI.hpp>
+#include <csignal>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "kf/common/config.h"
+#include "kf/common/error.h"
+#include "kf/common/log.h"
+#include "kf/learner/checkpoint.h"
+#include "kf/learner/comm.h"
+#include "kf/learner/group_source.h"
+#include "kf/learner/learner.h"
+#include "kf/policy/safetensors_format.h"
+#include "kf/policy/checkpoint.h"
+
+namespace {
+volatile std::sig_atomic_t g_stop = 0;
+void on_signal(int) { g_stop = 1; }
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"KernelForge learner rank"};
+  std::string config_file, run, run_dir, device = "auto", comm_name, rendezvous, dump;
+  std::vector<std::string> sets;
+  int rank = 0;
+  int64_t steps = -1;
+  bool synthetic = false, resume = false, print_steps = false, final_ckpt = false;
+  app.add_option("CONFIG", config_file, "run config (YAML)")->required();
+  app.add_option("--set", sets, "override key=value");
+  app.add_option("--run", run, "run name whose shared memory to attach (kf.<run>.*)");
+  app.add_option("--run-dir", run_dir, "run folder (checkpoints/, logs/); default <run.root>/<run.name>");
+  app.add_option("--rank", rank, "this rank (0..learner.dist.ranks-1)");
+  app.add_option("--device", device, "auto, cpu, cuda or cuda:N (auto: cuda:<rank> when a GPU is visible)");
+  app.add_option("--comm-name", comm_name, "shared-memory communicator segment (default kf.<run>.learn)");
+  app.add_option("--rendezvous", rendezvous, "folder for the NCCL unique id when no run is attached");
+  app.add_option("--steps", steps, "steps to run (overrides learner.steps; 0 runs none)");
+  app.add_option("--dump-weights", dump, "rank 0 writes the final weights here (safetensors)");
+  app.add_flag("--synthetic", synthetic, "train on the synthetic group stream");
+  app.add_flag("--resume", resume, "continue from the newest valid checkpoint");
+  app.add_flag("--print-steps", print_steps, "print one STEP json line per step");
+  app.add_flag("--final-checkpoint", final_ckpt, "checkpoint when the loop ends");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  try {
+    const auto cfg = kf::Config::load(config_file, sets);
+    auto lc = kf::learner::learner_config_from(cfg);
+    const bool forever = steps < 0 && lc.steps == 0;  // learner.steps 0: until the run stops
+    if (steps >= 0) lc.steps = steps;
+    const std::string name = run.empty() ? cfg.get_string("run.name") : run;
+    if (run_dir.empty()) run_dir = cfg.get_string("run.root") + "/" + name;
+    ::mkdir(run_dir.c_str(), 0755);
+    ::mkdir((run_dir + "/logs").c_str(), 0755);
+    kf::log_init("learner", rank, run_dir + "/logs/learner-" + std::to_string(rank) + ".log");
+    std::signal(SIGINT, on_signal);
+    std::signal(SIGTERM, on_signal);
+
+    torch::Device dev(torch::kCPU);
+    if (device == "auto") {
+      if (torch::cuda::is_available()) dev = torch::Device(torch::kCUDA, rank % torch::cuda::device_count());
+    } else {
+      dev = torch::Device(device);
+    }
+    if (dev.is_cuda() && !dev.has_index()) dev = torch::Device(torch::kCUDA, rank);
+
+    std::unique_ptr<kf::replay::RunShm> shm;
+    if (!run.empty()) shm = kf::replay::RunShm::attach(run);
+    std::string comm_kind = lc.comm;
+    if (comm_kind == "auto") comm_kind = dev.is_cuda() && kf::learner::nccl_available() ? "nccl" : "cpu";
+    std::unique_ptr<kf::learner::Communicator> comm;
+    std::unique_ptr<kf::learner::Rendezvous> rdv;
+    if (comm_kind == "nccl") {
+      if (!dev.is_cuda()) throw kf::Error("learner.dist.comm: nccl needs a CUDA device (--device)");
+      if (shm) rdv = kf::learner::control_rendezvous(shm->control());
+      else rdv = kf::learner::file_rendezvous(rendezvous.empty() ? run_dir : rendezvous);
+      comm = kf::learner::make_nccl_comm(rank, static_cast<int>(lc.ranks), dev.index(), *rdv);
+    } else if (lc.ranks == 1) {
+      comm = kf::learner::make_local_comm();
+    } else {
+      comm = kf::learner::make_shm_comm(comm_name.empty() ? "kf." + name + ".learn" : comm_name, rank,
+                                        static_cast<int>(lc.ranks));
+    }
+
+    std::unique_ptr<kf::learner::GroupSource> source;
+    if (synthetic) {
+      kf::learner::SyntheticConfig sc;
+      sc.seed = lc.seed + 1;
+      sc.vocab = lc.policy.empty() ? kf::learner::model_shape(lc.init_shape).vocab_size : 256;
+      auto s = std::make_unique<kf::learner::SyntheticSource>(sc);
+      s->groups_per_step_total = lc.groups_per_step;
+      source = std::move(s);
+    } else {
+      if (!shm) throw kf::Error("kf-learner: give --run NAME (attach a run) or --synthetic");
+      source = std::make_unique<kf::learner::ReplaySource>(shm->replay(), lc.take_timeout_ms);
+    }
+
+    kf::learner::LearnerDeps deps;
+    deps.comm = comm.get();
+    deps.source = source.get();
+    deps.snapshots = shm ? &shm->snapshots() : nullptr;
+    deps.shm = shm.get();
+    deps.checkpoint_dir = run_dir + "/checkpoints";
+    deps.device = dev;
+    kf::learner::Learner learner(lc, deps);
+    if (resume) learner.resume();
+    if (shm) learner.publish_snapshot();
+    int slot = shm ? shm->control().register_process("learner", rank) : -1;
+    while (!g_stop && (forever || learner.steps_done() < lc.steps)) {
+      if (shm && shm->control().state() == kf::replay::RunState::stopped) break;
+      const auto st = learner.step();
+      if (slot >= 0) shm->control().heartbeat(slot);
+      if (print_steps && rank == 0) {
+        nlohmann::json j = {{"step", st.step}, {"updated", st.updated}, {"loss", st.loss}, {"grad_norm", st.grad_norm},
+                            {"lr", st.lr}, {"groups", st.groups}, {"tokens", st.tokens}, {"seconds", st.seconds},
+                            {"clip_fraction", st.clip_fraction}, {"publish_stall_ms", st.publish_stall_ms},
+                            {"buckets_in_backward", st.buckets_in_backward}};
+        std::printf("STEP %s\n", j.dump().c_str());
+        std::fflush(stdout);
+      }
+    }
+    if (g_stop) kf::log_info("learner rank ", rank, ": stop requested; writing a final checkpoint");
+    if (final_ckpt || g_stop) learner.checkpoint();
+    if (slot >= 0) shm->control().unregister_process(slot);
+    if (!dump.empty() && rank == 0) {
+      std::vector<kf::policy::StWriteSpec> specs;
+      std::vector<torch::Tensor> ts;
+      for (const auto& p : learner.model()->named_parameters()) {
+        specs.push_back({p.key(), "F32", p.value().sizes().vec()});
+        ts.push_back(p.value().detach().to(torch::kCPU, torch::kFloat32).contiguous());
+      }
+      kf::policy::st_write(dump, specs, [&](std::size_t i, std::string& b) {
+        b.assign(static_cast<const char*>(ts[i].data_ptr()), ts[i].numel() * 4);
+      });
+    }
+    std::printf("WEIGHTS_CHECKSUM %016llx\n", static_cast<unsigned long long>(learner.weights_checksum()));
+    return 0;
+  } catch (const std::exception& e) {
+    kf::log_error("learner rank ", rank, " failed: ", e.what(), "; exiting with status 1");
+    return 1;
+  }
+}

@@ -1,0 +1,115 @@
+// The shared-memory communicator across real processes: sums, bitwise agreement,
+// broadcast, and a dead rank detected instead of a hang.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+
+#include "kf/common/error.h"
+#include "kf/learner/checkpoint.h"
+#include "kf/learner/comm.h"
+
+using namespace kf::learner;
+
+namespace {
+
+std::string seg_name(const char* what) { return "kf.test.comm." + std::string(what) + "." + std::to_string(::getpid()); }
+
+// Forks `world` ranks running fn(comm, rank) -> u64 result sent through a pipe. The
+// children touch only from_blob tensors and memcpy (no torch thread pools after fork).
+template <typename Fn>
+std::vector<uint64_t> run_ranks(const std::string& seg, int world, Fn fn, std::vector<int>* codes = nullptr) {
+  std::vector<int> fds(world);
+  std::vector<pid_t> pids(world);
+  for (int r = 0; r < world; ++r) {
+    int p[2];
+    EXPECT_EQ(::pipe(p), 0);
+    pids[r] = ::fork();
+    if (pids[r] == 0) {
+      ::close(p[0]);
+      uint64_t out = 0;
+      int code = 0;
+      try {
+        auto comm = make_shm_comm(seg, r, world, std::chrono::seconds(20), 64 * 1024);
+        out = fn(*comm, r);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "rank %d: %s\n", r, e.what());
+        code = 3;
+      }
+      if (::write(p[1], &out, sizeof out) != sizeof out) code = 4;
+      ::_exit(code);
+    }
+    ::close(p[1]);
+    fds[r] = p[0];
+  }
+  std::vector<uint64_t> out(world, 0);
+  for (int r = 0; r < world; ++r) {
+    if (::read(fds[r], &out[r], sizeof(uint64_t)) != sizeof(uint64_t)) out[r] = 0;
+    ::close(fds[r]);
+    int status = 0;
+    ::waitpid(pids[r], &status, 0);
+    if (codes) codes->push_back(WIFEXITED(status) ? WEXITSTATUS(status) : 128);
+    else EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "rank " << r;
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST(LearnerCommTest, ShmAllReduceSumsOverFourProcessesAndAgreesBitwise) {
+  const int64_t n = 100003;  // several 64 KiB rounds, not a multiple of anything
+  const auto hashes = run_ranks(seg_name("sum"), 4, [n](Communicator& c, int r) -> uint64_t {
+    std::vector<float> buf(n);
+    for (int64_t i = 0; i < n; ++i) buf[i] = static_cast<float>(r + 1) * 0.1f + static_cast<float>(i) * 1e-3f;
+    auto t = torch::from_blob(buf.data(), {n}, torch::kFloat32);
+    c.all_reduce_sum(t);
+    // sum over r of (r+1)*0.1 = 1.0; plus 4 * i * 1e-3
+    for (int64_t i : {int64_t{0}, int64_t{777}, n - 1})
+      if (std::abs(buf[i] - (1.0f + 4.0f * static_cast<float>(i) * 1e-3f)) > 1e-3f * (1 + i * 4e-3f)) return 1;
+    std::vector<double> d = {1.0 * r, 2.0};
+    auto td = torch::from_blob(d.data(), {2}, torch::kFloat64);
+    c.all_reduce_sum(td);
+    if (d[0] != 6.0 || d[1] != 8.0) return 2;
+    return hash64(buf.data(), n * sizeof(float));
+  });
+  ASSERT_EQ(hashes.size(), 4u);
+  EXPECT_GT(hashes[0], 2u);
+  for (int r = 1; r < 4; ++r) EXPECT_EQ(hashes[r], hashes[0]) << "rank " << r << " differs";
+}
+
+TEST(LearnerCommTest, ShmBroadcastCopiesRootToAll) {
+  const auto got = run_ranks(seg_name("bcast"), 3, [](Communicator& c, int r) -> uint64_t {
+    std::vector<float> buf(50000, static_cast<float>(r));
+    if (r == 1) for (std::size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<float>(i);
+    auto t = torch::from_blob(buf.data(), {static_cast<int64_t>(buf.size())}, torch::kFloat32);
+    c.broadcast(t, 1);
+    c.barrier();
+    return buf[49999] == 49999.0f && buf[3] == 3.0f ? 7 : 1;
+  });
+  for (auto v : got) EXPECT_EQ(v, 7u);
+}
+
+TEST(LearnerCommTest, ShmDeadRankMakesTheOthersThrowNotHang) {
+  std::vector<int> codes;
+  const auto t0 = std::chrono::steady_clock::now();
+  run_ranks(seg_name("dead"), 2, [](Communicator& c, int r) -> uint64_t {
+    if (r == 1) ::_exit(0);  // leaves after joining, never calls the collective
+    float x = 1;
+    auto t = torch::from_blob(&x, {1}, torch::kFloat32);
+    c.all_reduce_sum(t);
+    return 5;
+  }, &codes);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_EQ(codes.size(), 2u);
+  EXPECT_EQ(codes[0], 3) << "rank 0 must fail with kf::Error";
+  EXPECT_LT(s, 10.0);
+}
+
+TEST(LearnerCommTest, NcclIsReportedWhenUnavailable) {
+  if (nccl_available() && torch::cuda::is_available()) GTEST_SKIP() << "NCCL runs in bench/learner/gpu_learner_bench.sh";
+  if (nccl_available()) GTEST_SKIP() << "built with NCCL but no GPU here: the 1-rank NCCL run is in bench/learner/gpu_learner_bench.sh";
+  auto rdv = file_rendezvous("/tmp");
+  EXPECT_THROW(make_nccl_comm(0, 1, 0, *rdv), kf::Error);
+}

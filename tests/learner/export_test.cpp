@@ -1,0 +1,97 @@
+// tools/export: a learner checkpoint becomes an HF folder that transformers loads with
+// the same logits as our model (tests/learner/hf_export_check.py).
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "kf/common/safetensors.h"
+#include "kf/learner/checkpoint.h"
+#include "kf/learner/learner.h"
+#include "kf/policy/checkpoint.h"
+#include "test_util.h"
+
+using namespace kf::learner;
+namespace lt = kf::learner::test;
+
+namespace {
+
+// A byte-level BPE tokenizer.json with the 256 GPT-2 byte tokens and no merges: ids = bytes.
+std::string byte_tokenizer_json() {
+  std::vector<int> bs;
+  for (int b = '!'; b <= '~'; ++b) bs.push_back(b);
+  for (int b = 0xA1; b <= 0xAC; ++b) bs.push_back(b);
+  for (int b = 0xAE; b <= 0xFF; ++b) bs.push_back(b);
+  std::vector<int> cs = bs;
+  int n = 0;
+  for (int b = 0; b < 256; ++b)
+    if (std::find(bs.begin(), bs.end(), b) == bs.end()) {
+      bs.push_back(b);
+      cs.push_back(256 + n++);
+    }
+  nlohmann::json vocab = nlohmann::json::object();
+  for (std::size_t i = 0; i < bs.size(); ++i) {
+    const int cp = cs[i];
+    std::string u;
+    if (cp < 0x80) u.push_back(static_cast<char>(cp));
+    else {
+      u.push_back(static_cast<char>(0xC0 | (cp >> 6)));
+      u.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+    }
+    vocab[u] = bs[i];
+  }
+  nlohmann::json bl = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}};
+  nlohmann::json j = {{"version", "1.0"}, {"truncation", nullptr}, {"padding", nullptr},
+                      {"added_tokens", nlohmann::json::array()}, {"normalizer", nullptr}, {"pre_tokenizer", bl},
+                      {"post_processor", nullptr}, {"decoder", bl},
+                      {"model", {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr},
+                                 {"continuing_subword_prefix", nullptr}, {"end_of_word_suffix", nullptr},
+                                 {"fuse_unk", false}, {"byte_fallback", false}, {"ignore_merges", false},
+                                 {"vocab", vocab}, {"merges", nlohmann::json::array()}}}};
+  return j.dump();
+}
+
+}  // namespace
+
+TEST(LearnerExportTest, ExportedFolderLoadsInTransformersWithMatchingLogits) {
+  lt::TempDir tmp;
+  LearnerConfig cfg;
+  cfg.init_shape = "tiny";
+  cfg.seed = 3;
+  cfg.optim.lr = 1e-2;
+  cfg.schedule.warmup_steps = 0;
+  cfg.groups_per_step = 2;
+  auto comm = make_local_comm();
+  SyntheticSource src(SyntheticConfig{});
+  src.groups_per_step_total = 2;
+  LearnerDeps d;
+  d.comm = comm.get();
+  d.source = &src;
+  d.checkpoint_dir = tmp.path + "/run/checkpoints";
+  Learner l(cfg, d);
+  l.set_tokenizer_json(byte_tokenizer_json());
+  ASSERT_TRUE(l.step().updated);  // export trained weights, not the init
+  l.checkpoint();
+
+  const std::string out = tmp.path + "/hf";
+  ASSERT_EQ(lt::run({lt::export_bin(), tmp.path + "/run", out}, tmp.path + "/export.log"), 0)
+      << lt::read_text(tmp.path + "/export.log");
+  for (const char* f : {"config.json", "model.safetensors", "tokenizer.json", "generation_config.json"})
+    EXPECT_TRUE(std::ifstream(out + "/" + f).good()) << f;
+
+  // Our logits from the exported folder (so the round trip through our loader is covered).
+  auto p = kf::policy::load_policy(out);
+  torch::NoGradGuard ng;
+  const auto ids = torch::randint(0, 256, {2, 12}, torch::TensorOptions().dtype(torch::kInt64));
+  const auto logits = p.model->forward(ids).to(torch::kFloat32).contiguous();
+  // ...and the learner's own model gives the same.
+  EXPECT_LT((l.model()->forward(ids) - logits).abs().max().item<double>(), 1e-5);
+  const std::string ref = tmp.path + "/ref.safetensors";
+  kf::safetensors_write(ref, {{"ids", "I64", ids.sizes().vec(), ids.data_ptr(), static_cast<std::size_t>(ids.numel() * 8)},
+                              {"logits", "F32", logits.sizes().vec(), logits.data_ptr(),
+                               static_cast<std::size_t>(logits.numel() * 4)}});
+  const std::string log = tmp.path + "/hf.log";
+  const int rc = lt::run({lt::python(), lt::source_dir() + "/tests/learner/hf_export_check.py", out, ref}, log);
+  if (rc == 3) GTEST_SKIP() << "HF transformers is not importable by " << lt::python() << ": " << lt::read_text(log);
+  EXPECT_EQ(rc, 0) << lt::read_text(log);
+  std::printf("%s", lt::read_text(log).c_str());
+}

@@ -1,0 +1,198 @@
+// The objectives on hand-computed cases: advantages, clipping (symmetric and
+// clip-higher), masks, token vs sequence aggregation, KL, decoupled weights, pairwise,
+// and the batch builder (staleness drop, no-signal skip, missing results, alignment).
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "kf/learner/batch.h"
+#include "kf/learner/loss.h"
+
+using namespace kf::learner;
+
+namespace {
+torch::Tensor t2(std::vector<float> v, int64_t b, int64_t t) { return torch::tensor(v).view({b, t}); }
+}  // namespace
+
+TEST(LearnerLossTest, AdvantagesAreMeanCentredAndOptionallyStdNormalised) {
+  const auto a = group_advantages({1, 2, 3, 6}, false, 0);
+  EXPECT_DOUBLE_EQ(a[0], -2);
+  EXPECT_DOUBLE_EQ(a[1], -1);
+  EXPECT_DOUBLE_EQ(a[2], 0);
+  EXPECT_DOUBLE_EQ(a[3], 3);
+  const auto n = group_advantages({1, 2, 3, 6}, true, 0);
+  const double sd = std::sqrt(3.5);  // population std: (4 + 1 + 0 + 9) / 4
+  EXPECT_NEAR(n[0], -2 / sd, 1e-12);
+  EXPECT_NEAR(n[3], 3 / sd, 1e-12);
+  EXPECT_TRUE(rewards_all_equal({0.5, 0.5, 0.5}));
+  EXPECT_TRUE(rewards_all_equal({0.5}));
+  EXPECT_FALSE(rewards_all_equal({0.5, 0.5, 0.25}));
+}
+
+TEST(LearnerLossTest, PositiveAdvantageRatioAboveClipIsClippedWithNoGradient) {
+  GrpoConfig cfg;  // clip 0.2 / 0.2
+  auto logp = torch::tensor({std::log(1.5f)}).view({1, 1}).requires_grad_(true);
+  const auto beh = torch::zeros({1, 1});
+  const auto out = grpo_loss(logp, beh, {}, torch::tensor({1.0f}), torch::ones({1, 1}), cfg);
+  EXPECT_NEAR(out.loss.item<double>(), -1.2, 1e-6);  // -min(1.5 * 1, 1.2 * 1)
+  EXPECT_NEAR(out.clipped.item<double>(), 1.0, 1e-12);
+  out.loss.backward();
+  EXPECT_NEAR(logp.grad().item<double>(), 0.0, 1e-12);
+}
+
+TEST(LearnerLossTest, NegativeAdvantageRatioAboveClipKeepsTheUnclippedGradient) {
+  GrpoConfig cfg;
+  auto logp = torch::tensor({std::log(1.5f)}).view({1, 1}).requires_grad_(true);
+  const auto out = grpo_loss(logp, torch::zeros({1, 1}), {}, torch::tensor({-1.0f}), torch::ones({1, 1}), cfg);
+  EXPECT_NEAR(out.loss.item<double>(), 1.5, 1e-6);  // -min(-1.5, -1.2)
+  out.loss.backward();
+  EXPECT_NEAR(logp.grad().item<double>(), 1.5, 1e-6);  // d/dlogp of -A * exp(logp - beh) = -A * r
+  // Below the low clip with A < 0: ratio 0.5 clipped to 0.8, -min(-0.5, -0.8) = 0.8, no gradient.
+  auto lo = torch::tensor({std::log(0.5f)}).view({1, 1}).requires_grad_(true);
+  const auto o2 = grpo_loss(lo, torch::zeros({1, 1}), {}, torch::tensor({-1.0f}), torch::ones({1, 1}), cfg);
+  EXPECT_NEAR(o2.loss.item<double>(), 0.8, 1e-6);
+  o2.loss.backward();
+  EXPECT_NEAR(lo.grad().item<double>(), 0.0, 1e-12);
+}
+
+TEST(LearnerLossTest, ClipHigherLetsAPositiveRatioGrowFurther) {
+  GrpoConfig sym, dapo;
+  dapo.clip_high = 0.28;
+  const auto logp = torch::tensor({std::log(1.25f)}).view({1, 1});
+  const auto A = torch::tensor({1.0f});
+  EXPECT_NEAR(grpo_loss(logp, torch::zeros({1, 1}), {}, A, torch::ones({1, 1}), sym).loss.item<double>(), -1.2, 1e-6);
+  EXPECT_NEAR(grpo_loss(logp, torch::zeros({1, 1}), {}, A, torch::ones({1, 1}), dapo).loss.item<double>(), -1.25, 1e-6);
+}
+
+TEST(LearnerLossTest, MaskedTokensContributeNothing) {
+  GrpoConfig cfg;
+  auto logp = t2({0.0f, 5.0f, 0.0f}, 1, 3).requires_grad_(true);  // a huge ratio on the masked token
+  const auto w = t2({0.5f, 0.0f, 0.5f}, 1, 3);
+  const auto out = grpo_loss(logp, torch::zeros({1, 3}), {}, torch::tensor({2.0f}), w, cfg);
+  EXPECT_NEAR(out.loss.item<double>(), -2.0, 1e-6);  // ratio 1 on both real tokens, A = 2
+  out.loss.backward();
+  EXPECT_EQ(logp.grad()[0][1].item<float>(), 0.0f);
+  EXPECT_NEAR(logp.grad()[0][0].item<double>(), -1.0, 1e-6);  // -w * A * r = -0.5 * 2
+}
+
+TEST(LearnerLossTest, TokenAndSequenceAggregationWeighDifferently) {
+  // Sequence 0: 1 token, A = +1; sequence 1: 3 tokens, A = -1; all ratios 1.
+  GrpoConfig cfg;
+  const auto logp = torch::zeros({2, 3});
+  const auto mask = t2({1, 0, 0, 1, 1, 1}, 2, 3);
+  const auto A = torch::tensor({1.0f, -1.0f});
+  const auto token = grpo_loss(logp, torch::zeros({2, 3}), {}, A, mask / 4.0, cfg);
+  EXPECT_NEAR(token.loss.item<double>(), -(1.0 - 3.0) / 4.0, 1e-6);  // 0.5
+  const auto seq_w = mask / mask.sum(1, true) / 2.0;
+  const auto seq = grpo_loss(logp, torch::zeros({2, 3}), {}, A, seq_w, cfg);
+  EXPECT_NEAR(seq.loss.item<double>(), 0.0, 1e-6);
+}
+
+TEST(LearnerLossTest, KlTermIsTheK3EstimatorTimesItsCoefficient) {
+  GrpoConfig cfg;
+  cfg.kl_coef = 0.5;
+  const auto logp = torch::full({1, 1}, -1.0f);
+  const auto ref = torch::full({1, 1}, -1.5f);
+  const auto out = grpo_loss(logp, logp.clone(), ref, torch::tensor({0.0f}), torch::ones({1, 1}), cfg);
+  const double k3 = std::exp(-0.5) + 0.5 - 1.0;
+  EXPECT_NEAR(out.kl.item<double>(), k3, 1e-6);
+  EXPECT_NEAR(out.loss.item<double>(), 0.5 * k3, 1e-6);
+}
+
+TEST(LearnerLossTest, DecoupledWeightsStaleSamplesByCappedBehaviourRatio) {
+  GrpoConfig cfg;
+  cfg.ratio = RatioMode::decoupled;
+  cfg.behaviour_weight_cap = 1.5;
+  auto logp = torch::full({1, 2}, -1.0f).requires_grad_(true);
+  // Token 0: pi_prox / pi_behaviour = 2 (capped to 1.5); token 1: 0.5.
+  const auto beh = torch::tensor({-1.0f - std::log(2.0f), -1.0f + std::log(2.0f)}).view({1, 2});
+  const auto out = grpo_loss(logp, beh, {}, torch::tensor({1.0f}), torch::ones({1, 2}), cfg);
+  EXPECT_NEAR(out.loss.item<double>(), -(1.5 + 0.5), 1e-5);
+  out.loss.backward();
+  EXPECT_NEAR(logp.grad()[0][0].item<double>(), -1.5, 1e-5);
+  EXPECT_NEAR(logp.grad()[0][1].item<double>(), -0.5, 1e-5);
+}
+
+TEST(LearnerLossTest, PairwiseIsLogisticOnTheReferenceRelativeMargin) {
+  auto lp = torch::tensor({-1.0f, -3.0f}).requires_grad_(true);
+  const auto ref = torch::tensor({-2.0f, -2.0f});
+  const auto loss = pairwise_loss(lp, ref, {{0, 1}}, 0.1, 1.0);
+  // margin = (-1 + 2) - (-3 + 2) = 2; -log sigmoid(0.2) = log(1 + exp(-0.2))
+  EXPECT_NEAR(loss.item<double>(), std::log1p(std::exp(-0.2)), 1e-6);
+  loss.backward();
+  const double g = -0.1 / (1.0 + std::exp(0.2));  // -beta * sigmoid(-beta * margin)
+  EXPECT_NEAR(lp.grad()[0].item<double>(), g, 1e-6);
+  EXPECT_NEAR(lp.grad()[1].item<double>(), -g, 1e-6);
+}
+
+TEST(LearnerLossTest, PairsMatchBestWithWorstAboveTheGap) {
+  const auto p = select_pairs({0.1, 0.9, 0.5, 0.3}, 4, 0.0);
+  ASSERT_EQ(p.size(), 2u);
+  EXPECT_EQ(p[0], (std::pair<int64_t, int64_t>{1, 0}));
+  EXPECT_EQ(p[1], (std::pair<int64_t, int64_t>{2, 3}));
+  EXPECT_EQ(select_pairs({0.1, 0.9, 0.5, 0.3}, 4, 0.3).size(), 1u);
+  EXPECT_EQ(select_pairs({0.1, 0.9, 0.5, 0.3}, 1, 0.0).size(), 1u);
+  EXPECT_TRUE(select_pairs({0.2, 0.2}, 4, 0.0).empty());
+}
+
+namespace {
+kf::replay::ScoredGroup group(int64_t version, std::vector<double> rewards, int64_t prompt = 2) {
+  kf::replay::ScoredGroup g;
+  g.policy_version = version;
+  for (int64_t i = 0; i < prompt; ++i) g.prompt_tokens.push_back(static_cast<int32_t>(5 + i));
+  for (std::size_t i = 0; i < rewards.size(); ++i) {
+    kf::replay::Candidate c;
+    c.completion_tokens = {7, 8, 9};
+    c.behaviour_logprobs = {-1.0f, -2.0f, -3.0f};
+    kf::replay::Result r;
+    r.reward = rewards[i];
+    g.candidates.push_back(c);
+    g.results.push_back(r);
+    g.missing.push_back(0);
+  }
+  return g;
+}
+}  // namespace
+
+TEST(LearnerBatchTest, DropsStaleSkipsEqualAndLeavesOutMissing) {
+  LearnerConfig cfg;
+  cfg.max_staleness = 2;
+  auto with_missing = group(9, {1, 0, 5});
+  with_missing.missing[2] = 1;  // its reward 5 must not count
+  const auto b = build_step_batch({group(7, {1, 0}), group(8, {1, 0}), group(10, {0.5, 0.5}), with_missing}, 10, cfg);
+  EXPECT_EQ(b.counts.groups_in, 4);
+  EXPECT_EQ(b.counts.dropped_stale, 1);   // 10 - 7 > 2
+  EXPECT_EQ(b.counts.skipped_equal, 1);
+  EXPECT_EQ(b.counts.candidates_missing, 1);
+  EXPECT_EQ(b.counts.groups_used, 2);
+  ASSERT_EQ(b.seqs.size(), 4u);
+  EXPECT_DOUBLE_EQ(b.seqs[0].advantage, 0.5);
+  EXPECT_DOUBLE_EQ(b.seqs[1].advantage, -0.5);
+  EXPECT_DOUBLE_EQ(b.seqs[2].advantage, 0.5);  // mean over the two with results
+  EXPECT_EQ(b.completion_tokens(), 12);
+}
+
+TEST(LearnerBatchTest, MicroBatchAlignsBehaviourWithTokenLogprobs) {
+  LearnerConfig cfg;
+  const auto b = build_step_batch({group(0, {1, 0}, 2)}, 0, cfg);
+  const auto mb = make_micro_batch(b, {0, 1});
+  ASSERT_EQ(mb.ids.size(1), 5);  // 2 prompt + 3 completion
+  // token_logprobs position t predicts token t+1: completion tokens 2..4 -> positions 1..3.
+  EXPECT_EQ(mb.completion[0][0].item<float>(), 0.0f);
+  EXPECT_EQ(mb.completion[0][1].item<float>(), 1.0f);
+  EXPECT_EQ(mb.behaviour[0][1].item<float>(), -1.0f);
+  EXPECT_EQ(mb.behaviour[0][3].item<float>(), -3.0f);
+  EXPECT_EQ(mb.ids[0][2].item<int64_t>(), 7);
+}
+
+TEST(LearnerBatchTest, PacksGroupsWithinTheTokenBudget) {
+  LearnerConfig cfg;
+  std::vector<kf::replay::ScoredGroup> gs;
+  for (int i = 0; i < 5; ++i) gs.push_back(group(0, {1, 0}, 3));  // 2 rows x 6 tokens = 12 per group
+  const auto b = build_step_batch(gs, 0, cfg);
+  const auto mbs = pack_micro_batches(b, 25);
+  ASSERT_EQ(mbs.size(), 3u);  // 2 + 2 + 1 groups
+  EXPECT_EQ(mbs[0].size(), 4u);
+  EXPECT_EQ(mbs[2].size(), 2u);
+  EXPECT_EQ(pack_micro_batches(b, 1).size(), 5u);  // a group over budget is its own micro-batch
+}

@@ -1,0 +1,81 @@
+// Helpers for the learner tests: temp folders, child processes, tool paths.
+#pragma once
+#include <fcntl.h>
+#include <ftw.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+extern char** environ;
+
+namespace kf::learner::test {
+
+inline std::string env_or(const char* name, const char* dflt) {
+  const char* v = std::getenv(name);
+  return v && *v ? v : dflt;
+}
+#ifndef KF_PYTHON_DEFAULT
+#define KF_PYTHON_DEFAULT "python3"
+#endif
+inline std::string python() { return env_or("KF_PYTHON", KF_PYTHON_DEFAULT); }
+inline std::string source_dir() { return env_or("KF_SOURCE_DIR", KF_SOURCE_DIR_DEFAULT); }
+inline std::string learner_bin() { return KF_LEARNER_BIN_DEFAULT; }
+inline std::string export_bin() { return KF_EXPORT_BIN_DEFAULT; }
+
+// Not std::filesystem::remove_all: libtorch.so exports its own copy of that symbol.
+inline void remove_tree(const std::string& dir) {
+  ::nftw(dir.c_str(), [](const char* p, const struct stat*, int, struct FTW*) { return ::remove(p); }, 16,
+         FTW_DEPTH | FTW_PHYS);
+}
+
+struct TempDir {
+  std::string path;
+  TempDir() {
+    char tmpl[] = "/tmp/kf-learner-test-XXXXXX";
+    path = ::mkdtemp(tmpl);
+  }
+  ~TempDir() { remove_tree(path); }
+};
+
+inline void write_text(const std::string& path, const std::string& text) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
+}
+inline std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream os;
+  os << in.rdbuf();
+  return os.str();
+}
+
+// Starts argv[0] with args, stdout+stderr to `log`. Returns the pid.
+inline pid_t spawn(const std::vector<std::string>& args, const std::string& log) {
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  std::vector<char*> argv;
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  pid_t pid = -1;
+  if (posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ) != 0) pid = -1;
+  posix_spawn_file_actions_destroy(&fa);
+  return pid;
+}
+inline int wait_exit(pid_t pid) {
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+inline int run(const std::vector<std::string>& args, const std::string& log) {
+  const pid_t pid = spawn(args, log);
+  return pid < 0 ? -1 : wait_exit(pid);
+}
+
+}  // namespace kf::learner::test
