@@ -98,8 +98,10 @@ function(kf_add_test name)
   add_executable(${name} ${T_SOURCES})
   target_link_libraries(${name} PRIVATE ${T_LIBS} GTest::gtest_main)
   # Where the tree and the build are, for tests run outside CTest too (env vars win).
-  target_compile_definitions(${name} PRIVATE KF_SOURCE_DIR_DEFAULT="${CMAKE_SOURCE_DIR}" KF_BUILD_DIR_DEFAULT="${CMAKE_BINARY_DIR}")
-  # The escaped ';' keeps the three variables one ENVIRONMENT value through gtest discovery.
+  # These compiled-in defaults are what tests rely on: gtest_discover_tests passes only the
+  # first of several ENVIRONMENT entries through to the discovered tests.
+  target_compile_definitions(${name} PRIVATE KF_SOURCE_DIR_DEFAULT="${CMAKE_SOURCE_DIR}" KF_BUILD_DIR_DEFAULT="${CMAKE_BINARY_DIR}"
+                             KF_PYTHON_DEFAULT="${KF_PYTHON}")
   set(_props ENVIRONMENT "KF_SOURCE_DIR=${CMAKE_SOURCE_DIR}\\;KF_BUILD_DIR=${CMAKE_BINARY_DIR}\\;KF_PYTHON=${KF_PYTHON}")
   if(T_FIXTURES)
     list(APPEND _props FIXTURES_REQUIRED "${T_FIXTURES}")

@@ -87,7 +87,9 @@ std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) 
     for (const auto& d : e["shape"]) {
       if (!d.is_number_integer() || d.get<int64_t>() < 0) throw Error(ctx + ": field 'shape' has a bad dimension");
       v.shape.push_back(d.get<int64_t>());
-      numel *= static_cast<std::size_t>(v.shape.back());
+      // Overflow-checked: a shape whose element count wraps must not pass the size check.
+      if (__builtin_mul_overflow(numel, static_cast<std::size_t>(v.shape.back()), &numel))
+        throw Error(ctx + ": field 'shape' is too large (element count overflows)");
     }
     const auto& off = e["data_offsets"];
     if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned())
@@ -96,7 +98,9 @@ std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) 
     if (b > en || en > data_size)
       throw Error(ctx + ": data_offsets [" + std::to_string(b) + ", " + std::to_string(en) + "] outside the data (" +
                   std::to_string(data_size) + " bytes)");
-    if (en - b != numel * elem)
+    std::size_t need = 0;
+    if (__builtin_mul_overflow(numel, elem, &need)) throw Error(ctx + ": field 'shape' is too large (byte count overflows)");
+    if (en - b != need)
       throw Error(ctx + ": data_offsets span " + std::to_string(en - b) + " bytes but shape and dtype need " +
                   std::to_string(numel * elem));
     v.data = bytes + data_begin + b;

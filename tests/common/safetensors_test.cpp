@@ -68,6 +68,9 @@ TEST(SafetensorsTest, RejectsBadHeaders) {
   EXPECT_NE(open_error(path).find("shape and dtype need 12"), std::string::npos);
   write_raw(path, R"({"x":{"dtype":"Q7","shape":[1],"data_offsets":[0,1]}})", std::string(1, '\0'));
   EXPECT_NE(open_error(path).find("field 'dtype'"), std::string::npos);
+  // An element count that wraps to 0 bytes must not pass as an empty tensor.
+  write_raw(path, R"({"x":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,0]}})", "");
+  EXPECT_NE(open_error(path).find("too large"), std::string::npos) << open_error(path);
   write_raw(path, "{not json", "");
   EXPECT_NE(open_error(path).find("not valid JSON"), std::string::npos);
   {  // header length larger than the file
