@@ -246,7 +246,9 @@ StepStats Learner::step() {
   for (std::size_t k = 0; k < mbs.size(); ++k) {
     if (k + 1 == mbs.size()) impl_->buckets->arm();
     const auto mb = make_micro_batch(batch, mbs[k]);
-    const auto ids = mb.ids.to(deps_.device), attn = mb.attention.to(deps_.device);
+    const auto ids = mb.ids.to(deps_.device);
+    // No padding: no mask, so attention can take the fused causal kernels.
+    const auto attn = mb.attention.min().item<int64_t>() == 1 ? torch::Tensor() : mb.attention.to(deps_.device);
     const auto comp = mb.completion.to(deps_.device);
     torch::Tensor logp, ref;
     {

@@ -60,6 +60,10 @@ SnapshotPublisher::SnapshotPublisher(policy::CausalLM model, replay::SnapshotSto
     slots_.push_back(std::move(s));
   }
   stats_.blob_bytes = blob_bytes_;
+  if (store_ && store_->max_bytes() < blob_bytes_)
+    throw Error("learner snapshot publisher: the weights blob is " + std::to_string(blob_bytes_) +
+                " bytes but the snapshot store holds at most " + std::to_string(store_->max_bytes()) +
+                " (raise replay.snapshot.max_bytes, or learner.snapshot.dtype: bf16)");
 }
 
 SnapshotPublisher::~SnapshotPublisher() {

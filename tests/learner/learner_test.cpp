@@ -21,6 +21,8 @@ namespace lt = kf::learner::test;
 
 namespace {
 
+const auto* const kOneThread = ::testing::AddGlobalTestEnvironment(new lt::OneThreadEnvironment);
+
 LearnerConfig tiny_config() {
   LearnerConfig c;
   c.init_shape = "tiny";
@@ -166,6 +168,8 @@ TEST(LearnerTest, PullsFromTheReplayDropsStaleGroupsAndPublishesSnapshots) {
   d.source = &src;
   d.snapshots = &shm->snapshots();
   d.shm = shm.get();
+  lt::TempDir tmp;
+  d.checkpoint_dir = tmp.path + "/checkpoints";
   Learner l(cfg, d);
   const auto st = l.step();
   ASSERT_TRUE(st.updated);
@@ -177,6 +181,18 @@ TEST(LearnerTest, PullsFromTheReplayDropsStaleGroupsAndPublishesSnapshots) {
   const auto st2 = l.step();
   EXPECT_EQ(st2.groups, 1);
   EXPECT_GE(l.counters().at("dropped_stale"), 1);
+  // Checkpoints carry the replay's open groups and the kernel database.
+  open(4, 2);
+  kf::replay::KernelEntry k;
+  k.task = "synthetic_0";
+  k.speedup = 1.7;
+  k.source = "extern \"C\" int kf_forward() { return 0; }";
+  shm->kernels().insert(k);
+  const std::string ckpt = l.checkpoint();
+  EXPECT_NO_THROW(verify_checkpoint(ckpt));
+  EXPECT_TRUE(std::ifstream(ckpt + "/replay.bin").good());
+  EXPECT_NE(lt::read_text(ckpt + "/kernel_db.json").find("synthetic_0"), std::string::npos);
+  EXPECT_NE(lt::read_text(ckpt + "/state.json").find("dropped_stale"), std::string::npos);
   l.publish_snapshot();
   // Wait for the background publish, then read it back like an actor would.
   std::vector<unsigned char> blob;
@@ -290,7 +306,6 @@ RankRun run_ranks(const std::string& dir, int ranks, int steps = 3) {
 
 TEST(LearnerDataParallelTest, TwoAndFourRanksGiveTheOneRankUpdateWithIdenticalWeights) {
   lt::TempDir tmp;
-  ::setenv("OMP_NUM_THREADS", "1", 1);  // 4 ranks on 2 cores
   const auto init = run_ranks(tmp.path, 1, 0);
   const auto one = run_ranks(tmp.path, 1);
   ASSERT_EQ(one.checksums.size(), 1u);

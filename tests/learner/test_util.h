@@ -1,5 +1,7 @@
 // Helpers for the learner tests: temp folders, child processes, tool paths.
 #pragma once
+#include <gtest/gtest.h>
+#include <torch/torch.h>
 #include <fcntl.h>
 #include <ftw.h>
 #include <spawn.h>
@@ -78,4 +80,16 @@ inline int run(const std::vector<std::string>& args, const std::string& log) {
   return pid < 0 ? -1 : wait_exit(pid);
 }
 
+}  // namespace kf::learner::test
+
+namespace kf::learner::test {
+// One intra-op thread in the tests and in every process they start: this 2-core CI
+// machine runs several test processes at once, and OpenMP spin-waiting across
+// oversubscribed cores made a 25 ms step take 500 ms. Results do not depend on it.
+struct OneThreadEnvironment : ::testing::Environment {
+  void SetUp() override {
+    ::setenv("OMP_NUM_THREADS", "1", 1);
+    torch::set_num_threads(1);
+  }
+};
 }  // namespace kf::learner::test
