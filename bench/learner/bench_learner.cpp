@@ -10,6 +10,8 @@
 
 #include <chrono>
 #include <cstdio>
+#include <map>
+#include <optional>
 
 #include "kf/common/log.h"
 #include "kf/learner/comm.h"
@@ -73,7 +75,7 @@ int main(int argc, char** argv) {
   std::string device = "auto", shape = "auto", comm = "local";
   int64_t groups = 0, group_size = 8, prompt = 0, completion = 0, mb_tokens = 0, steps = 3;
   double peak_tflops = 989.4;  // H200 dense bf16
-  bool nccl_check = false, ckpt = false;
+  bool nccl_check = false, ckpt = false, no_snapshot = false;
   app.add_option("--device", device, "auto, cpu or cuda");
   app.add_option("--shape", shape, "tiny or qwen2.5-0.5b (auto: 0.5b on CUDA, tiny on CPU)");
   app.add_option("--comm", comm, "local or nccl (1 rank)");
@@ -86,6 +88,7 @@ int main(int argc, char** argv) {
   app.add_option("--peak-tflops", peak_tflops, "peak bf16 TFLOP/s for MFU");
   app.add_flag("--nccl-check", nccl_check, "1-rank NCCL vs local communicator on a tiny model");
   app.add_flag("--checkpointing", ckpt, "gradient checkpointing");
+  app.add_flag("--no-snapshot", no_snapshot, "do not publish snapshots (small /dev/shm)");
   CLI11_PARSE(app, argc, argv);
   kf::log_init("bench_learner", 0);
   kf::log_set_level(kf::LogLevel::Warn);
@@ -102,7 +105,9 @@ int main(int argc, char** argv) {
     SyntheticConfig sc;
     auto a = make_run(cfg, sc, dev, "nccl", nullptr);
     auto b = make_run(cfg, sc, dev, "local", nullptr);
-    double worst = 0;
+    std::map<std::string, torch::Tensor> init;
+    for (const auto& p : b.learner->model()->named_parameters()) init[p.key()] = p.value().detach().clone();
+    double worst = 0, moved = 0;
     for (int s = 0; s < 3; ++s) {
       const auto sa = a.learner->step();
       b.learner->step();
@@ -110,9 +115,18 @@ int main(int argc, char** argv) {
                   static_cast<long long>(sa.buckets_in_backward));
     }
     auto pa = a.learner->model()->named_parameters(), pb = b.learner->model()->named_parameters();
-    for (const auto& p : pa) worst = std::max(worst, (p.value() - pb[p.key()]).abs().max().item<double>());
-    const bool ok = worst == 0.0 && a.learner->steps_done() == 3;
+    bool finite = true;
+    for (const auto& p : pa) {
+      worst = std::max(worst, (p.value() - pb[p.key()]).abs().max().item<double>());
+      moved = std::max(moved, (pb[p.key()] - init[p.key()]).abs().max().item<double>());
+      finite = finite && torch::isfinite(p.value()).all().item<bool>();
+    }
+    // CUDA backward kernels with atomics (embedding, attention) are not bitwise
+    // reproducible, so the two runs may differ by rounding, which Adam can turn into a
+    // fraction of one step on near-zero gradients.
+    const bool ok = finite && moved > 0 && worst <= 0.05 * moved && a.learner->steps_done() == 3;
     std::printf("BENCH|learner|nccl_1rank|max_weight_diff_vs_local|%g|abs\n", worst);
+    std::printf("BENCH|learner|nccl_1rank|max_update|%g|abs\n", moved);
     std::printf("BENCH|learner|nccl_1rank|result|%s|-\n", ok ? "PASS" : "FAIL");
     return ok ? 0 : 1;
   }
@@ -146,9 +160,12 @@ int main(int argc, char** argv) {
     snap.max_bytes += p.numel() * 2;
   snap.max_bytes += 1 << 20;
   snap.prefault = true;
-  auto store = kf::replay::SnapshotStore::create(seg, snap);
-  kf::replay::ShmSegment::remove(seg);  // mapped; nothing to leak if we die
-  auto run = make_run(cfg, sc, dev, comm, &store);
+  std::optional<kf::replay::SnapshotStore> store;
+  if (!no_snapshot) {
+    store.emplace(kf::replay::SnapshotStore::create(seg, snap));
+    kf::replay::ShmSegment::remove(seg);  // mapped; nothing to leak if we die
+  }
+  auto run = make_run(cfg, sc, dev, comm, store ? &*store : nullptr);
   const std::string tag = shape + (cuda ? "_bf16_cuda" : "_fp32_cpu") + "_g" + std::to_string(groups) + "x" +
                           std::to_string(group_size) + "_s" + std::to_string(prompt + completion);
   run.learner->step();  // warm-up (allocator, autotuning, first-touch of the snapshot pages)

@@ -50,7 +50,8 @@ echo "   nccl: $(el)"
 
 echo "== throughput: Qwen2.5-0.5B shape, bf16 autocast, ${LEARNER_GROUPS:-8} groups x 8, seq ${LEARNER_SEQ:-512+512}"
 P=${LEARNER_SEQ:-512+512}
-timeout 200 $B/bench/learner/bench_learner --device cuda --groups "${LEARNER_GROUPS:-8}" \
+SNAP=(); shm_kb=$(df -k --output=avail /dev/shm 2>/dev/null | tail -1 | tr -d ' '); [ "${shm_kb:-0}" -gt 3000000 ] || { SNAP=(--no-snapshot); echo "   /dev/shm has ${shm_kb:-?} kB free: no snapshot publishing"; }
+timeout 200 $B/bench/learner/bench_learner --device cuda "${SNAP[@]}" --groups "${LEARNER_GROUPS:-8}" \
   --prompt "${P%+*}" --completion "${P#*+}" --steps 3 2> "$OUTDIR/learner_bench.log" | tee -a "$rows"
 [ "${PIPESTATUS[0]}" -eq 0 ] || { rc=1; echo "bench_learner failed:"; tail -20 "$OUTDIR/learner_bench.log"; }
 echo "   throughput: $(el)"

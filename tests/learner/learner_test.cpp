@@ -108,6 +108,8 @@ double margin_after_training(Objective obj) {
   const double before = (completion_logprob(m, src.g, 0) - completion_logprob(m, src.g, 1)).item<double>();
   for (int s = 0; s < 5; ++s) EXPECT_TRUE(l.step().updated);
   const double after = (completion_logprob(m, src.g, 0) - completion_logprob(m, src.g, 1)).item<double>();
+  std::printf("objective %d: log-prob margin (better - worse) %.4f -> %.4f after 5 steps\n", static_cast<int>(obj),
+              before, after);
   return after - before;
 }
 
@@ -118,6 +120,8 @@ TEST(LearnerTest, GrpoRaisesTheBetterCompletionsLogprob) { EXPECT_GT(margin_afte
 TEST(LearnerTest, PairwiseObjectiveAloneRaisesTheFasterCompletionsMargin) {
   EXPECT_GT(margin_after_training(Objective::pairwise), 0.05);
 }
+
+TEST(LearnerTest, GrpoPlusPairwiseRaisesTheMarginToo) { EXPECT_GT(margin_after_training(Objective::grpo_pairwise), 0.05); }
 
 TEST(LearnerTest, StepsWithoutSignalChangeNothing) {
   auto cfg = tiny_config();
