@@ -7,6 +7,7 @@
 // this file, never seen by callers).
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/detail/CUDAHooksInterface.h>
 #include <ATen/Parallel.h>
 #include <unistd.h>
 
@@ -15,6 +16,7 @@
 #include <cstring>
 #include <fstream>
 #include <deque>
+#include <mutex>
 #include <optional>
 
 #include "kf/common/error.h"
@@ -57,6 +59,16 @@ unsigned long long llc_bytes() {
     }
   }
   return 32ull << 20;
+}
+
+// A seeded generator on `dev` (random tensors are made where they are used: a CPU draw of
+// a GPU task's GiB-sized input takes seconds).
+at::Generator device_generator(const at::Device& dev, uint64_t seed) {
+  at::Generator g = dev.is_cuda() ? at::detail::getCUDAHooks().getNewGenerator(dev.index())
+                                  : at::detail::createCPUGenerator(seed);
+  std::lock_guard<std::mutex> lock(g.mutex());
+  g.set_current_seed(seed);
+  return g;
 }
 
 struct CandOut {
@@ -285,16 +297,16 @@ struct Session {
   }
 
   TensorList redraw(const TensorList& p, uint64_t seed, bool additive) {
-    auto gen = at::detail::createCPUGenerator(mix(base_seed, seed));
+    at::Generator gen = device_generator(dev, mix(base_seed, seed));
     TensorList out;
     for (const auto& t : p) {
       if (!at::isFloatingType(t.scalar_type()) || t.numel() == 0) {
         out.push_back(t.clone());
         continue;
       }
-      at::Tensor f = t.to(at::kCPU, at::kFloat);
-      at::Tensor u = at::rand(f.sizes(), gen, at::TensorOptions().dtype(at::kFloat)) * 2 - 1;
-      at::Tensor n = at::randn(f.sizes(), gen, at::TensorOptions().dtype(at::kFloat));
+      at::Tensor f = t.to(dev, at::kFloat);
+      at::Tensor u = at::empty_like(f).uniform_(-1, 1, gen);
+      at::Tensor n = at::empty_like(f).normal_(0, 1, gen);
       const double sd = f.numel() > 1 ? f.std().item<double>() : 0.0;
       const double s = std::max({sd, 0.1 * f.abs().mean().item<double>(), 0.1});
       at::Tensor nf = f * (1 + 0.5 * u);
@@ -307,7 +319,7 @@ struct Session {
   TensorList stress(const TensorList& x, int which, uint64_t seed, std::string* name) {
     static const char* names[] = {"x*8", "-x", "x+3", "uniform(-4,4)", "x*1e-3"};
     *name = names[which % 5];
-    auto gen = at::detail::createCPUGenerator(mix(base_seed, seed));
+    at::Generator gen = device_generator(dev, mix(base_seed, seed));
     TensorList y;
     for (const auto& t : x) {
       if (!at::isFloatingType(t.scalar_type())) {
@@ -319,7 +331,7 @@ struct Session {
         case 1: y.push_back(-t); break;
         case 2: y.push_back(t + 3); break;
         case 3:
-          y.push_back((at::rand(t.sizes(), gen, at::TensorOptions().dtype(at::kFloat)) * 8 - 4).to(t.device(), t.scalar_type()));
+          y.push_back(at::empty(t.sizes(), t.options().dtype(at::kFloat)).uniform_(-4, 4, gen).to(t.scalar_type()));
           break;
         default: y.push_back(t * 1e-3); break;
       }
