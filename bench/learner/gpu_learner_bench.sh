@@ -20,7 +20,9 @@ echo "== configure + build (bench_learner kf-learner kf-export bench_policy)"
 timeout 120 cmake -S . -B $B -G Ninja -DKF_PYTHON="$PY" -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release \
   -DKF_BUILD_TESTS=OFF -DKF_SKIP_COMPONENTS="evaluator;actors" "${DEPS[@]}" > "$OUTDIR/learner_configure.log" 2>&1 \
   || { tail -30 "$OUTDIR/learner_configure.log"; exit 1; }
-timeout 300 cmake --build $B -j "$(nproc)" --target bench_learner kf-learner kf-export bench_policy \
+# bench_policy: reuse the one bench/policy/gpu_policy_bench.sh built, if this session has it.
+BP=build-policy-gpu/bench_policy/bench_policy; BPT=(); [ -x "$BP" ] || { BP=$B/bench/policy/bench_policy; BPT=(bench_policy); }
+timeout 300 cmake --build $B -j "$(nproc)" --target bench_learner kf-learner kf-export "${BPT[@]}" \
   > "$OUTDIR/learner_build.log" 2>&1 || { grep -m20 -B2 -A5 "error" "$OUTDIR/learner_build.log"; exit 1; }
 echo "   built: $(el)"
 rows="$OUTDIR/learner_rows.txt"; : > "$rows"
@@ -57,7 +59,7 @@ timeout 200 $B/bench/learner/bench_learner --device cuda "${SNAP[@]}" --groups "
 echo "   throughput: $(el)"
 
 echo "== beside it: bench_policy train step (bare forward + backward of token_logprobs)"
-timeout 120 $B/bench/policy/bench_policy --device cuda --mode train --train-batch 8 --train-seq 1024 \
+timeout 120 "$BP" --device cuda --mode train --train-batch 8 --train-seq 1024 \
   2> "$OUTDIR/policy_train.log" | tee -a "$rows" || true
 
 echo

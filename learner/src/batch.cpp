@@ -12,8 +12,17 @@ int64_t StepBatch::completion_tokens() const {
   return n;
 }
 
+namespace {
+bool ids_in_range(const std::vector<int32_t>& ids, int64_t vocab) {
+  if (vocab <= 0) return true;
+  for (int32_t t : ids)
+    if (t < 0 || t >= vocab) return false;
+  return true;
+}
+}  // namespace
+
 StepBatch build_step_batch(const std::vector<replay::ScoredGroup>& groups, int64_t current_version,
-                           const LearnerConfig& cfg) {
+                           const LearnerConfig& cfg, int64_t vocab_size) {
   StepBatch out;
   for (const auto& g : groups) {
     ++out.counts.groups_in;
@@ -29,7 +38,8 @@ StepBatch build_step_batch(const std::vector<replay::ScoredGroup>& groups, int64
         continue;
       }
       if (c.completion_tokens.empty() || c.behaviour_logprobs.size() != c.completion_tokens.size() ||
-          g.prompt_tokens.empty()) {
+          g.prompt_tokens.empty() || !ids_in_range(g.prompt_tokens, vocab_size) ||
+          !ids_in_range(c.completion_tokens, vocab_size)) {
         ++out.counts.candidates_malformed;
         continue;
       }

@@ -207,7 +207,7 @@ StepStats Learner::step() {
   req.max_lag = cfg_.max_staleness;
   const uint64_t src_stale_before = deps_.source->dropped_stale();
   const auto groups = deps_.source->take(req);
-  const auto batch = build_step_batch(groups, version(), cfg_);
+  const auto batch = build_step_batch(groups, version(), cfg_, model_->config().vocab_size);
   const auto& bc = batch.counts;
   counters_["groups_in"] += bc.groups_in;
   counters_["groups_used"] += bc.groups_used;

@@ -121,8 +121,20 @@ int main(int argc, char** argv) {
     int slot = shm ? shm->control().register_process("learner", rank) : -1;
     while (!g_stop && (forever || learner.steps_done() < lc.steps)) {
       if (shm && shm->control().state() == kf::replay::RunState::stopped) break;
+      const auto before = learner.counters();
       const auto st = learner.step();
-      if (slot >= 0) shm->control().heartbeat(slot);
+      if (slot >= 0) {
+        // Control-block counters of role "learner": 0 steps, 1 groups used, 2 groups dropped
+        // stale, 3 groups skipped (equal rewards), 4 tokens, 5 empty steps, 6 snapshots
+        // published, 7 checkpoints written.
+        const char* names[] = {"steps", "groups_used", "dropped_stale", "skipped_equal", "tokens", "empty_steps",
+                               "publishes", "checkpoints"};
+        for (int i = 0; i < 8; ++i) {
+          const int64_t d = learner.counters().at(names[i]) - before.at(names[i]);
+          if (d > 0) shm->control().add_counter(slot, i, static_cast<uint64_t>(d));
+        }
+        shm->control().heartbeat(slot);
+      }
       if (print_steps && rank == 0) {
         nlohmann::json j = {{"step", st.step}, {"updated", st.updated}, {"loss", st.loss}, {"grad_norm", st.grad_norm},
                             {"lr", st.lr}, {"groups", st.groups}, {"tokens", st.tokens}, {"seconds", st.seconds},
@@ -134,7 +146,8 @@ int main(int argc, char** argv) {
     }
     if (g_stop) kf::log_info("learner rank ", rank, ": stop requested; writing a final checkpoint");
     if (final_ckpt || g_stop) learner.checkpoint();
-    if (slot >= 0) shm->control().unregister_process(slot);
+    // The control-block entry is left registered: its counters stay readable after this
+    // process exits, and the next registration reuses it once the pid is gone.
     if (!dump.empty() && rank == 0) {
       std::vector<kf::policy::StWriteSpec> specs;
       std::vector<torch::Tensor> ts;

@@ -350,3 +350,41 @@ TEST(LearnerDataParallelTest, TwoAndFourRanksGiveTheOneRankUpdateWithIdenticalWe
                 worst_kbias, moved);
   }
 }
+
+TEST(LearnerToolTest, KfLearnerAttachedToARunTrainsPublishesAndCounts) {
+  lt::TempDir tmp;
+  const std::string run = "kflt" + std::to_string(::getpid()) + "tool";
+  kf::replay::RunShmConfig rc;
+  rc.replay.capacity = 8;
+  rc.replay.group_bytes = 64 * 1024;
+  rc.snapshot.max_bytes = 4u << 20;
+  rc.kernels.capacity = 8;
+  auto shm = kf::replay::RunShm::create(run, rc);
+  shm->control().set_state(kf::replay::RunState::running);
+  SyntheticSource gen(synth());
+  for (int64_t k : {0, 1}) {
+    auto g = gen.make_group(0, k, 0, 4);
+    for (auto& c : g.candidates) c.prompt_tokens = g.prompt_tokens;
+    ASSERT_TRUE(shm->replay().open_group(g.candidates, std::chrono::seconds(60)));
+    for (const auto& r : g.results) ASSERT_TRUE(shm->replay().add_result(r));
+  }
+  const std::string cfg = tmp.path + "/run.yaml";
+  lt::write_text(cfg, "run:\n  name: " + run + "\n  root: " + tmp.path +
+                          "\nlearner:\n  groups_per_step: 2\n  take_timeout_ms: 200\n  schedule:\n    warmup_steps: 0\n"
+                          "  checkpoint:\n    every: 1\n");
+  const std::string log = tmp.path + "/learner.log";
+  ASSERT_EQ(lt::run({lt::learner_bin(), cfg, "--run", run, "--device", "cpu", "--steps", "1"}, log), 0)
+      << lt::read_text(log);
+  EXPECT_EQ(shm->snapshots().latest().version, 1);
+  bool found = false;
+  for (const auto& p : shm->control().peers(std::chrono::seconds(60)))
+    if (p.role == "learner") {
+      found = true;
+      EXPECT_EQ(p.counters[0], 1u);  // steps
+      EXPECT_EQ(p.counters[1], 2u);  // groups used
+      EXPECT_EQ(p.counters[7], 1u);  // checkpoints
+    }
+  EXPECT_TRUE(found) << "kf-learner's control-block entry (counters stay readable after it exits)";
+  EXPECT_TRUE(find_latest_valid(tmp.path + "/" + run + "/checkpoints").has_value());
+  shm->shutdown();
+}

@@ -172,6 +172,15 @@ TEST(LearnerBatchTest, DropsStaleSkipsEqualAndLeavesOutMissing) {
   EXPECT_EQ(b.completion_tokens(), 12);
 }
 
+TEST(LearnerBatchTest, TokenIdsOutsideTheVocabAreMalformedNotFatal) {
+  LearnerConfig cfg;
+  auto g = group(0, {1, 0, 2});
+  g.candidates[2].completion_tokens[1] = 300;
+  const auto b = build_step_batch({g}, 0, cfg, 256);
+  EXPECT_EQ(b.counts.candidates_malformed, 1);
+  EXPECT_EQ(b.seqs.size(), 2u);
+}
+
 TEST(LearnerBatchTest, MicroBatchAlignsBehaviourWithTokenLogprobs) {
   LearnerConfig cfg;
   const auto b = build_step_batch({group(0, {1, 0}, 2)}, 0, cfg);

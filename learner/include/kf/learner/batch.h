@@ -46,8 +46,10 @@ struct StepBatch {
 // have results and usable tokens. Candidates with a missing result, no completion
 // tokens or a behaviour log-prob count that differs from the token count are left out
 // (counted) and the group's advantages are computed over the rest.
+// vocab_size > 0: a token id outside [0, vocab_size) makes its candidate malformed (a
+// tokenizer/model mismatch between actor and learner must not crash the embedding).
 StepBatch build_step_batch(const std::vector<replay::ScoredGroup>& groups, int64_t current_version,
-                           const LearnerConfig& cfg);
+                           const LearnerConfig& cfg, int64_t vocab_size = 0);
 
 struct MicroBatch {
   torch::Tensor ids;         // int64 [B, T], right-padded
