@@ -116,7 +116,9 @@ Learner::Learner(LearnerConfig cfg, LearnerDeps deps) : cfg_(std::move(cfg)), de
   if (!deps_.source) throw Error("learner: no group source given");
   const auto dev = deps_.device;
   if (cfg_.deterministic) {
-    at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);
+    // On CUDA some kernels have no deterministic version (and cuBLAS needs
+    // CUBLAS_WORKSPACE_CONFIG): warn there instead of failing. Exact resume is a CPU promise.
+    at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/dev.is_cuda());
     torch::manual_seed(cfg_.seed);
   }
   const auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(dev);

@@ -7,7 +7,8 @@
 // Ranks: learner.dist.ranks processes with --rank 0..R-1. The communicator is NCCL on
 // CUDA (the unique id goes through the control block, or --rendezvous DIR), shared
 // memory on CPU. Prints "STEP {json}" per step with --print-steps, and
-// "WEIGHTS_CHECKSUM <hex>" at the end. Exit 0 ok, 1 error, 2 usage.
+// "WEIGHTS_CHECKSUM <hex>" at the end. SIGINT/SIGTERM or the run state `stopped` end the
+// loop (agreed by all ranks) with a final checkpoint. Exit 0 ok, 1 error, 2 usage.
 #include <sys/stat.h>
 
 #include <CLI/CLI.hpp>
@@ -119,8 +120,19 @@ int main(int argc, char** argv) {
     if (resume) learner.resume();
     if (shm) learner.publish_snapshot();
     int slot = shm ? shm->control().register_process("learner", rank) : -1;
-    while (!g_stop && (forever || learner.steps_done() < lc.steps)) {
-      if (shm && shm->control().state() == kf::replay::RunState::stopped) break;
+    bool run_stopped = false;
+    while (forever || learner.steps_done() < lc.steps) {
+      // Every rank must leave at the same step (checkpoint() and the collectives need all
+      // of them): the stop decision is all-reduced.
+      const auto state = shm ? shm->control().state() : kf::replay::RunState::running;
+      // draining: actors stop, the learner still trains on what was scored; stopped: leave.
+      const bool local_stop = g_stop || state == kf::replay::RunState::stopped;
+      auto flag = torch::full({1}, local_stop ? 1.0 : 0.0, torch::TensorOptions().dtype(torch::kFloat64).device(dev));
+      comm->all_reduce_sum(flag);
+      if (flag.to(torch::kCPU).item<double>() > 0) {
+        run_stopped = true;
+        break;
+      }
       const auto before = learner.counters();
       const auto st = learner.step();
       if (slot >= 0) {
@@ -144,8 +156,8 @@ int main(int argc, char** argv) {
         std::fflush(stdout);
       }
     }
-    if (g_stop) kf::log_info("learner rank ", rank, ": stop requested; writing a final checkpoint");
-    if (final_ckpt || g_stop) learner.checkpoint();
+    if (run_stopped) kf::log_info("learner rank ", rank, ": stop requested (signal or run state); writing a final checkpoint");
+    if (final_ckpt || run_stopped) learner.checkpoint();
     // The control-block entry is left registered: its counters stay readable after this
     // process exits, and the next registration reuses it once the pid is gone.
     if (!dump.empty() && rank == 0) {
