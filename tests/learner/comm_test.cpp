@@ -10,6 +10,7 @@
 #include "kf/common/error.h"
 #include "kf/learner/checkpoint.h"
 #include "kf/learner/comm.h"
+#include "kf/learner/grad_buckets.h"
 
 using namespace kf::learner;
 
@@ -112,4 +113,56 @@ TEST(LearnerCommTest, NcclIsReportedWhenUnavailable) {
   if (nccl_available()) GTEST_SKIP() << "built with NCCL but no GPU here: the 1-rank NCCL run is in bench/learner/gpu_learner_bench.sh";
   auto rdv = file_rendezvous("/tmp");
   EXPECT_THROW(make_nccl_comm(0, 1, 0, *rdv), kf::Error);
+}
+
+namespace {
+// Records the order of bucket reductions and whether backward was still running.
+class RecordingComm : public Communicator {
+ public:
+  std::vector<int64_t> sizes;
+  int rank() const override { return 0; }
+  int world() const override { return 1; }
+  std::string name() const override { return "recording"; }
+  void all_reduce_sum(torch::Tensor& t) override { sizes.push_back(t.numel()); }
+  void broadcast(torch::Tensor&, int) override {}
+  void barrier() override {}
+};
+}  // namespace
+
+TEST(LearnerGradBucketsTest, BucketsReduceDuringBackwardInOrderAndAccumulateMicroBatches) {
+  torch::manual_seed(0);
+  // Four layers of 64x64 (16 KiB each): 20 KiB buckets hold one layer each.
+  std::vector<std::pair<std::string, torch::Tensor>> params;
+  for (int i = 0; i < 4; ++i) params.emplace_back("w" + std::to_string(i), torch::randn({64, 64}).requires_grad_(true));
+  RecordingComm comm;
+  GradBuckets buckets(params, 20 * 1024, &comm);
+  ASSERT_EQ(buckets.buckets(), 4u);
+  auto forward = [&](const torch::Tensor& x) {
+    auto h = x;
+    for (auto& p : params) h = torch::tanh(h.matmul(p.second));
+    return h.sum();
+  };
+  const auto x1 = torch::randn({3, 64}), x2 = torch::randn({3, 64});
+  buckets.zero();
+  forward(x1).backward();            // micro-batch 1: not armed, nothing reduced
+  EXPECT_TRUE(comm.sizes.empty());
+  buckets.arm();
+  forward(x2).backward();            // micro-batch 2: every bucket completes in backward
+  EXPECT_EQ(buckets.launched_in_backward(), 4);
+  buckets.finish();
+  EXPECT_EQ(comm.sizes.size(), 4u);
+  // The grads are views into the buckets and hold the sum of both micro-batches.
+  std::vector<torch::Tensor> ref;
+  for (auto& p : params) ref.push_back(p.second.detach().clone().requires_grad_(true));
+  auto h1 = x1, h2 = x2;
+  for (auto& r : ref) {
+    h1 = torch::tanh(h1.matmul(r));
+    h2 = torch::tanh(h2.matmul(r));
+  }
+  (h1.sum() + h2.sum()).backward();
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_TRUE(torch::allclose(params[i].second.grad(), ref[i].grad(), 1e-5, 1e-6)) << "param " << i;
+    EXPECT_EQ(params[i].second.grad().data_ptr<float>(), buckets.flat()[3 - i].data_ptr<float>())
+        << "param " << i << " grad is not a view into its bucket (buckets are filled in reverse order)";
+  }
 }
