@@ -94,4 +94,14 @@ TEST(LearnerExportTest, ExportedFolderLoadsInTransformersWithMatchingLogits) {
   if (rc == 3) GTEST_SKIP() << "HF transformers is not importable by " << lt::python() << ": " << lt::read_text(log);
   EXPECT_EQ(rc, 0) << lt::read_text(log);
   std::printf("%s", lt::read_text(log).c_str());
+
+  // The exported folder is a valid initial policy (learner.policy): same weights, and its
+  // tokenizer travels into the next checkpoints.
+  auto cfg2 = cfg;
+  cfg2.policy = out;
+  d.checkpoint_dir = tmp.path + "/run2/checkpoints";
+  Learner l2(cfg2, d);
+  EXPECT_EQ(l2.weights_checksum(), l.weights_checksum());
+  const std::string ck = l2.checkpoint();
+  EXPECT_EQ(lt::read_text(ck + "/tokenizer.json"), lt::read_text(out + "/tokenizer.json"));
 }
