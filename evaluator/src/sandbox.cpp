@@ -411,6 +411,19 @@ CallOutcome Sandbox::load(const std::string& so_path) {
   proto::Command c{};
   c.op = proto::OP_LOAD;
   if (so_path.size() >= sizeof c.path) return {CallOutcome::LoadFailed, "path too long"};
+  if (I.o.drop_root && geteuid() == 0) {
+    // The worker runs as nobody: every folder on the way must be searchable by others
+    // and the object readable, or dlopen fails with a bare "Permission denied".
+    std::string dir = so_path;
+    struct stat st{};
+    if (::stat(so_path.c_str(), &st) == 0 && !(st.st_mode & S_IROTH))
+      throw error_at(so_path, "not readable by the sandbox user (nobody); make it world-readable");
+    while ((dir = dir.substr(0, dir.find_last_of('/'))).size() > 0) {
+      if (::stat(dir.c_str(), &st) == 0 && !(st.st_mode & S_IXOTH))
+        throw error_at(dir, "folder not searchable by the sandbox user (nobody): put the compile cache under a folder "
+                            "with mode o+x (e.g. 0755), not inside a 0700 one");
+    }
+  }
   std::memcpy(c.path, so_path.c_str(), so_path.size() + 1);
   if (!I.send(c, out)) return out;
   proto::Reply rep;

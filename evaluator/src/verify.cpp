@@ -649,7 +649,7 @@ Result Evaluator::evaluate_compiled(const tasks::Task& task, tasks::Backend back
   }
   res.verify_s = ms_since(t0) / 1000;
   res.reward = impl_->reward.score(res);
-  kf::log_info("evaluated ", res.task, " [", res.backend, "] ", cr.key.substr(0, 12), ": ", verdict_name(res.verdict),
+  kf::log_debug("evaluated ", res.task, " [", res.backend, "] ", cr.key.substr(0, 12), ": ", verdict_name(res.verdict),
                res.reason.empty() ? "" : " (" + res.reason + ")",
                res.ok() ? " speedup " + std::to_string(res.speedup) : "");
   return res;

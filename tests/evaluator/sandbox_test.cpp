@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "kf/common/error.h"
 #include "kf/evaluator/compile.h"
 #include "kf/evaluator/sandbox.h"
 #include "test_util.h"
@@ -247,4 +248,22 @@ TEST(SandboxTest, MissingEntryPointIsALoadFailure) {
   CallOutcome o = sb->load(so);
   EXPECT_EQ(o.kind, CallOutcome::LoadFailed);
   EXPECT_NE(o.message.find("kf_forward"), std::string::npos);
+}
+
+TEST(SandboxTest, ObjectInAFolderTheSandboxUserCannotSearchIsAClearError) {
+  if (geteuid() != 0) GTEST_SKIP() << "the worker keeps this uid when not started as root: nothing to check";
+  const std::string so = build(test::read_kernel("cpu/good_relu.cpp"));
+  const std::string hidden = test::temp_dir("private");
+  ASSERT_EQ(::chmod(hidden.c_str(), 0700), 0);
+  const std::string copy = hidden + "/k.so";
+  fs::copy_file(so, copy);
+  auto sb = start_1d();
+  try {
+    sb->load(copy);
+    FAIL() << "expected kf::Error";
+  } catch (const kf::Error& e) {
+    EXPECT_NE(std::string(e.what()).find(hidden), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("not searchable"), std::string::npos) << e.what();
+  }
+  sb->stop();
 }

@@ -4,9 +4,9 @@
 //   SerialRunner serial(actor, evaluator, shm, tasks, backend);
 //   serial.step();   // one actor group, then every queued candidate evaluated and joined
 //
-// The evaluator side does what the evaluator process does: pops candidates, verifies each
-// (kf::evaluator::Evaluator), pushes the Result to the result queue, inserts ok kernels
-// into the KernelDb (speedup, policy version), and the replay ingests the results.
+// The evaluator side is the evaluator process's own loop (kf::evaluator::EvaluatorService):
+// pops candidates, verifies each, pushes the Result to the result queue, inserts ok
+// kernels into the KernelDb (speedup, policy version); then the replay ingests the results.
 // One thread.
 #pragma once
 #include <map>
@@ -16,12 +16,10 @@
 
 #include "kf/actors/actor.h"
 #include "kf/evaluator/evaluator.h"
+#include "kf/evaluator/service.h"
 #include "kf/replay/records.h"
 
 namespace kf::actors {
-
-// The replay record of an evaluator verdict for candidate `c`.
-replay::Result to_replay_result(const evaluator::Result& r, const replay::Candidate& c, int evaluator_id = 0);
 
 struct SerialStats {
   uint64_t groups = 0, evaluated = 0, ok = 0, kernels_inserted = 0, results_joined = 0;
@@ -38,10 +36,8 @@ class SerialRunner {
 
  private:
   Actor& actor_;
-  evaluator::Evaluator& ev_;
   replay::RunShm& shm_;
-  std::map<std::string, std::shared_ptr<const tasks::Task>> tasks_;
-  tasks::Backend backend_;
+  std::unique_ptr<evaluator::EvaluatorService> service_;
   SerialStats stats_;
   std::vector<replay::Result> results_;
 };

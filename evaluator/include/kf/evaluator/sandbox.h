@@ -68,6 +68,8 @@ class Sandbox {
   Sandbox(const Sandbox&) = delete;
   Sandbox& operator=(const Sandbox&) = delete;
 
+  // Loads the candidate. Throws kf::Error (an installation problem, not the candidate's)
+  // when the worker's user could not read so_path (a 0700 folder on the way).
   CallOutcome load(const std::string& so_path);
   // One call of kf_forward on slot `slot`: outputs poisoned with `poison` (0 or 1),
   // cache flushed if asked, then after return a probe delay of `probe_ms`.

@@ -1,0 +1,160 @@
+// EvaluatorService (see service.h).
+#include "kf/evaluator/service.h"
+
+#include <time.h>
+
+#include <future>
+
+#include "kf/common/error.h"
+#include "kf/common/log.h"
+
+namespace kf::evaluator {
+namespace {
+
+replay::Verdict record_verdict(Verdict v) {
+  switch (v) {
+    case Verdict::Ok: return replay::Verdict::ok;
+    case Verdict::CompileError: return replay::Verdict::compile_error;
+    case Verdict::RuntimeError: return replay::Verdict::runtime_error;
+    case Verdict::Timeout: return replay::Verdict::timeout;
+    case Verdict::Incorrect: return replay::Verdict::incorrect;
+    case Verdict::RejectedCheat: return replay::Verdict::rejected_cheat;
+  }
+  return replay::Verdict::runtime_error;
+}
+
+int64_t monotonic_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return int64_t(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
+}
+
+}  // namespace
+
+replay::Result to_record(const Result& r, const replay::Candidate& c, int evaluator_id) {
+  replay::Result o;
+  o.candidate_id = c.id;
+  o.group_id = c.group_id;
+  o.index_in_group = c.index_in_group;
+  o.verdict = record_verdict(r.verdict);
+  o.reason = r.reason;
+  o.ref_time_median_us = r.ref_ms.median * 1e3;
+  o.ref_time_spread_us = (r.ref_ms.p90 - r.ref_ms.p10) * 1e3;
+  o.cand_time_median_us = r.cand_ms.median * 1e3;
+  o.cand_time_spread_us = (r.cand_ms.p90 - r.cand_ms.p10) * 1e3;
+  o.speedup = r.speedup;
+  o.max_error = r.max_abs_error;
+  o.checks_passed = uint32_t(r.checks_passed());
+  o.reward = r.reward;
+  o.evaluator_id = evaluator_id;
+  o.t_scored_ns = monotonic_ns();
+  return o;
+}
+
+EvaluatorService::EvaluatorService(Evaluator& ev, replay::RunShm& shm, ServiceOptions o)
+    : ev_(ev), shm_(shm), o_(std::move(o)) {
+  slot_ = shm_.control().register_process("evaluator", o_.evaluator_id);
+}
+
+EvaluatorService::~EvaluatorService() {
+  if (slot_ >= 0) shm_.control().unregister_process(slot_);
+}
+
+void EvaluatorService::add_task(std::shared_ptr<const tasks::Task> t) { tasks_[t->name()] = std::move(t); }
+
+std::shared_ptr<const tasks::Task> EvaluatorService::task(const std::string& name, std::string* error) {
+  auto it = tasks_.find(name);
+  if (it != tasks_.end()) return it->second;
+  try {
+    auto t = tasks::Task::load(o_.tasks_dir + "/" + name);
+    if (!t->has_backend(o_.backend)) {
+      *error = "task '" + name + "' has no " + tasks::backend_name(o_.backend) + " artifact in " + o_.tasks_dir;
+      return nullptr;
+    }
+    tasks_[name] = t;
+    return t;
+  } catch (const kf::Error& e) {
+    *error = e.what();
+    return nullptr;
+  }
+}
+
+Result EvaluatorService::score(const replay::Candidate& c) {
+  auto fail = [&](Verdict v, const std::string& reason) {
+    Result r;
+    r.task = c.task;
+    r.backend = tasks::backend_name(o_.backend);
+    r.verdict = v;
+    r.reason = reason;
+    r.reward = ev_.reward_model().failure_reward(v);
+    return r;
+  };
+  if (c.source.empty())
+    return fail(Verdict::CompileError, c.extraction_error.empty() ? "no kernel source" : c.extraction_error);
+  std::string err;
+  auto t = task(c.task, &err);
+  if (!t) {
+    log_error("evaluator ", o_.evaluator_id, ": cannot score candidate ", c.id, ": ", err,
+              "; it is scored runtime_error and the evaluator goes on");
+    return fail(Verdict::RuntimeError, "evaluator: " + err);
+  }
+  return ev_.evaluate(*t, o_.backend, c.source, c.id);
+}
+
+void EvaluatorService::account(const Result& r, const replay::Candidate& c) {
+  ++stats_.scored;
+  auto& ctl = shm_.control();
+  ctl.add_counter(slot_, kScored, 1);
+  if (r.verdict == Verdict::RejectedCheat) ++stats_.rejected_cheat, ctl.add_counter(slot_, kCheat, 1);
+  if (r.verdict == Verdict::CompileError) ++stats_.compile_error, ctl.add_counter(slot_, kCompileError, 1);
+  if (!r.ok()) return;
+  ++stats_.ok;
+  ctl.add_counter(slot_, kOk, 1);
+  const auto out = shm_.kernels().insert({c.task, r.speedup, c.policy_version, c.source, 0});
+  if (out == replay::InsertOutcome::inserted) ++stats_.kernels_inserted, ctl.add_counter(slot_, kKernelsInserted, 1);
+}
+
+std::size_t EvaluatorService::step() {
+  shm_.control().heartbeat(slot_);
+  std::vector<replay::Candidate> batch;
+  if (shm_.candidates().pop_batch(batch, o_.batch, o_.pop_timeout) == 0) return 0;
+  // Compile the whole batch on the pool while the first candidates are verified.
+  const Backend abi = o_.backend == tasks::Backend::CUDA ? KF_BACKEND_CUDA : KF_BACKEND_CPU;
+  std::vector<std::shared_future<CompileResult>> compiles(batch.size());
+  for (std::size_t i = 0; i < batch.size(); ++i)
+    if (!batch[i].source.empty()) compiles[i] = ev_.compiler().submit(batch[i].source, abi);
+  for (std::size_t i = 0; i < batch.size(); ++i) {
+    const replay::Candidate& c = batch[i];
+    Result r;
+    std::string err;
+    std::shared_ptr<const tasks::Task> t;
+    if (c.source.empty() || !(t = task(c.task, &err))) {
+      r = score(c);  // the failure paths (no source, unknown task), with their log lines
+    } else {
+      try {
+        r = ev_.evaluate_compiled(*t, o_.backend, compiles[i].get(), c.id);
+      } catch (const kf::Error& e) {
+        // The task or the installation, not the candidate: say so, score it, go on.
+        log_error("evaluator ", o_.evaluator_id, ": verifying candidate ", c.id, " failed: ", e.what(),
+                  "; scored runtime_error, the evaluator goes on");
+        r.verdict = Verdict::RuntimeError;
+        r.reason = std::string("evaluator error: ") + e.what();
+        r.reward = ev_.reward_model().failure_reward(Verdict::RuntimeError);
+      }
+    }
+    account(r, c);
+    const replay::Result rec = to_record(r, c, o_.evaluator_id);
+    log_info("evaluator ", o_.evaluator_id, ": candidate ", c.id, " of ", c.task, ": ", verdict_name(r.verdict),
+             r.reason.empty() ? "" : " (" + r.reason + ")", r.ok() ? ", speedup " + std::to_string(r.speedup) : "");
+    if (!shm_.results().push(rec, o_.push_timeout)) {
+      ++stats_.results_dropped;
+      log_error("evaluator ", o_.evaluator_id, ": result queue full for ", o_.push_timeout.count(),
+                " ms; the result of candidate ", c.id, " is dropped (its group will hit its deadline)");
+    }
+    if (on_result_) on_result_(rec, r);
+    shm_.control().heartbeat(slot_);
+  }
+  return batch.size();
+}
+
+}  // namespace kf::evaluator

@@ -1,0 +1,81 @@
+// kf-evaluator: the evaluator process of a run (one per GPU, or several on CPU).
+//   kf-evaluator --run NAME --config FILE [--set k=v]... [--id N] [--device N]
+// Attaches to the run's shared memory (made by tools/launch), then scores candidates
+// (EvaluatorService) until the run stops, or drains the queue when it is draining.
+// The backend is run.backend (auto: CUDA when a GPU is visible); tasks come from tasks.dir.
+// SIGINT/SIGTERM: finish the candidate in hand, then exit 0.
+// Exit: 0 stopped cleanly, 2 usage or config error, 3 could not attach / fatal error.
+#include <ATen/Parallel.h>
+#include <signal.h>
+
+#include <CLI/CLI.hpp>
+#include <atomic>
+#include <cstdio>
+
+#include "kf/common/config.h"
+#include "kf/common/error.h"
+#include "kf/common/log.h"
+#include "kf/evaluator/service.h"
+#include "kf/tasks/timing.h"
+
+namespace {
+std::atomic<bool> g_stop{false};
+void on_signal(int) { g_stop = true; }
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"KernelForge evaluator process"};
+  std::string run, config_file;
+  std::vector<std::string> sets;
+  int id = 0, device = 0;
+  app.add_option("--run", run, "run name (its shared memory must exist)")->required();
+  app.add_option("--config", config_file, "the run's config (YAML)")->required();
+  app.add_option("--set", sets, "config override key=value");
+  app.add_option("--id", id, "evaluator id (log lines, counters)");
+  app.add_option("--device", device, "CUDA device (after CUDA_VISIBLE_DEVICES)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  kf::log_init("evaluator", id);
+  signal(SIGINT, on_signal);
+  signal(SIGTERM, on_signal);
+
+  kf::evaluator::EvalOptions eo;
+  kf::evaluator::ServiceOptions so;
+  try {
+    const kf::Config cfg = kf::Config::load(config_file, sets);
+    eo = kf::evaluator::eval_options(cfg);
+    eo.device = device;
+    const std::string b = cfg.get_string("run.backend");
+    so.backend = b == "auto" ? (kf::tasks::cuda_available() ? kf::tasks::Backend::CUDA : kf::tasks::Backend::CPU)
+                             : kf::tasks::parse_backend(b);
+    so.tasks_dir = cfg.get_string("tasks.dir");
+    so.evaluator_id = id;
+    if (eo.cpu_threads > 0) at::set_num_threads(eo.cpu_threads);
+  } catch (const std::exception& e) {
+    kf::log_error("evaluator ", id, ": bad configuration: ", e.what(), "; exiting");
+    return 2;
+  }
+  try {
+    auto shm = kf::replay::RunShm::attach(run);
+    kf::evaluator::Evaluator ev(eo);
+    kf::evaluator::EvaluatorService service(ev, *shm, so);
+    kf::log_info("evaluator ", id, ": attached to run ", run, ", backend ", kf::tasks::backend_name(so.backend),
+                 ", tasks from ", so.tasks_dir);
+    while (!g_stop) {
+      const auto state = shm->control().state();
+      if (state == kf::replay::RunState::stopped) break;
+      const std::size_t n = service.step();
+      if (n == 0 && state == kf::replay::RunState::draining) break;  // queue drained
+    }
+    const auto& st = service.stats();
+    kf::log_info("evaluator ", id, ": exiting; scored ", st.scored, " (ok ", st.ok, ", cheats ", st.rejected_cheat,
+                 ", compile errors ", st.compile_error, "), kernels inserted ", st.kernels_inserted);
+    return 0;
+  } catch (const std::exception& e) {
+    kf::log_error("evaluator ", id, ": fatal: ", e.what(), "; exiting (the launcher restarts evaluators)");
+    return 3;
+  }
+}

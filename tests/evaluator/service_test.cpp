@@ -1,0 +1,106 @@
+// EvaluatorService: the evaluator process's loop over real shared memory (RunShm), with
+// the real verifier on the CPU backend.
+#include "kf/evaluator/service.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+
+#include "kf/replay/run_shm.h"
+#include "test_util.h"
+
+using namespace kf::evaluator;
+namespace replay = kf::replay;
+
+namespace {
+
+std::string build_dir() {
+  const char* e = std::getenv("KF_BUILD_DIR");
+  return e && *e ? e : KF_BUILD_DIR_DEFAULT;
+}
+
+replay::Candidate candidate(uint64_t id, const std::string& task, const std::string& source, uint32_t index) {
+  replay::Candidate c;
+  c.id = id;
+  c.task = task;
+  c.group_id = 77;
+  c.index_in_group = index;
+  c.policy_version = 5;
+  c.source = source;
+  c.completion_tokens = {1, 2, 3};
+  c.behaviour_logprobs = {-0.1f, -0.2f, -0.3f};
+  return c;
+}
+
+}  // namespace
+
+TEST(EvaluatorServiceTest, ScoresQueuedCandidatesPushesResultsAndStoresOkKernels) {
+  const std::string run = "kft" + std::to_string(getpid()) + ".evsvc";
+  auto shm = replay::RunShm::create(run);
+  EvalOptions o;
+  o.compile.cache_dir = build_dir() + "/evaluator-test-cache";
+  o.warmup = 1;
+  o.trials = 3;
+  o.max_trials = 3;
+  o.max_spread = 100;
+  o.min_call_timeout_s = 3;
+  o.cpu_threads = 2;
+  Evaluator ev(o);
+  ServiceOptions so;
+  so.evaluator_id = 3;
+  so.tasks_dir = build_dir() + "/tasks";
+  so.batch = 8;
+  EvaluatorService service(ev, *shm, so);
+
+  const std::string good = test::read_kernel("cpu/good_relu.cpp");
+  replay::Candidate no_code = candidate(103, "001_relu", "", 2);
+  no_code.extraction_error = "extract: no_code: the completion has no fenced code block";
+  ASSERT_TRUE(shm->candidates().push(candidate(101, "001_relu", good, 0), std::chrono::seconds(1)));
+  ASSERT_TRUE(shm->candidates().push(candidate(102, "001_relu", test::read_kernel("cpu/cheat_partial.cpp"), 1),
+                                     std::chrono::seconds(1)));
+  ASSERT_TRUE(shm->candidates().push(no_code, std::chrono::seconds(1)));
+  ASSERT_TRUE(shm->candidates().push(candidate(104, "no_such_task", good, 3), std::chrono::seconds(1)));
+
+  std::size_t scored = 0;
+  for (int i = 0; i < 10 && scored < 4; ++i) scored += service.step();
+  ASSERT_EQ(scored, 4u);
+
+  std::vector<replay::Result> results;
+  ASSERT_EQ(shm->results().pop_batch(results, 10, std::chrono::milliseconds(100)), 4u);
+  std::map<uint64_t, replay::Result> by_id;
+  for (const auto& r : results) by_id[r.candidate_id] = r;
+  EXPECT_EQ(by_id[101].verdict, replay::Verdict::ok) << by_id[101].reason;
+  EXPECT_GT(by_id[101].speedup, 0);
+  EXPECT_GT(by_id[101].cand_time_median_us, 0);
+  EXPECT_EQ(by_id[101].group_id, 77u);
+  EXPECT_EQ(by_id[101].evaluator_id, 3);
+  EXPECT_EQ(by_id[102].verdict, replay::Verdict::rejected_cheat);
+  EXPECT_NE(by_id[102].reason.find("not fully written"), std::string::npos) << by_id[102].reason;
+  EXPECT_EQ(by_id[103].verdict, replay::Verdict::compile_error);
+  EXPECT_NE(by_id[103].reason.find("no_code"), std::string::npos) << by_id[103].reason;
+  EXPECT_EQ(by_id[104].verdict, replay::Verdict::runtime_error);
+  EXPECT_NE(by_id[104].reason.find("no_such_task"), std::string::npos) << by_id[104].reason;
+  for (uint64_t id : {102, 103, 104}) EXPECT_LT(by_id[id].reward, 0) << id;
+
+  // Only the verified kernel entered the database, with its speedup and policy version.
+  auto entries = shm->kernels().entries("001_relu");
+  ASSERT_EQ(entries.size(), 1u);
+  EXPECT_EQ(entries[0].source, good);
+  EXPECT_EQ(entries[0].policy_version, 5);
+  EXPECT_DOUBLE_EQ(entries[0].speedup, by_id[101].speedup);
+  EXPECT_EQ(service.stats().ok, 1u);
+  EXPECT_EQ(service.stats().kernels_inserted, 1u);
+
+  // The control block shows the evaluator and its counters.
+  bool seen = false;
+  for (const auto& p : shm->control().peers(std::chrono::seconds(60)))
+    if (p.role == "evaluator" && p.id == 3) {
+      seen = true;
+      EXPECT_EQ(p.counters[kScored], 4u);
+      EXPECT_EQ(p.counters[kOk], 1u);
+      EXPECT_EQ(p.counters[kCheat], 1u);
+    }
+  EXPECT_TRUE(seen);
+  shm->shutdown();
+}
