@@ -6,7 +6,8 @@
 #    (bench_learner --nccl-check), and kf-learner itself with learner.dist.comm=nccl;
 # 3. training throughput of a Qwen2.5-0.5B-shaped model in bf16 autocast (tokens/s, MFU,
 #    snapshot publish stall), beside bench_policy's bare forward+backward figure.
-# Env: KF_PYTHON (default /opt/torch/.venv/bin/python3), LEARNER_GROUPS (8), LEARNER_SEQ (512+512).
+# Env: KF_PYTHON (default /opt/torch/.venv/bin/python3), LEARNER_GROUPS (8), LEARNER_SEQ (512+512),
+#      LEARNER_SKIP_POLICY=1 (no bench_policy train step beside it).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUTDIR=${OUT:-$PWD/gpu-learner-out}; mkdir -p "$OUTDIR"
@@ -22,6 +23,7 @@ timeout 120 cmake -S . -B $B -G Ninja -DKF_PYTHON="$PY" -DCMAKE_CUDA_ARCHITECTUR
   || { tail -30 "$OUTDIR/learner_configure.log"; exit 1; }
 # bench_policy: reuse the one bench/policy/gpu_policy_bench.sh built, if this session has it.
 BP=build-policy-gpu/bench_policy/bench_policy; BPT=(); [ -x "$BP" ] || { BP=$B/bench/policy/bench_policy; BPT=(bench_policy); }
+[ "${LEARNER_SKIP_POLICY:-0}" = 1 ] && BPT=()   # the side-by-side policy figure is recorded already
 timeout 300 cmake --build $B -j "$(nproc)" --target bench_learner kf-learner kf-export "${BPT[@]}" \
   > "$OUTDIR/learner_build.log" 2>&1 || { grep -m20 -B2 -A5 "error" "$OUTDIR/learner_build.log"; exit 1; }
 echo "   built: $(el)"
@@ -58,9 +60,11 @@ timeout 200 $B/bench/learner/bench_learner --device cuda "${SNAP[@]}" --groups "
 [ "${PIPESTATUS[0]}" -eq 0 ] || { rc=1; echo "bench_learner failed:"; tail -20 "$OUTDIR/learner_bench.log"; }
 echo "   throughput: $(el)"
 
-echo "== beside it: bench_policy train step (bare forward + backward of token_logprobs)"
-timeout 120 "$BP" --device cuda --mode train --train-batch 8 --train-seq 1024 \
-  2> "$OUTDIR/policy_train.log" | tee -a "$rows" || true
+if [ "${LEARNER_SKIP_POLICY:-0}" != 1 ]; then
+  echo "== beside it: bench_policy train step (bare forward + backward of token_logprobs)"
+  timeout 120 "$BP" --device cuda --mode train --train-batch 8 --train-seq 1024 \
+    2> "$OUTDIR/policy_train.log" | tee -a "$rows" || true
+fi
 
 echo
 echo "== learner on one H200 (same run, $(el))"
