@@ -7,40 +7,7 @@
 
 namespace kf::actors {
 
-policy::ModelConfig init_shape_config(const std::string& name) {
-  policy::ModelConfig c;
-  c.model_type = "qwen2";
-  c.qkv_bias = true;
-  c.rope.theta = 1e6;
-  c.rms_norm_eps = 1e-6;
-  c.eos_token_ids = {0};
-  if (name == "tiny") {
-    c.vocab_size = 256;
-    c.hidden_size = 64;
-    c.intermediate_size = 128;
-    c.num_hidden_layers = 2;
-    c.num_attention_heads = 4;
-    c.num_key_value_heads = 2;
-    c.head_dim = 16;
-    c.max_position_embeddings = 4096;
-    c.tie_word_embeddings = false;
-  } else if (name == "qwen2.5-0.5b") {
-    c.vocab_size = 151936;
-    c.hidden_size = 896;
-    c.intermediate_size = 4864;
-    c.num_hidden_layers = 24;
-    c.num_attention_heads = 14;
-    c.num_key_value_heads = 2;
-    c.head_dim = 64;
-    c.max_position_embeddings = 32768;
-    c.tie_word_embeddings = true;
-    c.eos_token_ids = {151643, 151645};
-  } else {
-    throw Error("learner.init_shape: unknown model shape '" + name + "' (tiny, qwen2.5-0.5b)");
-  }
-  c.validate("learner.init_shape " + name);
-  return c;
-}
+policy::ModelConfig init_shape_config(const std::string& name) { return policy::named_model_shape(name); }
 
 ActorPolicy make_actor_policy(policy::CausalLM model, const policy::Tokenizer* tok) {
   ActorPolicy p;

@@ -15,22 +15,7 @@ using namespace kf::policy;
 
 namespace {
 
-ModelConfig qwen25_05b() {
-  ModelConfig c;
-  c.model_type = "qwen2";
-  c.vocab_size = 151936;
-  c.hidden_size = 896;
-  c.intermediate_size = 4864;
-  c.num_hidden_layers = 24;
-  c.num_attention_heads = 14;
-  c.num_key_value_heads = 2;
-  c.head_dim = 64;
-  c.rope.theta = 1e6;
-  c.rms_norm_eps = 1e-6;
-  c.tie_word_embeddings = true;
-  c.qkv_bias = true;
-  return c;
-}
+ModelConfig qwen25_05b() { return named_model_shape("qwen2.5-0.5b"); }
 
 ModelConfig tiny() {
   ModelConfig c = qwen25_05b();

@@ -47,6 +47,10 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
 ModelConfig load_model_config(const std::string& path);
 // The config.json text for this config, loadable by HF transformers.
 std::string model_config_to_json(const ModelConfig& c);
+// Named shapes for random initialisation ("tiny" for tests, "qwen2.5-0.5b" for benchmarks).
+// Learner and actors both build from this one table, so their snapshots always agree.
+// Throws kf::Error naming learner.init_shape for an unknown name.
+ModelConfig named_model_shape(const std::string& name);
 void save_model_config(const ModelConfig& c, const std::string& path);
 
 }  // namespace kf::policy
