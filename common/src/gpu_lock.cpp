@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
@@ -25,15 +26,18 @@ int open_lock_file(const std::string& path) {
 
 }  // namespace
 
-GpuTimingLock::GpuTimingLock(const std::string& dir_in, int device) {
+GpuTimingLock::GpuTimingLock(const std::string& dir_in, const std::string& gpu_in) {
+  std::string gpu = gpu_in;
+  for (char& c : gpu)  // a PCI bus id has ':' and '.'; keep file names plain
+    if (!std::isalnum(static_cast<unsigned char>(c))) c = '-';
   std::string dir = dir_in;
   if (dir.empty()) {
     const char* e = std::getenv("KF_GPU_LOCK_DIR");
     dir = e && *e ? e : "/tmp";
   }
   ::mkdir(dir.c_str(), 0777);  // may exist
-  path_ = dir + "/kf-gpu" + std::to_string(device) + ".lock";
-  turnstile_path_ = dir + "/kf-gpu" + std::to_string(device) + ".turnstile";
+  path_ = dir + "/kf-gpu" + gpu + ".lock";
+  turnstile_path_ = dir + "/kf-gpu" + gpu + ".turnstile";
   fd_ = open_lock_file(path_);
   try {
     turnstile_fd_ = open_lock_file(turnstile_path_);

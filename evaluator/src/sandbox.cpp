@@ -55,6 +55,15 @@ const char* outcome_name(CallOutcome::Kind k) {
   return "?";
 }
 
+std::string gpu_lock_key(int device) {
+#ifdef KF_EVAL_CUDA
+  char bus[32] = {0};
+  if (cudaDeviceGetPCIBusId(bus, sizeof bus, device) == cudaSuccess) return bus;
+  cudaGetLastError();
+#endif
+  return std::to_string(device);
+}
+
 namespace {
 using Clock = std::chrono::steady_clock;
 double since_ms(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double, std::milli>(b - a).count(); }

@@ -639,7 +639,7 @@ Result Evaluator::evaluate_compiled(const tasks::Task& task, tasks::Backend back
   Session s(o, task, backend, res);
   s.so_path = cr.so_path;
   if (backend == tasks::Backend::CUDA && o.gpu_lock) {
-    if (!impl_->gpu_lock) impl_->gpu_lock = std::make_unique<GpuTimingLock>(o.gpu_lock_dir, o.device);
+    if (!impl_->gpu_lock) impl_->gpu_lock = std::make_unique<GpuTimingLock>(o.gpu_lock_dir, gpu_lock_key(o.device));
     s.gpu_lock = impl_->gpu_lock.get();
   }
   try {

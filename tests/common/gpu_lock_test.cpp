@@ -114,6 +114,15 @@ TEST(GpuTimingLockTest, UnwritableDirectoryIsAClearError) {
     GpuTimingLock lock("/proc/kf-no-such-dir", 0);
     FAIL() << "expected kf::Error";
   } catch (const std::exception& e) {
-    EXPECT_NE(std::string(e.what()).find("kf-gpu0.lock"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("kf-gpu0.lock"), std::string::npos) << e.what();  // int overload
   }
+}
+
+TEST(GpuTimingLockTest, EachPhysicalGpuHasItsOwnLock) {
+  const std::string dir = temp_dir();
+  GpuTimingLock a(dir, "0000:19:00.0"), b(dir, "0000:3b:00.0"), a_again(dir, "0000:19:00.0");
+  EXPECT_TRUE(a.lock_exclusive(100ms));
+  EXPECT_TRUE(b.lock_exclusive(100ms)) << "another GPU's timer must not wait";
+  EXPECT_FALSE(a_again.lock_shared(30ms)) << "the same GPU, named by its bus id, must wait";
+  EXPECT_NE(a.path().find("kf-gpu0000-19-00-0.lock"), std::string::npos) << a.path();
 }

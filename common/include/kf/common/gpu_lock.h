@@ -20,9 +20,13 @@ namespace kf {
 
 class GpuTimingLock {
  public:
-  // Lock files live in `dir` (created if missing): kf-gpu<device>.lock and .turnstile.
-  // Empty dir: $KF_GPU_LOCK_DIR, else /tmp. Throws kf::Error naming the file on failure.
-  GpuTimingLock(const std::string& dir, int device);
+  // Lock files live in `dir` (created if missing): kf-gpu<key>.lock and .turnstile.
+  // `gpu` names the physical GPU, the same in every process whatever its
+  // CUDA_VISIBLE_DEVICES: use gpu_lock_key() (PCI bus id) on CUDA. The int overload
+  // uses the ordinal as the key (tests; a single GPU). Empty dir: $KF_GPU_LOCK_DIR, else
+  // /tmp. Throws kf::Error naming the file on failure.
+  GpuTimingLock(const std::string& dir, const std::string& gpu);
+  GpuTimingLock(const std::string& dir, int device) : GpuTimingLock(dir, std::to_string(device)) {}
   ~GpuTimingLock();
   GpuTimingLock(const GpuTimingLock&) = delete;
   GpuTimingLock& operator=(const GpuTimingLock&) = delete;

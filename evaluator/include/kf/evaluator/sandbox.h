@@ -58,6 +58,10 @@ struct CallOutcome {
 };
 const char* outcome_name(CallOutcome::Kind k);
 
+// The physical identity of CUDA device `device` as seen by this process (its PCI bus id,
+// e.g. "0000:19:00.0"), for the GPU timing lock; the ordinal as text without CUDA.
+std::string gpu_lock_key(int device);
+
 class Sandbox {
  public:
   // Spawns the worker for tensors of these layouts (inputs in ABI order, then outputs).
