@@ -12,15 +12,16 @@
 
 #include "kf/actors/actor_policy.h"
 #include "kf/tasks/task.h"
+#include "../test_support.h"
 
 namespace kf::actors::test {
 
-inline std::string env_or(const char* name, const std::string& dflt) {
-  const char* v = std::getenv(name);
-  return v && *v ? v : dflt;
-}
-inline std::string source_dir() { return env_or("KF_SOURCE_DIR", KF_SOURCE_DIR_DEFAULT); }
-inline std::string build_dir() { return env_or("KF_BUILD_DIR", KF_BUILD_DIR_DEFAULT); }
+using kf::test::build_dir;
+using kf::test::env_or;
+using kf::test::read_file;
+using kf::test::remove_tree;
+using kf::test::source_dir;
+using kf::test::write_file;
 inline bool exists(const std::string& p) {
   struct stat st;
   return ::stat(p.c_str(), &st) == 0;
@@ -41,28 +42,10 @@ inline std::shared_ptr<const tasks::Task> relu_task() {
       GTEST_SKIP() << "task 001_relu is not imported (run setup.sh or set KF_TASKS_DIR)";     \
   } while (0)
 
-// Not std::filesystem::remove_all: libtorch.so exports its own copy of that symbol.
-inline void remove_tree(const std::string& dir) {
-  ::nftw(dir.c_str(), [](const char* p, const struct stat*, int, struct FTW*) { return ::remove(p); }, 16,
-         FTW_DEPTH | FTW_PHYS);
-}
-struct TempDir {
-  std::string path;
-  TempDir() {
-    char tmpl[] = "/tmp/kf-actors-test-XXXXXX";
-    path = ::mkdtemp(tmpl);
-  }
-  ~TempDir() { remove_tree(path); }
+struct TempDir : kf::test::TempDir {
+  TempDir() : kf::test::TempDir("actors-test") {}
 };
-inline void write_file(const std::string& path, const std::string& bytes) {
-  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
-}
-inline std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+inline std::string read_text(const std::string& path) { return read_file(path); }
 
 // A tiny byte-level model (the "tiny" init shape), seeded.
 inline ActorPolicy tiny_policy(uint64_t seed, int64_t hidden = 64) {

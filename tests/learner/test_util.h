@@ -15,46 +15,24 @@
 #include <string>
 #include <vector>
 
+#include "../test_support.h"
+
 extern char** environ;
 
 namespace kf::learner::test {
 
-inline std::string env_or(const char* name, const char* dflt) {
-  const char* v = std::getenv(name);
-  return v && *v ? v : dflt;
-}
-#ifndef KF_PYTHON_DEFAULT
-#define KF_PYTHON_DEFAULT "python3"
-#endif
-inline std::string python() { return env_or("KF_PYTHON", KF_PYTHON_DEFAULT); }
-inline std::string source_dir() { return env_or("KF_SOURCE_DIR", KF_SOURCE_DIR_DEFAULT); }
+using kf::test::env_or;
+using kf::test::python;
+using kf::test::source_dir;
 inline std::string learner_bin() { return KF_LEARNER_BIN_DEFAULT; }
 inline std::string export_bin() { return KF_EXPORT_BIN_DEFAULT; }
 
-// Not std::filesystem::remove_all: libtorch.so exports its own copy of that symbol.
-inline void remove_tree(const std::string& dir) {
-  ::nftw(dir.c_str(), [](const char* p, const struct stat*, int, struct FTW*) { return ::remove(p); }, 16,
-         FTW_DEPTH | FTW_PHYS);
-}
-
-struct TempDir {
-  std::string path;
-  TempDir() {
-    char tmpl[] = "/tmp/kf-learner-test-XXXXXX";
-    path = ::mkdtemp(tmpl);
-  }
-  ~TempDir() { remove_tree(path); }
+using kf::test::remove_tree;
+struct TempDir : kf::test::TempDir {
+  TempDir() : kf::test::TempDir("learner-test") {}
 };
-
-inline void write_text(const std::string& path, const std::string& text) {
-  std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
-}
-inline std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream os;
-  os << in.rdbuf();
-  return os.str();
-}
+inline void write_text(const std::string& path, const std::string& text) { kf::test::write_file(path, text); }
+inline std::string read_text(const std::string& path) { return kf::test::read_file(path); }
 
 // Starts argv[0] with args, stdout+stderr to `log`. Returns the pid.
 inline pid_t spawn(const std::vector<std::string>& args, const std::string& log) {
