@@ -4,7 +4,6 @@
 
 #include <cstdlib>
 
-#include <torch/cuda.h>
 
 #include "kf/common/error.h"
 
@@ -37,10 +36,7 @@ ActorOptions actor_options(const Config& cfg, int actor_id) {
   o.seed = static_cast<uint64_t>(cfg.get_int("run.seed"));
   o.device = cfg.get_string("actors.device");
   if (o.device != "cpu" && o.device.rfind("cuda", 0) != 0) throw bad("actors.device", "'" + o.device + "' (cpu, cuda, cuda:N)");
-  const std::string backend = cfg.get_string("run.backend");
-  if (backend == "cuda") o.backend = tasks::Backend::CUDA;
-  else if (backend == "cpu") o.backend = tasks::Backend::CPU;
-  else o.backend = torch::cuda::is_available() ? tasks::Backend::CUDA : tasks::Backend::CPU;  // auto
+  o.backend = tasks::resolve_backend(cfg.get_string("run.backend"));
   o.tasks_dir = cfg.get_string("tasks.dir");
   o.levels = cfg.get_ints("tasks.levels");
   o.include = cfg.get_strings("tasks.include");

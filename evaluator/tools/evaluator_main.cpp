@@ -48,9 +48,7 @@ int main(int argc, char** argv) {
     const kf::Config cfg = kf::Config::load(config_file, sets);
     eo = kf::evaluator::eval_options(cfg);
     eo.device = device;
-    const std::string b = cfg.get_string("run.backend");
-    so.backend = b == "auto" ? (kf::tasks::cuda_available() ? kf::tasks::Backend::CUDA : kf::tasks::Backend::CPU)
-                             : kf::tasks::parse_backend(b);
+    so.backend = kf::tasks::resolve_backend(cfg.get_string("run.backend"));
     so.tasks_dir = cfg.get_string("tasks.dir");
     so.evaluator_id = id;
     if (eo.cpu_threads > 0) at::set_num_threads(eo.cpu_threads);

@@ -1,5 +1,6 @@
 // Loads task artifacts (see task.h for the folder layout) and runs their graphs.
 #include "kf/tasks/task.h"
+#include "kf/tasks/timing.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -28,6 +29,11 @@ Backend parse_backend(const std::string& s) {
   if (s == "cpu") return Backend::CPU;
   if (s == "cuda") return Backend::CUDA;
   throw Error("unknown backend '" + s + "' (cpu or cuda)");
+}
+
+Backend resolve_backend(const std::string& s) {
+  if (s == "auto") return cuda_available() ? Backend::CUDA : Backend::CPU;
+  return parse_backend(s);
 }
 
 namespace {

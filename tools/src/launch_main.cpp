@@ -53,9 +53,8 @@ int main(int argc, char** argv) {
     kf::log_set_level(parse_level(cfg.get_string("run.log_level")));
     kf::log_info("run directory ", run.path(), " (config ", config_file, ")");
 
-    std::string backend_s = cfg.get_string("run.backend");
-    if (backend_s == "auto") backend_s = cuda_available() ? "cuda" : "cpu";
-    const Backend backend = parse_backend(backend_s);
+    const Backend backend = resolve_backend(cfg.get_string("run.backend"));
+    const std::string backend_s = backend_name(backend);
     const at::Device device = backend_device(backend);
     auto all = Task::load_all(cfg.get_string("tasks.dir"));
     const auto levels = cfg.get_ints("tasks.levels");

@@ -25,6 +25,8 @@ namespace kf::tasks {
 enum class Backend { CPU, CUDA };
 const char* backend_name(Backend b);   // "cpu" / "cuda"
 Backend parse_backend(const std::string& s);  // throws kf::Error
+// run.backend: "auto" (CUDA when a GPU is visible), "cpu" or "cuda"; throws kf::Error.
+Backend resolve_backend(const std::string& s);
 
 enum class Role { Input, Parameter, Buffer, Output };
 
