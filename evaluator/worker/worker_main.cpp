@@ -378,7 +378,10 @@ int main(int argc, char** argv) {
     rep.elapsed_ns = t1 - t0;
     mark.kind = proto::K_MARK_END;
     if (!write_all(proto::kFdReply, &mark, sizeof mark)) break;
-    const int64_t other_at_return = other_threads_cpu_ns();
+    // Snapshot the CPU outputs first: a detached thread still writing them after return
+    // must not get the microseconds of the thread count below to finish unseen.
+    if (!cuda)
+      for (int t = 0; t < L->n_out; ++t) std::memcpy(B + L->off_out_ret[s][t], outs[s][t].data, L->out[t].nbytes);
     rep.threads_after = count_threads();
 
 #ifdef KF_WORKER_CUDA
@@ -402,8 +405,6 @@ int main(int argc, char** argv) {
       }
     }
 #endif
-    if (!cuda)
-      for (int t = 0; t < L->n_out; ++t) std::memcpy(B + L->off_out_ret[s][t], outs[s][t].data, L->out[t].nbytes);
 
     // --- probe: is anything still working after return? First let threads that finished
     // inside the call go to sleep (the kernel folds a running thread's CPU time into the
@@ -432,7 +433,6 @@ int main(int argc, char** argv) {
     }
 #endif
     rep.late_cpu_ns = other_threads_cpu_ns() - other_probe_start;
-    (void)other_at_return;
     rep.threads_late = count_threads();
     release_all(&harness);
     if (rep.rc != 0 && rep.status == proto::ST_OK) rep.status = proto::ST_KERNEL_ERROR;

@@ -135,8 +135,10 @@ TEST(SandboxTest, DetachedThreadIsSeenWorkingAfterReturn) {
   const std::string so = build(test::read_kernel("cpu/cheat_host_thread.cpp"));
   auto sb = start_1d();
   ASSERT_TRUE(sb->load(so).ok());
+  // A loaded machine can let the thread finish between return and the snapshot in a
+  // single call; the verifier sees many calls, so the test allows a few too.
   bool seen = false;
-  for (int i = 0; i < 5 && !seen; ++i) {
+  for (int i = 0; i < 20 && !seen; ++i) {
     fill_inputs(*sb, 0, float(i));
     CallOutcome o = sb->run(0, 0, false, 5, 5);
     ASSERT_TRUE(o.ok());
