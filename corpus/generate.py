@@ -554,6 +554,23 @@ def cpu_scalar_tail(t):
             f"  p.y[0] = (float)(tot * ({t['scale']}));\n")
 
 
+def row_run_cpu(t, par):
+    s = "#pragma omp parallel for schedule(static) num_threads(ctx->num_threads)\n" if par else ""
+    return s + "  for (long r = 0; r < p.rows; ++r) do_row(p, r);\n" + cpu_scalar_tail(t)
+
+
+def row_launch_cuda(t, kind, bs):
+    if kind == "thread":
+        s = f"  k_rows<<<(unsigned)((p.rows + {bs - 1}) / {bs}), {bs}, 0, st>>>(p);\n"
+    elif kind == "warp":
+        s = f"  k_rows<<<(unsigned)((p.rows + {bs // 32 - 1}) / {bs // 32}), {bs}, 0, st>>>(p);\n"
+    else:
+        s = f"  k_rows<<<(unsigned)p.rows, {bs}, 0, st>>>(p);\n"
+    if t["mode"] == "scalar":
+        s += "  k_total<<<1, 1024, 0, st>>>(p);\n"
+    return s
+
+
 def gen_row(task, t):
     out = []
     names = list(t["algos"])
@@ -576,11 +593,7 @@ def gen_row(task, t):
         code += row_parts(task, t, algo, "cpu")
         attr = "" if par else "__attribute__((optimize(\"no-tree-vectorize\"))) "
         code += cpu_row_fn(t2, lanes, attr)
-        code += sig + row_setup(t2)
-        if par:
-            code += "#pragma omp parallel for schedule(static) num_threads(ctx->num_threads)\n"
-        code += "  for (long r = 0; r < p.rows; ++r) do_row(p, r);\n"
-        code += cpu_scalar_tail(t2) + "  return 0;\n}\n"
+        code += sig + row_setup(t2) + row_run_cpu(t2, par) + "  return 0;\n}\n"
         out.append(("cpu", name, "row_reduce", tech, code))
     # ---- CUDA variants
     cuv = [("thread_per_row", plain, "thread", 256,
@@ -600,15 +613,7 @@ def gen_row(task, t):
         code += row_parts(task, t, algo, "cuda")
         code += cuda_row_kernel(t2, kind, bs)
         code += sig + row_setup(t2)
-        code += "  cudaStream_t st = static_cast<cudaStream_t>(ctx->stream);\n"
-        if kind == "thread":
-            code += f"  k_rows<<<(unsigned)((p.rows + {bs - 1}) / {bs}), {bs}, 0, st>>>(p);\n"
-        elif kind == "warp":
-            code += f"  k_rows<<<(unsigned)((p.rows + {bs // 32 - 1}) / {bs // 32}), {bs}, 0, st>>>(p);\n"
-        else:
-            code += f"  k_rows<<<(unsigned)p.rows, {bs}, 0, st>>>(p);\n"
-        if t["mode"] == "scalar":
-            code += "  k_total<<<1, 1024, 0, st>>>(p);\n"
+        code += "  cudaStream_t st = static_cast<cudaStream_t>(ctx->stream);\n" + row_launch_cuda(t2, kind, bs)
         code += "  return cudaGetLastError() == cudaSuccess ? 0 : 1;\n}\n"
         out.append(("cuda", name, "row_reduce", tech, code))
     return out
@@ -680,6 +685,294 @@ def cuda_row_kernel(t, kind, bs):
 
 
 # --------------------------------------------------------------------------------------
+# Family: matmul-like (GEMM / batched GEMM / linear) with a fused elementwise epilogue,
+# optionally followed by a row op (softmax, logsumexp, losses) or preceded by one (RMSNorm)
+# --------------------------------------------------------------------------------------
+# b: "nn" (B is [batch?, K, N]) or "nt" (B is [N, K], as nn.Linear's weight)
+# a_in / b_in: index in `in` of A and B; bias: index or None; res: residual input index
+# epi: expression of acc, i (row), j (col), m (struct MP) -> C[i, j]
+# post: row spec (ROW-style) run over C viewed as [batch*M, N]; C is then scratch unless
+#       the post op writes out[0] elementwise in place (`post_inplace`)
+# pre: a row spec (RMSNorm) producing A into scratch first
+MM_TASKS = {
+    "030_matmul_square": dict(b="nn", a_in=0, b_in=1, epi="acc", note="C = A B"),
+    "031_bmm": dict(b="nn", a_in=0, b_in=1, batched=True, epi="acc", note="batched C = A B"),
+    "032_matmul_transposed": dict(b="nt", a_in=0, b_in=1, epi="acc", note="C = A B^T"),
+    "034_linear": dict(b="nt", a_in=0, b_in=1, bias=2, epi="acc + m.bias[j]", note="x W^T + b"),
+    "101_linear_bias_gelu": dict(b="nt", a_in=0, b_in=1, bias=2, epi="gelu_f(acc + m.bias[j])", note="GELU(x W^T + b), fused epilogue"),
+    "107_matmul_scale_residual": dict(b="nn", a_in=0, b_in=1, res=0, epi="acc * 0.7f + m.res[i * m.N + j]",
+                                      note="x W * 0.7 + x, fused epilogue"),
+    "108_gemm_relu_div": dict(b="nt", a_in=0, b_in=1, bias=2, epi="fmaxf(acc + m.bias[j], 0.f) / 2.5f", note="ReLU(x W^T + b) / 2.5, fused epilogue"),
+    "106_linear_swish_sum": dict(b="nt", a_in=0, b_in=1, bias=2, epi="silu_f(acc + m.bias[j])", note="SiLU(x W^T + b) summed per row",
+                                 post=dict(ins=[("x", "float")], load="const float v = p.x[base + {J}];", rs=["float s;"],
+                                           algos={"sum": [([("s", "float", "0.f")], "a.s += v;", "a.s += b.s;", "rs.s = a.s;")]},
+                                           mode="row", rexpr="rs.s")),
+    "111_bmm_softmax": dict(b="nn", a_in=0, b_in=1, batched=True, epi="acc * 0.125f", note="softmax(A B * 0.125) per row",
+                            post_inplace=True, post=ROW_TASKS["021_softmax"]),
+    "113_mse_of_linear": dict(b="nt", a_in=0, b_in=2, bias=3, epi="acc + m.bias[j]", target=1, note="MSE(x W^T + b, target)",
+                              post=dict(ins=[("x", "float"), ("t", "float")], load="const float v = p.x[base + {J}] - p.t[base + {J}];",
+                                        rs=["float s;"], algos={"sumsq": [([("s", "float", "0.f")], "a.s += v * v;", "a.s += b.s;", "rs.s = a.s;")]},
+                                        mode="scalar", rexpr="rs.s", scale="1.0 / ((double)p.rows * (double)p.cols)")),
+    "115_logsumexp_of_matmul": dict(b="nn", a_in=0, b_in=1, epi="acc", note="logsumexp over rows of A B", post=ROW_TASKS["018_logsumexp"]),
+    "118_cross_entropy_of_linear": dict(b="nt", a_in=0, b_in=2, bias=3, epi="acc + m.bias[j]", target=1, target_dtype="int64_t",
+                                        note="cross-entropy of x W^T + b", post=ROW_TASKS["042_cross_entropy"]),
+}
+
+
+def mm_struct():
+    return ("struct MP {\n  const float* A;\n  const float* B;\n  const float* bias;\n  const float* res;\n  float* C;\n"
+            "  long batch, M, N, K;\n};\n\n")
+
+
+def mm_setup(t):
+    """Fills MP m from in/out; C is set by the caller."""
+    ai, bi = t["a_in"], t["b_in"]
+    s = f"  MP m;\n  memset(&m, 0, sizeof(m));\n"
+    s += f"  if (in[{ai}].dtype != kf::KF_FLOAT32 || in[{bi}].dtype != kf::KF_FLOAT32) return 1;\n"
+    s += f"  m.A = static_cast<const float*>(in[{ai}].data);\n  m.B = static_cast<const float*>(in[{bi}].data);\n"
+    if t.get("batched"):
+        s += f"  if (in[{ai}].ndim != 3 || in[{bi}].ndim != 3) return 1;\n"
+        s += f"  m.batch = in[{ai}].shape[0];\n  m.M = in[{ai}].shape[1];\n  m.K = in[{ai}].shape[2];\n  m.N = in[{bi}].shape[2];\n"
+        s += f"  if (in[{bi}].shape[0] != m.batch || in[{bi}].shape[1] != m.K) return 1;\n"
+    else:
+        s += f"  if (in[{bi}].ndim != 2) return 1;\n"
+        s += f"  m.batch = 1;\n  m.K = in[{ai}].shape[in[{ai}].ndim - 1];\n  m.M = in[{ai}].numel() / m.K;\n"
+        if t["b"] == "nn":
+            s += f"  m.N = in[{bi}].shape[1];\n  if (in[{bi}].shape[0] != m.K) return 1;\n"
+        else:
+            s += f"  m.N = in[{bi}].shape[0];\n  if (in[{bi}].shape[1] != m.K) return 1;\n"
+    if t.get("bias") is not None:
+        s += f"  m.bias = static_cast<const float*>(in[{t['bias']}].data);\n"
+    if t.get("res") is not None:
+        s += f"  m.res = static_cast<const float*>(in[{t['res']}].data);\n  if (m.N != m.K) return 1;\n"
+    return s
+
+
+def mm_epi_fn(t, backend):
+    hd = "KF_HD"
+    s = ""
+    if "gelu_f" in t["epi"]:
+        s += f"static {hd} float gelu_f(float z) {{ return {GELU}; }}\n"
+    if "silu_f" in t["epi"]:
+        s += f"static {hd} float silu_f(float z) {{ return z / (1.f + expf(-z)); }}\n"
+    s += f"static {hd} float epi(float acc, long i, long j, const MP& m) {{\n  (void)i; (void)j; (void)m;\n  return {t['epi']};\n}}\n\n"
+    return s
+
+
+def bidx(t, k, j):
+    return f"Bb[({k}) * m.N + ({j})]" if t["b"] == "nn" else f"Bb[({j}) * m.K + ({k})]"
+
+
+def cpu_mm(t, kind, bi=32, bk=128):
+    """CPU GEMM into m.C (+ epilogue). kinds: naive, ikj, blocked_r4."""
+    if kind == "naive":
+        return ("__attribute__((optimize(\"no-tree-vectorize\"))) static void mm(const MP& m, kf::Context*) {\n"
+                "  for (long b = 0; b < m.batch; ++b) {\n"
+                "    const float* Ab = m.A + b * m.M * m.K;\n"
+                "    const float* Bb = m.B + (m.batch > 1 ? b * m.K * m.N : 0);\n"
+                "    float* Cb = m.C + b * m.M * m.N;\n"
+                "    for (long i = 0; i < m.M; ++i)\n      for (long j = 0; j < m.N; ++j) {\n"
+                "        float acc = 0.f;\n"
+                f"        for (long k = 0; k < m.K; ++k) acc += Ab[i * m.K + k] * {bidx(t, 'k', 'j')};\n"
+                "        Cb[i * m.N + j] = epi(acc, i, j, m);\n      }\n  }\n}\n\n")
+    # B as [K, N] rows: transposed once into scratch for "nt"
+    tr = ""
+    if t["b"] == "nt":
+        tr = ("  // B is [N, K]: transpose it once into scratch so the inner loop streams rows of B^T.\n"
+              "  float* Bt = static_cast<float*>(ctx->scratch_alloc(ctx, sizeof(float) * m.N * m.K));\n"
+              "  if (!Bt) return 2;\n"
+              "#pragma omp parallel for schedule(static) num_threads(ctx->num_threads)\n"
+              "  for (long k = 0; k < m.K; ++k)\n    for (long j = 0; j < m.N; ++j) Bt[k * m.N + j] = m.B[j * m.K + k];\n")
+        bsrc = "Bt"
+    else:
+        bsrc = "m.B + (m.batch > 1 ? b * m.K * m.N : 0)"
+    if kind == "ikj":
+        body = ("#pragma omp parallel for schedule(static) num_threads(ctx->num_threads)\n"
+                "  for (long bi = 0; bi < m.batch * m.M; ++bi) {\n"
+                "    const long b = bi / m.M, i = bi % m.M;\n    (void)b;\n"
+                f"    const float* Bk = {bsrc};\n"
+                "    const float* a = m.A + bi * m.K;\n    float* c = m.C + bi * m.N;\n"
+                "    for (long j = 0; j < m.N; ++j) c[j] = 0.f;\n"
+                "    for (long k = 0; k < m.K; ++k) {\n      const float av = a[k];\n      const float* br = Bk + k * m.N;\n"
+                "      for (long j = 0; j < m.N; ++j) c[j] += av * br[j];\n    }\n"
+                "    for (long j = 0; j < m.N; ++j) c[j] = epi(c[j], i, j, m);\n  }\n")
+    else:  # blocked: row blocks of bi over cores, k blocks of bk, 4 rows at a time in registers
+        body = (f"  const long BI = {bi}, BK = {bk};\n  const long nblk = (m.M + BI - 1) / BI;\n"
+                "#pragma omp parallel for schedule(dynamic) num_threads(ctx->num_threads)\n"
+                "  for (long blk = 0; blk < m.batch * nblk; ++blk) {\n"
+                "    const long b = blk / nblk, i0 = (blk % nblk) * BI, i1 = i0 + BI < m.M ? i0 + BI : m.M;\n"
+                f"    const float* Bk = {bsrc};\n"
+                "    const float* A = m.A + b * m.M * m.K;\n    float* C = m.C + b * m.M * m.N;\n"
+                "    for (long i = i0; i < i1; ++i)\n      for (long j = 0; j < m.N; ++j) C[i * m.N + j] = 0.f;\n"
+                "    for (long k0 = 0; k0 < m.K; k0 += BK) {\n      const long k1 = k0 + BK < m.K ? k0 + BK : m.K;\n"
+                "      long i = i0;\n"
+                "      for (; i + 4 <= i1; i += 4) {  // 4 rows share every load of B\n"
+                "        float* c0 = C + i * m.N; float* c1 = c0 + m.N; float* c2 = c1 + m.N; float* c3 = c2 + m.N;\n"
+                "        for (long k = k0; k < k1; ++k) {\n"
+                "          const float a0 = A[i * m.K + k], a1 = A[(i + 1) * m.K + k], a2 = A[(i + 2) * m.K + k], a3 = A[(i + 3) * m.K + k];\n"
+                "          const float* br = Bk + k * m.N;\n"
+                "#pragma omp simd\n"
+                "          for (long j = 0; j < m.N; ++j) {\n            const float bv = br[j];\n"
+                "            c0[j] += a0 * bv; c1[j] += a1 * bv; c2[j] += a2 * bv; c3[j] += a3 * bv;\n          }\n        }\n      }\n"
+                "      for (; i < i1; ++i) {\n        float* c = C + i * m.N;\n"
+                "        for (long k = k0; k < k1; ++k) {\n          const float av = A[i * m.K + k];\n          const float* br = Bk + k * m.N;\n"
+                "#pragma omp simd\n          for (long j = 0; j < m.N; ++j) c[j] += av * br[j];\n        }\n      }\n    }\n"
+                "    for (long i = i0; i < i1; ++i)\n      for (long j = 0; j < m.N; ++j) C[i * m.N + j] = epi(C[i * m.N + j], i, j, m);\n  }\n")
+    return "static int mm(const MP& m, kf::Context* ctx) {\n" + tr + body + "  return 0;\n}\n\n"
+
+
+def cuda_mm(t, kind, tile=16):
+    s = ""
+    if kind == "naive":
+        s += ("__global__ void k_mm(MP m) {\n"
+              "  const long j = (long)blockIdx.x * blockDim.x + threadIdx.x, i = (long)blockIdx.y * blockDim.y + threadIdx.y;\n"
+              "  const long b = blockIdx.z;\n  if (i >= m.M || j >= m.N) return;\n"
+              "  const float* Ab = m.A + b * m.M * m.K;\n  const float* Bb = m.B + (m.batch > 1 ? b * m.K * m.N : 0);\n"
+              "  float acc = 0.f;\n"
+              f"  for (long k = 0; k < m.K; ++k) acc += Ab[i * m.K + k] * {bidx(t, 'k', 'j')};\n"
+              "  m.C[(b * m.M + i) * m.N + j] = epi(acc, i, j, m);\n}\n\n")
+        launch = "  k_mm<<<dim3((unsigned)((m.N + 15) / 16), (unsigned)((m.M + 15) / 16), (unsigned)m.batch), dim3(16, 16), 0, st>>>(m);\n"
+        return s, launch
+    if kind == "tiled":
+        T = tile
+        bload = (f"    Bs[ty][tx] = (k0 + ty < m.K && j < m.N) ? Bb[(k0 + ty) * m.N + j] : 0.f;\n" if t["b"] == "nn" else
+                 f"    {{ const long jj = (long)blockIdx.x * {T} + ty;  // B is [N, K]: read along K (coalesced), store transposed\n"
+                 f"      Bs[tx][ty] = (k0 + tx < m.K && jj < m.N) ? Bb[jj * m.K + k0 + tx] : 0.f; }}\n")
+        s += (f"__global__ void __launch_bounds__({T * T}) k_mm(MP m) {{\n"
+              f"  __shared__ float As[{T}][{T + 1}];\n  __shared__ float Bs[{T}][{T + 1}];\n"
+              "  const int tx = threadIdx.x, ty = threadIdx.y;\n"
+              f"  const long j = (long)blockIdx.x * {T} + tx, i = (long)blockIdx.y * {T} + ty, b = blockIdx.z;\n"
+              "  const float* Ab = m.A + b * m.M * m.K;\n  const float* Bb = m.B + (m.batch > 1 ? b * m.K * m.N : 0);\n"
+              "  float acc = 0.f;\n"
+              f"  for (long k0 = 0; k0 < m.K; k0 += {T}) {{\n"
+              "    As[ty][tx] = (i < m.M && k0 + tx < m.K) ? Ab[i * m.K + k0 + tx] : 0.f;\n" + bload +
+              "    __syncthreads();\n#pragma unroll\n"
+              f"    for (int k = 0; k < {T}; ++k) acc += As[ty][k] * Bs[k][tx];\n    __syncthreads();\n  }}\n"
+              "  if (i < m.M && j < m.N) m.C[(b * m.M + i) * m.N + j] = epi(acc, i, j, m);\n}\n\n")
+        launch = (f"  k_mm<<<dim3((unsigned)((m.N + {T - 1}) / {T}), (unsigned)((m.M + {T - 1}) / {T}), (unsigned)m.batch), "
+                  f"dim3({T}, {T}), 0, st>>>(m);\n")
+        return s, launch
+    # register-blocked: 64x64 tile, BK 16, 16x16 threads, 4x4 outputs per thread
+    bload = ("      { const int kk = e / 64, jj = e % 64; const long k = k0 + kk, j = col0 + jj;\n"
+             "        Bs[kk][jj] = (k < m.K && j < m.N) ? Bb[k * m.N + j] : 0.f; }\n" if t["b"] == "nn" else
+             "      { const int jj = e / 16, kk = e % 16; const long k = k0 + kk, j = col0 + jj;\n"
+             "        Bs[kk][jj] = (k < m.K && j < m.N) ? Bb[j * m.K + k] : 0.f; }\n")
+    s += ("__global__ void __launch_bounds__(256) k_mm(MP m) {\n"
+          "  __shared__ float As[16][64 + 4];  // As[k][row]: a thread's 4 rows are a broadcast read\n"
+          "  __shared__ float Bs[16][64 + 4];\n"
+          "  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16, tid = threadIdx.x;\n"
+          "  const long row0 = (long)blockIdx.y * 64, col0 = (long)blockIdx.x * 64, b = blockIdx.z;\n"
+          "  const float* Ab = m.A + b * m.M * m.K;\n  const float* Bb = m.B + (m.batch > 1 ? b * m.K * m.N : 0);\n"
+          "  float acc[4][4] = {};\n"
+          "  for (long k0 = 0; k0 < m.K; k0 += 16) {\n"
+          "#pragma unroll\n    for (int q = 0; q < 4; ++q) {\n      const int e = tid + 256 * q;\n"
+          "      { const int r = e / 16, kk = e % 16; const long i = row0 + r, k = k0 + kk;\n"
+          "        As[kk][r] = (i < m.M && k < m.K) ? Ab[i * m.K + k] : 0.f; }\n" + bload +
+          "    }\n    __syncthreads();\n"
+          "#pragma unroll\n    for (int k = 0; k < 16; ++k) {\n      float av[4], bv[4];\n"
+          "#pragma unroll\n      for (int r = 0; r < 4; ++r) av[r] = As[k][ty + 16 * r];\n"
+          "#pragma unroll\n      for (int c = 0; c < 4; ++c) bv[c] = Bs[k][tx + 16 * c];\n"
+          "#pragma unroll\n      for (int r = 0; r < 4; ++r)\n#pragma unroll\n        for (int c = 0; c < 4; ++c) acc[r][c] += av[r] * bv[c];\n"
+          "    }\n    __syncthreads();\n  }\n"
+          "#pragma unroll\n  for (int r = 0; r < 4; ++r)\n#pragma unroll\n    for (int c = 0; c < 4; ++c) {\n"
+          "      const long i = row0 + ty + 16 * r, j = col0 + tx + 16 * c;\n"
+          "      if (i < m.M && j < m.N) m.C[(b * m.M + i) * m.N + j] = epi(acc[r][c], i, j, m);\n    }\n}\n\n")
+    launch = "  k_mm<<<dim3((unsigned)((m.N + 63) / 64), (unsigned)((m.M + 63) / 64), (unsigned)m.batch), 256, 0, st>>>(m);\n"
+    return s, launch
+
+
+def post_setup(t):
+    """Row op P over C (viewed [batch*M, N]); targets come from the task's inputs."""
+    pt = t["post"]
+    s = "  P p;\n  memset(&p, 0, sizeof(p));\n  p.rows = m.batch * m.M;\n  p.cols = m.N;\n  p.x = m.C;\n"
+    if t.get("target") is not None:
+        dt = t.get("target_dtype", "float")
+        s += f"  p.t = static_cast<const {dt}*>(in[{t['target']}].data);\n"
+    s += f"  p.y = static_cast<{pt.get('out_dtype', 'float')}*>(out[0].data);\n"
+    if pt["mode"] == "scalar":
+        s += "  p.partial = static_cast<float*>(ctx->scratch_alloc(ctx, sizeof(float) * p.rows));\n  if (!p.partial) return 2;\n"
+    return s
+
+
+def gen_matmul(task, t):
+    out = []
+    sig = "extern \"C\" int kf_forward(kf::Context* ctx, const kf::Tensor* in, int n_in, kf::Tensor* out, int n_out) {\n"
+    n_in = max(v for v in (t["a_in"], t["b_in"], t.get("bias") or 0, t.get("target") or 0)) + 1
+    post = t.get("post")
+    if post:
+        post = dict(post, algos_sel=None)
+        # the row op reads C through p.x; struct P needs the target pointer too
+        pins = [("x", "float")] + ([("t", t.get("target_dtype", "float"))] if t.get("target") is not None else [])
+        post = dict(post, ins=pins, params=[])
+    cpu_v = [("naive", "naive", 1, False,
+              "Single-threaded i-j-k triple loop, vectorisation off: the inner product walks a column of B with stride N (cache-hostile)" +
+              ("; the row op after it is a plain sequential pass." if post else ".")),
+             ("omp_ikj", "ikj", 1, True,
+              "Rows over cores, i-k-j order: the inner loop streams a row of B and a row of C (unit stride, vectorised)" +
+              (", B^T transposed once into scratch" if t["b"] == "nt" else "") + ("; one-accumulator row op after it." if post else ".")),
+             ("omp_blocked_r4_32x128", "blocked", 8, True,
+              "Row blocks of 32 over cores and K blocks of 128 (B panel stays in L2), 4 rows of C updated per load of B (register reuse), `omp simd` inner loop" +
+              (", B^T transposed once" if t["b"] == "nt" else "") + ("; 8-lane row op after it." if post else ".")),
+             ("omp_blocked_r4_64x256", "blocked", 8, True,
+              "As blocked_r4_32x128 with 64-row blocks and 256-deep K blocks: fewer passes over C, larger B panel.")]
+    for name, kind, lanes, par, tech in cpu_v:
+        code = header(task, "cpu", "matmul", name, tech)
+        code += mm_struct() + mm_epi_fn(t, "cpu")
+        if kind == "blocked":
+            bi, bk = (32, 128) if "32x128" in name else (64, 256)
+            code += cpu_mm(t, kind, bi, bk)
+        else:
+            code += cpu_mm(t, kind)
+        if post:
+            algo = list(post["algos"])[-1 if lanes > 1 else 0]
+            p2 = dict(post, algos_sel=post["algos"][algo])
+            code += row_parts(task, p2, algo, "cpu")
+            attr = "" if par else "__attribute__((optimize(\"no-tree-vectorize\"))) "
+            code += cpu_row_fn(p2, lanes, attr)
+        code += sig + f"  if (n_in != {n_in} || n_out != 1 || out[0].dtype != kf::KF_FLOAT32) return 1;\n" + mm_setup(t)
+        if post and not t.get("post_inplace"):
+            code += "  m.C = static_cast<float*>(ctx->scratch_alloc(ctx, sizeof(float) * m.batch * m.M * m.N));\n  if (!m.C) return 2;\n"
+        else:
+            code += "  m.C = static_cast<float*>(out[0].data);\n"
+        code += "  if (m.M == 0 || m.N == 0) return 0;\n"
+        code += "  mm(m, ctx);\n" if kind == "naive" else "  if (int rc = mm(m, ctx)) return rc;\n"
+        if post:
+            code += post_setup(dict(t, post=p2)) + row_run_cpu(p2, par)
+        code += "  return 0;\n}\n"
+        out.append(("cpu", name, "matmul", tech, code))
+    cuda_v = [("naive_b16x16", "naive", 16, "thread", 256,
+               "One thread per output element, 16x16 blocks, K loop straight from global memory: every A and B element is re-read by a whole row/column of threads."),
+              ("tiled_t16", "tiled", 16, "warp", 256,
+               "16x16 shared-memory tiles of A and B (padded against bank conflicts): each global element is loaded once per tile and reused 16 times."),
+              ("tiled_t32", "tiled", 32, "warp", 256,
+               "32x32 shared-memory tiles, 1024 threads per block: twice the reuse of t16 per load, fewer blocks."),
+              ("regblock_64x64_4x4", "regblock", 16, "block", 256,
+               "64x64 output tile per 256-thread block, 16-deep K slices in shared memory, each thread accumulates a 4x4 register tile: 8 FMAs per shared load instead of 1.")]
+    for name, kind, tile, rkind, rbs, tech in cuda_v:
+        if post:
+            tech = tech + f" Then the row op, {'one thread per row' if rkind == 'thread' else ('one warp per row' if rkind == 'warp' else 'one block per row')}."
+        code = header(task, "cuda", "matmul", name, tech)
+        code += mm_struct() + mm_epi_fn(t, "cuda")
+        kcode, launch = cuda_mm(t, kind, tile)
+        code += kcode
+        if post:
+            algo = list(post["algos"])[0 if rkind == "thread" else -1]
+            p2 = dict(post, algos_sel=post["algos"][algo])
+            code += row_parts(task, p2, algo, "cuda") + cuda_row_kernel(p2, rkind, rbs)
+        code += sig + f"  if (n_in != {n_in} || n_out != 1 || out[0].dtype != kf::KF_FLOAT32) return 1;\n" + mm_setup(t)
+        if post and not t.get("post_inplace"):
+            code += "  m.C = static_cast<float*>(ctx->scratch_alloc(ctx, sizeof(float) * m.batch * m.M * m.N));\n  if (!m.C) return 2;\n"
+        else:
+            code += "  m.C = static_cast<float*>(out[0].data);\n"
+        code += "  if (m.M == 0 || m.N == 0) return 0;\n  cudaStream_t st = static_cast<cudaStream_t>(ctx->stream);\n" + launch
+        if post:
+            code += post_setup(dict(t, post=p2)) + row_launch_cuda(p2, rkind, rbs)
+        code += "  return cudaGetLastError() == cudaSuccess ? 0 : 1;\n}\n"
+        out.append(("cuda", name, "matmul", tech, code))
+    return out
+
+
+# --------------------------------------------------------------------------------------
 # Driver
 # --------------------------------------------------------------------------------------
 
@@ -690,6 +983,9 @@ def all_kernels():
             ks.append((task, backend, variant, family, tech, code))
     for task in sorted(ROW_TASKS):
         for backend, variant, family, tech, code in gen_row(task, ROW_TASKS[task]):
+            ks.append((task, backend, variant, family, tech, code))
+    for task in sorted(MM_TASKS):
+        for backend, variant, family, tech, code in gen_matmul(task, MM_TASKS[task]):
             ks.append((task, backend, variant, family, tech, code))
     ks.sort(key=lambda k: (k[0], k[1], k[2]))
     return ks
