@@ -1,0 +1,172 @@
+// tools/report on run folders: one written by the real writers (kf::MetricsWriter streams
+// named as the learner, launcher and an actor write them; kernels/kernel_db.json saved by
+// a real KernelDb), one with corrupt inputs, and empty ones.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "../test_support.h"
+#include "kf/common/metrics.h"
+#include "kf/replay/kernel_db.h"
+
+namespace {
+
+struct Result {
+  int rc = -1;
+  std::string out, err;
+};
+
+// tools/report ARGS, with the test's interpreter (the wrapper honours KF_PYTHON).
+Result report(const std::vector<std::string>& args, const std::string& tmp) {
+  std::string cmd = "KF_PYTHON='" + kf::test::python() + "' '" + kf::test::source_dir() + "/tools/report'";
+  for (const auto& a : args) cmd += " '" + a + "'";
+  const std::string err_file = tmp + "/report.stderr";
+  Result r;
+  std::FILE* p = ::popen((cmd + " 2>'" + err_file + "'").c_str(), "r");
+  if (!p) return r;
+  char buf[4096];
+  for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) r.out.append(buf, n);
+  const int status = ::pclose(p);
+  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.err = kf::test::read_file(err_file);
+  return r;
+}
+
+bool contains(const std::string& hay, const std::string& needle) { return hay.find(needle) != std::string::npos; }
+
+// A PNG: the 8-byte signature, then the IHDR chunk with a non-zero size, and IEND last.
+void expect_png(const std::string& path) {
+  const std::string b = kf::test::read_file(path);
+  ASSERT_GT(b.size(), 33u) << path;
+  EXPECT_EQ(b.substr(0, 8), std::string("\x89PNG\r\n\x1a\n", 8)) << path;
+  EXPECT_EQ(b.substr(12, 4), "IHDR") << path;
+  auto be32 = [&](std::size_t at) {
+    return (uint32_t(uint8_t(b[at])) << 24) | (uint32_t(uint8_t(b[at + 1])) << 16) |
+           (uint32_t(uint8_t(b[at + 2])) << 8) | uint32_t(uint8_t(b[at + 3]));
+  };
+  EXPECT_GT(be32(16), 100u) << path;  // width
+  EXPECT_GT(be32(20), 100u) << path;  // height
+  EXPECT_EQ(b.substr(b.size() - 8, 4), "IEND") << path;
+}
+
+const char* const kPlots[] = {"reward.png", "speedup.png", "verdicts.png", "throughput.png"};
+
+void expect_matplotlib(const Result& r) {
+  ASSERT_FALSE(contains(r.err, "matplotlib is not importable"))
+      << "the matplotlib Python package is missing (" << kf::test::python()
+      << "); install requirements.txt with ./setup.sh: " << r.err;
+}
+
+}  // namespace
+
+TEST(ReportTest, PlotsAndBestKernelPerTask) {
+  kf::test::TempDir tmp("report");
+  const std::string run = tmp.path + "/run";
+  ::mkdir(run.c_str(), 0755);
+  {
+    kf::MetricsWriter learner(run + "/metrics", "learner");
+    kf::MetricsWriter status(run + "/metrics", "run");
+    kf::MetricsWriter actor(run + "/metrics", "actor-0");
+    for (int s = 1; s <= 6; ++s) {
+      learner.write(s, {{"loss", 1.0 / s}, {"grad_norm", 0.5}, {"lr", 1e-5}, {"seconds", 2.0}, {"updated", 1}});
+      status.write(s, {{"elapsed_s", 5.0 * s}, {"samples_per_s", 1.5}, {"candidates_per_min", 40},
+                       {"verified_total", 10.0 * s}, {"correct_frac", 0.1 * s}, {"incorrect_frac", 0.2},
+                       {"compile_error_frac", 0.6 - 0.1 * s + 0.1}, {"runtime_error_frac", 0.05},
+                       {"timeout_frac", 0.0}, {"cheat_frac", 0.05}, {"mean_speedup", 1.0 + 0.1 * s},
+                       {"median_speedup", 1.0}, {"best_speedup", 1.5 + s}, {"fast1_frac", 0.1},
+                       {"mean_reward", -0.5 + 0.1 * s}, {"policy_lag", 1}, {"candidate_queue_depth", s},
+                       {"result_queue_depth", 0}, {"ready_groups", 2}, {"gpu_busy_frac", std::nan("")}});
+      actor.write(s, {{"samples_per_s", 1.0}, {"policy_lag_mean", 0.5}});
+    }
+  }
+  // The kernel database as the run saves it: a real KernelDb, saved at checkpoint.
+  const std::string shm = "kft" + std::to_string(::getpid()) + ".report";
+  {
+    auto db = kf::replay::KernelDb::create(shm, kf::replay::KernelDbConfig{64, 4096, 16});
+    db.insert({"001_relu", 1.25, 4, "// slow relu\nint relu_slow;", 0});
+    db.insert({"001_relu", 3.5, 7, "#include <kf/kernel.h>\nif (a < b && c > d) {} // </pre><script>x</script>", 0});
+    db.insert({"021_softmax", 0.8, -1, "// seed softmax \"quoted\" & <tagged>", 0});
+    ::mkdir((run + "/kernels").c_str(), 0755);
+    db.save(run + "/kernels/kernel_db.json");
+  }
+  kf::replay::ShmSegment::remove(shm);
+
+  const Result r = report({run}, tmp.path);
+  expect_matplotlib(r);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const std::string out = run + "/report";
+  for (const char* png : kPlots) {
+    EXPECT_TRUE(contains(r.out, out + "/" + png)) << r.out;  // every path written is printed
+    expect_png(out + "/" + png);
+  }
+  EXPECT_TRUE(contains(r.out, out + "/index.html")) << r.out;
+  const std::string page = kf::test::read_file(out + "/index.html");
+  for (const char* png : kPlots) EXPECT_TRUE(contains(page, std::string("src=\"") + png + "\"")) << png;
+  // Best kernel of each task, with its version and escaped source; the slower one is not shown.
+  EXPECT_TRUE(contains(page, "<td>001_relu</td><td>3.500x</td><td>7</td><td>2</td>")) << page;
+  EXPECT_TRUE(contains(page, "#include &lt;kf/kernel.h&gt;\nif (a &lt; b &amp;&amp; c &gt; d) {} // "
+                             "&lt;/pre&gt;&lt;script&gt;x&lt;/script&gt;"))
+      << page;
+  EXPECT_FALSE(contains(page, "<script>"));
+  EXPECT_FALSE(contains(page, "relu_slow"));
+  EXPECT_TRUE(contains(page, "<td>021_softmax</td><td>0.800x</td><td>seed</td><td>1</td>")) << page;
+  EXPECT_TRUE(contains(page, "// seed softmax &quot;quoted&quot; &amp; &lt;tagged&gt;")) << page;
+  EXPECT_TRUE(contains(page, "<details>")) << page;
+  // The latest launcher status is summarised.
+  EXPECT_TRUE(contains(page, "<tr><th>best speedup</th><td>7.5</td></tr>")) << page;
+}
+
+TEST(ReportTest, CorruptInputsAreSkippedWithWarnings) {
+  kf::test::TempDir tmp("report");
+  const std::string run = tmp.path + "/run";
+  ::mkdir(run.c_str(), 0755);
+  {
+    kf::MetricsWriter learner(run + "/metrics", "learner");
+    for (int s = 1; s <= 3; ++s) learner.write(s, {{"loss", 1.0 / s}});
+  }
+  // A torn last line (a process killed mid-write), a metrics file that is all garbage,
+  // and a kernel database that is not JSON.
+  kf::test::write_file(run + "/metrics/learner.jsonl", kf::test::read_file(run + "/metrics/learner.jsonl") + "{\"ste");
+  kf::test::write_file(run + "/metrics/run.jsonl", "not json\n[1,2]\n");
+  ::mkdir((run + "/kernels").c_str(), 0755);
+  kf::test::write_file(run + "/kernels/kernel_db.json", "{\"format\": \"kf-kernel-db\", \"entries\": [");
+  const std::string out = tmp.path + "/elsewhere";
+  const Result r = report({run, "--out", out}, tmp.path);
+  expect_matplotlib(r);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_FALSE(contains(r.err, "Traceback")) << r.err;
+  EXPECT_TRUE(contains(r.err, run + "/metrics/learner.jsonl: 1 line(s) are not JSON objects (line 4)")) << r.err;
+  EXPECT_TRUE(contains(r.err, run + "/metrics/run.jsonl: 2 line(s) are not JSON objects")) << r.err;
+  EXPECT_TRUE(contains(r.err, run + "/kernels/kernel_db.json: not readable JSON")) << r.err;
+  for (const char* png : kPlots) expect_png(out + "/" + png);
+  const std::string page = kf::test::read_file(out + "/index.html");
+  EXPECT_TRUE(contains(page, "No kernel database")) << page;
+  struct stat st;
+  EXPECT_NE(::stat((run + "/report").c_str(), &st), 0);  // --out was honoured
+}
+
+TEST(ReportTest, NoMetricsIsAUsageError) {
+  kf::test::TempDir tmp("report");
+  const std::string run = tmp.path + "/run";
+  ::mkdir(run.c_str(), 0755);
+  ::mkdir((run + "/metrics").c_str(), 0755);
+  kf::test::write_file(run + "/metrics/run.jsonl", "");  // present but empty
+  Result r = report({run}, tmp.path);
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_TRUE(contains(r.err, run + ": no metrics at all")) << r.err;
+  EXPECT_FALSE(contains(r.err, "Traceback")) << r.err;
+  EXPECT_EQ(r.out, "");
+  struct stat st;
+  EXPECT_NE(::stat((run + "/report").c_str(), &st), 0);  // nothing written
+
+  r = report({tmp.path + "/missing"}, tmp.path);
+  EXPECT_EQ(r.rc, 2) << r.err;
+  EXPECT_TRUE(contains(r.err, tmp.path + "/missing: not a directory")) << r.err;
+  r = report({}, tmp.path);
+  EXPECT_EQ(r.rc, 2) << r.err;
+}
