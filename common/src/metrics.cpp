@@ -166,8 +166,9 @@ void MetricsWriter::write(int64_t step, const std::vector<std::pair<std::string,
   line["step"] = step;
   line["time"] = now;
   for (const auto& [key, value] : scalars) {
-    if (std::isfinite(value)) line[key] = value;
-    else line[key] = nullptr;  // JSON has no NaN/inf
+    if (!std::isfinite(value)) line[key] = nullptr;  // JSON has no NaN/inf
+    else if (value == std::trunc(value) && std::fabs(value) < 9.0e15) line[key] = static_cast<int64_t>(value);
+    else line[key] = value;  // counts read as integers ("groups":4, not 4.0); exact below 2^53
   }
   for (const auto& kv : extra.items()) line[kv.key()] = kv.value();
   std::string text;

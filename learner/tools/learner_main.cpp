@@ -6,19 +6,27 @@
 //       the deterministic synthetic group stream instead of the replay (tests, benchmarks).
 // Ranks: learner.dist.ranks processes with --rank 0..R-1. The communicator is NCCL on
 // CUDA (the unique id goes through the control block, or --rendezvous DIR), shared
-// memory on CPU. Prints "STEP {json}" per step with --print-steps, and
+// memory on CPU. Rank 0 writes metrics/learner.jsonl + a TensorBoard event file in the
+// run folder (attached to a run, or given --run-dir): one line per updated step, and one
+// per 30 s of empty steps so a starved learner shows. Prints "STEP {json}" per step with
+// --print-steps, and
 // "WEIGHTS_CHECKSUM <hex>" at the end. SIGINT/SIGTERM or the run state `stopped` end the
 // loop (agreed by all ranks) with a final checkpoint. Exit 0 ok, 1 error, 2 usage.
 #include <sys/stat.h>
 
 #include <CLI/CLI.hpp>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <memory>
 #include <nlohmann/json.hpp>
+#include <utility>
+#include <vector>
 
 #include "kf/common/config.h"
 #include "kf/common/error.h"
 #include "kf/common/log.h"
+#include "kf/common/metrics.h"
 #include "kf/learner/checkpoint.h"
 #include "kf/learner/comm.h"
 #include "kf/learner/group_source.h"
@@ -63,6 +71,7 @@ int main(int argc, char** argv) {
     const bool forever = steps < 0 && lc.steps == 0;  // learner.steps 0: until the run stops
     if (steps >= 0) lc.steps = steps;
     const std::string name = run.empty() ? cfg.get_string("run.name") : run;
+    const bool run_dir_given = !run_dir.empty();
     if (run_dir.empty()) run_dir = cfg.get_string("run.root") + "/" + name;
     ::mkdir(run_dir.c_str(), 0755);
     ::mkdir((run_dir + "/logs").c_str(), 0755);
@@ -120,6 +129,11 @@ int main(int argc, char** argv) {
     if (resume) learner.resume();
     if (shm) learner.publish_snapshot();
     int slot = shm ? shm->control().register_process("learner", rank) : -1;
+    // Metrics: rank 0 only (every rank sees the same all-reduced step stats).
+    std::unique_ptr<kf::MetricsWriter> metrics;
+    if (rank == 0 && (shm || run_dir_given)) metrics = std::make_unique<kf::MetricsWriter>(run_dir + "/metrics", "learner");
+    int64_t empty_steps = 0;  // since the last metrics line
+    auto last_line = std::chrono::steady_clock::now();
     bool run_stopped = false;
     while (forever || learner.steps_done() < lc.steps) {
       // Every rank must leave at the same step (checkpoint() and the collectives need all
@@ -146,6 +160,36 @@ int main(int argc, char** argv) {
           if (d > 0) shm->control().add_counter(slot, i, static_cast<uint64_t>(d));
         }
         shm->control().heartbeat(slot);
+      }
+      if (metrics) {
+        const auto now = std::chrono::steady_clock::now();
+        if (!st.updated) ++empty_steps;
+        if (st.updated || now - last_line >= std::chrono::seconds(30)) {
+          std::vector<std::pair<std::string, double>> m = {{"updated", st.updated ? 1.0 : 0.0},
+                                                           {"groups", double(st.groups)},
+                                                           {"seconds", st.seconds},
+                                                           {"empty_steps", double(empty_steps)}};
+          if (st.updated) {
+            // Loss terms and optimizer figures exist only for a step that trained.
+            const std::vector<std::pair<std::string, double>> trained = {
+                {"loss", st.loss}, {"grpo_loss", st.grpo_loss}, {"pairwise_loss", st.pairwise_loss},
+                {"kl", st.kl}, {"clip_fraction", st.clip_fraction}, {"mean_ratio", st.mean_ratio},
+                {"grad_norm", st.grad_norm}, {"lr", st.lr}, {"sequences", double(st.sequences)},
+                {"tokens", double(st.tokens)}, {"pairs", double(st.pairs)},
+                {"micro_batches", double(st.micro_batches)}, {"publish_stall_ms", st.publish_stall_ms},
+                {"checkpoint_seconds", st.checkpoint_seconds},
+                {"buckets_in_backward", double(st.buckets_in_backward)}};
+            m.insert(m.end(), trained.begin(), trained.end());
+          }
+          try {
+            metrics->write(st.step, m);
+          } catch (const kf::Error& e) {
+            kf::log_warn("learner rank 0: metrics write failed (", e.what(), "); training continues without metrics");
+            metrics.reset();
+          }
+          empty_steps = 0;
+          last_line = now;
+        }
       }
       if (print_steps && rank == 0) {
         nlohmann::json j = {{"step", st.step}, {"updated", st.updated}, {"loss", st.loss}, {"grad_norm", st.grad_norm},

@@ -68,9 +68,10 @@ TEST(MetricsTest, JsonlLinesReadBack) {
   {
     kf::MetricsWriter again(dir, "learner");  // a restarted process appends
     again.write(4, {{"loss", 0.25}});
+    again.write(5, {{"groups", 12.0}, {"half", 2.5}});
   }
   const auto lines = read_jsonl(dir + "/learner.jsonl");
-  ASSERT_EQ(lines.size(), 4u);
+  ASSERT_EQ(lines.size(), 5u);
   EXPECT_EQ(lines[0]["step"], 1);
   EXPECT_DOUBLE_EQ(lines[0]["loss"].get<double>(), 0.5);
   EXPECT_DOUBLE_EQ(lines[0]["lr"].get<double>(), 1e-4);
@@ -82,6 +83,9 @@ TEST(MetricsTest, JsonlLinesReadBack) {
   EXPECT_EQ(lines[1]["task"], "001_relu");
   EXPECT_EQ(lines[2].size(), 2u);  // step and time only
   EXPECT_EQ(lines[3]["step"], 4);
+  EXPECT_TRUE(lines[4]["groups"].is_number_integer()) << lines[4];  // integral values read as counts
+  EXPECT_EQ(lines[4]["groups"], 12);
+  EXPECT_DOUBLE_EQ(lines[4]["half"].get<double>(), 2.5);
   EXPECT_DOUBLE_EQ(lines[3]["loss"].get<double>(), 0.25);
   // Field order: step, time first (easy to read with head/tail).
   std::istringstream raw(kf::test::read_file(dir + "/learner.jsonl"));

@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -169,4 +171,60 @@ TEST(ReportTest, NoMetricsIsAUsageError) {
   EXPECT_TRUE(contains(r.err, tmp.path + "/missing: not a directory")) << r.err;
   r = report({}, tmp.path);
   EXPECT_EQ(r.rc, 2) << r.err;
+}
+
+TEST(ReportTest, LearnerRunWritesStepMetrics) {
+#ifndef KF_LEARNER_BIN_DEFAULT
+  GTEST_SKIP() << "kf-learner is not part of this build (learner in KF_SKIP_COMPONENTS)";
+#else
+  // kf-learner on the synthetic stream with --run-dir: rank 0 writes metrics/learner.jsonl
+  // and an event file, one line per trained step, and --print-steps still prints.
+  kf::test::TempDir tmp("report");
+  const std::string run = tmp.path + "/run", cfg = tmp.path + "/learner.yaml";
+  kf::test::write_file(cfg, "run:\n  name: rep\n  root: " + tmp.path +
+                                "\n  seed: 5\nlearner:\n  groups_per_step: 4\n  micro_batch_tokens: 96\n"
+                                "  schedule:\n    warmup_steps: 0\n  snapshot:\n    every: 0\n  checkpoint:\n    every: 0\n");
+  const std::string cmd = std::string("'") + KF_LEARNER_BIN_DEFAULT + "' '" + cfg +
+                          "' --synthetic --print-steps --device cpu --steps 3 --run-dir '" + run + "' 2>'" + tmp.path +
+                          "/learner.log'";
+  std::string out;
+  std::FILE* p = ::popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  char buf[4096];
+  for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+  const int status = ::pclose(p);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out << kf::test::read_file(tmp.path + "/learner.log");
+  EXPECT_TRUE(contains(out, "STEP {")) << out;
+
+  std::vector<nlohmann::json> lines;
+  {
+    std::istringstream in(kf::test::read_file(run + "/metrics/learner.jsonl"));
+    for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
+  }
+  ASSERT_EQ(lines.size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    const auto& l = lines[i];
+    EXPECT_EQ(l["step"], i + 1) << l;
+    EXPECT_EQ(l["updated"], 1) << l;
+    for (const char* key : {"time", "loss", "grad_norm", "lr", "groups", "tokens", "seconds", "clip_fraction",
+                            "publish_stall_ms"})
+      EXPECT_TRUE(l.contains(key) && l[key].is_number()) << key << " in " << l;
+    EXPECT_GT(l["tokens"].get<int64_t>(), 0) << l;
+    EXPECT_GT(l["grad_norm"].get<double>(), 0.0) << l;
+  }
+  bool events = false;
+  for (const auto& e : std::filesystem::directory_iterator(run + "/metrics"))
+    events |= e.path().filename().string().rfind("events.out.tfevents.", 0) == 0 &&
+              e.path().filename().string().size() > 8 &&
+              e.path().filename().string().substr(e.path().filename().string().size() - 8) == ".learner";
+  EXPECT_TRUE(events) << "no learner event file in " << run << "/metrics";
+
+  // The report reads it (no run.jsonl or kernel database: warned, not fatal).
+  const Result r = report({run}, tmp.path);
+  expect_matplotlib(r);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_TRUE(contains(r.err, run + "/metrics/run.jsonl: not found")) << r.err;
+  expect_png(run + "/report/reward.png");
+  EXPECT_TRUE(contains(kf::test::read_file(run + "/report/index.html"), "Latest learner step</h2><p>step 3,"));
+#endif
 }
