@@ -22,8 +22,8 @@ struct RS {
 
 #define EPS 0.f
 
-struct S0 { float s; float c; };
-static KF_HD void init0(S0& a) { a.s = 0.f; a.c = 0.f; }
+struct S0 { double s; float c; };
+static KF_HD void init0(S0& a) { a.s = 0.0; a.c = 0.f; }
 static KF_HD void merge0(S0& a, const S0& b) {
   a.s += b.s; a.c += b.c;
 }

@@ -23,8 +23,8 @@ struct RS {
 
 #define EPS 0.f
 
-struct S0 { float dp; float dn; };
-static KF_HD void init0(S0& a) { a.dp = 0.f; a.dn = 0.f; }
+struct S0 { double dp; double dn; };
+static KF_HD void init0(S0& a) { a.dp = 0.0; a.dn = 0.0; }
 static KF_HD void merge0(S0& a, const S0& b) {
   a.dp += b.dp; a.dn += b.dn;
 }

@@ -25,8 +25,8 @@ struct RS {
 
 #define EPS 1e-5f
 
-struct S0 { float s; };
-static KF_HD void init0(S0& a) { a.s = 0.f; }
+struct S0 { double s; };
+static KF_HD void init0(S0& a) { a.s = 0.0; }
 static KF_HD void merge0(S0& a, const S0& b) {
   a.s += b.s;
 }
@@ -40,8 +40,8 @@ static __device__ S0 shfl0(const S0& a, int o) {
   return b;
 }
 
-struct S1 { float s; };
-static KF_HD void init1(S1& a) { a.s = 0.f; }
+struct S1 { double s; };
+static KF_HD void init1(S1& a) { a.s = 0.0; }
 static KF_HD void merge1(S1& a, const S1& b) {
   a.s += b.s;
 }

@@ -22,8 +22,8 @@ struct RS {
 
 #define EPS 0.f
 
-struct S0 { float s; };
-static KF_HD void init0(S0& a) { a.s = 0.f; }
+struct S0 { double s; };
+static KF_HD void init0(S0& a) { a.s = 0.0; }
 static KF_HD void merge0(S0& a, const S0& b) {
   a.s += b.s;
 }

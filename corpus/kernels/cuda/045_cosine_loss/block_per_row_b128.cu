@@ -24,8 +24,8 @@ struct RS {
 
 #define EPS 0.f
 
-struct S0 { float d; float na; float nb; };
-static KF_HD void init0(S0& a) { a.d = 0.f; a.na = 0.f; a.nb = 0.f; }
+struct S0 { double d; double na; double nb; };
+static KF_HD void init0(S0& a) { a.d = 0.0; a.na = 0.0; a.nb = 0.0; }
 static KF_HD void merge0(S0& a, const S0& b) {
   a.d += b.d; a.na += b.na; a.nb += b.nb;
 }

@@ -27,8 +27,8 @@ struct RS {
 
 static KF_HD float gelu_f(float z) { return 0.5f * z * (1.f + erff(z * 0.70710678118f)); }
 
-struct S0 { float s; };
-static KF_HD void init0(S0& a) { a.s = 0.f; }
+struct S0 { double s; };
+static KF_HD void init0(S0& a) { a.s = 0.0; }
 static KF_HD void merge0(S0& a, const S0& b) {
   a.s += b.s;
 }
@@ -42,8 +42,8 @@ static __device__ S0 shfl0(const S0& a, int o) {
   return b;
 }
 
-struct S1 { float s; };
-static KF_HD void init1(S1& a) { a.s = 0.f; }
+struct S1 { double s; };
+static KF_HD void init1(S1& a) { a.s = 0.0; }
 static KF_HD void merge1(S1& a, const S1& b) {
   a.s += b.s;
 }

@@ -1,0 +1,145 @@
+// The seed kernel corpus (corpus/, docs/corpus.md): generator output is committed and
+// current; a sample of CPU kernels (one task per family) passes tools/eval with verdict ok
+// and its naive variant is slower than its fastest one; a sample of CUDA kernels (one task
+// per family, every variant) compiles with the evaluator's CompileService.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "kf/evaluator/compile.h"
+#include "../test_support.h"
+
+namespace {
+using nlohmann::json;
+
+int run_cmd(const std::string& cmd, std::string* out) {
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return -1;
+  char buf[4096];
+  out->clear();
+  while (size_t n = fread(buf, 1, sizeof buf, p)) out->append(buf, n);
+  const int st = pclose(p);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+std::string corpus_dir() { return kf::test::source_dir() + "/corpus"; }
+
+json load_json(const std::string& path) {
+  const std::string text = kf::test::read_file(path);
+  if (text.empty()) throw std::runtime_error("cannot read " + path);
+  return json::parse(text);
+}
+
+std::string tasks_dir() {
+  return kf::test::env_or("KF_TASKS_DIR", kf::test::build_dir() + "/tasks");
+}
+
+// Evaluates one corpus kernel with tools/eval's binary; returns the JSON report.
+json eval_kernel(const std::string& task, const std::string& file) {
+  const std::string cmd = std::string(KF_EVAL_BIN) + " " + task + " " + corpus_dir() + "/" + file + " --json --tasks " +
+                          tasks_dir() + " --cache " + kf::test::build_dir() + "/corpus-test-cache" +
+                          " --trials 5 --warmup 1 --correctness-sets 2 --max-spread 1000 --max-trials 5 2>&1";
+  std::string out;
+  const int rc = run_cmd(cmd, &out);
+  if (rc != 0 && rc != 1) throw std::runtime_error("kf-eval exit " + std::to_string(rc) + ": " + out);
+  return json::parse(out);
+}
+}  // namespace
+
+TEST(CorpusTest, GeneratedFilesAreCurrent) {
+  std::string out;
+  const int rc = run_cmd(kf::test::python() + " " + corpus_dir() + "/generate.py --check 2>&1", &out);
+  EXPECT_EQ(rc, 0) << out;
+}
+
+TEST(CorpusTest, ManifestListsOnlyVerifiedCpuKernels) {
+  const json m = load_json(corpus_dir() + "/manifest.json");
+  const json v = load_json(corpus_dir() + "/verified_cpu.json");
+  ASSERT_TRUE(v.contains("header"));
+  int n = 0;
+  for (const auto& e : m) {
+    if (e.at("backend") != "cpu") continue;
+    const std::string f = e.at("file");
+    ASSERT_TRUE(v.contains(f)) << f << " is in the manifest but not in verified_cpu.json";
+    EXPECT_EQ(v[f].at("verdict"), "ok") << f;
+    ++n;
+  }
+  EXPECT_GT(n, 0);
+}
+
+// One task per family: the one whose naive/fastest gap in verified_cpu.json is largest
+// (at least 3x, so that a loaded CI machine cannot flip the order); both variants must pass
+// tools/eval, and the naive one must take longer.
+TEST(CorpusTest, CpuSamplePassesEvalAndNaiveIsSlower) {
+  if (::access((tasks_dir() + "/001_relu/task.json").c_str(), R_OK) != 0)
+    GTEST_SKIP() << "no imported tasks in " << tasks_dir() << " (run tools/import-tasks)";
+  const json m = load_json(corpus_dir() + "/manifest.json");
+  const json v = load_json(corpus_dir() + "/verified_cpu.json");
+  struct Pick { std::string task, naive, fast; double gap = 0; };
+  std::map<std::string, std::map<std::string, std::vector<json>>> by;  // family -> task -> entries
+  for (const auto& e : m)
+    if (e.at("backend") == "cpu") by[e.at("family")][e.at("task")].push_back(e);
+  std::vector<Pick> picks;
+  for (const auto& [family, tasks] : by) {
+    Pick best;
+    for (const auto& [task, es] : tasks) {
+      std::string naive, fast;
+      double sn = 0, sf = 0;
+      for (const auto& e : es) {
+        const std::string f = e.at("file");
+        if (!v.contains(f) || !v[f].at("speedup").is_number()) continue;
+        const double s = v[f].at("speedup");
+        if (e.at("variant") == "naive") naive = f, sn = s;
+        else if (s > sf) fast = f, sf = s;
+      }
+      if (!naive.empty() && !fast.empty() && sn > 0 && sf / sn > best.gap) best = {task, naive, fast, sf / sn};
+    }
+    if (best.gap >= 3.0) picks.push_back(best);
+  }
+  ASSERT_FALSE(picks.empty()) << "verified_cpu.json shows no family with a 3x naive/fastest gap";
+  for (const auto& p : picks) {
+    SCOPED_TRACE(p.task + ": " + p.naive + " vs " + p.fast);
+    const json rn = eval_kernel(p.task, p.naive), rf = eval_kernel(p.task, p.fast);
+    EXPECT_EQ(rn.at("verdict"), "ok") << rn.dump();
+    EXPECT_EQ(rf.at("verdict"), "ok") << rf.dump();
+    if (rn.at("verdict") == "ok" && rf.at("verdict") == "ok") {
+      const double tn = rn["candidate"]["median_ms"], tf = rf["candidate"]["median_ms"];
+      EXPECT_GT(tn, tf) << "naive " << tn << " ms, fastest " << tf << " ms (recorded gap " << p.gap << "x)";
+    }
+  }
+}
+
+// One task per family (the first by name), every CUDA variant of it, compiled with the
+// evaluator's own CompileService and its default nvcc flags (-arch=sm_90). Compiling all
+// CUDA kernels takes minutes on 2 cores; corpus/verify.py --backend cuda --compile-only does that.
+TEST(CorpusTest, CudaSampleCompiles) {
+  kf::evaluator::CompileOptions o;
+  if (::access(o.nvcc.c_str(), X_OK) != 0) GTEST_SKIP() << "no nvcc at " << o.nvcc;
+  kf::test::TempDir cache("corpus-nvcc");
+  o.cache_dir = cache.path;
+  o.jobs = 2;
+  kf::evaluator::CompileService cs(o);
+  const json m = load_json(corpus_dir() + "/manifest.json");
+  std::map<std::string, std::string> first_task;  // family -> task
+  for (const auto& e : m)
+    if (e.at("backend") == "cuda") {
+      auto& t = first_task[e.at("family")];
+      if (t.empty() || e.at("task").get<std::string>() < t) t = e.at("task");
+    }
+  std::vector<std::string> files, sources;
+  for (const auto& e : m) {
+    if (e.at("backend") != "cuda" || first_task[e.at("family")] != e.at("task")) continue;
+    files.push_back(e.at("file"));
+    sources.push_back(kf::test::read_file(corpus_dir() + "/" + files.back()));
+  }
+  ASSERT_FALSE(files.empty());
+  const auto rs = cs.compile_all(sources, kf::KF_BACKEND_CUDA);
+  for (size_t i = 0; i < rs.size(); ++i) EXPECT_TRUE(rs[i].ok) << files[i] << ":\n" << rs[i].diagnostics;
+}
