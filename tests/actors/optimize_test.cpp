@@ -1,0 +1,325 @@
+// tools/optimize (kf-optimize) end to end on the CPU backend: a tiny byte-level model is
+// overfit on the tool's own prompt (built by the same library call, optimize_prompt) ->
+// a known-good ReLU kernel, written as an HF folder, and the real binary samples,
+// extracts and verifies it with the real evaluator. Also: bad inputs exit 2 naming the
+// thing. No mocks.
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <nlohmann/json.hpp>
+
+#include <gtest/gtest.h>
+
+#include "kf/actors/optimize.h"
+#include "kf/common/config.h"
+#include "kf/policy/checkpoint.h"
+#include "kf/replay/kernel_db.h"
+#include "test_util.h"
+
+using namespace kf::actors;
+
+namespace {
+
+struct ToolRun {
+  int rc = -1;
+  std::string out, err;
+};
+
+// Runs kf-optimize with `args`; stdout and stderr are captured through files in `dir`.
+ToolRun run_tool(const std::vector<std::string>& args, const std::string& dir) {
+  const std::string out = dir + "/tool.stdout", err = dir + "/tool.stderr";
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const int o = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int e = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(o, 1);
+    ::dup2(e, 2);
+    // In the build tree, not a 0700 temp dir: the sandbox worker drops privileges and must read it.
+    ::setenv("KF_EVAL_CACHE", (test::build_dir() + "/actors-test-eval-cache").c_str(), 1);
+    std::vector<std::string> all = {KF_OPTIMIZE_BIN};
+    all.insert(all.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (auto& a : all) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    ::execv(argv[0], argv.data());
+    _exit(127);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  ToolRun r;
+  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r.out = test::read_text(out);
+  r.err = test::read_text(err);
+  return r;
+}
+
+// A short contrastive template (template files are data; a test may bring its own):
+// the prompt stays short, so the tiny model memorises the completion in seconds.
+const char* kTemplate =
+    "=== header ===\nTask {{task}} ({{backend}}):\n"
+    "=== exemplars_intro ===\n{{count}} earlier kernels\n"
+    "=== exemplar ===\n#{{index}} {{speedup}}x\n{{source}}\n"
+    "=== truncated ===\n(cut {{omitted_lines}})\n"
+    "=== contrastive_instruction ===\nBeat them: one ```{{lang}} {{marker}} block.\n"
+    "=== no_exemplar_instruction ===\nWrite one ```{{lang}} {{marker}} block.\n";
+
+// The --set list the tool gets and the test builds its options from: CPU, the short
+// template, greedy sampling, and a light evaluator (a loaded 2-core CI machine).
+std::vector<std::string> tool_sets(const std::string& tpl, std::size_t max_new) {
+  return {"run.backend=cpu",
+          "actors.prompt.template=" + tpl,
+          "actors.sampling.max_new_tokens=" + std::to_string(max_new),
+          "learner.temperature=0",
+          "evaluator.correctness_sets=2",
+          "evaluator.stress_sets=1",
+          "evaluator.warmup=1",
+          "evaluator.trials=3",
+          "evaluator.max_trials=3",
+          "evaluator.max_spread=100",
+          "evaluator.cpu_threads=2"};
+}
+
+std::vector<std::string> with_sets(std::vector<std::string> args, const std::vector<std::string>& sets) {
+  for (const auto& s : sets) args.insert(args.end(), {"--set", s});
+  return args;
+}
+
+}  // namespace
+
+TEST(OptimizeTest, OverfitExportedModelGivesVerifiedBestKernelAndReport) {
+  KF_NEED_TASKS();
+  const auto t_start = std::chrono::steady_clock::now();
+  test::TempDir tmp;
+  torch::manual_seed(0);
+  at::set_num_threads(2);
+  const std::string tpl = tmp.path + "/short.txt";
+  test::write_file(tpl, kTemplate);
+  const std::string kernel = test::read_text(test::source_dir() + "/tests/evaluator/kernels/cpu/good_relu.cpp");
+  ASSERT_FALSE(kernel.empty());
+  const std::string completion = "Plan: one pass.\n```cpp kernel\n" + kernel + "```\n";
+  const auto sets = tool_sets(tpl, completion.size() + 8);
+
+  // The prompt exactly as the tool builds it: same config, same library call.
+  auto pol = test::tiny_policy(0);
+  auto model = pol.model;
+  const auto o = actor_options(kf::Config::parse("", "optimize_test", sets), 0);
+  const auto task = test::relu_task();
+  const auto prompt = optimize_prompt(o, pol, *task, {});
+  ASSERT_NE(prompt.text.find("Write one ```cpp kernel block"), std::string::npos) << prompt.text;
+
+  // Overfit: teacher-forced argmax must reproduce every completion token with a margin
+  // (the tool decodes two rows from a loaded copy; a margin keeps greedy decoding exact).
+  std::vector<int64_t> seq(prompt.tokens.begin(), prompt.tokens.end());
+  for (unsigned char ch : completion) seq.push_back(ch);
+  seq.push_back(0);  // EOS
+  const auto ids = torch::tensor(seq).unsqueeze(0);
+  const int64_t P = static_cast<int64_t>(prompt.tokens.size()), T = static_cast<int64_t>(seq.size());
+  const auto target = ids.narrow(1, P, T - P);
+  model->train();
+  torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(3e-3));
+  int step = 0;
+  bool memorised = false;
+  for (; step < 2000; ++step) {
+    const auto logits = model->forward(ids).narrow(1, P - 1, T - P);
+    {
+      torch::NoGradGuard ng;
+      const auto top2 = logits.topk(2, -1);
+      const auto margin = std::get<0>(top2).select(-1, 0) - std::get<0>(top2).select(-1, 1);
+      memorised = std::get<1>(top2).select(-1, 0).eq(target).all().item<bool>() && margin.min().item<float>() > 1.0f;
+    }
+    if (memorised) break;
+    const auto loss = torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), target.reshape({-1}));
+    opt.zero_grad();
+    loss.backward();
+    opt.step();
+  }
+  model->eval();
+  ASSERT_TRUE(memorised) << "tiny model did not memorise the kernel in " << step << " steps";
+  std::cerr << "memorised after " << step << " Adam steps, "
+            << std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count() << " s\n";
+
+  // The HF folder tools/export writes for a byte-level model: config.json + model.safetensors
+  // (no tokenizer.json: the byte codec).
+  const std::string model_dir = tmp.path + "/model";
+  ::mkdir(model_dir.c_str(), 0755);
+  kf::policy::save_weights(model, model_dir);
+
+  const std::string out = tmp.path + "/out";
+  auto r = run_tool(with_sets({"--model", model_dir, "--task", "001_relu", "--tasks-dir", test::tasks_dir(), "-n", "2",
+                               "--out", out},
+                              sets),
+                    tmp.path);
+  std::cerr << r.out << "kf-optimize done at "
+            << std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count() << " s\n";
+  ASSERT_EQ(r.rc, 0) << r.out << r.err;
+  EXPECT_EQ(test::read_text(out + "/best.cpp"), kernel);
+  EXPECT_FALSE(test::exists(out + "/best.cu"));
+  const auto rep = nlohmann::json::parse(test::read_text(out + "/report.json"));
+  EXPECT_EQ(rep["task"], "001_relu");
+  EXPECT_EQ(rep["backend"], "cpu");
+  EXPECT_EQ(rep["verified_ok"], 2);
+  EXPECT_EQ(rep["best_file"], "best.cpp");
+  EXPECT_EQ(rep["prompt_tokens"], prompt.tokens.size());
+  EXPECT_EQ(test::read_text(out + "/prompt.txt"), prompt.text);
+  ASSERT_EQ(rep["candidates"].size(), 2u);
+  for (const auto& c : rep["candidates"]) {
+    EXPECT_EQ(c["verdict"], "ok") << c.dump();
+    EXPECT_TRUE(c["extracted"].get<bool>());
+    EXPECT_GT(c["speedup"].get<double>(), 0);
+    EXPECT_EQ(test::read_text(out + "/" + c["source_file"].get<std::string>()), kernel);
+    EXPECT_EQ(test::read_text(out + "/" + c["completion_file"].get<std::string>()), completion);
+  }
+  // The evaluator's full report for the first; the identical second one reuses it.
+  EXPECT_EQ(rep["candidates"][0]["result"]["verdict"], "ok");
+  EXPECT_EQ(rep["candidates"][1]["duplicate_of"], 0);
+  EXPECT_DOUBLE_EQ(rep["best_speedup"].get<double>(), rep["candidates"][0]["speedup"].get<double>());
+  EXPECT_NE(r.out.find("2 verified ok"), std::string::npos) << r.out;
+  EXPECT_NE(test::read_text(out + "/report.txt").find("verdict    ok"), std::string::npos);
+}
+
+// A KernelBench .py file is imported first (into <out>/task); an untrained model writes no
+// kernel, so no candidate verifies: exit 1, and the report is written all the same.
+TEST(OptimizeTest, PyTaskIsImportedAndNoVerifiedCandidateExitsOneWithReport) {
+  KF_NEED_TASKS();
+  test::TempDir tmp;
+  const std::string model_dir = tmp.path + "/model";
+  ::mkdir(model_dir.c_str(), 0755);
+  auto m = test::tiny_policy(2).model;
+  kf::policy::save_weights(m, model_dir);
+  const std::string out = tmp.path + "/out";
+  const auto r = run_tool({"--model", model_dir, "--task", test::source_dir() + "/tasks/suite/level1/001_relu.py",
+                           "--backend", "cpu", "-n", "3", "--temperature", "1", "--seed", "5", "--max-new-tokens", "48",
+                           "--out", out},
+                          tmp.path);
+  ASSERT_EQ(r.rc, 1) << r.out << r.err;
+  EXPECT_TRUE(test::exists(out + "/task/001_relu/task.json"));
+  EXPECT_FALSE(test::exists(out + "/best.cpp"));
+  EXPECT_NE(r.out.find("no candidate verified ok"), std::string::npos) << r.out;
+  const auto rep = nlohmann::json::parse(test::read_text(out + "/report.json"));
+  EXPECT_EQ(rep["task"], "001_relu");
+  EXPECT_EQ(rep["task_from"], out + "/task/001_relu");
+  EXPECT_EQ(rep["verified_ok"], 0);
+  EXPECT_TRUE(rep["best"].is_null());
+  EXPECT_EQ(rep["seed"], 5);
+  ASSERT_EQ(rep["candidates"].size(), 3u);
+  for (const auto& c : rep["candidates"]) {
+    EXPECT_EQ(c["verdict"], "compile_error");
+    EXPECT_FALSE(c["extracted"].get<bool>());
+    EXPECT_EQ(c["extraction_error"].get<std::string>().rfind("extract: ", 0), 0u) << c.dump();
+    EXPECT_EQ(c["reason"], c["extraction_error"]);
+    EXPECT_LE(c["completion_tokens"].get<int>(), 48);
+    EXPECT_TRUE(test::exists(out + "/" + c["completion_file"].get<std::string>()));
+  }
+  EXPECT_TRUE(test::exists(out + "/report.txt"));
+}
+
+TEST(OptimizeTest, MissingTaskExitsTwoNamingIt) {
+  KF_NEED_TASKS();
+  test::TempDir tmp;
+  auto r = run_tool({"--model", tmp.path, "--task", "no_such_task", "--tasks-dir", test::tasks_dir(), "--out",
+                     tmp.path + "/out"},
+                    tmp.path);
+  EXPECT_EQ(r.rc, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find("no task 'no_such_task' in " + test::tasks_dir()), std::string::npos) << r.err;
+  EXPECT_FALSE(test::exists(tmp.path + "/out/report.json"));
+
+  // A .py file that is not a KernelBench problem: the importer's reason, exit 2.
+  const std::string bad_py = tmp.path + "/broken_task.py";
+  test::write_file(bad_py, "import torch\nx = 1\n");
+  r = run_tool({"--model", tmp.path, "--task", bad_py, "--out", tmp.path + "/out-py"}, tmp.path);
+  EXPECT_EQ(r.rc, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find("importing " + bad_py + " failed"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("missing 'Model'"), std::string::npos) << r.err;
+}
+
+TEST(OptimizeTest, BadModelFolderExitsTwoNamingTheFile) {
+  KF_NEED_TASKS();
+  test::TempDir tmp;
+  const std::vector<std::string> base = {"--task", "001_relu", "--tasks-dir", test::tasks_dir(), "--out",
+                                         tmp.path + "/out"};
+  auto args = [&](const std::string& model) {
+    std::vector<std::string> a = {"--model", model};
+    a.insert(a.end(), base.begin(), base.end());
+    return a;
+  };
+  // No such folder.
+  auto r = run_tool(args(tmp.path + "/nowhere"), tmp.path);
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.err.find("model folder '" + tmp.path + "/nowhere' does not exist"), std::string::npos) << r.err;
+  // A folder without config.json.
+  const std::string empty = tmp.path + "/empty";
+  ::mkdir(empty.c_str(), 0755);
+  r = run_tool(args(empty), tmp.path);
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_NE(r.err.find(empty + "/config.json"), std::string::npos) << r.err;
+  // Truncated weights.
+  const std::string cut = tmp.path + "/cut";
+  ::mkdir(cut.c_str(), 0755);
+  auto m = test::tiny_policy(1).model;
+  kf::policy::save_weights(m, cut);
+  const std::string st = test::read_text(cut + "/model.safetensors");
+  ASSERT_GT(st.size(), 1000u);
+  test::write_file(cut + "/model.safetensors", st.substr(0, st.size() / 2));
+  r = run_tool(args(cut), tmp.path);
+  EXPECT_EQ(r.rc, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find(cut + "/model.safetensors"), std::string::npos) << r.err;
+  EXPECT_FALSE(test::exists(tmp.path + "/out/report.json"));
+}
+
+// --exemplars: a saved kernel database (as a run writes kernels/kernel_db.json) or a seed
+// folder; the task's kernels come back ascending and the prompt shows them.
+TEST(OptimizeTest, ExemplarsFromKernelDbFileRunFolderAndSeedFolder) {
+  KF_NEED_TASKS();
+  test::TempDir tmp;
+  const std::string name = "kfopt-test." + std::to_string(::getpid());
+  auto db = kf::replay::KernelDb::create(name, kf::replay::KernelDbConfig{});
+  kf::replay::ShmSegment::remove(name);
+  for (int i = 0; i < 6; ++i)
+    db.insert({"001_relu", 0.5 + i, i, "// relu kernel " + std::to_string(i) + "\n", 0});
+  db.insert({"002_other", 9.0, 1, "// other task\n", 0});
+  ::mkdir((tmp.path + "/run").c_str(), 0755);
+  ::mkdir((tmp.path + "/run/kernels").c_str(), 0755);
+  db.save(tmp.path + "/run/kernels/kernel_db.json");
+
+  for (const std::string& from : {tmp.path + "/run/kernels/kernel_db.json", tmp.path + "/run"}) {
+    const auto ex = load_exemplars(from, "001_relu", 3, 7);
+    ASSERT_EQ(ex.size(), 3u) << from;
+    for (std::size_t i = 1; i < ex.size(); ++i) EXPECT_LT(ex[i - 1].speedup, ex[i].speedup);
+    for (const auto& e : ex) EXPECT_EQ(e.source.rfind("// relu kernel ", 0), 0u);
+    EXPECT_TRUE(load_exemplars(from, "003_absent", 3, 7).empty());
+  }
+
+  const std::string seed = tmp.path + "/seed";
+  ::mkdir(seed.c_str(), 0755);
+  ::mkdir((seed + "/001_relu").c_str(), 0755);
+  test::write_file(seed + "/001_relu/a.cpp", "// seeded fast\n");
+  test::write_file(seed + "/001_relu/a.json", "{\"speedup\": 2.5}");
+  test::write_file(seed + "/001_relu/b.cpp", "// seeded slow\n");
+  auto ex = load_exemplars(seed, "001_relu", 4, 0);
+  ASSERT_EQ(ex.size(), 2u);
+  EXPECT_EQ(ex[0].source, "// seeded slow\n");  // speedup 1.0 without a .json
+  EXPECT_DOUBLE_EQ(ex[1].speedup, 2.5);
+
+  // The default (shipped) template shows them, slowest first.
+  ActorOptions o;
+  o.max_new_tokens = 256;
+  o.context_tokens = 1 << 15;  // the whole shipped prompt in bytes; the budget is not under test here
+  const auto prompt = optimize_prompt(o, test::tiny_policy(0), *test::relu_task(), ex);
+  ASSERT_EQ(prompt.shown.size(), 2u);
+  const auto slow = prompt.text.find("// seeded slow"), fast = prompt.text.find("// seeded fast");
+  ASSERT_NE(slow, std::string::npos);
+  ASSERT_NE(fast, std::string::npos);
+  EXPECT_LT(slow, fast);
+
+  // Bad input names the file.
+  test::write_file(tmp.path + "/bad.json", "{\"format\": \"nope\"}");
+  try {
+    load_exemplars(tmp.path + "/bad.json", "001_relu", 2, 0);
+    ADD_FAILURE() << "no error for a bad kernel database";
+  } catch (const kf::Error& e) {
+    EXPECT_NE(std::string(e.what()).find(tmp.path + "/bad.json"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(load_exemplars(tmp.path + "/nowhere", "001_relu", 2, 0), kf::Error);
+}
