@@ -1312,6 +1312,268 @@ def chk_bn():
 
 
 # --------------------------------------------------------------------------------------
+# Family: direct convolution (1-D as H = 1), grouped/depthwise, fused epilogue
+# --------------------------------------------------------------------------------------
+CONV_TASKS = {
+    "035_conv1d": dict(kh=1, kw=5, s=1, p=0, pw=2, epi="acc + c.b[co]", note="Conv1d k5 p2"),
+    "036_conv2d": dict(kh=3, kw=3, s=1, p=1, pw=1, epi="acc + c.b[co]", note="Conv2d 3x3 p1"),
+    "037_depthwise_conv2d": dict(kh=3, kw=3, s=1, p=1, pw=1, epi="acc + c.b[co]", note="depthwise Conv2d 3x3 p1"),
+    "102_conv_bn_relu": dict(kh=3, kw=3, s=1, p=1, pw=1, bn=True,
+                             epi="fmaxf((acc + c.b[co] - c.rm[co]) * (c.bw[co] / sqrtf(c.rv[co] + 1e-5f)) + c.bb[co], 0.f)",
+                             note="Conv2d 3x3 + BatchNorm (eval) + ReLU, fused epilogue"),
+    "109_conv_tanh_maxpool": dict(kh=3, kw=3, s=1, p=1, pw=1, epi="tanhf(acc + c.b[co])", post="maxpool2",
+                                  note="Conv2d 3x3 + tanh, then 2x2 max pool over the staged planes"),
+    "114_conv1d_relu_mean": dict(kh=1, kw=3, s=1, p=0, pw=1, epi="fmaxf(acc + c.b[co], 0.f)", post="mean",
+                                 note="Conv1d k3 p1 + ReLU, then the mean over the length"),
+}
+
+# Per-plane tail after a staged convolution (T = [N*CO, Ho*Wo] in scratch).
+CONV_POST_CPU = {
+    "mean": "double s = 0.0;\nfor (long i = 0; i < c.Ho * c.Wo; ++i) s += T[pl * c.Ho * c.Wo + i];\nyout[pl] = (float)(s / (double)(c.Ho * c.Wo));",
+    "maxpool2": "const long Hq = c.Ho / 2, Wq = c.Wo / 2;\nconst float* tp = T + pl * c.Ho * c.Wo;\n"
+                "for (long a = 0; a < Hq; ++a)\n  for (long q = 0; q < Wq; ++q)\n"
+                "    yout[(pl * Hq + a) * Wq + q] = fmaxf(fmaxf(tp[2 * a * c.Wo + 2 * q], tp[2 * a * c.Wo + 2 * q + 1]),\n"
+                "                                         fmaxf(tp[(2 * a + 1) * c.Wo + 2 * q], tp[(2 * a + 1) * c.Wo + 2 * q + 1]));",
+}
+CONV_POST_CUDA = {
+    "mean": "__global__ void k_post(const float* __restrict__ T, float* __restrict__ yout, long hw) {\n"
+            "  __shared__ double sh[32];\n  const long pl = blockIdx.x;\n  double s = 0.0;\n"
+            "  for (long i = threadIdx.x; i < hw; i += blockDim.x) s += T[pl * hw + i];\n"
+            "  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);\n"
+            "  if (threadIdx.x % 32 == 0) sh[threadIdx.x / 32] = s;\n  __syncthreads();\n"
+            "  if (threadIdx.x < 32) {\n    s = threadIdx.x < blockDim.x / 32 ? sh[threadIdx.x] : 0.0;\n"
+            "    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);\n"
+            "    if (threadIdx.x == 0) yout[pl] = (float)(s / (double)hw);\n  }\n}\n\n",
+    "maxpool2": "__global__ void k_post(const float* __restrict__ T, float* __restrict__ yout, long Ho, long Wo) {\n"
+                "  const long pl = blockIdx.x, Hq = Ho / 2, Wq = Wo / 2;\n  const float* tp = T + pl * Ho * Wo;\n"
+                "  for (long i = threadIdx.x; i < Hq * Wq; i += blockDim.x) {\n    const long a = i / Wq, q = i % Wq;\n"
+                "    yout[pl * Hq * Wq + i] = fmaxf(fmaxf(tp[2 * a * Wo + 2 * q], tp[2 * a * Wo + 2 * q + 1]),\n"
+                "                                   fmaxf(tp[(2 * a + 1) * Wo + 2 * q], tp[(2 * a + 1) * Wo + 2 * q + 1]));\n  }\n}\n\n",
+}
+
+
+def conv_common(t):
+    s = ("struct CP {\n  const float* x;\n  const float* w;\n  const float* b;\n  const float* bw;\n  const float* bb;\n  const float* rm;\n  const float* rv;\n"
+         "  float* y;\n  long N, CI, H, W, CO, Ho, Wo, CIG, COG;\n};\n\n")
+    s += f"#define KH {t['kh']}\n#define KW {t['kw']}\n#define SH {t['s']}\n#define PH {t['p']}\n#define PW {t['pw']}\n\n"
+    s += f"static KF_HD float epi(float acc, long co, const CP& c) {{\n  return {t['epi']};\n}}\n\n"
+    return s
+
+
+def conv_setup(t):
+    n_in = 7 if t.get("bn") else 3
+    s = (f"  if (n_in != {n_in} || n_out != 1) return 1;\n"
+         "  if (in[0].dtype != kf::KF_FLOAT32 || in[1].dtype != kf::KF_FLOAT32 || out[0].dtype != kf::KF_FLOAT32) return 1;\n"
+         "  CP c;\n  memset(&c, 0, sizeof(c));\n  const bool one_d = in[0].ndim == 3;\n"
+         "  if (!one_d && in[0].ndim != 4) return 1;\n"
+         "  c.x = static_cast<const float*>(in[0].data);\n  c.w = static_cast<const float*>(in[1].data);\n  c.b = static_cast<const float*>(in[2].data);\n"
+         "  c.y = static_cast<float*>(out[0].data);\n"
+         "  c.N = in[0].shape[0];\n  c.CI = in[0].shape[1];\n  c.H = one_d ? 1 : in[0].shape[2];\n  c.W = in[0].shape[in[0].ndim - 1];\n"
+         "  c.CO = in[1].shape[0];\n  c.Ho = (c.H + 2 * PH - KH) / SH + 1;\n  c.Wo = (c.W + 2 * PW - KW) / SH + 1;\n"
+         "  c.CIG = in[1].shape[1];\n  if (c.CIG <= 0 || c.CI % c.CIG) return 1;\n  c.COG = c.CO / (c.CI / c.CIG);\n"
+         "  if (c.N * c.CO * c.Ho * c.Wo == 0) return 0;\n")
+    if t.get("bn"):
+        s += ("  c.bw = static_cast<const float*>(in[3].data);\n  c.bb = static_cast<const float*>(in[4].data);\n"
+              "  c.rm = static_cast<const float*>(in[5].data);\n  c.rv = static_cast<const float*>(in[6].data);\n")
+    if t.get("post"):
+        s += ("  // stage the activated convolution in scratch, then the per-plane tail writes out[0]\n"
+              "  float* yout = c.y;\n"
+              "  float* T = static_cast<float*>(ctx->scratch_alloc(ctx, sizeof(float) * c.N * c.CO * c.Ho * c.Wo));\n"
+              "  if (!T) return 2;\n  c.y = T;\n")
+    else:
+        s += "  if (out[0].numel() != c.N * c.CO * c.Ho * c.Wo) return 1;\n"
+    return s
+
+
+CONV_POINT = ("  const long g = co / c.COG;\n  float acc = 0.f;\n"
+              "  for (long cig = 0; cig < c.CIG; ++cig) {\n    const long ci = g * c.CIG + cig;\n"
+              "    for (int kh = 0; kh < KH; ++kh) {\n      const long ih = oh * SH - PH + kh;\n      if (ih < 0 || ih >= c.H) continue;\n"
+              "      for (int kw = 0; kw < KW; ++kw) {\n        const long iw = ow * SH - PW + kw;\n        if (iw < 0 || iw >= c.W) continue;\n"
+              "        acc += WREAD * c.x[((n * c.CI + ci) * c.H + ih) * c.W + iw];\n      }\n    }\n  }\n")
+
+
+def gen_conv(task, t):
+    out = []
+    wglob = "c.w[((co * c.CIG + cig) * KH + kh) * KW + kw]"
+    cpu = [("naive", "One thread, seven nested loops per output with a bounds check on every tap, vectorisation off.",
+            "__attribute__((optimize(\"no-tree-vectorize\"))) static void run(const CP& c, int) {\n"
+            "  for (long n = 0; n < c.N; ++n)\n    for (long co = 0; co < c.CO; ++co)\n      for (long oh = 0; oh < c.Ho; ++oh)\n        for (long ow = 0; ow < c.Wo; ++ow) {\n"
+            + indent(CONV_POINT.replace("WREAD", wglob), 10) + "\n          c.y[((n * c.CO + co) * c.Ho + oh) * c.Wo + ow] = epi(acc, co, c);\n        }\n}\n\n"),
+           ("omp_planes", "Output planes (sample, channel) over cores; the same per-output gather with bounds checks on every tap.",
+            "static void run(const CP& c, int nt) {\n#pragma omp parallel for schedule(static) num_threads(nt)\n"
+            "  for (long pl = 0; pl < c.N * c.CO; ++pl) {\n    const long n = pl / c.CO, co = pl % c.CO;\n"
+            "    for (long oh = 0; oh < c.Ho; ++oh)\n      for (long ow = 0; ow < c.Wo; ++ow) {\n"
+            + indent(CONV_POINT.replace("WREAD", wglob), 8) + "\n        c.y[((n * c.CO + co) * c.Ho + oh) * c.Wo + ow] = epi(acc, co, c);\n      }\n  }\n}\n\n"),
+           ("omp_planes_rowaxpy", "Planes over cores; each (input channel, tap) adds weight x a shifted input row to the whole output row (unit stride, vectorised, bounds resolved once per row), then the epilogue.",
+            "static void run(const CP& c, int nt) {\n#pragma omp parallel for schedule(static) num_threads(nt)\n"
+            "  for (long pl = 0; pl < c.N * c.CO; ++pl) {\n    const long n = pl / c.CO, co = pl % c.CO, g = co / c.COG;\n"
+            "    float* yp = c.y + pl * c.Ho * c.Wo;\n"
+            "    for (long i = 0; i < c.Ho * c.Wo; ++i) yp[i] = 0.f;\n"
+            "    for (long cig = 0; cig < c.CIG; ++cig) {\n      const long ci = g * c.CIG + cig;\n"
+            "      const float* xp = c.x + (n * c.CI + ci) * c.H * c.W;\n"
+            "      for (int kh = 0; kh < KH; ++kh)\n        for (int kw = 0; kw < KW; ++kw) {\n"
+            "          const float wv = c.w[((co * c.CIG + cig) * KH + kh) * KW + kw];\n"
+            "          // output columns whose tap lands inside the row (stride 1)\n"
+            "          long o0 = PW - kw, o1 = c.W + PW - kw;\n          if (o0 < 0) o0 = 0;\n          if (o1 > c.Wo) o1 = c.Wo;\n"
+            "          for (long oh = 0; oh < c.Ho; ++oh) {\n            const long ih = oh - PH + kh;\n            if (ih < 0 || ih >= c.H) continue;\n"
+            "            const float* xr = xp + ih * c.W - PW + kw;\n            float* yr = yp + oh * c.Wo;\n"
+            "#pragma omp simd\n            for (long ow = o0; ow < o1; ++ow) yr[ow] += wv * xr[ow];\n          }\n        }\n    }\n"
+            "    for (long i = 0; i < c.Ho * c.Wo; ++i) yp[i] = epi(yp[i], co, c);\n  }\n}\n\n")]
+    for name, tech, body in cpu:
+        code = header(task, "cpu", "conv", name, tech) + conv_common(t) + body + SIG + conv_setup(t)
+        if name == "omp_planes_rowaxpy":
+            code += "  if (SH != 1) return 1;  // the row form assumes stride 1 (all tasks using it)\n"
+        code += "  run(c, ctx->num_threads);\n"
+        if t.get("post"):
+            par = "" if name == "naive" else "#pragma omp parallel for schedule(static) num_threads(ctx->num_threads)\n"
+            code += par + "  for (long pl = 0; pl < c.N * c.CO; ++pl) {\n" + indent(CONV_POST_CPU[t["post"]], 4) + "\n  }\n"
+        code += "  return 0;\n}\n"
+        out.append(("cpu", name, "conv", tech, code))
+    cu = [("flat_b256", "One thread per output from a flat index, every weight and input tap read from global memory with bounds checks.",
+           "__global__ void k_conv(CP c) {\n  const long i = (long)blockIdx.x * blockDim.x + threadIdx.x;\n"
+           "  if (i >= c.N * c.CO * c.Ho * c.Wo) return;\n"
+           "  const long ow = i % c.Wo, oh = (i / c.Wo) % c.Ho, co = (i / (c.Wo * c.Ho)) % c.CO, n = i / (c.Wo * c.Ho * c.CO);\n"
+           + CONV_POINT.replace("WREAD", wglob) + "  c.y[i] = epi(acc, co, c);\n}\n\n",
+           "  const long n = c.N * c.CO * c.Ho * c.Wo;\n  k_conv<<<(unsigned)((n + 255) / 256), 256, 0, st>>>(c);\n"),
+          ("smem_weights_b256", "Grid (pixel tiles, output channel, sample): the block stages its output channel's filter in shared memory once, then every tap's weight is a broadcast shared read.",
+           "__global__ void k_conv(CP c) {\n  extern __shared__ float wsh[];\n  const long co = blockIdx.y, n = blockIdx.z;\n"
+           "  for (long k = threadIdx.x; k < c.CIG * KH * KW; k += blockDim.x) wsh[k] = c.w[co * c.CIG * KH * KW + k];\n  __syncthreads();\n"
+           "  const long pix = (long)blockIdx.x * blockDim.x + threadIdx.x;\n  if (pix >= c.Ho * c.Wo) return;\n"
+           "  const long oh = pix / c.Wo, ow = pix % c.Wo;\n"
+           + CONV_POINT.replace("WREAD", "wsh[(cig * KH + kh) * KW + kw]") + "  c.y[((n * c.CO + co) * c.Ho) * c.Wo + pix] = epi(acc, co, c);\n}\n\n",
+           "  if (c.N > 65535 || c.CO > 65535) return 1;\n"
+           "  const size_t shm = sizeof(float) * c.CIG * KH * KW;\n  if (shm > 48 * 1024) return 1;\n"
+           "  k_conv<<<dim3((unsigned)((c.Ho * c.Wo + 255) / 256), (unsigned)c.CO, (unsigned)c.N), 256, shm, st>>>(c);\n"),
+          ("smem_weights_unrolled_b128", "As smem_weights with 128-thread blocks and the KH x KW window fully unrolled (compile-time filter size): fewer loop branches per tap, more blocks.",
+           "__global__ void k_conv(CP c) {\n  extern __shared__ float wsh[];\n  const long co = blockIdx.y, n = blockIdx.z;\n"
+           "  for (long k = threadIdx.x; k < c.CIG * KH * KW; k += blockDim.x) wsh[k] = c.w[co * c.CIG * KH * KW + k];\n  __syncthreads();\n"
+           "  const long pix = (long)blockIdx.x * blockDim.x + threadIdx.x;\n  if (pix >= c.Ho * c.Wo) return;\n"
+           "  const long oh = pix / c.Wo, ow = pix % c.Wo;\n"
+           + CONV_POINT.replace("WREAD", "wsh[(cig * KH + kh) * KW + kw]").replace("    for (int kh", "#pragma unroll\n    for (int kh").replace("      for (int kw", "#pragma unroll\n      for (int kw")
+           + "  c.y[((n * c.CO + co) * c.Ho) * c.Wo + pix] = epi(acc, co, c);\n}\n\n",
+           "  if (c.N > 65535 || c.CO > 65535) return 1;\n"
+           "  const size_t shm = sizeof(float) * c.CIG * KH * KW;\n  if (shm > 48 * 1024) return 1;\n"
+           "  k_conv<<<dim3((unsigned)((c.Ho * c.Wo + 127) / 128), (unsigned)c.CO, (unsigned)c.N), 128, shm, st>>>(c);\n")]
+    for name, tech, body, launch in cu:
+        code = header(task, "cuda", "conv", name, tech) + conv_common(t) + body
+        if t.get("post"):
+            code += CONV_POST_CUDA[t["post"]]
+        code += SIG + conv_setup(t)
+        code += "  cudaStream_t st = static_cast<cudaStream_t>(ctx->stream);\n" + launch
+        if t.get("post") == "mean":
+            code += "  k_post<<<(unsigned)(c.N * c.CO), 256, 0, st>>>(T, yout, c.Ho * c.Wo);\n"
+        elif t.get("post") == "maxpool2":
+            code += "  k_post<<<(unsigned)(c.N * c.CO), 256, 0, st>>>(T, yout, c.Ho, c.Wo);\n"
+        code += "  return cudaGetLastError() == cudaSuccess ? 0 : 1;\n}\n"
+        out.append(("cuda", name, "conv", tech, code))
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# Family: attention softmax(Q K^T / sqrt(D)) V over [B, H, S, D], optionally causal
+# --------------------------------------------------------------------------------------
+ATTN_TASKS = {
+    "046_sdpa": dict(causal=False, note="scaled dot-product attention"),
+    "047_causal_attention": dict(causal=True, note="causal attention (explicit mask in the task)"),
+}
+
+
+def attn_setup():
+    return ("  if (n_in != 3 || n_out != 1 || in[0].ndim != 4) return 1;\n"
+            "  for (int k = 0; k < 3; ++k) if (in[k].dtype != kf::KF_FLOAT32 || in[k].numel() != in[0].numel()) return 1;\n"
+            "  const float* q = static_cast<const float*>(in[0].data);\n  const float* kk = static_cast<const float*>(in[1].data);\n"
+            "  const float* v = static_cast<const float*>(in[2].data);\n  float* y = static_cast<float*>(out[0].data);\n"
+            "  const long BH = in[0].shape[0] * in[0].shape[1], S = in[0].shape[2], D = in[0].shape[3];\n"
+            "  if (D > 128 || BH * S == 0) return BH * S == 0 ? 0 : 1;\n  const float scale = 1.f / sqrtf((float)D);\n")
+
+
+def gen_attn(task, t):
+    out = []
+    jend = "i + 1" if t["causal"] else "S"
+    # CPU: score row buffer (plain) or online softmax (no buffer)
+    row_buf = ("  const float* qi = q + (bh * S + i) * D;\n  const float* kb = kk + bh * S * D;\n  const float* vb = v + bh * S * D;\n"
+               f"  const long jn = {jend};\n  float m = -INFINITY;\n"
+               "  for (long j = 0; j < jn; ++j) {\n    float d = 0.f;\n    for (long e = 0; e < D; ++e) d += qi[e] * kb[j * D + e];\n"
+               "    sc[j] = d * scale;\n    m = sc[j] > m ? sc[j] : m;\n  }\n"
+               "  float s = 0.f;\n  for (long j = 0; j < jn; ++j) { sc[j] = expf(sc[j] - m); s += sc[j]; }\n"
+               "  float* yi = y + (bh * S + i) * D;\n  for (long e = 0; e < D; ++e) yi[e] = 0.f;\n"
+               "  for (long j = 0; j < jn; ++j) {\n    const float p = sc[j] / s;\n    for (long e = 0; e < D; ++e) yi[e] += p * vb[j * D + e];\n  }\n")
+    online = ("  const float* qi = q + (bh * S + i) * D;\n  const float* kb = kk + bh * S * D;\n  const float* vb = v + bh * S * D;\n"
+              f"  const long jn = {jend};\n  float acc[128];\n  for (long e = 0; e < D; ++e) acc[e] = 0.f;\n  float m = -INFINITY, s = 0.f;\n"
+              "  for (long j = 0; j < jn; ++j) {\n    float d = 0.f;\n#pragma omp simd reduction(+ : d)\n"
+              "    for (long e = 0; e < D; ++e) d += qi[e] * kb[j * D + e];\n    d *= scale;\n"
+              "    if (d > m) {\n      const float c = expf(m - d);\n      s *= c;\n#pragma omp simd\n      for (long e = 0; e < D; ++e) acc[e] *= c;\n      m = d;\n    }\n"
+              "    const float p = expf(d - m);\n    s += p;\n#pragma omp simd\n    for (long e = 0; e < D; ++e) acc[e] += p * vb[j * D + e];\n  }\n"
+              "  float* yi = y + (bh * S + i) * D;\n  const float inv = 1.f / s;\n  for (long e = 0; e < D; ++e) yi[e] = acc[e] * inv;\n")
+    cpu = [("naive", "One thread, one query row at a time: all scores into a buffer, max, exponentials, then the weighted sum of V (three passes over the keys), vectorisation off.",
+            "__attribute__((optimize(\"no-tree-vectorize\"))) static void row(const float* q, const float* kk, const float* v, float* y, float* sc, long bh, long i, long S, long D, float scale) {\n"
+            + row_buf + "}\n\n", "naive"),
+           ("omp_rows", "Query rows over cores, each thread with its own score buffer from scratch; the same three passes over the keys.",
+            "static void row(const float* q, const float* kk, const float* v, float* y, float* sc, long bh, long i, long S, long D, float scale) {\n"
+            + row_buf + "}\n\n", "omp"),
+           ("omp_rows_online", "Query rows over cores with an online softmax: one pass over the keys, running max and sum, the output accumulator rescaled when the max grows (no score buffer), `omp simd` dot products.",
+            "static void row(const float* q, const float* kk, const float* v, float* y, float* sc, long bh, long i, long S, long D, float scale) {\n  (void)sc;\n"
+            + online + "}\n\n", "omp")]
+    for name, tech, body, kind in cpu:
+        code = header(task, "cpu", "attention", name, tech)
+        code = code.replace("#include <string.h>\n", "#include <string.h>\n#include <omp.h>\n")
+        code += body + SIG + attn_setup()
+        code += ("  const int nt = ctx->num_threads > 0 ? ctx->num_threads : 1;\n"
+                 "  float* buf = static_cast<float*>(ctx->scratch_alloc(ctx, sizeof(float) * S * nt));\n  if (!buf) return 2;\n")
+        if kind == "naive":
+            code += "  for (long r = 0; r < BH * S; ++r) row(q, kk, v, y, buf, r / S, r % S, S, D, scale);\n"
+        else:
+            code += ("#pragma omp parallel for schedule(dynamic, 16) num_threads(nt)\n"
+                     "  for (long r = 0; r < BH * S; ++r) row(q, kk, v, y, buf + (long)omp_get_thread_num() * S, r / S, r % S, S, D, scale);\n")
+        code += "  return 0;\n}\n"
+        out.append(("cpu", name, "attention", tech, code))
+    # CUDA
+    cu_thread = ("__global__ void k_attn(const float* __restrict__ q, const float* __restrict__ kk, const float* __restrict__ v, float* __restrict__ y, long BH, long S, long D, float scale) {\n"
+                 "  const long r = (long)blockIdx.x * blockDim.x + threadIdx.x;\n  if (r >= BH * S) return;\n  const long bh = r / S, i = r % S;\n"
+                 + online.replace("#pragma omp simd reduction(+ : d)\n", "").replace("#pragma omp simd\n", "") + "}\n\n")
+    cu_warp = ("__global__ void k_attn(const float* __restrict__ q, const float* __restrict__ kk, const float* __restrict__ v, float* __restrict__ y, long BH, long S, long D, float scale) {\n"
+               "  const long r = (long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;\n  const int lane = threadIdx.x % 32;\n"
+               "  if (r >= BH * S) return;\n  const long bh = r / S, i = r % S;\n  const int per = (int)(D / 32);  // D % 32 == 0, D <= 128\n"
+               "  const float* qi = q + (bh * S + i) * D;\n  const float* kb = kk + bh * S * D;\n  const float* vb = v + bh * S * D;\n"
+               "  float qv[4], acc[4] = {0.f, 0.f, 0.f, 0.f};\n  for (int u = 0; u < per; ++u) qv[u] = qi[lane + 32 * u];\n"
+               f"  const long jn = {jend};\n  float m = -INFINITY, s = 0.f;\n"
+               "  for (long j = 0; j < jn; ++j) {\n    float d = 0.f;\n    for (int u = 0; u < per; ++u) d += qv[u] * kb[j * D + lane + 32 * u];\n"
+               "    for (int o = 16; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);\n    d *= scale;\n"
+               "    const float mn = fmaxf(m, d), c = expf(m - mn), p = expf(d - mn);\n    s = s * c + p;\n"
+               "    for (int u = 0; u < per; ++u) acc[u] = acc[u] * c + p * vb[j * D + lane + 32 * u];\n    m = mn;\n  }\n"
+               "  float* yi = y + (bh * S + i) * D;\n  for (int u = 0; u < per; ++u) yi[lane + 32 * u] = acc[u] / s;\n}\n\n")
+    cu_tile = ("// Each thread owns one query row; the block's rows share 32-key tiles of K and V staged in shared memory.\n"
+               "__global__ void __launch_bounds__(64) k_attn(const float* __restrict__ q, const float* __restrict__ kk, const float* __restrict__ v, float* __restrict__ y, long BH, long S, long D, float scale) {\n"
+               "  __shared__ float ks[32][128];\n  __shared__ float vs[32][128];\n"
+               "  const long bh = blockIdx.y, i = (long)blockIdx.x * blockDim.x + threadIdx.x;\n"
+               "  const float* kb = kk + bh * S * D;\n  const float* vb = v + bh * S * D;\n"
+               "  float qv[128], acc[128];\n  for (long e = 0; e < D; ++e) { qv[e] = i < S ? q[(bh * S + i) * D + e] : 0.f; acc[e] = 0.f; }\n"
+               "  float m = -INFINITY, s = 0.f;\n"
+               + (f"  const long last = (long)blockIdx.x * blockDim.x + blockDim.x;  // causal: no row of this block needs keys beyond it\n  const long jmax = last < S ? last : S;\n" if t["causal"] else "  const long jmax = S;\n") +
+               "  for (long j0 = 0; j0 < jmax; j0 += 32) {\n"
+               "    for (long e = threadIdx.x; e < 32 * D; e += blockDim.x) {\n      const long jj = e / D, dd = e % D;\n"
+               "      ks[jj][dd] = j0 + jj < S ? kb[(j0 + jj) * D + dd] : 0.f;\n      vs[jj][dd] = j0 + jj < S ? vb[(j0 + jj) * D + dd] : 0.f;\n    }\n"
+               "    __syncthreads();\n"
+               f"    for (int jj = 0; jj < 32 && j0 + jj < S; ++jj) {{\n      const long j = j0 + jj;\n"
+               + ("      if (j > i) break;\n" if t["causal"] else "") +
+               "      float d = 0.f;\n      for (long e = 0; e < D; ++e) d += qv[e] * ks[jj][e];\n      d *= scale;\n"
+               "      const float mn = fmaxf(m, d), c = expf(m - mn), p = expf(d - mn);\n      s = s * c + p;\n"
+               "      for (long e = 0; e < D; ++e) acc[e] = acc[e] * c + p * vs[jj][e];\n      m = mn;\n    }\n    __syncthreads();\n  }\n"
+               "  if (i < S) {\n    float* yi = y + (bh * S + i) * D;\n    for (long e = 0; e < D; ++e) yi[e] = acc[e] / s;\n  }\n}\n\n")
+    cu = [("thread_per_row", "One thread per query row with an online softmax: K and V rows are read straight from global memory by every thread, with no reuse between the rows.",
+           cu_thread, "  k_attn<<<(unsigned)((BH * S + 127) / 128), 128, 0, st>>>(q, kk, v, y, BH, S, D, scale);\n"),
+          ("warp_per_row", "One warp per query row: lanes split the head dimension (coalesced K/V row reads), the dot product is reduced with shuffles, online softmax in registers.",
+           cu_warp, "  if (D % 32 != 0) return 1;\n  k_attn<<<(unsigned)((BH * S + 7) / 8), 256, 0, st>>>(q, kk, v, y, BH, S, D, scale);\n"),
+          ("smem_kv_tile32_b64", "64 query rows per block share 32-key tiles of K and V in shared memory (each global K/V element read once per block instead of once per row), online softmax per thread.",
+           cu_tile, "  if (BH > 65535) return 1;\n  k_attn<<<dim3((unsigned)((S + 63) / 64), (unsigned)BH), 64, 0, st>>>(q, kk, v, y, BH, S, D, scale);\n")]
+    for name, tech, body, launch in cu:
+        code = header(task, "cuda", "attention", name, tech) + body + SIG + attn_setup()
+        code += "  cudaStream_t st = static_cast<cudaStream_t>(ctx->stream);\n" + launch + "  return cudaGetLastError() == cudaSuccess ? 0 : 1;\n}\n"
+        out.append(("cuda", name, "attention", tech, code))
+    return out
+
+
+# --------------------------------------------------------------------------------------
 # Driver
 # --------------------------------------------------------------------------------------
 
@@ -1334,6 +1596,12 @@ def all_kernels():
             ks.append((task, backend, variant, family, tech, code))
     for task in sorted(CHAN_TASKS):
         for backend, variant, family, tech, code in gen_chan(task, CHAN_TASKS[task]):
+            ks.append((task, backend, variant, family, tech, code))
+    for task in sorted(CONV_TASKS):
+        for backend, variant, family, tech, code in gen_conv(task, CONV_TASKS[task]):
+            ks.append((task, backend, variant, family, tech, code))
+    for task in sorted(ATTN_TASKS):
+        for backend, variant, family, tech, code in gen_attn(task, ATTN_TASKS[task]):
             ks.append((task, backend, variant, family, tech, code))
     ks.sort(key=lambda k: (k[0], k[1], k[2]))
     return ks

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <algorithm>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -45,7 +46,7 @@ std::string tasks_dir() {
 json eval_kernel(const std::string& task, const std::string& file) {
   const std::string cmd = std::string(KF_EVAL_BIN) + " " + task + " " + corpus_dir() + "/" + file + " --json --tasks " +
                           tasks_dir() + " --cache " + kf::test::build_dir() + "/corpus-test-cache" +
-                          " --trials 5 --warmup 1 --correctness-sets 2 --max-spread 1000 --max-trials 5 2>&1";
+                          " --trials 3 --warmup 1 --correctness-sets 2 --max-spread 1000 --max-trials 3 2>/dev/null";
   std::string out;
   const int rc = run_cmd(cmd, &out);
   if (rc != 0 && rc != 1) throw std::runtime_error("kf-eval exit " + std::to_string(rc) + ": " + out);
@@ -74,21 +75,39 @@ TEST(CorpusTest, ManifestListsOnlyVerifiedCpuKernels) {
   EXPECT_GT(n, 0);
 }
 
-// One task per family: the one whose naive/fastest gap in verified_cpu.json is largest
-// (at least 3x, so that a loaded CI machine cannot flip the order); both variants must pass
-// tools/eval, and the naive one must take longer.
-TEST(CorpusTest, CpuSamplePassesEvalAndNaiveIsSlower) {
-  if (::access((tasks_dir() + "/001_relu/task.json").c_str(), R_OK) != 0)
-    GTEST_SKIP() << "no imported tasks in " << tasks_dir() << " (run tools/import-tasks)";
+TEST(CorpusTest, ManifestListsOnlyCompiledOrVerifiedCudaKernels) {
+  const json m = load_json(corpus_dir() + "/manifest.json");
+  const json v = load_json(corpus_dir() + "/verified_cuda.json");
+  ASSERT_TRUE(v.contains("header"));
+  int n = 0;
+  for (const auto& e : m) {
+    if (e.at("backend") != "cuda") continue;
+    const std::string f = e.at("file");
+    ASSERT_TRUE(v.contains(f)) << f << " is in the manifest but not in verified_cuda.json";
+    const std::string verdict = v[f].at("verdict");
+    EXPECT_TRUE(verdict == "ok" || verdict == "compiled, not run") << f << ": " << verdict;
+    ++n;
+  }
+  EXPECT_GT(n, 0);
+}
+
+namespace {
+struct Pick {
+  std::string family, task, naive, fast;
+  double gap = 0;
+};
+
+// Per family, the task whose recorded fastest/naive speedup ratio is largest.
+std::vector<Pick> cpu_picks() {
   const json m = load_json(corpus_dir() + "/manifest.json");
   const json v = load_json(corpus_dir() + "/verified_cpu.json");
-  struct Pick { std::string task, naive, fast; double gap = 0; };
   std::map<std::string, std::map<std::string, std::vector<json>>> by;  // family -> task -> entries
   for (const auto& e : m)
     if (e.at("backend") == "cpu") by[e.at("family")][e.at("task")].push_back(e);
   std::vector<Pick> picks;
   for (const auto& [family, tasks] : by) {
     Pick best;
+    best.family = family;
     for (const auto& [task, es] : tasks) {
       std::string naive, fast;
       double sn = 0, sf = 0;
@@ -99,11 +118,26 @@ TEST(CorpusTest, CpuSamplePassesEvalAndNaiveIsSlower) {
         if (e.at("variant") == "naive") naive = f, sn = s;
         else if (s > sf) fast = f, sf = s;
       }
-      if (!naive.empty() && !fast.empty() && sn > 0 && sf / sn > best.gap) best = {task, naive, fast, sf / sn};
+      if (!naive.empty() && !fast.empty() && sn > 0 && (best.task.empty() || sf / sn > best.gap))
+        best = {family, task, naive, fast, sf / sn};
     }
-    if (best.gap >= 3.0) picks.push_back(best);
+    if (!best.task.empty()) picks.push_back(best);
   }
+  std::sort(picks.begin(), picks.end(), [](const Pick& a, const Pick& b) { return a.gap > b.gap; });
+  return picks;
+}
+
+bool have_tasks() { return ::access((tasks_dir() + "/001_relu/task.json").c_str(), R_OK) == 0; }
+}  // namespace
+
+// The two families with the largest recorded naive/fastest gap (at least 3x, so a loaded
+// CI machine cannot flip the order): both kernels pass tools/eval, naive takes longer.
+TEST(CorpusTest, CpuNaiveIsSlowerThanFastest) {
+  if (!have_tasks()) GTEST_SKIP() << "no imported tasks in " << tasks_dir() << " (run tools/import-tasks)";
+  std::vector<Pick> picks = cpu_picks();
+  while (!picks.empty() && picks.back().gap < 3.0) picks.pop_back();
   ASSERT_FALSE(picks.empty()) << "verified_cpu.json shows no family with a 3x naive/fastest gap";
+  if (picks.size() > 2) picks.resize(2);
   for (const auto& p : picks) {
     SCOPED_TRACE(p.task + ": " + p.naive + " vs " + p.fast);
     const json rn = eval_kernel(p.task, p.naive), rf = eval_kernel(p.task, p.fast);
@@ -113,6 +147,17 @@ TEST(CorpusTest, CpuSamplePassesEvalAndNaiveIsSlower) {
       const double tn = rn["candidate"]["median_ms"], tf = rf["candidate"]["median_ms"];
       EXPECT_GT(tn, tf) << "naive " << tn << " ms, fastest " << tf << " ms (recorded gap " << p.gap << "x)";
     }
+  }
+}
+
+// Every other family: its fastest kernel of the picked task passes tools/eval.
+TEST(CorpusTest, CpuSampleOfEachFamilyPassesEval) {
+  if (!have_tasks()) GTEST_SKIP() << "no imported tasks in " << tasks_dir() << " (run tools/import-tasks)";
+  std::vector<Pick> picks = cpu_picks();
+  ASSERT_GE(picks.size(), 3u);
+  for (size_t i = 2; i < picks.size(); ++i) {
+    const json r = eval_kernel(picks[i].task, picks[i].fast);
+    EXPECT_EQ(r.at("verdict"), "ok") << picks[i].fast << ": " << r.dump();
   }
 }
 
