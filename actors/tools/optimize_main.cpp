@@ -225,6 +225,9 @@ int main(int argc, char** argv) {
   Prompt prompt;
   try {
     std::vector<ExemplarIn> ex;
+    if (!exemplars_path.empty() && (o.mode != PromptMode::contrastive || o.exemplars == 0))
+      kf::log_warn("kf-optimize: --exemplars ignored: actors.prompt.mode is ", prompt_mode_name(o.mode),
+                   " and actors.prompt.exemplars ", o.exemplars, " (contrastive with K > 0 shows them)");
     if (!exemplars_path.empty() && o.mode == PromptMode::contrastive && o.exemplars > 0)
       ex = load_exemplars(exemplars_path, task->name(), static_cast<std::size_t>(o.exemplars), o.seed);
     prompt = optimize_prompt(o, pol, *task, std::move(ex));
