@@ -1,0 +1,47 @@
+// Stage 2, self-supervised rounds (CUDA-L1): sample N completions per task with the
+// current policy (the actors' prompt with exemplars from the corpus and from kernels kept
+// so far, the actors' group sampler, the actors' extractor), verify each extracted
+// kernel with the real evaluator, keep the correct ones (deduplicated by source, against
+// the corpus too) as new SFT examples, retrain on corpus + kept examples, repeat R times.
+// Each round appends one JSON line to <out>/selfsup.jsonl and saves the policy to <out>.
+// Threading: one thread; the evaluator and the model are used from it only.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kf/evaluator/evaluator.h"
+#include "kf/policy/checkpoint.h"
+#include "kf/stages/corpus.h"
+#include "kf/stages/sft.h"
+#include "kf/stages/sft_data.h"
+
+namespace kf::stages {
+
+struct SelfsupOptions {
+  int64_t rounds = 1;
+  int64_t samples = 4;           // completions per task per round (one shared prefill)
+  std::string backend = "cpu";   // the evaluator backend kernels are written and verified for
+  int64_t max_tasks = 0;         // 0: every corpus task of the backend
+  double temperature = 0.8, top_p = 0.95;
+  int64_t max_new_tokens = 1024;
+  uint64_t seed = 0;
+  std::string out_dir;
+  SftDataOptions data;           // prompts (exemplars K, template, tasks dir, context)
+  SftOptions train;              // retraining after each round
+};
+
+struct RoundStats {
+  int64_t round = 0, tasks = 0, samples = 0, extracted = 0, compiled = 0, correct = 0, kept = 0;
+  double mean_speedup_correct = 0;
+  double sample_s = 0, eval_s = 0, train_s = 0, final_loss = 0;
+  std::string json() const;  // the selfsup.jsonl line (rates in percent of samples)
+};
+
+// Runs the rounds on `policy` (trained in place). `base` are the corpus SFT examples the
+// retraining always includes. Throws kf::Error for unusable options or installation
+// problems (the evaluator's); a task whose prompt does not fit is skipped with a warning.
+std::vector<RoundStats> run_selfsup(policy::Policy& policy, const Corpus& corpus, const std::vector<SftExample>& base,
+                                    evaluator::Evaluator& ev, const SelfsupOptions& opts);
+
+}  // namespace kf::stages

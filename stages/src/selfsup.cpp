@@ -1,0 +1,192 @@
+#include "kf/stages/selfsup.h"
+
+#include <chrono>
+#include <deque>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "kf/actors/extract.h"
+#include "kf/actors/group_sampler.h"
+#include "kf/common/error.h"
+#include "kf/common/log.h"
+#include "kf/tasks/task.h"
+
+namespace kf::stages {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double secs(Clock::time_point a) { return std::chrono::duration<double>(Clock::now() - a).count(); }
+
+uint64_t mix(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ULL;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+  return x ^ (x >> 31);
+}
+
+double pct(int64_t a, int64_t b) { return b ? 100.0 * double(a) / double(b) : 0.0; }
+
+}  // namespace
+
+std::string RoundStats::json() const {
+  nlohmann::json j = {{"round", round},
+                      {"tasks", tasks},
+                      {"samples", samples},
+                      {"extracted", extracted},
+                      {"compiled", compiled},
+                      {"correct", correct},
+                      {"extracted_pct", pct(extracted, samples)},
+                      {"compiled_pct", pct(compiled, samples)},
+                      {"correct_pct", pct(correct, samples)},
+                      {"mean_speedup_correct", mean_speedup_correct},
+                      {"kept_new", kept},
+                      {"sample_s", sample_s},
+                      {"eval_s", eval_s},
+                      {"train_s", train_s},
+                      {"final_loss", final_loss}};
+  return j.dump();
+}
+
+std::vector<RoundStats> run_selfsup(policy::Policy& pol, const Corpus& corpus, const std::vector<SftExample>& base,
+                                    evaluator::Evaluator& ev, const SelfsupOptions& o) {
+  if (!pol.tokenizer) throw Error("selfsup: the policy has no tokenizer.json");
+  if (o.rounds <= 0 || o.samples <= 0) throw Error("selfsup: --rounds and --samples must be positive");
+  if (pol.config.eos_token_ids.empty()) throw Error("selfsup: the policy's config.json has no eos_token_id");
+  const auto backend = tasks::parse_backend(o.backend);
+  const std::string lang = backend == tasks::Backend::CUDA ? "cuda" : "cpp";
+  const auto codec = actors::TextCodec::bpe(*pol.tokenizer);
+  const int32_t eos = static_cast<int32_t>(pol.config.eos_token_ids[0]);
+  const auto tpl = load_template(o.data);
+  const std::string abi = load_abi(o.data);
+  const int64_t context = o.data.context_tokens > 0 ? o.data.context_tokens : pol.config.max_position_embeddings;
+  if (context <= o.max_new_tokens)
+    throw Error("selfsup: context " + std::to_string(context) + " tokens must exceed --max-new-tokens " +
+                std::to_string(o.max_new_tokens));
+
+  struct TaskState {
+    std::shared_ptr<const tasks::Task> task;
+    actors::TaskInfo info;
+    std::vector<const CorpusKernel*> pool;  // measured ok kernels: the exemplars
+  };
+  std::deque<CorpusKernel> kept_kernels;  // stable addresses for the pools
+  std::vector<TaskState> states;
+  std::set<std::string> seen;  // sources already known (corpus and kept)
+  for (const auto& k : corpus.kernels) seen.insert(k.source);
+  for (const auto& name : corpus.tasks(o.backend)) {
+    if (o.max_tasks > 0 && static_cast<int64_t>(states.size()) >= o.max_tasks) break;
+    TaskState s;
+    try {
+      s.task = tasks::Task::load(o.data.tasks_dir + "/" + name);
+    } catch (const Error& e) {
+      log_warn("selfsup: task ", name, " cannot be loaded (", e.what(), "); skipped");
+      continue;
+    }
+    if (!s.task->has_backend(backend)) {
+      log_warn("selfsup: task ", name, " has no ", o.backend, " artifact; skipped");
+      continue;
+    }
+    s.info = actors::task_info(*s.task, backend);
+    for (const auto& k : corpus.kernels)
+      if (k.task == name && k.backend == o.backend && k.measured && k.verdict == "ok") s.pool.push_back(&k);
+    states.push_back(std::move(s));
+  }
+  if (states.empty()) throw Error("selfsup: no corpus task usable for backend " + o.backend + " in " + o.data.tasks_dir);
+
+  std::vector<SftExample> kept_examples;
+  std::vector<RoundStats> rounds;
+  std::ofstream jsonl(o.out_dir + "/selfsup.jsonl", std::ios::app);
+  if (!jsonl) throw Error("selfsup: cannot write " + o.out_dir + "/selfsup.jsonl");
+  for (int64_t r = 1; r <= o.rounds; ++r) {
+    RoundStats rs;
+    rs.round = r;
+    double speedup_sum = 0;
+    std::vector<SftExample> new_examples;
+    for (std::size_t ti = 0; ti < states.size(); ++ti) {
+      auto& st = states[ti];
+      const uint64_t seed = mix(o.seed ^ mix(uint64_t(r) * 1000003ULL + ti));
+      TaskPrompt tp;
+      try {
+        tp = task_prompt(tpl, abi, codec, st.info, st.pool, o.data.exemplars, seed,
+                         static_cast<std::size_t>(context - o.max_new_tokens), o.data);
+      } catch (const Error& e) {
+        log_warn("selfsup: round ", r, ": ", e.what(), "; task skipped this round");
+        continue;
+      }
+      ++rs.tasks;
+      policy::SamplingParams sp;
+      sp.temperature = o.temperature;
+      sp.top_p = o.top_p;
+      sp.max_new_tokens = o.max_new_tokens;
+      sp.eos_ids = pol.config.eos_token_ids;
+      sp.seed = seed;
+      const int64_t valid = std::min<int64_t>(pol.tokenizer->vocab_size(), pol.config.vocab_size);
+      auto t0 = Clock::now();
+      std::vector<policy::Completion> comps;
+      {
+        torch::NoGradGuard g;
+        comps = actors::sample_group(pol.model, tp.prompt.tokens, o.samples, sp, valid, true);
+      }
+      rs.sample_s += secs(t0);
+      t0 = Clock::now();
+      std::map<std::string, evaluator::Result> evaluated;  // identical samples are verified once
+      for (const auto& c : comps) {
+        ++rs.samples;
+        std::vector<int32_t> toks = c.tokens;
+        if (c.finish_reason == "eos" && !toks.empty()) toks.pop_back();
+        const std::string text = codec.decode(toks);
+        const auto ex = actors::extract_kernel(text);
+        if (!ex.ok) continue;
+        ++rs.extracted;
+        auto it = evaluated.find(ex.source);
+        const bool first = it == evaluated.end();
+        if (first) it = evaluated.emplace(ex.source, ev.evaluate(*st.task, backend, ex.source, seed)).first;
+        const auto& res = it->second;
+        if (res.verdict != evaluator::Verdict::CompileError) ++rs.compiled;
+        if (!res.ok()) continue;
+        ++rs.correct;
+        speedup_sum += res.speedup;
+        if (!first || seen.count(ex.source)) continue;
+        seen.insert(ex.source);
+        CorpusKernel k;
+        k.task = st.task->name();
+        k.backend = o.backend;
+        k.file = "selfsup/round-" + std::to_string(r) + "/" + k.task + "-" + std::to_string(rs.kept);
+        k.technique = "a kernel the policy wrote in self-supervised round " + std::to_string(r);
+        k.source = ex.source;
+        k.measured = true;
+        k.verdict = "ok";
+        k.speedup = res.speedup;
+        kept_kernels.push_back(k);
+        st.pool.push_back(&kept_kernels.back());
+        auto sft = make_example(tp.prompt, text, codec, eos);
+        sft.task = k.task;
+        sft.backend = k.backend;
+        sft.file = k.file;
+        if (static_cast<int64_t>(sft.ids.size()) <= context) new_examples.push_back(std::move(sft));
+        ++rs.kept;
+      }
+      rs.eval_s += secs(t0);
+      log_info("selfsup: round ", r, " task ", st.task->name(), ": ", comps.size(), " samples, ", rs.correct,
+               " correct so far this round");
+    }
+    rs.mean_speedup_correct = rs.correct ? speedup_sum / double(rs.correct) : 0.0;
+    kept_examples.insert(kept_examples.end(), new_examples.begin(), new_examples.end());
+    std::vector<SftExample> all = base;
+    all.insert(all.end(), kept_examples.begin(), kept_examples.end());
+    const auto t0 = Clock::now();
+    auto train = o.train;
+    train.seed = o.train.seed ^ mix(uint64_t(r));
+    const auto rep = train_sft(pol.model, all, train);
+    rs.train_s = secs(t0);
+    rs.final_loss = rep.final_loss;
+    save_hf_policy(pol, o.out_dir, o.max_new_tokens);
+    log_info("selfsup: ", rs.json());
+    jsonl << rs.json() << "\n" << std::flush;
+    rounds.push_back(rs);
+  }
+  return rounds;
+}
+
+}  // namespace kf::stages

@@ -1,0 +1,93 @@
+// kf-selfsup (tools/selfsup): stage 2. R rounds of: sample N completions per corpus task
+// with the current policy, verify them with the real evaluator, keep the correct ones,
+// retrain on corpus + kept. Writes the policy and <out>/selfsup.jsonl (one line a round).
+// Exit codes: 0 done, 1 error (logged with the reason), 2 bad arguments.
+#include <sys/stat.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+
+#include "kf/common/error.h"
+#include "kf/common/log.h"
+#include "kf/stages/selfsup.h"
+
+using namespace kf;
+using namespace kf::stages;
+
+int main(int argc, char** argv) {
+  CLI::App app{"KernelForge stage 2: sample, verify, keep correct kernels, retrain"};
+  std::string model_dir, corpus_dir, backends = "cpu,cuda";
+  SelfsupOptions o;
+  o.data.tasks_dir = "build/tasks";
+  o.data.context_tokens = 0;
+  int eval_trials = 5, threads = 2;
+  app.add_option("--model", model_dir, "HF policy folder to start from (tools/sft output)")->required();
+  app.add_option("--corpus", corpus_dir, "corpus folder")->required();
+  app.add_option("--out", o.out_dir, "output folder (policy, selfsup.jsonl)")->required();
+  app.add_option("--rounds", o.rounds, "rounds R");
+  app.add_option("--samples", o.samples, "completions per task per round N");
+  app.add_option("--backend", o.backend, "backend the kernels are written and verified for");
+  app.add_option("--tasks", o.data.tasks_dir, "imported tasks folder");
+  app.add_option("--max-tasks", o.max_tasks, "use only the first N corpus tasks (0: all)");
+  app.add_option("--max-new-tokens", o.max_new_tokens, "completion budget per sample");
+  app.add_option("--temperature", o.temperature, "sampling temperature");
+  app.add_option("--top-p", o.top_p, "nucleus sampling p");
+  app.add_option("--exemplars", o.data.exemplars, "K exemplars per prompt");
+  app.add_option("--seed", o.seed, "seed");
+  app.add_option("--steps", o.train.steps, "retraining steps per round");
+  app.add_option("--batch", o.train.batch, "sequences per retraining step");
+  app.add_option("--lr", o.train.lr, "retraining peak learning rate");
+  app.add_option("--train-backends", backends, "corpus backends whose SFT examples the retraining includes");
+  app.add_option("--eval-trials", eval_trials, "timed trials per verified kernel");
+  app.add_option("--threads", threads, "torch and evaluator CPU threads");
+  CLI11_PARSE(app, argc, argv);
+  o.train.lr = app.count("--lr") ? o.train.lr : 3e-4;
+  o.train.warmup_steps = std::min<int64_t>(10, o.train.steps / 5);
+  o.train.threads = threads;
+
+  ::mkdir(o.out_dir.c_str(), 0755);
+  log_init("selfsup", 0, o.out_dir + "/selfsup.log");
+  try {
+    at::set_num_threads(threads);
+    auto pol = policy::load_policy(model_dir, torch::kCPU, torch::kFloat32);
+    if (!pol.tokenizer) throw Error(model_dir + ": no tokenizer.json");
+    const auto corpus = load_corpus(corpus_dir);
+    o.data.context_tokens = pol.config.max_position_embeddings;
+    auto base_opt = o.data;
+    base_opt.backends.clear();
+    for (std::size_t p = 0; p <= backends.size();) {
+      const auto q = backends.find(',', p);
+      const auto b = backends.substr(p, q == std::string::npos ? std::string::npos : q - p);
+      if (!b.empty()) base_opt.backends.push_back(b);
+      if (q == std::string::npos) break;
+      p = q + 1;
+    }
+    const auto eos = static_cast<int32_t>(pol.config.eos_token_ids.at(0));
+    const auto base = build_sft_examples(corpus, actors::TextCodec::bpe(*pol.tokenizer), eos, base_opt);
+    log_info("selfsup: ", base.size(), " corpus SFT examples for retraining");
+
+    evaluator::EvalOptions eo;
+    eo.compile.cache_dir = o.out_dir + "/eval-cache";
+    eo.correctness_sets = 2;
+    eo.stress_sets = 2;
+    eo.warmup = 1;
+    eo.trials = eval_trials;
+    eo.max_trials = eval_trials;
+    eo.max_spread = 100;  // a shared 2-core machine: record the time, never give up on spread
+    eo.cpu_threads = threads;
+    evaluator::Evaluator ev(eo);
+    const auto rounds = run_selfsup(pol, corpus, base, ev, o);
+    std::printf("%6s %8s %10s %10s %10s %14s\n", "round", "samples", "extracted", "compiled", "correct",
+                "speedup(ok)");
+    for (const auto& r : rounds) {
+      auto pct = [&](int64_t x) { return r.samples ? 100.0 * double(x) / double(r.samples) : 0.0; };
+      std::printf("%6lld %8lld %9.1f%% %9.1f%% %9.1f%% %14.2f\n", (long long)r.round, (long long)r.samples,
+                  pct(r.extracted), pct(r.compiled), pct(r.correct), r.mean_speedup_correct);
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    log_error("selfsup: failed: ", e.what(), "; the rounds finished so far are in ", o.out_dir,
+              "/selfsup.jsonl (exit 1)");
+    return 1;
+  }
+}
