@@ -713,6 +713,11 @@ MM_TASKS = {
                                         rs=["float s;"], algos={"sumsq": [([("s", "double", "0.0")], "a.s += v * v;", "a.s += b.s;", "rs.s = a.s;")]},
                                         mode="scalar", rexpr="rs.s", scale="1.0 / ((double)p.rows * (double)p.cols)")),
     "115_logsumexp_of_matmul": dict(b="nn", a_in=0, b_in=1, epi="acc", note="logsumexp over rows of A B", post=ROW_TASKS["018_logsumexp"]),
+    "117_rmsnorm_linear": dict(b="nt", a_in=0, b_in=2, epi="acc", note="RMSNorm (scale, eps 1e-5) then x W^T: normalised rows staged in scratch",
+                               pre=dict(ins=[("x", "float")], params=[("w", "float")], load="const float v = p.x[base + {J}];", rs=["float r;"],
+                                        algos={"sumsq": [([("s", "double", "0.0")], "a.s += v * v;", "a.s += b.s;",
+                                                          "rs.r = 1.f / sqrtf(a.s / (float)p.cols + 1e-5f);")]},
+                                        mode="elem", oexpr="v * rs.r * p.w[{J}]", out_dtype="float")),
     "118_cross_entropy_of_linear": dict(b="nt", a_in=0, b_in=2, bias=3, epi="acc + m.bias[j]", target=1, target_dtype="int64_t",
                                         note="cross-entropy of x W^T + b", post=ROW_TASKS["042_cross_entropy"]),
 }
@@ -893,6 +898,13 @@ def post_setup(t):
     return s
 
 
+def pre_setup():
+    """Row op (RMSNorm) over input 0 into scratch; its output becomes the GEMM's A."""
+    return ("  P p;\n  memset(&p, 0, sizeof(p));\n  p.rows = m.M;\n  p.cols = m.K;\n"
+            "  p.x = static_cast<const float*>(in[0].data);\n  p.w = static_cast<const float*>(in[1].data);\n"
+            "  p.y = static_cast<float*>(ctx->scratch_alloc(ctx, sizeof(float) * m.M * m.K));\n  if (!p.y) return 2;\n")
+
+
 def gen_matmul(task, t):
     out = []
     sig = "extern \"C\" int kf_forward(kf::Context* ctx, const kf::Tensor* in, int n_in, kf::Tensor* out, int n_out) {\n"
@@ -914,6 +926,8 @@ def gen_matmul(task, t):
               (", B^T transposed once" if t["b"] == "nt" else "") + ("; 8-lane row op after it." if post else ".")),
 ]
     for name, kind, lanes, par, tech in cpu_v:
+        if t.get("pre"):
+            tech += " The RMSNorm runs first, rows into scratch" + (" with the same parallel scheme." if par else ", single-threaded.")
         code = header(task, "cpu", "matmul", name, tech)
         code += mm_struct() + mm_epi_fn(t, "cpu")
         if kind == "blocked":
@@ -927,12 +941,21 @@ def gen_matmul(task, t):
             code += row_parts(task, p2, algo, "cpu")
             attr = "" if par else "__attribute__((optimize(\"no-tree-vectorize\"))) "
             code += cpu_row_fn(p2, lanes, attr)
+        if t.get("pre"):
+            pre = t["pre"]
+            algo = list(pre["algos"])[0]
+            p2 = dict(pre, algos_sel=pre["algos"][algo])
+            code += row_parts(task, p2, algo, "cpu")
+            attr = "" if par else "__attribute__((optimize(\"no-tree-vectorize\"))) "
+            code += cpu_row_fn(p2, lanes, attr)
         code += sig + f"  if (n_in != {n_in} || n_out != 1 || out[0].dtype != kf::KF_FLOAT32) return 1;\n" + mm_setup(t)
         if post and not t.get("post_inplace"):
             code += "  m.C = static_cast<float*>(ctx->scratch_alloc(ctx, sizeof(float) * m.batch * m.M * m.N));\n  if (!m.C) return 2;\n"
         else:
             code += "  m.C = static_cast<float*>(out[0].data);\n"
         code += "  if (m.M == 0 || m.N == 0) return 0;\n"
+        if t.get("pre"):
+            code += pre_setup() + row_run_cpu(p2, par) + "  m.A = p.y;\n"
         code += "  mm(m, ctx);\n" if kind == "naive" else "  if (int rc = mm(m, ctx)) return rc;\n"
         if post:
             code += post_setup(dict(t, post=p2)) + row_run_cpu(p2, par)
@@ -947,6 +970,8 @@ def gen_matmul(task, t):
               ("regblock_64x64_4x4", "regblock", 16, "block", 256,
                "64x64 output tile per 256-thread block, 16-deep K slices in shared memory, each thread accumulates a 4x4 register tile: 8 FMAs per shared load instead of 1.")]
     for name, kind, tile, rkind, rbs, tech in cuda_v:
+        if t.get("pre"):
+            tech = tech + f" The RMSNorm runs first, {'one thread per row' if rkind == 'thread' else ('one warp per row' if rkind == 'warp' else 'one block per row')}, into scratch."
         if post:
             tech = tech + f" Then the row op, {'one thread per row' if rkind == 'thread' else ('one warp per row' if rkind == 'warp' else 'one block per row')}."
         code = header(task, "cuda", "matmul", name, tech)
@@ -957,12 +982,20 @@ def gen_matmul(task, t):
             algo = list(post["algos"])[0 if rkind == "thread" else -1]
             p2 = dict(post, algos_sel=post["algos"][algo])
             code += row_parts(task, p2, algo, "cuda") + cuda_row_kernel(p2, rkind, rbs)
+        if t.get("pre"):
+            pre = t["pre"]
+            algo = list(pre["algos"])[0]
+            p2 = dict(pre, algos_sel=pre["algos"][algo])
+            code += row_parts(task, p2, algo, "cuda") + cuda_row_kernel(p2, rkind, rbs)
         code += sig + f"  if (n_in != {n_in} || n_out != 1 || out[0].dtype != kf::KF_FLOAT32) return 1;\n" + mm_setup(t)
         if post and not t.get("post_inplace"):
             code += "  m.C = static_cast<float*>(ctx->scratch_alloc(ctx, sizeof(float) * m.batch * m.M * m.N));\n  if (!m.C) return 2;\n"
         else:
             code += "  m.C = static_cast<float*>(out[0].data);\n"
-        code += "  if (m.M == 0 || m.N == 0) return 0;\n  cudaStream_t st = static_cast<cudaStream_t>(ctx->stream);\n" + launch
+        code += "  if (m.M == 0 || m.N == 0) return 0;\n  cudaStream_t st = static_cast<cudaStream_t>(ctx->stream);\n"
+        if t.get("pre"):
+            code += pre_setup() + row_launch_cuda(p2, rkind, rbs) + "  m.A = p.y;\n"
+        code += launch
         if post:
             code += post_setup(dict(t, post=p2)) + row_launch_cuda(p2, rkind, rbs)
         code += "  return cudaGetLastError() == cudaSuccess ? 0 : 1;\n}\n"
@@ -1361,7 +1394,7 @@ def conv_common(t):
 
 
 def conv_setup(t):
-    n_in = 7 if t.get("bn") else 3
+    n_in = 8 if t.get("bn") else 3  # BN: weight, bias, running_mean, running_var, num_batches_tracked
     s = (f"  if (n_in != {n_in} || n_out != 1) return 1;\n"
          "  if (in[0].dtype != kf::KF_FLOAT32 || in[1].dtype != kf::KF_FLOAT32 || out[0].dtype != kf::KF_FLOAT32) return 1;\n"
          "  CP c;\n  memset(&c, 0, sizeof(c));\n  const bool one_d = in[0].ndim == 3;\n"

@@ -94,10 +94,15 @@ TEST(CorpusTest, ManifestListsOnlyCompiledOrVerifiedCudaKernels) {
 namespace {
 struct Pick {
   std::string family, task, naive, fast;
-  double gap = 0;
+  double gap = 0;         // fastest / naive recorded speedup of this task
+  double naive_speedup = 0;
+  double family_gap = 0;  // median gap over the family's tasks
 };
 
-// Per family, the task whose recorded fastest/naive speedup ratio is largest.
+// Per family, from verified_cpu.json: the median fastest/naive gap over its tasks, and the
+// task (gap >= 3x) whose naive kernel is recorded slowest relative to the reference, i.e.
+// where naive is structurally slow (a single thread on compute-bound work) rather than
+// slow by timing noise on a loaded machine.
 std::vector<Pick> cpu_picks() {
   const json m = load_json(corpus_dir() + "/manifest.json");
   const json v = load_json(corpus_dir() + "/verified_cpu.json");
@@ -108,6 +113,8 @@ std::vector<Pick> cpu_picks() {
   for (const auto& [family, tasks] : by) {
     Pick best;
     best.family = family;
+    std::vector<double> gaps;
+    std::string any_fast, any_task;
     for (const auto& [task, es] : tasks) {
       std::string naive, fast;
       double sn = 0, sf = 0;
@@ -118,24 +125,30 @@ std::vector<Pick> cpu_picks() {
         if (e.at("variant") == "naive") naive = f, sn = s;
         else if (s > sf) fast = f, sf = s;
       }
-      if (!naive.empty() && !fast.empty() && sn > 0 && (best.task.empty() || sf / sn > best.gap))
-        best = {family, task, naive, fast, sf / sn};
+      if (any_fast.empty() && !fast.empty()) any_fast = fast, any_task = task;
+      if (naive.empty() || fast.empty() || sn <= 0) continue;
+      gaps.push_back(sf / sn);
+      if (sf / sn >= 3.0 && (best.task.empty() || sn < best.naive_speedup)) best = {family, task, naive, fast, sf / sn, sn, 0};
     }
+    if (best.task.empty()) best = {family, any_task, "", any_fast, 0, 0, 0};
+    std::sort(gaps.begin(), gaps.end());
+    best.family_gap = gaps.empty() ? 0 : gaps[gaps.size() / 2];
     if (!best.task.empty()) picks.push_back(best);
   }
-  std::sort(picks.begin(), picks.end(), [](const Pick& a, const Pick& b) { return a.gap > b.gap; });
+  std::sort(picks.begin(), picks.end(), [](const Pick& a, const Pick& b) { return a.family_gap > b.family_gap; });
   return picks;
 }
 
 bool have_tasks() { return ::access((tasks_dir() + "/001_relu/task.json").c_str(), R_OK) == 0; }
 }  // namespace
 
-// The two families with the largest recorded naive/fastest gap (at least 3x, so a loaded
-// CI machine cannot flip the order): both kernels pass tools/eval, naive takes longer.
+// The two families with the largest median naive/fastest gap (at least 3x, so a loaded CI
+// machine cannot flip the order), one task each: both kernels pass tools/eval, naive takes longer.
 TEST(CorpusTest, CpuNaiveIsSlowerThanFastest) {
   if (!have_tasks()) GTEST_SKIP() << "no imported tasks in " << tasks_dir() << " (run tools/import-tasks)";
   std::vector<Pick> picks = cpu_picks();
-  while (!picks.empty() && picks.back().gap < 3.0) picks.pop_back();
+  picks.erase(std::remove_if(picks.begin(), picks.end(), [](const Pick& p) { return p.family_gap < 3.0 || p.naive.empty(); }),
+              picks.end());
   ASSERT_FALSE(picks.empty()) << "verified_cpu.json shows no family with a 3x naive/fastest gap";
   if (picks.size() > 2) picks.resize(2);
   for (const auto& p : picks) {
@@ -155,15 +168,19 @@ TEST(CorpusTest, CpuSampleOfEachFamilyPassesEval) {
   if (!have_tasks()) GTEST_SKIP() << "no imported tasks in " << tasks_dir() << " (run tools/import-tasks)";
   std::vector<Pick> picks = cpu_picks();
   ASSERT_GE(picks.size(), 3u);
-  for (size_t i = 2; i < picks.size(); ++i) {
+  // the two families the timing test covers are skipped here
+  size_t timed = 0;
+  for (const auto& p : picks)
+    if (p.family_gap >= 3.0 && !p.naive.empty() && timed < 2) ++timed;
+  for (size_t i = timed; i < picks.size(); ++i) {
     const json r = eval_kernel(picks[i].task, picks[i].fast);
     EXPECT_EQ(r.at("verdict"), "ok") << picks[i].fast << ": " << r.dump();
   }
 }
 
-// One task per family (the first by name), every CUDA variant of it, compiled with the
-// evaluator's own CompileService and its default nvcc flags (-arch=sm_90). Compiling all
-// CUDA kernels takes minutes on 2 cores; corpus/verify.py --backend cuda --compile-only does that.
+// One CUDA kernel per family (the first file by name), compiled with the evaluator's own
+// CompileService and its default nvcc flags (-arch=sm_90). All of them take many minutes on
+// 2 cores; corpus/verify.py --backend cuda --compile-only does that (verified_cuda.json).
 TEST(CorpusTest, CudaSampleCompiles) {
   kf::evaluator::CompileOptions o;
   if (::access(o.nvcc.c_str(), X_OK) != 0) GTEST_SKIP() << "no nvcc at " << o.nvcc;
@@ -172,17 +189,16 @@ TEST(CorpusTest, CudaSampleCompiles) {
   o.jobs = 2;
   kf::evaluator::CompileService cs(o);
   const json m = load_json(corpus_dir() + "/manifest.json");
-  std::map<std::string, std::string> first_task;  // family -> task
+  std::map<std::string, std::string> first;  // family -> file
   for (const auto& e : m)
     if (e.at("backend") == "cuda") {
-      auto& t = first_task[e.at("family")];
-      if (t.empty() || e.at("task").get<std::string>() < t) t = e.at("task");
+      auto& f = first[e.at("family")];
+      if (f.empty() || e.at("file").get<std::string>() < f) f = e.at("file");
     }
   std::vector<std::string> files, sources;
-  for (const auto& e : m) {
-    if (e.at("backend") != "cuda" || first_task[e.at("family")] != e.at("task")) continue;
-    files.push_back(e.at("file"));
-    sources.push_back(kf::test::read_file(corpus_dir() + "/" + files.back()));
+  for (const auto& [family, f] : first) {
+    files.push_back(f);
+    sources.push_back(kf::test::read_file(corpus_dir() + "/" + f));
   }
   ASSERT_FALSE(files.empty());
   const auto rs = cs.compile_all(sources, kf::KF_BACKEND_CUDA);

@@ -60,7 +60,7 @@ static void run(const CP& c, int nt) {
 }
 
 extern "C" int kf_forward(kf::Context* ctx, const kf::Tensor* in, int n_in, kf::Tensor* out, int n_out) {
-  if (n_in != 7 || n_out != 1) return 1;
+  if (n_in != 8 || n_out != 1) return 1;
   if (in[0].dtype != kf::KF_FLOAT32 || in[1].dtype != kf::KF_FLOAT32 || out[0].dtype != kf::KF_FLOAT32) return 1;
   CP c;
   memset(&c, 0, sizeof(c));
