@@ -9,8 +9,9 @@ tools/eval and writes corpus/verified_<backend>.json:
   {"header": {...how and where it was measured...},
    "<file relative to corpus/>": {"verdict": ..., "speedup": ..., "reason": ...}, ...}
 
-and prints a table. Exit 1 if any kernel is not ok. Entries of the same backend already
-in the file for tasks not re-run are kept (so a run over some tasks updates the file).
+and prints a table. Exit 1 if any kernel is not ok. Entries already in the file for
+kernels still in the manifest are kept, and the file is rewritten after every result, so a
+run over some tasks updates the file and an interrupted run loses nothing.
 
 --compile-only (for CUDA on a machine without a GPU): compiles each kernel with nvcc and
 the CompileService's CUDA flags (evaluator/include/kf/evaluator/compile.h), recording
@@ -122,8 +123,8 @@ def main():
     out_path = a.out or os.path.join(HERE, f"verified_{a.backend}.json")
     eval_args = [] if a.full else QUICK_EVAL
 
-    # Earlier entries of other tasks are kept (only those still in the manifest); the file
-    # is rewritten after every result, so an interrupted run keeps what it measured.
+    # Earlier entries are kept (only those still in the manifest); the file is rewritten
+    # after every result, so an interrupted run keeps what it measured.
     old = {}
     if os.path.isfile(out_path):
         try:
@@ -131,8 +132,8 @@ def main():
         except (json.JSONDecodeError, OSError) as err:
             print(f"verify.py: {out_path} unreadable ({err}); rewriting it", file=sys.stderr)
     valid = {e["file"] for e in manifest if e["backend"] == a.backend}
-    rerun = {e["file"] for e in entries}
-    kept = {k: v for k, v in old.items() if k != "header" and k in valid and k not in rerun}
+    # A kernel being re-run keeps its old entry until its new result arrives.
+    kept = {k: v for k, v in old.items() if k != "header" and k in valid}
     header = old.get("header", {}) if isinstance(old.get("header"), dict) else {}
     header.update({
         "backend": a.backend,
