@@ -1,5 +1,6 @@
 #include "kf/common/log.h"
 
+#include <atomic>
 #include <unistd.h>
 
 #include <chrono>
@@ -71,6 +72,11 @@ std::string log_prefix_role() {
   return s.role + ":" + std::to_string(s.id);
 }
 
+namespace {
+std::atomic<uint64_t> g_lines{0};
+}
+uint64_t log_line_count() { return g_lines.load(); }
+
 void log_line(LogLevel level, const std::string& message) {
   LogState& s = state();
   if (static_cast<int>(level) < static_cast<int>(s.level)) return;
@@ -78,6 +84,7 @@ void log_line(LogLevel level, const std::string& message) {
   std::string line = utc_now() + " " + level_letter(level) + " [" + s.role + ":" + std::to_string(s.id) +
                      " pid=" + std::to_string(::getpid()) + "] " + message + "\n";
   std::fputs(line.c_str(), stderr);
+  g_lines.fetch_add(1);
   if (s.file) {
     std::fputs(line.c_str(), s.file);
     std::fflush(s.file);

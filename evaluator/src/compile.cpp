@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <tbb/global_control.h>
 #include <tbb/task_arena.h>
 #include <tbb/task_group.h>
 
@@ -98,15 +99,22 @@ std::string check_source_policy(const std::string& source) {
   return "";
 }
 
+static int compile_jobs(int jobs) { return std::max(1, jobs > 0 ? jobs : int(std::thread::hardware_concurrency())); }
+
 struct CompileService::Impl {
   CompileOptions o;
+  // Callers wait on futures outside the arena, so every compile needs a worker thread. TBB
+  // caps workers at (cores in the affinity mask - 1): zero for a process pinned to one
+  // core (the launcher pins CPU evaluators), which would leave compiles queued forever.
+  tbb::global_control workers{tbb::global_control::max_allowed_parallelism,
+                              static_cast<std::size_t>(compile_jobs(o.jobs)) + 1};
   tbb::task_arena arena;
   tbb::task_group group;
   std::mutex mu;
   std::map<std::string, std::shared_future<CompileResult>> inflight;
   std::map<int, std::string> identity;
 
-  explicit Impl(CompileOptions opts) : o(std::move(opts)), arena(o.jobs > 0 ? o.jobs : int(std::thread::hardware_concurrency())) {
+  explicit Impl(CompileOptions opts) : o(std::move(opts)), arena(compile_jobs(o.jobs), /*reserved_for_masters=*/0) {
     if (o.cache_dir.empty()) {
       const char* e = std::getenv("KF_EVAL_CACHE");
       o.cache_dir = e && *e ? e : "/tmp/kf-eval-cache-" + std::to_string(getuid());

@@ -66,6 +66,24 @@ torch::Tensor from_hex(const std::string& s) {
 
 }  // namespace
 
+std::vector<std::pair<std::string, double>> step_scalars(const StepStats& st) {
+  return {{"loss", st.loss},
+          {"grpo_loss", st.grpo_loss},
+          {"pairwise_loss", st.pairwise_loss},
+          {"kl", st.kl},
+          {"clip_fraction", st.clip_fraction},
+          {"mean_ratio", st.mean_ratio},
+          {"grad_norm", st.grad_norm},
+          {"lr", st.lr},
+          {"sequences", double(st.sequences)},
+          {"tokens", double(st.tokens)},
+          {"pairs", double(st.pairs)},
+          {"micro_batches", double(st.micro_batches)},
+          {"publish_stall_ms", st.publish_stall_ms},
+          {"checkpoint_seconds", st.checkpoint_seconds},
+          {"buckets_in_backward", double(st.buckets_in_backward)}};
+}
+
 policy::ModelConfig model_shape(const std::string& name) { return policy::named_model_shape(name); }
 
 struct Learner::Impl {
@@ -351,7 +369,7 @@ std::string Learner::checkpoint() {
   return path;
 }
 
-std::optional<int64_t> Learner::resume() {
+std::optional<int64_t> Learner::resume(bool restore_shm) {
   auto& comm = *deps_.comm;
   if (deps_.checkpoint_dir.empty()) throw Error("learner: resume() without a checkpoint_dir");
   auto pick = torch::full({1}, -1.0, torch::TensorOptions().dtype(torch::kFloat64).device(deps_.device));
@@ -365,7 +383,7 @@ std::optional<int64_t> Learner::resume() {
       log_warn("learner rank 0: no valid checkpoint in ", deps_.checkpoint_dir, "; starting from step 0");
     return std::nullopt;
   }
-  load_checkpoint(deps_.checkpoint_dir + "/" + checkpoint_name(step));
+  load_checkpoint(deps_.checkpoint_dir + "/" + checkpoint_name(step), restore_shm);
   return step;
 }
 

@@ -45,7 +45,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> sets;
   int rank = 0;
   int64_t steps = -1;
-  bool synthetic = false, resume = false, print_steps = false, final_ckpt = false;
+  bool synthetic = false, resume = false, keep_shm = false, print_steps = false, final_ckpt = false;
   app.add_option("CONFIG", config_file, "run config (YAML)")->required();
   app.add_option("--set", sets, "override key=value");
   app.add_option("--run", run, "run name whose shared memory to attach (kf.<run>.*)");
@@ -58,6 +58,8 @@ int main(int argc, char** argv) {
   app.add_option("--dump-weights", dump, "rank 0 writes the final weights here (safetensors)");
   app.add_flag("--synthetic", synthetic, "train on the synthetic group stream");
   app.add_flag("--resume", resume, "continue from the newest valid checkpoint");
+  app.add_flag("--keep-shm", keep_shm,
+               "with --resume: leave the run's replay and kernel DB as they are (a restarted rank of a live run)");
   app.add_flag("--print-steps", print_steps, "print one STEP json line per step");
   app.add_flag("--final-checkpoint", final_ckpt, "checkpoint when the loop ends");
   try {
@@ -126,7 +128,7 @@ int main(int argc, char** argv) {
     deps.checkpoint_dir = run_dir + "/checkpoints";
     deps.device = dev;
     kf::learner::Learner learner(lc, deps);
-    if (resume) learner.resume();
+    if (resume) learner.resume(/*restore_shm=*/!keep_shm);
     if (shm) learner.publish_snapshot();
     int slot = shm ? shm->control().register_process("learner", rank) : -1;
     // Metrics: rank 0 only (every rank sees the same all-reduced step stats).
@@ -170,15 +172,7 @@ int main(int argc, char** argv) {
                                                            {"seconds", st.seconds},
                                                            {"empty_steps", double(empty_steps)}};
           if (st.updated) {
-            // Loss terms and optimizer figures exist only for a step that trained.
-            const std::vector<std::pair<std::string, double>> trained = {
-                {"loss", st.loss}, {"grpo_loss", st.grpo_loss}, {"pairwise_loss", st.pairwise_loss},
-                {"kl", st.kl}, {"clip_fraction", st.clip_fraction}, {"mean_ratio", st.mean_ratio},
-                {"grad_norm", st.grad_norm}, {"lr", st.lr}, {"sequences", double(st.sequences)},
-                {"tokens", double(st.tokens)}, {"pairs", double(st.pairs)},
-                {"micro_batches", double(st.micro_batches)}, {"publish_stall_ms", st.publish_stall_ms},
-                {"checkpoint_seconds", st.checkpoint_seconds},
-                {"buckets_in_backward", double(st.buckets_in_backward)}};
+            const auto trained = kf::learner::step_scalars(st);
             m.insert(m.end(), trained.begin(), trained.end());
           }
           try {

@@ -109,34 +109,10 @@ TEST(OptimizeTest, OverfitExportedModelGivesVerifiedBestKernelAndReport) {
   const auto prompt = optimize_prompt(o, pol, *task, {});
   ASSERT_NE(prompt.text.find("Write one ```cpp kernel block"), std::string::npos) << prompt.text;
 
-  // Overfit: teacher-forced argmax must reproduce every completion token with a margin
-  // (the tool decodes two rows from a loaded copy; a margin keeps greedy decoding exact).
-  std::vector<int64_t> seq(prompt.tokens.begin(), prompt.tokens.end());
-  for (unsigned char ch : completion) seq.push_back(ch);
-  seq.push_back(0);  // EOS
-  const auto ids = torch::tensor(seq).unsqueeze(0);
-  const int64_t P = static_cast<int64_t>(prompt.tokens.size()), T = static_cast<int64_t>(seq.size());
-  const auto target = ids.narrow(1, P, T - P);
-  model->train();
-  torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(3e-3));
-  int step = 0;
-  bool memorised = false;
-  for (; step < 2000; ++step) {
-    const auto logits = model->forward(ids).narrow(1, P - 1, T - P);
-    {
-      torch::NoGradGuard ng;
-      const auto top2 = logits.topk(2, -1);
-      const auto margin = std::get<0>(top2).select(-1, 0) - std::get<0>(top2).select(-1, 1);
-      memorised = std::get<1>(top2).select(-1, 0).eq(target).all().item<bool>() && margin.min().item<float>() > 1.0f;
-    }
-    if (memorised) break;
-    const auto loss = torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), target.reshape({-1}));
-    opt.zero_grad();
-    loss.backward();
-    opt.step();
-  }
-  model->eval();
-  ASSERT_TRUE(memorised) << "tiny model did not memorise the kernel in " << step << " steps";
+  // Overfit with a margin: the tool decodes two rows from a loaded copy; a margin keeps
+  // greedy decoding exact.
+  const int step = test::memorise(model, prompt.tokens, completion, 1.0f);
+  ASSERT_GE(step, 0) << "tiny model did not memorise the kernel";
   std::cerr << "memorised after " << step << " Adam steps, "
             << std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count() << " s\n";
 

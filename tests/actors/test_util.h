@@ -57,6 +57,40 @@ inline ActorPolicy tiny_policy(uint64_t seed, int64_t hidden = 64) {
   return make_actor_policy(m, nullptr);
 }
 
+// Trains `model` (Adam, lr 3e-3) until teacher-forced argmax reproduces the bytes of
+// `completion` then EOS (id 0) after `prompt`, with every top-1 logit ahead of the
+// runner-up by more than `margin` (sampling then stays on the memorised text).
+// Returns the Adam steps taken, or -1 if `max_steps` were not enough.
+inline int memorise(policy::CausalLM model, const std::vector<int32_t>& prompt, const std::string& completion,
+                    float margin, int max_steps = 2000) {
+  std::vector<int64_t> seq(prompt.begin(), prompt.end());
+  for (unsigned char ch : completion) seq.push_back(ch);
+  seq.push_back(0);
+  const auto ids = torch::tensor(seq).unsqueeze(0);
+  const int64_t P = static_cast<int64_t>(prompt.size()), T = static_cast<int64_t>(seq.size());
+  const auto target = ids.narrow(1, P, T - P);
+  model->train();
+  torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(3e-3));
+  for (int step = 0; step < max_steps; ++step) {
+    const auto logits = model->forward(ids).narrow(1, P - 1, T - P);
+    {
+      torch::NoGradGuard ng;
+      const auto top2 = logits.topk(2, -1);
+      const auto gap = std::get<0>(top2).select(-1, 0) - std::get<0>(top2).select(-1, 1);
+      if (std::get<1>(top2).select(-1, 0).eq(target).all().item<bool>() && gap.min().item<float>() > margin) {
+        model->eval();
+        return step;
+      }
+    }
+    const auto loss = torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), target.reshape({-1}));
+    opt.zero_grad();
+    loss.backward();
+    opt.step();
+  }
+  model->eval();
+  return -1;
+}
+
 // A unique run name for shared memory.
 inline std::string run_name(const std::string& tag) {
   return "kfat" + tag + std::to_string(::getpid());

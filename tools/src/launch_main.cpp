@@ -1,100 +1,106 @@
-// kf-launch: the run supervisor (tools/launch). Today it does what the foundation has:
-// validates the config, creates the run directory with the resolved config snapshot and
-// per-process logs, loads the task suite and runs every reference once on the chosen
-// backend, writing metrics/reference.jsonl. Actors, evaluators, replay and the learner
-// join here as their issues land.
-#include <ATen/Parallel.h>
+// kf-launch: the run supervisor behind tools/launch.
+//   tools/launch CONFIG [--set key=value]... [--name NAME]
+//   tools/launch --resume RUN [--set key=value]...
+// Validates the config and the task selection before anything starts, creates the run
+// directory and the run's shared memory, spawns the evaluators (one per GPU, pinned),
+// the actors and the learner ranks, moves results from the result queue into the
+// replay (and counts them for the status), restarts dead or hung workers with
+// back-off, and stops the run in order: actors stop, evaluators drain the queue, the
+// learners take a final checkpoint, then the replay, kernel database, best kernels and
+// the launcher's own counters are saved. launch.mode: serial runs the same pipeline in
+// this one process instead (kf::launch::run_serial).
+// Exit: 0 finished or stopped cleanly, 1 the run failed (a worker kept dying), 2 bad
+// config or arguments (nothing started), 130 a second Ctrl-C (stopped at once).
+#include <signal.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "kf/common/config.h"
+#include "kf/common/error.h"
 #include "kf/common/log.h"
 #include "kf/common/run_dir.h"
-#include "kf/tasks/timing.h"
-
-using namespace kf::tasks;
+#include "launcher.h"
 
 namespace {
-kf::LogLevel parse_level(const std::string& s) {
-  if (s == "debug") return kf::LogLevel::Debug;
-  if (s == "warn") return kf::LogLevel::Warn;
-  if (s == "error") return kf::LogLevel::Error;
-  return kf::LogLevel::Info;
-}
+std::atomic<int> g_signals{0};
+void on_signal(int) { g_signals.fetch_add(1); }
+
+bool is_dir(const std::string& p) { return access((p + "/config.yaml").c_str(), R_OK) == 0; }
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"KernelForge launcher"};
-  std::string config_file;
+  CLI::App app{"KernelForge launcher: runs a training cluster (docs/operations.md)"};
+  std::string config_file, resume, name;
   std::vector<std::string> sets;
-  std::string name;
-  app.add_option("config", config_file, "YAML config (see configs/)")->required();
+  app.add_option("config", config_file, "YAML config (see configs/); not with --resume");
+  app.add_option("--resume", resume, "continue a run: its folder, or its name under run.root (runs/)");
   app.add_option("--set", sets, "override a key: a.b=value (repeatable)");
   app.add_option("--name", name, "run name (overrides run.name)");
-  CLI11_PARSE(app, argc, argv);
-  kf::log_init("launch", 0);
-
-  kf::Config cfg;
   try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+  kf::log_init("launch", 0);
+  if (config_file.empty() == resume.empty()) {
+    kf::log_error("give a CONFIG to start a run, or --resume RUN to continue one (not both: a resumed run keeps its "
+                  "config.yaml; change keys with --set); nothing was started");
+    return 2;
+  }
+
+  // --- the config, and everything checkable before a process or a file is made
+  kf::Config cfg;
+  std::string run_path;
+  try {
+    if (!resume.empty()) {
+      run_path = is_dir(resume) ? resume : "runs/" + resume;
+      if (!is_dir(run_path)) throw kf::Error("--resume " + resume + ": no run folder with a config.yaml at " + resume +
+                                             " or " + run_path);
+      config_file = run_path + "/config.yaml";
+    }
     if (!name.empty()) sets.push_back("run.name=" + name);
     cfg = kf::Config::load(config_file, sets);
-  } catch (const kf::Error& e) {
+    kf::launch::preflight(cfg);
+  } catch (const std::exception& e) {
     kf::log_error("config rejected: ", e.what(), "; nothing was started");
     return 2;
   }
+
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
   try {
-    kf::RunDir run = kf::RunDir::create(cfg.get_string("run.root"), cfg.get_string("run.name"));
-    kf::write_file_atomic(run.path() + "/config.yaml", cfg.to_yaml());
+    kf::RunDir run = resume.empty() ? kf::RunDir::create(cfg.get_string("run.root"), cfg.get_string("run.name"))
+                                    : kf::RunDir::open(run_path);
+    // The snapshot names the run as it is on disk (a taken name got a -2 suffix).
+    sets.push_back("run.name=" + run.name());
+    cfg = kf::Config::load(config_file, sets);
+    kf::write_file_atomic(run.path() + "/config.yaml", cfg.to_yaml());  // on resume: --set changes persist
     kf::log_init("launch", 0, run.log_file("launch", 0));
-    kf::log_set_level(parse_level(cfg.get_string("run.log_level")));
-    kf::log_info("run directory ", run.path(), " (config ", config_file, ")");
-
-    const Backend backend = resolve_backend(cfg.get_string("run.backend"));
-    const std::string backend_s = backend_name(backend);
-    const at::Device device = backend_device(backend);
-    auto all = Task::load_all(cfg.get_string("tasks.dir"));
-    const auto levels = cfg.get_ints("tasks.levels");
-    const auto include = cfg.get_strings("tasks.include");
-    std::vector<std::shared_ptr<const Task>> tasks;
-    for (const auto& t : all) {
-      bool level_ok = std::find(levels.begin(), levels.end(), t->level()) != levels.end();
-      bool name_ok = include.empty() || std::find(include.begin(), include.end(), t->name()) != include.end();
-      if (level_ok && name_ok && t->has_backend(backend)) tasks.push_back(t);
-    }
-    kf::log_info("backend ", backend_s, ": ", tasks.size(), " of ", all.size(), " tasks selected");
-    if (tasks.empty()) throw kf::Error("no task matches tasks.levels/tasks.include for backend " + backend_s);
-
-    std::ofstream metrics(run.sub("metrics") + "/reference.jsonl");
-    const int warmup = static_cast<int>(cfg.get_int("reference.warmup"));
-    const int trials = static_cast<int>(cfg.get_int("reference.trials"));
-    const uint64_t seed = static_cast<uint64_t>(cfg.get_int("run.seed"));
-    int failed = 0;
-    std::printf("%-36s %5s %10s\n", "task", "level", "ref_ms");
-    for (const auto& t : tasks) {
-      try {
-        auto ref = t->new_reference(backend, device);
-        auto inputs = t->make_inputs(backend, seed, device);
-        TimingStats s = time_reference(*ref, inputs, device, warmup, trials);
-        metrics << nlohmann::json{{"task", t->name()}, {"backend", backend_s}, {"median_ms", s.median_ms},
-                                  {"p10_ms", s.p10_ms}, {"p90_ms", s.p90_ms}}
-                       .dump()
-                << "\n";
-        std::printf("%-36s %5d %10.3f\n", t->name().c_str(), t->level(), s.median_ms);
-        std::fflush(stdout);
-      } catch (const std::exception& e) {
-        ++failed;
-        kf::log_error("task ", t->name(), " reference failed: ", e.what(), "; skipping it");
-      }
-    }
-    kf::log_info("done: ", tasks.size() - failed, " references ran, ", failed, " failed; metrics in ",
-                 run.sub("metrics"), "/reference.jsonl");
-    return failed ? 1 : 0;
+    const auto level = cfg.get_string("run.log_level");
+    kf::log_set_level(level == "debug" ? kf::LogLevel::Debug : level == "warn" ? kf::LogLevel::Warn
+                      : level == "error" ? kf::LogLevel::Error : kf::LogLevel::Info);
+    kf::log_info(resume.empty() ? "new run " : "resuming run ", run.path(), " (", config_file, ")");
+    kf::launch::LaunchOptions lo;
+    lo.binary_dir = kf::launch::binary_dir(argv[0]);
+    lo.resumed = !resume.empty();
+    lo.signals = &g_signals;
+    if (cfg.get_string("launch.mode") == "serial") return kf::launch::run_serial(cfg, run, lo);
+    kf::launch::Launcher launcher(cfg, run, lo);
+    return launcher.run();
   } catch (const std::exception& e) {
-    kf::log_error("launch failed: ", e.what(), "; stopping");
+    kf::log_error("launch failed: ", e.what(), "; stopping (the run folder keeps what was saved)");
     return 1;
   }
 }

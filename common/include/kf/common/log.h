@@ -3,6 +3,7 @@
 //   2026-12-02T18:50:00.123Z I [evaluator:0 pid=4242] compiled 3 candidates
 // Thread-safe: any thread may log after log_init(). Before log_init() the role is "main".
 #pragma once
+#include <cstdint>
 #include <sstream>
 #include <string>
 
@@ -16,6 +17,9 @@ void log_init(const std::string& role, int id, const std::string& file = "");
 void log_set_level(LogLevel level);
 void log_line(LogLevel level, const std::string& message);
 std::string log_prefix_role();  // "role:id", for messages that name this process
+// Lines written to stderr so far (a terminal status display redraws in place only
+// while no log line came in between).
+uint64_t log_line_count();
 
 namespace detail {
 template <typename... Args>

@@ -20,6 +20,8 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "kf/learner/comm.h"
 #include "kf/learner/group_source.h"
@@ -49,6 +51,9 @@ struct StepStats {
   int64_t buckets_in_backward = 0;
 };
 
+// The figures of a step that trained, by name (metrics/learner.jsonl, TensorBoard).
+std::vector<std::pair<std::string, double>> step_scalars(const StepStats& st);
+
 // The architecture of a random-init model by name: "tiny" (2 layers, hidden 64, vocab
 // 256: tests) or "qwen2.5-0.5b" (benchmarks). Throws kf::Error for another name.
 policy::ModelConfig model_shape(const std::string& name);
@@ -62,7 +67,10 @@ class Learner {
 
   // Continues from the newest valid checkpoint in deps.checkpoint_dir (rank 0 picks it,
   // every rank loads it). Returns its step, or nullopt when there is none.
-  std::optional<int64_t> resume();
+  // restore_shm: also reload the checkpoint's replay and kernel database into the run's
+  // shared memory (resuming a stopped run); false when only this learner process was
+  // restarted and the shared memory still holds the live run.
+  std::optional<int64_t> resume(bool restore_shm = true);
   // Loads a specific checkpoint folder (weights, optimizer, step, RNG, counters; replay
   // and kernel DB into deps.shm on rank 0 when restore_shm).
   void load_checkpoint(const std::string& path, bool restore_shm = true);

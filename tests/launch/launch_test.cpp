@@ -1,0 +1,297 @@
+// tools/launch end to end on the CPU backend: the real kf-launch supervising real
+// kf-evaluator, kf-actor and kf-learner processes over the run's shared memory. The
+// policy is a tiny byte-level model that memorised a correct ReLU kernel for the run's
+// prompt (sampled at temperature 0.5 it writes that kernel, now and then a broken
+// variant), so candidates are verified for real, kernels reach the kernel database and
+// the learner gets groups whose rewards differ. What is checked is the supervision:
+// start, step budget, stop order, checkpoints, resume, restarts after SIGKILL, and config
+// errors before anything starts.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <algorithm>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <sstream>
+#include <thread>
+
+#include "../actors/test_util.h"
+#include "kf/actors/optimize.h"
+#include "kf/common/config.h"
+#include "kf/policy/checkpoint.h"
+
+namespace {
+using Clock = std::chrono::steady_clock;
+namespace t = kf::test;
+
+bool exists(const std::string& p) {
+  struct stat st;
+  return ::stat(p.c_str(), &st) == 0;
+}
+
+std::string tasks_dir() {
+  for (const std::string& d : {t::env_or("KF_TASKS_DIR", ""), t::build_dir() + "/tasks", t::source_dir() + "/build/tasks"})
+    if (!d.empty() && exists(d + "/001_relu/task.json")) return d;
+  return "";
+}
+
+#define NEED_LAUNCH()                                                                                  \
+  do {                                                                                                 \
+    if (tasks_dir().empty()) GTEST_SKIP() << "task 001_relu is not imported (run setup.sh)";           \
+    if (!exists(t::build_dir() + "/tools/kf-launch")) GTEST_SKIP() << "kf-launch is not built";        \
+  } while (0)
+
+const char* kTemplate =
+    "=== header ===\nTask {{task}} ({{backend}}):\n"
+    "=== exemplars_intro ===\n{{count}} earlier kernels\n"
+    "=== exemplar ===\n#{{index}} {{speedup}}x\n{{source}}\n"
+    "=== truncated ===\n(cut {{omitted_lines}})\n"
+    "=== contrastive_instruction ===\nBeat them: one ```{{lang}} {{marker}} block.\n"
+    "=== no_exemplar_instruction ===\nWrite one ```{{lang}} {{marker}} block.\n";
+
+std::string completion() {
+  return "```cpp kernel\n" + t::read_file(t::source_dir() + "/tests/evaluator/kernels/cpu/good_relu.cpp") + "```\n";
+}
+
+// A small CPU run: one task, groups of 2, the memorised policy, a step budget.
+std::string config_text(const std::string& dir, const std::string& policy_dir, int steps) {
+  return "run: {name: t, root: " + dir + "/runs, backend: cpu, seed: 0}\n"
+         "tasks: {dir: " + tasks_dir() + ", include: [001_relu]}\n"
+         "evaluator: {correctness_sets: 2, stress_sets: 1, trials: 3, max_trials: 3, warmup: 1, max_spread: 100,\n"
+         "            reward: {kind: speedup}}\n"
+         "learner:\n  policy: " + policy_dir + "\n  temperature: 0.5\n  steps: " + std::to_string(steps) +
+         "\n  groups_per_step: 1\n  take_timeout_ms: 200\n  checkpoint: {every: 2, keep: 10}\n"
+         "actors:\n  group_size: 2\n  metrics_every_s: 1\n"
+         "  sampling: {max_new_tokens: " + std::to_string(completion().size() + 8) + "}\n"
+         "  prompt: {mode: no_exemplars, context_tokens: 8192, template: " + dir + "/template.txt, abi_header: " +
+         t::source_dir() + "/evaluator/include/kf/kernel.h}\n"
+         "replay: {candidate_queue: {capacity: 8}}\n"
+         "launch: {status_every_s: 1, metrics_every_s: 1, restart_backoff_s: 0.2, drain_timeout_s: 20}\n";
+}
+
+// The memorised policy, made once per build tree (tests run as separate processes; a
+// concurrent maker loses the rename race harmlessly).
+std::string policy_dir() {
+  const std::string dir = t::build_dir() + "/launch-test-policy";
+  if (exists(dir + "/model.safetensors")) return dir;
+  t::TempDir tmp("launch-policy");
+  t::write_file(tmp.path + "/template.txt", kTemplate);
+  const auto cfg = kf::Config::parse(config_text(tmp.path, dir, 1), "launch_test");
+  const auto o = kf::actors::actor_options(cfg, 0);
+  torch::manual_seed(0);
+  auto pol = kf::actors::test::tiny_policy(0);
+  const auto task = kf::tasks::Task::load(tasks_dir() + "/001_relu");
+  const auto prompt = kf::actors::optimize_prompt(o, pol, *task, {});
+  if (kf::actors::test::memorise(pol.model, prompt.tokens, completion(), 6.0f, 4000) < 0) return "";
+  const std::string staging = tmp.path + "/model";
+  ::mkdir(staging.c_str(), 0755);
+  kf::policy::save_weights(pol.model, staging);
+  if (::rename(staging.c_str(), dir.c_str()) != 0 && !exists(dir + "/model.safetensors")) return "";
+  return dir;
+}
+
+std::string write_config(const std::string& dir, int steps, const std::string& extra = "") {
+  t::write_file(dir + "/template.txt", kTemplate);
+  const std::string policy = policy_dir();
+  EXPECT_FALSE(policy.empty()) << "the tiny policy did not memorise the kernel";
+  const std::string p = dir + "/config.yaml";
+  t::write_file(p, config_text(dir, policy, steps) + extra);
+  return p;
+}
+
+struct Launch {
+  pid_t pid = -1;
+  std::string out;  // stdout + stderr file
+};
+
+Launch start(const std::vector<std::string>& args, const std::string& out) {
+  Launch l;
+  l.out = out;
+  l.pid = ::fork();
+  if (l.pid == 0) {
+    const int fd = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(fd, 1);
+    ::dup2(fd, 2);
+    std::vector<std::string> a = {t::build_dir() + "/tools/kf-launch"};
+    a.insert(a.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (auto& s : a) argv.push_back(s.data());
+    argv.push_back(nullptr);
+    ::execv(argv[0], argv.data());
+    _exit(127);
+  }
+  return l;
+}
+
+// Exit code, or -signal; -1000 on timeout (the launcher is then killed).
+int wait_for(const Launch& l, double timeout_s) {
+  const auto until = Clock::now() + std::chrono::milliseconds(static_cast<long long>(timeout_s * 1000));
+  for (;;) {
+    int st = 0;
+    if (::waitpid(l.pid, &st, WNOHANG) == l.pid) return WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st);
+    if (Clock::now() > until) {
+      ::kill(l.pid, SIGKILL);
+      ::waitpid(l.pid, &st, 0);
+      return -1000;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+}
+
+bool wait_until(const std::function<bool()>& cond, double timeout_s) {
+  const auto until = Clock::now() + std::chrono::milliseconds(static_cast<long long>(timeout_s * 1000));
+  while (Clock::now() < until) {
+    if (cond()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  return false;
+}
+
+std::string slurp(const std::string& p) { return exists(p) ? t::read_file(p) : ""; }
+
+// The highest learner step written to metrics/learner.jsonl.
+int64_t learner_step(const std::string& run) {
+  std::istringstream in(slurp(run + "/metrics/learner.jsonl"));
+  int64_t best = -1;
+  for (std::string line; std::getline(in, line);) {
+    try {
+      best = std::max<int64_t>(best, nlohmann::json::parse(line).at("step").get<int64_t>());
+    } catch (...) {
+    }
+  }
+  return best;
+}
+
+// pid of "<role> <id>" as the launcher logged it last ("started actor 0 pid N" / "restarted ... as pid N").
+pid_t worker_pid(const std::string& run, const std::string& who) {
+  const std::string log = slurp(run + "/logs/launch-0.log");
+  std::regex re("(started|restarted) " + who + " (as )?pid ([0-9]+)");
+  pid_t pid = -1;
+  for (auto it = std::sregex_iterator(log.begin(), log.end(), re); it != std::sregex_iterator(); ++it)
+    pid = std::stoi((*it)[3]);
+  return pid;
+}
+
+std::vector<std::string> checkpoints(const std::string& run) {
+  std::vector<std::string> out;
+  if (DIR* d = opendir((run + "/checkpoints").c_str())) {
+    while (dirent* e = readdir(d))
+      if (std::string(e->d_name).rfind("step-", 0) == 0) out.push_back(e->d_name);
+    closedir(d);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+bool shm_exists(const std::string& run) { return exists("/dev/shm/kf." + run + ".ctl"); }
+
+}  // namespace
+
+TEST(LaunchTest, BadConfigFailsBeforeAnythingStarts) {
+  NEED_LAUNCH();
+  t::TempDir tmp("launch-test");
+  const std::string cfg = write_config(tmp.path, 2, "learner:\n  optim: {lr_typo: 1}\n");
+  auto l = start({cfg, "--name", "bad" + std::to_string(getpid())}, tmp.path + "/out.txt");
+  EXPECT_EQ(wait_for(l, 60), 2);
+  const std::string out = slurp(l.out);
+  EXPECT_NE(out.find("nothing was started"), std::string::npos) << out;
+  EXPECT_FALSE(exists(tmp.path + "/runs")) << "a run folder was made for a rejected config";
+  EXPECT_FALSE(shm_exists("bad" + std::to_string(getpid())));
+
+  // A task selection that matches nothing is a config error too, named by its key.
+  const std::string cfg2 = write_config(tmp.path, 2, "");
+  auto l2 = start({cfg2, "--set", "tasks.include=[no_such_task]"}, tmp.path + "/out2.txt");
+  EXPECT_EQ(wait_for(l2, 60), 2);
+  EXPECT_NE(slurp(l2.out).find("tasks.include"), std::string::npos) << slurp(l2.out);
+  EXPECT_FALSE(exists(tmp.path + "/runs"));
+}
+
+TEST(LaunchTest, RunReachesTheStepBudgetAndStopsInOrder) {
+  NEED_LAUNCH();
+  t::TempDir tmp("launch-test");
+  const std::string name = "lq" + std::to_string(getpid());
+  auto l = start({write_config(tmp.path, 4), "--name", name}, tmp.path + "/out.txt");
+  const int code = wait_for(l, 300);
+  const std::string run = tmp.path + "/runs/" + name;
+  ASSERT_EQ(code, 0) << slurp(l.out);
+  EXPECT_GE(learner_step(run), 4) << slurp(run + "/logs/learner-0.out");
+  // A final checkpoint at the budget, the launcher's state and outputs, metrics of every kind.
+  const auto ck = checkpoints(run);
+  ASSERT_FALSE(ck.empty());
+  EXPECT_EQ(ck.back(), "step-000000000004");
+  EXPECT_TRUE(exists(run + "/checkpoints/launch_state.json"));
+  EXPECT_TRUE(exists(run + "/kernels/kernel_db.json"));
+  EXPECT_TRUE(exists(run + "/best/index.json"));
+  EXPECT_TRUE(exists(run + "/metrics/run.jsonl"));
+  EXPECT_TRUE(exists(run + "/metrics/actor-0.jsonl"));
+  const auto state = nlohmann::json::parse(slurp(run + "/checkpoints/launch_state.json"));
+  EXPECT_GT(state["results_total"].get<int64_t>(), 0) << "no result went through the evaluator";
+  EXPECT_GT(state["verdicts"]["ok"].get<int64_t>(), 0) << state.dump();
+  // The memorised kernel was verified and is the run's best for the task.
+  EXPECT_EQ(slurp(run + "/best/001_relu.cpp"), t::read_file(t::source_dir() + "/tests/evaluator/kernels/cpu/good_relu.cpp"));
+  const std::string log = slurp(run + "/logs/launch-0.log");
+  EXPECT_NE(log.find("learner reached learner.steps"), std::string::npos) << log;
+  EXPECT_NE(log.find("status:"), std::string::npos) << "no status line when stdout is not a terminal";
+  EXPECT_EQ(log.find("restart"), std::string::npos) << log;
+  EXPECT_FALSE(shm_exists(name)) << "shared memory left behind";
+}
+
+TEST(LaunchTest, SigintDrainsCheckpointsAndResumeFinishesTheRun) {
+  NEED_LAUNCH();
+  t::TempDir tmp("launch-test");
+  const std::string name = "li" + std::to_string(getpid());
+  const std::string run = tmp.path + "/runs/" + name;
+  auto l = start({write_config(tmp.path, 8), "--name", name}, tmp.path + "/out.txt");
+  ASSERT_TRUE(wait_until([&] { return learner_step(run) >= 2; }, 240)) << slurp(l.out);
+  ::kill(l.pid, SIGINT);
+  ASSERT_EQ(wait_for(l, 180), 0) << slurp(l.out);
+  const int64_t stopped_at = learner_step(run);
+  EXPECT_LT(stopped_at, 8);
+  const auto ck = checkpoints(run);
+  ASSERT_FALSE(ck.empty()) << "no checkpoint after SIGINT";
+  EXPECT_NE(slurp(run + "/logs/launch-0.log").find("stop signal"), std::string::npos);
+  EXPECT_FALSE(shm_exists(name));
+
+  auto r = start({"--resume", run}, tmp.path + "/out-resume.txt");
+  ASSERT_EQ(wait_for(r, 300), 0) << slurp(r.out);
+  EXPECT_GE(learner_step(run), 8);
+  const std::string llog = slurp(run + "/logs/learner-0.out");
+  EXPECT_NE(llog.find("resumed from"), std::string::npos) << llog;
+  EXPECT_EQ(checkpoints(run).back(), "step-000000000008");
+  // Run totals carry over the resume.
+  const auto state = nlohmann::json::parse(slurp(run + "/checkpoints/launch_state.json"));
+  EXPECT_GT(state["elapsed_s"].get<double>(), 0);
+}
+
+TEST(LaunchTest, KilledActorAndEvaluatorAreRestartedAndTheRunCompletes) {
+  NEED_LAUNCH();
+  t::TempDir tmp("launch-test");
+  const std::string name = "lk" + std::to_string(getpid());
+  const std::string run = tmp.path + "/runs/" + name;
+  auto l = start({write_config(tmp.path, 8), "--name", name}, tmp.path + "/out.txt");
+  ASSERT_TRUE(wait_until([&] { return learner_step(run) >= 1; }, 240)) << slurp(l.out);
+  const pid_t actor = worker_pid(run, "actor 0"), evaluator = worker_pid(run, "evaluator 0");
+  ASSERT_GT(actor, 0);
+  ASSERT_GT(evaluator, 0);
+  ::kill(actor, SIGKILL);
+  ::kill(evaluator, SIGKILL);
+  ASSERT_TRUE(wait_until([&] { return worker_pid(run, "actor 0") != actor && worker_pid(run, "evaluator 0") != evaluator; },
+                         60))
+      << slurp(run + "/logs/launch-0.log");
+  ASSERT_EQ(wait_for(l, 300), 0) << slurp(l.out);
+  EXPECT_GE(learner_step(run), 8);
+  const std::string log = slurp(run + "/logs/launch-0.log");
+  EXPECT_NE(log.find("actor 0 killed by SIGKILL"), std::string::npos) << log;
+  EXPECT_NE(log.find("evaluator 0 killed by SIGKILL"), std::string::npos) << log;
+  // Results kept flowing after the restart: the evaluator that replaced the killed one scored some.
+  const auto state = nlohmann::json::parse(slurp(run + "/checkpoints/launch_state.json"));
+  EXPECT_GT(state["results_total"].get<int64_t>(), 0);
+}

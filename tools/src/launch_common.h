@@ -1,0 +1,26 @@
+// Pieces both launch modes (cluster and serial) share.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kf/common/config.h"
+#include "kf/common/run_dir.h"
+#include "kf/replay/run_shm.h"
+#include "kf/tasks/task.h"
+
+namespace kf::launch {
+
+// The tasks of tasks.levels / tasks.include that have `backend`. Throws kf::Error naming
+// the key when none does or an included name is not in tasks.dir.
+std::vector<std::shared_ptr<const tasks::Task>> select_tasks(const Config& cfg, tasks::Backend backend);
+
+// Visible CUDA devices (0 without a driver or a GPU).
+int cuda_device_count();
+
+// The run's readable outputs: kernels/kernel_db.json (the whole database) and
+// best/<task>.<cu|cpp> with best/index.json (task -> speedup, policy version, file).
+// Each file is written atomically.
+void save_run_outputs(replay::RunShm& shm, const RunDir& run, tasks::Backend backend);
+
+}  // namespace kf::launch

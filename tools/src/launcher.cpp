@@ -1,0 +1,561 @@
+#include "launcher.h"
+
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <set>
+#include <thread>
+
+#include "gpu_util.h"
+#include "kf/actors/actor_options.h"
+#include "kf/common/error.h"
+#include "kf/common/log.h"
+#include "kf/common/metrics.h"
+#include "kf/evaluator/evaluator.h"
+#include "kf/learner/learner_config.h"
+#include "kf/replay/run_shm.h"
+#include "kf/tasks/task.h"
+#include "kf/tasks/timing.h"
+#include "launch_common.h"
+#include "run_monitor.h"
+#include "supervisor.h"
+
+namespace kf::launch {
+
+namespace {
+using namespace std::chrono_literals;
+
+bool file_readable(const std::string& p) { return access(p.c_str(), R_OK) == 0; }
+
+// Visible GPUs as CUDA_VISIBLE_DEVICES entries: the launcher's own list if set, else 0..n-1.
+std::vector<std::string> visible_gpus(int count) {
+  std::vector<std::string> out;
+  if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES"); v && *v) {
+    std::string s = v, cur;
+    for (char c : s + ",") {
+      if (c == ',') {
+        if (!cur.empty()) out.push_back(cur);
+        cur.clear();
+      } else if (c != ' ') {
+        cur += c;
+      }
+    }
+  } else {
+    for (int i = 0; i < count; ++i) out.push_back(std::to_string(i));
+  }
+  if (static_cast<int>(out.size()) > count) out.resize(count);
+  return out;
+}
+
+std::vector<int> allowed_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::vector<int> out;
+  if (sched_getaffinity(0, sizeof set, &set) == 0)
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+      if (CPU_ISSET(c, &set)) out.push_back(c);
+  if (out.empty()) out.push_back(0);
+  return out;
+}
+}  // namespace
+
+void preflight(const Config& cfg) {
+  (void)evaluator::eval_options(cfg);
+  (void)replay::run_shm_config(cfg);
+  const auto ao = actors::actor_options(cfg, 0);
+  const auto lc = learner::learner_config_from(cfg);
+  const auto backend = tasks::resolve_backend(cfg.get_string("run.backend"));
+  const auto selected = select_tasks(cfg, backend);  // throws when none matches
+  (void)selected;
+  if (!file_readable(ao.template_path))
+    throw Error("actors.prompt.template: cannot read " + ao.template_path);
+  if (!lc.policy.empty() && !file_readable(lc.policy + "/config.json"))
+    throw Error("learner.policy: " + lc.policy + " is not a model folder (no config.json)");
+  if (cfg.get_int("actors.count") < 1) throw Error("actors.count: must be >= 1");
+  if (cfg.get_int("launch.evaluators") < 0) throw Error("launch.evaluators: must be >= 0");
+  if (cfg.get_int("launch.max_restarts") < 0) throw Error("launch.max_restarts: must be >= 0");
+  for (const char* k : {"launch.hang_timeout_s", "launch.drain_timeout_s", "launch.stop_timeout_s",
+                        "launch.status_every_s", "launch.metrics_every_s"})
+    if (cfg.get_float(k) <= 0) throw Error(std::string(k) + ": must be > 0");
+  if (cfg.get_int("launch.stats_window") < 1) throw Error("launch.stats_window: must be >= 1");
+  const int gpus = cuda_device_count();
+  if (lc.ranks > 1 && gpus > 0 && lc.ranks > gpus)
+    throw Error("learner.dist.ranks: " + std::to_string(lc.ranks) + " ranks but " + std::to_string(gpus) +
+                " visible GPUs");
+  if (ao.device.rfind("cuda", 0) == 0 && gpus == 0)
+    throw Error("actors.device: " + ao.device + " but no GPU is visible (use cpu)");
+}
+
+std::string binary_dir(const char* argv0) {
+  char buf[4096];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  std::string self = n > 0 ? std::string(buf, static_cast<std::size_t>(n)) : std::string(argv0);
+  auto cut = [](std::string p) { return p.substr(0, p.find_last_of('/')); };
+  return cut(cut(self));  // <build>/tools/kf-launch -> <build>
+}
+
+enum class Phase { running, draining, stopping, done };
+const char* phase_name(Phase p) {
+  switch (p) {
+    case Phase::running: return "running";
+    case Phase::draining: return "draining";
+    case Phase::stopping: return "stopping";
+    default: return "done";
+  }
+}
+
+struct Launcher::Impl {
+  Config cfg;
+  RunDir run;
+  LaunchOptions opts;
+  tasks::Backend backend;
+  std::unique_ptr<replay::RunShm> shm;
+  Supervisor sup;
+  RunMonitor monitor;
+  std::unique_ptr<MetricsWriter> metrics;
+  GpuUtilization gpu;
+  std::thread ingest_thread;
+  std::atomic<bool> stop_ingest{false};
+  Phase phase = Phase::running;
+  int escalation = 0;  // within a stop phase: 1 SIGTERM sent, 2 SIGKILL sent
+  bool failed = false;
+  std::string stop_reason;
+  Clock::time_point t0 = Clock::now(), phase_since = Clock::now();
+  double elapsed_base = 0;   // seconds of earlier sessions of a resumed run
+  uint64_t checkpoints_seen = 0;
+  int learner_ranks = 1;
+  bool tty = isatty(1);
+  int status_lines = 0;
+  uint64_t log_lines_at_status = 0;
+
+  Impl(const Config& c, const RunDir& r, const LaunchOptions& o)
+      : cfg(c), run(r), opts(o), backend(tasks::resolve_backend(c.get_string("run.backend"))),
+        monitor(static_cast<std::size_t>(c.get_int("launch.stats_window"))) {}
+
+  double elapsed() const { return elapsed_base + std::chrono::duration<double>(Clock::now() - t0).count(); }
+  std::string bin(const std::string& rel) const {
+    const std::string p = opts.binary_dir + "/" + rel;
+    if (access(p.c_str(), X_OK) != 0) throw Error("launch: " + p + " is not built (run ./setup.sh)");
+    return p;
+  }
+  std::string out_log(const std::string& role, int id) const {
+    return run.sub("logs") + "/" + role + "-" + std::to_string(id) + ".out";
+  }
+
+  void plan_workers();
+  void ingest_loop();
+  void handle_exit(const Exit& e);
+  void check_hangs();
+  void begin_drain(const std::string& why);
+  void advance_phase();
+  void save_state(const char* when);
+  Status status();
+  void show(const Status& s, bool force_line);
+};
+
+void Launcher::Impl::plan_workers() {
+  const std::string config = run.path() + "/config.yaml";
+  const std::string name = run.name();
+  const int gpus = backend == tasks::Backend::CUDA ? cuda_device_count() : 0;
+  int evaluators = static_cast<int>(cfg.get_int("launch.evaluators"));
+  if (evaluators == 0) evaluators = gpus > 0 ? gpus : 1;
+  const auto gpu_ids = visible_gpus(gpus);
+  const auto cpus = allowed_cpus();
+  const bool pin = cfg.get_bool("launch.cpu_affinity") && cpus.size() > 1;
+  // Evaluator cores: on CPU half of them (kernels and references run there); on CUDA a few
+  // per evaluator (compiles and the host side of timing). The rest: actors and learners.
+  const std::size_t per_eval =
+      backend == tasks::Backend::CPU ? std::max<std::size_t>(1, cpus.size() / 2 / evaluators)
+                                     : std::max<std::size_t>(1, std::min<std::size_t>(4, cpus.size() / 2 / evaluators));
+  std::size_t next = 0;
+  for (int i = 0; i < evaluators; ++i) {
+    WorkerSpec w;
+    w.role = "evaluator";
+    w.id = i;
+    w.argv = {bin("evaluator/kf-evaluator"), "--run", name, "--config", config, "--id", std::to_string(i),
+              "--device", "0"};
+    if (gpus > 0) w.env.push_back("CUDA_VISIBLE_DEVICES=" + gpu_ids[static_cast<std::size_t>(i) % gpu_ids.size()]);
+    if (pin && next + per_eval < cpus.size()) {
+      w.cpus.assign(cpus.begin() + static_cast<long>(next), cpus.begin() + static_cast<long>(next + per_eval));
+      next += per_eval;
+      if (cfg.get_int("evaluator.cpu_threads") == 0) {
+        w.argv.push_back("--set");
+        w.argv.push_back("evaluator.cpu_threads=" + std::to_string(per_eval));
+      }
+      w.env.push_back("OMP_NUM_THREADS=" + std::to_string(per_eval));
+    }
+    w.log_path = out_log("evaluator", i);
+    sup.add(w);
+  }
+  std::vector<int> rest(cpus.begin() + static_cast<long>(pin ? next : 0), cpus.end());
+  const int actors = static_cast<int>(cfg.get_int("actors.count"));
+  learner_ranks = static_cast<int>(cfg.get_int("learner.dist.ranks"));
+  const int share = std::max<int>(1, static_cast<int>(rest.size()) / std::max(1, actors + learner_ranks));
+  for (int i = 0; i < actors; ++i) {
+    WorkerSpec w;
+    w.role = "actor";
+    w.id = i;
+    w.argv = {bin("actors/kf-actor"), "--run", name, "--config", config, "--id", std::to_string(i), "--run-dir",
+              run.path()};
+    if (pin) w.cpus = rest, w.env.push_back("OMP_NUM_THREADS=" + std::to_string(share));
+    w.log_path = out_log("actor", i);
+    sup.add(w);
+  }
+  for (int r = 0; r < learner_ranks; ++r) {
+    WorkerSpec w;
+    w.role = "learner";
+    w.id = r;
+    w.argv = {bin("learner/kf-learner"), config, "--run", name, "--run-dir", run.path(), "--rank", std::to_string(r),
+              "--final-checkpoint"};
+    if (opts.resumed) w.argv.push_back("--resume");  // weights, optimizer, replay and kernel DB
+    if (pin) w.cpus = rest, w.env.push_back("OMP_NUM_THREADS=" + std::to_string(share));
+    if (backend == tasks::Backend::CUDA) w.env.push_back("NCCL_NVLS_ENABLE=0");
+    w.log_path = out_log("learner", r);
+    sup.add(w);
+  }
+}
+
+void Launcher::Impl::ingest_loop() {
+  std::vector<replay::Result> batch;
+  while (!stop_ingest.load()) {
+    batch.clear();
+    try {
+      shm->results().pop_batch(batch, 256, 200ms);
+      for (const auto& r : batch) {
+        monitor.add_result(r);
+        shm->replay().add_result(r);  // an orphan (its group evicted or taken) is counted there
+      }
+    } catch (const std::exception& e) {
+      log_error("launch: moving results into the replay failed: ", e.what(), "; retrying in 1 s");
+      std::this_thread::sleep_for(1s);
+    }
+  }
+}
+
+void Launcher::Impl::handle_exit(const Exit& e) {
+  Worker& w = sup.workers()[e.index];
+  const bool stopping_now = phase != Phase::running;
+  if (e.ok()) {
+    log_info("launch: ", w.name(), " exited normally");
+    return;
+  }
+  // Free whatever it held mid-write or mid-read in the queues and the replay (counted as lost there).
+  try {
+    const std::size_t freed = shm->candidates().raw().reap() + shm->results().raw().reap() + shm->replay().reap();
+    if (freed) log_warn("launch: freed ", freed, " queue slots / replay groups held by dead ", w.name());
+  } catch (const std::exception& ex) {
+    log_error("launch: reclaiming what ", w.name(), " held failed: ", ex.what(), "; the run goes on");
+  }
+  if (stopping_now) {
+    log_warn("launch: ", w.name(), " ", w.last_exit, " while the run stops; not restarted (log ",
+             w.spec.log_path, ")");
+    return;
+  }
+  if (w.spec.role == "learner" && learner_ranks > 1) {
+    // The other ranks wait in a collective for this one: restarting it alone cannot
+    // rejoin them. Stop the run; the last checkpoint and the saved replay are resumable.
+    failed = true;
+    log_error("launch: learner rank ", w.spec.id, " ", w.last_exit, " (log ", w.spec.log_path,
+              "); a multi-rank learner cannot continue without it: stopping the run (resume with tools/launch "
+              "--resume ", run.path(), ")");
+    begin_drain("learner rank " + std::to_string(w.spec.id) + " died");
+    return;
+  }
+  const int max_restarts = static_cast<int>(cfg.get_int("launch.max_restarts"));
+  if (sup.schedule_restart(e.index, max_restarts, cfg.get_float("launch.restart_backoff_s"))) {
+    if (w.spec.role == "learner") {
+      // Continue from its last checkpoint; the shared memory still holds the live replay.
+      auto& a = w.spec.argv;
+      if (std::find(a.begin(), a.end(), "--resume") == a.end()) a.push_back("--resume");
+      if (std::find(a.begin(), a.end(), "--keep-shm") == a.end()) a.push_back("--keep-shm");
+    }
+    const double wait = std::chrono::duration<double>(w.restart_at - Clock::now()).count();
+    log_error("launch: ", w.name(), " ", w.last_exit, " (log ", w.spec.log_path, "); restart ", w.deaths, " of ",
+              max_restarts, " in ", wait, " s");
+  } else {
+    failed = true;
+    log_error("launch: ", w.name(), " died ", w.deaths, " times (last: ", w.last_exit, ", log ", w.spec.log_path,
+              "); giving up on it and stopping the run");
+    begin_drain(w.name() + " keeps dying");
+  }
+}
+
+void Launcher::Impl::check_hangs() {
+  const double limit = cfg.get_float("launch.hang_timeout_s");
+  const auto timeout = std::chrono::milliseconds(static_cast<long long>(limit * 1000));
+  const auto peers = shm->control().peers(timeout);
+  monitor.counters().update(peers);
+  std::set<pid_t> registered;
+  for (const auto& p : peers) {
+    registered.insert(p.pid);
+    const std::size_t i = sup.find_pid(p.pid);
+    if (i == sup.workers().size() || p.fresh) continue;
+    log_error("launch: ", sup.workers()[i].name(), " (pid ", p.pid, ") has not sent a heartbeat for ",
+              p.heartbeat_age_ns / 1e9, " s (launch.hang_timeout_s ", limit, "); killing it, it will be restarted");
+    sup.signal(i, SIGKILL);
+  }
+  for (std::size_t i = 0; i < sup.workers().size(); ++i) {
+    const Worker& w = sup.workers()[i];
+    if (!w.running() || registered.count(w.pid)) continue;
+    const double up = std::chrono::duration<double>(Clock::now() - w.started).count();
+    if (up > limit) {
+      log_error("launch: ", w.name(), " (pid ", w.pid, ") has not registered with the run after ", up,
+                " s; killing it, it will be restarted");
+      sup.signal(i, SIGKILL);
+    }
+  }
+}
+
+void Launcher::Impl::begin_drain(const std::string& why) {
+  if (phase != Phase::running) return;
+  stop_reason = why;
+  phase = Phase::draining;
+  phase_since = Clock::now();
+  for (auto& w : sup.workers()) w.restart_pending = false;
+  shm->control().set_state(replay::RunState::draining);
+  log_info("launch: stopping the run (", why, "): actors stop, evaluators score what is queued (up to ",
+           cfg.get_float("launch.drain_timeout_s"), " s), then the learners checkpoint",
+           tty ? "; Ctrl-C again stops at once" : "");
+}
+
+void Launcher::Impl::advance_phase() {
+  const double in_phase = std::chrono::duration<double>(Clock::now() - phase_since).count();
+  if (phase == Phase::running) {
+    bool all_learners_done = true;
+    for (const auto& w : sup.workers())
+      if (w.spec.role == "learner" && !w.finished) all_learners_done = false;
+    if (all_learners_done) begin_drain("the learner reached learner.steps");
+    const double budget = cfg.get_float("launch.max_minutes") * 60;
+    if (budget > 0 && elapsed() >= budget) begin_drain("launch.max_minutes reached");
+    return;
+  }
+  if (phase == Phase::draining) {
+    const bool drained = sup.running("actor") == 0 && sup.running("evaluator") == 0;
+    const double limit = cfg.get_float("launch.drain_timeout_s");
+    if (!drained && in_phase > limit && escalation == 0) {
+      escalation = 1;
+      log_warn("launch: actors/evaluators still running ", limit, " s after the drain began; sending SIGTERM");
+      sup.signal_role("actor", SIGTERM);
+      sup.signal_role("evaluator", SIGTERM);
+    }
+    if (!drained && in_phase > limit + 15 && escalation == 1) {
+      escalation = 2;
+      log_error("launch: actors/evaluators ignored SIGTERM for 15 s; killing them");
+      sup.signal_role("actor", SIGKILL);
+      sup.signal_role("evaluator", SIGKILL);
+    }
+    if (drained) {
+      phase = Phase::stopping;
+      phase_since = Clock::now();
+      escalation = 0;
+      shm->control().set_state(replay::RunState::stopped);
+      log_info("launch: actors and evaluators stopped; learners take their final checkpoint");
+    }
+    return;
+  }
+  if (phase == Phase::stopping) {
+    const double limit = cfg.get_float("launch.stop_timeout_s");
+    if (sup.running() == 0) {
+      phase = Phase::done;
+      return;
+    }
+    if (in_phase > limit && escalation == 0) {
+      escalation = 1;
+      log_error("launch: learners still running ", limit, " s after the stop; sending SIGTERM");
+      sup.signal_role("", SIGTERM);
+    }
+    if (in_phase > limit + 30 && escalation == 1) {
+      escalation = 2;
+      log_error("launch: learners ignored SIGTERM for 30 s; killing them (the previous checkpoint stays)");
+      sup.signal_role("", SIGKILL);
+    }
+  }
+}
+
+void Launcher::Impl::save_state(const char* when) {
+  try {
+    save_run_outputs(*shm, run, backend);
+    nlohmann::json st = monitor.to_json();
+    st["elapsed_s"] = elapsed();
+    st["saved"] = when;
+    write_file_atomic(run.sub("checkpoints") + "/launch_state.json", st.dump(1));
+  } catch (const std::exception& e) {
+    log_error("launch: saving the run's outputs (", when, ") failed: ", e.what(), "; the run goes on");
+  }
+}
+
+Status Launcher::Impl::status() {
+  Status s;
+  s.phase = phase_name(phase);
+  s.elapsed_s = elapsed();
+  s.step = static_cast<int64_t>(monitor.counters().sum("learner", 0)) / std::max(1, learner_ranks);
+  s.step_budget = cfg.get_int("learner.steps");
+  monitor.sample_rates(s.elapsed_s, s);
+  const auto cq = shm->candidates().raw().stats();
+  const auto rq = shm->results().raw().stats();
+  const auto rp = shm->replay().stats();
+  s.candidate_queue = cq.queued;
+  s.result_queue = rq.queued;
+  s.ready_groups = rp.ready_now;
+  s.open_groups = rp.open_now;
+  s.policy_version = shm->snapshots().latest().version;
+  s.gpu_busy = gpu.busy();
+  for (const auto& w : sup.workers()) {
+    std::string st = w.running() ? "up" : w.restart_pending ? "restarting" : w.given_up ? "gave up"
+                                                           : w.finished ? "done" : "down";
+    if (w.deaths) st += " (" + std::to_string(w.deaths) + " restarts)";
+    s.workers.push_back(w.name() + " " + st);
+  }
+  return s;
+}
+
+void Launcher::Impl::show(const Status& s, bool line) {
+  if (!tty || line) {
+    log_info(render_status_line(s));
+    return;
+  }
+  const std::string text = render_status(s);
+  std::string out;
+  // Redraw in place unless a log line came in between (then start below it).
+  if (status_lines > 0 && log_line_count() == log_lines_at_status)
+    out += "\033[" + std::to_string(status_lines) + "F";
+  for (std::size_t a = 0, b; a < text.size(); a = b + 1) {
+    b = text.find('\n', a);
+    out += text.substr(a, b - a) + "\033[K\n";
+  }
+  std::fputs(out.c_str(), stdout);
+  std::fflush(stdout);
+  status_lines = static_cast<int>(std::count(text.begin(), text.end(), '\n'));
+  log_lines_at_status = log_line_count();
+}
+
+Launcher::Launcher(const Config& cfg, const RunDir& run, const LaunchOptions& opts)
+    : impl_(std::make_unique<Impl>(cfg, run, opts)) {
+  Impl& m = *impl_;
+  m.plan_workers();  // checks the binaries before shared memory exists
+  m.shm = replay::RunShm::create(run.name(), replay::run_shm_config(cfg));
+  if (opts.resumed) {
+    const std::string p = run.sub("checkpoints") + "/launch_state.json";
+    if (file_readable(p)) {
+      try {
+        const auto j = nlohmann::json::parse(read_file(p));
+        m.monitor.from_json(j);
+        m.elapsed_base = j.value("elapsed_s", 0.0);
+      } catch (const std::exception& e) {
+        log_warn("launch: ", p, " is unreadable (", e.what(), "); run totals start from zero, the run goes on");
+      }
+    }
+  }
+  m.metrics = std::make_unique<MetricsWriter>(run.sub("metrics"), "run");
+}
+
+Launcher::~Launcher() {
+  Impl& m = *impl_;
+  m.stop_ingest = true;
+  if (m.ingest_thread.joinable()) m.ingest_thread.join();
+}
+
+int Launcher::run() {
+  Impl& m = *impl_;
+  auto& ctl = m.shm->control();
+  log_info("launch: backend ", tasks::backend_name(m.backend), ", ", m.sup.workers().size(), " workers; logs in ",
+           m.run.sub("logs"), ", metrics in ", m.run.sub("metrics"));
+  for (std::size_t i = 0; i < m.sup.workers().size(); ++i) {
+    m.sup.start(i);
+    const auto& w = m.sup.workers()[i];
+    std::string cpus;
+    for (int c : w.spec.cpus) cpus += (cpus.empty() ? "" : ",") + std::to_string(c);
+    log_info("launch: started ", w.name(), " pid ", w.pid, cpus.empty() ? "" : " on CPUs " + cpus);
+  }
+  ctl.set_state(replay::RunState::running);
+  m.ingest_thread = std::thread([&m] { m.ingest_loop(); });
+
+  const double status_every = m.tty ? 1.0 : m.cfg.get_float("launch.status_every_s");
+  const double metrics_every = m.cfg.get_float("launch.metrics_every_s");
+  auto next_status = Clock::now(), next_metrics = Clock::now() + std::chrono::milliseconds(500);
+  auto next_check = Clock::now();
+  int signals_handled = 0;
+  while (m.phase != Phase::done) {
+    m.shm->heartbeat();
+    const int sig = m.opts.signals ? m.opts.signals->load() : 0;
+    if (sig > signals_handled) {
+      signals_handled = sig;
+      if (sig >= 2 || m.phase != Phase::running) {
+        log_error("launch: second stop signal: killing every worker now (checkpoints already written stay)");
+        m.sup.signal_role("", SIGKILL);
+        m.sup.wait_role("", 5s, nullptr);
+        m.stop_ingest = true;
+        m.ingest_thread.join();
+        m.shm->shutdown();
+        return 130;
+      }
+      m.begin_drain("stop signal");
+    }
+    for (const auto& e : m.sup.reap()) m.handle_exit(e);
+    for (std::size_t i : m.sup.start_due())
+      log_info("launch: restarted ", m.sup.workers()[i].name(), " as pid ", m.sup.workers()[i].pid);
+    const auto now = Clock::now();
+    if (now >= next_check) {
+      m.check_hangs();
+      next_check = now + 1s;
+      const uint64_t ckpts = m.monitor.counters().sum("learner", 7);
+      if (ckpts > m.checkpoints_seen) {
+        m.checkpoints_seen = ckpts;
+        m.save_state("learner checkpoint");
+      }
+    }
+    if (now >= next_status || now >= next_metrics) {
+      const Status s = m.status();
+      if (now >= next_status) {
+        m.show(s, false);
+        next_status = now + std::chrono::milliseconds(static_cast<long long>(status_every * 1000));
+      }
+      if (now >= next_metrics) {
+        try {
+          m.metrics->write(s.step, status_scalars(s), {{"phase", s.phase}, {"verdicts", s.results.verdicts}});
+        } catch (const std::exception& e) {
+          log_error("launch: metrics write failed: ", e.what(), "; the run goes on");
+        }
+        next_metrics = now + std::chrono::milliseconds(static_cast<long long>(metrics_every * 1000));
+      }
+    }
+    m.advance_phase();
+    std::this_thread::sleep_for(100ms);
+  }
+  // Every worker is gone: the last results, then the outputs.
+  m.stop_ingest = true;
+  m.ingest_thread.join();
+  std::vector<replay::Result> rest;
+  while (m.shm->results().pop_batch(rest, 256, 0ms) > 0) {
+    for (const auto& r : rest) m.monitor.add_result(r), m.shm->replay().add_result(r);
+    rest.clear();
+  }
+  m.check_hangs();  // final counter read
+  const Status s = m.status();
+  m.show(s, true);
+  try {
+    m.metrics->write(s.step, status_scalars(s), {{"phase", "done"}, {"verdicts", s.results.verdicts}});
+  } catch (const std::exception&) {
+  }
+  m.save_state("end of run");
+  m.shm->shutdown();
+  bool learner_failed = false;
+  for (const auto& w : m.sup.workers())
+    if (w.spec.role == "learner" && !w.finished) learner_failed = true;
+  if (learner_failed) {
+    log_error("launch: a learner rank did not finish cleanly; the newest checkpoint in ", m.run.sub("checkpoints"),
+              " is what --resume continues from");
+    m.failed = true;
+  }
+  log_info("launch: run ", m.run.name(), m.failed ? " stopped after a failure (" : " finished (", m.stop_reason,
+           "); outputs in ", m.run.path(), ", continue with tools/launch --resume ", m.run.path());
+  return m.failed ? 1 : 0;
+}
+
+}  // namespace kf::launch

@@ -1,0 +1,241 @@
+#include "run_monitor.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <numeric>
+#include <set>
+
+namespace kf::launch {
+
+namespace {
+constexpr int kCounters = replay::ControlBlock::kCounters;
+// Control-block counters used here (their meaning is documented by each role).
+constexpr int kActorPushed = 0, kActorExtractFail = 3, kActorLagSum = 7;
+constexpr int kEvalScored = 0;
+
+std::vector<uint64_t>& at_role(std::map<std::string, std::vector<uint64_t>>& m, const std::string& role) {
+  auto& v = m[role];
+  v.resize(kCounters, 0);
+  return v;
+}
+
+std::string fmt(const char* f, double v) {
+  char b[64];
+  std::snprintf(b, sizeof b, f, v);
+  return b;
+}
+}  // namespace
+
+void CounterTotals::update(const std::vector<replay::PeerInfo>& peers) {
+  for (const auto& p : peers) {
+    auto it = seen_.find(p.slot);
+    if (it != seen_.end() && it->second.pid != p.pid) {
+      // The slot now belongs to a new process: keep the old one's final counts.
+      auto& r = at_role(retired_, it->second.role);
+      for (int c = 0; c < kCounters && c < static_cast<int>(it->second.last.size()); ++c) r[c] += it->second.last[c];
+      seen_.erase(it);
+    }
+    Seen& s = seen_[p.slot];
+    s.pid = p.pid;
+    s.role = p.role;
+    s.last.resize(kCounters, 0);
+    for (int c = 0; c < kCounters && c < static_cast<int>(p.counters.size()); ++c)
+      s.last[c] = std::max(s.last[c], p.counters[c]);
+  }
+}
+
+uint64_t CounterTotals::sum(const std::string& role, int counter) const {
+  uint64_t n = 0;
+  for (const auto& [slot, s] : seen_)
+    if (s.role == role && counter < static_cast<int>(s.last.size())) n += s.last[counter];
+  for (const auto* m : {&retired_, &base_}) {
+    auto it = m->find(role);
+    if (it != m->end() && counter < static_cast<int>(it->second.size())) n += it->second[counter];
+  }
+  return n;
+}
+
+nlohmann::json CounterTotals::to_json() const {
+  nlohmann::json j = nlohmann::json::object();
+  std::set<std::string> roles;
+  for (const auto& [slot, s] : seen_) roles.insert(s.role);
+  for (const auto* m : {&retired_, &base_})
+    for (const auto& [r, v] : *m) roles.insert(r);
+  for (const auto& r : roles) {
+    std::vector<uint64_t> v(kCounters);
+    for (int c = 0; c < kCounters; ++c) v[c] = sum(r, c);
+    j[r] = v;
+  }
+  return j;
+}
+
+void CounterTotals::from_json(const nlohmann::json& j) {
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    auto& b = at_role(base_, it.key());
+    const auto v = it.value().get<std::vector<uint64_t>>();
+    for (int c = 0; c < kCounters && c < static_cast<int>(v.size()); ++c) b[c] += v[c];
+  }
+}
+
+void RunMonitor::add_result(const replay::Result& r) {
+  std::lock_guard<std::mutex> g(mu_);
+  ++total_;
+  ++verdicts_[replay::verdict_name(r.verdict)];
+  if (r.verdict == replay::Verdict::ok) best_ever_ = std::max(best_ever_, r.speedup);
+  recent_.push_back({r.verdict, r.speedup, r.reward});
+  while (recent_.size() > window_) recent_.pop_front();
+}
+
+ResultSummary RunMonitor::results() const {
+  std::lock_guard<std::mutex> g(mu_);
+  ResultSummary s;
+  s.total = total_;
+  s.verdicts = verdicts_;
+  s.best_speedup_ever = best_ever_;
+  s.window_n = recent_.size();
+  if (recent_.empty()) return s;
+  std::vector<double> sp;
+  double reward = 0;
+  std::size_t fast = 0;
+  for (const auto& l : recent_) {
+    s.window_frac[replay::verdict_name(l.verdict)] += 1.0;
+    reward += l.reward;
+    if (l.verdict == replay::Verdict::ok) {
+      sp.push_back(l.speedup);
+      if (l.speedup > 1.0) ++fast;
+    }
+  }
+  const double n = static_cast<double>(recent_.size());
+  for (auto& [k, v] : s.window_frac) v /= n;
+  s.mean_reward = reward / n;
+  s.fast1_frac = static_cast<double>(fast) / n;
+  if (!sp.empty()) {
+    std::sort(sp.begin(), sp.end());
+    s.mean_speedup = std::accumulate(sp.begin(), sp.end(), 0.0) / static_cast<double>(sp.size());
+    const std::size_t m = sp.size() / 2;
+    s.median_speedup = sp.size() % 2 ? sp[m] : 0.5 * (sp[m - 1] + sp[m]);
+    s.best_speedup = sp.back();
+  }
+  return s;
+}
+
+void RunMonitor::sample_rates(double elapsed_s, Status& s) {
+  RateSample now{elapsed_s, counters_.sum("actor", kActorPushed), counters_.sum("evaluator", kEvalScored),
+                 counters_.sum("actor", kActorLagSum)};
+  rate_.push_back(now);
+  while (rate_.size() > 2 && rate_.front().t < elapsed_s - 10.0) rate_.pop_front();
+  s.samples = now.samples;
+  s.verified = now.verified;
+  s.extraction_failures = counters_.sum("actor", kActorExtractFail);
+  const RateSample& old = rate_.front();
+  const double dt = now.t - old.t;
+  if (dt > 0.5) {
+    s.samples_per_s = static_cast<double>(now.samples - old.samples) / dt;
+    s.verified_per_min = 60.0 * static_cast<double>(now.verified - old.verified) / dt;
+  }
+  const uint64_t pushed = now.samples - old.samples;
+  s.policy_lag = pushed ? static_cast<double>(now.lag_sum - old.lag_sum) / static_cast<double>(pushed) : 0.0;
+  s.results = results();
+}
+
+nlohmann::json RunMonitor::to_json() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return {{"results_total", total_}, {"verdicts", verdicts_}, {"best_speedup", best_ever_},
+          {"counters", counters_.to_json()}};
+}
+
+void RunMonitor::from_json(const nlohmann::json& j) {
+  std::lock_guard<std::mutex> g(mu_);
+  total_ += j.value("results_total", uint64_t{0});
+  if (j.contains("verdicts"))
+    for (auto it = j["verdicts"].begin(); it != j["verdicts"].end(); ++it) verdicts_[it.key()] += it.value().get<uint64_t>();
+  best_ever_ = std::max(best_ever_, j.value("best_speedup", 0.0));
+  if (j.contains("counters")) counters_.from_json(j["counters"]);
+}
+
+std::string render_status(const Status& s) {
+  std::string o;
+  const int width = 30;
+  double frac = s.step_budget > 0 ? std::min(1.0, static_cast<double>(s.step) / static_cast<double>(s.step_budget)) : 0;
+  const int fill = static_cast<int>(std::lround(frac * width));
+  o += "[" + std::string(fill, '#') + std::string(width - fill, '.') + "] step " + std::to_string(s.step);
+  if (s.step_budget > 0) o += "/" + std::to_string(s.step_budget);
+  o += "  " + s.phase + "  " + fmt("%.0f s", s.elapsed_s) + "  policy v" + std::to_string(s.policy_version) + "\n";
+  const auto& r = s.results;
+  auto pct = [&](const char* v) {
+    auto it = r.window_frac.find(v);
+    return fmt("%.0f%%", 100.0 * (it == r.window_frac.end() ? 0.0 : it->second));
+  };
+  o += "samples " + fmt("%.2f/s", s.samples_per_s) + "  verified " + fmt("%.1f/min", s.verified_per_min) +
+       "  (total " + std::to_string(s.verified) + ", extraction failures " + std::to_string(s.extraction_failures) +
+       ")\n";
+  o += "last " + std::to_string(r.window_n) + ": correct " + pct("ok") + "  cheat " + pct("rejected_cheat") +
+       "  compile err " + pct("compile_error") + "  wrong " + pct("incorrect") + "  fast_1 " +
+       fmt("%.0f%%", 100 * r.fast1_frac) + "\n";
+  o += "speedup mean " + fmt("%.2fx", r.mean_speedup) + "  median " + fmt("%.2fx", r.median_speedup) + "  best " +
+       fmt("%.2fx", r.best_speedup) + " (ever " + fmt("%.2fx", r.best_speedup_ever) + ")  reward " +
+       fmt("%.2f", r.mean_reward) + "\n";
+  o += "queues: candidates " + std::to_string(s.candidate_queue) + "  results " + std::to_string(s.result_queue) +
+       "  ready groups " + std::to_string(s.ready_groups) + "  open " + std::to_string(s.open_groups) + "  lag " +
+       fmt("%.1f", s.policy_lag) + "  GPU busy " + (s.gpu_busy < 0 ? std::string("n/a") : fmt("%.0f%%", 100 * s.gpu_busy)) +
+       "\n";
+  std::string w;
+  for (const auto& x : s.workers) w += (w.empty() ? "" : ", ") + x;
+  o += "workers: " + w + "\n";
+  return o;
+}
+
+std::string render_status_line(const Status& s) {
+  const auto& r = s.results;
+  auto frac = [&](const char* v) {
+    auto it = r.window_frac.find(v);
+    return 100.0 * (it == r.window_frac.end() ? 0.0 : it->second);
+  };
+  std::string o = "status: " + s.phase + " step " + std::to_string(s.step);
+  if (s.step_budget > 0) o += "/" + std::to_string(s.step_budget);
+  o += fmt(", %.0f s", s.elapsed_s) + fmt(", samples %.2f/s", s.samples_per_s) +
+       fmt(", verified %.1f/min", s.verified_per_min) + " (" + std::to_string(s.verified) + ")" +
+       fmt(", correct %.0f%%", frac("ok")) + fmt(", cheat %.0f%%", frac("rejected_cheat")) +
+       fmt(", speedup mean %.2fx", r.mean_speedup) + fmt(" median %.2fx", r.median_speedup) +
+       fmt(" best %.2fx", r.best_speedup_ever) + ", queues " + std::to_string(s.candidate_queue) + "/" +
+       std::to_string(s.result_queue) + ", ready " + std::to_string(s.ready_groups) + fmt(", lag %.1f", s.policy_lag) +
+       (s.gpu_busy < 0 ? std::string(", GPU n/a") : fmt(", GPU %.0f%%", 100 * s.gpu_busy));
+  return o;
+}
+
+std::vector<std::pair<std::string, double>> status_scalars(const Status& s) {
+  const auto& r = s.results;
+  auto frac = [&](const char* v) {
+    auto it = r.window_frac.find(v);
+    return it == r.window_frac.end() ? 0.0 : it->second;
+  };
+  std::vector<std::pair<std::string, double>> v = {
+      {"elapsed_s", s.elapsed_s},
+      {"samples_per_s", s.samples_per_s},
+      {"candidates_per_min", s.verified_per_min},
+      {"samples_total", static_cast<double>(s.samples)},
+      {"verified_total", static_cast<double>(s.verified)},
+      {"extraction_failures_total", static_cast<double>(s.extraction_failures)},
+      {"correct_frac", frac("ok")},
+      {"cheat_frac", frac("rejected_cheat")},
+      {"compile_error_frac", frac("compile_error")},
+      {"incorrect_frac", frac("incorrect")},
+      {"runtime_error_frac", frac("runtime_error")},
+      {"timeout_frac", frac("timeout")},
+      {"mean_speedup", r.mean_speedup},
+      {"median_speedup", r.median_speedup},
+      {"best_speedup", r.best_speedup_ever},
+      {"fast1_frac", r.fast1_frac},
+      {"mean_reward", r.mean_reward},
+      {"policy_lag", s.policy_lag},
+      {"policy_version", static_cast<double>(s.policy_version)},
+      {"candidate_queue_depth", static_cast<double>(s.candidate_queue)},
+      {"result_queue_depth", static_cast<double>(s.result_queue)},
+      {"ready_groups", static_cast<double>(s.ready_groups)},
+  };
+  if (s.gpu_busy >= 0) v.push_back({"gpu_busy_frac", s.gpu_busy});
+  return v;
+}
+
+}  // namespace kf::launch

@@ -1,0 +1,113 @@
+// RunMonitor: what tools/launch knows about a running run, for the status display,
+// metrics/run.jsonl and the resume state.
+//
+// Two sources:
+//  - every Result the launcher moves from the result queue into the replay (add_result):
+//    verdict mix, speedups, rewards, over the last `window` results and in total;
+//  - the control block's per-process counters, summed per role over every process
+//    the run ever had: a worker that exits or is restarted keeps its counts (the
+//    monitor remembers the last value seen per (slot, pid)).
+// Rates (samples/s, verified/min) are taken over the last ~10 s of samples.
+//
+// Threading: add_result() may run on another thread than the rest (the launcher's
+// ingest thread); everything else is called by the main loop.
+#pragma once
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kf/replay/control.h"
+#include "kf/replay/records.h"
+
+namespace kf::launch {
+
+struct ResultSummary {
+  uint64_t total = 0;                       // results ever seen (resume included)
+  std::map<std::string, uint64_t> verdicts;  // cumulative, by verdict name
+  std::size_t window_n = 0;                 // results in the window
+  std::map<std::string, double> window_frac;  // verdict name -> share of the window
+  double mean_speedup = 0, median_speedup = 0, best_speedup = 0;  // ok results in the window (0: none)
+  double fast1_frac = 0;                    // ok and speedup > 1, share of the window
+  double mean_reward = 0;
+  double best_speedup_ever = 0;
+};
+
+// Per-role sums of control-block counters over all processes ever seen.
+class CounterTotals {
+ public:
+  void update(const std::vector<replay::PeerInfo>& peers);
+  uint64_t sum(const std::string& role, int counter) const;
+  nlohmann::json to_json() const;
+  void from_json(const nlohmann::json& j);  // adds saved totals as a base (resume)
+
+ private:
+  struct Seen {
+    int32_t pid = 0;
+    std::string role;
+    std::vector<uint64_t> last;
+  };
+  std::map<int, Seen> seen_;                                   // by control-block slot
+  std::map<std::string, std::vector<uint64_t>> retired_;       // counts of slots reused by a new pid
+  std::map<std::string, std::vector<uint64_t>> base_;          // from a resumed run
+};
+
+struct Status {
+  double elapsed_s = 0;
+  int64_t step = 0, step_budget = 0;        // learner steps (budget 0: none)
+  double samples_per_s = 0, verified_per_min = 0;
+  uint64_t samples = 0, verified = 0, extraction_failures = 0;
+  ResultSummary results;
+  uint64_t candidate_queue = 0, result_queue = 0, ready_groups = 0, open_groups = 0;
+  double policy_lag = 0;                    // mean over the candidates pushed in the rate window
+  int64_t policy_version = -1;
+  double gpu_busy = -1;                     // 0..1, -1: unknown
+  std::string phase;                        // running / draining / stopping
+  std::vector<std::string> workers;         // "actor 0 up", "evaluator 0 restarting (2)", ...
+};
+
+class RunMonitor {
+ public:
+  explicit RunMonitor(std::size_t window) : window_(window) {}
+
+  void add_result(const replay::Result& r);
+  ResultSummary results() const;
+  CounterTotals& counters() { return counters_; }
+
+  // Records one sample of the cumulative counts (call about once a second) and fills
+  // the rates of `s` over the last ~10 s.
+  void sample_rates(double elapsed_s, Status& s);
+
+  nlohmann::json to_json() const;            // the resume state (totals, not windows)
+  void from_json(const nlohmann::json& j);
+
+ private:
+  mutable std::mutex mu_;
+  std::size_t window_;
+  struct Lite {
+    replay::Verdict verdict;
+    double speedup, reward;
+  };
+  std::deque<Lite> recent_;
+  uint64_t total_ = 0;
+  std::map<std::string, uint64_t> verdicts_;
+  double best_ever_ = 0;
+  CounterTotals counters_;
+  struct RateSample {
+    double t;
+    uint64_t samples, verified, lag_sum;
+  };
+  std::deque<RateSample> rate_;
+};
+
+// The terminal view (several lines, fixed width) and the one-line log view.
+std::string render_status(const Status& s);
+std::string render_status_line(const Status& s);
+// The numeric fields of a status for metrics/run.jsonl and TensorBoard.
+std::vector<std::pair<std::string, double>> status_scalars(const Status& s);
+
+}  // namespace kf::launch
