@@ -45,7 +45,8 @@ std::string RoundStats::json() const {
                       {"sample_s", sample_s},
                       {"eval_s", eval_s},
                       {"train_s", train_s},
-                      {"final_loss", final_loss}};
+                      {"final_loss", final_loss},
+                      {"extract_failures", extract_failures}};
   return j.dump();
 }
 
@@ -137,7 +138,10 @@ std::vector<RoundStats> run_selfsup(policy::Policy& pol, const Corpus& corpus, c
         if (c.finish_reason == "eos" && !toks.empty()) toks.pop_back();
         const std::string text = codec.decode(toks);
         const auto ex = actors::extract_kernel(text);
-        if (!ex.ok) continue;
+        if (!ex.ok) {
+          ++rs.extract_failures[ex.code];
+          continue;
+        }
         ++rs.extracted;
         auto it = evaluated.find(ex.source);
         const bool first = it == evaluated.end();

@@ -67,7 +67,8 @@ int main(int argc, char** argv) {
     log_info("selfsup: ", base.size(), " corpus SFT examples for retraining");
 
     evaluator::EvalOptions eo;
-    eo.compile.cache_dir = o.out_dir + "/eval-cache";
+    // eo.compile.cache_dir stays empty: $KF_EVAL_CACHE or /tmp/kf-eval-cache-<uid>, outside
+    // the policy folder (which may be committed).
     eo.correctness_sets = 2;
     eo.stress_sets = 2;
     eo.warmup = 1;

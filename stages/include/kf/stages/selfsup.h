@@ -7,6 +7,7 @@
 // Threading: one thread; the evaluator and the model are used from it only.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,7 @@ struct RoundStats {
   int64_t round = 0, tasks = 0, samples = 0, extracted = 0, compiled = 0, correct = 0, kept = 0;
   double mean_speedup_correct = 0;
   double sample_s = 0, eval_s = 0, train_s = 0, final_loss = 0;
+  std::map<std::string, int64_t> extract_failures;  // extractor failure code -> count
   std::string json() const;  // the selfsup.jsonl line (rates in percent of samples)
 };
 
