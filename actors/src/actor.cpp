@@ -1,5 +1,7 @@
 #include "kf/actors/actor.h"
 
+#include "kf/common/metrics.h"
+
 #include <dirent.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -212,7 +214,7 @@ StepResult Actor::step() {
   const auto bp0 = Clock::now();
   while (queue.raw().stats().free_slots < std::min<uint64_t>(need, queue.raw().capacity())) {
     const auto st = ctl.state();
-    if (stop_ || st == replay::RunState::stopped || st == replay::RunState::draining) return StepResult::stopped;
+    if (stopping() || st == replay::RunState::stopped || st == replay::RunState::draining) return StepResult::stopped;
     ctl.heartbeat(slot_);
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
@@ -305,7 +307,7 @@ StepResult Actor::step() {
       ok = queue.push(c, std::chrono::milliseconds(200));
       if (ok) break;
       const auto st = ctl.state();
-      if (stop_ || st == replay::RunState::stopped || st == replay::RunState::draining) break;
+      if (stopping() || st == replay::RunState::stopped || st == replay::RunState::draining) break;
       ctl.heartbeat(slot_);
       if (queue.raw().stats().dropped_too_large > 0 && encoded_size(c) > queue.raw().slot_bytes()) {
         log_error("actor ", opts_.id, ": candidate of task ", task->name(), " is ", encoded_size(c),
@@ -354,6 +356,7 @@ std::string Actor::metrics_json() const {
 }
 
 void Actor::run(const std::atomic<bool>* stop) {
+  ext_stop_ = stop;  // the waits inside step() (back-pressure, full queue) watch it too
   auto& ctl = shm_.control();
   if (ctl.state() == replay::RunState::starting) {
     log_info("actor ", opts_.id, ": waiting for the run to start");
@@ -362,13 +365,33 @@ void Actor::run(const std::atomic<bool>* stop) {
       ctl.wait_state_change(replay::RunState::starting, std::chrono::milliseconds(200));
     }
   }
-  std::ofstream metrics;
-  if (!opts_.metrics_file.empty()) metrics.open(opts_.metrics_file, std::ios::app);
+  // metrics/actor-<id>.jsonl and TensorBoard events, step = groups sampled so far.
+  std::unique_ptr<MetricsWriter> metrics;
+  if (!opts_.metrics_dir.empty()) {
+    try {
+      metrics = std::make_unique<MetricsWriter>(opts_.metrics_dir, "actor-" + std::to_string(opts_.id));
+    } catch (const Error& e) {
+      log_error("actor ", opts_.id, ": cannot write metrics (", e.what(), "); sampling goes on without them");
+    }
+  }
   auto last = Clock::now();
   auto report = [&]() {
     const std::string j = metrics_json();
     log_info("actor ", opts_.id, ": ", j);
-    if (metrics) metrics << j << "\n" << std::flush;
+    if (!metrics) return;
+    std::vector<std::pair<std::string, double>> scalars;
+    nlohmann::json extra = nlohmann::json::object();
+    const auto fields = nlohmann::json::parse(j);  // named: items() refers into it
+    for (const auto& [k, v] : fields.items()) {
+      if (v.is_number()) scalars.emplace_back(k, v.get<double>());
+      else extra[k] = v;
+    }
+    try {
+      metrics->write(static_cast<int64_t>(m_.groups), scalars, extra);
+    } catch (const Error& e) {
+      log_error("actor ", opts_.id, ": metrics write failed (", e.what(), "); sampling goes on without metrics");
+      metrics.reset();
+    }
   };
   while (!stop_ && !(stop && *stop)) {
     const auto st = ctl.state();

@@ -52,7 +52,7 @@ int main(int argc, char** argv) {
     opts = kf::actors::actor_options(cfg, id);
     if (!device.empty()) opts.device = device;
     if (max_groups > 0) opts.max_groups = max_groups;
-    if (!run_dir.empty()) opts.metrics_file = run_dir + "/metrics/actor-" + std::to_string(id) + ".jsonl";
+    if (!run_dir.empty()) opts.metrics_dir = run_dir + "/metrics";
   } catch (const kf::Error& e) {
     kf::log_error("actor ", id, ": bad configuration: ", e.what(), "; exiting (code 2)");
     return 2;

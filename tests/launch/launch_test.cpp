@@ -242,6 +242,13 @@ TEST(LaunchTest, RunReachesTheStepBudgetAndStopsInOrder) {
   EXPECT_NE(log.find("status:"), std::string::npos) << "no status line when stdout is not a terminal";
   EXPECT_EQ(log.find("restart"), std::string::npos) << log;
   EXPECT_FALSE(shm_exists(name)) << "shared memory left behind";
+
+  // tools/report turns the finished run into plots and a page with the best kernel.
+  const std::string cmd = t::source_dir() + "/tools/report " + run + " > " + tmp.path + "/report.txt 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << slurp(tmp.path + "/report.txt");
+  for (const char* f : {"index.html", "reward.png", "speedup.png", "verdicts.png", "throughput.png"})
+    EXPECT_TRUE(exists(run + "/report/" + f)) << f << "\n" << slurp(tmp.path + "/report.txt");
+  EXPECT_NE(slurp(run + "/report/index.html").find("001_relu"), std::string::npos);
 }
 
 TEST(LaunchTest, SigintDrainsCheckpointsAndResumeFinishesTheRun) {
@@ -294,4 +301,22 @@ TEST(LaunchTest, KilledActorAndEvaluatorAreRestartedAndTheRunCompletes) {
   // Results kept flowing after the restart: the evaluator that replaced the killed one scored some.
   const auto state = nlohmann::json::parse(slurp(run + "/checkpoints/launch_state.json"));
   EXPECT_GT(state["results_total"].get<int64_t>(), 0);
+}
+
+TEST(LaunchTest, SerialModeRunsThePipelineInOneProcess) {
+  NEED_LAUNCH();
+  t::TempDir tmp("launch-test");
+  const std::string name = "ls" + std::to_string(getpid());
+  const std::string run = tmp.path + "/runs/" + name;
+  auto l = start({write_config(tmp.path, 2), "--name", name, "--set", "launch.mode=serial"}, tmp.path + "/out.txt");
+  ASSERT_EQ(wait_for(l, 300), 0) << slurp(l.out);
+  EXPECT_GE(learner_step(run), 2);
+  EXPECT_EQ(checkpoints(run).back(), "step-000000000002");
+  // No worker processes: everything ran inside the launcher.
+  EXPECT_FALSE(exists(run + "/logs/actor-0.out"));
+  EXPECT_FALSE(exists(run + "/logs/evaluator-0.out"));
+  EXPECT_EQ(slurp(run + "/best/001_relu.cpp"), t::read_file(t::source_dir() + "/tests/evaluator/kernels/cpu/good_relu.cpp"));
+  const auto state = nlohmann::json::parse(slurp(run + "/checkpoints/launch_state.json"));
+  EXPECT_GT(state["verdicts"]["ok"].get<int64_t>(), 0) << state.dump();
+  EXPECT_FALSE(shm_exists(name));
 }

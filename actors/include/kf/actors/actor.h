@@ -95,6 +95,8 @@ class Actor {
   int slot_ = -1;
   uint64_t counter_ = 0, picks_ = 0;
   std::atomic<bool> stop_{false};
+  const std::atomic<bool>* ext_stop_ = nullptr;  // run()'s flag (a signal handler's)
+  bool stopping() const { return stop_ || (ext_stop_ && ext_stop_->load()); }
   std::set<std::string> unusable_, warned_empty_;
   std::map<std::string, TaskInfo> info_;
   ActorMetrics m_;

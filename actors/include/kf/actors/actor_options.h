@@ -52,7 +52,7 @@ struct ActorOptions {
   bool wait_for_snapshot = false;         // sample only after the first snapshot arrives
   double metrics_every_s = 10;
   int64_t max_groups = 0;                 // stop after this many groups (0: until the run stops)
-  std::string metrics_file;               // JSONL; empty: none
+  std::string metrics_dir;                // metrics/actor-<id>.jsonl + TensorBoard events here; empty: none
 };
 
 // Throws kf::Error naming the file and key for an out-of-range value.
