@@ -320,3 +320,16 @@ TEST(LaunchTest, SerialModeRunsThePipelineInOneProcess) {
   EXPECT_GT(state["verdicts"]["ok"].get<int64_t>(), 0) << state.dump();
   EXPECT_FALSE(shm_exists(name));
 }
+
+TEST(LaunchTest, ShippedCpuConfigsPassTheChecks) {
+  NEED_LAUNCH();
+  t::TempDir tmp("launch-test");
+  for (const char* c : {"configs/quickstart.yaml", "configs/default.yaml"}) {
+    auto l = start({t::source_dir() + "/" + c, "--check", "--set", "tasks.dir=" + tasks_dir(), "--set",
+                    "run.root=" + tmp.path + "/runs", "--set",
+                    "learner.policy=" + t::source_dir() + "/policies/default"},
+                   tmp.path + "/out.txt");
+    EXPECT_EQ(wait_for(l, 120), 0) << c << "\n" << slurp(l.out);
+  }
+  EXPECT_FALSE(exists(tmp.path + "/runs"));
+}

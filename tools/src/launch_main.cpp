@@ -1,6 +1,7 @@
 // kf-launch: the run supervisor behind tools/launch.
 //   tools/launch CONFIG [--set key=value]... [--name NAME]
 //   tools/launch --resume RUN [--set key=value]...
+//   tools/launch CONFIG --check        validate only
 // Validates the config and the task selection before anything starts, creates the run
 // directory and the run's shared memory, spawns the evaluators (one per GPU, pinned),
 // the actors and the learner ranks, moves results from the result queue into the
@@ -43,6 +44,8 @@ int main(int argc, char** argv) {
   app.add_option("--resume", resume, "continue a run: its folder, or its name under run.root (runs/)");
   app.add_option("--set", sets, "override a key: a.b=value (repeatable)");
   app.add_option("--name", name, "run name (overrides run.name)");
+  bool check_only = false;
+  app.add_flag("--check", check_only, "validate the config and task selection, start nothing, exit 0 or 2");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -68,6 +71,10 @@ int main(int argc, char** argv) {
     if (!name.empty()) sets.push_back("run.name=" + name);
     cfg = kf::Config::load(config_file, sets);
     kf::launch::preflight(cfg);
+    if (check_only) {
+      kf::log_info("config ", config_file, " is valid: nothing started (--check)");
+      return 0;
+    }
   } catch (const std::exception& e) {
     kf::log_error("config rejected: ", e.what(), "; nothing was started");
     return 2;

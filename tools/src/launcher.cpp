@@ -73,7 +73,7 @@ void preflight(const Config& cfg) {
   const auto backend = tasks::resolve_backend(cfg.get_string("run.backend"));
   const auto selected = select_tasks(cfg, backend);  // throws when none matches
   (void)selected;
-  if (!file_readable(ao.template_path))
+  if (!file_readable(actors::resolve_tree_path(ao.template_path)))
     throw Error("actors.prompt.template: cannot read " + ao.template_path);
   if (!lc.policy.empty() && !file_readable(lc.policy + "/config.json"))
     throw Error("learner.policy: " + lc.policy + " is not a model folder (no config.json)");
