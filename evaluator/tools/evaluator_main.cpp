@@ -1,7 +1,8 @@
 // kf-evaluator: the evaluator process of a run (one per GPU, or several on CPU).
 //   kf-evaluator --run NAME --config FILE [--set k=v]... [--id N] [--device N]
 // Attaches to the run's shared memory (made by tools/launch), then scores candidates
-// (EvaluatorService) until the run stops, or drains the queue when it is draining.
+// (EvaluatorService) until the run stops, or, when it is draining, until the queue is
+// empty and no actor process is left.
 // The backend is run.backend (auto: CUDA when a GPU is visible); tasks come from tasks.dir.
 // SIGINT/SIGTERM: finish the candidate in hand, then exit 0.
 // Exit: 0 stopped cleanly, 2 usage or config error, 3 could not attach / fatal error.
@@ -21,6 +22,11 @@
 namespace {
 std::atomic<bool> g_stop{false};
 void on_signal(int) { g_stop = true; }
+bool actor_alive(const kf::replay::ControlBlock& ctl) {
+  for (const auto& p : ctl.peers(std::chrono::hours(1)))
+    if (p.role == "actor" && p.alive) return true;
+  return false;
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -66,7 +72,9 @@ int main(int argc, char** argv) {
       const auto state = shm->control().state();
       if (state == kf::replay::RunState::stopped) break;
       const std::size_t n = service.step();
-      if (n == 0 && state == kf::replay::RunState::draining) break;  // queue drained
+      // Draining: leave once the queue is empty and no actor is still finishing a group
+      // (its last candidates would otherwise stay unscored).
+      if (n == 0 && state == kf::replay::RunState::draining && !actor_alive(shm->control())) break;
     }
     const auto& st = service.stats();
     kf::log_info("evaluator ", id, ": exiting; scored ", st.scored, " (ok ", st.ok, ", cheats ", st.rejected_cheat,
