@@ -32,16 +32,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 namespace t = kf::test;
 
-bool exists(const std::string& p) {
-  struct stat st;
-  return ::stat(p.c_str(), &st) == 0;
-}
-
-std::string tasks_dir() {
-  for (const std::string& d : {t::env_or("KF_TASKS_DIR", ""), t::build_dir() + "/tasks", t::source_dir() + "/build/tasks"})
-    if (!d.empty() && exists(d + "/001_relu/task.json")) return d;
-  return "";
-}
+using kf::actors::test::exists;
+using kf::actors::test::tasks_dir;
 
 #define NEED_LAUNCH()                                                                                  \
   do {                                                                                                 \

@@ -5,7 +5,10 @@
 #include <algorithm>
 #include <nlohmann/json.hpp>
 
+#include <unistd.h>
+
 #include "kf/common/error.h"
+#include "kf/common/log.h"
 
 namespace kf::launch {
 
@@ -42,6 +45,30 @@ void save_run_outputs(replay::RunShm& shm, const RunDir& run, tasks::Backend bac
     index[task] = {{"speedup", best->speedup}, {"policy_version", best->policy_version}, {"file", file}};
   }
   write_file_atomic(run.sub("best") + "/index.json", index.dump(1));
+}
+
+namespace {
+std::string launch_state_path(const RunDir& run) { return run.sub("checkpoints") + "/launch_state.json"; }
+}  // namespace
+
+double load_launch_state(const RunDir& run, RunMonitor& monitor) {
+  const std::string p = launch_state_path(run);
+  if (access(p.c_str(), R_OK) != 0) return 0;
+  try {
+    const auto j = nlohmann::json::parse(read_file(p));
+    monitor.from_json(j);
+    return j.value("elapsed_s", 0.0);
+  } catch (const std::exception& e) {
+    log_warn("launch: ", p, " is unreadable (", e.what(), "); run totals start from zero, the run goes on");
+    return 0;
+  }
+}
+
+void save_launch_state(const RunDir& run, const RunMonitor& monitor, double elapsed_s, const char* when) {
+  nlohmann::json st = monitor.to_json();
+  st["elapsed_s"] = elapsed_s;
+  st["saved"] = when;
+  write_file_atomic(launch_state_path(run), st.dump(1));
 }
 
 }  // namespace kf::launch

@@ -381,10 +381,7 @@ void Launcher::Impl::advance_phase() {
 void Launcher::Impl::save_state(const char* when) {
   try {
     save_run_outputs(*shm, run, backend);
-    nlohmann::json st = monitor.to_json();
-    st["elapsed_s"] = elapsed();
-    st["saved"] = when;
-    write_file_atomic(run.sub("checkpoints") + "/launch_state.json", st.dump(1));
+    save_launch_state(run, monitor, elapsed(), when);
   } catch (const std::exception& e) {
     log_error("launch: saving the run's outputs (", when, ") failed: ", e.what(), "; the run goes on");
   }
@@ -440,18 +437,7 @@ Launcher::Launcher(const Config& cfg, const RunDir& run, const LaunchOptions& op
   Impl& m = *impl_;
   m.plan_workers();  // checks the binaries before shared memory exists
   m.shm = replay::RunShm::create(run.name(), replay::run_shm_config(cfg));
-  if (opts.resumed) {
-    const std::string p = run.sub("checkpoints") + "/launch_state.json";
-    if (file_readable(p)) {
-      try {
-        const auto j = nlohmann::json::parse(read_file(p));
-        m.monitor.from_json(j);
-        m.elapsed_base = j.value("elapsed_s", 0.0);
-      } catch (const std::exception& e) {
-        log_warn("launch: ", p, " is unreadable (", e.what(), "); run totals start from zero, the run goes on");
-      }
-    }
-  }
+  if (opts.resumed) m.elapsed_base = load_launch_state(run, m.monitor);
   m.metrics = std::make_unique<MetricsWriter>(run.sub("metrics"), "run");
 }
 

@@ -27,6 +27,11 @@ std::string fmt(const char* f, double v) {
 }
 }  // namespace
 
+double ResultSummary::frac(const char* verdict) const {
+  auto it = window_frac.find(verdict);
+  return it == window_frac.end() ? 0.0 : it->second;
+}
+
 void CounterTotals::update(const std::vector<replay::PeerInfo>& peers) {
   for (const auto& p : peers) {
     auto it = seen_.find(p.slot);
@@ -163,10 +168,7 @@ std::string render_status(const Status& s) {
   if (s.step_budget > 0) o += "/" + std::to_string(s.step_budget);
   o += "  " + s.phase + "  " + fmt("%.0f s", s.elapsed_s) + "  policy v" + std::to_string(s.policy_version) + "\n";
   const auto& r = s.results;
-  auto pct = [&](const char* v) {
-    auto it = r.window_frac.find(v);
-    return fmt("%.0f%%", 100.0 * (it == r.window_frac.end() ? 0.0 : it->second));
-  };
+  auto pct = [&](const char* v) { return fmt("%.0f%%", 100.0 * r.frac(v)); };
   o += "samples " + fmt("%.2f/s", s.samples_per_s) + "  verified " + fmt("%.1f/min", s.verified_per_min) +
        "  (total " + std::to_string(s.verified) + ", extraction failures " + std::to_string(s.extraction_failures) +
        ")\n";
@@ -188,10 +190,7 @@ std::string render_status(const Status& s) {
 
 std::string render_status_line(const Status& s) {
   const auto& r = s.results;
-  auto frac = [&](const char* v) {
-    auto it = r.window_frac.find(v);
-    return 100.0 * (it == r.window_frac.end() ? 0.0 : it->second);
-  };
+  auto frac = [&](const char* v) { return 100.0 * r.frac(v); };
   std::string o = "status: " + s.phase + " step " + std::to_string(s.step);
   if (s.step_budget > 0) o += "/" + std::to_string(s.step_budget);
   o += fmt(", %.0f s", s.elapsed_s) + fmt(", samples %.2f/s", s.samples_per_s) +
@@ -206,10 +205,7 @@ std::string render_status_line(const Status& s) {
 
 std::vector<std::pair<std::string, double>> status_scalars(const Status& s) {
   const auto& r = s.results;
-  auto frac = [&](const char* v) {
-    auto it = r.window_frac.find(v);
-    return it == r.window_frac.end() ? 0.0 : it->second;
-  };
+  auto frac = [&](const char* v) { return r.frac(v); };
   std::vector<std::pair<std::string, double>> v = {
       {"elapsed_s", s.elapsed_s},
       {"samples_per_s", s.samples_per_s},

@@ -35,6 +35,7 @@ struct ResultSummary {
   double fast1_frac = 0;                    // ok and speedup > 1, share of the window
   double mean_reward = 0;
   double best_speedup_ever = 0;
+  double frac(const char* verdict) const;   // share of the window with that verdict (0 if none)
 };
 
 // Per-role sums of control-block counters over all processes ever seen.

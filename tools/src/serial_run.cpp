@@ -1,6 +1,4 @@
 // launch.mode: serial — the whole pipeline in the launcher's process (see launcher.h).
-#include <unistd.h>
-
 #include <chrono>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -26,17 +24,7 @@ int run_serial(const Config& cfg, const RunDir& run, const LaunchOptions& opts) 
   auto shm = replay::RunShm::create(run.name(), replay::run_shm_config(cfg));
   auto& ctl = shm->control();
   RunMonitor monitor(static_cast<std::size_t>(cfg.get_int("launch.stats_window")));
-  double elapsed_base = 0;
-  const std::string state_path = run.sub("checkpoints") + "/launch_state.json";
-  if (opts.resumed && access(state_path.c_str(), R_OK) == 0) {
-    try {
-      const auto j = nlohmann::json::parse(read_file(state_path));
-      monitor.from_json(j);
-      elapsed_base = j.value("elapsed_s", 0.0);
-    } catch (const std::exception& e) {
-      log_warn("launch: ", state_path, " is unreadable (", e.what(), "); run totals start from zero");
-    }
-  }
+  const double elapsed_base = opts.resumed ? load_launch_state(run, monitor) : 0.0;
 
   // Learner: one rank, this process.
   auto lc = learner::learner_config_from(cfg);
@@ -122,10 +110,7 @@ int run_serial(const Config& cfg, const RunDir& run, const LaunchOptions& opts) 
   log_info("launch: serial run stops (", reason, "); final checkpoint");
   learner.checkpoint();
   save_run_outputs(*shm, run, backend);
-  nlohmann::json st = monitor.to_json();
-  st["elapsed_s"] = elapsed();
-  st["saved"] = "end of run";
-  write_file_atomic(state_path, st.dump(1));
+  save_launch_state(run, monitor, elapsed(), "end of run");
   shm->shutdown();
   log_info("launch: serial run ", run.name(), " finished at step ", learner.steps_done(), "; outputs in ", run.path());
   return 0;
