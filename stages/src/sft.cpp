@@ -6,7 +6,9 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <optional>
 #include <random>
+#include <torch/cuda.h>
 
 #include "kf/common/error.h"
 #include "kf/common/log.h"
@@ -47,6 +49,24 @@ int64_t parameter_count(policy::CausalLM& model) {
   return n;
 }
 
+torch::Device parse_device_option(const std::string& value) {
+  std::optional<torch::Device> dev;
+  try {
+    dev.emplace(value);
+  } catch (const c10::Error&) {
+    throw Error("--device " + value + ": not a device (cpu, cuda or cuda:N)");
+  }
+  if (dev->is_cuda()) {
+    const int64_t n = torch::cuda::is_available() ? static_cast<int64_t>(torch::cuda::device_count()) : 0;
+    if (n == 0) throw Error("--device " + value + ": no CUDA device is visible");
+    if (dev->has_index() && dev->index() >= n)
+      throw Error("--device " + value + ": only " + std::to_string(n) + " CUDA device(s) visible");
+  } else if (!dev->is_cpu()) {
+    throw Error("--device " + value + ": only cpu and cuda are supported");
+  }
+  return *dev;
+}
+
 namespace {
 
 // Sum of completion-token cross-entropies of one example, and the count. The lm_head
@@ -55,7 +75,10 @@ std::pair<torch::Tensor, int64_t> completion_nll(policy::CausalLM& model, const 
   const int64_t T = static_cast<int64_t>(ex.ids.size()), P = ex.prompt_len;
   if (P < 1 || P >= T) throw Error("sft: example " + ex.file + " has no completion tokens (prompt " + std::to_string(P) +
                                    " of " + std::to_string(T) + ")");
-  const auto ids = torch::tensor(std::vector<int64_t>(ex.ids.begin(), ex.ids.end()), torch::kInt64).unsqueeze(0);
+  // The ids go where the model's weights are (the CPU, or a GPU for tools/sft --device cuda).
+  const auto device = model->parameters().front().device();
+  const auto ids =
+      torch::tensor(std::vector<int64_t>(ex.ids.begin(), ex.ids.end()), torch::kInt64).unsqueeze(0).to(device);
   const auto h = model->hidden(ids, {}, nullptr).narrow(1, P - 1, T - P);
   const auto logits = model->logits(h).to(torch::kFloat32).reshape({T - P, -1});
   const auto target = ids.narrow(1, P, T - P).reshape({-1}).to(logits.device());
@@ -105,7 +128,11 @@ SftReport train_sft(policy::CausalLM& model, const std::vector<SftExample>& exam
     if (step < o.warmup_steps) {
       lr = o.lr * double(step + 1) / double(o.warmup_steps);
     } else {
-      const double t = double(step - o.warmup_steps) / double(std::max<int64_t>(1, o.steps - o.warmup_steps));
+      double t = double(step - o.warmup_steps) / double(std::max<int64_t>(1, o.steps - o.warmup_steps));
+      // With a time limit the decay follows whichever budget runs out first, so a
+      // time-bounded run (GPU sessions) still ends at the low learning rate.
+      if (o.time_limit_s > 0)
+        t = std::max(t, std::chrono::duration<double>(ts - t0).count() / o.time_limit_s);
       lr = o.lr * (o.min_lr_ratio + (1 - o.min_lr_ratio) * 0.5 * (1 + std::cos(M_PI * std::min(1.0, t))));
     }
     for (auto& g : opt.param_groups()) static_cast<torch::optim::AdamWOptions&>(g.options()).lr(lr);

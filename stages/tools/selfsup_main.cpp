@@ -16,7 +16,7 @@ using namespace kf::stages;
 
 int main(int argc, char** argv) {
   CLI::App app{"KernelForge stage 2: sample, verify, keep correct kernels, retrain"};
-  std::string model_dir, corpus_dir, backends = "cpu,cuda";
+  std::string model_dir, corpus_dir, backends = "cpu,cuda", device = "cpu";
   SelfsupOptions o;
   o.data.tasks_dir = "build/tasks";
   o.data.context_tokens = 0;
@@ -39,6 +39,7 @@ int main(int argc, char** argv) {
   app.add_option("--lr", o.train.lr, "retraining peak learning rate");
   app.add_option("--train-backends", backends, "corpus backends whose SFT examples the retraining includes");
   app.add_option("--eval-trials", eval_trials, "timed trials per verified kernel");
+  app.add_option("--device", device, "where the policy samples and retrains: cpu, cuda or cuda:N (fp32)");
   app.add_option("--threads", threads, "torch and evaluator CPU threads");
   CLI11_PARSE(app, argc, argv);
   o.train.lr = app.count("--lr") ? o.train.lr : 3e-4;
@@ -49,7 +50,9 @@ int main(int argc, char** argv) {
   log_init("selfsup", 0, o.out_dir + "/selfsup.log");
   try {
     at::set_num_threads(threads);
-    auto pol = policy::load_policy(model_dir, torch::kCPU, torch::kFloat32);
+    const torch::Device dev = parse_device_option(device);
+    if (dev.is_cuda()) at::globalContext().setAllowTF32CuBLAS(true);
+    auto pol = policy::load_policy(model_dir, dev, torch::kFloat32);
     if (!pol.tokenizer) throw Error(model_dir + ": no tokenizer.json");
     const auto corpus = load_corpus(corpus_dir);
     o.data.context_tokens = pol.config.max_position_embeddings;

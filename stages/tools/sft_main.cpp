@@ -46,7 +46,7 @@ int64_t percentile(std::vector<int64_t> v, double q) {
 
 int main(int argc, char** argv) {
   CLI::App app{"KernelForge stage 1: tokenizer training and SFT of the policy on the corpus"};
-  std::string corpus_dir, out, shape = "small", init, config_file, tasks_dir, backends = "cpu,cuda";
+  std::string corpus_dir, out, shape = "small", init, config_file, tasks_dir, backends = "cpu,cuda", device = "cpu";
   int64_t vocab = 4096, context = 4096;
   SftOptions so;
   SftDataOptions dopt;
@@ -66,6 +66,7 @@ int main(int argc, char** argv) {
   app.add_option("--exemplars", dopt.exemplars, "K exemplars per contrastive prompt");
   app.add_option("--context", context, "context tokens (prompt + completion); the model's max positions");
   app.add_option("--threads", so.threads, "torch threads (0: torch's default)");
+  app.add_option("--device", device, "where to train: cpu, cuda or cuda:N (fp32 weights, TF32 matmuls on a GPU)");
   app.add_option("--time-limit", so.time_limit_s, "stop training after this many seconds (0: off)");
   CLI11_PARSE(app, argc, argv);
 
@@ -143,6 +144,9 @@ int main(int argc, char** argv) {
       torch::manual_seed(so.seed);
       pol.model->init_random(so.seed);
     }
+    const torch::Device dev = parse_device_option(device);
+    if (dev.is_cuda()) at::globalContext().setAllowTF32CuBLAS(true);
+    pol.model->to(dev);
     const int64_t params = parameter_count(pol.model);
     log_info("sft: model ", init.empty() ? shape : init, ": ", params, " parameters, context ",
              pol.config.max_position_embeddings);
@@ -174,6 +178,7 @@ int main(int argc, char** argv) {
         {"batch", so.batch},
         {"lr", so.lr},
         {"seed", so.seed},
+        {"device", device},
         {"first_loss", rep.first_loss},
         {"final_loss", rep.final_loss},
         {"train_seconds", rep.seconds},

@@ -24,6 +24,10 @@ namespace kf::stages {
 policy::ModelConfig sft_shape(const std::string& name, int64_t vocab, int64_t max_positions, int64_t eos_id);
 int64_t parameter_count(policy::CausalLM& model);
 
+// The --device value of tools/sft and tools/selfsup ("cpu", "cuda", "cuda:N"). Throws
+// kf::Error naming --device for a malformed value or a GPU that is not there.
+torch::Device parse_device_option(const std::string& value);
+
 struct SftOptions {
   int64_t steps = 200;          // optimizer steps
   int64_t batch = 4;            // sequences per step (gradient accumulation, one at a time)
@@ -32,7 +36,8 @@ struct SftOptions {
   uint64_t seed = 0;
   int threads = 0;              // torch intra-op threads; 0: leave as is
   int64_t log_every = 1;
-  double time_limit_s = 0;      // > 0: stop early once exceeded (the run says so)
+  double time_limit_s = 0;      // > 0: stop early once exceeded (the run says so); the cosine
+                                // then decays over whichever of steps or time ends first
 };
 
 struct SftStepLog {
