@@ -102,6 +102,7 @@ Actor::Actor(ActorOptions opts, ActorPolicy policy, std::vector<std::shared_ptr<
   const std::string abi = resolve_tree_path(opts_.abi_header_path.empty() ? "evaluator/include/kf/kernel.h"
                                                                           : opts_.abi_header_path);
   abi_ = compact_abi(read_file(abi));
+  gpu_share_ = policy::GpuShare(policy_.model->options().device());
   slot_ = shm_.control().register_process("actor", opts_.id);
   if (opts_.context_tokens == 0) opts_.context_tokens = policy_.config.max_position_embeddings;
   if (opts_.context_tokens <= opts_.max_new_tokens)
@@ -133,7 +134,10 @@ bool Actor::refresh_weights() {
     shm_.control().add_counter(slot_, 5, 1);
     return false;
   }
-  load_weights_blob(policy_.model, blob_.data(), got.bytes, ctx);
+  {
+    policy::GpuShare::Scope share(&gpu_share_);  // the host-to-device copy is GPU work too
+    load_weights_blob(policy_.model, blob_.data(), got.bytes, ctx);
+  }
   version_ = got.version;
   loaded_version_ = got.version;
   m_.policy_version = version_;
@@ -229,10 +233,12 @@ StepResult Actor::step() {
   sp.max_new_tokens = opts_.max_new_tokens;
   sp.eos_ids = policy_.eos_ids;
   sp.seed = opts_.seed ^ group_id;
+  sp.gpu_share = &gpu_share_;
   const auto s0 = Clock::now();
   const auto completions =
       sample_group(policy_.model, prompt.tokens, opts_.group_size, sp, policy_.valid_vocab, opts_.shared_prefill);
   m_.sample_s += secs(s0, Clock::now());
+  m_.gpu_wait_s = gpu_share_.wait_seconds();
   const int64_t t_sampled = mono_ns();
 
   // Extract and build the candidates.
@@ -346,6 +352,8 @@ std::string Actor::metrics_json() const {
   j["policy_lag_mean"] = m_.pushed ? m_.lag_sum / double(m_.pushed) : 0.0;
   j["policy_lag_max"] = m_.lag_max;
   j["backpressure_s"] = m_.backpressure_s;
+  j["sample_s"] = m_.sample_s;
+  j["gpu_wait_s"] = m_.gpu_wait_s;
   j["snapshots_loaded"] = m_.snapshots_loaded;
   j["snapshots_rejected"] = m_.snapshots_rejected;
   j["groups_dropped"] = m_.groups_dropped;

@@ -28,6 +28,7 @@ std::vector<policy::Completion> sample_group(policy::CausalLM& model, const std:
     if (t < 0 || t >= cfg.vocab_size) throw Error("sample_group: prompt token " + std::to_string(t) + " outside the vocab");
   const int64_t cap = L + p.max_new_tokens;
 
+  policy::GpuShare::Scope share(p.gpu_share);  // GPU work from here on; paused at each host check
   // Prefill once.
   auto ids = torch::from_blob(const_cast<int32_t*>(prompt.data()), {1, L}, torch::kInt32).to(torch::kInt64);
   policy::KVCache one = policy::KVCache::create(cfg, 1, cap, opts);
@@ -84,7 +85,10 @@ std::vector<policy::Completion> sample_group(policy::CausalLM& model, const std:
     out_tok.select(1, steps).copy_(tok);
     out_lp.select(1, steps).copy_(lp);
     ++steps;
-    if ((steps == p.max_new_tokens || steps % every == 0) && check(steps)) break;
+    if (steps == p.max_new_tokens || steps % every == 0) {
+      if (check(steps)) break;
+      if (p.gpu_share) p.gpu_share->pause_point();
+    }
     h = model->hidden(tok.unsqueeze(1), torch::Tensor(), &cache);
     logits = model->logits(h).squeeze(1);
   }

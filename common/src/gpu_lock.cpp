@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cctype>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
@@ -25,6 +26,12 @@ int open_lock_file(const std::string& path) {
 }
 
 }  // namespace
+
+std::string gpu_lock_key_pci(int domain, int bus, int device) {
+  char key[32];
+  std::snprintf(key, sizeof key, "%04x:%02x:%02x.0", domain & 0xffff, bus & 0xff, device & 0xff);
+  return key;
+}
 
 GpuTimingLock::GpuTimingLock(const std::string& dir_in, const std::string& gpu_in) {
   std::string gpu = gpu_in;

@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "kf/common/error.h"
+#include "kf/common/gpu_lock.h"
 #include "kf/common/log.h"
 #include "kf/evaluator/fsutil.h"
 #include "process.h"
@@ -57,8 +58,9 @@ const char* outcome_name(CallOutcome::Kind k) {
 
 std::string gpu_lock_key(int device) {
 #ifdef KF_EVAL_CUDA
-  char bus[32] = {0};
-  if (cudaDeviceGetPCIBusId(bus, sizeof bus, device) == cudaSuccess) return bus;
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, device) == cudaSuccess)
+    return gpu_lock_key_pci(prop.pciDomainID, prop.pciBusID, prop.pciDeviceID);
   cudaGetLastError();
 #endif
   return std::to_string(device);

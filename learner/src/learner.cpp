@@ -17,6 +17,7 @@
 #include "kf/learner/optimizer.h"
 #include "kf/learner/snapshot_publisher.h"
 #include "kf/policy/checkpoint.h"
+#include "kf/policy/gpu_share.h"
 
 #ifdef KF_HAVE_CUDA
 #include <ATen/cuda/CUDAGeneratorImpl.h>
@@ -81,6 +82,8 @@ std::vector<std::pair<std::string, double>> step_scalars(const StepStats& st) {
           {"micro_batches", double(st.micro_batches)},
           {"publish_stall_ms", st.publish_stall_ms},
           {"checkpoint_seconds", st.checkpoint_seconds},
+          {"take_seconds", st.take_seconds},
+          {"gpu_wait_seconds", st.gpu_wait_seconds},
           {"buckets_in_backward", double(st.buckets_in_backward)}};
 }
 
@@ -92,6 +95,7 @@ struct Learner::Impl {
   std::unique_ptr<GradBuckets> buckets;
   std::unique_ptr<SnapshotPublisher> publisher;
   policy::CausalLM reference{nullptr};
+  policy::GpuShare gpu_share;  // shared hold of a GPU the run's evaluator may be timing on
   bool autocast = false;
   std::string config_json;
 };
@@ -100,6 +104,7 @@ Learner::Learner(LearnerConfig cfg, LearnerDeps deps) : cfg_(std::move(cfg)), de
   if (!deps_.comm) throw Error("learner: no communicator given");
   if (!deps_.source) throw Error("learner: no group source given");
   const auto dev = deps_.device;
+  impl_->gpu_share = policy::GpuShare(dev);
   if (cfg_.deterministic) {
     // On CUDA some kernels have no deterministic version (and cuBLAS needs
     // CUBLAS_WORKSPACE_CONFIG): warn there instead of failing. Exact resume is a CPU promise.
@@ -194,6 +199,11 @@ StepStats Learner::step() {
   req.max_lag = cfg_.max_staleness;
   const uint64_t src_stale_before = deps_.source->dropped_stale();
   const auto groups = deps_.source->take(req);
+  st.take_seconds = now_s() - t0;
+  // GPU work from here to the optimizer step holds the GPU shared, paused between
+  // micro-batches so an evaluator's timed trial waits at most one micro-batch.
+  const double wait0 = impl_->gpu_share.wait_seconds();
+  policy::GpuShare::Scope share(&impl_->gpu_share);
   const auto batch = build_step_batch(groups, version(), cfg_, model_->config().vocab_size);
   const auto& bc = batch.counts;
   counters_["groups_in"] += bc.groups_in;
@@ -222,6 +232,7 @@ StepStats Learner::step() {
   if (!any_grpo && !any_pairs) {
     ++counters_["empty_steps"];
     st.step = step_;
+    st.gpu_wait_seconds = impl_->gpu_share.wait_seconds() - wait0;
     st.seconds = now_s() - t0;
     return st;
   }
@@ -231,6 +242,7 @@ StepStats Learner::step() {
   std::unordered_map<int64_t, int64_t> pair_of_win;  // not used: pairs mapped per micro-batch below
   auto stats = torch::zeros({6}, dopts);  // grpo loss, pairwise loss, clipped, ratio, kl, micro-batches
   for (std::size_t k = 0; k < mbs.size(); ++k) {
+    if (k > 0) impl_->gpu_share.pause_point();
     if (k + 1 == mbs.size()) impl_->buckets->arm();
     const auto mb = make_micro_batch(batch, mbs[k]);
     const auto ids = mb.ids.to(deps_.device);
@@ -298,6 +310,7 @@ StepStats Learner::step() {
   st.mean_ratio = s[3].item<double>();
   st.kl = s[4].item<double>();
   st.micro_batches = static_cast<int64_t>(s[5].item<double>());
+  impl_->gpu_share.leave();
   if (cfg_.grpo.aggregation == Aggregation::sequence || !any_grpo) st.clip_fraction = st.mean_ratio = 0;
   st.updated = true;
   st.step = step_;
@@ -306,14 +319,17 @@ StepStats Learner::step() {
   counters_["sequences"] += st.sequences;
   counters_["pairs"] += st.pairs;
   if (cfg_.snapshot_every > 0 && step_ % cfg_.snapshot_every == 0 && impl_->publisher) {
+    policy::GpuShare::Scope copy(&impl_->gpu_share);  // device-to-host copies of the weights
     publish_snapshot();
     st.publish_stall_ms = impl_->publisher->stats().last_stall_ms;
   }
   if (cfg_.checkpoint_every > 0 && step_ % cfg_.checkpoint_every == 0 && !deps_.checkpoint_dir.empty()) {
     const double c0 = now_s();
+    policy::GpuShare::Scope copy(&impl_->gpu_share);
     checkpoint();
     st.checkpoint_seconds = now_s() - c0;
   }
+  st.gpu_wait_seconds = impl_->gpu_share.wait_seconds() - wait0;
   st.seconds = now_s() - t0;
   log_debug("learner step ", step_, ": loss ", st.loss, " groups ", st.groups, " tokens ", st.tokens, " grad_norm ",
             st.grad_norm, " lr ", st.lr, " ", st.seconds, " s");

@@ -97,6 +97,7 @@ std::vector<Completion> Sampler::generate(const std::vector<std::vector<int32_t>
   KVCache cache = KVCache::create(cfg, B, L + p.max_new_tokens, opts);
   auto gen = at::globalContext().defaultGenerator(dev).clone();
   gen.set_current_seed(p.seed);
+  GpuShare::Scope share(p.gpu_share);  // GPU work from here on; paused at each host check
 
 #ifdef KF_POLICY_CUDA
   // Graph capture needs a non-default stream: run the whole generation on one.
@@ -164,6 +165,7 @@ std::vector<Completion> Sampler::generate(const std::vector<std::vector<int32_t>
     ++steps;
     if (steps == p.max_new_tokens || steps % every == 0) {
       if (check(steps)) break;
+      if (p.gpu_share) p.gpu_share->pause_point();
     }
     if (!use_static) {
       h = model_->hidden(tok.unsqueeze(1), torch::Tensor(), &cache);

@@ -39,6 +39,7 @@
 #include "kf/actors/actor_policy.h"
 #include "kf/actors/prompt.h"
 #include "kf/actors/scheduler.h"
+#include "kf/policy/gpu_share.h"
 #include "kf/replay/run_shm.h"
 #include "kf/tasks/task.h"
 
@@ -53,6 +54,7 @@ struct ActorMetrics {
   double lag_sum = 0;
   int64_t lag_max = 0;
   double sample_s = 0, backpressure_s = 0, elapsed_s = 0;
+  double gpu_wait_s = 0;  // of sample_s: waiting for the GPU while the evaluator timed
   std::map<std::string, uint64_t> extraction_codes;  // failure code -> count
 };
 
@@ -84,6 +86,7 @@ class Actor {
  private:
   ActorOptions opts_;
   ActorPolicy policy_;
+  policy::GpuShare gpu_share_;  // shared hold of a GPU the run's evaluator may be timing on
   std::vector<std::shared_ptr<const tasks::Task>> tasks_;
   replay::RunShm& shm_;
   std::unique_ptr<TaskScheduler> sched_;

@@ -59,4 +59,10 @@ class GpuTimingLock {
   bool held_ = false;
 };
 
+// The lock key of a physical GPU from its PCI location (cudaDeviceProp::pciDomainID,
+// pciBusID, pciDeviceID): "dddd:bb:dd.0" in hex. Every process of a run (evaluator,
+// learner, actors) derives its key here, so the same GPU gets the same lock whatever
+// ordinal CUDA_VISIBLE_DEVICES gives it.
+std::string gpu_lock_key_pci(int domain, int bus, int device);
+
 }  // namespace kf

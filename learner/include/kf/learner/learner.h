@@ -48,6 +48,8 @@ struct StepStats {
   double grad_norm = 0, lr = 0;
   int64_t groups = 0, sequences = 0, tokens = 0, pairs = 0, micro_batches = 0;  // all ranks
   double seconds = 0, publish_stall_ms = 0, checkpoint_seconds = 0;
+  double take_seconds = 0;      // of seconds: waiting for groups from the source
+  double gpu_wait_seconds = 0;  // of seconds: waiting for the GPU while an evaluator timed
   int64_t buckets_in_backward = 0;
 };
 

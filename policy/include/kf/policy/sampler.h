@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "kf/policy/gpu_share.h"
 #include "kf/policy/model.h"
 #include "kf/policy/tokenizer.h"
 
@@ -32,6 +33,9 @@ struct SamplingParams {
   // -1: on CUDA only (on CPU the growing cache is faster), 0: off, 1: on.
   int static_decode = -1;
   bool cuda_graph = true;
+  // Shared GPU hold (gpu_share.h) for the whole generation, paused at every host check
+  // (every check_every steps), so an evaluator's timed trial can run between chunks.
+  GpuShare* gpu_share = nullptr;
 };
 
 struct Completion {
