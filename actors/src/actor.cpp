@@ -237,7 +237,11 @@ StepResult Actor::step() {
   const auto s0 = Clock::now();
   const auto completions =
       sample_group(policy_.model, prompt.tokens, opts_.group_size, sp, policy_.valid_vocab, opts_.shared_prefill);
-  m_.sample_s += secs(s0, Clock::now());
+  const double sampled_s = secs(s0, Clock::now());
+  m_.sample_s += sampled_s;
+  shm_.control().add_counter(slot_, replay::ControlBlock::kWorkMs, static_cast<uint64_t>(sampled_s * 1e3));
+  shm_.control().add_counter(slot_, replay::ControlBlock::kGpuWaitMs,
+                             static_cast<uint64_t>((gpu_share_.wait_seconds() - m_.gpu_wait_s) * 1e3));
   m_.gpu_wait_s = gpu_share_.wait_seconds();
   const int64_t t_sampled = mono_ns();
 

@@ -105,6 +105,8 @@ void EvaluatorService::account(const Result& r, const replay::Candidate& c) {
   ++stats_.scored;
   auto& ctl = shm_.control();
   ctl.add_counter(slot_, kScored, 1);
+  ctl.add_counter(slot_, replay::ControlBlock::kWorkMs, static_cast<uint64_t>(r.verify_s * 1e3));
+  ctl.add_counter(slot_, replay::ControlBlock::kCompileMs, static_cast<uint64_t>(r.compile_s * 1e3));
   if (r.verdict == Verdict::RejectedCheat) ++stats_.rejected_cheat, ctl.add_counter(slot_, kCheat, 1);
   if (r.verdict == Verdict::CompileError) ++stats_.compile_error, ctl.add_counter(slot_, kCompileError, 1);
   if (!r.ok()) return;

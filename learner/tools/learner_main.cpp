@@ -161,6 +161,9 @@ int main(int argc, char** argv) {
           const int64_t d = learner.counters().at(names[i]) - before.at(names[i]);
           if (d > 0) shm->control().add_counter(slot, i, static_cast<uint64_t>(d));
         }
+        using CB = kf::replay::ControlBlock;
+        shm->control().add_counter(slot, CB::kWorkMs, static_cast<uint64_t>((st.seconds - st.take_seconds) * 1e3));
+        shm->control().add_counter(slot, CB::kGpuWaitMs, static_cast<uint64_t>(st.gpu_wait_seconds * 1e3));
         shm->control().heartbeat(slot);
       }
       if (metrics) {

@@ -133,6 +133,13 @@ void RunMonitor::sample_rates(double elapsed_s, Status& s) {
   s.samples = now.samples;
   s.verified = now.verified;
   s.extraction_failures = counters_.sum("actor", kActorExtractFail);
+  using CB = replay::ControlBlock;
+  auto secs = [&](const char* role, int c) { return 1e-3 * static_cast<double>(counters_.sum(role, c)); };
+  s.generate_s = secs("actor", CB::kWorkMs);
+  s.compile_s = secs("evaluator", CB::kCompileMs);
+  s.verify_s = secs("evaluator", CB::kWorkMs);
+  s.learn_s = secs("learner", CB::kWorkMs);
+  s.gpu_wait_s = secs("actor", CB::kGpuWaitMs) + secs("learner", CB::kGpuWaitMs);
   const RateSample& old = rate_.front();
   const double dt = now.t - old.t;
   if (dt > 0.5) {
@@ -182,6 +189,9 @@ std::string render_status(const Status& s) {
        "  ready groups " + std::to_string(s.ready_groups) + "  open " + std::to_string(s.open_groups) + "  lag " +
        fmt("%.1f", s.policy_lag) + "  GPU busy " + (s.gpu_busy < 0 ? std::string("n/a") : fmt("%.0f%%", 100 * s.gpu_busy)) +
        "\n";
+  o += "time: generate " + fmt("%.0f s", s.generate_s) + "  compile " + fmt("%.0f s", s.compile_s) + "  verify " +
+       fmt("%.0f s", s.verify_s) + "  learn " + fmt("%.0f s", s.learn_s) + "  GPU wait " + fmt("%.0f s", s.gpu_wait_s) +
+       "\n";
   std::string w;
   for (const auto& x : s.workers) w += (w.empty() ? "" : ", ") + x;
   o += "workers: " + w + "\n";
@@ -229,6 +239,11 @@ std::vector<std::pair<std::string, double>> status_scalars(const Status& s) {
       {"candidate_queue_depth", static_cast<double>(s.candidate_queue)},
       {"result_queue_depth", static_cast<double>(s.result_queue)},
       {"ready_groups", static_cast<double>(s.ready_groups)},
+      {"generate_s", s.generate_s},
+      {"compile_s", s.compile_s},
+      {"verify_s", s.verify_s},
+      {"learn_s", s.learn_s},
+      {"gpu_wait_s", s.gpu_wait_s},
   };
   if (s.gpu_busy >= 0) v.push_back({"gpu_busy_frac", s.gpu_busy});
   return v;

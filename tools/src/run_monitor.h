@@ -67,6 +67,10 @@ struct Status {
   double policy_lag = 0;                    // mean over the candidates pushed in the rate window
   int64_t policy_version = -1;
   double gpu_busy = -1;                     // 0..1, -1: unknown
+  // Where the time went, summed over the processes of a role since the start (seconds):
+  // actors generating, evaluators compiling and verifying, learner ranks training, and
+  // actors + learners waiting for the GPU while an evaluator timed.
+  double generate_s = 0, compile_s = 0, verify_s = 0, learn_s = 0, gpu_wait_s = 0;
   std::string phase;                        // running / draining / stopping
   std::vector<std::string> workers;         // "actor 0 up", "evaluator 0 restarting (2)", ...
 };

@@ -37,7 +37,11 @@ struct PeerInfo {
 class ControlBlock {
  public:
   static constexpr int kMaxProcs = 128;
-  static constexpr int kCounters = 8;     // meaning chosen by each role (documented there)
+  static constexpr int kCounters = 12;    // 0-7: meaning chosen by each role (documented there)
+  // 8-10 mean the same in every role, in milliseconds: working (actor: generating;
+  // evaluator: verifying; learner: training steps, without waiting for groups), compiling
+  // (evaluator), waiting for the GPU timing lock (actor, learner). 11 is free.
+  static constexpr int kWorkMs = 8, kCompileMs = 9, kGpuWaitMs = 10;
   static constexpr int kRendezvous = 8;
   static constexpr int kRendezvousBytes = 256;
 
