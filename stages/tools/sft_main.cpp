@@ -94,13 +94,15 @@ int main(int argc, char** argv) {
   }
   try {
     const auto t_start = std::chrono::steady_clock::now();
+    const torch::Device dev = parse_device_option(device);
+    if (dev.is_cuda()) at::globalContext().setAllowTF32CuBLAS(true);
     const auto corpus = load_corpus(corpus_dir);
     log_info("sft: corpus ", corpus_dir, ": ", corpus.kernels.size(), " kernels, ", corpus.tasks("cpu").size(),
              " cpu tasks, ", corpus.tasks("cuda").size(), " cuda tasks");
     policy::Policy pol;
     BpeTrainStats bstats;
     if (!init.empty()) {
-      pol = policy::load_policy(init, torch::kCPU, torch::kFloat32);
+      pol = policy::load_policy(init, dev, torch::kFloat32);
       if (!pol.tokenizer) throw Error(init + ": no tokenizer.json (--init needs a policy with its tokenizer)");
       log_info("sft: continuing from ", init);
     } else {
@@ -140,13 +142,11 @@ int main(int argc, char** argv) {
     if (init.empty()) {
       const auto cfg = sft_shape(shape, pol.tokenizer->vocab_size(), context, *eos);
       pol.config = cfg;
-      pol.model = policy::CausalLM(cfg, torch::TensorOptions().dtype(torch::kFloat32));
+      // Built where it trains: the model keeps its device (CausalLM::options()).
+      pol.model = policy::CausalLM(cfg, torch::TensorOptions().dtype(torch::kFloat32).device(dev));
       torch::manual_seed(so.seed);
       pol.model->init_random(so.seed);
     }
-    const torch::Device dev = parse_device_option(device);
-    if (dev.is_cuda()) at::globalContext().setAllowTF32CuBLAS(true);
-    pol.model->to(dev);
     const int64_t params = parameter_count(pol.model);
     log_info("sft: model ", init.empty() ? shape : init, ": ", params, " parameters, context ",
              pol.config.max_position_embeddings);
