@@ -48,9 +48,15 @@ int main(int argc, char** argv) {
 
   ::mkdir(o.out_dir.c_str(), 0755);
   log_init("selfsup", 0, o.out_dir + "/selfsup.log");
+  torch::Device dev = torch::kCPU;
+  try {
+    dev = parse_device_option(device);
+  } catch (const Error& e) {
+    log_error("selfsup: bad arguments: ", e.what(), "; exiting (code 2)");
+    return 2;
+  }
   try {
     at::set_num_threads(threads);
-    const torch::Device dev = parse_device_option(device);
     if (dev.is_cuda()) at::globalContext().setAllowTF32CuBLAS(true);
     auto pol = policy::load_policy(model_dir, dev, torch::kFloat32);
     if (!pol.tokenizer) throw Error(model_dir + ": no tokenizer.json");

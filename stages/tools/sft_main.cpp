@@ -72,7 +72,9 @@ int main(int argc, char** argv) {
 
   ::mkdir(out.c_str(), 0755);
   log_init("sft", 0, out + "/sft.log");
+  torch::Device dev = torch::kCPU;
   try {
+    dev = parse_device_option(device);
     dopt.tasks_dir = "build/tasks";
     if (!config_file.empty()) {
       const auto ao = actors::actor_options(Config::load(config_file), 0);
@@ -94,7 +96,6 @@ int main(int argc, char** argv) {
   }
   try {
     const auto t_start = std::chrono::steady_clock::now();
-    const torch::Device dev = parse_device_option(device);
     if (dev.is_cuda()) at::globalContext().setAllowTF32CuBLAS(true);
     const auto corpus = load_corpus(corpus_dir);
     log_info("sft: corpus ", corpus_dir, ": ", corpus.kernels.size(), " kernels, ", corpus.tasks("cpu").size(),
