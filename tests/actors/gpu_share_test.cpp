@@ -58,8 +58,11 @@ TEST(GpuShareTest, SamplingWaitsForATimedTrialAndReleasesBetweenChunks) {
   ASSERT_TRUE(share.active());
   GpuTimingLock timer(tmp.path, kf::policy::cuda_gpu_lock_key(0));  // what the evaluator opens
 
-  auto pol = test::tiny_policy(5);
-  pol.model->to(dev);
+  // Built on the GPU: a CausalLM keeps the device it was made with (options()).
+  auto c = init_shape_config("tiny");
+  kf::policy::CausalLM model(c, torch::TensorOptions().dtype(torch::kFloat32).device(dev));
+  model->init_random(5);
+  auto pol = make_actor_policy(model, nullptr);
   kf::policy::SamplingParams p;
   p.max_new_tokens = 256;
   p.check_every = 8;
