@@ -85,16 +85,20 @@ std::vector<Completion> Sampler::generate(const std::vector<std::vector<int32_t>
     for (int32_t t : pr)
       if (t < 0 || t >= cfg.vocab_size) throw Error("Sampler: prompt token " + std::to_string(t) + " outside the vocab");
 
+  if (p.shared_prefill)
+    for (const auto& pr : prompts)
+      if (pr != prompts[0]) throw Error("Sampler: shared_prefill needs every prompt to be the same");
   // Left-padded prompts: every row's next token lands in the same cache slot.
-  auto ids = torch::zeros({B, L}, torch::kInt64), am = torch::zeros({B, L}, torch::kInt64);
-  for (int64_t b = 0; b < B; ++b) {
+  const int64_t P = p.shared_prefill ? 1 : B;  // rows prefilled
+  auto ids = torch::zeros({P, L}, torch::kInt64), am = torch::zeros({P, L}, torch::kInt64);
+  for (int64_t b = 0; b < P; ++b) {
     const int64_t n = static_cast<int64_t>(prompts[b].size());
     for (int64_t i = 0; i < n; ++i) {
       ids[b][L - n + i] = prompts[b][i];
       am[b][L - n + i] = 1;
     }
   }
-  KVCache cache = KVCache::create(cfg, B, L + p.max_new_tokens, opts);
+  KVCache cache = KVCache::create(cfg, P, L + p.max_new_tokens, opts);
   auto gen = at::globalContext().defaultGenerator(dev).clone();
   gen.set_current_seed(p.seed);
   GpuShare::Scope share(p.gpu_share);  // GPU work from here on; paused at each host check
@@ -110,8 +114,18 @@ std::vector<Completion> Sampler::generate(const std::vector<std::vector<int32_t>
     stream_guard.emplace(c10::cuda::getStreamFromPool(false, dev.index() < 0 ? c10::cuda::current_device() : dev.index()));
   }
 #endif
-  auto h = model_->hidden(ids.to(dev), am.to(dev), &cache);
+  // Equal-length rows need no mask (the fused causal attention kernels then apply).
+  auto h = model_->hidden(ids.to(dev), P == 1 ? torch::Tensor() : am.to(dev), &cache);
   auto logits = model_->logits(h.narrow(1, L - 1, 1)).squeeze(1);
+  if (P < B) {
+    logits = logits.repeat({B, 1});
+    for (std::size_t l = 0; l < cache.k.size(); ++l) {
+      cache.k[l] = cache.k[l].repeat({B, 1, 1, 1});
+      cache.v[l] = cache.v[l].repeat({B, 1, 1, 1});
+    }
+    cache.slot_valid = cache.slot_valid.repeat({B, 1});
+    cache.next_pos = cache.next_pos.repeat({B});
+  }
   const auto i64 = torch::TensorOptions().dtype(torch::kInt64).device(dev);
   auto out_tok = torch::zeros({B, p.max_new_tokens}, i64);
   auto out_lp = torch::zeros({B, p.max_new_tokens}, opts.dtype(torch::kFloat32));

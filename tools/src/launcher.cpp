@@ -291,10 +291,9 @@ void Launcher::Impl::check_hangs() {
   const auto timeout = std::chrono::milliseconds(static_cast<long long>(limit * 1000));
   const auto peers = shm->control().peers(timeout);
   monitor.counters().update(peers);
-  std::set<pid_t> registered;
   for (const auto& p : peers) {
-    registered.insert(p.pid);
     const std::size_t i = sup.find_pid(p.pid);
+    if (i < sup.workers().size()) sup.workers()[i].registered = true;
     if (i == sup.workers().size() || p.fresh) continue;
     log_error("launch: ", sup.workers()[i].name(), " (pid ", p.pid, ") has not sent a heartbeat for ",
               p.heartbeat_age_ns / 1e9, " s (launch.hang_timeout_s ", limit, "); killing it, it will be restarted");
@@ -302,7 +301,7 @@ void Launcher::Impl::check_hangs() {
   }
   for (std::size_t i = 0; i < sup.workers().size(); ++i) {
     const Worker& w = sup.workers()[i];
-    if (!w.running() || registered.count(w.pid)) continue;
+    if (!w.running() || w.registered) continue;
     const double up = std::chrono::duration<double>(Clock::now() - w.started).count();
     if (up > limit) {
       log_error("launch: ", w.name(), " (pid ", w.pid, ") has not registered with the run after ", up,

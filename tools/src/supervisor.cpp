@@ -100,6 +100,7 @@ void Supervisor::start(std::size_t i) {
   w.pid = pid;
   ++w.starts;
   w.started = Clock::now();
+  w.registered = false;
   w.restart_pending = false;
   w.finished = false;
 }

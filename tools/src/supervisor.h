@@ -36,6 +36,9 @@ struct Worker {
   bool given_up = false;             // died more than max_restarts times
   Clock::time_point started{}, restart_at{};
   bool restart_pending = false;
+  // Seen in the control block since this start. A worker that registered and then left it
+  // is exiting (it unregisters first), not stuck before registering.
+  bool registered = false;
   std::string last_exit;             // "exit code 3", "killed by SIGSEGV", ...
   std::string name() const { return spec.role + " " + std::to_string(spec.id); }
   bool running() const { return pid > 0; }

@@ -2,7 +2,9 @@
 //
 // The prompt is prefilled once (batch 1); its KV cache is then replicated G times and
 // the G rows decode together, each drawing its own tokens (one seeded generator for the
-// group). Each completion carries the per-token log-probs of the behaviour policy under
+// group). policy::Sampler does the work (SamplingParams::shared_prefill), so the group
+// decodes on the same path as any other generation: fixed-shape steps replayed as a CUDA
+// graph on a GPU, the growing cache on the CPU. Each completion carries the per-token log-probs of the behaviour policy under
 // softmax(logits / temperature), as the learner's importance ratios expect. Stops per
 // row at an EOS id or max_new_tokens (the stopping token included).
 // shared_prefill = false falls back to policy::Sampler on G copies of the prompt (G

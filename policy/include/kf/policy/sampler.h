@@ -33,6 +33,9 @@ struct SamplingParams {
   // -1: on CUDA only (on CPU the growing cache is faster), 0: off, 1: on.
   int static_decode = -1;
   bool cuda_graph = true;
+  // Every prompt is the same (a GRPO group): prefill one row and copy its KV cache to the
+  // others, then decode them together (same decode path, CUDA graphs included).
+  bool shared_prefill = false;
   // Shared GPU hold (gpu_share.h) for the whole generation, paused at every host check
   // (every check_every steps), so an evaluator's timed trial can run between chunks.
   GpuShare* gpu_share = nullptr;
