@@ -209,8 +209,8 @@ def plot_verdicts(plt, run, out):
 
 
 def plot_throughput(plt, run, actors, learner, out):
-    fig, axes = plt.subplots(3, 2, figsize=(12, 11))
-    (a, b), (c, d), (e, f) = axes
+    fig, axes = plt.subplots(4, 2, figsize=(12, 14.5))
+    (a, b), (c, d), (e, f), (g, h) = axes
     actor_rate = [(f"{name} samples/s", *series(recs, "_min", "samples_per_s")) for name, recs in actors]
     plot_lines(a, [("run samples/s", *series(run, "_min", "samples_per_s"))] + actor_rate,
                "minutes since start", "samples / s", "sample rates")
@@ -233,6 +233,22 @@ def plot_throughput(plt, run, actors, learner, out):
     plot_lines(f, [("seconds / step", *series(learner, "step", "seconds"))],
                "learner step", "seconds", "learner step times (metrics/learner.jsonl)")
     f.set_title("Learner")
+    # Where the time went: cumulative process seconds per role (control-block counters).
+    parts = [("generate", "generate_s"), ("compile", "compile_s"), ("verify", "verify_s"), ("learn", "learn_s"),
+             ("GPU-lock wait", "gpu_wait_s")]
+    plot_lines(g, [(label, *series(run, "_min", key)) for label, key in parts],
+               "minutes since start", "process seconds (cumulative)", "time split (metrics/run.jsonl)")
+    g.set_title("Time split")
+    last = {key: num(r, key) for r in (run or []) for key in [k for _, k in parts] if num(r, key) is not None}
+    if last:
+        labels = [label for label, key in parts if key in last]
+        h.barh(labels, [last[key] for _, key in parts if key in last])
+        h.invert_yaxis()
+        h.set_xlabel("process seconds, whole run")
+        h.grid(True, axis="x", alpha=0.3)
+    else:
+        no_data(h, "time split (metrics/run.jsonl)")
+    h.set_title("Time split, totals")
     fig.tight_layout()
     return save(fig, out, "throughput.png")
 
@@ -251,7 +267,10 @@ SUMMARY_KEYS = [("step", "learner step"), ("elapsed_s", "elapsed (s)"), ("verifi
                 ("samples_per_s", "samples / s"), ("candidates_per_min", "candidates / min"),
                 ("correct_frac", "correct fraction"), ("mean_speedup", "mean speedup"),
                 ("best_speedup", "best speedup"), ("fast1_frac", "fraction faster than reference"),
-                ("mean_reward", "mean reward"), ("policy_lag", "policy lag")]
+                ("mean_reward", "mean reward"), ("policy_lag", "policy lag"),
+                ("generate_s", "generating (process s)"), ("compile_s", "compiling (process s)"),
+                ("verify_s", "verifying (process s)"), ("learn_s", "learning (process s)"),
+                ("gpu_wait_s", "GPU-lock wait (process s)")]
 
 
 def fmt(v):
