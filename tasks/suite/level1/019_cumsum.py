@@ -26,6 +26,11 @@ def get_init_inputs():
 
 
 KF_SIZES = {"cpu": {"batch": 2594, "dim": 2048}, "cuda": {"batch": 32768, "dim": 16384}}
+# fp32 prefix sums of 16384 standard-normal terms: a correct kernel that adds in another
+# order than torch's scan differs by up to ~1.3e-3 (measured on the H200 over 2^29
+# outputs), where the partial sums pass near zero, so the float32 default (1e-4) rejects
+# every correct CUDA kernel. The error grows with the running sum, not with the output.
+KF_TOLERANCE = {"atol": 5e-3, "rtol": 1e-4}
 KF_MODE = "eval"
 KF_LEVEL = 1
 KF_TAGS = ['reduction']
