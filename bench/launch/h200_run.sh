@@ -10,49 +10,59 @@
 # 3. The GPU tests of the shared-GPU lock (GpuShareTest).
 # 4. `tools/launch configs/h200.yaml` for MINUTES (default 5.0; launch.max_minutes, then
 #    drain + final checkpoint) with stdout not a terminal, so the status comes as
-#    `status:` log lines. The run folder without checkpoint weights goes to $OUT/run
-#    (tools/report runs on it afterwards, here or on the CPU machine).
+#    `status:` log lines.
+# The device tool returns at most 8 files of <= 16 MiB, so $OUT gets only packed files:
+#   launch.txt (the launcher's log), logs.tar.gz (build/import/test/SFT/verify logs),
+#   run.tar.gz.part-* (the run folder without checkpoint weights: metrics, logs, kernels,
+#   best/, launch_state.json; `cat run.tar.gz.part-* | tar -xz`, then tools/report on it),
+#   with KF_TRAIN_SECONDS also policy.tar.part-* and verified_cuda.json.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUTDIR=${OUT:-$PWD/h200-run-out}; mkdir -p "$OUTDIR"
+LOGS=/tmp/kf-h200-run; rm -rf $LOGS; mkdir -p $LOGS   # everything unpacked stays here
 PY=${KF_PYTHON:-$(command -v python3)}
 MIN=${1:-5.0}; shift || true
 TRAIN=${KF_TRAIN_SECONDS:-0}
 export PATH=/usr/local/cuda/bin:$PATH NCCL_NVLS_ENABLE=0
 BUILD=build-gpu
 DEPS=(); [ -d .deps/usr ] && DEPS=(-DKF_DEPS_PREFIX="$PWD/.deps/usr") && export LD_LIBRARY_PATH="$PWD/.deps/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUTDIR/gpu.txt" || exit 2
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee $LOGS/gpu.txt || exit 2
 stamp() { echo "== $(date +%T) $*"; }
 SECONDS=0
 stamp "configure; import the suite (cpu,cuda) in parallel"
-"$PY" tasks/importer/kf_import.py tasks/suite --out $BUILD/tasks --backends cpu,cuda > "$OUTDIR/import.log" 2>&1 &
+"$PY" tasks/importer/kf_import.py tasks/suite --out $BUILD/tasks --backends cpu,cuda > $LOGS/import.log 2>&1 &
 imp=$!
-cmake -S . -B $BUILD -G Ninja -DKF_PYTHON="$PY" -DCMAKE_CUDA_ARCHITECTURES=90 "${DEPS[@]}" > "$OUTDIR/configure.log" 2>&1 || { tail -30 "$OUTDIR/configure.log"; exit 1; }
-build() { cmake --build $BUILD -j "$(nproc)" --target "$@" >> "$OUTDIR/build.log" 2>&1 || { grep -m20 -A5 "error" "$OUTDIR/build.log"; exit 1; }; }
+cmake -S . -B $BUILD -G Ninja -DKF_PYTHON="$PY" -DCMAKE_CUDA_ARCHITECTURES=90 "${DEPS[@]}" > $LOGS/configure.log 2>&1 || { tail -30 $LOGS/configure.log; exit 1; }
+build() { cmake --build $BUILD -j "$(nproc)" --target "$@" >> $LOGS/build.log 2>&1 || { grep -m20 -A5 "error" $LOGS/build.log; exit 1; }; }
 POLICY=policies/default
 if [ "$TRAIN" -gt 0 ]; then
   build kf-sft kf-eval kf-sandbox-worker
-  wait $imp || { tail -20 "$OUTDIR/import.log"; exit 1; }
+  wait $imp || { tail -20 $LOGS/import.log; exit 1; }
   stamp "tools/sft on the GPU for $TRAIN s, CUDA corpus verification alongside (after ${SECONDS} s)"
-  KF_BUILD_DIR=$BUILD timeout $((TRAIN + 60)) tools/sft --corpus corpus --tasks $BUILD/tasks --out "$OUTDIR/policy" \
+  KF_BUILD_DIR=$BUILD timeout $((TRAIN + 60)) tools/sft --corpus corpus --tasks $BUILD/tasks --out $LOGS/policy \
     --shape small --vocab 4096 --steps 100000 --batch 8 --lr 1.5e-3 --warmup 30 --seed 0 --device cuda --threads 4 \
-    --time-limit "$TRAIN" > "$OUTDIR/sft.txt" 2>&1 &
+    --time-limit "$TRAIN" > $LOGS/sft.txt 2>&1 &
   sft=$!
   KF_BUILD_DIR="$PWD/$BUILD" KF_TASKS_DIR="$PWD/$BUILD/tasks" PYTHONUNBUFFERED=1 timeout "$TRAIN" \
-    "$PY" corpus/verify.py --backend cuda --jobs 6 \
-    --note "tools/eval on $(tail -1 "$OUTDIR/gpu.txt"), 6 at once, while tools/sft trained on the same GPU and the tree built" \
-    > "$OUTDIR/verify_cuda.txt" 2>&1 &
+    "$PY" corpus/verify.py --backend cuda --jobs 2 \
+    --note "tools/eval on $(tail -1 $LOGS/gpu.txt), 2 at once, while tools/sft trained on the same GPU and the tree built" \
+    > $LOGS/verify_cuda.txt 2>&1 &
   ver=$!
 fi
 build kf-launch kf-actor kf-learner kf-evaluator kf-sandbox-worker kf-export actors_serial_test
 wait $imp 2>/dev/null
 stamp "built after ${SECONDS} s"
-$BUILD/tests/actors/actors_serial_test --gtest_filter='GpuShare*' > "$OUTDIR/gpu_share_test.txt" 2>&1
-tail -4 "$OUTDIR/gpu_share_test.txt"
+$BUILD/tests/actors/actors_serial_test --gtest_filter='GpuShare*' > $LOGS/gpu_share_test.txt 2>&1
+tail -4 $LOGS/gpu_share_test.txt
 if [ "$TRAIN" -gt 0 ]; then
   wait $sft; rc=$?
-  grep -E "examples|wrote|failed" "$OUTDIR/sft.txt" | tail -3
-  if [ $rc -eq 0 ] && [ -f "$OUTDIR/policy/model.safetensors" ]; then POLICY="$OUTDIR/policy"; else echo "tools/sft exit $rc: the run uses $POLICY"; fi
+  grep -E "examples|wrote|failed" $LOGS/sft.txt | tail -3
+  if [ $rc -eq 0 ] && [ -f $LOGS/policy/model.safetensors ]; then
+    POLICY=$LOGS/policy
+    tar -C $LOGS -cf - policy | split -b 12M - "$OUTDIR/policy.tar.part-"
+  else
+    echo "tools/sft exit $rc: the run uses $POLICY"
+  fi
   wait $ver 2>/dev/null
   cp corpus/verified_cuda.json "$OUTDIR/verified_cuda.json"
   "$PY" - "$OUTDIR/verified_cuda.json" <<'EOF'
@@ -70,9 +80,10 @@ stamp "run ended after ${SECONDS} s"
 grep -E "status:" "$OUTDIR/launch.txt" | tail -4
 grep -E "launch:" "$OUTDIR/launch.txt" | tail -12
 RUN=$(ls -d runs/$NAME* | tail -1)
-mkdir -p "$OUTDIR/run"
-tar -C "$RUN" --exclude=./checkpoints -cf - . | tar -xf - -C "$OUTDIR/run"
-ls -laR "$RUN/checkpoints" > "$OUTDIR/run/checkpoints.txt" 2>&1
-cp "$RUN"/checkpoints/launch_state.json "$OUTDIR/run/" 2>/dev/null
+ls -laR "$RUN/checkpoints" > "$RUN/checkpoints.txt" 2>&1
+cp "$RUN"/checkpoints/launch_state.json "$RUN/" 2>/dev/null
+tar -C "$RUN" --exclude=./checkpoints -czf - . | split -b 12M - "$OUTDIR/run.tar.gz.part-"
+tar -C $LOGS --exclude=./policy -czf "$OUTDIR/logs.tar.gz" .
 tail -1 "$RUN/metrics/run.jsonl"
+ls -la "$OUTDIR"
 stamp "done after ${SECONDS} s"
