@@ -57,18 +57,20 @@ bool is_dir(const std::string& p) {
 
 }  // namespace
 
-std::vector<std::shared_ptr<const tasks::Task>> load_actor_tasks(const ActorOptions& o) {
+std::vector<std::shared_ptr<const tasks::Task>> load_actor_tasks(const ActorOptions& o, bool strict) {
   std::vector<std::shared_ptr<const tasks::Task>> all, out;
   if (!o.include.empty()) {
     for (const auto& name : o.include) {
       const std::string dir = o.tasks_dir + "/" + name;
       if (!is_dir(dir)) {
+        if (strict) throw Error("tasks.include: no task '" + name + "' in " + o.tasks_dir);
         log_warn("actor: task '", name, "' (tasks.include) is not in ", o.tasks_dir, ": left out of the schedule");
         continue;
       }
       try {
         all.push_back(tasks::Task::load(dir));
       } catch (const Error& e) {
+        if (strict) throw Error("tasks.include: task '" + name + "' cannot be loaded: " + e.what());
         log_warn("actor: task '", name, "' cannot be loaded (", e.what(), "): left out of the schedule");
       }
     }

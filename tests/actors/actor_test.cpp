@@ -189,6 +189,18 @@ TEST(ActorTest, MissingTasksAreLeftOutAndNoneLeftIsAnError) {
   auto opts = small_options();
   opts.include = {"001_relu", "999_not_a_task"};
   EXPECT_EQ(load_actor_tasks(opts).size(), 1u);
+  // Strict (the launcher's preflight): the unknown name is an error naming the key.
+  try {
+    load_actor_tasks(opts, /*strict=*/true);
+    ADD_FAILURE() << "strict selection accepted an unknown tasks.include name";
+  } catch (const kf::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tasks.include: no task '999_not_a_task'"), std::string::npos) << e.what();
+  }
+  // tasks.include overrides tasks.levels (config_schema: "empty: all of the chosen levels").
+  opts.include = {"001_relu"};
+  opts.levels = {2};
+  ASSERT_EQ(load_actor_tasks(opts, true).size(), 1u);
+  EXPECT_EQ(load_actor_tasks(opts, true)[0]->name(), "001_relu");
   opts.include = {"999_not_a_task"};
   EXPECT_THROW(load_actor_tasks(opts), kf::Error);
   // A context too small for the prompt: the task leaves the schedule; none left -> error.

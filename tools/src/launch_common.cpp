@@ -12,25 +12,6 @@
 
 namespace kf::launch {
 
-std::vector<std::shared_ptr<const tasks::Task>> select_tasks(const Config& cfg, tasks::Backend backend) {
-  const auto all = tasks::Task::load_all(cfg.get_string("tasks.dir"));
-  const auto levels = cfg.get_ints("tasks.levels");
-  const auto include = cfg.get_strings("tasks.include");
-  for (const auto& name : include)
-    if (std::none_of(all.begin(), all.end(), [&](const auto& t) { return t->name() == name; }))
-      throw Error("tasks.include: no task '" + name + "' in " + cfg.get_string("tasks.dir"));
-  std::vector<std::shared_ptr<const tasks::Task>> out;
-  for (const auto& t : all) {
-    const bool level_ok = std::find(levels.begin(), levels.end(), t->level()) != levels.end();
-    const bool name_ok = include.empty() || std::find(include.begin(), include.end(), t->name()) != include.end();
-    if (level_ok && name_ok && t->has_backend(backend)) out.push_back(t);
-  }
-  if (out.empty())
-    throw Error("tasks.levels/tasks.include: no task of " + cfg.get_string("tasks.dir") + " matches for backend " +
-                tasks::backend_name(backend));
-  return out;
-}
-
 int cuda_device_count() { return torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0; }
 
 void save_run_outputs(replay::RunShm& shm, const RunDir& run, tasks::Backend backend) {

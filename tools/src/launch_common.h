@@ -12,10 +12,6 @@
 
 namespace kf::launch {
 
-// The tasks of tasks.levels / tasks.include that have `backend`. Throws kf::Error naming
-// the key when none does or an included name is not in tasks.dir.
-std::vector<std::shared_ptr<const tasks::Task>> select_tasks(const Config& cfg, tasks::Backend backend);
-
 // Visible CUDA devices (0 without a driver or a GPU).
 int cuda_device_count();
 

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "gpu_util.h"
+#include "kf/actors/actor.h"
 #include "kf/actors/actor_options.h"
 #include "kf/common/error.h"
 #include "kf/common/log.h"
@@ -70,9 +71,9 @@ void preflight(const Config& cfg) {
   (void)replay::run_shm_config(cfg);
   const auto ao = actors::actor_options(cfg, 0);
   const auto lc = learner::learner_config_from(cfg);
-  const auto backend = tasks::resolve_backend(cfg.get_string("run.backend"));
-  const auto selected = select_tasks(cfg, backend);  // throws when none matches
-  (void)selected;
+  // The actors' own selection, strict: an unknown tasks.include name fails here, before
+  // anything starts, instead of being left out by every actor.
+  (void)actors::load_actor_tasks(ao, /*strict=*/true);
   if (!file_readable(actors::resolve_tree_path(ao.template_path)))
     throw Error("actors.prompt.template: cannot read " + ao.template_path);
   if (!lc.policy.empty() && !file_readable(lc.policy + "/config.json"))
