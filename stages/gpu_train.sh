@@ -15,19 +15,11 @@ cd "$(dirname "$0")/.."
 OUTDIR=${OUT:-$PWD/gpu-train-out}; mkdir -p "$OUTDIR"
 PY=${KF_PYTHON:-$(command -v python3)}
 T1=${1:-110}
-export PATH=/usr/local/cuda/bin:$PATH
-BUILD=build-gpu WORK=/tmp/kf-gpu-train
-rm -rf $WORK; mkdir -p $WORK
-DEPS=(); [ -d .deps/usr ] && DEPS=(-DKF_DEPS_PREFIX="$PWD/.deps/usr") && export LD_LIBRARY_PATH="$PWD/.deps/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
-GPU=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader) || exit 2
-stamp() { echo "== $(date +%T) $*"; }
-SECONDS=0
-stamp "$GPU: configure + build, import in parallel"
-"$PY" tasks/importer/kf_import.py tasks/suite --out $BUILD/tasks --backends cpu,cuda > $WORK/import.log 2>&1 &
-imp=$!
-cmake -S . -B $BUILD -G Ninja -DKF_PYTHON="$PY" -DCMAKE_CUDA_ARCHITECTURES=90 "${DEPS[@]}" > $WORK/configure.log 2>&1 || { tail -30 $WORK/configure.log; exit 1; }
-cmake --build $BUILD -j "$(nproc)" --target kf-eval kf-sandbox-worker kf-sft kf-optimize > $WORK/build.log 2>&1 || { grep -m20 -A5 "error" $WORK/build.log; exit 1; }
-wait $imp || { tail -20 $WORK/import.log; exit 1; }
+WORK=/tmp/kf-gpu-train
+. tools/gpu_session.sh
+gpu_session_start $WORK
+gpu_build kf-eval kf-sandbox-worker kf-sft kf-optimize
+gpu_import_wait
 stamp "built + imported after ${SECONDS} s; SFT for $T1 s with the CUDA corpus verification alongside"
 KF_BUILD_DIR="$PWD/$BUILD" KF_TASKS_DIR="$PWD/$BUILD/tasks" PYTHONUNBUFFERED=1 timeout "$T1" \
   "$PY" corpus/verify.py --backend cuda --jobs 2 \

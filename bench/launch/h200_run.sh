@@ -19,25 +19,16 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUTDIR=${OUT:-$PWD/h200-run-out}; mkdir -p "$OUTDIR"
-LOGS=/tmp/kf-h200-run; rm -rf $LOGS; mkdir -p $LOGS   # everything unpacked stays here
 PY=${KF_PYTHON:-$(command -v python3)}
 MIN=${1:-5.0}; shift || true
 TRAIN=${KF_TRAIN_SECONDS:-0}
-export PATH=/usr/local/cuda/bin:$PATH NCCL_NVLS_ENABLE=0
-BUILD=build-gpu
-DEPS=(); [ -d .deps/usr ] && DEPS=(-DKF_DEPS_PREFIX="$PWD/.deps/usr") && export LD_LIBRARY_PATH="$PWD/.deps/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee $LOGS/gpu.txt || exit 2
-stamp() { echo "== $(date +%T) $*"; }
-SECONDS=0
-stamp "configure; import the suite (cpu,cuda) in parallel"
-"$PY" tasks/importer/kf_import.py tasks/suite --out $BUILD/tasks --backends cpu,cuda > $LOGS/import.log 2>&1 &
-imp=$!
-cmake -S . -B $BUILD -G Ninja -DKF_PYTHON="$PY" -DCMAKE_CUDA_ARCHITECTURES=90 "${DEPS[@]}" > $LOGS/configure.log 2>&1 || { tail -30 $LOGS/configure.log; exit 1; }
-build() { cmake --build $BUILD -j "$(nproc)" --target "$@" >> $LOGS/build.log 2>&1 || { grep -m20 -A5 "error" $LOGS/build.log; exit 1; }; }
+LOGS=/tmp/kf-h200-run   # everything unpacked stays here
+. tools/gpu_session.sh
+gpu_session_start $LOGS
 POLICY=policies/default
 if [ "$TRAIN" -gt 0 ]; then
-  build kf-sft kf-eval kf-sandbox-worker
-  wait $imp || { tail -20 $LOGS/import.log; exit 1; }
+  gpu_build kf-sft kf-eval kf-sandbox-worker
+  gpu_import_wait
   stamp "tools/sft on the GPU for $TRAIN s, CUDA corpus verification alongside (after ${SECONDS} s)"
   KF_BUILD_DIR=$BUILD timeout $((TRAIN + 60)) tools/sft --corpus corpus --tasks $BUILD/tasks --out $LOGS/policy \
     --shape small --vocab 4096 --steps 100000 --batch 8 --lr 1.5e-3 --warmup 30 --seed 0 --device cuda --threads 4 \
@@ -45,12 +36,12 @@ if [ "$TRAIN" -gt 0 ]; then
   sft=$!
   KF_BUILD_DIR="$PWD/$BUILD" KF_TASKS_DIR="$PWD/$BUILD/tasks" PYTHONUNBUFFERED=1 timeout "$TRAIN" \
     "$PY" corpus/verify.py --backend cuda --jobs 2 \
-    --note "tools/eval on $(tail -1 $LOGS/gpu.txt), 2 at once, while tools/sft trained on the same GPU and the tree built" \
+    --note "tools/eval on $GPU, 2 at once, while tools/sft trained on the same GPU and the tree built" \
     > $LOGS/verify_cuda.txt 2>&1 &
   ver=$!
 fi
-build kf-launch kf-actor kf-learner kf-evaluator kf-sandbox-worker kf-export actors_serial_test
-wait $imp 2>/dev/null
+gpu_build kf-launch kf-actor kf-learner kf-evaluator kf-sandbox-worker kf-export actors_serial_test
+gpu_import_wait
 stamp "built after ${SECONDS} s"
 $BUILD/tests/actors/actors_serial_test --gtest_filter='GpuShare*' > $LOGS/gpu_share_test.txt 2>&1
 tail -4 $LOGS/gpu_share_test.txt

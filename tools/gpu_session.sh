@@ -1,0 +1,37 @@
+# Sourced by the one-call GPU scripts (stages/gpu_train.sh, bench/launch/h200_run.sh): the
+# environment of the GPU machine and the common start of a call.
+#   gpu_session_start LOGDIR   CUDA on PATH, carried .deps used, GPU named in $GPU, logs in
+#                              LOGDIR (created empty), a timer and `stamp`; configures
+#                              build-gpu/ ($BUILD) and starts the suite import (cpu,cuda)
+#                              in the background (wait for it with gpu_import_wait).
+#   gpu_build TARGET...        builds targets into $BUILD (log: LOGDIR/build.log)
+# Needs $PY (python with torch) set by the caller; exits the script on failure.
+gpu_session_start() {
+  LOGDIR=$1
+  rm -rf "$LOGDIR"; mkdir -p "$LOGDIR"
+  export PATH=/usr/local/cuda/bin:$PATH NCCL_NVLS_ENABLE=0
+  BUILD=build-gpu
+  DEPS=()
+  if [ -d .deps/usr ]; then  # Debian TBB/seccomp trees carried to a machine without them
+    DEPS=(-DKF_DEPS_PREFIX="$PWD/.deps/usr")
+    export LD_LIBRARY_PATH="$PWD/.deps/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
+  fi
+  GPU=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader) || { echo "no GPU visible" >&2; exit 2; }
+  echo "$GPU" > "$LOGDIR/gpu.txt"
+  SECONDS=0
+  stamp "$GPU: configure; import the suite (cpu,cuda) in parallel"
+  "$PY" tasks/importer/kf_import.py tasks/suite --out $BUILD/tasks --backends cpu,cuda > "$LOGDIR/import.log" 2>&1 &
+  GPU_IMPORT_PID=$!
+  cmake -S . -B $BUILD -G Ninja -DKF_PYTHON="$PY" -DCMAKE_CUDA_ARCHITECTURES=90 "${DEPS[@]}" > "$LOGDIR/configure.log" 2>&1 ||
+    { tail -30 "$LOGDIR/configure.log"; exit 1; }
+}
+stamp() { echo "== $(date +%T) $*"; }
+gpu_build() {
+  cmake --build $BUILD -j "$(nproc)" --target "$@" >> "$LOGDIR/build.log" 2>&1 ||
+    { grep -m20 -A5 "error" "$LOGDIR/build.log"; exit 1; }
+}
+gpu_import_wait() {
+  [ -n "${GPU_IMPORT_PID:-}" ] || return 0
+  wait "$GPU_IMPORT_PID" || { tail -20 "$LOGDIR/import.log"; exit 1; }
+  GPU_IMPORT_PID=
+}
