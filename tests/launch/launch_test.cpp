@@ -295,6 +295,43 @@ TEST(LaunchTest, KilledActorAndEvaluatorAreRestartedAndTheRunCompletes) {
   EXPECT_GT(state["results_total"].get<int64_t>(), 0);
 }
 
+// Issue 10's checks that CPUs allow: a 2-rank learner (shared-memory all-reduce) trains, a
+// SIGKILLed rank makes the launcher stop the run (exit 1, no hang) with a checkpoint left,
+// and --resume continues on 2 ranks from that checkpoint.
+TEST(LaunchTest, TwoLearnerRanksAKilledRankStopsTheRunAndResumeContinues) {
+  NEED_LAUNCH();
+  t::TempDir tmp("launch-test");
+  const std::string name = "l2" + std::to_string(getpid());
+  const std::string run = tmp.path + "/runs/" + name;
+  auto l = start({write_config(tmp.path, 40), "--name", name, "--set", "learner.dist.ranks=2", "--set",
+                  "learner.groups_per_step=2"},
+                 tmp.path + "/out.txt");
+  ASSERT_TRUE(wait_until([&] { return learner_step(run) >= 2 && !checkpoints(run).empty(); }, 300)) << slurp(l.out);
+  const pid_t rank1 = worker_pid(run, "learner 1");
+  ASSERT_GT(rank1, 0) << slurp(run + "/logs/launch-0.log");
+  ::kill(rank1, SIGKILL);
+  ASSERT_EQ(wait_for(l, 180), 1) << "expected 'stopped after a failure'\n" << slurp(l.out);
+  const std::string log = slurp(run + "/logs/launch-0.log");
+  EXPECT_NE(log.find("a multi-rank learner cannot continue without it"), std::string::npos) << log;
+  EXPECT_EQ(log.find("restarted learner"), std::string::npos) << "a lone rank cannot rejoin; it must not be restarted";
+  const auto ck = checkpoints(run);
+  ASSERT_FALSE(ck.empty());
+  EXPECT_FALSE(shm_exists(name));
+  const int64_t stopped_at = learner_step(run);
+  ASSERT_LT(stopped_at, 40);
+  const int64_t resumed_from = std::stoll(ck.back().substr(5));
+
+  const int64_t budget = stopped_at + 2;
+  auto r = start({"--resume", run, "--set", "learner.steps=" + std::to_string(budget)}, tmp.path + "/out-resume.txt");
+  ASSERT_EQ(wait_for(r, 300), 0) << slurp(r.out);
+  EXPECT_GE(learner_step(run), budget);
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string llog = slurp(run + "/logs/learner-" + std::to_string(rank) + ".out");
+    EXPECT_NE(llog.find("rank " + std::to_string(rank) + ": resumed from"), std::string::npos) << llog;
+    EXPECT_NE(llog.find("at step " + std::to_string(resumed_from)), std::string::npos) << llog;
+  }
+}
+
 TEST(LaunchTest, SerialModeRunsThePipelineInOneProcess) {
   NEED_LAUNCH();
   t::TempDir tmp("launch-test");
