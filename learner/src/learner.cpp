@@ -200,10 +200,7 @@ StepStats Learner::step() {
   const uint64_t src_stale_before = deps_.source->dropped_stale();
   const auto groups = deps_.source->take(req);
   st.take_seconds = now_s() - t0;
-  // GPU work from here to the optimizer step holds the GPU shared, paused between
-  // micro-batches so an evaluator's timed trial waits at most one micro-batch.
   const double wait0 = impl_->gpu_share.wait_seconds();
-  policy::GpuShare::Scope share(&impl_->gpu_share);
   const auto batch = build_step_batch(groups, version(), cfg_, model_->config().vocab_size);
   const auto& bc = batch.counts;
   counters_["groups_in"] += bc.groups_in;
@@ -214,6 +211,9 @@ StepStats Learner::step() {
   counters_["candidates_missing"] += bc.candidates_missing;
   counters_["candidates_malformed"] += bc.candidates_malformed;
 
+  // GPU work from here to the optimizer step holds the GPU shared, paused between
+  // micro-batches so an evaluator's timed trial waits at most one micro-batch.
+  policy::GpuShare::Scope share(&impl_->gpu_share);
   // Global counts: the loss is normalised over every rank's batch.
   const auto dopts = torch::TensorOptions().dtype(torch::kFloat64).device(deps_.device);
   auto counts = torch::tensor({static_cast<double>(batch.completion_tokens()), static_cast<double>(batch.seqs.size()),
