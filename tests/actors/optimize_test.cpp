@@ -55,16 +55,6 @@ ToolRun run_tool(const std::vector<std::string>& args, const std::string& dir) {
   return r;
 }
 
-// A short contrastive template (template files are data; a test may bring its own):
-// the prompt stays short, so the tiny model memorises the completion in seconds.
-const char* kTemplate =
-    "=== header ===\nTask {{task}} ({{backend}}):\n"
-    "=== exemplars_intro ===\n{{count}} earlier kernels\n"
-    "=== exemplar ===\n#{{index}} {{speedup}}x\n{{source}}\n"
-    "=== truncated ===\n(cut {{omitted_lines}})\n"
-    "=== contrastive_instruction ===\nBeat them: one ```{{lang}} {{marker}} block.\n"
-    "=== no_exemplar_instruction ===\nWrite one ```{{lang}} {{marker}} block.\n";
-
 // The --set list the tool gets and the test builds its options from: CPU, the short
 // template, greedy sampling, and a light evaluator (a loaded 2-core CI machine).
 std::vector<std::string> tool_sets(const std::string& tpl, std::size_t max_new) {
@@ -95,7 +85,7 @@ TEST(OptimizeTest, OverfitExportedModelGivesVerifiedBestKernelAndReport) {
   torch::manual_seed(0);
   at::set_num_threads(2);
   const std::string tpl = tmp.path + "/short.txt";
-  test::write_file(tpl, kTemplate);
+  test::write_file(tpl, test::kShortTemplate);
   const std::string kernel = test::read_text(test::source_dir() + "/tests/evaluator/kernels/cpu/good_relu.cpp");
   ASSERT_FALSE(kernel.empty());
   const std::string completion = "Plan: one pass.\n```cpp kernel\n" + kernel + "```\n";

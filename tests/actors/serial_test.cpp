@@ -48,29 +48,9 @@ TEST(SerialTest, OverfitPolicyKernelIsVerifiedAndLandsInReplayAndKernelDb) {
 
   // Overfit: teacher-forced argmax must reproduce every completion token (then greedy
   // decoding does too). Completion ends with EOS (id 0).
-  std::vector<int64_t> seq(prompt.begin(), prompt.end());
-  for (unsigned char ch : completion) seq.push_back(ch);
-  seq.push_back(0);
-  const auto ids = torch::tensor(seq).unsqueeze(0);
-  const int64_t P = static_cast<int64_t>(prompt.size()), T = static_cast<int64_t>(seq.size());
-  const auto target = ids.narrow(1, P, T - P);
-  model->train();
-  torch::optim::Adam opt(model->parameters(), torch::optim::AdamOptions(3e-3));
-  int step = 0;
-  bool memorised = false;
-  for (; step < 1500; ++step) {
-    const auto logits = model->forward(ids).narrow(1, P - 1, T - P);
-    // Checked on the weights the loop ends with (cheap: the same logits).
-    memorised = logits.argmax(-1).eq(target).all().item<bool>();
-    if (memorised) break;
-    const auto loss = torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), target.reshape({-1}));
-    opt.zero_grad();
-    loss.backward();
-    opt.step();
-  }
-  model->eval();
-  ASSERT_TRUE(memorised) << "tiny model did not memorise the kernel in " << step << " steps";
-  std::cerr << "memorised after " << step << " Adam steps, "
+  const int steps = test::memorise(model, prompt, completion, /*margin=*/0.0f, 1500);
+  ASSERT_GE(steps, 0) << "tiny model did not memorise the kernel in 1500 steps";
+  std::cerr << "memorised after " << steps << " Adam steps, "
             << std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count() << " s\n";
 
   kf::evaluator::EvalOptions eo;

@@ -47,6 +47,16 @@ struct TempDir : kf::test::TempDir {
 };
 inline std::string read_text(const std::string& path) { return read_file(path); }
 
+// A short contrastive template (template files are data; a test may bring its own): the
+// prompt stays short, so a tiny model memorises a completion in seconds.
+inline constexpr const char* kShortTemplate =
+    "=== header ===\nTask {{task}} ({{backend}}):\n"
+    "=== exemplars_intro ===\n{{count}} earlier kernels\n"
+    "=== exemplar ===\n#{{index}} {{speedup}}x\n{{source}}\n"
+    "=== truncated ===\n(cut {{omitted_lines}})\n"
+    "=== contrastive_instruction ===\nBeat them: one ```{{lang}} {{marker}} block.\n"
+    "=== no_exemplar_instruction ===\nWrite one ```{{lang}} {{marker}} block.\n";
+
 // A tiny byte-level model (the "tiny" init shape), seeded.
 inline ActorPolicy tiny_policy(uint64_t seed, int64_t hidden = 64) {
   auto c = init_shape_config("tiny");

@@ -41,14 +41,6 @@ using kf::actors::test::tasks_dir;
     if (!exists(t::build_dir() + "/tools/kf-launch")) GTEST_SKIP() << "kf-launch is not built";        \
   } while (0)
 
-const char* kTemplate =
-    "=== header ===\nTask {{task}} ({{backend}}):\n"
-    "=== exemplars_intro ===\n{{count}} earlier kernels\n"
-    "=== exemplar ===\n#{{index}} {{speedup}}x\n{{source}}\n"
-    "=== truncated ===\n(cut {{omitted_lines}})\n"
-    "=== contrastive_instruction ===\nBeat them: one ```{{lang}} {{marker}} block.\n"
-    "=== no_exemplar_instruction ===\nWrite one ```{{lang}} {{marker}} block.\n";
-
 std::string completion() {
   return "```cpp kernel\n" + t::read_file(t::source_dir() + "/tests/evaluator/kernels/cpu/good_relu.cpp") + "```\n";
 }
@@ -75,7 +67,7 @@ std::string policy_dir() {
   const std::string dir = t::build_dir() + "/launch-test-policy";
   if (exists(dir + "/model.safetensors")) return dir;
   t::TempDir tmp("launch-policy");
-  t::write_file(tmp.path + "/template.txt", kTemplate);
+  t::write_file(tmp.path + "/template.txt", kf::actors::test::kShortTemplate);
   const auto cfg = kf::Config::parse(config_text(tmp.path, dir, 1), "launch_test");
   const auto o = kf::actors::actor_options(cfg, 0);
   torch::manual_seed(0);
@@ -91,7 +83,7 @@ std::string policy_dir() {
 }
 
 std::string write_config(const std::string& dir, int steps, const std::string& extra = "") {
-  t::write_file(dir + "/template.txt", kTemplate);
+  t::write_file(dir + "/template.txt", kf::actors::test::kShortTemplate);
   const std::string policy = policy_dir();
   EXPECT_FALSE(policy.empty()) << "the tiny policy did not memorise the kernel";
   const std::string p = dir + "/config.yaml";
