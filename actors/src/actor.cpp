@@ -77,8 +77,16 @@ std::vector<std::shared_ptr<const tasks::Task>> load_actor_tasks(const ActorOpti
   } else {
     all = tasks::Task::load_all(o.tasks_dir);
   }
+  std::size_t held_out = 0;
   for (auto& t : all) {
     if (o.include.empty() && std::find(o.levels.begin(), o.levels.end(), t->level()) == o.levels.end()) continue;
+    if (std::find(o.heldout.begin(), o.heldout.end(), t->name()) != o.heldout.end()) {
+      // tasks.include naming a held-out task contradicts the split: the preflight says so.
+      if (strict && !o.include.empty())
+        throw Error("tasks.include: task '" + t->name() + "' is in the held-out list (tasks.heldout)");
+      ++held_out;
+      continue;
+    }
     if (!t->has_backend(o.backend)) {
       log_warn("actor: task '", t->name(), "' has no ", tasks::backend_name(o.backend),
                " artifact (import it with --backends): left out of the schedule");
@@ -86,9 +94,10 @@ std::vector<std::shared_ptr<const tasks::Task>> load_actor_tasks(const ActorOpti
     }
     out.push_back(t);
   }
+  if (held_out) log_info("actor: ", held_out, " held-out task(s) (tasks.heldout) left out of the schedule");
   if (out.empty())
     throw Error("actor: no usable task in " + o.tasks_dir + " for backend " + tasks::backend_name(o.backend) +
-                " (tasks.levels / tasks.include)");
+                " (tasks.levels / tasks.include / tasks.heldout)");
   return out;
 }
 

@@ -6,6 +6,7 @@
 
 
 #include "kf/common/error.h"
+#include "kf/tasks/task_list.h"
 
 #ifndef KF_SOURCE_DIR_BUILT
 #define KF_SOURCE_DIR_BUILT "."
@@ -40,6 +41,13 @@ ActorOptions actor_options(const Config& cfg, int actor_id) {
   o.tasks_dir = cfg.get_string("tasks.dir");
   o.levels = cfg.get_ints("tasks.levels");
   o.include = cfg.get_strings("tasks.include");
+  if (const auto heldout = cfg.get_string("tasks.heldout"); !heldout.empty()) {
+    try {
+      o.heldout = tasks::read_task_list(resolve_tree_path(heldout));
+    } catch (const Error& e) {
+      throw bad("tasks.heldout", e.what());
+    }
+  }
   o.policy_dir = cfg.get_string("learner.policy");
   o.init_shape = cfg.get_string("learner.init_shape");
   o.temperature = cfg.get_float("learner.temperature");

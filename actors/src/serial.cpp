@@ -9,10 +9,12 @@
 namespace kf::actors {
 
 SerialRunner::SerialRunner(Actor& actor, evaluator::Evaluator& ev, replay::RunShm& shm,
-                           std::vector<std::shared_ptr<const tasks::Task>> tasks, tasks::Backend backend)
+                           std::vector<std::shared_ptr<const tasks::Task>> tasks, tasks::Backend backend,
+                           const std::string& verdict_log)
     : actor_(actor), shm_(shm) {
   evaluator::ServiceOptions so;
   so.backend = backend;
+  so.verdict_log = verdict_log;
   so.pop_timeout = std::chrono::milliseconds(0);
   service_ = std::make_unique<evaluator::EvaluatorService>(ev, shm, so);
   for (auto& t : tasks) service_->add_task(t);

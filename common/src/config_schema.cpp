@@ -16,6 +16,7 @@ const std::vector<ConfigKey>& config_schema() {
       {"tasks.dir", T::String, "build/tasks", false, {}, "folder of imported task artifacts (tools/import-tasks)"},
       {"tasks.levels", T::IntList, "[1, 2, 3]", false, {}, "task levels to use"},
       {"tasks.include", T::StringList, "[]", false, {}, "task names to use (empty: all of the chosen levels)"},
+      {"tasks.heldout", T::String, "\"\"", false, {}, "file of held-out task names a run never trains on (e.g. tasks/heldout.txt; empty: none)"},
       // reference: how the reference programs are timed in the foundation job
       {"reference.warmup", T::Int, "2", false, {}, "untimed reference calls before timing"},
       {"reference.trials", T::Int, "5", false, {}, "timed reference calls per task (median reported)"},

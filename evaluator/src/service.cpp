@@ -3,7 +3,10 @@
 
 #include <time.h>
 
+#include <cerrno>
+#include <cstring>
 #include <future>
+#include <nlohmann/json.hpp>
 
 #include "kf/common/error.h"
 #include "kf/common/log.h"
@@ -53,7 +56,37 @@ replay::Result to_record(const Result& r, const replay::Candidate& c, int evalua
 
 EvaluatorService::EvaluatorService(Evaluator& ev, replay::RunShm& shm, ServiceOptions o)
     : ev_(ev), shm_(shm), o_(std::move(o)) {
+  if (!o_.verdict_log.empty()) {
+    verdicts_.open(o_.verdict_log, std::ios::app);
+    if (!verdicts_) throw Error(o_.verdict_log + ": cannot open the verdict log for append (" + std::strerror(errno) + ")");
+  }
   slot_ = shm_.control().register_process("evaluator", o_.evaluator_id);
+}
+
+void EvaluatorService::log_verdict(const replay::Candidate& c, const Result& r, int level) {
+  if (!verdicts_.is_open()) return;
+  const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  const nlohmann::json j = {{"t", now},
+                            {"evaluator", o_.evaluator_id},
+                            {"candidate", c.id},
+                            {"group", c.group_id},
+                            {"task", c.task},
+                            {"level", level},
+                            {"policy_version", c.policy_version},
+                            {"actor", c.actor_id},
+                            {"verdict", verdict_name(r.verdict)},
+                            {"speedup", r.ok() ? r.speedup : 0.0},
+                            {"reward", r.reward},
+                            {"compile_s", r.compile_s},
+                            {"verify_s", r.verify_s},
+                            {"reason", r.reason.substr(0, 300)}};
+  // A cut multi-byte character is replaced, not thrown on.
+  verdicts_ << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << '\n' << std::flush;
+  if (!verdicts_) {
+    log_error("evaluator ", o_.evaluator_id, ": writing ", o_.verdict_log,
+              " failed; the verdict log stops here, scoring goes on");
+    verdicts_.close();
+  }
 }
 
 EvaluatorService::~EvaluatorService() {
@@ -145,6 +178,7 @@ std::size_t EvaluatorService::step() {
       }
     }
     account(r, c);
+    log_verdict(c, r, t ? t->level() : 0);
     const replay::Result rec = to_record(r, c, o_.evaluator_id);
     log_info("evaluator ", o_.evaluator_id, ": candidate ", c.id, " of ", c.task, ": ", verdict_name(r.verdict),
              r.reason.empty() ? "" : " (" + r.reason + ")", r.ok() ? ", speedup " + std::to_string(r.speedup) : "");

@@ -1,9 +1,10 @@
 // kf-evaluator: the evaluator process of a run (one per GPU, or several on CPU).
-//   kf-evaluator --run NAME --config FILE [--set k=v]... [--id N] [--device N]
+//   kf-evaluator --run NAME --config FILE [--set k=v]... [--id N] [--device N] [--run-dir DIR]
 // Attaches to the run's shared memory (made by tools/launch), then scores candidates
 // (EvaluatorService) until the run stops, or, when it is draining, until the queue is
 // empty and no actor process is left.
 // The backend is run.backend (auto: CUDA when a GPU is visible); tasks come from tasks.dir.
+// With --run-dir, every verdict is also appended to DIR/metrics/verdicts-<id>.jsonl.
 // SIGINT/SIGTERM: finish the candidate in hand, then exit 0.
 // Exit: 0 stopped cleanly, 2 usage or config error, 3 could not attach / fatal error.
 #include <ATen/Parallel.h>
@@ -31,7 +32,7 @@ bool actor_alive(const kf::replay::ControlBlock& ctl) {
 
 int main(int argc, char** argv) {
   CLI::App app{"KernelForge evaluator process"};
-  std::string run, config_file;
+  std::string run, config_file, run_dir;
   std::vector<std::string> sets;
   int id = 0, device = 0;
   app.add_option("--run", run, "run name (its shared memory must exist)")->required();
@@ -39,6 +40,7 @@ int main(int argc, char** argv) {
   app.add_option("--set", sets, "config override key=value");
   app.add_option("--id", id, "evaluator id (log lines, counters)");
   app.add_option("--device", device, "CUDA device (after CUDA_VISIBLE_DEVICES)");
+  app.add_option("--run-dir", run_dir, "the run folder: verdicts go to <dir>/metrics/verdicts-<id>.jsonl");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -57,6 +59,7 @@ int main(int argc, char** argv) {
     so.backend = kf::tasks::resolve_backend(cfg.get_string("run.backend"));
     so.tasks_dir = cfg.get_string("tasks.dir");
     so.evaluator_id = id;
+    if (!run_dir.empty()) so.verdict_log = run_dir + "/metrics/verdicts-" + std::to_string(id) + ".jsonl";
     if (eo.cpu_threads > 0) at::set_num_threads(eo.cpu_threads);
   } catch (const std::exception& e) {
     kf::log_error("evaluator ", id, ": bad configuration: ", e.what(), "; exiting");

@@ -105,4 +105,13 @@ Corpus load_corpus(const std::string& dir) {
   return c;
 }
 
+std::size_t drop_tasks(Corpus& corpus, const std::vector<std::string>& names) {
+  auto& k = corpus.kernels;
+  const auto before = k.size();
+  k.erase(std::remove_if(k.begin(), k.end(),
+                         [&](const CorpusKernel& x) { return std::find(names.begin(), names.end(), x.task) != names.end(); }),
+          k.end());
+  return before - k.size();
+}
+
 }  // namespace kf::stages

@@ -10,13 +10,14 @@
 #include "kf/common/error.h"
 #include "kf/common/log.h"
 #include "kf/stages/selfsup.h"
+#include "kf/tasks/task_list.h"
 
 using namespace kf;
 using namespace kf::stages;
 
 int main(int argc, char** argv) {
   CLI::App app{"KernelForge stage 2: sample, verify, keep correct kernels, retrain"};
-  std::string model_dir, corpus_dir, backends = "cpu,cuda", device = "cpu";
+  std::string model_dir, corpus_dir, backends = "cpu,cuda", device = "cpu", heldout;
   SelfsupOptions o;
   o.data.tasks_dir = "build/tasks";
   o.data.context_tokens = 0;
@@ -41,6 +42,7 @@ int main(int argc, char** argv) {
   app.add_option("--eval-trials", eval_trials, "timed trials per verified kernel");
   app.add_option("--device", device, "where the policy samples and retrains: cpu, cuda or cuda:N (fp32)");
   app.add_option("--threads", threads, "torch and evaluator CPU threads");
+  app.add_option("--heldout", heldout, "file of held-out task names (tasks/heldout.txt): never sampled nor trained on");
   CLI11_PARSE(app, argc, argv);
   o.train.lr = app.count("--lr") ? o.train.lr : 3e-4;
   o.train.warmup_steps = std::min<int64_t>(10, o.train.steps / 5);
@@ -60,7 +62,10 @@ int main(int argc, char** argv) {
     if (dev.is_cuda()) at::globalContext().setAllowTF32CuBLAS(true);
     auto pol = policy::load_policy(model_dir, dev, torch::kFloat32);
     if (!pol.tokenizer) throw Error(model_dir + ": no tokenizer.json");
-    const auto corpus = load_corpus(corpus_dir);
+    auto corpus = load_corpus(corpus_dir);
+    if (!heldout.empty())
+      log_info("selfsup: held-out tasks of ", heldout, ": ", drop_tasks(corpus, tasks::read_task_list(heldout)),
+               " corpus kernels left out");
     o.data.context_tokens = pol.config.max_position_embeddings;
     auto base_opt = o.data;
     base_opt.backends.clear();

@@ -17,6 +17,7 @@
 #include "kf/common/run_dir.h"
 #include "kf/stages/bpe_trainer.h"
 #include "kf/stages/sft.h"
+#include "kf/tasks/task_list.h"
 
 using namespace kf;
 using namespace kf::stages;
@@ -46,7 +47,7 @@ int64_t percentile(std::vector<int64_t> v, double q) {
 
 int main(int argc, char** argv) {
   CLI::App app{"KernelForge stage 1: tokenizer training and SFT of the policy on the corpus"};
-  std::string corpus_dir, out, shape = "small", init, config_file, tasks_dir, backends = "cpu,cuda", device = "cpu";
+  std::string corpus_dir, out, shape = "small", init, config_file, tasks_dir, backends = "cpu,cuda", device = "cpu", heldout;
   int64_t vocab = 4096, context = 4096;
   SftOptions so;
   SftDataOptions dopt;
@@ -68,6 +69,7 @@ int main(int argc, char** argv) {
   app.add_option("--threads", so.threads, "torch threads (0: torch's default)");
   app.add_option("--device", device, "where to train: cpu, cuda or cuda:N (fp32 weights, TF32 matmuls on a GPU)");
   app.add_option("--time-limit", so.time_limit_s, "stop training after this many seconds (0: off)");
+  app.add_option("--heldout", heldout, "file of held-out task names (tasks/heldout.txt) left out of training");
   CLI11_PARSE(app, argc, argv);
 
   ::mkdir(out.c_str(), 0755);
@@ -97,7 +99,12 @@ int main(int argc, char** argv) {
   try {
     const auto t_start = std::chrono::steady_clock::now();
     if (dev.is_cuda()) at::globalContext().setAllowTF32CuBLAS(true);
-    const auto corpus = load_corpus(corpus_dir);
+    auto corpus = load_corpus(corpus_dir);
+    std::size_t held_out_kernels = 0;
+    if (!heldout.empty()) {
+      held_out_kernels = drop_tasks(corpus, tasks::read_task_list(heldout));
+      log_info("sft: held-out tasks of ", heldout, ": ", held_out_kernels, " corpus kernels left out");
+    }
     log_info("sft: corpus ", corpus_dir, ": ", corpus.kernels.size(), " kernels, ", corpus.tasks("cpu").size(),
              " cpu tasks, ", corpus.tasks("cuda").size(), " cuda tasks");
     policy::Policy pol;
@@ -163,6 +170,8 @@ int main(int argc, char** argv) {
     nlohmann::json sum = {
         {"corpus", corpus_dir},
         {"corpus_kernels", corpus.kernels.size()},
+        {"heldout", heldout},
+        {"heldout_kernels_dropped", held_out_kernels},
         {"corpus_tasks_cpu", corpus.tasks("cpu").size()},
         {"corpus_tasks_cuda", corpus.tasks("cuda").size()},
         {"examples", st.examples},

@@ -1,11 +1,14 @@
 // Group sampling, the weights blob, and an in-process Actor on a real RunShm: snapshot
 // pickup, a mismatching snapshot, an empty kernel database, failed extractions as results.
+#include <set>
+
 #include <gtest/gtest.h>
 
 #include "kf/actors/actor.h"
 #include "kf/actors/group_sampler.h"
 #include "kf/actors/weights_blob.h"
 #include "kf/common/error.h"
+#include "kf/common/config.h"
 #include "test_util.h"
 
 using namespace kf::actors;
@@ -182,6 +185,57 @@ TEST(ActorTest, FailedExtractionsAreScoredIntoTheGroupAndExemplarsAreUsed) {
     EXPECT_DOUBLE_EQ(r.reward, opts.extraction_failure_reward);
   }
   EXPECT_FALSE(groups[0].deadline_hit);
+}
+
+TEST(ActorTest, HeldOutTasksAreNeverScheduledAndABadListIsAnError) {
+  KF_NEED_TASKS();
+  test::TempDir tmp;
+  const std::string list = tmp.path + "/heldout.txt";
+  test::write_file(list, "# held out\n001_relu   # trailing comment\n\n002_gelu\n001_relu\n");
+  auto cfg = [&](const std::string& heldout, const std::string& include) {
+    std::vector<std::string> sets = {"tasks.dir=" + test::tasks_dir(), "tasks.levels=[1]", "run.backend=cpu",
+                                     "tasks.heldout=" + heldout};
+    if (!include.empty()) sets.push_back("tasks.include=[" + include + "]");
+    return kf::Config::parse("", "heldout_test", sets);
+  };
+  auto o = actor_options(cfg(list, ""), 0);
+  EXPECT_EQ(o.heldout, (std::vector<std::string>{"001_relu", "002_gelu"}));
+  auto names = [](const std::vector<std::shared_ptr<const kf::tasks::Task>>& ts) {
+    std::set<std::string> n;
+    for (const auto& t : ts) n.insert(t->name());
+    return n;
+  };
+  auto without = names(load_actor_tasks(o, true));
+  o.heldout.clear();
+  auto with = names(load_actor_tasks(o, true));
+  EXPECT_EQ(with.size(), without.size() + 2);
+  EXPECT_TRUE(with.count("001_relu") && with.count("002_gelu"));
+  EXPECT_FALSE(without.count("001_relu") || without.count("002_gelu"));
+  // tasks.include naming a held-out task: the preflight refuses; an actor leaves it out.
+  o = actor_options(cfg(list, "001_relu, 004_sigmoid"), 0);
+  try {
+    load_actor_tasks(o, /*strict=*/true);
+    ADD_FAILURE() << "strict selection accepted a held-out tasks.include name";
+  } catch (const kf::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'001_relu' is in the held-out list"), std::string::npos) << e.what();
+  }
+  ASSERT_EQ(load_actor_tasks(o).size(), 1u);
+  EXPECT_EQ(load_actor_tasks(o)[0]->name(), "004_sigmoid");
+  // A missing file and a line that is not a task name: errors naming key, file and line.
+  try {
+    actor_options(cfg(tmp.path + "/nope.txt", ""), 0);
+    ADD_FAILURE() << "a missing held-out file was accepted";
+  } catch (const kf::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tasks.heldout"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("nope.txt"), std::string::npos) << e.what();
+  }
+  test::write_file(list, "001_relu\n002_gelu 004_sigmoid\n");
+  try {
+    actor_options(cfg(list, ""), 0);
+    ADD_FAILURE() << "a line with two names was accepted";
+  } catch (const kf::Error& e) {
+    EXPECT_NE(std::string(e.what()).find(list + ":2:"), std::string::npos) << e.what();
+  }
 }
 
 TEST(ActorTest, MissingTasksAreLeftOutAndNoneLeftIsAnError) {

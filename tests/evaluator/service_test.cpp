@@ -6,6 +6,10 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
 
 #include "kf/replay/run_shm.h"
 #include "test_util.h"
@@ -51,6 +55,9 @@ TEST(EvaluatorServiceTest, ScoresQueuedCandidatesPushesResultsAndStoresOkKernels
   so.evaluator_id = 3;
   so.tasks_dir = build_dir() + "/tasks";
   so.batch = 8;
+  const std::string log = build_dir() + "/evaluator-test-verdicts-" + std::to_string(getpid()) + ".jsonl";
+  std::remove(log.c_str());
+  so.verdict_log = log;
   EvaluatorService service(ev, *shm, so);
 
   const std::string good = test::read_kernel("cpu/good_relu.cpp");
@@ -91,6 +98,33 @@ TEST(EvaluatorServiceTest, ScoresQueuedCandidatesPushesResultsAndStoresOkKernels
   EXPECT_DOUBLE_EQ(entries[0].speedup, by_id[101].speedup);
   EXPECT_EQ(service.stats().ok, 1u);
   EXPECT_EQ(service.stats().kernels_inserted, 1u);
+
+  // The verdict log: one line per scored candidate, with what the candidate record knows
+  // (task, policy version) and what only the evaluator knows (level, times, reason).
+  std::map<uint64_t, nlohmann::json> logged;
+  {
+    std::ifstream f(log);
+    for (std::string line; std::getline(f, line);) {
+      const auto j = nlohmann::json::parse(line);
+      logged[j.at("candidate").get<uint64_t>()] = j;
+    }
+  }
+  ASSERT_EQ(logged.size(), 4u);
+  EXPECT_EQ(logged[101]["task"], "001_relu");
+  EXPECT_EQ(logged[101]["level"], 1);
+  EXPECT_EQ(logged[101]["verdict"], "ok");
+  EXPECT_EQ(logged[101]["policy_version"], 5);
+  EXPECT_EQ(logged[101]["evaluator"], 3);
+  EXPECT_EQ(logged[101]["group"], 77);
+  EXPECT_DOUBLE_EQ(logged[101]["speedup"].get<double>(), by_id[101].speedup);
+  EXPECT_GT(logged[101]["compile_s"].get<double>(), 0);
+  EXPECT_GT(logged[101]["t"].get<double>(), 1.7e9);  // unix seconds
+  EXPECT_EQ(logged[102]["verdict"], "rejected_cheat");
+  EXPECT_EQ(logged[102]["speedup"], 0.0);
+  EXPECT_NE(logged[102]["reason"].get<std::string>().find("not fully written"), std::string::npos);
+  EXPECT_EQ(logged[103]["verdict"], "compile_error");
+  EXPECT_EQ(logged[104]["level"], 0);  // unknown task: no level
+  std::remove(log.c_str());
 
   // The control block shows the evaluator and its counters.
   bool seen = false;

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "kf/actors/actor_policy.h"
 #include "kf/actors/extract.h"
@@ -12,6 +13,7 @@
 #include "kf/stages/bpe_trainer.h"
 #include "kf/stages/sft.h"
 #include "kf/tasks/task.h"
+#include "kf/tasks/task_list.h"
 #include "../test_support.h"
 
 using namespace kf::stages;
@@ -148,6 +150,43 @@ TEST(StagesTest, CorpusErrorsNameFileAndField) {
     EXPECT_NE(w.find("manifest.json: entry 0"), std::string::npos) << w;
     EXPECT_NE(w.find("'file'"), std::string::npos) << w;
   }
+}
+
+TEST(StagesTest, HeldOutTasksLeaveTheCorpusAndTheShippedListNamesCorpusTasks) {
+  NEED_TASKS();
+  SmallCorpus c;
+  auto corpus = load_corpus(c.dir.path);
+  EXPECT_EQ(drop_tasks(corpus, {"002_gelu", "999_absent"}), 1u);
+  ASSERT_EQ(corpus.kernels.size(), 3u);
+  for (const auto& e : build_sft_examples(corpus, kf::actors::TextCodec::bytes(), 0, data_options(1 << 20)))
+    EXPECT_EQ(e.task, "001_relu");
+
+  // The list the shipped policy was trained with: every name is a corpus task and a suite
+  // task, and none is a quickstart task (configs/quickstart.yaml trains on those).
+  const auto heldout = kf::tasks::read_task_list(t::source_dir() + "/tasks/heldout.txt");
+  EXPECT_GE(heldout.size(), 8u);
+  const auto full = load_corpus(t::source_dir() + "/corpus");
+  std::set<std::string> corpus_tasks;
+  for (const auto& k : full.kernels) corpus_tasks.insert(k.task);
+  for (const auto& name : heldout) {
+    EXPECT_TRUE(corpus_tasks.count(name)) << name << " has no corpus kernel";
+    const bool in_suite = exists(t::source_dir() + "/tasks/suite/level1/" + name + ".py") ||
+                          exists(t::source_dir() + "/tasks/suite/level2/" + name + ".py");
+    EXPECT_TRUE(in_suite) << name << " is not a level-1/2 suite task";
+  }
+  const std::string quickstart = t::read_file(t::source_dir() + "/configs/quickstart.yaml");
+  for (const auto& name : heldout) EXPECT_EQ(quickstart.find(name), std::string::npos) << name;
+
+  // Parsing: comments, blank lines and repeats are fine; a bad line names file and line.
+  EXPECT_EQ(kf::tasks::parse_task_list("# c\n a_1 # x\n\nb-2\na_1\n", "l.txt"),
+            (std::vector<std::string>{"a_1", "b-2"}));
+  try {
+    kf::tasks::parse_task_list("a\n../b\n", "l.txt");
+    FAIL() << "a path was accepted as a task name";
+  } catch (const kf::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("l.txt:2:"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(kf::tasks::read_task_list(c.dir.path + "/missing.txt"), kf::Error);
 }
 
 TEST(StagesTest, SftExamplesUseActorsPromptAndExtractToTheCorpusKernel) {

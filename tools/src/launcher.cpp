@@ -180,7 +180,7 @@ void Launcher::Impl::plan_workers() {
     w.role = "evaluator";
     w.id = i;
     w.argv = {bin("evaluator/kf-evaluator"), "--run", name, "--config", config, "--id", std::to_string(i),
-              "--device", "0"};
+              "--device", "0", "--run-dir", run.path()};
     if (gpus > 0) w.env.push_back("CUDA_VISIBLE_DEVICES=" + gpu_ids[static_cast<std::size_t>(i) % gpu_ids.size()]);
     if (pin && next + per_eval < cpus.size()) {
       w.cpus.assign(cpus.begin() + static_cast<long>(next), cpus.begin() + static_cast<long>(next + per_eval));

@@ -49,7 +49,7 @@ int run_serial(const Config& cfg, const RunDir& run, const LaunchOptions& opts) 
   auto tasks = actors::load_actor_tasks(ao);
   actors::Actor actor(ao, std::move(policy), tasks, *shm);
   evaluator::Evaluator ev(evaluator::eval_options(cfg));
-  actors::SerialRunner serial(actor, ev, *shm, tasks, backend);
+  actors::SerialRunner serial(actor, ev, *shm, tasks, backend, run.sub("metrics") + "/verdicts-0.jsonl");
   ctl.set_state(replay::RunState::running);
 
   MetricsWriter run_metrics(run.sub("metrics"), "run");

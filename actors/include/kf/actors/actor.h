@@ -107,9 +107,10 @@ class Actor {
 };
 
 // Loads the tasks an actor schedules: tasks.include names (a missing one is logged and
-// left out) or every task of the chosen levels; tasks without `backend` are left out.
-// Throws kf::Error if none remain. `strict` (the launcher's preflight, before anything
-// starts): a tasks.include name that is missing or does not load is an error.
+// left out) or every task of the chosen levels; tasks without `backend` and held-out
+// tasks (tasks.heldout) are left out. Throws kf::Error if none remain. `strict` (the
+// launcher's preflight, before anything starts): a tasks.include name that is missing,
+// does not load or is held out is an error.
 std::vector<std::shared_ptr<const tasks::Task>> load_actor_tasks(const ActorOptions& o, bool strict = false);
 
 }  // namespace kf::actors

@@ -24,6 +24,7 @@ struct ActorOptions {
   std::string tasks_dir = "build/tasks";
   std::vector<int64_t> levels = {1, 2, 3};
   std::vector<std::string> include;
+  std::vector<std::string> heldout;       // never scheduled (tasks.heldout, read when the options are made)
   // policy (the learner's initial weights; snapshots replace them)
   std::string policy_dir;                 // HF folder; empty: random init of init_shape
   std::string init_shape = "tiny";

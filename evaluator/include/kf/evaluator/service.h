@@ -13,6 +13,7 @@
 #pragma once
 #include <chrono>
 #include <cstdint>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <memory>
@@ -35,6 +36,11 @@ struct ServiceOptions {
   std::size_t batch = 8;                          // candidates popped per step
   std::chrono::milliseconds pop_timeout{200};
   std::chrono::milliseconds push_timeout{5000};   // result queue full this long: dropped + logged
+  // One JSON line per scored candidate is appended here (metrics/verdicts-<id>.jsonl of
+  // the run; empty: none): time, task, level, policy version, verdict, speedup, reward,
+  // compile/verify seconds and the reason's first 300 bytes. tools/report's per-minute
+  // windows, per-level table and cheat list come from it.
+  std::string verdict_log;
 };
 
 struct ServiceStats {
@@ -64,6 +70,7 @@ class EvaluatorService {
  private:
   std::shared_ptr<const tasks::Task> task(const std::string& name, std::string* error);
   void account(const Result& r, const replay::Candidate& c);
+  void log_verdict(const replay::Candidate& c, const Result& r, int level);
   Evaluator& ev_;
   replay::RunShm& shm_;
   ServiceOptions o_;
@@ -71,6 +78,7 @@ class EvaluatorService {
   ServiceStats stats_;
   std::map<std::string, std::shared_ptr<const tasks::Task>> tasks_;
   std::function<void(const replay::Result&, const Result&)> on_result_;
+  std::ofstream verdicts_;  // o_.verdict_log, opened for append
 };
 
 }  // namespace kf::evaluator

@@ -34,4 +34,8 @@ struct Corpus {
 // manifest, a kernel file that cannot be read, or a malformed verified file.
 Corpus load_corpus(const std::string& dir);
 
+// Removes every kernel of the named tasks (the held-out split, tasks/heldout.txt) so no
+// tokenizer, example or exemplar is built from them. Returns how many were removed.
+std::size_t drop_tasks(Corpus& corpus, const std::vector<std::string>& names);
+
 }  // namespace kf::stages
