@@ -5,10 +5,17 @@ Reads (each optional; a missing or corrupt file is skipped with a warning naming
   RUN_DIR/metrics/run.jsonl        the launcher's status lines (samples_per_s, verdict
                                    fractions, speedups, queue depths, policy_lag, ...)
   RUN_DIR/metrics/actor-*.jsonl    each actor's lines (samples_per_s, policy_lag_mean, ...)
+  RUN_DIR/metrics/verdicts-*.jsonl each evaluator's lines, one per scored candidate (t, task,
+                                   level, verdict, speedup, reason, ...)
   RUN_DIR/kernels/kernel_db.json   the kernel database saved at checkpoint
 Writes into --out (default RUN_DIR/report): reward.png, speedup.png, verdicts.png,
 throughput.png and index.html (the plots plus the best kernel of each task), and prints
-each path written. Exit 0 ok, 1 error (e.g. matplotlib missing), 2 usage / no metrics.
+each path written. From the verdict logs, when there are any: windows.json and windows.png
+(per 1-minute window: verified, correct %, fast_1 %, mean / median / best speedup of the
+ok results; the first-vs-final-window ratio), a per-level table and the rejected cheats
+with their reasons; the window and level tables are also printed as text. Without verdict
+logs (runs older than them) that part is skipped with one line on stdout.
+Exit 0 ok, 1 error (e.g. matplotlib missing), 2 usage / no metrics.
 docs/operations.md describes the fields.
 """
 import argparse
@@ -17,6 +24,7 @@ import html
 import json
 import math
 import os
+import statistics
 import sys
 import time
 
@@ -34,9 +42,10 @@ def die(code, msg):
 
 # --- inputs -------------------------------------------------------------------------
 
-def read_jsonl(path):
+def read_jsonl(path, usable=None, what="JSON objects"):
     """The records of a JSONL file, or None when it cannot be read. Lines that are not JSON
-    objects (a torn last line after a kill, hand edits) are skipped with one warning."""
+    objects (a torn last line after a kill, hand edits), or that `usable` rejects, are
+    skipped with one warning; `what` names what a good line is in it."""
     try:
         with open(path, "r", encoding="utf-8", errors="replace") as f:
             text = f.read()
@@ -51,13 +60,13 @@ def read_jsonl(path):
             rec = json.loads(line)
         except ValueError:
             rec = None
-        if isinstance(rec, dict):
+        if isinstance(rec, dict) and (usable is None or usable(rec)):
             records.append(rec)
         else:
             bad.append(n)
     if bad:
         shown = ", ".join(str(n) for n in bad[:5]) + (" ..." if len(bad) > 5 else "")
-        warn(f"{path}: {len(bad)} line(s) are not JSON objects (line {shown}); skipped them")
+        warn(f"{path}: {len(bad)} line(s) are not {what} (line {shown}); skipped them")
     if not records:
         warn(f"{path}: no usable records; skipped")
         return None
@@ -124,18 +133,164 @@ def read_kernel_db(path):
     return {t: dict(best[t], kernels=counts[t]) for t in sorted(best)}
 
 
+# --- verdict logs -------------------------------------------------------------------
+
+MAX_CHEATS = 50
+
+
+def is_verdict(rec):
+    """A verdict line needs a time, a verdict and a task; every other key may be missing."""
+    return (num(rec, "t") is not None and isinstance(rec.get("verdict"), str) and rec["verdict"] != ""
+            and isinstance(rec.get("task"), str) and rec["task"] != "")
+
+
+def read_verdicts(paths):
+    """The usable lines of every verdict log, oldest first, and the files they came from."""
+    records, used = [], []
+    for path in paths:
+        recs = read_jsonl(path, is_verdict, "JSON objects with t, verdict and task")
+        if recs is not None:
+            records += recs
+            used.append(path)
+    records.sort(key=lambda r: num(r, "t"))
+    return records, used
+
+
+def level_of(rec):
+    """The task's level, or None (unknown): the evaluator writes 0 when the task did not load."""
+    v = num(rec, "level")
+    return int(v) if v is not None and v.is_integer() and v >= 1 else None
+
+
+def verdict_stats(recs):
+    """n, ok and fast_1 counts and percentages, and the ok results' mean, median and best speedup.
+    An ok line without a speedup counts as correct but not in the speedup figures."""
+    speeds = sorted(s for s in (num(r, "speedup") for r in recs if r["verdict"] == "ok") if s is not None)
+    n = len(recs)
+    ok = sum(1 for r in recs if r["verdict"] == "ok")
+    fast = sum(1 for s in speeds if s > 1.0)
+    return {"n": n, "ok": ok, "fast1": fast,
+            "correct_pct": 100.0 * ok / n if n else None, "fast1_pct": 100.0 * fast / n if n else None,
+            "mean_speedup": sum(speeds) / len(speeds) if speeds else None,
+            "median_speedup": statistics.median(speeds) if speeds else None,
+            "best_speedup": speeds[-1] if speeds else None}
+
+
+def summarize_verdicts(records, min_window):
+    """windows.json's content. Windows are whole minutes of the time axis (records carry
+    '_min' from time_axis), so they line up with the other plots."""
+    by_minute = {}
+    for r in records:
+        by_minute.setdefault(int(math.floor(r["_min"])), []).append(r)
+    windows = []
+    for m in sorted(by_minute):
+        w = {"minute": m}
+        w.update(verdict_stats(by_minute[m]))
+        w["few"] = w["n"] < min_window
+        windows.append(w)
+    # Thin windows are too noisy to anchor the comparison; one window compares with nothing.
+    usable = [w for w in windows if not w["few"] and w["mean_speedup"] is not None]
+    first_final = None
+    if len(usable) >= 2 and usable[0]["mean_speedup"] > 0:
+        first, final = usable[0], usable[-1]
+        first_final = {"first_minute": first["minute"], "final_minute": final["minute"],
+                       "first_mean": first["mean_speedup"], "final_mean": final["mean_speedup"],
+                       "ratio": final["mean_speedup"] / first["mean_speedup"]}
+    by_level = {}
+    for r in records:
+        by_level.setdefault(level_of(r), []).append(r)
+    levels = []
+    for lv in sorted(by_level, key=lambda v: (v is None, v or 0)):
+        row = {"level": lv, "tasks": len({r["task"] for r in by_level[lv]})}
+        row.update(verdict_stats(by_level[lv]))
+        levels.append(row)
+    all_cheats = [r for r in records if r["verdict"] == "rejected_cheat"]
+    cheats = [{"minute": round(r["_min"], 2), "t": num(r, "t"), "task": r["task"], "level": level_of(r),
+               "evaluator": r.get("evaluator"), "candidate": r.get("candidate"),
+               "policy_version": r.get("policy_version"),
+               "reason": r["reason"] if isinstance(r.get("reason"), str) else ""}
+              for r in all_cheats[-MAX_CHEATS:]]
+    return {"min_window": min_window, "verified": len(records), "windows": windows, "levels": levels,
+            "first_final_ratio": first_final["ratio"] if first_final else None, "first_final": first_final,
+            "cheats_total": len(all_cheats), "cheats": cheats}
+
+
+def pct(v):
+    return "" if v is None else f"{v:.1f}"
+
+
+def spd(v):
+    return "" if v is None else f"{v:.3f}"
+
+
+def window_rows(summary):
+    return [[str(w["minute"]), str(w["n"]), pct(w["correct_pct"]), pct(w["fast1_pct"]), spd(w["mean_speedup"]),
+             spd(w["median_speedup"]), spd(w["best_speedup"]), "*" if w["few"] else ""]
+            for w in summary["windows"]]
+
+
+WINDOW_HEADERS = ["minute", "verified", "correct %", "fast_1 %", "mean", "median", "best", ""]
+LEVEL_HEADERS = ["level", "tasks", "verified", "correct %", "fast_1 %", "mean", "median", "best"]
+
+
+def level_rows(summary):
+    return [["?" if lv["level"] is None else str(lv["level"]), str(lv["tasks"]), str(lv["n"]),
+             pct(lv["correct_pct"]), pct(lv["fast1_pct"]), spd(lv["mean_speedup"]), spd(lv["median_speedup"]),
+             spd(lv["best_speedup"])]
+            for lv in summary["levels"]]
+
+
+def first_final_text(summary):
+    ff = summary["first_final"]
+    if ff is None:
+        return (f"first window vs final window: n/a (needs two windows with at least {summary['min_window']} "
+                "verified and one ok)")
+    return (f"first window vs final window: mean speedup {ff['first_mean']:.3f}x (minute {ff['first_minute']}) -> "
+            f"{ff['final_mean']:.3f}x (minute {ff['final_minute']}), ratio {ff['ratio']:.3f}")
+
+
+def text_table(headers, rows):
+    """Plain columns, right-aligned, for pasting into docs."""
+    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths)).rstrip() for row in [headers] + rows]
+    return "\n".join(lines)
+
+
+def print_verdict_tables(summary):
+    print(f"Verified candidates per 1-minute window (metrics/verdicts-*.jsonl, {summary['verified']} in all; "
+          "speedups are of the ok results):")
+    print(text_table(WINDOW_HEADERS, window_rows(summary)))
+    if any(w["few"] for w in summary["windows"]):
+        print(f"* fewer than {summary['min_window']} verified: not used for the first/final ratio")
+    print(first_final_text(summary))
+    print()
+    print("Per level, whole run:")
+    print(text_table(LEVEL_HEADERS, level_rows(summary)))
+    print(f"rejected as cheats: {summary['cheats_total']} (reasons in index.html and windows.json)")
+    print()
+
+
+def write_windows_json(out, summary):
+    path = os.path.join(out, "windows.json")
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(summary, f, indent=1)
+        f.write("\n")
+    return path
+
+
 # --- plots --------------------------------------------------------------------------
 
-def time_axis(streams):
-    """Converts each record's unix 'time' into minutes since the earliest record of any stream
-    (the launcher's elapsed_s would not cover the learner's or actors' lines)."""
-    times = [num(r, "time") for recs in streams for r in (recs or []) if num(r, "time") is not None]
+def time_axis(streams, verdicts=None):
+    """Converts each record's unix 'time' (a verdict line's 't') into minutes since the
+    earliest record of any stream, verdict lines included (the launcher's elapsed_s would
+    not cover the learner's or actors' lines)."""
+    stamped = [(r, "time") for recs in streams for r in (recs or [])] + [(r, "t") for r in verdicts or []]
+    times = [num(r, key) for r, key in stamped if num(r, key) is not None]
     t0 = min(times) if times else 0.0
-    for recs in streams:
-        for r in recs or []:
-            t = num(r, "time")
-            if t is not None:
-                r["_min"] = (t - t0) / 60.0
+    for r, key in stamped:
+        t = num(r, key)
+        if t is not None:
+            r["_min"] = (t - t0) / 60.0
     return t0
 
 
@@ -253,6 +408,36 @@ def plot_throughput(plt, run, actors, learner, out):
     return save(fig, out, "throughput.png")
 
 
+def plot_windows(plt, summary, out):
+    from matplotlib.ticker import MaxNLocator
+    fig, (a, b) = plt.subplots(2, 1, figsize=(9, 7), sharex=True)
+    ws = summary["windows"]
+    drawn = False
+    for key, label in [("mean_speedup", "mean"), ("median_speedup", "median")]:
+        pts = [(w["minute"], w[key]) for w in ws if w[key] is not None]
+        if pts:
+            a.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=label)
+            drawn = True
+    if drawn:
+        a.axhline(1.0, color="gray", linestyle=":", linewidth=1)
+        a.legend(fontsize="small")
+    else:
+        no_data(a, "ok results in the verdict logs")
+    a.set_ylabel("speedup of ok results (x)")
+    a.set_title("Verified results per 1-minute window")
+    a.grid(True, alpha=0.3)
+    xs = [w["minute"] for w in ws]
+    b.plot(xs, [w["correct_pct"] for w in ws], marker="o", label="correct %", color="tab:green")
+    b.plot(xs, [w["fast1_pct"] for w in ws], marker="o", label="fast_1 % (correct and faster)", color="tab:blue")
+    b.set_ylim(0, 100)
+    b.xaxis.set_major_locator(MaxNLocator(integer=True))  # windows are whole minutes
+    b.set_xlabel("window (minutes since start)")
+    b.set_ylabel("% of verified")
+    b.legend(fontsize="small")
+    b.grid(True, alpha=0.3)
+    return save(fig, out, "windows.png")
+
+
 def save(fig, out, name):
     path = os.path.join(out, name)
     fig.savefig(path, dpi=90, bbox_inches="tight")
@@ -281,7 +466,42 @@ def fmt(v):
     return f"{v:.4g}"
 
 
-def write_html(out, run_dir, pngs, run, learner, kernels, sources):
+def html_table(headers, rows):
+    e = html.escape
+    return ("<table><tr>" + "".join(f"<th>{e(h)}</th>" for h in headers) + "</tr>"
+            + "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>" for row in rows) + "</table>")
+
+
+def verdict_html(summary, windows_png):
+    e = html.escape
+    parts = ["<h2>Verified results per 1-minute window</h2>",
+             f"<p>From metrics/verdicts-*.jsonl: {summary['verified']} verified candidates; speedups are of the "
+             "ok results; fast_1 = correct and faster than the reference, as a share of all verified.</p>",
+             html_table(WINDOW_HEADERS, window_rows(summary))]
+    if any(w["few"] for w in summary["windows"]):
+        parts.append(f"<p>* fewer than {summary['min_window']} verified: not used for the first/final ratio.</p>")
+    parts.append(f"<p>{e(first_final_text(summary))}</p>")
+    name = os.path.basename(windows_png)
+    parts.append(f"<img src=\"{e(name)}\" alt=\"speedup and correct % per window\">")
+    parts.append("<h2>Per level, whole run</h2>")
+    parts.append(html_table(LEVEL_HEADERS, level_rows(summary)))
+    parts.append("<h2>Rejected as cheats</h2>")
+    cheats = summary["cheats"]
+    if not cheats:
+        parts.append("<p>No candidate was rejected as a cheat.</p>")
+    else:
+        shown = (f"The last {len(cheats)} of {summary['cheats_total']}" if summary["cheats_total"] > len(cheats)
+                 else f"All {len(cheats)}")
+        parts.append(f"<p>{shown}, most recent last.</p>")
+        parts.append(html_table(["minute", "task", "candidate", "reason"],
+                                [[f"{c['minute']:.2f}", c["task"],
+                                  "" if c["candidate"] is None else str(c["candidate"]), c["reason"]]
+                                 for c in cheats]))
+    return parts
+
+
+def write_html(out, run_dir, pngs, run, learner, kernels, sources, verdicts=None):
+    """verdicts: (summary, windows.png path) from the verdict logs, or None when there are none."""
     e = html.escape
     parts = [
         "<!DOCTYPE html>", "<html><head><meta charset=\"utf-8\">",
@@ -308,6 +528,8 @@ def write_html(out, run_dir, pngs, run, learner, kernels, sources):
     for title, path in pngs:
         name = os.path.basename(path)
         parts.append(f"<h3>{e(title)}</h3><img src=\"{e(name)}\" alt=\"{e(title)}\">")
+    if verdicts is not None:
+        parts += verdict_html(*verdicts)
     parts.append("<h2>Best kernel per task</h2>")
     if kernels is None:
         parts.append("<p>No kernel database (kernels/kernel_db.json) was readable.</p>")
@@ -336,7 +558,12 @@ def main(argv):
     ap = argparse.ArgumentParser(prog=PROG, description="Plots and an HTML page for a KernelForge run directory.")
     ap.add_argument("run_dir", metavar="RUN_DIR")
     ap.add_argument("--out", metavar="DIR", help="output folder (default RUN_DIR/report)")
+    ap.add_argument("--min-window", metavar="N", type=int, default=5,
+                    help="windows with fewer verified candidates are marked and left out of the "
+                         "first/final ratio (default 5)")
     args = ap.parse_args(argv)
+    if args.min_window < 1:
+        die(2, f"--min-window: expected a positive count, got {args.min_window}")
     run_dir = args.run_dir
     if not os.path.isdir(run_dir):
         die(2, f"{run_dir}: not a directory (give a run folder, e.g. runs/<name>)")
@@ -365,9 +592,12 @@ def main(argv):
         if not any(num(r, "time") is not None for r in recs):
             warn(f"{path}: lines have no 'time' field; not drawn on the time axis")
         actors.append((name, recs))
-    if learner is None and run is None and not actors:
-        die(2, f"{run_dir}: no metrics at all (expected metrics/learner.jsonl, metrics/run.jsonl or "
-               "metrics/actor-*.jsonl with at least one JSON line)")
+    verdict_paths = sorted(glob.glob(os.path.join(metrics, "verdicts-*.jsonl")))
+    verdicts, used = read_verdicts(verdict_paths)
+    sources += [os.path.relpath(path, run_dir) for path in used]
+    if learner is None and run is None and not actors and not verdicts:
+        die(2, f"{run_dir}: no metrics at all (expected metrics/learner.jsonl, metrics/run.jsonl, "
+               "metrics/actor-*.jsonl or metrics/verdicts-*.jsonl with at least one JSON line)")
     kernels = read_kernel_db(os.path.join(run_dir, "kernels", "kernel_db.json"))
     if kernels is not None:
         sources.append("kernels/kernel_db.json")
@@ -384,16 +614,30 @@ def main(argv):
         os.makedirs(out, exist_ok=True)
     except OSError as ex:
         die(1, f"{out}: cannot create the output folder ({ex.strerror})")
-    time_axis([learner, run] + [recs for _, recs in actors])
+    time_axis([learner, run] + [recs for _, recs in actors], verdicts)
+    summary = summarize_verdicts(verdicts, args.min_window) if verdicts else None
+    if summary is not None:
+        print_verdict_tables(summary)
+    elif verdict_paths:
+        print(f"no usable verdict records in {os.path.join(metrics, 'verdicts-*.jsonl')}: "
+              "no per-minute windows, level table or cheat list")
+    else:
+        # Runs from before the evaluators wrote verdict logs.
+        print(f"no verdict logs ({os.path.join(metrics, 'verdicts-*.jsonl')}): "
+              "no per-minute windows, level table or cheat list")
     try:
         pngs = [("Reward and loss", plot_reward(plt, learner, run, out)),
                 ("Speedup", plot_speedup(plt, run, out)),
                 ("Verdict mix", plot_verdicts(plt, run, out)),
                 ("Throughput, queues and lag", plot_throughput(plt, run, actors, learner, out))]
-        page = write_html(out, run_dir, pngs, run, learner, kernels, sources)
+        extra = []
+        if summary is not None:
+            extra = [plot_windows(plt, summary, out), write_windows_json(out, summary)]
+        page = write_html(out, run_dir, pngs, run, learner, kernels, sources,
+                          (summary, extra[0]) if summary is not None else None)
     except OSError as ex:
         die(1, f"{ex.filename or out}: cannot write ({ex.strerror})")
-    for _, path in pngs:
+    for path in [path for _, path in pngs] + extra:
         print(path)
     print(page)
     return 0

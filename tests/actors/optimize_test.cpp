@@ -1,8 +1,9 @@
 // tools/optimize (kf-optimize) end to end on the CPU backend: a tiny byte-level model is
 // overfit on the tool's own prompt (built by the same library call, optimize_prompt) ->
 // a known-good ReLU kernel, written as an HF folder, and the real binary samples,
-// extracts and verifies it with the real evaluator. Also: bad inputs exit 2 naming the
-// thing. No mocks.
+// extracts and verifies it with the real evaluator; tools/score-policy then scores the same
+// model on two tasks (train and held-out split). Also: bad inputs exit 2 naming the thing.
+// No mocks.
 #include <fcntl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -27,8 +28,10 @@ struct ToolRun {
   std::string out, err;
 };
 
-// Runs kf-optimize with `args`; stdout and stderr are captured through files in `dir`.
-ToolRun run_tool(const std::vector<std::string>& args, const std::string& dir) {
+// Runs the program all[0] with the rest as arguments, `env` added to its environment;
+// stdout and stderr are captured through files in `dir`.
+ToolRun run_program(std::vector<std::string> all, const std::string& dir,
+                    const std::vector<std::pair<std::string, std::string>>& env = {}) {
   const std::string out = dir + "/tool.stdout", err = dir + "/tool.stderr";
   const pid_t pid = fork();
   if (pid == 0) {
@@ -38,8 +41,7 @@ ToolRun run_tool(const std::vector<std::string>& args, const std::string& dir) {
     ::dup2(e, 2);
     // In the build tree, not a 0700 temp dir: the sandbox worker drops privileges and must read it.
     ::setenv("KF_EVAL_CACHE", (test::build_dir() + "/actors-test-eval-cache").c_str(), 1);
-    std::vector<std::string> all = {KF_OPTIMIZE_BIN};
-    all.insert(all.end(), args.begin(), args.end());
+    for (const auto& [name, value] : env) ::setenv(name.c_str(), value.c_str(), 1);
     std::vector<char*> argv;
     for (auto& a : all) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -53,6 +55,21 @@ ToolRun run_tool(const std::vector<std::string>& args, const std::string& dir) {
   r.out = test::read_text(out);
   r.err = test::read_text(err);
   return r;
+}
+
+// Runs kf-optimize with `args`.
+ToolRun run_tool(const std::vector<std::string>& args, const std::string& dir) {
+  std::vector<std::string> all = {KF_OPTIMIZE_BIN};
+  all.insert(all.end(), args.begin(), args.end());
+  return run_program(std::move(all), dir);
+}
+
+// Runs tools/score-policy with the test's interpreter; its tools/optimize runs find this
+// build's kf-optimize through KF_BUILD_DIR.
+ToolRun run_score_policy(const std::vector<std::string>& args, const std::string& dir) {
+  std::vector<std::string> all = {test::source_dir() + "/tools/score-policy"};
+  all.insert(all.end(), args.begin(), args.end());
+  return run_program(std::move(all), dir, {{"KF_PYTHON", kf::test::python()}, {"KF_BUILD_DIR", test::build_dir()}});
 }
 
 // The --set list the tool gets and the test builds its options from: CPU, the short
@@ -143,6 +160,104 @@ TEST(OptimizeTest, OverfitExportedModelGivesVerifiedBestKernelAndReport) {
   EXPECT_DOUBLE_EQ(rep["best_speedup"].get<double>(), rep["candidates"][0]["speedup"].get<double>());
   EXPECT_NE(r.out.find("2 verified ok"), std::string::npos) << r.out;
   EXPECT_NE(test::read_text(out + "/report.txt").find("verdict    ok"), std::string::npos);
+
+  // tools/score-policy on the same model (here, not in a test of its own: memorising is the
+  // slow part): 001_relu, held out by the test's list, is solved; 002_gelu (train) gets the
+  // ReLU kernel or nothing, never a correct GELU: 0 ok, counted as 1.0x.
+  const std::string heldout = tmp.path + "/heldout.txt";
+  test::write_file(heldout, "# the test's split\n001_relu\n");
+  const std::string sp = tmp.path + "/scores";
+  r = run_score_policy(with_sets({"--model", model_dir, "--out", sp, "--tasks-dir", test::tasks_dir(), "--include",
+                                  "001_relu,002_gelu", "--heldout", heldout, "-n", "2", "--jobs", "2", "--backend",
+                                  "cpu", "--label", "memorised"},
+                                 sets),
+                       tmp.path);
+  std::cerr << "tools/score-policy done at "
+            << std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count() << " s\n";
+  ASSERT_EQ(r.rc, 0) << r.out << r.err << test::read_text(sp + "/tasks/001_relu.log")
+                     << test::read_text(sp + "/tasks/002_gelu.log");
+  const auto sc = nlohmann::json::parse(test::read_text(sp + "/scores.json"));
+  EXPECT_EQ(sc["n"], 2);
+  EXPECT_EQ(sc["backend"], "cpu");
+  EXPECT_EQ(sc["label"], "memorised");
+  EXPECT_TRUE(sc["failed"].empty()) << sc.dump(1);
+  ASSERT_EQ(sc["tasks"].size(), 2u) << sc.dump(1);
+  const auto& relu = sc["tasks"][0];  // in --include order
+  EXPECT_EQ(relu["task"], "001_relu");
+  EXPECT_EQ(relu["split"], "held-out");
+  EXPECT_EQ(relu["level"], 1);
+  EXPECT_EQ(relu["status"], "scored");
+  EXPECT_EQ(relu["samples"], 2);
+  EXPECT_EQ(relu["ok"], 2) << relu;
+  EXPECT_EQ(relu["verdicts"].value("ok", 0), 2) << relu;
+  ASSERT_TRUE(relu["best_speedup"].is_number()) << relu;
+  const double best = relu["best_speedup"].get<double>();
+  EXPECT_GT(best, 0);
+  EXPECT_DOUBLE_EQ(relu["counted_speedup"].get<double>(), best);
+  EXPECT_EQ(test::read_text(sp + "/tasks/001_relu/best.cpp"), kernel);
+  const auto& gelu = sc["tasks"][1];
+  EXPECT_EQ(gelu["task"], "002_gelu");
+  EXPECT_EQ(gelu["split"], "train");
+  EXPECT_EQ(gelu["status"], "scored") << gelu;
+  EXPECT_EQ(gelu["samples"], 2);
+  EXPECT_EQ(gelu["ok"], 0) << gelu;
+  EXPECT_TRUE(gelu["best_speedup"].is_null()) << gelu;
+  EXPECT_DOUBLE_EQ(gelu["counted_speedup"].get<double>(), 1.0);
+  // Rows: per split, level 1 then the split's total ("all"), train first.
+  ASSERT_EQ(sc["rows"].size(), 4u) << sc.dump(1);
+  for (int i = 0; i < 4; ++i) {
+    const auto& row = sc["rows"][i];
+    const bool train = i < 2;
+    EXPECT_EQ(row["split"], train ? "train" : "held-out") << row;
+    if (i % 2 == 0) {
+      EXPECT_EQ(row["level"], 1) << row;
+    } else {
+      EXPECT_EQ(row["level"], "all") << row;
+    }
+    EXPECT_EQ(row["tasks"], 1) << row;
+    EXPECT_EQ(row["failed"], 0) << row;
+    EXPECT_EQ(row["samples"], 2) << row;
+    EXPECT_EQ(row["ok"], train ? 0 : 2) << row;
+    EXPECT_DOUBLE_EQ(row["correct_pct"].get<double>(), train ? 0.0 : 100.0) << row;
+    EXPECT_DOUBLE_EQ(row["solved_pct"].get<double>(), train ? 0.0 : 100.0) << row;
+    EXPECT_DOUBLE_EQ(row["fast1_pct"].get<double>(), !train && best > 1.0 ? 100.0 : 0.0) << row;
+    EXPECT_DOUBLE_EQ(row["mean_speedup"].get<double>(), train ? 1.0 : best) << row;
+    EXPECT_DOUBLE_EQ(row["median_speedup"].get<double>(), train ? 1.0 : best) << row;
+    if (train) {
+      EXPECT_TRUE(row["mean_ok_speedup"].is_null()) << row;
+    } else {
+      EXPECT_DOUBLE_EQ(row["mean_ok_speedup"].get<double>(), best) << row;  // the duplicate has the same result
+    }
+  }
+  const std::string table = test::read_text(sp + "/table.md");
+  EXPECT_NE(table.find("| train | 1 | 1 | 0 | 2 | 0.0 | 0.0 | 0.0 | 1.000 | 1.000 |"), std::string::npos) << table;
+  EXPECT_NE(table.find("| held-out | 1 | 1 | 0 | 2 | 100.0 |"), std::string::npos) << table;
+  EXPECT_NE(table.find("(memorised): n = 2 per task, backend cpu"), std::string::npos) << table;
+  EXPECT_NE(table.find("no-exemplar (first-round) prompt"), std::string::npos) << table;
+  EXPECT_NE(r.out.find("| held-out | all |"), std::string::npos) << r.out;  // the table is printed
+}
+
+// tools/score-policy checks its task lists before it runs anything: an unknown --include
+// name, or a held-out line that is not a task name, exits 2 naming it.
+TEST(OptimizeTest, ScorePolicyBadTaskListExitsTwoNamingIt) {
+  KF_NEED_TASKS();
+  test::TempDir tmp;
+  const std::string out = tmp.path + "/scores";
+  auto r = run_score_policy({"--model", tmp.path, "--out", out, "--tasks-dir", test::tasks_dir(), "--backend", "cpu",
+                             "--include", "001_relu,no_such_task"},
+                            tmp.path);
+  EXPECT_EQ(r.rc, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find("--include: no task 'no_such_task' in " + test::tasks_dir()), std::string::npos) << r.err;
+  EXPECT_FALSE(test::exists(out));
+
+  const std::string heldout = tmp.path + "/heldout.txt";
+  test::write_file(heldout, "# split\n001_relu\ntasks/002_gelu\n");
+  r = run_score_policy({"--model", tmp.path, "--out", out, "--tasks-dir", test::tasks_dir(), "--backend", "cpu",
+                        "--include", "001_relu", "--heldout", heldout},
+                       tmp.path);
+  EXPECT_EQ(r.rc, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find(heldout + ":3: 'tasks/002_gelu' is not a task name"), std::string::npos) << r.err;
+  EXPECT_FALSE(test::exists(out));
 }
 
 // A KernelBench .py file is imported first (into <out>/task); an untrained model writes no

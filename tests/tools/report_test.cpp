@@ -1,6 +1,7 @@
 // tools/report on run folders: one written by the real writers (kf::MetricsWriter streams
 // named as the learner, launcher and an actor write them; kernels/kernel_db.json saved by
-// a real KernelDb), one with corrupt inputs, and empty ones.
+// a real KernelDb), one with corrupt inputs, one with the evaluators' verdict logs, and
+// empty ones.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -8,6 +9,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -57,6 +59,21 @@ void expect_png(const std::string& path) {
 }
 
 const char* const kPlots[] = {"reward.png", "speedup.png", "verdicts.png", "throughput.png"};
+
+bool exists(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+// One line as kf-evaluator appends it to metrics/verdicts-<id>.jsonl.
+std::string verdict_line(double t, int evaluator, int candidate, const std::string& task, int level,
+                         const std::string& verdict, double speedup = 0.0, const std::string& reason = "") {
+  const nlohmann::json j = {{"t", t}, {"evaluator", evaluator}, {"candidate", candidate}, {"group", candidate / 4},
+                            {"task", task}, {"level", level}, {"policy_version", 1}, {"actor", 0},
+                            {"verdict", verdict}, {"speedup", speedup}, {"reward", 0.1}, {"compile_s", 1.0},
+                            {"verify_s", 0.5}, {"reason", reason}};
+  return j.dump() + "\n";
+}
 
 void expect_matplotlib(const Result& r) {
   ASSERT_FALSE(contains(r.err, "matplotlib is not importable"))
@@ -121,6 +138,147 @@ TEST(ReportTest, PlotsAndBestKernelPerTask) {
   EXPECT_TRUE(contains(page, "<details>")) << page;
   // The latest launcher status is summarised.
   EXPECT_TRUE(contains(page, "<tr><th>best speedup</th><td>7.5</td></tr>")) << page;
+  // No verdict logs (a run from before them): said once on stdout, no windows outputs.
+  EXPECT_TRUE(contains(r.out, "no verdict logs (" + run + "/metrics/verdicts-*.jsonl)")) << r.out;
+  EXPECT_FALSE(exists(out + "/windows.json"));
+  EXPECT_FALSE(exists(out + "/windows.png"));
+  EXPECT_FALSE(contains(page, "windows.png")) << page;
+}
+
+// The evaluators' verdict logs: two files over 3 minutes, after a launcher line that comes
+// first (the windows count from the earliest record of any stream, like the other plots).
+// Window 0 has 4 verified (under the default --min-window 5), window 1 has 5, window 2 has
+// 8; levels 1-3; two rejected cheats. Every figure below is exact.
+TEST(ReportTest, VerdictLogsGiveWindowsLevelsAndCheats) {
+  kf::test::TempDir tmp("report");
+  const std::string run = tmp.path + "/run";
+  ::mkdir(run.c_str(), 0755);
+  ::mkdir((run + "/metrics").c_str(), 0755);
+  const double t0 = 1796300000.0;
+  const nlohmann::json first = {{"step", 1}, {"time", t0}, {"verified_total", 0}};
+  const nlohmann::json last = {{"step", 2}, {"time", t0 + 170}, {"verified_total", 17}, {"mean_speedup", 1.5}};
+  kf::test::write_file(run + "/metrics/run.jsonl", first.dump() + "\n" + last.dump() + "\n");
+  const std::string relu_cheat = "work outside the timed region: 2.5 ms of CPU after return";
+  const std::string gelu_cheat = "output <written> before the timer & started";
+  kf::test::write_file(run + "/metrics/verdicts-0.jsonl",
+                       verdict_line(t0 + 10, 0, 1, "001_relu", 1, "ok", 0.5) +
+                           verdict_line(t0 + 20, 0, 2, "001_relu", 1, "compile_error", 0, "error: x") +
+                           verdict_line(t0 + 65, 0, 3, "001_relu", 1, "ok", 2.0) +
+                           verdict_line(t0 + 70, 0, 4, "001_relu", 1, "rejected_cheat", 0, relu_cheat) +
+                           verdict_line(t0 + 75, 0, 5, "021_softmax", 2, "ok", 1.0) +
+                           verdict_line(t0 + 125, 0, 6, "001_relu", 1, "ok", 3.0) +
+                           verdict_line(t0 + 130, 0, 7, "021_softmax", 2, "ok", 1.5) +
+                           verdict_line(t0 + 135, 0, 8, "001_relu", 1, "incorrect") +
+                           verdict_line(t0 + 140, 0, 9, "021_softmax", 2, "compile_error"));
+  // Line 3 has no task, line 10 is torn (an evaluator killed mid-write): both skipped.
+  kf::test::write_file(run + "/metrics/verdicts-1.jsonl",
+                       verdict_line(t0 + 15, 1, 11, "002_gelu", 1, "ok", 1.5) +
+                           verdict_line(t0 + 30, 1, 12, "021_softmax", 2, "incorrect") +
+                           "{\"t\": 1796300040.0, \"verdict\": \"ok\", \"speedup\": 9.0}\n" +
+                           verdict_line(t0 + 80, 1, 13, "002_gelu", 1, "ok", 0.75) +
+                           verdict_line(t0 + 90, 1, 14, "021_softmax", 2, "timeout") +
+                           verdict_line(t0 + 150, 1, 15, "002_gelu", 1, "ok", 2.0) +
+                           verdict_line(t0 + 155, 1, 16, "002_gelu", 1, "rejected_cheat", 0, gelu_cheat) +
+                           verdict_line(t0 + 160, 1, 17, "061_conv_relu", 3, "ok", 0.5) +
+                           verdict_line(t0 + 165, 1, 18, "061_conv_relu", 3, "runtime_error") + "{\"t\": 17963");
+
+  const Result r = report({run}, tmp.path);
+  expect_matplotlib(r);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_FALSE(contains(r.err, "Traceback")) << r.err;
+  EXPECT_TRUE(contains(r.err, run + "/metrics/verdicts-1.jsonl: 2 line(s) are not JSON objects with t, verdict and "
+                                    "task (line 3, 10); skipped them"))
+      << r.err;
+  EXPECT_FALSE(contains(r.err, "verdicts-0.jsonl")) << r.err;
+  const std::string out = run + "/report";
+  for (const char* f : {"windows.png", "windows.json", "index.html"})
+    EXPECT_TRUE(contains(r.out, out + "/" + f)) << r.out;
+  expect_png(out + "/windows.png");
+
+  const auto w = nlohmann::json::parse(kf::test::read_file(out + "/windows.json"));
+  EXPECT_EQ(w["verified"], 17) << w.dump(1);
+  EXPECT_EQ(w["min_window"], 5);
+  struct Figures {
+    int key, tasks, n, ok, fast1;  // key: the minute, or the level
+    double correct_pct, fast1_pct, mean, median, best;
+  };
+  auto expect_figures = [](const nlohmann::json& g, const Figures& e) {
+    EXPECT_EQ(g["n"], e.n) << g;
+    EXPECT_EQ(g["ok"], e.ok) << g;
+    EXPECT_EQ(g["fast1"], e.fast1) << g;
+    EXPECT_DOUBLE_EQ(g["correct_pct"].get<double>(), e.correct_pct) << g;
+    EXPECT_DOUBLE_EQ(g["fast1_pct"].get<double>(), e.fast1_pct) << g;
+    EXPECT_DOUBLE_EQ(g["mean_speedup"].get<double>(), e.mean) << g;
+    EXPECT_DOUBLE_EQ(g["median_speedup"].get<double>(), e.median) << g;
+    EXPECT_DOUBLE_EQ(g["best_speedup"].get<double>(), e.best) << g;
+  };
+  const Figures windows[] = {{0, 0, 4, 2, 1, 50.0, 25.0, 1.0, 1.0, 1.5},
+                             {1, 0, 5, 3, 1, 60.0, 20.0, 1.25, 1.0, 2.0},
+                             {2, 0, 8, 4, 3, 50.0, 37.5, 1.75, 1.75, 3.0}};
+  ASSERT_EQ(w["windows"].size(), 3u) << w.dump(1);
+  for (std::size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(w["windows"][i]["minute"], windows[i].key) << w["windows"][i];
+    EXPECT_EQ(w["windows"][i]["few"], i == 0) << w["windows"][i];
+    expect_figures(w["windows"][i], windows[i]);
+  }
+  const Figures levels[] = {{1, 2, 10, 6, 4, 60.0, 40.0, 1.625, 1.75, 3.0},
+                            {2, 1, 5, 2, 1, 40.0, 20.0, 1.25, 1.25, 1.5},
+                            {3, 1, 2, 1, 0, 50.0, 0.0, 0.5, 0.5, 0.5}};
+  ASSERT_EQ(w["levels"].size(), 3u) << w.dump(1);
+  for (std::size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(w["levels"][i]["level"], levels[i].key) << w["levels"][i];
+    EXPECT_EQ(w["levels"][i]["tasks"], levels[i].tasks) << w["levels"][i];
+    expect_figures(w["levels"][i], levels[i]);
+  }
+  // Window 0 is under --min-window: the ratio is window 2's mean over window 1's.
+  ASSERT_TRUE(w["first_final_ratio"].is_number()) << w.dump(1);
+  EXPECT_NEAR(w["first_final_ratio"].get<double>(), 1.75 / 1.25, 1e-12);
+  EXPECT_EQ(w["first_final"]["first_minute"], 1);
+  EXPECT_EQ(w["first_final"]["final_minute"], 2);
+  ASSERT_EQ(w["cheats"].size(), 2u) << w.dump(1);
+  EXPECT_EQ(w["cheats_total"], 2);
+  EXPECT_EQ(w["cheats"][0]["task"], "001_relu");  // oldest first
+  EXPECT_EQ(w["cheats"][0]["reason"], relu_cheat);
+  EXPECT_EQ(w["cheats"][1]["task"], "002_gelu");
+  EXPECT_EQ(w["cheats"][1]["reason"], gelu_cheat);
+
+  // The text tables on stdout, as users paste them.
+  for (const char* line : {"minute  verified  correct %  fast_1 %   mean  median   best\n",
+                           "     0         4       50.0      25.0  1.000   1.000  1.500  *\n",
+                           "     1         5       60.0      20.0  1.250   1.000  2.000\n",
+                           "     2         8       50.0      37.5  1.750   1.750  3.000\n",
+                           "* fewer than 5 verified: not used for the first/final ratio\n",
+                           "first window vs final window: mean speedup 1.250x (minute 1) -> 1.750x (minute 2), "
+                           "ratio 1.400\n",
+                           "level  tasks  verified  correct %  fast_1 %   mean  median   best\n",
+                           "    1      2        10       60.0      40.0  1.625   1.750  3.000\n",
+                           "    2      1         5       40.0      20.0  1.250   1.250  1.500\n",
+                           "    3      1         2       50.0       0.0  0.500   0.500  0.500\n",
+                           "rejected as cheats: 2"})
+    EXPECT_TRUE(contains(r.out, line)) << "missing: " << line << "\nin:\n" << r.out;
+
+  // The page: both tables, the plot, and the cheat reasons escaped.
+  const std::string page = kf::test::read_file(out + "/index.html");
+  EXPECT_TRUE(contains(page, "src=\"windows.png\"")) << page;
+  EXPECT_TRUE(contains(page, "<tr><td>1</td><td>5</td><td>60.0</td><td>20.0</td><td>1.250</td><td>1.000</td>"
+                             "<td>2.000</td><td></td></tr>"))
+      << page;
+  EXPECT_TRUE(contains(page, "<tr><td>1</td><td>2</td><td>10</td><td>60.0</td><td>40.0</td><td>1.625</td>"
+                             "<td>1.750</td><td>3.000</td></tr>"))
+      << page;
+  EXPECT_TRUE(contains(page, "<td>001_relu</td><td>4</td><td>" + relu_cheat + "</td>")) << page;
+  EXPECT_TRUE(contains(page, "<td>002_gelu</td><td>16</td><td>output &lt;written&gt; before the timer &amp; "
+                             "started</td>"))
+      << page;
+  EXPECT_FALSE(contains(page, "<written>")) << page;
+
+  // A --min-window above every window: listed all the same, no ratio.
+  const Result r9 = report({run, "--out", tmp.path + "/min9", "--min-window", "9"}, tmp.path);
+  ASSERT_EQ(r9.rc, 0) << r9.err;
+  const auto w9 = nlohmann::json::parse(kf::test::read_file(tmp.path + "/min9/windows.json"));
+  EXPECT_EQ(w9["windows"].size(), 3u);
+  EXPECT_TRUE(w9["first_final_ratio"].is_null()) << w9.dump(1);
+  EXPECT_TRUE(contains(r9.out, "first window vs final window: n/a")) << r9.out;
 }
 
 TEST(ReportTest, CorruptInputsAreSkippedWithWarnings) {

@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# On the GPU machine: issue 9's evidence (and issue 8's H200 run) as one pipeline that
+# outlives a single `device` call (10 min each): `start` builds and detaches it (setsid),
+# `wait` follows it in later calls. Every call copies what is packed so far into $OUT.
+#   bench/launch/h200_evidence.sh start [SECONDS]   configure + build, detach, follow
+#   bench/launch/h200_evidence.sh wait [SECONDS]    follow (default 570 s) until it ends
+# Environment: KF_PYTHON (python with torch), KF_SFT_SECONDS (default 200),
+# KF_RUN_MINUTES (default 10.5), KF_SCORE_N (default 8), KF_RL_SCORE_BY_S (default 1080:
+# the RL policy is scored only if the runs end before this many seconds of pipeline time).
+# The pipeline:
+#  1. build (build-gpu/) while the suite is imported for cpu,cuda;
+#  2. stage 1 on the GPU on the train split (tools/sft --heldout tasks/heldout.txt) for
+#     KF_SFT_SECONDS, while corpus/verify.py --backend cuda measures the corpus kernels
+#     still "compiled, not run" (2 at a time);
+#  3. side by side on the one GPU, from that policy, for KF_RUN_MINUTES:
+#       run h200-contrast: configs/h200.yaml (contrastive prompts, K = 2 exemplars);
+#       run h200-noex:     the same with actors.prompt.mode=no_exemplars (the ablation);
+#     and meanwhile tools/score-policy scores the SFT policy on every level-1/2 task
+#     (train and held-out split) with KF_SCORE_N samples each;
+#  4. the RL policy (h200-contrast's final checkpoint, tools/export) scored the same way,
+#     if there is time;
+#  5. packs: policy.tar.part-* (the SFT policy), results.tar.gz.part-* (both run folders
+#     without checkpoint weights, the score folders, logs, verified_cuda.json), summary.txt.
+# Here: `cat results.tar.gz.part-* | tar -xz -C DIR`; `cat policy.tar.part-* | tar -x`.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+WORK=/tmp/kf-evidence          # survives between calls while the machine is held
+PACK=$WORK/pack
+PY=${KF_PYTHON:-$(command -v python3)}
+
+copy_out() {  # what is packed so far, into this call's $OUT
+  [ -n "${OUT:-}" ] || return 0
+  cp "$PACK"/* "$OUT"/ 2>/dev/null
+  ls -la "$OUT"
+}
+
+follow() {  # prints progress until the pipeline ends or $1 seconds pass
+  local limit=$1 t0=$SECONDS
+  while [ $((SECONDS - t0)) -lt "$limit" ]; do
+    [ -f "$PACK/DONE" ] && break
+    if ! kill -0 "$(cat $WORK/pid 2>/dev/null)" 2>/dev/null; then echo "pipeline process is gone"; break; fi
+    sleep 15
+  done
+  echo "--- pipeline log (tail)"; tail -25 "$WORK/pipeline.log"
+  for r in h200-contrast h200-noex; do
+    [ -f runs/$r/logs/launch-0.log ] && { echo "--- $r"; grep -E "status:" runs/$r/logs/launch-0.log | tail -1; }
+  done
+  [ -f "$PACK/DONE" ] && echo "pipeline DONE"
+  copy_out
+}
+
+pipeline() {
+  . tools/gpu_session.sh
+  gpu_session_start "$WORK/logs"
+  local sft_s=${KF_SFT_SECONDS:-200} minutes=${KF_RUN_MINUTES:-10.5} n=${KF_SCORE_N:-8} rl_by=${KF_RL_SCORE_BY_S:-1080}
+  export KF_BUILD_DIR=$ROOT/$BUILD KF_TASKS_DIR=$ROOT/$BUILD/tasks KF_PYTHON=$PY PYTHONUNBUFFERED=1
+  gpu_build kf-sft kf-eval kf-sandbox-worker kf-launch kf-actor kf-learner kf-evaluator kf-export kf-optimize
+  gpu_import_wait
+  stamp "built and imported after ${SECONDS} s"
+
+  # 2. stage 1 on the train split; the unmeasured CUDA corpus kernels measured alongside
+  local todo
+  todo=$("$PY" - <<'EOF'
+import json
+v = json.load(open("corpus/verified_cuda.json"))
+m = json.load(open("corpus/manifest.json"))
+print(" ".join(sorted({e["task"] for e in m if e["backend"] == "cuda" and v.get(e["file"], {}).get("verdict") != "ok"})))
+EOF
+)
+  stamp "tools/sft --heldout for $sft_s s; corpus/verify.py on: $todo"
+  timeout $((sft_s + 90)) tools/sft --corpus corpus --tasks "$KF_TASKS_DIR" --out $WORK/policy --heldout tasks/heldout.txt \
+    --shape small --vocab 4096 --steps 100000 --batch 8 --lr 1.5e-3 --warmup 30 --seed 0 --device cuda --threads 4 \
+    --time-limit "$sft_s" > $WORK/logs/sft.txt 2>&1 &
+  local sft=$!
+  timeout "$sft_s" "$PY" corpus/verify.py --backend cuda --jobs 2 --tasks $todo \
+    --note "tools/eval on $GPU, 2 at once, while tools/sft trained on the same GPU" > $WORK/logs/verify_cuda.txt 2>&1 &
+  local ver=$!
+  wait $sft || { stamp "tools/sft failed"; tail -20 $WORK/logs/sft.txt; exit 1; }
+  wait $ver
+  cp corpus/verified_cuda.json $WORK/logs/
+  grep -E "held-out|examples|wrote" $WORK/logs/sft.txt | tail -3
+  tar -C $WORK -cf - policy | split -b 15M - "$PACK/policy.tar.part-"
+  stamp "SFT policy packed after ${SECONDS} s"
+
+  # 3. the run and its ablation side by side; the SFT policy scored meanwhile
+  local common=(--set tasks.dir="$KF_TASKS_DIR" --set learner.policy=$WORK/policy --set launch.max_minutes="$minutes"
+                --set launch.cpu_affinity=false)
+  rm -rf runs/h200-contrast runs/h200-noex
+  tools/launch configs/h200.yaml --name h200-contrast "${common[@]}" > $WORK/logs/launch-contrast.txt 2>&1 &
+  local a=$!
+  tools/launch configs/h200.yaml --name h200-noex "${common[@]}" --set actors.prompt.mode=no_exemplars \
+    > $WORK/logs/launch-noex.txt 2>&1 &
+  local b=$!
+  stamp "runs started; scoring the SFT policy (n=$n)"
+  timeout $(awk "BEGIN{print int($minutes*60)}") tools/score-policy --model $WORK/policy --out $WORK/score-sft \
+    --config configs/h200.yaml --backend cuda --levels 1,2 -n $n --jobs 2 --label "SFT (stage 1, train split)" \
+    > $WORK/logs/score-sft.txt 2>&1
+  stamp "SFT scoring ended (exit $?) after ${SECONDS} s"
+  wait $a; stamp "h200-contrast exit $?"
+  wait $b; stamp "h200-noex exit $?"
+  for r in h200-contrast h200-noex; do grep -E "status:" runs/$r/logs/launch-0.log | tail -1; done
+
+  # 4. the RL policy, scored the same way if there is time
+  if [ $SECONDS -lt "$rl_by" ] && tools/export runs/h200-contrast $WORK/policy-rl > $WORK/logs/export.txt 2>&1; then
+    stamp "scoring the RL policy"
+    timeout 300 tools/score-policy --model $WORK/policy-rl --out $WORK/score-rl --config configs/h200.yaml \
+      --backend cuda --levels 1,2 -n $n --jobs 3 --label "RL (h200-contrast final checkpoint)" \
+      > $WORK/logs/score-rl.txt 2>&1
+    stamp "RL scoring ended (exit $?)"
+  else
+    stamp "RL policy not scored (after ${SECONDS} s, limit $rl_by s)"
+  fi
+
+  # 5. pack
+  mkdir -p $WORK/results
+  for r in h200-contrast h200-noex; do
+    ls -laR runs/$r/checkpoints > runs/$r/checkpoints.txt 2>&1
+    cp runs/$r/checkpoints/launch_state.json runs/$r/ 2>/dev/null
+    tar -C runs --exclude=$r/checkpoints -cf $WORK/results/$r.tar $r
+  done
+  tar -C $WORK -czf - results logs $(cd $WORK && ls -d score-* 2>/dev/null) | split -b 15M - "$PACK/results.tar.gz.part-"
+  {
+    echo "GPU: $GPU"
+    tail -3 $WORK/logs/sft.txt
+    for r in h200-contrast h200-noex; do echo "$r:"; tail -1 runs/$r/metrics/run.jsonl; done
+    for s in score-sft score-rl; do [ -f $WORK/$s/table.md ] && cat $WORK/$s/table.md; done
+  } > "$PACK/summary.txt" 2>&1
+  stamp "packed after ${SECONDS} s"
+  touch "$PACK/DONE"
+}
+
+case "${1:-}" in
+  start)
+    rm -rf "$WORK"; mkdir -p "$PACK"
+    setsid bash "$0" pipeline > "$WORK/pipeline.log" 2>&1 < /dev/null &
+    echo $! > "$WORK/pid"
+    follow "${2:-570}"
+    ;;
+  wait) follow "${2:-570}" ;;
+  pipeline) pipeline ;;
+  *) echo "usage: $0 start|wait [SECONDS]" >&2; exit 2 ;;
+esac

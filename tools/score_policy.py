@@ -1,0 +1,460 @@
+"""tools/score-policy --model DIR --out DIR [...]: a policy's per-level table on the built-in tasks.
+
+For every chosen imported task (--tasks-dir; the levels of --levels, or exactly --include)
+it runs tools/optimize: N samples with the no-exemplar (first-round) prompt, each one
+verified by the real evaluator. A task listed in the held-out file (tasks/heldout.txt) is
+"held-out", every other one "train". Per (split, level), and per split:
+  correct %   ok samples / samples
+  fast_1 %    tasks whose best ok speedup is > 1.0x / tasks
+  solved %    tasks with at least one ok sample / tasks
+  mean, median speedup over tasks of the best ok speedup, a task without one counted 1.0x
+  mean ok-sample speedup  over every ok sample
+Writes OUT/scores.json, OUT/table.md, and OUT/tasks/<task>/ (tools/optimize's outputs) with
+OUT/tasks/<task>.log; prints the table. A task whose tools/optimize exits 2 or 3, or leaves
+no report.json, is "failed": listed and left out of the figures.
+Exit 0 every task scored, 1 some failed or were not scored (--time-limit; or an output could not be written), 2 usage or
+bad input. docs/stages.md describes the figures.
+"""
+import argparse
+import concurrent.futures
+import json
+import os
+import random
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+
+PROG = "tools/score-policy"
+TREE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The task-list rule of tasks/include/kf/tasks/task_list.h: a folder name, so a path or two
+# names on one line is an error rather than a name that silently matches nothing.
+NAME_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
+SPLITS = ["train", "held-out"]
+PROMPT_NOTE = ("every task gets the no-exemplar (first-round) prompt (no --exemplars), so policies "
+               "are comparable")
+UNSOLVED_NOTE = "a task without an ok sample counts as 1.0x (the user keeps the reference)"
+
+
+def warn(msg):
+    print(f"{PROG}: warning: {msg}", file=sys.stderr)
+
+
+def die(code, msg):
+    print(f"{PROG}: {msg}", file=sys.stderr)
+    sys.exit(code)
+
+
+def is_name(s):
+    return s not in (".", "..") and NAME_RE.match(s) is not None
+
+
+# --- inputs -------------------------------------------------------------------------
+
+def read_heldout(path):
+    """The names in a task-list file, in order; exit 2 naming the file (and line) when bad."""
+    try:
+        with open(path, "r", encoding="utf-8", errors="replace") as f:
+            text = f.read()
+    except OSError as e:
+        die(2, f"{path}: cannot read the held-out task list ({e.strerror}); give one with --heldout FILE")
+    names = []
+    for n, line in enumerate(text.splitlines(), 1):
+        name = line.split("#", 1)[0].strip()
+        if not name:
+            continue
+        if not is_name(name):
+            die(2, f"{path}:{n}: '{name}' is not a task name (one name per line: letters, digits, '_', '-', '.')")
+        if name not in names:
+            names.append(name)
+    return names
+
+
+def read_task(folder):
+    """(level, backends) of an imported task; ValueError saying what is wrong."""
+    path = os.path.join(folder, "task.json")
+    try:
+        with open(path, "r", encoding="utf-8") as f:
+            j = json.load(f)
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read ({e.strerror})")
+    except ValueError as e:
+        raise ValueError(f"{path}: not JSON ({e})")
+    level = j.get("level") if isinstance(j, dict) else None
+    if not isinstance(level, int) or isinstance(level, bool):
+        raise ValueError(f"{path}: field level: expected an integer")
+    if not isinstance(j.get("backends"), dict):
+        raise ValueError(f"{path}: field backends: expected an object")
+    return level, set(j["backends"])
+
+
+def select_tasks(tasks_dir, levels, include, backend):
+    """[(name, level)] in name order: exactly --include, or every task of `levels` (None: all)
+    that has the backend's artifact."""
+    if not os.path.isdir(tasks_dir):
+        die(2, f"--tasks-dir: {tasks_dir} is not a directory (import the suite with setup.sh or tools/import-tasks)")
+    if include:
+        picked = []
+        for name in include:
+            folder = os.path.join(tasks_dir, name)
+            if not is_name(name) or not os.path.isfile(os.path.join(folder, "task.json")):
+                die(2, f"--include: no task '{name}' in {tasks_dir}")
+            try:
+                level, backends = read_task(folder)
+            except ValueError as e:
+                die(2, str(e))
+            if backend not in backends:
+                die(2, f"--include: task {name} in {tasks_dir} has no {backend} artifact "
+                       f"(import it with --backends {backend})")
+            picked.append((name, level))
+        return picked
+    picked, no_backend = [], 0
+    for name in sorted(os.listdir(tasks_dir)):
+        folder = os.path.join(tasks_dir, name)
+        if not os.path.isfile(os.path.join(folder, "task.json")):
+            continue  # the tasks' own build files share the folder
+        try:
+            level, backends = read_task(folder)
+        except ValueError as e:
+            warn(f"{e}; task skipped")
+            continue
+        if levels is not None and level not in levels:
+            continue
+        if backend not in backends:
+            no_backend += 1
+            continue
+        picked.append((name, level))
+    if no_backend:
+        warn(f"{no_backend} task(s) of the chosen levels in {tasks_dir} have no {backend} artifact; skipped")
+    if not picked:
+        shown = "any level" if levels is None else "level " + ",".join(str(v) for v in levels)
+        die(2, f"no task of {shown} with a {backend} artifact in {tasks_dir}")
+    return picked
+
+
+def gpu_name():
+    """The GPU's name from nvidia-smi ("2 x NAME" for several), or None without one."""
+    try:
+        p = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                           text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    names = [line.strip() for line in p.stdout.splitlines() if line.strip()] if p.returncode == 0 else []
+    if not names:
+        return None
+    return names[0] if len(names) == 1 else f"{len(names)} x {names[0]}"
+
+
+# --- scoring ------------------------------------------------------------------------
+
+LOG_PREFIX = re.compile(r"^\S+Z [DIWE] \[[^\]]*\] ")  # kf::log's "<time> E [optimize:0 pid=N] "
+
+
+def last_line(path):
+    """The log's last line, without kf::log's prefix: the likely reason of a failure."""
+    try:
+        with open(path, "r", encoding="utf-8", errors="replace") as f:
+            lines = [line.strip() for line in f.read().splitlines() if line.strip()]
+    except OSError:
+        return ""
+    return LOG_PREFIX.sub("", lines[-1])[:200] if lines else ""
+
+
+def read_report(path):
+    """(samples, ok, verdict counts, ok speedups) from tools/optimize's report.json; ValueError if bad."""
+    try:
+        with open(path, "r", encoding="utf-8") as f:
+            rep = json.load(f)
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read ({e.strerror})")
+    except ValueError as e:
+        raise ValueError(f"{path}: not JSON ({e})")
+    cands = rep.get("candidates") if isinstance(rep, dict) else None
+    if not isinstance(cands, list):
+        raise ValueError(f"{path}: field candidates: expected an array")
+    verdicts, speedups = {}, []
+    for i, c in enumerate(cands):
+        v = c.get("verdict") if isinstance(c, dict) else None
+        if not isinstance(v, str):
+            raise ValueError(f"{path}: candidates[{i}]: no verdict")
+        verdicts[v] = verdicts.get(v, 0) + 1
+        s = c.get("speedup")
+        if v == "ok":
+            if not isinstance(s, (int, float)) or isinstance(s, bool):
+                raise ValueError(f"{path}: candidates[{i}]: an ok candidate without a speedup")
+            speedups.append(float(s))
+    return len(cands), verdicts.get("ok", 0), verdicts, speedups
+
+
+def score_task(name, split, level, args, out, deadline):
+    """Runs tools/optimize for one task; its record for scores.json."""
+    dest = os.path.join(out, "tasks", name)
+    log = dest + ".log"
+    rec = {"task": name, "split": split, "level": level, "status": "failed", "reason": "", "rc": None,
+           "samples": 0, "ok": 0, "verdicts": {}, "best_speedup": None, "counted_speedup": None, "ok_speedups": [],
+           "seconds": 0.0, "out": os.path.relpath(dest, out), "log": os.path.relpath(log, out)}
+    if deadline is not None and time.monotonic() >= deadline:
+        rec.update(status="not scored", reason="--time-limit reached before it started")
+        return rec
+    cmd = [os.path.join(TREE, "tools", "optimize"), "--model", args.model, "--task", name, "--tasks-dir",
+           args.tasks_dir, "-n", str(args.n), "--backend", args.backend, "--out", dest]
+    if args.config:
+        cmd += ["--config", args.config]
+    for s in args.set:
+        cmd += ["--set", s]
+    if args.seed is not None:
+        cmd += ["--seed", str(args.seed)]
+    report = os.path.join(dest, "report.json")
+    start = time.monotonic()
+    try:
+        # A previous run's report must not pass for this one's.
+        if os.path.exists(report):
+            os.remove(report)
+        with open(log, "w", encoding="utf-8") as lf:
+            lf.write("$ " + shlex.join(cmd) + "\n")
+            lf.flush()
+            rc = subprocess.run(cmd, stdout=lf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL).returncode
+    except OSError as e:
+        rec["reason"] = f"could not run tools/optimize ({e.strerror or e})"
+        return rec
+    rec["seconds"] = round(time.monotonic() - start, 1)
+    rec["rc"] = rc
+    # 0: some candidate verified ok, 1: none did; both leave a report.
+    if rc not in (0, 1):
+        how = f"killed by signal {-rc}" if rc < 0 else f"exited {rc}"
+        tail = last_line(log)
+        rec["reason"] = f"tools/optimize {how}" + (f": {tail}" if tail else "")
+        return rec
+    if not os.path.exists(report):
+        rec["reason"] = f"tools/optimize exited {rc} but wrote no report.json"
+        return rec
+    try:
+        samples, ok, verdicts, speedups = read_report(report)
+    except ValueError as e:
+        rec["reason"] = str(e)
+        return rec
+    best = max(speedups) if speedups else None
+    rec.update(status="scored", samples=samples, ok=ok, verdicts=verdicts, ok_speedups=speedups, best_speedup=best,
+               counted_speedup=best if best is not None else 1.0)
+    return rec
+
+
+def mean(xs):
+    return sum(xs) / len(xs) if xs else None
+
+
+def make_row(split, level, recs):
+    scored = [r for r in recs if r["status"] == "scored"]
+    tasks, samples = len(scored), sum(r["samples"] for r in scored)
+    ok = sum(r["ok"] for r in scored)
+    counted = [r["counted_speedup"] for r in scored]
+    failed = sum(1 for r in recs if r["status"] == "failed")
+    return {"split": split, "level": level, "tasks": tasks, "failed": failed,
+            "not_scored": len(recs) - tasks - failed, "samples": samples, "ok": ok,
+            "correct_pct": 100.0 * ok / samples if samples else None,
+            "fast1_pct": 100.0 * sum(1 for r in scored if r["counted_speedup"] > 1.0) / tasks if tasks else None,
+            "solved_pct": 100.0 * sum(1 for r in scored if r["ok"] > 0) / tasks if tasks else None,
+            "mean_speedup": mean(counted), "median_speedup": statistics.median(counted) if counted else None,
+            "mean_ok_speedup": mean([s for r in scored for s in r["ok_speedups"]])}
+
+
+def make_rows(records):
+    """Per (split, level), then the split's total (level "all"); splits without tasks are left out."""
+    rows = []
+    for split in SPLITS:
+        recs = [r for r in records if r["split"] == split]
+        if not recs:
+            continue
+        for level in sorted({r["level"] for r in recs}):
+            rows.append(make_row(split, level, [r for r in recs if r["level"] == level]))
+        rows.append(make_row(split, "all", recs))
+    return rows
+
+
+# --- outputs ------------------------------------------------------------------------
+
+def pct(v):
+    return "–" if v is None else f"{v:.1f}"
+
+
+def spd(v):
+    return "–" if v is None else f"{v:.3f}"
+
+
+HEADERS = ["split", "level", "tasks", "failed", "samples", "correct %", "fast_1 %", "solved %", "mean speedup",
+           "median speedup", "mean ok-sample speedup"]
+
+
+def md_table(headers, rows):
+    return "\n".join(["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+                     + ["| " + " | ".join(r) + " |" for r in rows])
+
+
+def table_md(meta, rows, records):
+    head = (f"Policy `{meta['model']}`" + (f" ({meta['label']})" if meta["label"] else "")
+            + f": n = {meta['n']} per task, backend {meta['backend']}, {meta['date']}, {meta['machine']}")
+    notes = [f"Prompts: {PROMPT_NOTE}.",
+             "correct % = ok samples / samples; fast_1 % = tasks whose best ok speedup is > 1.0x; solved % = "
+             "tasks with at least one ok sample; mean and median speedup are over tasks, of each task's best ok "
+             f"speedup, and {UNSOLVED_NOTE}; the last column is the mean over every ok sample."]
+    failed = [r for r in records if r["status"] == "failed"]
+    if failed:
+        notes.append(f"{len(failed)} task(s) failed and are not in the figures: "
+                     + "; ".join(f"{r['task']} ({r['reason']}, log {r['log']})" for r in failed) + ".")
+    skipped = [r["task"] for r in records if r["status"] == "not scored"]
+    if skipped:
+        notes.append(f"{len(skipped)} task(s) were not scored (--time-limit reached; tasks run in a seeded random "
+                     "order, so the scored ones are a random subset): " + ", ".join(skipped) + ".")
+    body = md_table(HEADERS, [[r["split"], str(r["level"]), str(r["tasks"]), str(r["failed"]), str(r["samples"]),
+                               pct(r["correct_pct"]), pct(r["fast1_pct"]), pct(r["solved_pct"]),
+                               spd(r["mean_speedup"]), spd(r["median_speedup"]), spd(r["mean_ok_speedup"])]
+                              for r in rows])
+    per_task = md_table(["task", "split", "level", "samples", "ok", "best speedup", "verdicts"],
+                        [[r["task"], r["split"], str(r["level"]), str(r["samples"]), str(r["ok"]),
+                          spd(r["best_speedup"]) if r["status"] == "scored" else r["status"],
+                          ", ".join(f"{k} {v}" for k, v in sorted(r["verdicts"].items())) or r["reason"]]
+                         for r in records])
+    summary = head + "\n\n" + "\n\n".join(notes) + "\n\n" + body + "\n"
+    return summary, summary + "\nPer task:\n\n" + per_task + "\n"
+
+
+def write_atomic(path, text):
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+# --- main ---------------------------------------------------------------------------
+
+def parse_levels(text):
+    try:
+        levels = sorted({int(v) for v in text.split(",") if v.strip()})
+    except ValueError:
+        levels = []
+    if not levels or any(v < 1 for v in levels):
+        die(2, f"--levels: expected levels like 1,2, got '{text}'")
+    return levels
+
+
+def main(argv):
+    build = os.environ.get("KF_BUILD_DIR") or os.path.join(TREE, "build")
+    ap = argparse.ArgumentParser(prog=PROG, description="A policy's per-level table on the built-in tasks: "
+                                 "train and held-out split, via tools/optimize.")
+    ap.add_argument("--model", required=True, metavar="DIR", help="HF-format policy folder (tools/export, tools/sft)")
+    ap.add_argument("--out", required=True, metavar="DIR", help="output folder")
+    ap.add_argument("--tasks-dir", metavar="DIR", default=os.path.join(build, "tasks"),
+                    help="imported tasks (default $KF_BUILD_DIR/tasks, else build/tasks of the tree)")
+    ap.add_argument("--levels", metavar="L,L", help="task levels to score (default: all)")
+    ap.add_argument("--include", metavar="A,B", help="exactly these tasks (overrides --levels)")
+    ap.add_argument("--heldout", metavar="FILE", default=os.path.join(TREE, "tasks", "heldout.txt"),
+                    help="held-out task list (default tasks/heldout.txt of the tree)")
+    ap.add_argument("-n", type=int, default=8, help="samples per task (default 8)")
+    ap.add_argument("--jobs", type=int, default=2, help="tools/optimize processes at once (default 2)")
+    ap.add_argument("--backend", choices=["auto", "cpu", "cuda"], default="auto",
+                    help="auto: cuda when nvidia-smi shows a GPU, else cpu")
+    ap.add_argument("--config", metavar="FILE", help="config YAML for tools/optimize")
+    ap.add_argument("--set", action="append", default=[], metavar="K=V", help="config override, repeatable")
+    ap.add_argument("--seed", type=int, help="sampling and input seed (default: the config's run.seed)")
+    ap.add_argument("--label", default="", help="a name for this policy in the table (e.g. SFT, stage 2, RL)")
+    ap.add_argument("--time-limit", type=float, metavar="S",
+                    help="start no task after S seconds; the rest are listed as not scored (tasks run in a seeded "
+                         "random order so a cut leaves a random subset)")
+    args = ap.parse_args(argv)
+    if not 1 <= args.n <= 256:
+        die(2, f"-n: expected 1..256 samples, got {args.n}")
+    if args.jobs < 1:
+        die(2, f"--jobs: expected at least 1, got {args.jobs}")
+    if args.seed is not None and args.seed < 0:
+        die(2, f"--seed: expected a non-negative seed, got {args.seed}")
+    for s in args.set:
+        if "=" not in s or not s.split("=", 1)[0].strip():
+            die(2, f"--set: expected key=value, got '{s}'")
+    if args.config and not os.path.isfile(args.config):
+        die(2, f"--config: {args.config} is not a file")
+    gpu = gpu_name()
+    if args.backend == "auto":
+        args.backend = "cuda" if gpu else "cpu"
+    levels = parse_levels(args.levels) if args.levels else None
+    include = None
+    if args.include is not None:
+        include = list(dict.fromkeys(v.strip() for v in args.include.split(",") if v.strip()))
+        if not include:
+            die(2, "--include: expected task names like 001_relu,002_gelu")
+        if levels is not None:
+            warn("--include overrides --levels")
+
+    tasks = select_tasks(args.tasks_dir, levels, include, args.backend)
+    heldout = read_heldout(args.heldout)
+    missing = [h for h in heldout if not os.path.isfile(os.path.join(args.tasks_dir, h, "task.json"))]
+    if missing:
+        warn(f"{args.heldout}: {len(missing)} held-out task(s) not imported in {args.tasks_dir}: {', '.join(missing)}")
+    if not os.path.isdir(args.model):
+        die(2, f"--model: model folder '{args.model}' does not exist")
+    if not os.path.isfile(os.path.join(args.model, "config.json")):
+        die(2, f"--model: {os.path.join(args.model, 'config.json')}: not found (an HF folder from tools/export?)")
+    binary = os.path.join(build, "actors", "kf-optimize")
+    if not os.access(binary, os.X_OK):
+        die(2, f"{binary} not built (cmake --build build --target kf-optimize)")
+    out = args.out
+    try:
+        os.makedirs(os.path.join(out, "tasks"), exist_ok=True)
+    except OSError as e:
+        die(2, f"--out: cannot create {os.path.join(out, 'tasks')} ({e.strerror})")
+
+    split_of = {name: ("held-out" if name in heldout else "train") for name, _ in tasks}
+    n_held = sum(1 for s in split_of.values() if s == "held-out")
+    print(f"{PROG}: {len(tasks)} task(s) ({len(tasks) - n_held} train, {n_held} held-out) from {args.tasks_dir}, "
+          f"n {args.n}, backend {args.backend}, {min(args.jobs, len(tasks))} at once; {PROMPT_NOTE}. "
+          f"Logs: {os.path.join(out, 'tasks')}/", flush=True)
+    records, done = {}, 0
+    deadline = time.monotonic() + args.time_limit if args.time_limit else None
+    # Run order only (the tables keep name order): a --time-limit cut must not drop one
+    # level or split wholesale.
+    run_order = list(tasks)
+    random.Random(0).shuffle(run_order)
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs)
+    try:
+        futures = {pool.submit(score_task, name, split_of[name], level, args, out, deadline): name
+                   for name, level in run_order}
+        for fut in concurrent.futures.as_completed(futures):
+            r = fut.result()
+            records[r["task"]] = r
+            done += 1
+            what = (f"{r['ok']}/{r['samples']} ok, best {spd(r['best_speedup'])}" if r["status"] == "scored"
+                    else "not scored (--time-limit)" if r["status"] == "not scored"
+                    else f"FAILED: {r['reason']} (log {os.path.join(out, r['log'])})")
+            print(f"[{done}/{len(tasks)}] {r['task']} ({r['split']}, level {r['level']}): {what}, {r['seconds']:.0f} s",
+                  flush=True)
+    except KeyboardInterrupt:
+        # The children got the same SIGINT; don't start the queued ones.
+        pool.shutdown(wait=True, cancel_futures=True)
+        die(130, "interrupted; no scores written")
+    pool.shutdown()
+
+    ordered = [records[name] for name, _ in tasks]
+    rows = make_rows(ordered)
+    meta = {"model": args.model, "label": args.label, "n": args.n, "backend": args.backend,
+            "date": time.strftime("%Y-%m-%d %H:%M %Z"), "machine": gpu or "CPU"}
+    summary, full = table_md(meta, rows, ordered)
+    scores = dict(meta, format="kf-policy-scores", version=1, model_abs=os.path.abspath(args.model),
+                  seed=args.seed, config=args.config, sets=args.set, tasks_dir=args.tasks_dir, heldout=args.heldout,
+                  levels=levels, include=include, prompt="no-exemplar (first-round)", unsolved_speedup=1.0,
+                  failed=[r["task"] for r in ordered if r["status"] == "failed"],
+                  not_scored=[r["task"] for r in ordered if r["status"] == "not scored"], tasks=ordered, rows=rows)
+    try:
+        write_atomic(os.path.join(out, "scores.json"), json.dumps(scores, indent=1) + "\n")
+        write_atomic(os.path.join(out, "table.md"), full)
+    except OSError as e:
+        print(summary)
+        die(1, f"{e.filename or out}: cannot write ({e.strerror})")
+    print()
+    print(summary)
+    print(f"per task: {os.path.join(out, 'table.md')}; scores: {os.path.join(out, 'scores.json')}")
+    return 1 if scores["failed"] or scores["not_scored"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
