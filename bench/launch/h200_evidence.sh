@@ -6,7 +6,8 @@
 #   bench/launch/h200_evidence.sh wait [SECONDS]    follow (default 570 s) until it ends
 # Environment: KF_PYTHON (python with torch), KF_SFT_SECONDS (default 200),
 # KF_RUN_MINUTES (default 10.5), KF_SCORE_N (default 8), KF_RL_SCORE_BY_S (default 1080:
-# the RL policy is scored only if the runs end before this many seconds of pipeline time).
+# the RL policy is scored only if the runs end before this many seconds of pipeline time),
+# KF_RL_SCORE_S (default 240: tools/score-policy --time-limit for the RL policy).
 # The pipeline:
 #  1. build (build-gpu/) while the suite is imported for cpu,cuda;
 #  2. stage 1 on the GPU on the train split (tools/sft --heldout tasks/heldout.txt) for
@@ -54,6 +55,8 @@ pipeline() {
   . tools/gpu_session.sh
   gpu_session_start "$WORK/logs"
   local sft_s=${KF_SFT_SECONDS:-200} minutes=${KF_RUN_MINUTES:-10.5} n=${KF_SCORE_N:-8} rl_by=${KF_RL_SCORE_BY_S:-1080}
+  local rl_s=${KF_RL_SCORE_S:-240} run_s
+  run_s=$(awk "BEGIN{print int($minutes*60)}")
   export KF_BUILD_DIR=$ROOT/$BUILD KF_TASKS_DIR=$ROOT/$BUILD/tasks KF_PYTHON=$PY PYTHONUNBUFFERED=1
   gpu_build kf-sft kf-eval kf-sandbox-worker kf-launch kf-actor kf-learner kf-evaluator kf-export kf-optimize
   gpu_import_wait
@@ -93,7 +96,8 @@ EOF
     > $WORK/logs/launch-noex.txt 2>&1 &
   local b=$!
   stamp "runs started; scoring the SFT policy (n=$n)"
-  timeout $(awk "BEGIN{print int($minutes*60)}") tools/score-policy --model $WORK/policy --out $WORK/score-sft \
+  # --time-limit: no task starts after it, and the table is still written (a kill would lose it)
+  timeout $((run_s + 120)) tools/score-policy --model $WORK/policy --out $WORK/score-sft --time-limit $((run_s - 60)) \
     --config configs/h200.yaml --backend cuda --levels 1,2 -n $n --jobs 2 --label "SFT (stage 1, train split)" \
     > $WORK/logs/score-sft.txt 2>&1
   stamp "SFT scoring ended (exit $?) after ${SECONDS} s"
@@ -104,8 +108,8 @@ EOF
   # 4. the RL policy, scored the same way if there is time
   if [ $SECONDS -lt "$rl_by" ] && tools/export runs/h200-contrast $WORK/policy-rl > $WORK/logs/export.txt 2>&1; then
     stamp "scoring the RL policy"
-    timeout 300 tools/score-policy --model $WORK/policy-rl --out $WORK/score-rl --config configs/h200.yaml \
-      --backend cuda --levels 1,2 -n $n --jobs 3 --label "RL (h200-contrast final checkpoint)" \
+    timeout $((rl_s + 120)) tools/score-policy --model $WORK/policy-rl --out $WORK/score-rl --time-limit $rl_s \
+      --config configs/h200.yaml --backend cuda --levels 1,2 -n $n --jobs 3 --label "RL (h200-contrast final checkpoint)" \
       > $WORK/logs/score-rl.txt 2>&1
     stamp "RL scoring ended (exit $?)"
   else
