@@ -40,7 +40,8 @@ follow() {  # prints progress until the pipeline ends or $1 seconds pass
   local limit=$1 t0=$SECONDS
   while [ $((SECONDS - t0)) -lt "$limit" ]; do
     [ -f "$PACK/DONE" ] && break
-    if ! kill -0 "$(cat $WORK/pid 2>/dev/null)" 2>/dev/null; then echo "pipeline process is gone"; break; fi
+    # by name: setsid may fork, so $! need not be the pipeline's pid
+    if ! pgrep -f "h200_evidence.sh pipeline" > /dev/null; then echo "pipeline process is gone"; break; fi
     sleep 15
   done
   echo "--- pipeline log (tail)"; tail -25 "$WORK/pipeline.log"
@@ -138,7 +139,7 @@ case "${1:-}" in
   start)
     rm -rf "$WORK"; mkdir -p "$PACK"
     setsid bash "$0" pipeline > "$WORK/pipeline.log" 2>&1 < /dev/null &
-    echo $! > "$WORK/pid"
+    sleep 2
     follow "${2:-570}"
     ;;
   wait) follow "${2:-570}" ;;
