@@ -152,14 +152,21 @@ def gpu_name():
 LOG_PREFIX = re.compile(r"^\S+Z [DIWE] \[[^\]]*\] ")  # kf::log's "<time> E [optimize:0 pid=N] "
 
 
+ERROR_LINE = re.compile(r" E \[")
+
+
 def last_line(path):
-    """The log's last line, without kf::log's prefix: the likely reason of a failure."""
+    """The likely reason of a failure: the log's last error line (kf::log's " E [" lines;
+    a message with a stack trace ends many lines later), else its last line, without
+    kf::log's prefix."""
     try:
         with open(path, "r", encoding="utf-8", errors="replace") as f:
             lines = [line.strip() for line in f.read().splitlines() if line.strip()]
     except OSError:
         return ""
-    return LOG_PREFIX.sub("", lines[-1])[:200] if lines else ""
+    errors = [line for line in lines if ERROR_LINE.search(line)]
+    pick = errors[-1] if errors else (lines[-1] if lines else "")
+    return LOG_PREFIX.sub("", pick)[:200]
 
 
 def read_report(path):

@@ -8,8 +8,11 @@
 #include <future>
 #include <nlohmann/json.hpp>
 
+#include <c10/util/Exception.h>
+
 #include "kf/common/error.h"
 #include "kf/common/log.h"
+#include "kf/tasks/timing.h"
 
 namespace kf::evaluator {
 namespace {
@@ -33,6 +36,11 @@ int64_t monotonic_ns() {
 }
 
 }  // namespace
+
+bool worker_out_of_memory(const Result& r) {
+  return r.verdict == Verdict::RuntimeError && r.reason.find("fatal: cudaMalloc") != std::string::npos &&
+         r.reason.find("out of memory") != std::string::npos;
+}
 
 replay::Result to_record(const Result& r, const replay::Candidate& c, int evaluator_id) {
   replay::Result o;
@@ -149,10 +157,37 @@ void EvaluatorService::account(const Result& r, const replay::Candidate& c) {
   if (out == replay::InsertOutcome::inserted) ++stats_.kernels_inserted, ctl.add_counter(slot_, kKernelsInserted, 1);
 }
 
+bool EvaluatorService::retry_out_of_memory(const replay::Candidate& c, int attempt, const std::string& what) {
+  tasks::release_device_cache();
+  const std::string why = what.substr(0, what.find('\n')).substr(0, 200);
+  if (attempt + 1 >= o_.oom_attempts) {
+    log_error("evaluator ", o_.evaluator_id, ": out of GPU memory verifying candidate ", c.id, " of ", c.task, " on ",
+              attempt + 1, " tries (", why, "); it is scored runtime_error and the evaluator goes on");
+    return false;
+  }
+  const auto delay = o_.oom_retry_delay * (attempt + 1);
+  log_warn("evaluator ", o_.evaluator_id, ": out of GPU memory verifying candidate ", c.id, " of ", c.task, " (", why,
+           "); cache freed, verified again in ", delay.count(), " ms (try ", attempt + 2, " of ", o_.oom_attempts, ")");
+  retry_.push_back({c, attempt + 1, std::chrono::steady_clock::now() + delay});
+  return true;
+}
+
 std::size_t EvaluatorService::step() {
   shm_.control().heartbeat(slot_);
   std::vector<replay::Candidate> batch;
-  if (shm_.candidates().pop_batch(batch, o_.batch, o_.pop_timeout) == 0) return 0;
+  std::vector<int> attempts;  // tries so far, per candidate of the batch
+  // Candidates put back after running out of GPU memory go first once due.
+  const auto now = std::chrono::steady_clock::now();
+  while (!retry_.empty() && retry_.front().due <= now && batch.size() < o_.batch) {
+    batch.push_back(std::move(retry_.front().c));
+    attempts.push_back(retry_.front().attempt);
+    retry_.pop_front();
+  }
+  if (batch.empty()) {
+    if (shm_.candidates().pop_batch(batch, o_.batch, o_.pop_timeout) == 0) return 0;
+    attempts.assign(batch.size(), 0);
+  }
+  std::size_t done = 0;
   // Compile the whole batch on the pool while the first candidates are verified.
   const Backend abi = o_.backend == tasks::Backend::CUDA ? KF_BACKEND_CUDA : KF_BACKEND_CPU;
   std::vector<std::shared_future<CompileResult>> compiles(batch.size());
@@ -166,8 +201,16 @@ std::size_t EvaluatorService::step() {
     if (c.source.empty() || !(t = task(c.task, &err))) {
       r = score(c);  // the failure paths (no source, unknown task), with their log lines
     } else {
+      std::string oom;  // why, when the GPU ran out of memory
       try {
         r = ev_.evaluate_compiled(*t, o_.backend, compiles[i].get(), c.id);
+        if (worker_out_of_memory(r)) oom = r.reason;
+      } catch (const c10::OutOfMemoryError& e) {
+        oom = e.what();
+        r = Result();
+        r.verdict = Verdict::RuntimeError;
+        r.reason = "evaluator: out of GPU memory: " + oom.substr(0, oom.find('\n'));
+        r.reward = ev_.reward_model().failure_reward(Verdict::RuntimeError);
       } catch (const kf::Error& e) {
         // The task or the installation, not the candidate: say so, score it, go on.
         log_error("evaluator ", o_.evaluator_id, ": verifying candidate ", c.id, " failed: ", e.what(),
@@ -176,7 +219,10 @@ std::size_t EvaluatorService::step() {
         r.reason = std::string("evaluator error: ") + e.what();
         r.reward = ev_.reward_model().failure_reward(Verdict::RuntimeError);
       }
+      if (!oom.empty() && retry_out_of_memory(c, attempts[i], oom)) continue;
+      if (!oom.empty()) r.reason = "out of GPU memory on " + std::to_string(o_.oom_attempts) + " tries: " + r.reason;
     }
+    ++done;
     account(r, c);
     log_verdict(c, r, t ? t->level() : 0);
     const replay::Result rec = to_record(r, c, o_.evaluator_id);
@@ -190,7 +236,7 @@ std::size_t EvaluatorService::step() {
     if (on_result_) on_result_(rec, r);
     shm_.control().heartbeat(slot_);
   }
-  return batch.size();
+  return done;
 }
 
 }  // namespace kf::evaluator

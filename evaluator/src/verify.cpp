@@ -513,7 +513,7 @@ void Session::run() {
   // --- 5. timing: interleaved, fresh inputs every trial, caches flushed, outputs checked
   std::vector<double> ref_ms, cand_ms, ext_gap;
   TensorList last_r;
-  int new_threads_trials = 0;
+  int new_threads_trials = 0, idle_trials = 0;
   double max_idle = 0, max_presync = 0;
   auto trial = [&](int t, bool timed) {
     TensorList in = inputs_for(5000 + uint64_t(t));
@@ -546,6 +546,7 @@ void Session::run() {
     ext_gap.push_back(c.call.external_ms - c.call.elapsed_ms);
     if (c.call.threads_after > c.call.threads_before) ++new_threads_trials;
     max_idle = std::max(max_idle, c.call.idle_cpu_ms);
+    if (c.call.idle_cpu_ms > o.idle_cpu_ms) ++idle_trials;
     max_presync = std::max(max_presync, c.call.presync_ms);
   };
   int t = 0;
@@ -563,8 +564,14 @@ void Session::run() {
   if (new_threads_trials > 0)
     throw Stop{Verdict::RejectedCheat, "work escaping the timed region: " + std::to_string(new_threads_trials) + " timed calls left new host threads running after return"};
   check("anti.threads_left", true, "no thread outlives a call");
-  if (max_idle > o.idle_cpu_ms)
-    throw Stop{Verdict::RejectedCheat, "work outside the timed region: other threads used " + fmt(max_idle) + " ms of CPU between calls (background computation)"};
+  // Background precomputation must run before every call it speeds up, so it shows in most
+  // trials; one or two over the line are the loaded machine's (CUDA driver threads, a busy
+  // host), which flagged correct kernels as cheats when a GPU was shared by several runs.
+  if (4 * idle_trials > static_cast<int>(cand_ms.size()))
+    throw Stop{Verdict::RejectedCheat, "work outside the timed region: other threads used more than " +
+                                           fmt(o.idle_cpu_ms) + " ms of CPU between calls in " +
+                                           std::to_string(idle_trials) + " of " + std::to_string(cand_ms.size()) +
+                                           " timed calls (max " + fmt(max_idle) + " ms; background computation)"};
   check("anti.background_cpu", true, "idle between calls");
   if (b == Backend::CUDA && max_presync > o.presync_ms)
     throw Stop{Verdict::RejectedCheat, "work outside the timed region: the GPU was busy for " + fmt(max_presync) + " ms before the clock started (work launched outside kf_forward)"};

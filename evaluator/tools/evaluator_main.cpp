@@ -77,7 +77,9 @@ int main(int argc, char** argv) {
       const std::size_t n = service.step();
       // Draining: leave once the queue is empty and no actor is still finishing a group
       // (its last candidates would otherwise stay unscored).
-      if (n == 0 && state == kf::replay::RunState::draining && !actor_alive(shm->control())) break;
+      if (n == 0 && state == kf::replay::RunState::draining && !actor_alive(shm->control()) &&
+          service.pending_retries() == 0)
+        break;
     }
     const auto& st = service.stats();
     kf::log_info("evaluator ", id, ": exiting; scored ", st.scored, " (ok ", st.ok, ", cheats ", st.rejected_cheat,

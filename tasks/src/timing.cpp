@@ -1,12 +1,17 @@
 #include "kf/tasks/timing.h"
 
 #include <ATen/Context.h>
+#include <ATen/DeviceAccelerator.h>
 #include <ATen/detail/CUDAHooksInterface.h>
 
 #include <algorithm>
 #include <chrono>
 
 namespace kf::tasks {
+
+void release_device_cache() {
+  if (cuda_available()) at::accelerator::emptyCache();
+}
 
 bool cuda_available() { return at::detail::getCUDAHooks().hasCUDA() && at::detail::getCUDAHooks().deviceCount() > 0; }
 

@@ -158,13 +158,19 @@ void expect_naive_slower(size_t k) {
   ASSERT_GT(picks.size(), k) << "verified_cpu.json shows fewer than " << k + 1 << " families with a 3x naive/fastest gap";
   const Pick& p = picks[k];
   SCOPED_TRACE(p.task + ": " + p.naive + " vs " + p.fast);
-  const json rn = eval_kernel(p.task, p.naive), rf = eval_kernel(p.task, p.fast);
-  EXPECT_EQ(rn.at("verdict"), "ok") << rn.dump();
-  EXPECT_EQ(rf.at("verdict"), "ok") << rf.dump();
-  if (rn.at("verdict") == "ok" && rf.at("verdict") == "ok") {
+  // The fast variant is multi-threaded: a test running beside it on a 2-core machine can
+  // slow it more than the single-threaded naive one, so the order is measured up to three
+  // times and must show once (it failed once here in a -j2 ctest run and passed alone).
+  std::string seen;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    const json rn = eval_kernel(p.task, p.naive), rf = eval_kernel(p.task, p.fast);
+    ASSERT_EQ(rn.at("verdict"), "ok") << rn.dump();
+    ASSERT_EQ(rf.at("verdict"), "ok") << rf.dump();
     const double tn = rn["candidate"]["median_ms"], tf = rf["candidate"]["median_ms"];
-    EXPECT_GT(tn, tf) << "naive " << tn << " ms, fastest " << tf << " ms (recorded gap " << p.gap << "x)";
+    if (tn > tf) return;
+    seen += " naive " + std::to_string(tn) + " ms, fastest " + std::to_string(tf) + " ms;";
   }
+  ADD_FAILURE() << "the naive kernel was not slower in 3 measurements:" << seen << " (recorded gap " << p.gap << "x)";
 }
 
 // The fastest kernel of the picked task of every family not timed above passes tools/eval;

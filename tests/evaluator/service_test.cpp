@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <thread>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -136,5 +137,55 @@ TEST(EvaluatorServiceTest, ScoresQueuedCandidatesPushesResultsAndStoresOkKernels
       EXPECT_EQ(p.counters[kCheat], 1u);
     }
   EXPECT_TRUE(seen);
+  shm->shutdown();
+}
+
+TEST(EvaluatorServiceTest, OutOfGpuMemoryIsRetriedThenScoredAndNeverKillsTheService) {
+  const std::string run = "kft" + std::to_string(getpid()) + ".evoom";
+  auto shm = replay::RunShm::create(run);
+  EvalOptions o;
+  o.compile.cache_dir = build_dir() + "/evaluator-test-cache";
+  o.warmup = 1;
+  o.trials = 3;
+  o.max_trials = 3;
+  o.max_spread = 100;
+  o.min_call_timeout_s = 3;
+  o.cpu_threads = 2;
+  Evaluator ev(o);
+  ServiceOptions so;
+  so.tasks_dir = build_dir() + "/tasks";
+  so.oom_attempts = 3;
+  so.oom_retry_delay = std::chrono::milliseconds(20);
+  EvaluatorService service(ev, *shm, so);
+  ASSERT_TRUE(shm->candidates().push(candidate(201, "001_relu", test::read_kernel("cpu/fake_worker_oom.cpp"), 0),
+                                     std::chrono::seconds(1)));
+  // First try: put back, nothing scored or pushed.
+  EXPECT_EQ(service.step(), 0u);
+  EXPECT_EQ(service.pending_retries(), 1u);
+  std::vector<replay::Result> results;
+  EXPECT_EQ(shm->results().pop_batch(results, 10, std::chrono::milliseconds(0)), 0u);
+  // Two more tries (after the delays), then it is scored once, as runtime_error.
+  std::size_t scored = 0;
+  for (int i = 0; i < 200 && scored == 0; ++i) {
+    scored += service.step();
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(scored, 1u);
+  EXPECT_EQ(service.pending_retries(), 0u);
+  ASSERT_EQ(shm->results().pop_batch(results, 10, std::chrono::milliseconds(100)), 1u);
+  EXPECT_EQ(results[0].candidate_id, 201u);
+  EXPECT_EQ(results[0].verdict, replay::Verdict::runtime_error);
+  EXPECT_NE(results[0].reason.find("out of GPU memory on 3 tries"), std::string::npos) << results[0].reason;
+  EXPECT_EQ(service.stats().scored, 1u);
+  // The classifier: only the harness's allocation failure counts, not any runtime error.
+  Result r;
+  r.verdict = Verdict::RuntimeError;
+  r.reason = "crashed: worker exit 3: fatal: cudaMalloc output: out of memory";
+  EXPECT_TRUE(worker_out_of_memory(r));
+  r.reason = "cuda_error: CUDA error after kf_forward: cudaErrorMemoryAllocation (out of memory)";
+  EXPECT_FALSE(worker_out_of_memory(r));
+  r.reason = "crashed: worker exit 3: fatal: cudaMalloc output: out of memory";
+  r.verdict = Verdict::Incorrect;
+  EXPECT_FALSE(worker_out_of_memory(r));
   shm->shutdown();
 }

@@ -8,11 +8,20 @@
 // with the extraction error as reason, so the learner sees the negative example.
 // Counters go to the control block (role "evaluator"; counters below).
 //
+// Running out of GPU memory is the machine's state, not the kernel's fault (other
+// processes on a shared GPU hold memory; the big tasks' input sets take GiBs): when the
+// evaluator's own allocation fails (c10::OutOfMemoryError) or the sandbox worker cannot
+// allocate the inputs/outputs ("fatal: cudaMalloc ...: out of memory"), the caching
+// allocator is emptied and the candidate is put back, to be verified again after
+// oom_retry_delay x attempt; only after oom_attempts tries is it scored runtime_error.
+// The process never dies of it.
+//
 // Threading: one thread drives a service (it owns the Evaluator's timing). One service
 // per GPU; CPU evaluators may run several.
 #pragma once
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -41,7 +50,13 @@ struct ServiceOptions {
   // compile/verify seconds and the reason's first 300 bytes. tools/report's per-minute
   // windows, per-level table and cheat list come from it.
   std::string verdict_log;
+  int oom_attempts = 3;                           // tries per candidate when the GPU is out of memory
+  std::chrono::milliseconds oom_retry_delay{5000};
 };
+
+// True for a result that says the sandbox worker could not allocate the task's buffers on
+// the GPU (its harness, before the kernel runs): the machine's state, not the kernel's.
+bool worker_out_of_memory(const Result& r);
 
 struct ServiceStats {
   uint64_t scored = 0, ok = 0, rejected_cheat = 0, compile_error = 0, kernels_inserted = 0, results_dropped = 0;
@@ -66,11 +81,22 @@ class EvaluatorService {
   // Called after each pushed (or dropped) result, e.g. to keep a log of verdicts.
   void on_result(std::function<void(const replay::Result&, const Result&)> fn) { on_result_ = std::move(fn); }
   const ServiceStats& stats() const { return stats_; }
+  // Candidates put back after running out of GPU memory, not yet verified again (a
+  // draining evaluator waits for them).
+  std::size_t pending_retries() const { return retry_.size(); }
 
  private:
   std::shared_ptr<const tasks::Task> task(const std::string& name, std::string* error);
   void account(const Result& r, const replay::Candidate& c);
   void log_verdict(const replay::Candidate& c, const Result& r, int level);
+  // Out of GPU memory on `c` (attempt `attempt`, 0-based): frees the allocator cache and
+  // queues a retry; false when the attempts are used up (then it is scored).
+  bool retry_out_of_memory(const replay::Candidate& c, int attempt, const std::string& what);
+  struct Retry {
+    replay::Candidate c;
+    int attempt = 0;  // tries so far
+    std::chrono::steady_clock::time_point due;
+  };
   Evaluator& ev_;
   replay::RunShm& shm_;
   ServiceOptions o_;
@@ -79,6 +105,7 @@ class EvaluatorService {
   std::map<std::string, std::shared_ptr<const tasks::Task>> tasks_;
   std::function<void(const replay::Result&, const Result&)> on_result_;
   std::ofstream verdicts_;  // o_.verdict_log, opened for append
+  std::deque<Retry> retry_;
 };
 
 }  // namespace kf::evaluator

@@ -27,5 +27,8 @@ TimingStats time_reference(Reference& ref, const std::vector<at::Tensor>& inputs
 // Throws kf::Error if the backend is cuda and no GPU is visible.
 at::Device backend_device(Backend b, int index = 0);
 bool cuda_available();
+// Returns the GPU memory the caching allocator holds but does not use to the driver, so
+// other processes on the GPU can have it (after an out-of-memory error). No-op without a GPU.
+void release_device_cache();
 
 }  // namespace kf::tasks
