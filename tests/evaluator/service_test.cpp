@@ -38,11 +38,8 @@ replay::Candidate candidate(uint64_t id, const std::string& task, const std::str
   return c;
 }
 
-}  // namespace
-
-TEST(EvaluatorServiceTest, ScoresQueuedCandidatesPushesResultsAndStoresOkKernels) {
-  const std::string run = "kft" + std::to_string(getpid()) + ".evsvc";
-  auto shm = replay::RunShm::create(run);
+// Quick settings for a loaded 2-core machine.
+EvalOptions light_options() {
   EvalOptions o;
   o.compile.cache_dir = build_dir() + "/evaluator-test-cache";
   o.warmup = 1;
@@ -51,7 +48,15 @@ TEST(EvaluatorServiceTest, ScoresQueuedCandidatesPushesResultsAndStoresOkKernels
   o.max_spread = 100;
   o.min_call_timeout_s = 3;
   o.cpu_threads = 2;
-  Evaluator ev(o);
+  return o;
+}
+
+}  // namespace
+
+TEST(EvaluatorServiceTest, ScoresQueuedCandidatesPushesResultsAndStoresOkKernels) {
+  const std::string run = "kft" + std::to_string(getpid()) + ".evsvc";
+  auto shm = replay::RunShm::create(run);
+  Evaluator ev(light_options());
   ServiceOptions so;
   so.evaluator_id = 3;
   so.tasks_dir = build_dir() + "/tasks";
@@ -143,15 +148,7 @@ TEST(EvaluatorServiceTest, ScoresQueuedCandidatesPushesResultsAndStoresOkKernels
 TEST(EvaluatorServiceTest, OutOfGpuMemoryIsRetriedThenScoredAndNeverKillsTheService) {
   const std::string run = "kft" + std::to_string(getpid()) + ".evoom";
   auto shm = replay::RunShm::create(run);
-  EvalOptions o;
-  o.compile.cache_dir = build_dir() + "/evaluator-test-cache";
-  o.warmup = 1;
-  o.trials = 3;
-  o.max_trials = 3;
-  o.max_spread = 100;
-  o.min_call_timeout_s = 3;
-  o.cpu_threads = 2;
-  Evaluator ev(o);
+  Evaluator ev(light_options());
   ServiceOptions so;
   so.tasks_dir = build_dir() + "/tasks";
   so.oom_attempts = 3;
