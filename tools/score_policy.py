@@ -11,7 +11,8 @@ verified by the real evaluator. A task listed in the held-out file (tasks/heldou
   mean ok-sample speedup  over every ok sample
 Writes OUT/scores.json, OUT/table.md, and OUT/tasks/<task>/ (tools/optimize's outputs) with
 OUT/tasks/<task>.log; prints the table. A task whose tools/optimize exits 2 or 3, or leaves
-no report.json, is "failed": listed and left out of the figures.
+no report.json, is "failed": listed and left out of the figures; one that exits 3 because
+the GPU ran out of memory is run again first (3 tries, pauses of 10 and 20 s).
 Exit 0 every task scored, 1 some failed or were not scored (--time-limit; or an output could not be written), 2 usage or
 bad input. docs/stages.md describes the figures.
 """
@@ -33,6 +34,7 @@ TREE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # names on one line is an error rather than a name that silently matches nothing.
 NAME_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
 SPLITS = ["train", "held-out"]
+OOM_ATTEMPTS, OOM_PAUSE_S = 3, 10  # tools/optimize runs per task when the GPU is out of memory
 PROMPT_NOTE = ("every task gets the no-exemplar (first-round) prompt (no --exemplars), so policies "
                "are comparable")
 UNSOLVED_NOTE = "a task without an ok sample counts as 1.0x (the user keeps the reference)"
@@ -220,9 +222,18 @@ def score_task(name, split, level, args, out, deadline):
         if os.path.exists(report):
             os.remove(report)
         with open(log, "w", encoding="utf-8") as lf:
-            lf.write("$ " + shlex.join(cmd) + "\n")
-            lf.flush()
-            rc = subprocess.run(cmd, stdout=lf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL).returncode
+            for attempt in range(1, OOM_ATTEMPTS + 1):
+                lf.write("$ " + shlex.join(cmd) + "\n")
+                lf.flush()
+                rc = subprocess.run(cmd, stdout=lf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL).returncode
+                # The evaluator ran out of GPU memory (other processes hold it: the machine's
+                # state, not the policy's): again after a pause, as the run's evaluators do.
+                if rc != 3 or attempt == OOM_ATTEMPTS or "out of memory" not in last_line(log):
+                    break
+                lf.write(f"{PROG}: out of GPU memory; tools/optimize again in {OOM_PAUSE_S * attempt} s "
+                         f"(try {attempt + 1} of {OOM_ATTEMPTS})\n")
+                lf.flush()
+                time.sleep(OOM_PAUSE_S * attempt)
     except OSError as e:
         rec["reason"] = f"could not run tools/optimize ({e.strerror or e})"
         return rec
