@@ -204,6 +204,7 @@ def summarize_verdicts(records, min_window):
         row = {"level": lv, "tasks": len({r["task"] for r in by_level[lv]})}
         row.update(verdict_stats(by_level[lv]))
         levels.append(row)
+    trend, trend_geomean = task_trend(records)
     all_cheats = [r for r in records if r["verdict"] == "rejected_cheat"]
     cheats = [{"minute": round(r["_min"], 2), "t": num(r, "t"), "task": r["task"], "level": level_of(r),
                "evaluator": r.get("evaluator"), "candidate": r.get("candidate"),
@@ -212,7 +213,52 @@ def summarize_verdicts(records, min_window):
               for r in all_cheats[-MAX_CHEATS:]]
     return {"min_window": min_window, "verified": len(records), "windows": windows, "levels": levels,
             "first_final_ratio": first_final["ratio"] if first_final else None, "first_final": first_final,
+            "task_trend": trend, "task_trend_geomean": trend_geomean,
             "cheats_total": len(all_cheats), "cheats": cheats}
+
+
+def task_trend(records):
+    """Per task, its first visit against its last one (a visit = one group of candidates,
+    the verdict lines' "group"), over visits with at least one ok result: the minute windows
+    mix tasks, this compares a task only with itself. Returns the rows of the tasks with two
+    or more such visits, and the geometric mean of their last/first mean-speedup ratios."""
+    visits = {}  # (task, group) -> records
+    for r in records:
+        g = r.get("group")
+        if isinstance(g, int) and not isinstance(g, bool):
+            visits.setdefault((r["task"], g), []).append(r)
+    by_task = {}
+    for (task, _), recs in visits.items():
+        stats = verdict_stats(recs)
+        if stats["mean_speedup"] is not None:
+            by_task.setdefault(task, []).append((min(num(r, "t") for r in recs), stats))
+    rows = []
+    for task in sorted(by_task):
+        v = sorted(by_task[task], key=lambda x: x[0])
+        if len(v) < 2 or v[0][1]["mean_speedup"] <= 0:
+            continue
+        first, last = v[0][1], v[-1][1]
+        rows.append({"task": task, "visits": len(v), "first_mean": first["mean_speedup"],
+                     "last_mean": last["mean_speedup"], "ratio": last["mean_speedup"] / first["mean_speedup"],
+                     "first_correct_pct": first["correct_pct"], "last_correct_pct": last["correct_pct"]})
+    ratios = [r["ratio"] for r in rows if r["ratio"] > 0]
+    geomean = math.exp(sum(math.log(x) for x in ratios) / len(ratios)) if ratios else None
+    return rows, geomean
+
+
+TREND_HEADERS = ["task", "visits", "first mean", "last mean", "ratio", "first correct %", "last correct %"]
+
+
+def trend_rows(summary):
+    return [[t["task"], str(t["visits"]), spd(t["first_mean"]), spd(t["last_mean"]), spd(t["ratio"]),
+             pct(t["first_correct_pct"]), pct(t["last_correct_pct"])] for t in summary["task_trend"]]
+
+
+def trend_text(summary):
+    if not summary["task_trend"]:
+        return "per task, first vs last visit: n/a (no task had two visits with an ok result)"
+    return (f"per task, first vs last visit: geometric mean of the mean-speedup ratios "
+            f"{summary['task_trend_geomean']:.3f} over {len(summary['task_trend'])} task(s)")
 
 
 def pct(v):
@@ -266,6 +312,11 @@ def print_verdict_tables(summary):
     print()
     print("Per level, whole run:")
     print(text_table(LEVEL_HEADERS, level_rows(summary)))
+    print()
+    print("Per task, first visit vs last visit (visits = groups with at least one ok result):")
+    if summary["task_trend"]:
+        print(text_table(TREND_HEADERS, trend_rows(summary)))
+    print(trend_text(summary))
     print(f"rejected as cheats: {summary['cheats_total']} (reasons in index.html and windows.json)")
     print()
 
@@ -485,6 +536,12 @@ def verdict_html(summary, windows_png):
     parts.append(f"<img src=\"{e(name)}\" alt=\"speedup and correct % per window\">")
     parts.append("<h2>Per level, whole run</h2>")
     parts.append(html_table(LEVEL_HEADERS, level_rows(summary)))
+    parts.append("<h2>Per task, first visit vs last visit</h2>")
+    parts.append("<p>A visit is one group of candidates of the task; only visits with an ok result count. "
+                 "The minute windows mix tasks; this compares each task with itself.</p>")
+    if summary["task_trend"]:
+        parts.append(html_table(TREND_HEADERS, trend_rows(summary)))
+    parts.append(f"<p>{e(trend_text(summary))}</p>")
     parts.append("<h2>Rejected as cheats</h2>")
     cheats = summary["cheats"]
     if not cheats:

@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -242,6 +243,21 @@ TEST(ReportTest, VerdictLogsGiveWindowsLevelsAndCheats) {
   EXPECT_EQ(w["cheats"][1]["task"], "002_gelu");
   EXPECT_EQ(w["cheats"][1]["reason"], gelu_cheat);
 
+  // Per task, first vs last visit (group = candidate / 4): 001_relu's groups 0 and 1 have
+  // ok results (means 1.25 and 3.0; group 2 has none), 002_gelu's groups 2 and 3 (1.5 and
+  // 1.375); 021_softmax and 061_conv_relu have one such visit each, so no row.
+  ASSERT_EQ(w["task_trend"].size(), 2u) << w.dump(1);
+  EXPECT_EQ(w["task_trend"][0]["task"], "001_relu");
+  EXPECT_EQ(w["task_trend"][0]["visits"], 2);
+  EXPECT_DOUBLE_EQ(w["task_trend"][0]["first_mean"].get<double>(), 1.25);
+  EXPECT_DOUBLE_EQ(w["task_trend"][0]["last_mean"].get<double>(), 3.0);
+  EXPECT_DOUBLE_EQ(w["task_trend"][0]["ratio"].get<double>(), 2.4);
+  EXPECT_NEAR(w["task_trend"][0]["first_correct_pct"].get<double>(), 200.0 / 3, 1e-9);
+  EXPECT_DOUBLE_EQ(w["task_trend"][0]["last_correct_pct"].get<double>(), 50.0);
+  EXPECT_EQ(w["task_trend"][1]["task"], "002_gelu");
+  EXPECT_NEAR(w["task_trend"][1]["ratio"].get<double>(), 1.375 / 1.5, 1e-12);
+  EXPECT_NEAR(w["task_trend_geomean"].get<double>(), std::sqrt(2.4 * 1.375 / 1.5), 1e-12);
+
   // The text tables on stdout, as users paste them.
   for (const char* line : {"minute  verified  correct %  fast_1 %   mean  median   best\n",
                            "     0         4       50.0      25.0  1.000   1.000  1.500  *\n",
@@ -254,6 +270,8 @@ TEST(ReportTest, VerdictLogsGiveWindowsLevelsAndCheats) {
                            "    1      2        10       60.0      40.0  1.625   1.750  3.000\n",
                            "    2      1         5       40.0      20.0  1.250   1.250  1.500\n",
                            "    3      1         2       50.0       0.0  0.500   0.500  0.500\n",
+                           "per task, first vs last visit: geometric mean of the mean-speedup ratios 1.483 over "
+                           "2 task(s)\n",
                            "rejected as cheats: 2"})
     EXPECT_TRUE(contains(r.out, line)) << "missing: " << line << "\nin:\n" << r.out;
 
