@@ -7,7 +7,11 @@
 # Environment: KF_PYTHON (python with torch), KF_SFT_SECONDS (default 200),
 # KF_RUN_MINUTES (default 10.5), KF_SCORE_N (default 8), KF_RL_SCORE_BY_S (default 1080:
 # the RL policy is scored only if the runs end before this many seconds of pipeline time),
-# KF_RL_SCORE_S (default 240: tools/score-policy --time-limit for the RL policy).
+# KF_RL_SCORE_S (default 240: tools/score-policy --time-limit for the RL policy),
+# KF_ALONE=1 (h200-contrast alone on the GPU, no ablation; then the starting policy and the
+# RL policy scored one after the other, one task at a time, KF_RL_SCORE_S each).
+# KF_SFT_SECONDS=0 skips stage 1 and the corpus verification: the runs start from
+# policies/default.
 # The pipeline:
 #  1. build (build-gpu/) while the suite is imported for cpu,cuda;
 #  2. stage 1 on the GPU on the train split (tools/sft --heldout tasks/heldout.txt) for
@@ -64,6 +68,10 @@ pipeline() {
   stamp "built and imported after ${SECONDS} s"
 
   # 2. stage 1 on the train split; the unmeasured CUDA corpus kernels measured alongside
+  if [ "$sft_s" -le 0 ]; then
+    cp -r policies/default $WORK/policy
+    stamp "no SFT (KF_SFT_SECONDS=0): the runs start from policies/default"
+  else
   local todo
   todo=$("$PY" - <<'EOF'
 import json
@@ -86,11 +94,31 @@ EOF
   grep -E "held-out|examples|wrote" $WORK/logs/sft.txt | tail -3
   tar -C $WORK -cf - policy | split -b 15M - "$PACK/policy.tar.part-"
   stamp "SFT policy packed after ${SECONDS} s"
+  fi
 
   # 3. the run and its ablation side by side; the SFT policy scored meanwhile
-  local common=(--set tasks.dir="$KF_TASKS_DIR" --set learner.policy=$WORK/policy --set launch.max_minutes="$minutes"
-                --set launch.cpu_affinity=false)
+  local common=(--set tasks.dir="$KF_TASKS_DIR" --set learner.policy=$WORK/policy --set launch.max_minutes="$minutes")
   rm -rf runs/h200-contrast runs/h200-noex
+  if [ "${KF_ALONE:-0}" = 1 ]; then
+    # One run alone on the GPU (its figures are its own), then both policies scored alone.
+    tools/launch configs/h200.yaml --name h200-contrast "${common[@]}" > $WORK/logs/launch-contrast.txt 2>&1
+    stamp "h200-contrast (alone) exit $?"
+    grep -E "status:" runs/h200-contrast/logs/launch-0.log | tail -1
+    tools/export runs/h200-contrast $WORK/policy-rl > $WORK/logs/export.txt 2>&1 || stamp "tools/export failed"
+    local pol label
+    for pol in policy policy-rl; do
+      [ -f $WORK/$pol/config.json ] || continue
+      label=$([ $pol = policy ] && echo "start (shipped / SFT)" || echo "RL (h200-contrast final checkpoint)")
+      timeout $((rl_s + 120)) tools/score-policy --model $WORK/$pol --out $WORK/score-$pol --time-limit $rl_s \
+        --config configs/h200.yaml --backend cuda --levels 1,2 -n $n --jobs 1 --label "$label" \
+        > $WORK/logs/score-$pol.txt 2>&1
+      stamp "scoring $pol ended (exit $?) after ${SECONDS} s"
+    done
+    pack_results
+    return
+  fi
+  # Side by side, both evaluators would be pinned to the same cores.
+  common+=(--set launch.cpu_affinity=false)
   tools/launch configs/h200.yaml --name h200-contrast "${common[@]}" > $WORK/logs/launch-contrast.txt 2>&1 &
   local a=$!
   tools/launch configs/h200.yaml --name h200-noex "${common[@]}" --set actors.prompt.mode=no_exemplars \
@@ -117,9 +145,15 @@ EOF
     stamp "RL policy not scored (after ${SECONDS} s, limit $rl_by s)"
   fi
 
-  # 5. pack
+  pack_results
+}
+
+
+pack_results() {  # 5. both run folders (without checkpoint weights), scores, logs -> $PACK
   mkdir -p $WORK/results
+  local r s
   for r in h200-contrast h200-noex; do
+    [ -d runs/$r ] || continue
     ls -laR runs/$r/checkpoints > runs/$r/checkpoints.txt 2>&1
     cp runs/$r/checkpoints/launch_state.json runs/$r/ 2>/dev/null
     tar -C runs --exclude=$r/checkpoints -cf $WORK/results/$r.tar $r
@@ -128,8 +162,8 @@ EOF
   {
     echo "GPU: $GPU"
     tail -3 $WORK/logs/sft.txt
-    for r in h200-contrast h200-noex; do echo "$r:"; tail -1 runs/$r/metrics/run.jsonl; done
-    for s in score-sft score-rl; do [ -f $WORK/$s/table.md ] && cat $WORK/$s/table.md; done
+    for r in h200-contrast h200-noex; do [ -d runs/$r ] && { echo "$r:"; tail -1 runs/$r/metrics/run.jsonl; }; done
+    for s in $WORK/score-*/table.md; do [ -f $s ] && cat $s; done
   } > "$PACK/summary.txt" 2>&1
   stamp "packed after ${SECONDS} s"
   touch "$PACK/DONE"
