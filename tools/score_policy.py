@@ -74,16 +74,21 @@ def read_heldout(path):
     return names
 
 
-def read_task(folder):
-    """(level, backends) of an imported task; ValueError saying what is wrong."""
-    path = os.path.join(folder, "task.json")
+def load_json(path):
+    """A JSON file's content; ValueError naming the file when it cannot be read or parsed."""
     try:
         with open(path, "r", encoding="utf-8") as f:
-            j = json.load(f)
+            return json.load(f)
     except OSError as e:
         raise ValueError(f"{path}: cannot read ({e.strerror})")
     except ValueError as e:
         raise ValueError(f"{path}: not JSON ({e})")
+
+
+def read_task(folder):
+    """(level, backends) of an imported task; ValueError saying what is wrong."""
+    path = os.path.join(folder, "task.json")
+    j = load_json(path)
     level = j.get("level") if isinstance(j, dict) else None
     if not isinstance(level, int) or isinstance(level, bool):
         raise ValueError(f"{path}: field level: expected an integer")
@@ -173,13 +178,7 @@ def last_line(path):
 
 def read_report(path):
     """(samples, ok, verdict counts, ok speedups) from tools/optimize's report.json; ValueError if bad."""
-    try:
-        with open(path, "r", encoding="utf-8") as f:
-            rep = json.load(f)
-    except OSError as e:
-        raise ValueError(f"{path}: cannot read ({e.strerror})")
-    except ValueError as e:
-        raise ValueError(f"{path}: not JSON ({e})")
+    rep = load_json(path)
     cands = rep.get("candidates") if isinstance(rep, dict) else None
     if not isinstance(cands, list):
         raise ValueError(f"{path}: field candidates: expected an array")
