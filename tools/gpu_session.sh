@@ -5,6 +5,8 @@
 #                              build-gpu/ ($BUILD) and starts the suite import (cpu,cuda)
 #                              in the background (wait for it with gpu_import_wait).
 #   gpu_build TARGET...        builds targets into $BUILD (log: LOGDIR/build.log)
+#   gpu_pack_run RUN_DIR       a tar of the run folder on stdout, checkpoint weights left out
+#                              (their listing and launch_state.json kept), named <run>/...
 # Needs $PY (python with torch) set by the caller; exits the script on failure.
 gpu_session_start() {
   LOGDIR=$1
@@ -34,4 +36,10 @@ gpu_import_wait() {
   [ -n "${GPU_IMPORT_PID:-}" ] || return 0
   wait "$GPU_IMPORT_PID" || { tail -20 "$LOGDIR/import.log"; exit 1; }
   GPU_IMPORT_PID=
+}
+gpu_pack_run() {
+  local dir=${1%/}
+  ls -laR "$dir/checkpoints" > "$dir/checkpoints.txt" 2>&1
+  cp "$dir/checkpoints/launch_state.json" "$dir/" 2>/dev/null
+  tar -C "$(dirname "$dir")" --exclude="$(basename "$dir")/checkpoints" -cf - "$(basename "$dir")"
 }

@@ -153,10 +153,7 @@ pack_results() {  # 5. both run folders (without checkpoint weights), scores, lo
   mkdir -p $WORK/results
   local r s
   for r in h200-contrast h200-noex; do
-    [ -d runs/$r ] || continue
-    ls -laR runs/$r/checkpoints > runs/$r/checkpoints.txt 2>&1
-    cp runs/$r/checkpoints/launch_state.json runs/$r/ 2>/dev/null
-    tar -C runs --exclude=$r/checkpoints -cf $WORK/results/$r.tar $r
+    [ -d runs/$r ] && gpu_pack_run runs/$r > $WORK/results/$r.tar
   done
   tar -C $WORK -czf - results logs $(cd $WORK && ls -d score-* 2>/dev/null) | split -b 15M - "$PACK/results.tar.gz.part-"
   {

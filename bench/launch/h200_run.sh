@@ -14,7 +14,8 @@
 # The device tool returns at most 8 files of <= 16 MiB, so $OUT gets only packed files:
 #   launch.txt (the launcher's log), logs.tar.gz (build/import/test/SFT/verify logs),
 #   run.tar.gz.part-* (the run folder without checkpoint weights: metrics, logs, kernels,
-#   best/, launch_state.json; `cat run.tar.gz.part-* | tar -xz`, then tools/report on it),
+#   best/, launch_state.json; `cat run.tar.gz.part-* | tar -xz -C runs` gives runs/<name>/,
+#   then tools/report on it),
 #   with KF_TRAIN_SECONDS also policy.tar.part-* and verified_cuda.json.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -71,9 +72,7 @@ stamp "run ended after ${SECONDS} s"
 grep -E "status:" "$OUTDIR/launch.txt" | tail -4
 grep -E "launch:" "$OUTDIR/launch.txt" | tail -12
 RUN=$(ls -d runs/$NAME* | tail -1)
-ls -laR "$RUN/checkpoints" > "$RUN/checkpoints.txt" 2>&1
-cp "$RUN"/checkpoints/launch_state.json "$RUN/" 2>/dev/null
-tar -C "$RUN" --exclude=./checkpoints -czf - . | split -b 12M - "$OUTDIR/run.tar.gz.part-"
+gpu_pack_run "$RUN" | gzip | split -b 12M - "$OUTDIR/run.tar.gz.part-"
 tar -C $LOGS --exclude=./policy -czf "$OUTDIR/logs.tar.gz" .
 tail -1 "$RUN/metrics/run.jsonl"
 ls -la "$OUTDIR"

@@ -1,12 +1,10 @@
 #include "kf/tasks/task_list.h"
 
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
-#include <fstream>
 #include <sstream>
 
 #include "kf/common/error.h"
+#include "kf/common/run_dir.h"
 
 namespace kf::tasks {
 namespace {
@@ -40,12 +38,6 @@ std::vector<std::string> parse_task_list(const std::string& text, const std::str
   return names;
 }
 
-std::vector<std::string> read_task_list(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) throw Error(path + ": cannot read the task list (" + std::strerror(errno) + ")");
-  std::ostringstream s;
-  s << f.rdbuf();
-  return parse_task_list(s.str(), path);
-}
+std::vector<std::string> read_task_list(const std::string& path) { return parse_task_list(read_file(path), path); }
 
 }  // namespace kf::tasks
