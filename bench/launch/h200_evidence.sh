@@ -12,6 +12,11 @@
 # RL policy scored one after the other, one task at a time, KF_RL_SCORE_S each).
 # KF_SFT_SECONDS=0 skips stage 1 and the corpus verification: the runs start from
 # policies/default.
+# KF_FOCUS=a,b,... (side by side only): both runs train on these tasks only (tasks.include),
+# so each task is visited many times and tools/report's first-vs-last visit table has data;
+# the starting policy is not scored during the runs but after them, at the same time as the
+# RL policy (same load for both), on the focus tasks and the held-out split.
+# KF_GPU_TESTS=0 skips the GPU tests run after the build (evaluator service, sampler).
 # The pipeline:
 #  1. build (build-gpu/) while the suite is imported for cpu,cuda;
 #  2. stage 1 on the GPU on the train split (tools/sft --heldout tasks/heldout.txt) for
@@ -63,9 +68,20 @@ pipeline() {
   local rl_s=${KF_RL_SCORE_S:-240} run_s
   run_s=$(awk "BEGIN{print int($minutes*60)}")
   export KF_BUILD_DIR=$ROOT/$BUILD KF_TASKS_DIR=$ROOT/$BUILD/tasks KF_PYTHON=$PY PYTHONUNBUFFERED=1
-  gpu_build kf-sft kf-eval kf-sandbox-worker kf-launch kf-actor kf-learner kf-evaluator kf-export kf-optimize
+  gpu_build kf-sft kf-eval kf-sandbox-worker kf-launch kf-actor kf-learner kf-evaluator kf-export kf-optimize \
+    evaluator_test policy_model_test
   gpu_import_wait
   stamp "built and imported after ${SECONDS} s"
+  if [ "${KF_GPU_TESTS:-1}" = 1 ]; then
+    # This change's GPU tests, before the GPU gets busy: the evaluator's cache limit and
+    # OOM handling, the sampler (CUDA-graph decode included).
+    local t bin filter
+    for t in "evaluator/evaluator_test EvaluatorServiceTest.*" "policy/policy_model_test *Sampler*:*Loop*"; do
+      read -r bin filter <<< "$t"
+      timeout 240 $BUILD/tests/$bin --gtest_filter="$filter" > $WORK/logs/gpu_test_${bin##*/}.txt 2>&1
+      stamp "$bin ($filter) exit $?: $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' $WORK/logs/gpu_test_${bin##*/}.txt | tr '\n' ' ')"
+    done
+  fi
 
   # 2. stage 1 on the train split; the unmeasured CUDA corpus kernels measured alongside
   if [ "$sft_s" -le 0 ]; then
@@ -119,20 +135,43 @@ EOF
   fi
   # Side by side, both evaluators would be pinned to the same cores.
   common+=(--set launch.cpu_affinity=false)
+  local focus=${KF_FOCUS:-}
+  [ -n "$focus" ] && common+=(--set "tasks.include=[$focus]")
   tools/launch configs/h200.yaml --name h200-contrast "${common[@]}" > $WORK/logs/launch-contrast.txt 2>&1 &
   local a=$!
   tools/launch configs/h200.yaml --name h200-noex "${common[@]}" --set actors.prompt.mode=no_exemplars \
     > $WORK/logs/launch-noex.txt 2>&1 &
   local b=$!
-  stamp "runs started; scoring the SFT policy (n=$n)"
-  # --time-limit: no task starts after it, and the table is still written (a kill would lose it)
-  timeout $((run_s + 120)) tools/score-policy --model $WORK/policy --out $WORK/score-sft --time-limit $((run_s - 60)) \
-    --config configs/h200.yaml --backend cuda --levels 1,2 -n $n --jobs 2 --label "SFT (stage 1, train split)" \
-    > $WORK/logs/score-sft.txt 2>&1
-  stamp "SFT scoring ended (exit $?) after ${SECONDS} s"
+  if [ -z "$focus" ]; then
+    stamp "runs started; scoring the SFT policy (n=$n)"
+    # --time-limit: no task starts after it, and the table is still written (a kill would lose it)
+    timeout $((run_s + 120)) tools/score-policy --model $WORK/policy --out $WORK/score-sft --time-limit $((run_s - 60)) \
+      --config configs/h200.yaml --backend cuda --levels 1,2 -n $n --jobs 2 --label "SFT (stage 1, train split)" \
+      > $WORK/logs/score-sft.txt 2>&1
+    stamp "SFT scoring ended (exit $?) after ${SECONDS} s"
+  else
+    stamp "runs started on $focus"
+  fi
   wait $a; stamp "h200-contrast exit $?"
   wait $b; stamp "h200-noex exit $?"
   for r in h200-contrast h200-noex; do grep -E "status:" runs/$r/logs/launch-0.log | tail -1; done
+  if [ -n "$focus" ]; then
+    # Both policies at once, one task at a time each: the same load for both.
+    local scored=$focus,$(grep -v '^#' tasks/heldout.txt | grep . | paste -sd, -) pids=()
+    tools/export runs/h200-contrast $WORK/policy-rl > $WORK/logs/export.txt 2>&1 || stamp "tools/export failed"
+    for pol in policy policy-rl; do
+      [ -f $WORK/$pol/config.json ] || continue
+      timeout $((rl_s + 120)) tools/score-policy --model $WORK/$pol --out $WORK/score-$pol --time-limit $rl_s \
+        --config configs/h200.yaml --backend cuda --include "$scored" -n $n --jobs 1 \
+        --label "$([ $pol = policy ] && echo "start (shipped policy)" || echo "RL (h200-contrast final checkpoint)")" \
+        > $WORK/logs/score-$pol.txt 2>&1 &
+      pids+=($!)
+    done
+    wait "${pids[@]}"
+    stamp "both policies scored after ${SECONDS} s"
+    pack_results
+    return
+  fi
 
   # 4. the RL policy, scored the same way if there is time
   if [ $SECONDS -lt "$rl_by" ] && tools/export runs/h200-contrast $WORK/policy-rl > $WORK/logs/export.txt 2>&1; then

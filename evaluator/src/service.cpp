@@ -10,6 +10,7 @@
 
 #include <c10/util/Exception.h>
 
+#include "kf/common/config.h"
 #include "kf/common/error.h"
 #include "kf/common/log.h"
 #include "kf/tasks/timing.h"
@@ -59,6 +60,16 @@ replay::Result to_record(const Result& r, const replay::Candidate& c, int evalua
   o.reward = r.reward;
   o.evaluator_id = evaluator_id;
   o.t_scored_ns = monotonic_ns();
+  return o;
+}
+
+ServiceOptions service_options(const Config& c) {
+  ServiceOptions o;
+  o.backend = tasks::resolve_backend(c.get_string("run.backend"));
+  o.tasks_dir = c.get_string("tasks.dir");
+  const double gb = c.get_float("evaluator.cache_limit_gb");
+  if (!(gb >= 0)) throw error_at(c.source(), "evaluator.cache_limit_gb: " + std::to_string(gb) + " must be at least 0");
+  o.cache_limit_bytes = static_cast<std::size_t>(gb * double(1ull << 30));
   return o;
 }
 
@@ -234,6 +245,9 @@ std::size_t EvaluatorService::step() {
                 " ms; the result of candidate ", c.id, " is dropped (its group will hit its deadline)");
     }
     if (on_result_) on_result_(rec, r);
+    if (o_.backend == tasks::Backend::CUDA && o_.cache_limit_bytes > 0 &&
+        tasks::device_cache_reserved_bytes() > o_.cache_limit_bytes)
+      tasks::release_device_cache();
     shm_.control().heartbeat(slot_);
   }
   return done;

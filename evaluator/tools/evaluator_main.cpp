@@ -56,8 +56,7 @@ int main(int argc, char** argv) {
     const kf::Config cfg = kf::Config::load(config_file, sets);
     eo = kf::evaluator::eval_options(cfg);
     eo.device = device;
-    so.backend = kf::tasks::resolve_backend(cfg.get_string("run.backend"));
-    so.tasks_dir = cfg.get_string("tasks.dir");
+    so = kf::evaluator::service_options(cfg);
     so.evaluator_id = id;
     if (!run_dir.empty()) so.verdict_log = run_dir + "/metrics/verdicts-" + std::to_string(id) + ".jsonl";
     if (eo.cpu_threads > 0) at::set_num_threads(eo.cpu_threads);

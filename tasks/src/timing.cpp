@@ -13,6 +13,12 @@ void release_device_cache() {
   if (cuda_available()) at::accelerator::emptyCache();
 }
 
+std::size_t device_cache_reserved_bytes() {
+  if (!cuda_available()) return 0;
+  const auto stats = at::accelerator::getDeviceStats(at::accelerator::getDeviceIndex());
+  return static_cast<std::size_t>(stats.reserved_bytes[static_cast<std::size_t>(c10::CachingAllocator::StatType::AGGREGATE)].current);
+}
+
 bool cuda_available() { return at::detail::getCUDAHooks().hasCUDA() && at::detail::getCUDAHooks().deviceCount() > 0; }
 
 at::Device backend_device(Backend b, int index) {

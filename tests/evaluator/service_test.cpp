@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kf/replay/run_shm.h"
+#include "kf/tasks/timing.h"
 #include "test_util.h"
 
 using namespace kf::evaluator;
@@ -185,4 +186,50 @@ TEST(EvaluatorServiceTest, OutOfGpuMemoryIsRetriedThenScoredAndNeverKillsTheServ
   r.verdict = Verdict::Incorrect;
   EXPECT_FALSE(worker_out_of_memory(r));
   shm->shutdown();
+}
+
+// Several evaluators share one GPU: each gives its allocator cache back above
+// ServiceOptions::cache_limit_bytes, and keeps it (fast re-allocation) below.
+TEST(EvaluatorServiceTest, CudaCacheAboveTheLimitIsGivenBackAfterACandidate) {
+  if (!kf::tasks::cuda_available()) GTEST_SKIP() << "no CUDA device visible: runs on the GPU machine";
+  const std::string run = "kft" + std::to_string(getpid()) + ".evcache";
+  auto shm = replay::RunShm::create(run);
+  EvalOptions eo = light_options();
+  eo.correctness_sets = 2;
+  eo.stress_sets = 1;
+  Evaluator ev(eo);
+  auto reserved_after_one = [&](std::size_t limit, uint64_t id) {
+    ServiceOptions so;
+    so.backend = kf::tasks::Backend::CUDA;
+    so.tasks_dir = build_dir() + "/tasks";
+    so.cache_limit_bytes = limit;
+    EvaluatorService service(ev, *shm, so);
+    EXPECT_TRUE(shm->candidates().push(candidate(id, "001_relu", test::read_kernel("cuda/good_relu.cu"), 0),
+                                       std::chrono::seconds(1)));
+    std::size_t scored = 0;
+    for (int i = 0; i < 10 && scored == 0; ++i) scored += service.step();
+    EXPECT_EQ(scored, 1u);
+    std::vector<replay::Result> results;
+    EXPECT_EQ(shm->results().pop_batch(results, 10, std::chrono::milliseconds(100)), 1u);
+    if (!results.empty()) EXPECT_EQ(results[0].verdict, replay::Verdict::ok) << results[0].reason;
+    return kf::tasks::device_cache_reserved_bytes();
+  };
+  const std::size_t kept = reserved_after_one(0, 301);       // 0: never given back
+  const std::size_t limited = reserved_after_one(1, 302);    // any cache is above 1 byte
+  EXPECT_GT(kept, 64u << 20) << "a GPU-sized task's inputs stay cached without a limit";
+  EXPECT_LT(limited, kept / 4) << "kept " << kept << " bytes, with the limit " << limited;
+  shm->shutdown();
+}
+
+TEST(EvaluatorServiceTest, ServiceOptionsComeFromTheConfigAndABadCacheLimitIsNamed) {
+  const auto so = service_options(kf::Config::parse("run:\n  backend: cpu\nevaluator:\n  cache_limit_gb: 0.5\n", "run.yaml"));
+  EXPECT_EQ(so.cache_limit_bytes, std::size_t(512) << 20);
+  EXPECT_EQ(so.backend, kf::tasks::Backend::CPU);
+  try {
+    (void)service_options(kf::Config::parse("evaluator:\n  cache_limit_gb: -1\n", "run.yaml"));
+    FAIL() << "a negative cache limit was accepted";
+  } catch (const kf::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("run.yaml"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("evaluator.cache_limit_gb"), std::string::npos) << e.what();
+  }
 }

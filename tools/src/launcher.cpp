@@ -19,6 +19,7 @@
 #include "kf/common/log.h"
 #include "kf/common/metrics.h"
 #include "kf/evaluator/evaluator.h"
+#include "kf/evaluator/service.h"
 #include "kf/learner/learner_config.h"
 #include "kf/replay/run_shm.h"
 #include "kf/tasks/task.h"
@@ -68,6 +69,7 @@ std::vector<int> allowed_cpus() {
 
 void preflight(const Config& cfg) {
   (void)evaluator::eval_options(cfg);
+  (void)evaluator::service_options(cfg);
   (void)replay::run_shm_config(cfg);
   const auto ao = actors::actor_options(cfg, 0);
   const auto lc = learner::learner_config_from(cfg);

@@ -52,7 +52,15 @@ struct ServiceOptions {
   std::string verdict_log;
   int oom_attempts = 3;                           // tries per candidate when the GPU is out of memory
   std::chrono::milliseconds oom_retry_delay{5000};
+  // CUDA: after a candidate, the allocator cache is given back to the driver when it holds
+  // more than this (0: never). Without it each evaluator keeps the peak of the biggest task
+  // it has seen, and several evaluators on one GPU run each other out of memory.
+  std::size_t cache_limit_bytes = 0;
 };
+
+// From the run's config: run.backend, tasks.dir, evaluator.cache_limit_gb (throws
+// kf::Error naming the file and key for a bad value). Id and verdict log are the caller's.
+ServiceOptions service_options(const Config& cfg);
 
 // True for a result that says the sandbox worker could not allocate the task's buffers on
 // the GPU (its harness, before the kernel runs): the machine's state, not the kernel's.

@@ -30,5 +30,8 @@ bool cuda_available();
 // Returns the GPU memory the caching allocator holds but does not use to the driver, so
 // other processes on the GPU can have it (after an out-of-memory error). No-op without a GPU.
 void release_device_cache();
+// Bytes the caching allocator holds on the current CUDA device (in use or cached); 0
+// without a GPU. Several evaluators share one GPU: each frees its cache above a limit.
+std::size_t device_cache_reserved_bytes();
 
 }  // namespace kf::tasks
