@@ -13,7 +13,8 @@
 # KF_SFT_SECONDS=0 skips stage 1 and the corpus verification: the runs start from
 # policies/default.
 # KF_FOCUS=a,b,... (side by side only): both runs train on these tasks only (tasks.include),
-# so each task is visited many times and tools/report's first-vs-last visit table has data;
+# picked uniformly (actors.schedule.policy=uniform, so the per-minute windows keep one task
+# mix), so each task is visited many times and tools/report's first-vs-last visit table has data;
 # the starting policy is not scored during the runs but after them, at the same time as the
 # RL policy (same load for both), on the focus tasks and the held-out split.
 # KF_GPU_TESTS=0 skips the GPU tests run after the build (evaluator service, sampler).
@@ -136,7 +137,9 @@ EOF
   # Side by side, both evaluators would be pinned to the same cores.
   common+=(--set launch.cpu_affinity=false)
   local focus=${KF_FOCUS:-}
-  [ -n "$focus" ] && common+=(--set "tasks.include=[$focus]")
+  # Uniform picks: the default (room) schedule moves picks to the slower tasks as others
+  # improve, which changes the task mix of the per-minute windows.
+  [ -n "$focus" ] && common+=(--set "tasks.include=[$focus]" --set actors.schedule.policy=uniform)
   tools/launch configs/h200.yaml --name h200-contrast "${common[@]}" > $WORK/logs/launch-contrast.txt 2>&1 &
   local a=$!
   tools/launch configs/h200.yaml --name h200-noex "${common[@]}" --set actors.prompt.mode=no_exemplars \
