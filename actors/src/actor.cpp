@@ -242,6 +242,9 @@ StepResult Actor::step() {
   sp.top_p = opts_.top_p;
   sp.top_k = opts_.top_k;
   sp.max_new_tokens = opts_.max_new_tokens;
+  sp.loop_repeats = opts_.loop_repeats;
+  sp.loop_max_period = opts_.loop_max_period;
+  sp.loop_min_span = opts_.loop_min_span;
   sp.eos_ids = policy_.eos_ids;
   sp.seed = opts_.seed ^ group_id;
   sp.gpu_share = &gpu_share_;
@@ -274,6 +277,7 @@ StepResult Actor::step() {
     c.actor_id = opts_.id;
     c.t_sampled_ns = t_sampled;
     tokens += comp.tokens.size();
+    ++m_.finish_reasons[comp.finish_reason];
     auto ex = extract_kernel(policy_.codec.decode(comp.tokens), opts_.extract);
     extracted[i] = ex.ok;
     if (ex.ok) {
@@ -361,6 +365,7 @@ std::string Actor::metrics_json() const {
   j["pushed"] = m_.pushed;
   j["extraction_failures"] = m_.extraction_failures;
   j["extraction_codes"] = m_.extraction_codes;
+  j["finish_reasons"] = m_.finish_reasons;
   j["completion_tokens"] = m_.completion_tokens;
   j["samples_per_s"] = m_.elapsed_s > 0 ? double(m_.candidates) / m_.elapsed_s : 0.0;
   j["tokens_per_s"] = m_.sample_s > 0 ? double(m_.completion_tokens) / m_.sample_s : 0.0;

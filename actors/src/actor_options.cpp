@@ -71,6 +71,12 @@ ActorOptions actor_options(const Config& cfg, int actor_id) {
   if (o.top_k < 0) throw bad("actors.sampling.top_k", "must be >= 0");
   o.max_new_tokens = cfg.get_int("actors.sampling.max_new_tokens");
   if (o.max_new_tokens < 1) throw bad("actors.sampling.max_new_tokens", "must be >= 1");
+  o.loop_repeats = cfg.get_int("actors.sampling.loop_repeats");
+  if (o.loop_repeats < 0 || o.loop_repeats == 1) throw bad("actors.sampling.loop_repeats", "must be 0 (off) or >= 2");
+  o.loop_max_period = cfg.get_int("actors.sampling.loop_max_period");
+  if (o.loop_max_period < 1) throw bad("actors.sampling.loop_max_period", "must be >= 1");
+  o.loop_min_span = cfg.get_int("actors.sampling.loop_min_span");
+  if (o.loop_min_span < 0) throw bad("actors.sampling.loop_min_span", "must be >= 0");
   o.shared_prefill = cfg.get_bool("actors.sampling.shared_prefill");
 
   o.schedule.policy = parse_schedule_policy(cfg.get_string("actors.schedule.policy"), src + ": actors.schedule.policy");

@@ -247,6 +247,9 @@ int main(int argc, char** argv) {
     sp.top_p = o.top_p;
     sp.top_k = o.top_k;
     sp.max_new_tokens = o.max_new_tokens;
+    sp.loop_repeats = o.loop_repeats;
+    sp.loop_max_period = o.loop_max_period;
+    sp.loop_min_span = o.loop_min_span;
     sp.eos_ids = pol.eos_ids;
     sp.seed = o.seed;
     const auto comps = sample_group(pol.model, prompt.tokens, n, sp, pol.valid_vocab, o.shared_prefill);

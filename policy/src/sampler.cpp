@@ -44,6 +44,22 @@ std::pair<torch::Tensor, torch::Tensor> sample_tokens(const torch::Tensor& logit
   return {tok, logp.gather(-1, tok.unsqueeze(-1)).squeeze(-1)};
 }
 
+int64_t loop_period(const std::vector<int32_t>& tokens, const SamplingParams& p) {
+  const int64_t R = p.loop_repeats, n = static_cast<int64_t>(tokens.size());
+  if (R < 2 || p.loop_min_span > n) return 0;
+  for (int64_t per = 1; per <= p.loop_max_period && per <= n / R; ++per) {
+    // Whole repeats of the block: at least R, and enough to span loop_min_span tokens.
+    const int64_t need = std::max(R, (p.loop_min_span + per - 1) / per) * per;
+    if (need > n) continue;
+    // The last `need` tokens are repeats of one block iff each equals the token one period
+    // before it; compared from the end, so text that does not loop fails at once.
+    int64_t i = n - 1;
+    while (i >= n - need + per && tokens[i] == tokens[i - per]) --i;
+    if (i < n - need + per) return per;
+  }
+  return 0;
+}
+
 Sampler::Sampler(CausalLM model, const Tokenizer* tokenizer) : model_(std::move(model)), tokenizer_(tokenizer) {}
 
 namespace {
@@ -69,6 +85,10 @@ std::vector<Completion> Sampler::generate(const std::vector<std::vector<int32_t>
   if (prompts.empty()) return {};
   if (!p.stop.empty() && !tokenizer_) throw Error("Sampler: stop strings need a tokenizer");
   if (p.max_new_tokens <= 0) throw Error("Sampler: max_new_tokens must be positive");
+  if (p.loop_repeats < 0 || p.loop_repeats == 1)
+    throw Error("Sampler: loop_repeats must be 0 (off) or >= 2, not " + std::to_string(p.loop_repeats));
+  if (p.loop_max_period < 1) throw Error("Sampler: loop_max_period must be >= 1, not " + std::to_string(p.loop_max_period));
+  if (p.loop_min_span < 0) throw Error("Sampler: loop_min_span must be >= 0, not " + std::to_string(p.loop_min_span));
   torch::NoGradGuard no_grad;
   const auto& cfg = model_->config();
   const auto opts = model_->options();
@@ -134,7 +154,7 @@ std::vector<Completion> Sampler::generate(const std::vector<std::vector<int32_t>
   std::vector<bool> done(B, false);
   int64_t steps = 0, checked = 0;
   auto check = [&](int64_t upto) {
-    // Host copy of the new tokens; finish rows that hit EOS or a stop string.
+    // Host copy of the new tokens; finish rows that hit EOS, a stop string or a loop.
     const auto toks = out_tok.narrow(1, 0, upto).to(torch::kCPU);
     const auto lps = out_lp.narrow(1, 0, upto).to(torch::kCPU);
     const auto ta = toks.accessor<int64_t, 2>();
@@ -149,9 +169,16 @@ std::vector<Completion> Sampler::generate(const std::vector<std::vector<int32_t>
         if (std::find(p.eos_ids.begin(), p.eos_ids.end(), ta[b][i]) != p.eos_ids.end()) {
           done[b] = true;
           c.finish_reason = "eos";
+        } else if (p.loop_repeats > 0 && loop_period(c.tokens, p) > 0) {
+          // Tested after every token, not once per check: a loop that a check's last
+          // tokens happen to break would run on, and the cut would depend on check_every.
+          // What is kept is a prefix of the sampled sequence: the learner stays on-policy.
+          done[b] = true;
+          c.finish_reason = "loop";
         }
       }
-      if (!done[b] && !p.stop.empty()) {
+      // A stop string that completed before the loop did wins.
+      if ((!done[b] || c.finish_reason == "loop") && !p.stop.empty()) {
         const int64_t k = find_stop(*tokenizer_, c.tokens, p.stop);
         if (k >= 0) {
           c.tokens.resize(k + 1);

@@ -120,6 +120,9 @@ std::vector<RoundStats> run_selfsup(policy::Policy& pol, const Corpus& corpus, c
       sp.temperature = o.temperature;
       sp.top_p = o.top_p;
       sp.max_new_tokens = o.max_new_tokens;
+      sp.loop_repeats = o.loop_repeats;
+      sp.loop_max_period = o.loop_max_period;
+      sp.loop_min_span = o.loop_min_span;
       sp.eos_ids = pol.config.eos_token_ids;
       sp.seed = seed;
       const int64_t valid = std::min<int64_t>(pol.tokenizer->vocab_size(), pol.config.vocab_size);

@@ -31,6 +31,7 @@ int main(int argc, char** argv) {
   app.add_option("--tasks", o.data.tasks_dir, "imported tasks folder");
   app.add_option("--max-tasks", o.max_tasks, "use only the first N corpus tasks (0: all)");
   app.add_option("--max-new-tokens", o.max_new_tokens, "completion budget per sample");
+  app.add_option("--loop-repeats", o.loop_repeats, "stop a sample once a block repeats this often (0: off)");
   app.add_option("--temperature", o.temperature, "sampling temperature");
   app.add_option("--top-p", o.top_p, "nucleus sampling p");
   app.add_option("--exemplars", o.data.exemplars, "K exemplars per prompt");

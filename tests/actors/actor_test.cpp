@@ -160,8 +160,14 @@ TEST(ActorTest, PicksUpNewSnapshotsAndIgnoresAMismatchingOne) {
   EXPECT_EQ(c.at(0).policy_version, 3);
   EXPECT_EQ(actor.metrics().snapshots_loaded, 2u);
   const auto j = actor.metrics_json();
-  for (const char* k : {"samples_per_s", "tokens_per_s", "policy_lag_mean", "policy_lag_max"})
+  for (const char* k : {"samples_per_s", "tokens_per_s", "policy_lag_mean", "policy_lag_max", "finish_reasons"})
     EXPECT_NE(j.find(k), std::string::npos) << k;
+  uint64_t finished = 0;  // every completion counted under its finish reason
+  for (const auto& [reason, n] : actor.metrics().finish_reasons) {
+    EXPECT_TRUE(reason == "eos" || reason == "loop" || reason == "length") << reason;
+    finished += n;
+  }
+  EXPECT_EQ(finished, actor.metrics().candidates);
 }
 
 TEST(ActorTest, FailedExtractionsAreScoredIntoTheGroupAndExemplarsAreUsed) {

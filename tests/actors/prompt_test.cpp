@@ -240,3 +240,25 @@ TEST(ActorOptionsTest, ConfigKeysAreReadAndCheckedByName) {
   }
   EXPECT_THROW(kf::Config::parse("actors:\n  bogus: 1\n", "t.yaml"), kf::Error);
 }
+
+TEST(ActorOptionsTest, LoopStopKeysAreReadAndChecked) {
+  auto o = actor_options(kf::Config::parse("", "t.yaml"), 0);
+  EXPECT_EQ(o.loop_repeats, 4);  // on by default
+  EXPECT_EQ(o.loop_max_period, 128);
+  EXPECT_EQ(o.loop_min_span, 64);
+  o = actor_options(kf::Config::parse("actors:\n  sampling: {loop_repeats: 0, loop_max_period: 32, loop_min_span: 16}\n",
+                                      "t.yaml"),
+                    0);
+  EXPECT_EQ(o.loop_repeats, 0);
+  EXPECT_EQ(o.loop_max_period, 32);
+  EXPECT_EQ(o.loop_min_span, 16);
+  for (const std::string bad : {"loop_repeats: 1", "loop_repeats: -2", "loop_max_period: 0", "loop_min_span: -1"}) {
+    try {
+      actor_options(kf::Config::parse("actors:\n  sampling: {" + bad + "}\n", "t.yaml"), 0);
+      ADD_FAILURE() << bad;
+    } catch (const kf::Error& e) {
+      const std::string key = "t.yaml: actors.sampling." + bad.substr(0, bad.find(':'));
+      EXPECT_NE(std::string(e.what()).find(key), std::string::npos) << e.what();
+    }
+  }
+}

@@ -41,6 +41,9 @@ struct ActorOptions {
   double top_p = 1.0;
   int64_t top_k = 0;
   int64_t max_new_tokens = 2048;
+  int64_t loop_repeats = 4;               // loop stop (policy::SamplingParams); 0: off
+  int64_t loop_max_period = 128;
+  int64_t loop_min_span = 64;
   bool shared_prefill = true;
   // scheduling, extraction
   ScheduleOptions schedule;
