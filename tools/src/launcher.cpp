@@ -297,7 +297,8 @@ void Launcher::Impl::check_hangs() {
   for (const auto& p : peers) {
     const std::size_t i = sup.find_pid(p.pid);
     if (i < sup.workers().size()) sup.workers()[i].registered = true;
-    if (i == sup.workers().size() || p.fresh) continue;
+    // A process that has exited (its slot not yet released) is the supervisor's: reaped, not a hang.
+    if (i == sup.workers().size() || p.fresh || !p.alive) continue;
     log_error("launch: ", sup.workers()[i].name(), " (pid ", p.pid, ") has not sent a heartbeat for ",
               p.heartbeat_age_ns / 1e9, " s (launch.hang_timeout_s ", limit, "); killing it, it will be restarted");
     sup.signal(i, SIGKILL);
