@@ -8,6 +8,7 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/detail/CUDAHooksInterface.h>
+#include <ATen/DeviceAccelerator.h>
 #include <ATen/Parallel.h>
 #include <unistd.h>
 
@@ -21,6 +22,7 @@
 
 #include "kf/common/error.h"
 #include "kf/common/gpu_lock.h"
+#include "kf/common/gpu_memory.h"
 #include "kf/common/log.h"
 #include "kf/evaluator/evaluator.h"
 #include "kf/tasks/timing.h"
@@ -610,6 +612,7 @@ struct Evaluator::Impl {
   CompileService compiler;
   RewardModel reward;
   std::unique_ptr<GpuTimingLock> gpu_lock;  // made at the first CUDA evaluation
+  std::unique_ptr<GpuMemoryBudget> gpu_memory;  // likewise, when gpu_memory_fraction > 0
   explicit Impl(EvalOptions opts) : o(std::move(opts)), compiler(o.compile), reward(o.reward) {}
 };
 
@@ -623,6 +626,41 @@ Result Evaluator::evaluate(const tasks::Task& task, tasks::Backend backend, cons
                            uint64_t candidate_seed) {
   CompileResult cr = impl_->compiler.compile(source, backend == tasks::Backend::CUDA ? KF_BACKEND_CUDA : KF_BACKEND_CPU);
   return evaluate_compiled(task, backend, cr, candidate_seed);
+}
+
+namespace {
+
+std::size_t spec_bytes(const std::vector<tasks::TensorSpec>& specs) {
+  std::size_t n = 0;
+  for (const auto& t : specs) {
+    std::size_t e = c10::elementSize(t.dtype);
+    for (int64_t d : t.shape) e *= static_cast<std::size_t>(std::max<int64_t>(d, 0));
+    n += e;
+  }
+  return n;
+}
+
+}  // namespace
+
+GpuMemoryBudget* Evaluator::claim_gpu_memory(const tasks::Task& task, const EvalOptions& o) {
+  const auto b = tasks::Backend::CUDA;
+  if (!impl_->gpu_memory) {
+    const auto total = at::accelerator::getMemoryInfo(static_cast<c10::DeviceIndex>(o.device)).second;
+    impl_->gpu_memory = std::make_unique<GpuMemoryBudget>(o.gpu_lock_dir, gpu_lock_key(o.device),
+                                                          static_cast<std::size_t>(o.gpu_memory_fraction * double(total)));
+  }
+  const std::size_t need = verify_gpu_bytes(spec_bytes(task.inputs(b)) + spec_bytes(task.params(b)), spec_bytes(task.outputs(b)));
+  const auto t0 = Clock::now();
+  if (!impl_->gpu_memory->claim(need, std::chrono::milliseconds(int64_t(o.gpu_lock_timeout_s * 1000)))) {
+    log_warn("evaluator: ", task.name(), " needs ", need >> 20, " MiB of GPU memory; other evaluators claimed ",
+             impl_->gpu_memory->claimed_by_others() >> 20, " MiB of the ", impl_->gpu_memory->budget() >> 20,
+             " MiB budget (", impl_->gpu_memory->path(), ") for ", o.gpu_lock_timeout_s,
+             " s; verifying without a claim (an out-of-memory error is retried)");
+    return nullptr;
+  }
+  if (ms_since(t0) > 1000)
+    log_debug("evaluator: waited ", ms_since(t0) / 1000, " s for ", need >> 20, " MiB of GPU memory (", task.name(), ")");
+  return impl_->gpu_memory.get();
 }
 
 Result Evaluator::evaluate_compiled(const tasks::Task& task, tasks::Backend backend, const CompileResult& cr,
@@ -649,6 +687,14 @@ Result Evaluator::evaluate_compiled(const tasks::Task& task, tasks::Backend back
     if (!impl_->gpu_lock) impl_->gpu_lock = std::make_unique<GpuTimingLock>(o.gpu_lock_dir, gpu_lock_key(o.device));
     s.gpu_lock = impl_->gpu_lock.get();
   }
+  // Released when this evaluation ends (also by an exception): the worker is stopped by then.
+  struct Release {
+    GpuMemoryBudget* b = nullptr;
+    ~Release() {
+      if (b) b->release();
+    }
+  } release;
+  if (backend == tasks::Backend::CUDA && o.gpu_memory_fraction > 0) release.b = claim_gpu_memory(task, o);
   try {
     s.run();
     res.verdict = Verdict::Ok;

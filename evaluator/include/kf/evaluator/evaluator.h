@@ -22,6 +22,7 @@
 #include <string>
 
 #include "kf/common/config.h"
+#include "kf/common/gpu_memory.h"
 #include "kf/evaluator/compile.h"
 #include "kf/evaluator/result.h"
 #include "kf/evaluator/reward.h"
@@ -55,6 +56,11 @@ struct EvalOptions {
   bool gpu_lock = true;
   std::string gpu_lock_dir;
   double gpu_lock_timeout_s = 120;  // longer: an installation problem (kf::Error), not the kernel's
+  // CUDA: verifying a candidate first claims its GPU memory (kf/common/gpu_memory.h) from a
+  // budget of this fraction of the GPU's memory, shared by every evaluator on that GPU;
+  // claims that do not fit wait (at most gpu_lock_timeout_s, then it goes ahead with a log
+  // line). 0: no claims.
+  double gpu_memory_fraction = 0.6;
   unsigned long long flush_bytes = 0;  // 0: CPU 2x LLC (<= 256 MiB), CUDA 256 MiB
 
   // limits and anti-cheat thresholds
@@ -93,6 +99,8 @@ class Evaluator {
   const EvalOptions& options() const;
 
  private:
+  // Claims the GPU memory of verifying one candidate of `task` (null: no claim was had).
+  GpuMemoryBudget* claim_gpu_memory(const tasks::Task& task, const EvalOptions& o);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
