@@ -39,8 +39,11 @@ int64_t monotonic_ns() {
 }  // namespace
 
 bool worker_out_of_memory(const Result& r) {
-  return r.verdict == Verdict::RuntimeError && r.reason.find("fatal: cudaMalloc") != std::string::npos &&
-         r.reason.find("out of memory") != std::string::npos;
+  if (r.verdict != Verdict::RuntimeError) return false;
+  // The worker's harness sets up (device, buffers, cuBLAS) before it loads the kernel, so
+  // these are the GPU's state; cuBLAS fails to create its handle when memory is short.
+  return (r.reason.find("fatal: cuda") != std::string::npos && r.reason.find("out of memory") != std::string::npos) ||
+         r.reason.find("fatal: cublasCreate failed") != std::string::npos;
 }
 
 replay::Result to_record(const Result& r, const replay::Candidate& c, int evaluator_id) {
@@ -148,7 +151,7 @@ Result EvaluatorService::score(const replay::Candidate& c) {
   if (!t) {
     log_error("evaluator ", o_.evaluator_id, ": cannot score candidate ", c.id, ": ", err,
               "; it is scored runtime_error and the evaluator goes on");
-    return fail(Verdict::RuntimeError, "evaluator: " + err);
+    return fail(Verdict::RuntimeError, std::string(replay::kEnvironmentPrefix) + "evaluator: " + err);
   }
   return ev_.evaluate(*t, o_.backend, c.source, c.id);
 }
@@ -227,11 +230,13 @@ std::size_t EvaluatorService::step() {
         log_error("evaluator ", o_.evaluator_id, ": verifying candidate ", c.id, " failed: ", e.what(),
                   "; scored runtime_error, the evaluator goes on");
         r.verdict = Verdict::RuntimeError;
-        r.reason = std::string("evaluator error: ") + e.what();
+        r.reason = std::string(replay::kEnvironmentPrefix) + "evaluator error: " + e.what();
         r.reward = ev_.reward_model().failure_reward(Verdict::RuntimeError);
       }
       if (!oom.empty() && retry_out_of_memory(c, attempts[i], oom)) continue;
-      if (!oom.empty()) r.reason = "out of GPU memory on " + std::to_string(o_.oom_attempts) + " tries: " + r.reason;
+      if (!oom.empty())
+        r.reason = std::string(replay::kEnvironmentPrefix) + "out of GPU memory on " + std::to_string(o_.oom_attempts) +
+                   " tries: " + r.reason;
     }
     ++done;
     account(r, c);

@@ -37,6 +37,10 @@ StepBatch build_step_batch(const std::vector<replay::ScoredGroup>& groups, int64
         ++out.counts.candidates_missing;
         continue;
       }
+      if (replay::environment_failure(g.results[i])) {  // says nothing about the completion
+        ++out.counts.candidates_environment;
+        continue;
+      }
       if (c.completion_tokens.empty() || c.behaviour_logprobs.size() != c.completion_tokens.size() ||
           g.prompt_tokens.empty() || !ids_in_range(g.prompt_tokens, vocab_size) ||
           !ids_in_range(c.completion_tokens, vocab_size)) {

@@ -156,7 +156,7 @@ Learner::Learner(LearnerConfig cfg, LearnerDeps deps) : cfg_(std::move(cfg)), de
     impl_->publisher = std::make_unique<SnapshotPublisher>(
         model_, deps_.snapshots, cfg_.snapshot_dtype == "fp32" ? torch::kFloat32 : torch::kBFloat16);
   for (const char* k : {"steps", "empty_steps", "groups_in", "groups_used", "dropped_stale", "skipped_equal",
-                        "skipped_small", "candidates_missing", "candidates_malformed", "tokens", "sequences", "pairs",
+                        "skipped_small", "candidates_missing", "candidates_malformed", "candidates_environment", "tokens", "sequences", "pairs",
                         "publishes", "checkpoints"})
     counters_[k] = 0;
   log_info("learner rank ", deps_.comm->rank(), "/", deps_.comm->world(), ": ", mc.num_hidden_layers, " layers, ",
@@ -210,6 +210,7 @@ StepStats Learner::step() {
   counters_["skipped_small"] += bc.skipped_small;
   counters_["candidates_missing"] += bc.candidates_missing;
   counters_["candidates_malformed"] += bc.candidates_malformed;
+  counters_["candidates_environment"] += bc.candidates_environment;
 
   // GPU work from here to the optimizer step holds the GPU shared, paused between
   // micro-batches so an evaluator's timed trial waits at most one micro-batch.

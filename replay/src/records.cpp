@@ -12,6 +12,8 @@ constexpr uint32_t kResultTag = 0x53455252;     // "RRES"
 constexpr uint32_t kRecordVersion = 1;
 }  // namespace
 
+bool environment_failure(const Result& r) { return r.reason.rfind(kEnvironmentPrefix, 0) == 0; }
+
 const char* verdict_name(Verdict v) {
   switch (v) {
     case Verdict::compile_error: return "compile_error";

@@ -95,6 +95,7 @@ TEST(EvaluatorServiceTest, ScoresQueuedCandidatesPushesResultsAndStoresOkKernels
   EXPECT_NE(by_id[103].reason.find("no_code"), std::string::npos) << by_id[103].reason;
   EXPECT_EQ(by_id[104].verdict, replay::Verdict::runtime_error);
   EXPECT_NE(by_id[104].reason.find("no_such_task"), std::string::npos) << by_id[104].reason;
+  EXPECT_TRUE(replay::environment_failure(by_id[104])) << "an unknown task is the setup's fault, not the kernel's";
   for (uint64_t id : {102, 103, 104}) EXPECT_LT(by_id[id].reward, 0) << id;
 
   // Only the verified kernel entered the database, with its speedup and policy version.
@@ -174,11 +175,16 @@ TEST(EvaluatorServiceTest, OutOfGpuMemoryIsRetriedThenScoredAndNeverKillsTheServ
   EXPECT_EQ(results[0].candidate_id, 201u);
   EXPECT_EQ(results[0].verdict, replay::Verdict::runtime_error);
   EXPECT_NE(results[0].reason.find("out of GPU memory on 3 tries"), std::string::npos) << results[0].reason;
+  EXPECT_TRUE(replay::environment_failure(results[0])) << "the learner must leave it out: " << results[0].reason;
   EXPECT_EQ(service.stats().scored, 1u);
   // The classifier: only the harness's allocation failure counts, not any runtime error.
   Result r;
   r.verdict = Verdict::RuntimeError;
   r.reason = "crashed: worker exit 3: fatal: cudaMalloc output: out of memory";
+  EXPECT_TRUE(worker_out_of_memory(r));
+  r.reason = "crashed: worker exit 3: fatal: cudaSetDevice: out of memory";
+  EXPECT_TRUE(worker_out_of_memory(r));
+  r.reason = "crashed: worker exit 3: fatal: cublasCreate failed";
   EXPECT_TRUE(worker_out_of_memory(r));
   r.reason = "cuda_error: CUDA error after kf_forward: cudaErrorMemoryAllocation (out of memory)";
   EXPECT_FALSE(worker_out_of_memory(r));

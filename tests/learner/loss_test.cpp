@@ -172,6 +172,23 @@ TEST(LearnerBatchTest, DropsStaleSkipsEqualAndLeavesOutMissing) {
   EXPECT_EQ(b.completion_tokens(), 12);
 }
 
+TEST(LearnerBatchTest, VerdictsTheMachineCausedAreLeftOut) {
+  LearnerConfig cfg;
+  auto g = group(0, {1, 0, -3});
+  g.results[2].verdict = kf::replay::Verdict::runtime_error;
+  g.results[2].reason = std::string(kf::replay::kEnvironmentPrefix) + "out of GPU memory on 3 tries: ...";
+  auto crash = group(0, {1, 0, -3});
+  crash.results[2].verdict = kf::replay::Verdict::runtime_error;
+  crash.results[2].reason = "crashed: worker killed by signal 11";  // the kernel's doing: it counts
+  const auto b = build_step_batch({g, crash}, 0, cfg);
+  EXPECT_EQ(b.counts.candidates_environment, 1);
+  ASSERT_EQ(b.seqs.size(), 5u);
+  EXPECT_DOUBLE_EQ(b.seqs[0].advantage, 0.5);  // the out-of-memory -3 does not pull the mean down
+  EXPECT_DOUBLE_EQ(b.seqs[1].advantage, -0.5);
+  EXPECT_DOUBLE_EQ(b.seqs[4].reward, -3);
+  EXPECT_FALSE(kf::replay::environment_failure(crash.results[2]));
+}
+
 TEST(LearnerBatchTest, TokenIdsOutsideTheVocabAreMalformedNotFatal) {
   LearnerConfig cfg;
   auto g = group(0, {1, 0, 2});

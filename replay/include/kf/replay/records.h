@@ -32,6 +32,13 @@ struct Candidate {
 enum class Verdict : uint8_t { compile_error, runtime_error, timeout, incorrect, rejected_cheat, ok };
 const char* verdict_name(Verdict v);
 
+// A verdict the machine caused, not the kernel (still out of GPU memory after the
+// evaluator's retries, an evaluator-side error): its reason starts with this prefix, and
+// the learner leaves the candidate out of the update, as if unscored. Scored -3 like a
+// crash, such results taught the policy noise: in the stop-17 H200 runs 60 % of the
+// rewards were out-of-memory verdicts of correct and incorrect kernels alike.
+inline constexpr const char kEnvironmentPrefix[] = "environment: ";
+
 struct Result {
   uint64_t candidate_id = 0;
   uint64_t group_id = 0;        // routing: copied from the candidate
@@ -47,6 +54,9 @@ struct Result {
   int32_t evaluator_id = 0;
   int64_t t_scored_ns = 0;
 };
+
+// True when r.reason starts with kEnvironmentPrefix.
+bool environment_failure(const Result& r);
 
 std::size_t encoded_size(const Candidate& c);
 std::size_t encoded_size(const Result& r);
