@@ -17,6 +17,10 @@
 # mix), so each task is visited many times and tools/report's first-vs-last visit table has data;
 # the starting policy is not scored during the runs but after them, at the same time as the
 # RL policy (same load for both), on the focus tasks and the held-out split.
+# KF_SELFSUP=1 (with KF_FOCUS): stage 2 on the GPU during the runs, one round on the focus
+# tasks from the starting policy (tools/selfsup --include, 16 samples a task at temperature
+# 1.2 so that it can find kernels the corpus does not have), and its policy scored with
+# the other two.
 # KF_GPU_TESTS=0 skips the GPU tests run after the build (evaluator service, sampler).
 # The pipeline:
 #  1. build (build-gpu/) while the suite is imported for cpu,cuda;
@@ -69,7 +73,7 @@ pipeline() {
   local rl_s=${KF_RL_SCORE_S:-240} run_s
   run_s=$(awk "BEGIN{print int($minutes*60)}")
   export KF_BUILD_DIR=$ROOT/$BUILD KF_TASKS_DIR=$ROOT/$BUILD/tasks KF_PYTHON=$PY PYTHONUNBUFFERED=1
-  gpu_build kf-sft kf-eval kf-sandbox-worker kf-launch kf-actor kf-learner kf-evaluator kf-export kf-optimize \
+  gpu_build kf-sft kf-eval kf-sandbox-worker kf-launch kf-actor kf-learner kf-evaluator kf-export kf-optimize kf-selfsup \
     evaluator_test policy_model_test
   gpu_import_wait
   stamp "built and imported after ${SECONDS} s"
@@ -145,6 +149,14 @@ EOF
   tools/launch configs/h200.yaml --name h200-noex "${common[@]}" --set actors.prompt.mode=no_exemplars \
     > $WORK/logs/launch-noex.txt 2>&1 &
   local b=$!
+  local s2=
+  if [ -n "$focus" ] && [ "${KF_SELFSUP:-0}" = 1 ]; then
+    timeout $((run_s + 60)) tools/selfsup --model $WORK/policy --corpus corpus --out $WORK/policy-s2 --rounds 1 \
+      --samples 16 --temperature 1.2 --max-new-tokens 2048 --exemplars 2 --steps 60 --batch 8 --backend cuda \
+      --tasks "$KF_TASKS_DIR" --heldout tasks/heldout.txt --include "$focus" --device cuda --threads 4 \
+      > $WORK/logs/selfsup.txt 2>&1 &
+    s2=$!
+  fi
   if [ -z "$focus" ]; then
     stamp "runs started; scoring the SFT policy (n=$n)"
     # --time-limit: no task starts after it, and the table is still written (a kill would lose it)
@@ -162,11 +174,20 @@ EOF
     # Both policies at once, one task at a time each: the same load for both.
     local scored=$focus,$(grep -v '^#' tasks/heldout.txt | grep . | paste -sd, -) pids=()
     tools/export runs/h200-contrast $WORK/policy-rl > $WORK/logs/export.txt 2>&1 || stamp "tools/export failed"
-    for pol in policy policy-rl; do
+    if [ -n "$s2" ]; then
+      wait $s2; stamp "stage 2 exit $?: $(tail -1 $WORK/policy-s2/selfsup.jsonl 2>/dev/null)"
+      cp $WORK/policy-s2/selfsup.jsonl $WORK/logs/ 2>/dev/null
+    fi
+    local pol label
+    for pol in policy policy-s2 policy-rl; do
       [ -f $WORK/$pol/config.json ] || continue
+      case $pol in
+        policy) label="start (shipped policy)" ;;
+        policy-s2) label="stage 2 (one round on the focus tasks)" ;;
+        *) label="RL (h200-contrast final checkpoint)" ;;
+      esac
       timeout $((rl_s + 120)) tools/score-policy --model $WORK/$pol --out $WORK/score-$pol --time-limit $rl_s \
-        --config configs/h200.yaml --backend cuda --include "$scored" -n $n --jobs 1 \
-        --label "$([ $pol = policy ] && echo "start (shipped policy)" || echo "RL (h200-contrast final checkpoint)")" \
+        --config configs/h200.yaml --backend cuda --include "$scored" -n $n --jobs 1 --label "$label" \
         > $WORK/logs/score-$pol.txt 2>&1 &
       pids+=($!)
     done

@@ -1,5 +1,6 @@
 #include "kf/stages/selfsup.h"
 
+#include <algorithm>
 #include <chrono>
 #include <deque>
 #include <fstream>
@@ -75,7 +76,13 @@ std::vector<RoundStats> run_selfsup(policy::Policy& pol, const Corpus& corpus, c
   std::vector<TaskState> states;
   std::set<std::string> seen;  // sources already known (corpus and kept)
   for (const auto& k : corpus.kernels) seen.insert(k.source);
-  for (const auto& name : corpus.tasks(o.backend)) {
+  const auto names = corpus.tasks(o.backend);
+  for (const auto& name : o.include)
+    if (std::find(names.begin(), names.end(), name) == names.end())
+      throw Error("selfsup: --include: task '" + name + "' has no " + o.backend +
+                  " kernel in the corpus (misspelt, held out, or not a corpus task)");
+  for (const auto& name : names) {
+    if (!o.include.empty() && std::find(o.include.begin(), o.include.end(), name) == o.include.end()) continue;
     if (o.max_tasks > 0 && static_cast<int64_t>(states.size()) >= o.max_tasks) break;
     TaskState s;
     try {

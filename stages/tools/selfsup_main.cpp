@@ -30,6 +30,8 @@ int main(int argc, char** argv) {
   app.add_option("--backend", o.backend, "backend the kernels are written and verified for");
   app.add_option("--tasks", o.data.tasks_dir, "imported tasks folder");
   app.add_option("--max-tasks", o.max_tasks, "use only the first N corpus tasks (0: all)");
+  app.add_option("--include", o.include, "sample only these tasks (comma-separated); retraining uses the whole corpus")
+      ->delimiter(',');
   app.add_option("--max-new-tokens", o.max_new_tokens, "completion budget per sample");
   app.add_option("--loop-repeats", o.loop_repeats, "stop a sample once a block repeats this often (0: off)");
   app.add_option("--temperature", o.temperature, "sampling temperature");

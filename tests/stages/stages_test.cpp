@@ -11,6 +11,7 @@
 #include "kf/actors/extract.h"
 #include "kf/policy/safetensors_format.h"
 #include "kf/stages/bpe_trainer.h"
+#include "kf/stages/selfsup.h"
 #include "kf/stages/sft.h"
 #include "kf/tasks/task.h"
 #include "kf/tasks/task_list.h"
@@ -345,4 +346,45 @@ TEST(StagesTest, WrittenPolicyLoadsInPolicyActorsAndHfWithSameLogits) {
   const std::string cmd =
       t::python() + " " + t::source_dir() + "/tests/stages/hf_stages.py logits --dir " + dir + " --ref " + ref;
   EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+}
+
+// Stage 2 samples only the --include tasks (a run's focus tasks) and names a task it does
+// not know. A random policy writes no kernel, so nothing compiles and this stays fast.
+TEST(StagesTest, SelfsupSamplesOnlyIncludedTasksAndNamesAnUnknownOne) {
+  NEED_TASKS();
+  at::set_num_threads(2);
+  SmallCorpus c;
+  const auto corpus = load_corpus(c.dir.path);
+  kf::policy::Policy p;
+  p.tokenizer = train_tokenizer(c.sources, 512);
+  p.config = sft_shape("tiny", p.tokenizer->vocab_size(), 4096, 0);
+  p.model = kf::policy::CausalLM(p.config, torch::TensorOptions().dtype(torch::kFloat32));
+  p.model->init_random(3);
+  const auto codec = kf::actors::TextCodec::bpe(*p.tokenizer);
+  auto data = data_options(4096);
+  const auto base = build_sft_examples(corpus, codec, 0, data);
+  ASSERT_FALSE(base.empty());
+  t::TempDir out("stages-selfsup");
+  kf::evaluator::EvalOptions eo;
+  eo.compile.cache_dir = out.path + "/cache";
+  kf::evaluator::Evaluator ev(eo);
+  SelfsupOptions o;
+  o.samples = 2;
+  o.max_new_tokens = 16;
+  o.out_dir = out.path;
+  o.data = data;
+  o.train.steps = 1;
+  o.train.batch = 1;
+  o.include = {"002_gelu"};
+  const auto rounds = run_selfsup(p, corpus, base, ev, o);
+  ASSERT_EQ(rounds.size(), 1u);
+  EXPECT_EQ(rounds[0].tasks, 1) << "001_relu has corpus kernels too, but only 002_gelu was included";
+  EXPECT_EQ(rounds[0].samples, 2);
+  o.include = {"002_gelu", "099_no_such_task"};
+  try {
+    (void)run_selfsup(p, corpus, base, ev, o);
+    FAIL() << "an unknown --include task was accepted";
+  } catch (const kf::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("099_no_such_task"), std::string::npos) << e.what();
+  }
 }
