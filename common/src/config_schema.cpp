@@ -105,6 +105,7 @@ const std::vector<ConfigKey>& config_schema() {
       {"learner.steps", T::Int, "0", false, {}, "optimizer steps to run (0: until the run stops)"},
       {"learner.objective", T::String, "grpo", false, {"grpo", "pairwise", "grpo+pairwise"}, "training objective"},
       {"learner.groups_per_step", T::Int, "8", false, {}, "scored groups per optimizer step, summed over ranks"},
+      {"learner.min_groups_per_step", T::Int, "1", false, {}, "a step waits until it has this many groups (over all ranks)"},
       {"learner.take_timeout_ms", T::Int, "1000", false, {}, "how long a rank waits for ready groups per pull"},
       {"learner.max_staleness", T::Int, "4", false, {}, "drop groups whose policy version lags the learner's by more"},
       {"learner.micro_batch_tokens", T::Int, "16384", false, {}, "padded tokens per micro-batch (gradient accumulation)"},

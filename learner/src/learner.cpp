@@ -156,7 +156,7 @@ Learner::Learner(LearnerConfig cfg, LearnerDeps deps) : cfg_(std::move(cfg)), de
     impl_->publisher = std::make_unique<SnapshotPublisher>(
         model_, deps_.snapshots, cfg_.snapshot_dtype == "fp32" ? torch::kFloat32 : torch::kBFloat16);
   for (const char* k : {"steps", "empty_steps", "groups_in", "groups_used", "dropped_stale", "skipped_equal",
-                        "skipped_small", "candidates_missing", "candidates_malformed", "candidates_environment", "tokens", "sequences", "pairs",
+                        "skipped_small", "candidates_missing", "candidates_malformed", "candidates_environment", "waiting_steps", "tokens", "sequences", "pairs",
                         "publishes", "checkpoints"})
     counters_[k] = 0;
   log_info("learner rank ", deps_.comm->rank(), "/", deps_.comm->world(), ": ", mc.num_hidden_layers, " layers, ",
@@ -194,12 +194,29 @@ StepStats Learner::step() {
   req.step = step_;
   req.rank = comm.rank();
   req.world = comm.world();
-  req.groups = cfg_.groups_per_step / comm.world() + (comm.rank() < cfg_.groups_per_step % comm.world() ? 1 : 0);
+  // This rank's share of n groups.
+  auto rank_share = [&](int64_t n) { return n / comm.world() + (comm.rank() < n % comm.world() ? 1 : 0); };
+  req.groups = rank_share(cfg_.groups_per_step) - static_cast<int64_t>(pending_.size());
   req.version = version();
   req.max_lag = cfg_.max_staleness;
   const uint64_t src_stale_before = deps_.source->dropped_stale();
-  const auto groups = deps_.source->take(req);
+  for (auto& g : deps_.source->take(req)) pending_.push_back(std::move(g));
   st.take_seconds = now_s() - t0;
+  if (cfg_.min_groups_per_step > 1) {
+    // Every rank steps or none does (the step all-reduces): wait while any rank is short.
+    auto short_ranks = torch::tensor(
+        {static_cast<double>(static_cast<int64_t>(pending_.size()) < rank_share(cfg_.min_groups_per_step))}, torch::kFloat64);
+    short_ranks = short_ranks.to(deps_.device);
+    comm.all_reduce_sum(short_ranks);
+    if (short_ranks.to(torch::kCPU).item<double>() > 0) {
+      ++counters_["waiting_steps"];
+      st.step = step_;
+      st.seconds = now_s() - t0;
+      return st;
+    }
+  }
+  const auto groups = std::move(pending_);
+  pending_.clear();
   const double wait0 = impl_->gpu_share.wait_seconds();
   const auto batch = build_step_batch(groups, version(), cfg_, model_->config().vocab_size);
   const auto& bc = batch.counts;

@@ -18,6 +18,7 @@ LearnerConfig learner_config_from(const kf::Config& c) {
   const auto obj = c.get_string("learner.objective");
   l.objective = obj == "grpo" ? Objective::grpo : obj == "pairwise" ? Objective::pairwise : Objective::grpo_pairwise;
   l.groups_per_step = c.get_int("learner.groups_per_step");
+  l.min_groups_per_step = c.get_int("learner.min_groups_per_step");
   l.take_timeout_ms = c.get_int("learner.take_timeout_ms");
   l.max_staleness = c.get_int("learner.max_staleness");
   l.micro_batch_tokens = c.get_int("learner.micro_batch_tokens");
@@ -57,6 +58,8 @@ LearnerConfig learner_config_from(const kf::Config& c) {
   l.checkpoint_keep = c.get_int("learner.checkpoint.keep");
   const std::string src = c.source() + ": ";
   require(l.groups_per_step >= 1, src + "learner.groups_per_step", "must be >= 1");
+  require(l.min_groups_per_step >= 1 && l.min_groups_per_step <= l.groups_per_step, src + "learner.min_groups_per_step",
+          "must be in [1, learner.groups_per_step]");
   require(l.max_staleness >= 0, src + "learner.max_staleness", "must be >= 0");
   require(l.micro_batch_tokens >= 2, src + "learner.micro_batch_tokens", "must be >= 2");
   require(l.temperature > 0, src + "learner.temperature", "must be > 0");

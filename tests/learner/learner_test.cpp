@@ -10,6 +10,7 @@
 #include <regex>
 #include <sstream>
 
+#include "kf/common/error.h"
 #include "kf/learner/checkpoint.h"
 #include "kf/learner/learner.h"
 #include "kf/learner/loss.h"
@@ -141,6 +142,55 @@ TEST(LearnerTest, StepsWithoutSignalChangeNothing) {
   EXPECT_EQ(l.weights_checksum(), before);
   EXPECT_EQ(l.counters().at("skipped_equal"), 4);
   EXPECT_EQ(l.counters().at("empty_steps"), 1);
+}
+
+// A source whose groups arrive one per take (a slow evaluator).
+class OneAtATime : public GroupSource {
+ public:
+  SyntheticSource gen{[] {
+    auto c = synth();
+    c.equal_reward_every = 0;  // every group carries signal
+    return c;
+  }()};
+  int64_t takes = 0;
+  std::vector<kf::replay::ScoredGroup> take(const TakeRequest& r) override {
+    EXPECT_GE(r.groups, 1);
+    ++takes;
+    return {gen.make_group(takes, 0, r.version, r.max_lag)};
+  }
+};
+
+TEST(LearnerTest, AStepWaitsForMinGroupsPerStepAndUsesAllOfThem) {
+  auto cfg = tiny_config();
+  cfg.groups_per_step = 3;
+  cfg.min_groups_per_step = 3;
+  auto comm = make_local_comm();
+  OneAtATime src;
+  LearnerDeps d;
+  d.comm = comm.get();
+  d.source = &src;
+  Learner l(cfg, d);
+  const auto before = l.weights_checksum();
+  EXPECT_FALSE(l.step().updated);
+  EXPECT_FALSE(l.step().updated);
+  EXPECT_EQ(l.weights_checksum(), before) << "stepped before 3 groups were in hand";
+  EXPECT_EQ(l.counters().at("waiting_steps"), 2);
+  const auto st = l.step();
+  EXPECT_TRUE(st.updated);
+  EXPECT_EQ(st.groups, 3) << "the held groups were not all used";
+  EXPECT_EQ(src.takes, 3);
+  // Without the minimum, every take is a step of its own.
+  cfg.min_groups_per_step = 1;
+  Learner eager(cfg, d);
+  EXPECT_TRUE(eager.step().updated);
+  const auto bad = kf::Config::parse("learner:\n  groups_per_step: 2\n  min_groups_per_step: 3\n", "run.yaml");
+  try {
+    (void)learner_config_from(bad);
+    FAIL() << "min_groups_per_step above groups_per_step was accepted";
+  } catch (const kf::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("learner.min_groups_per_step"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("run.yaml"), std::string::npos) << e.what();
+  }
 }
 
 TEST(LearnerTest, PullsFromTheReplayDropsStaleGroupsAndPublishesSnapshots) {

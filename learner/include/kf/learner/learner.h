@@ -98,6 +98,7 @@ class Learner {
   policy::CausalLM model_{nullptr};
   int64_t step_ = 0;
   std::map<std::string, int64_t> counters_;
+  std::vector<replay::ScoredGroup> pending_;  // taken, waiting for min_groups_per_step
   std::string tokenizer_json_;
   std::unique_ptr<Impl> impl_;
 };

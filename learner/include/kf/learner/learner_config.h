@@ -51,6 +51,10 @@ struct LearnerConfig {
   int64_t steps = 0;
   Objective objective = Objective::grpo;
   int64_t groups_per_step = 8;      // over all ranks
+  // A step waits (holding what it took) until every rank has its share of this many
+  // groups; 1: step with whatever the take returned. A slow evaluator otherwise makes
+  // steps of one group of G samples: the noisiest GRPO estimate there is.
+  int64_t min_groups_per_step = 1;
   int64_t take_timeout_ms = 1000;
   int64_t max_staleness = 4;
   int64_t micro_batch_tokens = 16384;
