@@ -205,6 +205,7 @@ def summarize_verdicts(records, min_window):
         row.update(verdict_stats(by_level[lv]))
         levels.append(row)
     trend, trend_geomean = task_trend(records)
+    versions = version_buckets(records)
     all_cheats = [r for r in records if r["verdict"] == "rejected_cheat"]
     cheats = [{"minute": round(r["_min"], 2), "t": num(r, "t"), "task": r["task"], "level": level_of(r),
                "evaluator": r.get("evaluator"), "candidate": r.get("candidate"),
@@ -213,8 +214,43 @@ def summarize_verdicts(records, min_window):
               for r in all_cheats[-MAX_CHEATS:]]
     return {"min_window": min_window, "verified": len(records), "windows": windows, "levels": levels,
             "first_final_ratio": first_final["ratio"] if first_final else None, "first_final": first_final,
-            "task_trend": trend, "task_trend_geomean": trend_geomean,
+            "task_trend": trend, "task_trend_geomean": trend_geomean, "versions": versions,
             "cheats_total": len(all_cheats), "cheats": cheats}
+
+
+MAX_VERSION_BUCKETS = 6
+
+
+def version_buckets(records):
+    """The verdicts by the policy version that sampled them, in at most MAX_VERSION_BUCKETS
+    equal ranges of versions: what each policy wrote, whenever the evaluator got to it (a
+    minute window mixes versions when the queue lags)."""
+    versioned = [(r, v) for r in records for v in [r.get("policy_version")]
+                 if isinstance(v, int) and not isinstance(v, bool)]
+    if not versioned:
+        return []
+    lo = min(v for _, v in versioned)
+    hi = max(v for _, v in versioned)
+    width = max(1, -(-(hi - lo + 1) // MAX_VERSION_BUCKETS))
+    by_bucket = {}
+    for r, v in versioned:
+        by_bucket.setdefault((v - lo) // width, []).append(r)
+    out = []
+    for b in sorted(by_bucket):
+        row = {"first_version": lo + b * width, "last_version": min(hi, lo + (b + 1) * width - 1),
+               "tasks": len({r["task"] for r in by_bucket[b]})}
+        row.update(verdict_stats(by_bucket[b]))
+        out.append(row)
+    return out
+
+
+VERSION_HEADERS = ["versions", "tasks", "verified", "correct %", "fast_1 %", "mean", "median", "best"]
+
+
+def version_rows(summary):
+    return [[f"{v['first_version']}-{v['last_version']}", str(v["tasks"]), str(v["n"]), pct(v["correct_pct"]),
+             pct(v["fast1_pct"]), spd(v["mean_speedup"]), spd(v["median_speedup"]), spd(v["best_speedup"])]
+            for v in summary["versions"]]
 
 
 def task_trend(records):
@@ -313,6 +349,10 @@ def print_verdict_tables(summary):
     print("Per level, whole run:")
     print(text_table(LEVEL_HEADERS, level_rows(summary)))
     print()
+    if summary["versions"]:
+        print("Per policy version that sampled the candidates:")
+        print(text_table(VERSION_HEADERS, version_rows(summary)))
+        print()
     print("Per task, first visit vs last visit (visits = groups with at least one ok result):")
     if summary["task_trend"]:
         print(text_table(TREND_HEADERS, trend_rows(summary)))

@@ -68,9 +68,10 @@ bool exists(const std::string& path) {
 
 // One line as kf-evaluator appends it to metrics/verdicts-<id>.jsonl.
 std::string verdict_line(double t, int evaluator, int candidate, const std::string& task, int level,
-                         const std::string& verdict, double speedup = 0.0, const std::string& reason = "") {
+                         const std::string& verdict, double speedup = 0.0, const std::string& reason = "",
+                         int policy_version = 1) {
   const nlohmann::json j = {{"t", t}, {"evaluator", evaluator}, {"candidate", candidate}, {"group", candidate / 4},
-                            {"task", task}, {"level", level}, {"policy_version", 1}, {"actor", 0},
+                            {"task", task}, {"level", level}, {"policy_version", policy_version}, {"actor", 0},
                             {"verdict", verdict}, {"speedup", speedup}, {"reward", 0.1}, {"compile_s", 1.0},
                             {"verify_s", 0.5}, {"reason", reason}};
   return j.dump() + "\n";
@@ -297,6 +298,40 @@ TEST(ReportTest, VerdictLogsGiveWindowsLevelsAndCheats) {
   EXPECT_EQ(w9["windows"].size(), 3u);
   EXPECT_TRUE(w9["first_final_ratio"].is_null()) << w9.dump(1);
   EXPECT_TRUE(contains(r9.out, "first window vs final window: n/a")) << r9.out;
+}
+
+// The verdicts by the policy version that sampled them: versions 0..13 in 6 ranges of 3
+// (the last one shorter), whatever minute the evaluator scored them in.
+TEST(ReportTest, VerdictsAreGroupedByPolicyVersion) {
+  kf::test::TempDir tmp("report");
+  const std::string run = tmp.path + "/run";
+  ::mkdir(run.c_str(), 0755);
+  ::mkdir((run + "/metrics").c_str(), 0755);
+  const double t0 = 1796300000.0;
+  kf::test::write_file(run + "/metrics/run.jsonl", nlohmann::json({{"step", 1}, {"time", t0}}).dump() + "\n");
+  std::string lines;
+  for (int v = 0; v <= 13; ++v) {
+    // Late versions scored first: the grouping must follow the version, not the time.
+    const double t = t0 + 100 - v;
+    lines += verdict_line(t, 0, 4 * v, "001_relu", 1, "ok", 0.5 + 0.25 * v, "", v);
+    lines += verdict_line(t, 0, 4 * v + 1, "002_gelu", 1, v % 2 ? "ok" : "incorrect", 2.0, "", v);
+  }
+  kf::test::write_file(run + "/metrics/verdicts-0.jsonl", lines);
+  const Result r = report({run}, tmp.path);
+  expect_matplotlib(r);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "Per policy version")) << r.out;
+  const auto w = nlohmann::json::parse(kf::test::read_file(run + "/report/windows.json"));
+  ASSERT_EQ(w["versions"].size(), 5u) << w.dump(1);  // width ceil(14 / 6) = 3: 0-2 ... 12-13
+  EXPECT_EQ(w["versions"][0]["first_version"], 0);
+  EXPECT_EQ(w["versions"][0]["last_version"], 2);
+  EXPECT_EQ(w["versions"][0]["n"], 6);
+  EXPECT_EQ(w["versions"][0]["ok"], 4);  // relu 0, 1, 2 and gelu 1
+  EXPECT_DOUBLE_EQ(w["versions"][0]["mean_speedup"].get<double>(), (0.5 + 0.75 + 1.0 + 2.0) / 4);
+  EXPECT_EQ(w["versions"][4]["first_version"], 12);
+  EXPECT_EQ(w["versions"][4]["last_version"], 13);
+  EXPECT_EQ(w["versions"][4]["n"], 4);
+  EXPECT_DOUBLE_EQ(w["versions"][4]["best_speedup"].get<double>(), 0.5 + 0.25 * 13);
 }
 
 TEST(ReportTest, CorruptInputsAreSkippedWithWarnings) {
