@@ -681,20 +681,24 @@ Result Evaluator::evaluate_compiled(const tasks::Task& task, tasks::Backend back
   const auto t0 = Clock::now();
   EvalOptions o = impl_->o;
   o.seed = mix(o.seed, candidate_seed);
+  // The GPU memory claim ends with this evaluation (also by an exception), after the
+  // session (declared below, destroyed first) and its worker: the cached blocks are given
+  // back to the driver first, so what this process still holds is what the claim covered.
+  struct Release {
+    GpuMemoryBudget* b = nullptr;
+    ~Release() {
+      if (!b) return;
+      tasks::release_device_cache();
+      b->release();
+    }
+  } release;
+  if (backend == tasks::Backend::CUDA && o.gpu_memory_fraction > 0) release.b = claim_gpu_memory(task, o);
   Session s(o, task, backend, res);
   s.so_path = cr.so_path;
   if (backend == tasks::Backend::CUDA && o.gpu_lock) {
     if (!impl_->gpu_lock) impl_->gpu_lock = std::make_unique<GpuTimingLock>(o.gpu_lock_dir, gpu_lock_key(o.device));
     s.gpu_lock = impl_->gpu_lock.get();
   }
-  // Released when this evaluation ends (also by an exception): the worker is stopped by then.
-  struct Release {
-    GpuMemoryBudget* b = nullptr;
-    ~Release() {
-      if (b) b->release();
-    }
-  } release;
-  if (backend == tasks::Backend::CUDA && o.gpu_memory_fraction > 0) release.b = claim_gpu_memory(task, o);
   try {
     s.run();
     res.verdict = Verdict::Ok;

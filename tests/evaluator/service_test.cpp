@@ -9,6 +9,7 @@
 #include <thread>
 #include <cstdio>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
 
@@ -195,7 +196,8 @@ TEST(EvaluatorServiceTest, OutOfGpuMemoryIsRetriedThenScoredAndNeverKillsTheServ
 }
 
 // Several evaluators share one GPU: each gives its allocator cache back above
-// ServiceOptions::cache_limit_bytes, and keeps it (fast re-allocation) below.
+// ServiceOptions::cache_limit_bytes, and keeps it (fast re-allocation) below; with GPU
+// memory claims on, the evaluator gives it back at the end of every verification.
 TEST(EvaluatorServiceTest, CudaCacheAboveTheLimitIsGivenBackAfterACandidate) {
   if (!kf::tasks::cuda_available()) GTEST_SKIP() << "no CUDA device visible: runs on the GPU machine";
   const std::string run = "kft" + std::to_string(getpid()) + ".evcache";
@@ -203,8 +205,12 @@ TEST(EvaluatorServiceTest, CudaCacheAboveTheLimitIsGivenBackAfterACandidate) {
   EvalOptions eo = light_options();
   eo.correctness_sets = 2;
   eo.stress_sets = 1;
+  eo.gpu_memory_fraction = 0;  // no claims: only the service's cache limit
+  eo.gpu_lock_dir = build_dir() + "/evaluator-test-locks";
   Evaluator ev(eo);
-  auto reserved_after_one = [&](std::size_t limit, uint64_t id) {
+  eo.gpu_memory_fraction = 0.6;
+  Evaluator claiming(eo);
+  auto reserved_after_one = [&](std::size_t limit, uint64_t id, Evaluator& ev) {
     ServiceOptions so;
     so.backend = kf::tasks::Backend::CUDA;
     so.tasks_dir = build_dir() + "/tasks";
@@ -220,10 +226,18 @@ TEST(EvaluatorServiceTest, CudaCacheAboveTheLimitIsGivenBackAfterACandidate) {
     if (!results.empty()) EXPECT_EQ(results[0].verdict, replay::Verdict::ok) << results[0].reason;
     return kf::tasks::device_cache_reserved_bytes();
   };
-  const std::size_t kept = reserved_after_one(0, 301);       // 0: never given back
-  const std::size_t limited = reserved_after_one(1, 302);    // any cache is above 1 byte
+  const std::size_t kept = reserved_after_one(0, 301, ev);          // 0: never given back
+  const std::size_t limited = reserved_after_one(1, 302, ev);       // any cache is above 1 byte
   EXPECT_GT(kept, 64u << 20) << "a GPU-sized task's inputs stay cached without a limit";
   EXPECT_LT(limited, kept / 4) << "kept " << kept << " bytes, with the limit " << limited;
+  (void)reserved_after_one(0, 303, ev);  // cache it again
+  const std::size_t claimed = reserved_after_one(0, 304, claiming);  // no service limit
+  EXPECT_LT(claimed, kept / 4) << "the evaluator kept its cache after a claimed verification";
+  // The claim went with the verification: the GPU's claims file is empty again.
+  const kf::GpuMemoryBudget same_gpu(eo.gpu_lock_dir, gpu_lock_key(eo.device), 1);
+  std::ifstream claims(same_gpu.path());
+  const std::string left((std::istreambuf_iterator<char>(claims)), std::istreambuf_iterator<char>());
+  EXPECT_TRUE(left.empty()) << same_gpu.path() << " still holds: " << left;
   shm->shutdown();
 }
 
