@@ -12,6 +12,7 @@
 #include "kf/actors/group_sampler.h"
 #include "kf/common/error.h"
 #include "kf/common/log.h"
+#include "kf/policy/gpu_share.h"
 #include "kf/tasks/task.h"
 
 namespace kf::stages {
@@ -104,6 +105,10 @@ std::vector<RoundStats> run_selfsup(policy::Policy& pol, const Corpus& corpus, c
 
   std::vector<SftExample> kept_examples;
   std::vector<RoundStats> rounds;
+  // On a GPU that evaluators share (a run beside this, scoring), sampling and retraining
+  // hold the timing lock shared like an actor and a learner: no trial is timed while
+  // this process's kernels run. Inactive on the CPU.
+  policy::GpuShare gpu_share(pol.model->options().device());
   std::ofstream jsonl(o.out_dir + "/selfsup.jsonl", std::ios::app);
   if (!jsonl) throw Error("selfsup: cannot write " + o.out_dir + "/selfsup.jsonl");
   for (int64_t r = 1; r <= o.rounds; ++r) {
@@ -132,6 +137,7 @@ std::vector<RoundStats> run_selfsup(policy::Policy& pol, const Corpus& corpus, c
       sp.loop_min_span = o.loop_min_span;
       sp.eos_ids = pol.config.eos_token_ids;
       sp.seed = seed;
+      sp.gpu_share = &gpu_share;
       const int64_t valid = std::min<int64_t>(pol.tokenizer->vocab_size(), pol.config.vocab_size);
       auto t0 = Clock::now();
       std::vector<policy::Completion> comps;
@@ -192,7 +198,12 @@ std::vector<RoundStats> run_selfsup(policy::Policy& pol, const Corpus& corpus, c
     const auto t0 = Clock::now();
     auto train = o.train;
     train.seed = o.train.seed ^ mix(uint64_t(r));
-    const auto rep = train_sft(pol.model, all, train);
+    SftReport rep;
+    {
+      // Held through the retraining, let go between steps so a waiting trial runs.
+      policy::GpuShare::Scope share(&gpu_share);
+      rep = train_sft(pol.model, all, train, [&](const SftStepLog&) { gpu_share.pause_point(); });
+    }
     rs.train_s = secs(t0);
     rs.final_loss = rep.final_loss;
     save_hf_policy(pol, o.out_dir, o.max_new_tokens);
