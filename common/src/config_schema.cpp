@@ -48,7 +48,7 @@ const std::vector<ConfigKey>& config_schema() {
       {"evaluator.cpu_threads", T::Int, "0", false, {}, "CPU threads for reference and kernel (0: all)"},
       {"evaluator.memory_limit_gb", T::Float, "8", false, {}, "resident memory of a sandbox worker beyond its tensors"},
       {"evaluator.cache_limit_gb", T::Float, "2", false, {}, "CUDA: free the allocator cache after a candidate above this (0: never)"},
-      {"evaluator.gpu_memory_fraction", T::Float, "0.6", false, {}, "CUDA: share of GPU memory that verifications on it may claim (0: no claims)"},
+      {"evaluator.gpu_memory_fraction", T::Float, "0.7", false, {}, "CUDA: share of GPU memory that verifications on it may claim (0: no claims)"},
       {"evaluator.gpu_lock", T::Bool, "true", false, {}, "hold the exclusive GPU timing lock per timed trial"},
       {"evaluator.reward.kind", T::String, "cuda_l1", false, {"cuda_l1", "speedup", "log_speedup"}, "reward of an ok result"},
       {"evaluator.reward.clip", T::Float, "2.0", false, {}, "rewards of ok results are clipped to [-clip, clip]"},

@@ -85,7 +85,7 @@ void write_claims(int fd, const std::string& path, const std::vector<ClaimLine>&
 }  // namespace
 
 std::size_t verify_gpu_bytes(std::size_t input_bytes, std::size_t output_bytes) {
-  return 3 * input_bytes + 6 * output_bytes + (std::size_t(1) << 30);
+  return 4 * input_bytes + 8 * output_bytes + (std::size_t(1) << 30);
 }
 
 GpuMemoryBudget::GpuMemoryBudget(const std::string& dir_in, const std::string& gpu_in, std::size_t budget_bytes)

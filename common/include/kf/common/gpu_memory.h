@@ -44,10 +44,14 @@ class GpuMemoryBudget {
   std::size_t budget_ = 0, held_ = 0;
 };
 
-// What verifying one candidate holds on the GPU, from the task's tensor sizes: the
-// evaluator keeps a few input sets and several reference outputs (recent calls, the first
-// set, stress sets), the worker its own inputs and outputs. Measured on the H200: an
-// elementwise task with 4 GiB in and 4 GiB out peaked near 40 GiB across both processes.
+// What verifying one candidate holds on the GPU, from the task's tensor sizes, counted
+// from the code (not yet measured per verification): the evaluator's tensors (the current
+// and the first input set, reference and candidate outputs of the current, first and
+// previous sets, the last three reference outputs: about 2 in + 5 out), the sandbox's
+// device arena shared with the worker (1 in + 2 out with one slot), the worker's own
+// buffers (1 in + 1 out), plus 1 GiB for contexts, workspaces and the flush buffer. The
+// stop-17 H200 runs saw evaluator processes at 12-18 GiB and workers up to 29 GiB with
+// 4 GiB inputs and outputs.
 std::size_t verify_gpu_bytes(std::size_t input_bytes, std::size_t output_bytes);
 
 }  // namespace kf

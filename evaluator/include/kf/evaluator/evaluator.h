@@ -60,7 +60,7 @@ struct EvalOptions {
   // budget of this fraction of the GPU's memory, shared by every evaluator on that GPU;
   // claims that do not fit wait (at most gpu_lock_timeout_s, then it goes ahead with a log
   // line). 0: no claims.
-  double gpu_memory_fraction = 0.6;
+  double gpu_memory_fraction = 0.7;
   unsigned long long flush_bytes = 0;  // 0: CPU 2x LLC (<= 256 MiB), CUDA 256 MiB
 
   // limits and anti-cheat thresholds
