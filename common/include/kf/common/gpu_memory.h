@@ -50,7 +50,7 @@ class GpuMemoryBudget {
 // previous sets, the last three reference outputs: about 2 in + 5 out), the sandbox's
 // device arena shared with the worker (1 in + 2 out with one slot), the worker's own
 // buffers (1 in + 1 out), plus 1 GiB for contexts, workspaces and the flush buffer. The
-// stop-17 H200 runs saw evaluator processes at 12-18 GiB and workers up to 29 GiB with
+// stop-17 H200 runs saw evaluator processes at 12-29 GiB (allocator cache included) with
 // 4 GiB inputs and outputs.
 std::size_t verify_gpu_bytes(std::size_t input_bytes, std::size_t output_bytes);
 
