@@ -18,22 +18,9 @@
 namespace kf {
 namespace {
 
-int open_lock_file(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
-  if (fd < 0) throw error_at(path, std::string("cannot open GPU lock file: ") + std::strerror(errno));
-  ::fchmod(fd, 0666);  // shared by every process of the run, whatever its uid
-  return fd;
-}
-
 }  // namespace
 
-std::string gpu_lock_key_pci(int domain, int bus, int device) {
-  char key[32];
-  std::snprintf(key, sizeof key, "%04x:%02x:%02x.0", domain & 0xffff, bus & 0xff, device & 0xff);
-  return key;
-}
-
-GpuTimingLock::GpuTimingLock(const std::string& dir_in, const std::string& gpu_in) {
+std::string gpu_file_path(const std::string& dir_in, const std::string& gpu_in, const std::string& suffix) {
   std::string gpu = gpu_in;
   for (char& c : gpu)  // a PCI bus id has ':' and '.'; keep file names plain
     if (!std::isalnum(static_cast<unsigned char>(c))) c = '-';
@@ -43,11 +30,28 @@ GpuTimingLock::GpuTimingLock(const std::string& dir_in, const std::string& gpu_i
     dir = e && *e ? e : "/tmp";
   }
   ::mkdir(dir.c_str(), 0777);  // may exist
-  path_ = dir + "/kf-gpu" + gpu + ".lock";
-  turnstile_path_ = dir + "/kf-gpu" + gpu + ".turnstile";
-  fd_ = open_lock_file(path_);
+  return dir + "/kf-gpu" + gpu + suffix;
+}
+
+int open_gpu_file(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+  if (fd < 0) throw error_at(path, std::string("cannot open GPU lock file: ") + std::strerror(errno));
+  ::fchmod(fd, 0666);  // shared by every process of the run, whatever its uid
+  return fd;
+}
+
+std::string gpu_lock_key_pci(int domain, int bus, int device) {
+  char key[32];
+  std::snprintf(key, sizeof key, "%04x:%02x:%02x.0", domain & 0xffff, bus & 0xff, device & 0xff);
+  return key;
+}
+
+GpuTimingLock::GpuTimingLock(const std::string& dir, const std::string& gpu) {
+  path_ = gpu_file_path(dir, gpu, ".lock");
+  turnstile_path_ = gpu_file_path(dir, gpu, ".turnstile");
+  fd_ = open_gpu_file(path_);
   try {
-    turnstile_fd_ = open_lock_file(turnstile_path_);
+    turnstile_fd_ = open_gpu_file(turnstile_path_);
   } catch (...) {
     ::close(fd_);
     throw;

@@ -2,52 +2,25 @@
 #include "kf/common/gpu_memory.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <sys/file.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
-#include <cctype>
-#include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <sstream>
 #include <thread>
 #include <vector>
 
 #include "kf/common/error.h"
+#include "kf/common/gpu_lock.h"
+#include "kf/common/proc.h"
 
 namespace kf {
 namespace {
 
 struct ClaimLine {
-  long pid = 0;
-  unsigned long long start = 0, bytes = 0;
+  pid_t pid = 0;
+  uint64_t start = 0, bytes = 0;
 };
-
-// Field 22 of /proc/<pid>/stat (start time in clock ticks), 0 when the process is gone or
-// a zombie: a pid reused by another process has another start time.
-unsigned long long start_time(long pid) {
-  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
-  std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  const auto close = s.rfind(')');  // the command name may hold spaces and parentheses
-  if (close == std::string::npos) return 0;
-  std::istringstream rest(s.substr(close + 2));
-  std::string state, field;
-  rest >> state;
-  if (state == "Z" || state == "X") return 0;
-  for (int i = 4; i < 22 && rest >> field; ++i) {
-  }
-  unsigned long long t = 0;
-  rest >> t;
-  return t;
-}
-
-std::string lock_dir(const std::string& dir) {
-  if (!dir.empty()) return dir;
-  const char* e = std::getenv("KF_GPU_LOCK_DIR");
-  return e && *e ? e : "/tmp";
-}
 
 class FileLock {
  public:
@@ -70,7 +43,7 @@ std::vector<ClaimLine> read_claims(int fd) {
   std::istringstream in(text);
   ClaimLine c;
   while (in >> c.pid >> c.start >> c.bytes)
-    if (c.pid > 0 && start_time(c.pid) == c.start) out.push_back(c);  // the dead are dropped
+    if (c.pid > 0 && proc_start_time(c.pid) == c.start) out.push_back(c);  // the dead are dropped
   return out;
 }
 
@@ -88,18 +61,8 @@ std::size_t verify_gpu_bytes(std::size_t input_bytes, std::size_t output_bytes) 
   return 4 * input_bytes + 8 * output_bytes + (std::size_t(1) << 30);
 }
 
-GpuMemoryBudget::GpuMemoryBudget(const std::string& dir_in, const std::string& gpu_in, std::size_t budget_bytes)
-    : budget_(budget_bytes) {
-  std::string gpu = gpu_in;
-  for (char& c : gpu)
-    if (!std::isalnum(static_cast<unsigned char>(c))) c = '-';
-  const std::string dir = lock_dir(dir_in);
-  ::mkdir(dir.c_str(), 0777);  // may exist
-  path_ = dir + "/kf-gpu" + gpu + ".mem";
-  fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
-  if (fd_ < 0) throw error_at(path_, std::string("cannot open GPU memory claims file: ") + std::strerror(errno));
-  ::fchmod(fd_, 0666);
-}
+GpuMemoryBudget::GpuMemoryBudget(const std::string& dir, const std::string& gpu, std::size_t budget_bytes)
+    : path_(gpu_file_path(dir, gpu, ".mem")), fd_(open_gpu_file(path_)), budget_(budget_bytes) {}
 
 GpuMemoryBudget::~GpuMemoryBudget() {
   try {
@@ -112,7 +75,7 @@ GpuMemoryBudget::~GpuMemoryBudget() {
 bool GpuMemoryBudget::try_claim(std::size_t bytes) {
   FileLock lock(fd_, path_);
   auto claims = read_claims(fd_);
-  const long self = static_cast<long>(::getpid());
+  const pid_t self = ::getpid();
   std::size_t others = 0;
   std::vector<ClaimLine> kept;
   for (const auto& c : claims)
@@ -121,7 +84,7 @@ bool GpuMemoryBudget::try_claim(std::size_t bytes) {
     write_claims(fd_, path_, claims);  // at least the dead are gone
     return false;
   }
-  kept.push_back({self, start_time(self), bytes});
+  kept.push_back({self, proc_start_time(self), bytes});
   write_claims(fd_, path_, kept);
   held_ = bytes;
   return true;
@@ -142,7 +105,7 @@ void GpuMemoryBudget::release() {
   auto claims = read_claims(fd_);
   std::vector<ClaimLine> kept;
   for (const auto& c : claims)
-    if (c.pid != static_cast<long>(::getpid())) kept.push_back(c);
+    if (c.pid != ::getpid()) kept.push_back(c);
   write_claims(fd_, path_, kept);
   held_ = 0;
 }
@@ -151,7 +114,7 @@ std::size_t GpuMemoryBudget::claimed_by_others() {
   FileLock lock(fd_, path_);
   std::size_t others = 0;
   for (const auto& c : read_claims(fd_))
-    if (c.pid != static_cast<long>(::getpid())) others += c.bytes;
+    if (c.pid != ::getpid()) others += c.bytes;
   return others;
 }
 

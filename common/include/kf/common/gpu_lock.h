@@ -65,4 +65,12 @@ class GpuTimingLock {
 // ordinal CUDA_VISIBLE_DEVICES gives it.
 std::string gpu_lock_key_pci(int domain, int bus, int device);
 
+// The per-GPU files every process of a run shares (the timing lock's, the memory claims'):
+// `dir`/kf-gpu<key><suffix>, with `dir` empty meaning $KF_GPU_LOCK_DIR, else /tmp (created
+// if missing), and the key's ':' and '.' made plain.
+std::string gpu_file_path(const std::string& dir, const std::string& gpu, const std::string& suffix);
+// Opens (creates) such a file read-write for every uid (mode 0666); throws kf::Error
+// naming the file.
+int open_gpu_file(const std::string& path);
+
 }  // namespace kf
