@@ -630,13 +630,10 @@ Result Evaluator::evaluate(const tasks::Task& task, tasks::Backend backend, cons
 
 namespace {
 
+// The bytes of these tensors as the sandbox lays them out.
 std::size_t spec_bytes(const std::vector<tasks::TensorSpec>& specs) {
   std::size_t n = 0;
-  for (const auto& t : specs) {
-    std::size_t e = c10::elementSize(t.dtype);
-    for (int64_t d : t.shape) e *= static_cast<std::size_t>(std::max<int64_t>(d, 0));
-    n += e;
-  }
+  for (const auto& s : specs) n += TensorLayout{abi_dtype(s.dtype), s.shape}.nbytes();
   return n;
 }
 
