@@ -77,6 +77,14 @@ std::string verdict_line(double t, int evaluator, int candidate, const std::stri
   return j.dump() + "\n";
 }
 
+// An empty run folder with its metrics/ inside, as the launcher makes it.
+std::string run_folder(const kf::test::TempDir& tmp) {
+  const std::string run = tmp.path + "/run";
+  ::mkdir(run.c_str(), 0755);
+  ::mkdir((run + "/metrics").c_str(), 0755);
+  return run;
+}
+
 void expect_matplotlib(const Result& r) {
   ASSERT_FALSE(contains(r.err, "matplotlib is not importable"))
       << "the matplotlib Python package is missing (" << kf::test::python()
@@ -153,9 +161,7 @@ TEST(ReportTest, PlotsAndBestKernelPerTask) {
 // 8; levels 1-3; two rejected cheats. Every figure below is exact.
 TEST(ReportTest, VerdictLogsGiveWindowsLevelsAndCheats) {
   kf::test::TempDir tmp("report");
-  const std::string run = tmp.path + "/run";
-  ::mkdir(run.c_str(), 0755);
-  ::mkdir((run + "/metrics").c_str(), 0755);
+  const std::string run = run_folder(tmp);
   const double t0 = 1796300000.0;
   const nlohmann::json first = {{"step", 1}, {"time", t0}, {"verified_total", 0}};
   const nlohmann::json last = {{"step", 2}, {"time", t0 + 170}, {"verified_total", 17}, {"mean_speedup", 1.5}};
@@ -304,9 +310,7 @@ TEST(ReportTest, VerdictLogsGiveWindowsLevelsAndCheats) {
 // (the last one shorter), whatever minute the evaluator scored them in.
 TEST(ReportTest, VerdictsAreGroupedByPolicyVersion) {
   kf::test::TempDir tmp("report");
-  const std::string run = tmp.path + "/run";
-  ::mkdir(run.c_str(), 0755);
-  ::mkdir((run + "/metrics").c_str(), 0755);
+  const std::string run = run_folder(tmp);
   const double t0 = 1796300000.0;
   kf::test::write_file(run + "/metrics/run.jsonl", nlohmann::json({{"step", 1}, {"time", t0}}).dump() + "\n");
   std::string lines;
@@ -365,9 +369,7 @@ TEST(ReportTest, CorruptInputsAreSkippedWithWarnings) {
 
 TEST(ReportTest, NoMetricsIsAUsageError) {
   kf::test::TempDir tmp("report");
-  const std::string run = tmp.path + "/run";
-  ::mkdir(run.c_str(), 0755);
-  ::mkdir((run + "/metrics").c_str(), 0755);
+  const std::string run = run_folder(tmp);
   kf::test::write_file(run + "/metrics/run.jsonl", "");  // present but empty
   Result r = report({run}, tmp.path);
   EXPECT_EQ(r.rc, 2) << r.err;
