@@ -19,8 +19,8 @@
 # RL policy (same load for both), on the focus tasks and the held-out split.
 # KF_SELFSUP=1 (with KF_FOCUS): stage 2 on the GPU during the runs, one round on the focus
 # tasks from the starting policy (tools/selfsup --include, 16 samples a task at temperature
-# 1.2 so that it can find kernels the corpus does not have), and its policy scored with
-# the other two.
+# 1.2 so that it can find kernels the corpus does not have; --time-limit leaves it 150 s
+# before the runs end to retrain), and its policy scored with the other two.
 # KF_GPU_TESTS=0 skips the GPU tests run after the build (evaluator service, sampler).
 # The pipeline:
 #  1. build (build-gpu/) while the suite is imported for cpu,cuda;
@@ -118,6 +118,12 @@ EOF
   stamp "SFT policy packed after ${SECONDS} s"
   fi
 
+  # GPU memory by process every 5 s (evaluators, their workers, actors, learners), to set
+  # against the claims the evaluators make (gpu_claim_gb/gpu_peak_gb in the verdict logs)
+  ( while :; do echo "# $(date +%s)"; nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader
+      nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader; sleep 5; done ) \
+    > $WORK/logs/gpu_mem.txt 2>&1 &
+  GPU_MEM_PID=$!
   # 3. the run and its ablation side by side; the SFT policy scored meanwhile
   local common=(--set tasks.dir="$KF_TASKS_DIR" --set learner.policy=$WORK/policy --set launch.max_minutes="$minutes")
   rm -rf runs/h200-contrast runs/h200-noex
@@ -155,6 +161,7 @@ EOF
     timeout $((run_s + 60)) tools/selfsup --model $WORK/policy --corpus corpus --out $WORK/policy-s2 --rounds 1 \
       --samples 16 --temperature 1.2 --max-new-tokens 2048 --exemplars 2 --steps 60 --batch 8 --backend cuda \
       --tasks "$KF_TASKS_DIR" --heldout tasks/heldout.txt --include "$focus" --device cuda --threads 4 \
+      --time-limit $((run_s - 150)) \
       > $WORK/logs/selfsup.txt 2>&1 &
     s2=$!
   fi
@@ -215,6 +222,7 @@ EOF
 
 pack_results() {  # 5. both run folders (without checkpoint weights), scores, logs -> $PACK
   mkdir -p $WORK/results
+  [ -n "${GPU_MEM_PID:-}" ] && kill $GPU_MEM_PID 2>/dev/null
   local r s
   for r in h200-contrast h200-noex; do
     [ -d runs/$r ] && gpu_pack_run runs/$r > $WORK/results/$r.tar

@@ -99,6 +99,13 @@ struct Reply {
   int64_t idle_cpu_ns;      // CPU used by other threads between the previous reply and this call
   int64_t late_cpu_ns;      // CPU used by other threads during the probe delay
   int64_t call_cpu_ns;      // CPU of the whole process during the call
+  // Who used the idle CPU (diagnosis of the between-calls check): the window's wall time
+  // and its busiest thread other than the worker's own, by name, and whether that thread
+  // existed before the candidate was loaded (the CUDA runtime's) or came after.
+  int64_t idle_wall_ns;
+  int64_t idle_top_ns;
+  int32_t idle_top_preload;
+  char idle_top_name[20];
   char msg[512];
 };
 

@@ -50,7 +50,9 @@ std::string to_json(const Result& r, int indent) {
                       {"checks_total", r.checks.size()},
                       {"reward", r.reward},
                       {"compile_s", r.compile_s},
-                      {"verify_s", r.verify_s}};
+                      {"verify_s", r.verify_s},
+                      {"gpu_claim_gb", r.gpu_claim_gb},
+                      {"gpu_peak_gb", r.gpu_peak_gb}};
   nlohmann::json cs = nlohmann::json::array();
   for (const auto& c : r.checks) cs.push_back({{"name", c.name}, {"passed", c.passed}, {"detail", c.detail}});
   j["checks"] = cs;

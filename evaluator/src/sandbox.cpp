@@ -12,6 +12,7 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <thread>
@@ -487,6 +488,13 @@ CallOutcome Sandbox::run(int slot, uint32_t poison, bool flush_cache, double pro
   out.threads_before = r.threads_before;
   out.threads_after = r.threads_after;
   out.threads_late = r.threads_late;
+  out.idle_wall_ms = r.idle_wall_ns / 1e6;
+  if (r.idle_top_ns > 0) {
+    r.idle_top_name[sizeof r.idle_top_name - 1] = 0;  // the worker's bytes: terminate them ourselves
+    char ms[32];
+    std::snprintf(ms, sizeof ms, "%.2f ms", r.idle_top_ns / 1e6);
+    out.idle_top = "'" + std::string(r.idle_top_name) + (r.idle_top_preload ? "' (before load) " : "' (after load) ") + ms;
+  }
   if (r.status == proto::ST_CUDA_ERROR) {
     out.kind = CallOutcome::CudaError;
     out.message = r.msg;
@@ -508,6 +516,7 @@ void* Sandbox::input(int s, int t) { return impl_->data() + impl_->layout_copy.o
 const void* Sandbox::output_at_return(int s, int t) const { return impl_->data() + impl_->layout_copy.off_out_ret[s][t]; }
 const void* Sandbox::output_late(int s, int t) const { return impl_->data() + impl_->layout_copy.off_out_late[s][t]; }
 bool Sandbox::device_resident() const { return impl_->arena != nullptr; }
+uint64_t Sandbox::device_arena_bytes() const { return impl_->arena ? impl_->layout_copy.arena_bytes : 0; }
 int Sandbox::slots() const { return impl_->layout_copy.n_slots; }
 bool Sandbox::alive() const { return !impl_->dead; }
 pid_t Sandbox::pid() const { return impl_->pid; }

@@ -101,6 +101,8 @@ void EvaluatorService::log_verdict(const replay::Candidate& c, const Result& r, 
                             {"reward", r.reward},
                             {"compile_s", r.compile_s},
                             {"verify_s", r.verify_s},
+                            {"gpu_claim_gb", r.gpu_claim_gb},
+                            {"gpu_peak_gb", r.gpu_peak_gb},
                             {"reason", r.reason.substr(0, 300)}};
   // A cut multi-byte character is replaced, not thrown on.
   verdicts_ << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << '\n' << std::flush;

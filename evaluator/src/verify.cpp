@@ -517,6 +517,7 @@ void Session::run() {
   TensorList last_r;
   int new_threads_trials = 0, idle_trials = 0;
   double max_idle = 0, max_presync = 0;
+  std::string max_idle_who;  // the busiest thread and window of the trial with the most idle CPU
   auto trial = [&](int t, bool timed) {
     TensorList in = inputs_for(5000 + uint64_t(t));
     const TensorList p(ref->params().begin(), ref->params().end());
@@ -547,6 +548,9 @@ void Session::run() {
     cand_ms.push_back(c.call.elapsed_ms);
     ext_gap.push_back(c.call.external_ms - c.call.elapsed_ms);
     if (c.call.threads_after > c.call.threads_before) ++new_threads_trials;
+    if (c.call.idle_cpu_ms > max_idle)
+      max_idle_who = "; busiest thread " + (c.call.idle_top.empty() ? "unknown (exited)" : c.call.idle_top) + " in a " +
+                     fmt(c.call.idle_wall_ms) + " ms window";
     max_idle = std::max(max_idle, c.call.idle_cpu_ms);
     if (c.call.idle_cpu_ms > o.idle_cpu_ms) ++idle_trials;
     max_presync = std::max(max_presync, c.call.presync_ms);
@@ -573,7 +577,7 @@ void Session::run() {
     throw Stop{Verdict::RejectedCheat, "work outside the timed region: other threads used more than " +
                                            fmt(o.idle_cpu_ms) + " ms of CPU between calls in " +
                                            std::to_string(idle_trials) + " of " + std::to_string(cand_ms.size()) +
-                                           " timed calls (max " + fmt(max_idle) + " ms; background computation)"};
+                                           " timed calls (max " + fmt(max_idle) + " ms" + max_idle_who + "; background computation)"};
   check("anti.background_cpu", true, "idle between calls");
   if (b == Backend::CUDA && max_presync > o.presync_ms)
     throw Stop{Verdict::RejectedCheat, "work outside the timed region: the GPU was busy for " + fmt(max_presync) + " ms before the clock started (work launched outside kf_forward)"};
@@ -637,16 +641,20 @@ std::size_t spec_bytes(const std::vector<tasks::TensorSpec>& specs) {
   return n;
 }
 
+std::size_t verify_claim_bytes(const tasks::Task& task) {
+  const auto b = tasks::Backend::CUDA;
+  return verify_gpu_bytes(spec_bytes(task.inputs(b)) + spec_bytes(task.params(b)), spec_bytes(task.outputs(b)));
+}
+
 }  // namespace
 
 GpuMemoryBudget* Evaluator::claim_gpu_memory(const tasks::Task& task, const EvalOptions& o) {
-  const auto b = tasks::Backend::CUDA;
   if (!impl_->gpu_memory) {
     const auto total = at::accelerator::getMemoryInfo(static_cast<c10::DeviceIndex>(o.device)).second;
     impl_->gpu_memory = std::make_unique<GpuMemoryBudget>(o.gpu_lock_dir, gpu_lock_key(o.device),
                                                           static_cast<std::size_t>(o.gpu_memory_fraction * double(total)));
   }
-  const std::size_t need = verify_gpu_bytes(spec_bytes(task.inputs(b)) + spec_bytes(task.params(b)), spec_bytes(task.outputs(b)));
+  const std::size_t need = verify_claim_bytes(task);
   const auto t0 = Clock::now();
   if (!impl_->gpu_memory->claim(need, std::chrono::milliseconds(int64_t(o.gpu_lock_timeout_s * 1000)))) {
     log_warn("evaluator: ", task.name(), " needs ", need >> 20, " MiB of GPU memory; other evaluators claimed ",
@@ -689,7 +697,10 @@ Result Evaluator::evaluate_compiled(const tasks::Task& task, tasks::Backend back
       b->release();
     }
   } release;
-  if (backend == tasks::Backend::CUDA && o.gpu_memory_fraction > 0) release.b = claim_gpu_memory(task, o);
+  const bool cuda = backend == tasks::Backend::CUDA;
+  if (cuda && o.gpu_memory_fraction > 0) release.b = claim_gpu_memory(task, o);
+  if (release.b) res.gpu_claim_gb = double(verify_claim_bytes(task)) / double(1ull << 30);
+  if (cuda) tasks::reset_device_cache_peak();
   Session s(o, task, backend, res);
   s.so_path = cr.so_path;
   if (backend == tasks::Backend::CUDA && o.gpu_lock) {
@@ -704,6 +715,9 @@ Result Evaluator::evaluate_compiled(const tasks::Task& task, tasks::Backend back
     res.reason = st.reason;
     res.checks.push_back({"verdict", false, st.reason});
   }
+  if (cuda)
+    res.gpu_peak_gb = double(tasks::device_cache_peak_reserved_bytes() + (s.sb ? s.sb->device_arena_bytes() : 0)) /
+                      double(1ull << 30);
   res.verify_s = ms_since(t0) / 1000;
   res.reward = impl_->reward.score(res);
   kf::log_debug("evaluated ", res.task, " [", res.backend, "] ", cr.key.substr(0, 12), ": ", verdict_name(res.verdict),

@@ -16,6 +16,7 @@
 #include <dlfcn.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <signal.h>
 #include <time.h>
 #include <unistd.h>
@@ -62,6 +63,51 @@ int64_t now_ns(clockid_t c = CLOCK_MONOTONIC) {
 }
 // CPU time of every thread but this one.
 int64_t other_threads_cpu_ns() { return now_ns(CLOCK_PROCESS_CPUTIME_ID) - now_ns(CLOCK_THREAD_CPUTIME_ID); }
+
+// Per-thread CPU clocks of this process, by TID (the kernel's encoding of a thread CPU
+// clock id, as pthread_getcpuclockid makes it, which works for any thread of the group).
+clockid_t thread_cpu_clock(pid_t tid) { return clockid_t((~unsigned(tid) << 3) | 6u); }
+
+struct ThreadCpu {
+  pid_t tid;
+  int64_t ns;
+};
+// Every thread but the caller (the worker's main thread), with its CPU time so far.
+std::vector<ThreadCpu> other_thread_cpu() {
+  std::vector<ThreadCpu> v;
+  DIR* d = opendir("/proc/self/task");
+  if (!d) return v;
+  const pid_t self = pid_t(syscall(SYS_gettid));
+  while (dirent* e = readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    const pid_t tid = pid_t(std::atoi(e->d_name));
+    timespec ts;
+    if (tid == self || clock_gettime(thread_cpu_clock(tid), &ts) != 0) continue;
+    v.push_back({tid, int64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec});
+  }
+  closedir(d);
+  return v;
+}
+
+// Fills the reply's idle diagnosis: the thread that used the most CPU since `before`.
+void busiest_thread(const std::vector<ThreadCpu>& before, const std::vector<pid_t>& preload, proto::Reply& rep) {
+  pid_t top = 0;
+  int64_t top_ns = 0;
+  for (const ThreadCpu& t : other_thread_cpu()) {
+    int64_t d = t.ns;
+    for (const ThreadCpu& b : before)
+      if (b.tid == t.tid) d = t.ns - b.ns;
+    if (d > top_ns) top = t.tid, top_ns = d;
+  }
+  rep.idle_top_ns = top_ns;
+  if (!top) return;
+  for (pid_t p : preload) rep.idle_top_preload |= p == top;
+  const std::string comm = "/proc/self/task/" + std::to_string(top) + "/comm";
+  if (FILE* f = std::fopen(comm.c_str(), "r")) {
+    if (std::fgets(rep.idle_top_name, sizeof rep.idle_top_name, f)) rep.idle_top_name[std::strcspn(rep.idle_top_name, "\n")] = 0;
+    std::fclose(f);
+  }
+}
 
 int count_threads() {
   DIR* d = opendir("/proc/self/task");
@@ -301,7 +347,9 @@ int main(int argc, char** argv) {
 
   using Forward = int (*)(kf::Context*, const kf::Tensor*, int, kf::Tensor*, int);
   Forward forward = nullptr;
-  int64_t last_other_cpu = other_threads_cpu_ns();
+  int64_t last_other_cpu = other_threads_cpu_ns(), last_reply_ns = now_ns();
+  std::vector<ThreadCpu> last_thread_cpu = other_thread_cpu();
+  std::vector<pid_t> preload;  // threads that existed before the candidate was loaded
   unsigned flush_round = 0;
 
   proto::Command cmd;
@@ -310,6 +358,7 @@ int main(int argc, char** argv) {
     rep.kind = proto::K_REPLY;
     if (cmd.op == proto::OP_QUIT) break;
     if (cmd.op == proto::OP_LOAD) {
+      for (const ThreadCpu& t : other_thread_cpu()) preload.push_back(t.tid);
       cmd.path[sizeof cmd.path - 1] = 0;
       void* h = dlopen(cmd.path, RTLD_NOW | RTLD_LOCAL);
       if (!h) {
@@ -321,6 +370,8 @@ int main(int argc, char** argv) {
       }
       rep.threads_after = count_threads();
       last_other_cpu = other_threads_cpu_ns();
+      last_thread_cpu = other_thread_cpu();
+      last_reply_ns = now_ns();
       if (!write_all(proto::kFdReply, &rep, sizeof rep)) break;
       continue;
     }
@@ -358,6 +409,8 @@ int main(int argc, char** argv) {
     // CPU used by other threads since the last reply, staging included: work done while
     // the inputs sit in shared memory but before the clock starts is background work.
     rep.idle_cpu_ns = other_threads_cpu_ns() - last_other_cpu;
+    rep.idle_wall_ns = now_ns() - last_reply_ns;
+    busiest_thread(last_thread_cpu, preload, rep);
     rep.threads_before = count_threads();
     const int64_t ps0 = now_ns();
 #ifdef KF_WORKER_CUDA
@@ -437,6 +490,8 @@ int main(int argc, char** argv) {
     release_all(&harness);
     if (rep.rc != 0 && rep.status == proto::ST_OK) rep.status = proto::ST_KERNEL_ERROR;
     last_other_cpu = other_threads_cpu_ns();
+    last_thread_cpu = other_thread_cpu();
+    last_reply_ns = now_ns();
     if (!write_all(proto::kFdReply, &rep, sizeof rep)) break;
   }
   _exit(0);  // skip static destructors of whatever the candidate registered

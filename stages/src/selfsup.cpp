@@ -44,6 +44,7 @@ std::string RoundStats::json() const {
                       {"correct_pct", pct(correct, samples)},
                       {"mean_speedup_correct", mean_speedup_correct},
                       {"kept_new", kept},
+                      {"unexamined", unexamined},
                       {"sample_s", sample_s},
                       {"eval_s", eval_s},
                       {"train_s", train_s},
@@ -111,13 +112,20 @@ std::vector<RoundStats> run_selfsup(policy::Policy& pol, const Corpus& corpus, c
   policy::GpuShare gpu_share(pol.model->options().device());
   std::ofstream jsonl(o.out_dir + "/selfsup.jsonl", std::ios::app);
   if (!jsonl) throw Error("selfsup: cannot write " + o.out_dir + "/selfsup.jsonl");
-  for (int64_t r = 1; r <= o.rounds; ++r) {
+  const auto start = Clock::now();
+  auto out_of_time = [&] { return o.time_limit_s > 0 && secs(start) >= o.time_limit_s; };
+  for (int64_t r = 1; r <= o.rounds && !(r > 1 && out_of_time()); ++r) {
     RoundStats rs;
     rs.round = r;
     double speedup_sum = 0;
     std::vector<SftExample> new_examples;
     for (std::size_t ti = 0; ti < states.size(); ++ti) {
       auto& st = states[ti];
+      if (ti > 0 && out_of_time()) {
+        log_info("selfsup: round ", r, ": time limit of ", o.time_limit_s, " s reached; ", states.size() - ti,
+                 " tasks not sampled, retraining on what was kept");
+        break;
+      }
       const uint64_t seed = mix(o.seed ^ mix(uint64_t(r) * 1000003ULL + ti));
       TaskPrompt tp;
       try {
@@ -149,6 +157,10 @@ std::vector<RoundStats> run_selfsup(policy::Policy& pol, const Corpus& corpus, c
       t0 = Clock::now();
       std::map<std::string, evaluator::Result> evaluated;  // identical samples are verified once
       for (const auto& c : comps) {
+        if (out_of_time()) {
+          ++rs.unexamined;
+          continue;
+        }
         ++rs.samples;
         std::vector<int32_t> toks = c.tokens;
         if (c.finish_reason == "eos" && !toks.empty()) toks.pop_back();

@@ -43,6 +43,8 @@ int main(int argc, char** argv) {
   app.add_option("--lr", o.train.lr, "retraining peak learning rate");
   app.add_option("--train-backends", backends, "corpus backends whose SFT examples the retraining includes");
   app.add_option("--eval-trials", eval_trials, "timed trials per verified kernel");
+  app.add_option("--time-limit", o.time_limit_s, "seconds after which no task is sampled and no sample verified "
+                 "(the round retrains on what it kept; 0: none)")->check(CLI::NonNegativeNumber);
   app.add_option("--device", device, "where the policy samples and retrains: cpu, cuda or cuda:N (fp32)");
   app.add_option("--threads", threads, "torch and evaluator CPU threads");
   app.add_option("--heldout", heldout, "file of held-out task names (tasks/heldout.txt): never sampled nor trained on");

@@ -13,10 +13,19 @@ void release_device_cache() {
   if (cuda_available()) at::accelerator::emptyCache();
 }
 
-std::size_t device_cache_reserved_bytes() {
-  if (!cuda_available()) return 0;
+namespace {
+c10::CachingAllocator::Stat reserved_stat() {
   const auto stats = at::accelerator::getDeviceStats(at::accelerator::getDeviceIndex());
-  return static_cast<std::size_t>(stats.reserved_bytes[static_cast<std::size_t>(c10::CachingAllocator::StatType::AGGREGATE)].current);
+  return stats.reserved_bytes[static_cast<std::size_t>(c10::CachingAllocator::StatType::AGGREGATE)];
+}
+}  // namespace
+
+std::size_t device_cache_reserved_bytes() { return cuda_available() ? static_cast<std::size_t>(reserved_stat().current) : 0; }
+
+std::size_t device_cache_peak_reserved_bytes() { return cuda_available() ? static_cast<std::size_t>(reserved_stat().peak) : 0; }
+
+void reset_device_cache_peak() {
+  if (cuda_available()) at::accelerator::resetPeakStats(at::accelerator::getDeviceIndex());
 }
 
 bool cuda_available() { return at::detail::getCUDAHooks().hasCUDA() && at::detail::getCUDAHooks().deviceCount() > 0; }

@@ -128,6 +128,8 @@ TEST(EvaluatorServiceTest, ScoresQueuedCandidatesPushesResultsAndStoresOkKernels
   EXPECT_DOUBLE_EQ(logged[101]["speedup"].get<double>(), by_id[101].speedup);
   EXPECT_GT(logged[101]["compile_s"].get<double>(), 0);
   EXPECT_GT(logged[101]["t"].get<double>(), 1.7e9);  // unix seconds
+  EXPECT_EQ(logged[101]["gpu_claim_gb"].get<double>(), 0.0);  // a CPU candidate claims no GPU memory
+  EXPECT_EQ(logged[101]["gpu_peak_gb"].get<double>(), 0.0);
   EXPECT_EQ(logged[102]["verdict"], "rejected_cheat");
   EXPECT_EQ(logged[102]["speedup"], 0.0);
   EXPECT_NE(logged[102]["reason"].get<std::string>().find("not fully written"), std::string::npos);
@@ -239,6 +241,16 @@ TEST(EvaluatorServiceTest, CudaCacheAboveTheLimitIsGivenBackAfterACandidate) {
   const std::string left((std::istreambuf_iterator<char>(claims)), std::istreambuf_iterator<char>());
   EXPECT_TRUE(left.empty()) << same_gpu.path() << " still holds: " << left;
   shm->shutdown();
+
+  // What the claim is for: the most this process held for one verification (allocator peak
+  // plus the sandbox's device arena) stays within what it claimed.
+  const auto relu = kf::tasks::Task::load(build_dir() + "/tasks/001_relu");
+  const Result r = claiming.evaluate(*relu, kf::tasks::Backend::CUDA, test::read_kernel("cuda/good_relu.cu"), 305);
+  EXPECT_TRUE(r.ok()) << r.reason;
+  std::printf("001_relu: claimed %.2f GiB, peak %.2f GiB\n", r.gpu_claim_gb, r.gpu_peak_gb);
+  EXPECT_GT(r.gpu_claim_gb, 1.0);
+  EXPECT_GT(r.gpu_peak_gb, 0.0);
+  EXPECT_LE(r.gpu_peak_gb, r.gpu_claim_gb);
 }
 
 TEST(EvaluatorServiceTest, ServiceOptionsComeFromTheConfigAndABadCacheLimitIsNamed) {

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -350,7 +351,7 @@ TEST(StagesTest, WrittenPolicyLoadsInPolicyActorsAndHfWithSameLogits) {
 
 // Stage 2 samples only the --include tasks (a run's focus tasks) and names a task it does
 // not know. A random policy writes no kernel, so nothing compiles and this stays fast.
-TEST(StagesTest, SelfsupSamplesOnlyIncludedTasksAndNamesAnUnknownOne) {
+TEST(StagesTest, SelfsupSamplesOnlyIncludedTasksStopsAtItsTimeLimitAndNamesAnUnknownOne) {
   NEED_TASKS();
   at::set_num_threads(2);
   SmallCorpus c;
@@ -380,6 +381,18 @@ TEST(StagesTest, SelfsupSamplesOnlyIncludedTasksAndNamesAnUnknownOne) {
   ASSERT_EQ(rounds.size(), 1u);
   EXPECT_EQ(rounds[0].tasks, 1) << "001_relu has corpus kernels too, but only 002_gelu was included";
   EXPECT_EQ(rounds[0].samples, 2);
+  // A time limit already reached: the first task is sampled, nothing verified, one round.
+  o.include = {"001_relu", "002_gelu"};
+  o.rounds = 2;
+  o.time_limit_s = 1e-9;
+  const auto capped = run_selfsup(p, corpus, base, ev, o);
+  ASSERT_EQ(capped.size(), 1u) << "a second round started after the time limit";
+  EXPECT_EQ(capped[0].tasks, 1);
+  EXPECT_EQ(capped[0].samples, 0);
+  EXPECT_EQ(capped[0].unexamined, 2);
+  EXPECT_TRUE(std::filesystem::exists(out.path + "/config.json")) << "no policy saved after a capped round";
+  o.rounds = 1;
+  o.time_limit_s = 0;
   o.include = {"002_gelu", "099_no_such_task"};
   try {
     (void)run_selfsup(p, corpus, base, ev, o);

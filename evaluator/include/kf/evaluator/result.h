@@ -32,6 +32,10 @@ struct Result {
   std::vector<Check> checks;
   double reward = 0;
   double compile_s = 0, verify_s = 0;
+  // CUDA: the GPU memory this verification claimed (0: no claim) and the most this process
+  // held for it (caching allocator peak plus the sandbox's device arena); the worker's own
+  // context and buffers are not in it. For fitting the claim's factors to what is used.
+  double gpu_claim_gb = 0, gpu_peak_gb = 0;
   bool ok() const { return verdict == Verdict::Ok; }
   int checks_passed() const;
 };

@@ -54,6 +54,11 @@ struct CallOutcome {
   double external_ms = 0;         // this process's clock between the worker's start and end marks
   double presync_ms = 0, idle_cpu_ms = 0, late_cpu_ms = 0, call_cpu_ms = 0;
   int threads_before = 0, threads_after = 0, threads_late = 0;
+  // The idle window (from the previous reply to this call's start): its length, and the
+  // thread other than the worker's own that used the most CPU in it, e.g. "cuda-EvtHandlr
+  // (before load) 1.2 ms"; empty if none did.
+  double idle_wall_ms = 0;
+  std::string idle_top;
   bool ok() const { return kind == Ok; }
 };
 const char* outcome_name(CallOutcome::Kind k);
@@ -86,6 +91,7 @@ class Sandbox {
   const void* output_at_return(int s, int t) const;
   const void* output_late(int s, int t) const;
   bool device_resident() const;
+  uint64_t device_arena_bytes() const;  // 0 without a device arena
   int slots() const;
 
   bool alive() const;

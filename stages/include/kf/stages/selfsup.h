@@ -30,12 +30,18 @@ struct SelfsupOptions {
   int64_t loop_repeats = 4, loop_max_period = 128, loop_min_span = 64;  // loop stop; 0 repeats: off
   uint64_t seed = 0;
   std::string out_dir;
+  // > 0: no task is sampled and no sample verified after this many seconds (the first task
+  // is always sampled); the round then retrains on what it kept, and no further round
+  // starts. On a shared GPU verification can take minutes a kernel: a cap keeps stage 2
+  // within a run's time and still yields a policy.
+  double time_limit_s = 0;
   SftDataOptions data;           // prompts (exemplars K, template, tasks dir, context)
   SftOptions train;              // retraining after each round
 };
 
 struct RoundStats {
   int64_t round = 0, tasks = 0, samples = 0, extracted = 0, compiled = 0, correct = 0, kept = 0;
+  int64_t unexamined = 0;  // sampled, but left unverified at the time limit (not in the rates)
   double mean_speedup_correct = 0;
   double sample_s = 0, eval_s = 0, train_s = 0, final_loss = 0;
   std::map<std::string, int64_t> extract_failures;  // extractor failure code -> count

@@ -33,5 +33,9 @@ void release_device_cache();
 // Bytes the caching allocator holds on the current CUDA device (in use or cached); 0
 // without a GPU. Several evaluators share one GPU: each frees its cache above a limit.
 std::size_t device_cache_reserved_bytes();
+// The most it held since the last reset_device_cache_peak() (the evaluator's per-verification
+// peak, set against its GPU memory claim); 0 / no-op without a GPU.
+std::size_t device_cache_peak_reserved_bytes();
+void reset_device_cache_peak();
 
 }  // namespace kf::tasks
