@@ -21,6 +21,7 @@
 # tasks from the starting policy (tools/selfsup --include, 16 samples a task at temperature
 # 1.2 so that it can find kernels the corpus does not have; --time-limit leaves it 150 s
 # before the runs end to retrain), and its policy scored with the other two.
+# KF_SCORE=0 (with KF_FOCUS): no policy scored after the runs (a short check of the runs).
 # KF_GPU_TESTS=0 skips the GPU tests run after the build (evaluator service, sampler).
 # The pipeline:
 #  1. build (build-gpu/) while the suite is imported for cpu,cuda;
@@ -178,6 +179,11 @@ EOF
   wait $a; stamp "h200-contrast exit $?"
   wait $b; stamp "h200-noex exit $?"
   for r in h200-contrast h200-noex; do grep -E "status:" runs/$r/logs/launch-0.log | tail -1; done
+  if [ -n "$focus" ] && [ "${KF_SCORE:-1}" = 0 ]; then
+    stamp "no scoring (KF_SCORE=0)"
+    pack_results
+    return
+  fi
   if [ -n "$focus" ]; then
     # Both policies at once, one task at a time each: the same load for both.
     local scored=$focus,$(grep -v '^#' tasks/heldout.txt | grep . | paste -sd, -) pids=()

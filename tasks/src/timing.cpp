@@ -22,10 +22,25 @@ c10::CachingAllocator::Stat reserved_stat() {
 
 std::size_t device_cache_reserved_bytes() { return cuda_available() ? static_cast<std::size_t>(reserved_stat().current) : 0; }
 
-std::size_t device_cache_peak_reserved_bytes() { return cuda_available() ? static_cast<std::size_t>(reserved_stat().peak) : 0; }
+// The peak is a diagnosis: it must never fail a verification. The allocator's stats exist
+// only once CUDA is initialised in this process (a fresh evaluator has not yet).
+std::size_t device_cache_peak_reserved_bytes() {
+  if (!cuda_available()) return 0;
+  try {
+    at::globalContext().lazyInitDevice(at::kCUDA);
+    return static_cast<std::size_t>(reserved_stat().peak);
+  } catch (const c10::Error&) {
+    return 0;
+  }
+}
 
 void reset_device_cache_peak() {
-  if (cuda_available()) at::accelerator::resetPeakStats(at::accelerator::getDeviceIndex());
+  if (!cuda_available()) return;
+  try {
+    at::globalContext().lazyInitDevice(at::kCUDA);
+    at::accelerator::resetPeakStats(at::accelerator::getDeviceIndex());
+  } catch (const c10::Error&) {
+  }
 }
 
 bool cuda_available() { return at::detail::getCUDAHooks().hasCUDA() && at::detail::getCUDAHooks().deviceCount() > 0; }
