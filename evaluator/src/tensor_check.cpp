@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <cmath>
+#include <limits>
 #include <cstdio>
 
 #include "../worker/poison.h"
@@ -69,7 +70,15 @@ std::string fmt(double v) {
 }
 }  // namespace
 
-Compare compare_outputs(const at::Tensor& cand_in, const at::Tensor& ref_in, tasks::Tolerance tol, uint32_t poison) {
+// Calls f(offset, chunk) over a flat view of t, `chunk` elements at a time.
+template <class F>
+void for_chunks(const at::Tensor& flat, int64_t chunk, F f) {
+  const int64_t n = flat.numel();
+  for (int64_t s = 0; s < n; s += chunk) f(s, flat.slice(0, s, std::min(n, s + chunk)));
+}
+
+Compare compare_outputs(const at::Tensor& cand_in, const at::Tensor& ref_in, tasks::Tolerance tol, uint32_t poison,
+                        int64_t chunk) {
   Compare c;
   at::Tensor ref = ref_in.contiguous();
   at::Tensor cand = cand_in.to(ref.device()).contiguous();
@@ -82,38 +91,49 @@ Compare compare_outputs(const at::Tensor& cand_in, const at::Tensor& ref_in, tas
   if (c.total == 0) return c;
   // Fast path: bit-identical (one pass; exact kernels and the nondeterminism check).
   if (at::equal(bits(cand), bits(ref))) return c;
-  auto describe = [&](const at::Tensor& good) {
-    const int64_t i = good.logical_not().flatten().nonzero()[0][0].item<int64_t>();
-    c.first_bad = "index " + std::to_string(i) + ": got " + fmt(cand.flatten()[i].item<double>()) + ", expected " +
-                  fmt(ref.flatten()[i].item<double>());
+  const at::Tensor cf = cand.reshape(-1), rf = ref.reshape(-1);
+  auto describe = [&](int64_t i) {
+    c.first_bad = "index " + std::to_string(i) + ": got " + fmt(cf[i].item<double>()) + ", expected " +
+                  fmt(rf[i].item<double>());
     c.unwritten = bits(cand).eq(poison_value(cand, poison)).sum().item<int64_t>();
   };
   if (!at::isFloatingType(ref.scalar_type())) {
     at::Tensor good = cand.eq(ref);
     c.bad = c.total - good.sum().item<int64_t>();
     if (c.bad) {
-      describe(good);
+      describe(good.logical_not().flatten().nonzero()[0][0].item<int64_t>());
       c.max_abs = (cand.to(at::kDouble) - ref.to(at::kDouble)).abs().max().item<double>();
     }
     c.ok = c.bad == 0;
     return c;
   }
   const auto ct = ref.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-  at::Tensor a = cand.to(ct), r = ref.to(ct);
-  at::Tensor diff = (a - r).abs_();
-  at::Tensor good = diff.le(r.abs().mul_(tol.rtol).add_(tol.atol));
-  c.bad = c.total - good.sum().item<int64_t>();
-  if (c.bad) {
-    // Non-finite values must match exactly (NaN with NaN, +inf with +inf).
-    good.logical_or_(a.eq(r)).logical_or_(a.isnan().logical_and_(r.isnan()));
-    c.bad = c.total - good.sum().item<int64_t>();
-    at::Tensor fin = a.isfinite().logical_and_(r.isfinite());
-    diff.masked_fill_(fin.logical_not(), 0);
-  }
-  c.max_abs = diff.max().item<double>();
-  const double scale = c.bad ? max_abs_value(ref) : r.abs().max().item<double>();
+  // Per chunk: elements within tolerance; where some are not, equal values and NaN with
+  // NaN count as good too, and the error maximum ignores non-finite pairs. Over the whole
+  // tensor the maximum is the masked one only if some chunk had such elements.
+  int64_t first_bad = -1, out_of_tol = 0;
+  double max_masked = 0, max_unmasked = 0, ref_max = 0;
+  for_chunks(cf, chunk, [&](int64_t at0, const at::Tensor& cc) {
+    const at::Tensor a = cc.to(ct), r = rf.slice(0, at0, at0 + cc.numel()).to(ct);
+    at::Tensor diff = (a - r).abs_();
+    at::Tensor good = diff.le(r.abs().mul_(tol.rtol).add_(tol.atol));
+    const int64_t n = a.numel(), off = n - good.sum().item<int64_t>();
+    ref_max = std::max(ref_max, r.abs().max().item<double>());
+    max_unmasked = std::max(max_unmasked, diff.max().item<double>());
+    if (off) {
+      out_of_tol += off;
+      good.logical_or_(a.eq(r)).logical_or_(a.isnan().logical_and_(r.isnan()));
+      const int64_t bad = n - good.sum().item<int64_t>();
+      if (bad && first_bad < 0) first_bad = at0 + good.logical_not().nonzero()[0][0].item<int64_t>();
+      c.bad += bad;
+    }
+    diff.masked_fill_(a.isfinite().logical_and_(r.isfinite()).logical_not_(), 0);
+    max_masked = std::max(max_masked, diff.max().item<double>());
+  });
+  c.max_abs = out_of_tol ? max_masked : max_unmasked;
+  const double scale = c.bad ? max_abs_value(ref, chunk) : ref_max;
   c.max_rel = scale > 0 ? c.max_abs / scale : c.max_abs;
-  if (c.bad) describe(good);
+  if (c.bad) describe(first_bad);
   c.ok = c.bad == 0;
   return c;
 }
@@ -123,23 +143,32 @@ bool bitwise_equal(const at::Tensor& a, const at::Tensor& b) {
   return at::equal(bits(a.contiguous()), bits(b.to(a.device()).contiguous()));
 }
 
-bool nearly_constant(const at::Tensor& t, double rel) {
+bool nearly_constant(const at::Tensor& t, double rel, int64_t chunk) {
   if (t.numel() <= 1) return true;
   if (!at::isFloatingType(t.scalar_type())) return t.min().item<double>() == t.max().item<double>();
-  at::Tensor f = t.to(at::kDouble);
-  f = at::where(f.isfinite(), f, at::zeros_like(f));
-  const double mx = f.max().item<double>(), mn = f.min().item<double>();
+  // Non-finite values count as 0 (they would dominate the range).
+  double mx = -std::numeric_limits<double>::infinity(), mn = std::numeric_limits<double>::infinity();
+  for_chunks(t.contiguous().reshape(-1), chunk, [&](int64_t, const at::Tensor& cc) {
+    at::Tensor f = cc.to(at::kDouble);
+    f.masked_fill_(f.isfinite().logical_not_(), 0);
+    mx = std::max(mx, f.max().item<double>());
+    mn = std::min(mn, f.min().item<double>());
+  });
   const double scale = std::max(std::abs(mx), std::abs(mn));
   return (mx - mn) <= rel * std::max(scale, 1e-30);
 }
 
-double max_abs_value(const at::Tensor& t) {
+double max_abs_value(const at::Tensor& t, int64_t chunk) {
   if (t.numel() == 0) return 0;
   if (!at::isFloatingType(t.scalar_type())) return std::max(std::abs(t.max().item<double>()), std::abs(t.min().item<double>()));
-  // One pass; non-finite values are ignored (they would dominate the scale).
-  at::Tensor a = t.abs();
-  if (!all_finite(t)) a = at::where(a.isfinite(), a, at::zeros_like(a));
-  return a.max().item<double>();
+  // Non-finite values are ignored (they would dominate the scale).
+  double mx = 0;
+  for_chunks(t.contiguous().reshape(-1), chunk, [&](int64_t, const at::Tensor& cc) {
+    at::Tensor a = cc.abs();
+    a.masked_fill_(a.isfinite().logical_not_(), 0);
+    mx = std::max(mx, a.max().item<double>());
+  });
+  return mx;
 }
 
 bool all_finite(const at::Tensor& t) {

@@ -7,11 +7,13 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 
 #include "kf/evaluator/evaluator.h"
 #include "kf/evaluator/fsutil.h"
+#include "../../evaluator/src/tensor_check.h"
 #include "kf/tasks/timing.h"
 #include "test_util.h"
 
@@ -194,4 +196,44 @@ TEST(EvaluatorTest, RealTaskIsNotDegenerateAndOkResultIsComplete) {
   const auto j = nlohmann::json::parse(to_json(r));
   EXPECT_EQ(j["verdict"], "ok");
   EXPECT_EQ(j["checks_total"], r.checks.size());
+}
+
+// The output checks work through chunks (their temporaries stay small on a shared GPU):
+// the verdict and every reported figure are those of one pass over the whole tensor.
+TEST(TensorCheckTest, ChunkedChecksAgreeWithOnePass) {
+  using kf::evaluator::Compare;
+  at::manual_seed(5);
+  const int64_t n = 10007;
+  const at::Tensor ref = at::randn({n});
+  at::Tensor near = ref + 1e-7 * at::randn({n}), off = ref.clone(), odd = ref.clone();
+  off.index_put_({at::arange(4000, 4100)}, 3.0);  // out of tolerance from index 4000
+  odd[17] = std::numeric_limits<float>::quiet_NaN();
+  odd[9000] = std::numeric_limits<float>::infinity();
+  at::Tensor odd_ref = ref.clone();
+  odd_ref[17] = std::numeric_limits<float>::quiet_NaN();  // NaN matches NaN; inf vs finite does not
+  const kf::tasks::Tolerance tol{1e-4, 1e-4};
+  struct Case {
+    at::Tensor cand, ref;
+    bool ok;
+  };
+  for (const Case& k : {Case{near, ref, true}, Case{off, ref, false}, Case{odd, odd_ref, false}}) {
+    const Compare whole = kf::evaluator::compare_outputs(k.cand, k.ref, tol, 0, n);
+    const Compare chunked = kf::evaluator::compare_outputs(k.cand, k.ref, tol, 0, 97);
+    EXPECT_EQ(whole.ok, k.ok);
+    EXPECT_EQ(chunked.ok, whole.ok);
+    EXPECT_EQ(chunked.bad, whole.bad);
+    EXPECT_EQ(chunked.first_bad, whole.first_bad);
+    EXPECT_DOUBLE_EQ(chunked.max_abs, whole.max_abs);
+    EXPECT_DOUBLE_EQ(chunked.max_rel, whole.max_rel);
+  }
+  EXPECT_EQ(kf::evaluator::compare_outputs(off, ref, tol, 0, 97).bad, 100);
+  EXPECT_NE(kf::evaluator::compare_outputs(off, ref, tol, 0, 97).first_bad.find("index 4000:"), std::string::npos);
+  EXPECT_EQ(kf::evaluator::compare_outputs(odd, odd_ref, tol, 0, 97).bad, 1) << "only the inf differs";
+  EXPECT_DOUBLE_EQ(kf::evaluator::max_abs_value(odd, 97), kf::evaluator::max_abs_value(odd, n));
+  EXPECT_DOUBLE_EQ(kf::evaluator::max_abs_value(off, 97), off.abs().max().item<double>());
+  at::Tensor flat = at::full({n}, 2.0f);
+  flat[5000] = std::numeric_limits<float>::infinity();  // counts as 0: the range is [0, 2]
+  EXPECT_FALSE(kf::evaluator::nearly_constant(flat, 1e-3, 97));
+  EXPECT_TRUE(kf::evaluator::nearly_constant(at::full({n}, 2.0f), 1e-3, 97));
+  EXPECT_EQ(kf::evaluator::nearly_constant(ref, 1e-3, 97), kf::evaluator::nearly_constant(ref, 1e-3, n));
 }
