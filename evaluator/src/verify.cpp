@@ -281,8 +281,9 @@ struct Session {
   // Reference outputs of the last few calls: a kernel returning one of them for new
   // inputs is replaying a cache (keyed on pointers, call counts, cheap fingerprints ...).
   // Kept as samples at fixed positions, the same for every call: whole copies cost three
-  // outputs' worth of GPU memory (12 GiB of the 57 GiB one H200 verification of a 4 GiB
-  // task held), and an earlier call's outputs are recognised on the samples alike.
+  // outputs' worth of GPU memory (12 GiB for a 4 GiB output), and an earlier call's
+  // outputs are recognised on the samples alike. (An output whose calls differ only away
+  // from the samples is then scored incorrect rather than named a cache replay.)
   static constexpr int64_t kSampled = 4096;
   std::vector<at::Tensor> sample_at;  // per output: flat indices, made at the first remember()
   std::deque<TensorList> recent_r;    // per call, per output: the reference's sampled values
