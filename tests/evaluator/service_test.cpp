@@ -13,6 +13,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "kf/common/gpu_lock.h"
 #include "kf/replay/run_shm.h"
 #include "kf/tasks/timing.h"
 #include "test_util.h"
@@ -251,6 +252,34 @@ TEST(EvaluatorServiceTest, CudaCacheAboveTheLimitIsGivenBackAfterACandidate) {
   EXPECT_GT(r.gpu_claim_gb, 1.0);
   EXPECT_GT(r.gpu_peak_gb, 0.0);
   EXPECT_LE(r.gpu_peak_gb, r.gpu_claim_gb);
+}
+
+// The checks before the timing are GPU work too: they wait for a process that holds the
+// timing lock exclusively (another evaluator's trial) instead of running beside it.
+TEST(EvaluatorServiceTest, CudaChecksWaitForAnotherProcesssTimedTrial) {
+  if (!kf::tasks::cuda_available()) GTEST_SKIP() << "no CUDA device visible: runs on the GPU machine";
+  EvalOptions eo = light_options();
+  eo.correctness_sets = 2;
+  eo.stress_sets = 1;
+  eo.gpu_lock_dir = build_dir() + "/evaluator-test-locks-" + std::to_string(getpid());
+  Evaluator ev(eo);
+  const auto relu = kf::tasks::Task::load(build_dir() + "/tasks/001_relu");
+  const std::string src = test::read_kernel("cuda/good_relu.cu");
+  ASSERT_TRUE(ev.evaluate(*relu, kf::tasks::Backend::CUDA, src, 1).ok());  // compiled and warm
+  // A separate open of the lock file conflicts like another process's.
+  kf::GpuTimingLock timer(eo.gpu_lock_dir, gpu_lock_key(eo.device));
+  ASSERT_TRUE(timer.lock_exclusive(std::chrono::seconds(5)));
+  std::thread release([&] {
+    std::this_thread::sleep_for(std::chrono::seconds(3));
+    timer.unlock();
+  });
+  const Result r = ev.evaluate(*relu, kf::tasks::Backend::CUDA, src, 2);
+  release.join();
+  EXPECT_TRUE(r.ok()) << r.reason;
+  double at_s = -1;
+  for (const auto& c : r.checks)
+    if (c.name == "correct.distribution") std::sscanf(c.detail.substr(c.detail.rfind("[at ")).c_str(), "[at %lf", &at_s);
+  EXPECT_GE(at_s, 2.9) << "the correctness sets ran while another process held the lock exclusively";
 }
 
 TEST(EvaluatorServiceTest, ServiceOptionsComeFromTheConfigAndABadCacheLimitIsNamed) {
