@@ -179,6 +179,10 @@ EOF
   wait $a; stamp "h200-contrast exit $?"
   wait $b; stamp "h200-noex exit $?"
   for r in h200-contrast h200-noex; do grep -E "status:" runs/$r/logs/launch-0.log | tail -1; done
+  if [ -n "$s2" ]; then
+    wait $s2; stamp "stage 2 exit $?: $(tail -1 $WORK/policy-s2/selfsup.jsonl 2>/dev/null)"
+    cp $WORK/policy-s2/selfsup.jsonl $WORK/logs/ 2>/dev/null
+  fi
   if [ -n "$focus" ] && [ "${KF_SCORE:-1}" = 0 ]; then
     stamp "no scoring (KF_SCORE=0)"
     pack_results
@@ -188,10 +192,6 @@ EOF
     # Both policies at once, one task at a time each: the same load for both.
     local scored=$focus,$(grep -v '^#' tasks/heldout.txt | grep . | paste -sd, -) pids=()
     tools/export runs/h200-contrast $WORK/policy-rl > $WORK/logs/export.txt 2>&1 || stamp "tools/export failed"
-    if [ -n "$s2" ]; then
-      wait $s2; stamp "stage 2 exit $?: $(tail -1 $WORK/policy-s2/selfsup.jsonl 2>/dev/null)"
-      cp $WORK/policy-s2/selfsup.jsonl $WORK/logs/ 2>/dev/null
-    fi
     local pol label
     for pol in policy policy-s2 policy-rl; do
       [ -f $WORK/$pol/config.json ] || continue
