@@ -307,14 +307,8 @@ struct Session {
   bool replays_earlier_call(const CandOut& c, const TensorList& r) {
     if (recent_r.empty()) return false;
     const TensorList cs = sampled(c.outs), rs = sampled(r);
-    for (const auto& old : recent_r) {
-      bool differs = false, same = true;
-      for (size_t i = 0; i < old.size(); ++i) {
-        differs |= !compare_outputs(old[i], rs[i], tol(i), 0).ok;
-        same &= compare_outputs(cs[i], old[i], tol(i), 0).ok;
-      }
-      if (differs && same) return true;
-    }
+    for (const auto& old : recent_r)
+      if (!refs_close(old, rs) && refs_close(cs, old)) return true;
     return false;
   }
 
@@ -713,11 +707,6 @@ std::size_t spec_bytes(const std::vector<tasks::TensorSpec>& specs) {
   return n;
 }
 
-std::size_t verify_claim_bytes(const tasks::Task& task) {
-  const auto b = tasks::Backend::CUDA;
-  return verify_gpu_bytes(spec_bytes(task.inputs(b)) + spec_bytes(task.params(b)), spec_bytes(task.outputs(b)));
-}
-
 }  // namespace
 
 GpuMemoryBudget* Evaluator::claim_gpu_memory(const tasks::Task& task, const EvalOptions& o) {
@@ -726,7 +715,8 @@ GpuMemoryBudget* Evaluator::claim_gpu_memory(const tasks::Task& task, const Eval
     impl_->gpu_memory = std::make_unique<GpuMemoryBudget>(o.gpu_lock_dir, gpu_lock_key(o.device),
                                                           static_cast<std::size_t>(o.gpu_memory_fraction * double(total)));
   }
-  const std::size_t need = verify_claim_bytes(task);
+  const auto b = tasks::Backend::CUDA;
+  const std::size_t need = verify_gpu_bytes(spec_bytes(task.inputs(b)) + spec_bytes(task.params(b)), spec_bytes(task.outputs(b)));
   const auto t0 = Clock::now();
   if (!impl_->gpu_memory->claim(need, std::chrono::milliseconds(int64_t(o.gpu_lock_timeout_s * 1000)))) {
     log_warn("evaluator: ", task.name(), " needs ", need >> 20, " MiB of GPU memory; other evaluators claimed ",
@@ -771,11 +761,11 @@ Result Evaluator::evaluate_compiled(const tasks::Task& task, tasks::Backend back
   } release;
   const bool cuda = backend == tasks::Backend::CUDA;
   if (cuda && o.gpu_memory_fraction > 0) release.b = claim_gpu_memory(task, o);
-  if (release.b) res.gpu_claim_gb = double(verify_claim_bytes(task)) / double(1ull << 30);
+  if (release.b) res.gpu_claim_gb = double(release.b->held()) / double(1ull << 30);
   if (cuda) tasks::reset_device_cache_peak();
   Session s(o, task, backend, res);
   s.so_path = cr.so_path;
-  if (backend == tasks::Backend::CUDA && o.gpu_lock) {
+  if (cuda && o.gpu_lock) {
     if (!impl_->gpu_lock) impl_->gpu_lock = std::make_unique<GpuTimingLock>(o.gpu_lock_dir, gpu_lock_key(o.device));
     s.gpu_lock = impl_->gpu_lock.get();
   }

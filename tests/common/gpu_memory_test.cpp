@@ -78,7 +78,9 @@ TEST(GpuMemoryBudgetTest, ClaimsThatFitRunTogetherAndOneThatDoesNotWaitsForARele
   EXPECT_FALSE(self.claim(40 * GiB, 150ms)) << "120 GiB of a 100 GiB budget was granted";
   EXPECT_GE(std::chrono::steady_clock::now() - t0, 150ms);
   EXPECT_TRUE(self.claim(20 * GiB, 100ms)) << "100 of 100 GiB fits";
+  EXPECT_EQ(self.held(), 20 * GiB);
   self.release();
+  EXPECT_EQ(self.held(), 0u);
   release_and_reap(a);
   EXPECT_EQ(self.claimed_by_others(), 40 * GiB);
   EXPECT_TRUE(self.claim(40 * GiB, 100ms));

@@ -35,6 +35,7 @@ class GpuMemoryBudget {
   // Bytes claimed by other live processes now (metrics, tests).
   std::size_t claimed_by_others();
   std::size_t budget() const { return budget_; }
+  std::size_t held() const { return held_; }  // this object's claim (0: none)
   const std::string& path() const { return path_; }
 
  private:
