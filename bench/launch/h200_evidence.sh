@@ -38,6 +38,8 @@
 #  5. packs: policy.tar.part-* (the SFT policy), results.tar.gz.part-* (both run folders
 #     without checkpoint weights, the score folders, logs, verified_cuda.json), summary.txt.
 # Here: `cat results.tar.gz.part-* | tar -xz -C DIR`; `cat policy.tar.part-* | tar -x`.
+# A call that ends before the pipeline does also brings partial.tar.gz.part-* (the run
+# folders and logs so far), in case the machine is gone before the next call.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -65,6 +67,21 @@ follow() {  # prints progress until the pipeline ends or $1 seconds pass
   done
   [ -f "$PACK/DONE" ] && echo "pipeline DONE"
   copy_out
+  [ -f "$PACK/DONE" ] || pack_partial
+}
+
+pack_partial() {  # the run folders and logs as they are now, into this call's $OUT: the
+  # machine goes back 30 s after a call ends, so a `wait` that comes late finds nothing
+  [ -n "${OUT:-}" ] || return 0
+  . tools/gpu_session.sh
+  local r tmp=$WORK/partial
+  rm -rf "$tmp"; mkdir -p "$tmp"
+  for r in h200-contrast h200-noex; do
+    [ -d runs/$r ] && gpu_pack_run runs/$r > "$tmp/$r.tar" 2>/dev/null
+  done
+  cp "$WORK/pipeline.log" "$tmp/" 2>/dev/null
+  tar -C "$WORK" -czf - partial logs 2>/dev/null | split -b 15M - "$OUT/partial.tar.gz.part-"
+  ls -la "$OUT"
 }
 
 pipeline() {
