@@ -74,11 +74,9 @@ pack_partial() {  # the run folders and logs as they are now, into this call's $
   # machine goes back 30 s after a call ends, so a `wait` that comes late finds nothing
   [ -n "${OUT:-}" ] || return 0
   . tools/gpu_session.sh
-  local r tmp=$WORK/partial
+  local tmp=$WORK/partial
   rm -rf "$tmp"; mkdir -p "$tmp"
-  for r in h200-contrast h200-noex; do
-    [ -d runs/$r ] && gpu_pack_run runs/$r > "$tmp/$r.tar" 2>/dev/null
-  done
+  pack_runs "$tmp"
   cp "$WORK/pipeline.log" "$tmp/" 2>/dev/null
   tar -C "$WORK" -czf - partial logs 2>/dev/null | split -b 15M - "$OUT/partial.tar.gz.part-"
   ls -la "$OUT"
@@ -243,13 +241,18 @@ EOF
 }
 
 
+pack_runs() {  # both run folders, without checkpoint weights, as DIR/<run>.tar
+  local r
+  for r in h200-contrast h200-noex; do
+    [ -d runs/$r ] && gpu_pack_run runs/$r > "$1/$r.tar" 2>/dev/null
+  done
+}
+
 pack_results() {  # 5. both run folders (without checkpoint weights), scores, logs -> $PACK
   mkdir -p $WORK/results
   [ -n "${GPU_MEM_PID:-}" ] && kill $GPU_MEM_PID 2>/dev/null
   local r s
-  for r in h200-contrast h200-noex; do
-    [ -d runs/$r ] && gpu_pack_run runs/$r > $WORK/results/$r.tar
-  done
+  pack_runs $WORK/results
   tar -C $WORK -czf - results logs $(cd $WORK && ls -d score-* 2>/dev/null) | split -b 15M - "$PACK/results.tar.gz.part-"
   {
     echo "GPU: $GPU"
