@@ -101,32 +101,33 @@ struct Session {
   GpuTimingLock* gpu_lock = nullptr;  // CUDA: exclusive around each timed trial, shared per check set
   double lock_wait_ms = 0;
 
-  // Untimed GPU work (input sets, the runs and comparisons of the checks) holds the timing
-  // lock shared, as actors and learners do, so that another evaluator's timed trial never
-  // runs beside it: in stop 18, six evaluators on one H200 checked 4 GiB tensors unlocked
-  // and 53 of 261 verdicts were "timing unstable". Held per set, so a waiting trial goes
+  // The timing lock for one scope: exclusive around each timed trial; shared around
+  // untimed GPU work (input sets, the runs and comparisons of the checks), as actors and
+  // learners hold it, so that another evaluator's timed trial never runs beside it: in
+  // stop 18, six evaluators on one H200 checked 4 GiB tensors unlocked and 53 of 261
+  // verdicts were "timing unstable". Shared holds are per set, so a waiting trial goes
   // between sets; the device is synchronised before the lock is let go (the work is async).
-  struct GpuShareScope {
+  struct GpuLockScope {
     Session& s;
     std::optional<GpuTimingLock::Hold> hold;
-    explicit GpuShareScope(Session& session) : s(session) {
+    GpuLockScope(Session& session, bool exclusive) : s(session) {
       if (!s.gpu_lock) return;
       const auto t0 = Clock::now();
-      hold.emplace(s.gpu_lock, /*exclusive=*/false, std::chrono::milliseconds(int64_t(s.o.gpu_lock_timeout_s * 1000)));
+      hold.emplace(s.gpu_lock, exclusive, std::chrono::milliseconds(int64_t(s.o.gpu_lock_timeout_s * 1000)));
       s.lock_wait_ms += ms_since(t0);
       if (!hold->held())
-        throw error_at(s.gpu_lock->path(), "GPU timing lock (shared) not acquired in " + fmt(s.o.gpu_lock_timeout_s) +
-                                               " s (a process of the run holds the GPU)");
+        throw error_at(s.gpu_lock->path(), std::string("GPU timing lock") + (exclusive ? "" : " (shared)") + " not acquired in " +
+                                               fmt(s.o.gpu_lock_timeout_s) + " s (a process of the run holds the GPU)");
     }
-    ~GpuShareScope() {
+    ~GpuLockScope() {
       if (!hold || !hold->held()) return;
       try {
         tasks::synchronize(s.dev);
       } catch (const std::exception&) {  // a broken context shows in the next call anyway
       }
     }
-    GpuShareScope(const GpuShareScope&) = delete;
-    GpuShareScope& operator=(const GpuShareScope&) = delete;
+    GpuLockScope(const GpuLockScope&) = delete;
+    GpuLockScope& operator=(const GpuLockScope&) = delete;
   };
 
   Session(const EvalOptions& opts, const tasks::Task& t, Backend bk, Result& r)
@@ -448,7 +449,7 @@ void Session::run() {
   TensorList prev_c, prev_r, first_in, first_c, first_r;
   const int K = std::max(2, o.correctness_sets);
   for (int i = 0; i < K; ++i) {
-    GpuShareScope gpu(*this);
+    GpuLockScope gpu(*this, /*exclusive=*/false);
     TensorList in = inputs_for(1000 + i);
     TensorList p = ref->params().empty() ? TensorList{} : TensorList(ref->params().begin(), ref->params().end());
     const uint32_t poison = uint32_t(i % 2);
@@ -493,7 +494,7 @@ void Session::run() {
 
   // --- 2. identical call again, other poison and other scratch garbage: must give the same answer
   {
-    GpuShareScope gpu(*this);
+    GpuLockScope gpu(*this, /*exclusive=*/false);
     const TensorList p(ref->params().begin(), ref->params().end());
     CandOut c = cand(first_in, p, 1, o.probe_ms, false);
     expect_clean(c, "repeat of set 0");
@@ -510,7 +511,7 @@ void Session::run() {
   bool has_float_params = false;
   for (const auto& p : params0) has_float_params = has_float_params || (at::isFloatingType(p.scalar_type()) && p.numel() > 0);
   if (o.redraw_params && has_float_params) {
-    GpuShareScope gpu(*this);
+    GpuLockScope gpu(*this, /*exclusive=*/false);
     TensorList in = inputs_for(2000);
     TensorList r, p1;
     for (bool additive : {true, false}) {
@@ -540,14 +541,14 @@ void Session::run() {
     TensorList base_in;
     double base_scale = 0;
     {
-      GpuShareScope gpu(*this);
+      GpuLockScope gpu(*this, /*exclusive=*/false);
       base_in = inputs_for(3000);
       for (const auto& t : first_r) base_scale = std::max(base_scale, max_abs_value(t));
     }
     int done = 0;
     std::string names;
     for (int s = 0; s < o.stress_sets; ++s) {
-      GpuShareScope gpu(*this);
+      GpuLockScope gpu(*this, /*exclusive=*/false);
       std::string name;
       TensorList in = stress(base_in, s, 3100 + s, &name);
       TensorList r = ref_run(in);
@@ -581,7 +582,7 @@ void Session::run() {
   auto trial = [&](int t, bool timed) {
     TensorList in;
     {
-      GpuShareScope gpu(*this);
+      GpuLockScope gpu(*this, /*exclusive=*/false);
       in = inputs_for(5000 + uint64_t(t));
     }
     const TensorList p(ref->params().begin(), ref->params().end());
@@ -589,12 +590,7 @@ void Session::run() {
     double rt = 0;
     TensorList r;
     CandOut c;
-    const auto lock_t0 = Clock::now();
-    GpuTimingLock::Hold hold(gpu_lock, /*exclusive=*/true,
-                             std::chrono::milliseconds(int64_t(o.gpu_lock_timeout_s * 1000)));
-    if (gpu_lock && !hold.held())
-      throw error_at(gpu_lock->path(), "GPU timing lock not acquired in " + fmt(o.gpu_lock_timeout_s) + " s (a process of the run holds the GPU)");
-    lock_wait_ms += ms_since(lock_t0);
+    GpuLockScope exclusive(*this, /*exclusive=*/true);
     if (t % 2 == 0) {
       r = ref_run(in, &rt, o.flush_cache);
       c = cand(in, p, poison, o.probe_ms, o.flush_cache, false);
@@ -656,7 +652,7 @@ void Session::run() {
 
   // --- 6. after timing: correctness again (call-order dependence), candidate after reference
   {
-    GpuShareScope gpu(*this);
+    GpuLockScope gpu(*this, /*exclusive=*/false);
     TensorList in = inputs_for(7000);
     TensorList r = ref_run(in);
     CandOut c = cand(in, TensorList(ref->params().begin(), ref->params().end()), 1, o.probe_ms, false);
