@@ -215,7 +215,51 @@ def summarize_verdicts(records, min_window):
     return {"min_window": min_window, "verified": len(records), "windows": windows, "levels": levels,
             "first_final_ratio": first_final["ratio"] if first_final else None, "first_final": first_final,
             "task_trend": trend, "task_trend_geomean": trend_geomean, "versions": versions,
-            "cheats_total": len(all_cheats), "cheats": cheats}
+            "cheats_total": len(all_cheats), "cheats": cheats, "time_split": time_split(records)}
+
+
+def verdict_kind(rec):
+    """ok, timing unstable, or the verdict's name: the kinds whose verification time differs."""
+    reason = rec.get("reason") if isinstance(rec.get("reason"), str) else ""
+    return "timing unstable" if reason.startswith("timing unstable") else rec["verdict"]
+
+
+TIME_PARTS = [("claim_wait_s", "memory claim wait"), ("lock_wait_s", "timing lock wait"),
+              ("timing_s", "timed trials")]
+
+
+def time_split(records):
+    """Where the evaluators' verification time went, per kind of verdict: the records'
+    verify_s summed, the median, the share of it spent waiting for the GPU memory claim,
+    waiting for the timing lock, and in the timed trials (lock waits of the trials
+    included), and the median number of timed trials. Only lines with verify_s count; the
+    parts only from lines that carry them (verdict logs before stop 20 do not)."""
+    by_kind = {}
+    for r in records:
+        if num(r, "verify_s") is not None:
+            by_kind.setdefault(verdict_kind(r), []).append(r)
+    rows = []
+    for kind, recs in sorted(by_kind.items(), key=lambda kv: -sum(num(r, "verify_s") for r in kv[1])):
+        verify = [num(r, "verify_s") for r in recs]
+        row = {"kind": kind, "n": len(recs), "verify_s": sum(verify), "median_verify_s": statistics.median(verify)}
+        for key, _ in TIME_PARTS:
+            have = [r for r in recs if num(r, key) is not None]
+            total = sum(num(r, "verify_s") for r in have)
+            row[key + "_pct"] = 100.0 * sum(num(r, key) for r in have) / total if have and total > 0 else None
+        trials = [num(r, "timed_trials") for r in recs if num(r, "timed_trials")]
+        row["median_timed_trials"] = statistics.median(trials) if trials else None
+        rows.append(row)
+    return rows
+
+
+TIME_HEADERS = ["verdict", "n", "verify s", "median s"] + [name + " %" for _, name in TIME_PARTS] + ["timed trials"]
+
+
+def time_rows(summary):
+    return [[t["kind"], str(t["n"]), f"{t['verify_s']:.0f}", f"{t['median_verify_s']:.2f}"] +
+            [pct(t[key + "_pct"]) or "-" for key, _ in TIME_PARTS] +
+            ["-" if t["median_timed_trials"] is None else f"{t['median_timed_trials']:g}"]
+            for t in summary["time_split"]]
 
 
 MAX_VERSION_BUCKETS = 6
@@ -359,6 +403,10 @@ def print_verdict_tables(summary):
     print(trend_text(summary))
     print(f"rejected as cheats: {summary['cheats_total']} (reasons in index.html and windows.json)")
     print()
+    if summary["time_split"]:
+        print("Verification time by verdict (evaluator process seconds; shares of verify s):")
+        print(text_table(TIME_HEADERS, time_rows(summary)))
+        print()
 
 
 def write_windows_json(out, summary):

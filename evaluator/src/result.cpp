@@ -52,7 +52,11 @@ std::string to_json(const Result& r, int indent) {
                       {"compile_s", r.compile_s},
                       {"verify_s", r.verify_s},
                       {"gpu_claim_gb", r.gpu_claim_gb},
-                      {"gpu_peak_gb", r.gpu_peak_gb}};
+                      {"gpu_peak_gb", r.gpu_peak_gb},
+                      {"claim_wait_s", r.claim_wait_s},
+                      {"lock_wait_s", r.lock_wait_s},
+                      {"timing_s", r.timing_s},
+                      {"timed_trials", r.timed_trials}};
   nlohmann::json cs = nlohmann::json::array();
   for (const auto& c : r.checks) cs.push_back({{"name", c.name}, {"passed", c.passed}, {"detail", c.detail}});
   j["checks"] = cs;

@@ -103,6 +103,10 @@ void EvaluatorService::log_verdict(const replay::Candidate& c, const Result& r, 
                             {"verify_s", r.verify_s},
                             {"gpu_claim_gb", r.gpu_claim_gb},
                             {"gpu_peak_gb", r.gpu_peak_gb},
+                            {"claim_wait_s", r.claim_wait_s},
+                            {"lock_wait_s", r.lock_wait_s},
+                            {"timing_s", r.timing_s},
+                            {"timed_trials", r.timed_trials},
                             {"reason", r.reason.substr(0, 300)}};
   // A cut multi-byte character is replaced, not thrown on.
   verdicts_ << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << '\n' << std::flush;

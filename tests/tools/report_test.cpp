@@ -338,6 +338,51 @@ TEST(ReportTest, VerdictsAreGroupedByPolicyVersion) {
   EXPECT_DOUBLE_EQ(w["versions"][4]["best_speedup"].get<double>(), 0.5 + 0.25 * 13);
 }
 
+// Where the evaluators' time went, per kind of verdict: "timing unstable" apart from the
+// other runtime errors, shares of verify_s from the lines that carry the parts (an old
+// line without them counts in n and verify s only).
+TEST(ReportTest, VerificationTimeIsSplitByVerdict) {
+  kf::test::TempDir tmp("report");
+  const std::string run = run_folder(tmp);
+  const double t0 = 1796300000.0;
+  auto timed = [&](int cand, const std::string& verdict, const std::string& reason, double verify, double claim,
+                   double lock, double timing, int trials) {
+    auto j = nlohmann::json::parse(verdict_line(t0 + cand, 0, cand, "001_relu", 1, verdict, verdict == "ok" ? 1.5 : 0, reason));
+    j["verify_s"] = verify;
+    j["claim_wait_s"] = claim;
+    j["lock_wait_s"] = lock;
+    j["timing_s"] = timing;
+    j["timed_trials"] = trials;
+    return j.dump() + "\n";
+  };
+  const std::string unstable = "timing unstable: spread (p90-p10)/median of 1.2 exceeds 0.5 after 30 trials";
+  kf::test::write_file(run + "/metrics/verdicts-0.jsonl",
+                       timed(1, "ok", "", 4.0, 1.0, 0.5, 2.0, 10) + timed(2, "ok", "", 6.0, 0.0, 1.5, 4.0, 14) +
+                           timed(3, "runtime_error", unstable, 10.0, 0.0, 5.0, 9.0, 30) +
+                           timed(4, "runtime_error", "worker crashed", 1.0, 0.0, 0.0, 0.0, 0) +
+                           verdict_line(t0 + 5, 0, 5, "001_relu", 1, "ok", 2.0));  // verify_s 0.5, no parts
+  const Result r = report({run}, tmp.path);
+  expect_matplotlib(r);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "Verification time by verdict")) << r.out;
+  const auto w = nlohmann::json::parse(kf::test::read_file(run + "/report/windows.json"));
+  const auto& ts = w["time_split"];
+  ASSERT_EQ(ts.size(), 3u) << ts.dump(1);
+  // Most verification time first: ok 10.5 s, timing unstable 10 s, runtime_error 1 s.
+  EXPECT_EQ(ts[0]["kind"], "ok");
+  EXPECT_EQ(ts[0]["n"], 3);
+  EXPECT_DOUBLE_EQ(ts[0]["verify_s"].get<double>(), 10.5);
+  EXPECT_DOUBLE_EQ(ts[0]["median_verify_s"].get<double>(), 4.0);
+  EXPECT_DOUBLE_EQ(ts[0]["claim_wait_s_pct"].get<double>(), 10.0);   // 1 of the 10 s that carry parts
+  EXPECT_DOUBLE_EQ(ts[0]["lock_wait_s_pct"].get<double>(), 20.0);
+  EXPECT_DOUBLE_EQ(ts[0]["timing_s_pct"].get<double>(), 60.0);
+  EXPECT_DOUBLE_EQ(ts[0]["median_timed_trials"].get<double>(), 12.0);
+  EXPECT_EQ(ts[1]["kind"], "timing unstable");
+  EXPECT_DOUBLE_EQ(ts[1]["timing_s_pct"].get<double>(), 90.0);
+  EXPECT_EQ(ts[2]["kind"], "runtime_error");
+  EXPECT_TRUE(ts[2]["median_timed_trials"].is_null()) << ts.dump(1);
+}
+
 TEST(ReportTest, CorruptInputsAreSkippedWithWarnings) {
   kf::test::TempDir tmp("report");
   const std::string run = tmp.path + "/run";

@@ -36,6 +36,11 @@ struct Result {
   // held for it (caching allocator peak plus the sandbox's device arena); the worker's own
   // context and buffers are not in it. For fitting the claim's factors to what is used.
   double gpu_claim_gb = 0, gpu_peak_gb = 0;
+  // Where verify_s went (CUDA, for the evaluators' throughput): waiting for the GPU memory
+  // claim, waiting for the timing lock (exclusive and shared holds), and the timed trials
+  // with their warm-ups, lock waits included; and how many timed trials ran.
+  double claim_wait_s = 0, lock_wait_s = 0, timing_s = 0;
+  int timed_trials = 0;
   bool ok() const { return verdict == Verdict::Ok; }
   int checks_passed() const;
 };
