@@ -8,7 +8,6 @@
 #include <future>
 #include <nlohmann/json.hpp>
 
-#include <c10/util/Exception.h>
 
 #include "kf/common/config.h"
 #include "kf/common/error.h"
@@ -37,14 +36,6 @@ int64_t monotonic_ns() {
 }
 
 }  // namespace
-
-bool worker_out_of_memory(const Result& r) {
-  if (r.verdict != Verdict::RuntimeError) return false;
-  // The worker's harness sets up (device, buffers, cuBLAS) before it loads the kernel, so
-  // these are the GPU's state; cuBLAS fails to create its handle when memory is short.
-  return (r.reason.find("fatal: cuda") != std::string::npos && r.reason.find("out of memory") != std::string::npos) ||
-         r.reason.find("fatal: cublasCreate failed") != std::string::npos;
-}
 
 replay::Result to_record(const Result& r, const replay::Candidate& c, int evaluator_id) {
   replay::Result o;
@@ -223,14 +214,9 @@ std::size_t EvaluatorService::step() {
     } else {
       std::string oom;  // why, when the GPU ran out of memory
       try {
-        r = ev_.evaluate_compiled(*t, o_.backend, compiles[i].get(), c.id);
-        if (worker_out_of_memory(r)) oom = r.reason;
-      } catch (const c10::OutOfMemoryError& e) {
-        oom = e.what();
-        r = Result();
-        r.verdict = Verdict::RuntimeError;
-        r.reason = "evaluator: out of GPU memory: " + oom.substr(0, oom.find('\n'));
-        r.reward = ev_.reward_model().failure_reward(Verdict::RuntimeError);
+        Attempt a = evaluate_once(ev_, *t, o_.backend, compiles[i].get(), c.id);
+        r = std::move(a.result);
+        oom = std::move(a.out_of_memory);
       } catch (const kf::Error& e) {
         // The task or the installation, not the candidate: say so, score it, go on.
         log_error("evaluator ", o_.evaluator_id, ": verifying candidate ", c.id, " failed: ", e.what(),

@@ -12,6 +12,7 @@
 #include "kf/actors/group_sampler.h"
 #include "kf/common/error.h"
 #include "kf/common/log.h"
+#include "kf/evaluator/out_of_memory.h"
 #include "kf/policy/gpu_share.h"
 #include "kf/tasks/task.h"
 
@@ -45,6 +46,7 @@ std::string RoundStats::json() const {
                       {"mean_speedup_correct", mean_speedup_correct},
                       {"kept_new", kept},
                       {"unexamined", unexamined},
+                      {"out_of_memory", out_of_memory},
                       {"sample_s", sample_s},
                       {"eval_s", eval_s},
                       {"train_s", train_s},
@@ -173,7 +175,17 @@ std::vector<RoundStats> run_selfsup(policy::Policy& pol, const Corpus& corpus, c
         ++rs.extracted;
         auto it = evaluated.find(ex.source);
         const bool first = it == evaluated.end();
-        if (first) it = evaluated.emplace(ex.source, ev.evaluate(*st.task, backend, ex.source, seed)).first;
+        if (first) {
+          bool gave_up = false;
+          auto res = evaluator::evaluate_retrying_oom(ev, *st.task, backend, ex.source, seed, o.oom_attempts,
+                                                      o.oom_retry_delay, &gave_up);
+          if (gave_up) {  // the machine's verdict, not the policy's: outside the rates
+            --rs.samples, --rs.extracted;
+            ++rs.out_of_memory;
+            continue;
+          }
+          it = evaluated.emplace(ex.source, std::move(res)).first;
+        }
         const auto& res = it->second;
         if (res.verdict != evaluator::Verdict::CompileError) ++rs.compiled;
         if (!res.ok()) continue;

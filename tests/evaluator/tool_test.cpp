@@ -18,7 +18,7 @@ std::string build_dir() {
 }
 int run(const std::string& args, std::string* out) {
   const std::string cmd = std::string(KF_EVAL_BIN) + " " + args + " --tasks " + build_dir() + "/tasks --cache " +
-                          build_dir() + "/evaluator-test-cache --threads 2 --trials 3 --warmup 1 --max-spread 5 --max-trials 5 2>/dev/null";
+                          build_dir() + "/evaluator-test-cache --threads 2 --trials 3 --warmup 1 --max-spread 100 --max-trials 8 2>/dev/null";
   FILE* p = popen(cmd.c_str(), "r");
   char buf[4096];
   out->clear();

@@ -29,6 +29,7 @@
 #include <string>
 
 #include "kf/evaluator/evaluator.h"
+#include "kf/evaluator/out_of_memory.h"
 #include "kf/replay/records.h"
 #include "kf/replay/run_shm.h"
 #include "kf/tasks/task.h"
@@ -61,10 +62,6 @@ struct ServiceOptions {
 // From the run's config: run.backend, tasks.dir, evaluator.cache_limit_gb (throws
 // kf::Error naming the file and key for a bad value). Id and verdict log are the caller's.
 ServiceOptions service_options(const Config& cfg);
-
-// True for a result that says the sandbox worker could not allocate the task's buffers on
-// the GPU (its harness, before the kernel runs): the machine's state, not the kernel's.
-bool worker_out_of_memory(const Result& r);
 
 struct ServiceStats {
   uint64_t scored = 0, ok = 0, rejected_cheat = 0, compile_error = 0, kernels_inserted = 0, results_dropped = 0;

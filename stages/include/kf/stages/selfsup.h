@@ -6,6 +6,7 @@
 // Each round appends one JSON line to <out>/selfsup.jsonl and saves the policy to <out>.
 // Threading: one thread; the evaluator and the model are used from it only.
 #pragma once
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -35,6 +36,10 @@ struct SelfsupOptions {
   // starts. On a shared GPU verification can take minutes a kernel: a cap keeps stage 2
   // within a run's time and still yields a policy.
   double time_limit_s = 0;
+  // A verification that runs out of GPU memory (runs beside it hold the GPU) is tried
+  // again, the delay x try apart; after the last try the sample counts as out_of_memory.
+  int oom_attempts = 3;
+  std::chrono::milliseconds oom_retry_delay{5000};
   SftDataOptions data;           // prompts (exemplars K, template, tasks dir, context)
   SftOptions train;              // retraining after each round
 };
@@ -42,6 +47,7 @@ struct SelfsupOptions {
 struct RoundStats {
   int64_t round = 0, tasks = 0, samples = 0, extracted = 0, compiled = 0, correct = 0, kept = 0;
   int64_t unexamined = 0;  // sampled, but left unverified at the time limit (not in the rates)
+  int64_t out_of_memory = 0;  // the GPU was out of memory on every try (the machine's; not in the rates)
   double mean_speedup_correct = 0;
   double sample_s = 0, eval_s = 0, train_s = 0, final_loss = 0;
   std::map<std::string, int64_t> extract_failures;  // extractor failure code -> count
