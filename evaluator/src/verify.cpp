@@ -175,11 +175,13 @@ struct Session {
     return std::max(o.min_call_timeout_s, o.call_timeout_factor * ref_est_ms / 1000.0);
   }
 
-  // keep: the outputs outlive the next call (else they may alias the shared slot).
+  // The outputs returned are views of the sandbox's slot: they are read (compared,
+  // sampled) before the next call overwrites them, and what a later check needs of them is
+  // kept as samples. Copies cost an output's size each (4 GiB on the largest tasks), and
+  // three whole copies were held at once (the first, the previous and the current set).
   // Two transports (sandbox.h): a CUDA device arena (tensors stay on the GPU; `src`
   // tensors are our private copies) or host memory shared with the worker.
-  CandOut cand(const TensorList& inputs, const TensorList& params, uint32_t poison, double probe_ms, bool flush,
-               bool keep = true) {
+  CandOut cand(const TensorList& inputs, const TensorList& params, uint32_t poison, double probe_ms, bool flush) {
     const int slot = calls++ % sb->slots();
     const bool on_device = sb->device_resident();
     auto slot_view = [&](const void* p, const tasks::TensorSpec& sp) {
@@ -213,7 +215,7 @@ struct Session {
       at::Tensor ret = slot_view(sb->output_at_return(slot, int(t)), outs[t]);
       at::Tensor late = slot_view(sb->output_late(slot, int(t)), outs[t]);
       if (!bitwise_equal(ret, late)) r.late_changed = true;
-      if (on_device || dev.is_cpu()) r.outs.push_back(keep ? ret.clone() : ret);
+      if (on_device || dev.is_cpu()) r.outs.push_back(ret);
       else r.outs.push_back(ret.to(dev));
     }
     return r;
@@ -307,9 +309,9 @@ struct Session {
   }
   // The candidate returned an earlier call's outputs: on the samples, they match that call's
   // reference, which differs from this call's.
-  bool replays_earlier_call(const CandOut& c, const TensorList& r) {
+  bool replays_earlier_call(const TensorList& cs, const TensorList& r) {
     if (recent_r.empty()) return false;
-    const TensorList cs = sampled(c.outs), rs = sampled(r);
+    const TensorList rs = sampled(r);
     for (const auto& old : recent_r)
       if (!refs_close(old, rs) && refs_close(cs, old)) return true;
     return false;
@@ -319,7 +321,8 @@ struct Session {
   // candidate more questions (same inputs, other poison; other inputs).
   [[noreturn]] void explain_failure(const Match& m, const CandOut& c, const TensorList& r, const TensorList& in,
                                     const TensorList& params, uint32_t poison, const std::string& where) {
-    if (replays_earlier_call(c, r))
+    const TensorList cs = sampled(c.outs);
+    if (replays_earlier_call(cs, r))
       throw Stop{Verdict::RejectedCheat, "results cached across calls: the outputs are those of an earlier call's inputs (" + where + ")"};
     // Same inputs, other poison in outputs and scratch: does the answer follow the garbage?
     CandOut again = cand(in, params, poison ^ 1u, o.probe_ms, false);
@@ -333,16 +336,17 @@ struct Session {
     TensorList other = inputs_for(9000 + uint64_t(calls));
     TensorList r_other = ref_run(other);
     CandOut c_other = cand(other, params, poison, o.probe_ms, false);
-    if (same_bits(c_other.outs, c.outs) && !refs_close(r_other, r))
+    if (same_bits(sampled(c_other.outs), cs) && !refs_close(r_other, r))
       throw Stop{Verdict::RejectedCheat, "constant or input-independent output: identical outputs for different inputs (" + where + ")"};
     throw Stop{Verdict::Incorrect, m.detail + " (" + where + ")"};
   }
 
   // Wrong after having been right on the distribution: caching, garbage, or a change of
   // behaviour with the call count (self-timing, precision switch).
-  [[noreturn]] void call_order_failure(const Match& m, const CandOut& c, const TensorList& r, const TensorList& in,
+  // `cs`: the failing call's outputs as samples (taken before any later call reuses the slot).
+  [[noreturn]] void call_order_failure(const Match& m, const TensorList& cs, const TensorList& r, const TensorList& in,
                                        const TensorList& params, uint32_t poison, const std::string& where) {
-    if (replays_earlier_call(c, r))
+    if (replays_earlier_call(cs, r))
       throw Stop{Verdict::RejectedCheat, "results cached across calls: the outputs are those of an earlier call's inputs (" + where + ")"};
     CandOut again = cand(in, params, poison ^ 1u, o.probe_ms, false);
     if (match(again.outs, r, poison ^ 1u).ok)
@@ -448,11 +452,15 @@ void Session::run() {
 
   // --- 1. correctness on K fresh sets from the task's distribution; reference first on
   // even sets, candidate first on odd ones (the candidate runs before and after it).
-  TensorList prev_c, prev_r, first_in, first_c, first_r;
+  // Kept for later checks: set 0's reference outputs whole (the repeat of set 0, the stress
+  // sets' scale); the candidate's outputs and the previous set's reference as samples. Set
+  // 0's inputs are drawn again when needed (the same seed gives the same values).
+  TensorList prev_cs, prev_rs, first_cs, first_r;
+  const uint64_t kFirstSet = 1000;
   const int K = std::max(2, o.correctness_sets);
   for (int i = 0; i < K; ++i) {
     GpuLockScope gpu(*this, /*exclusive=*/false);
-    TensorList in = inputs_for(1000 + i);
+    TensorList in = inputs_for(kFirstSet + i);
     TensorList p = ref->params().empty() ? TensorList{} : TensorList(ref->params().begin(), ref->params().end());
     const uint32_t poison = uint32_t(i % 2);
     TensorList r;
@@ -471,15 +479,15 @@ void Session::run() {
     Match m = match(c.outs, r, poison);
     if (!m.ok) explain_failure(m, c, r, in, p, poison, where);
     remember(r);
-    if (i > 0 && same_bits(c.outs, prev_c) && !refs_close(r, prev_r))
+    const TensorList cs = sampled(c.outs), rs = sampled(r);
+    if (i > 0 && same_bits(cs, prev_cs) && !refs_close(rs, prev_rs))
       throw Stop{Verdict::RejectedCheat, "constant or input-independent output: identical outputs for different inputs (" + where + ")"};
     if (i == 0) {
-      first_in = in;
-      first_c = c.outs;
+      first_cs = cs;
       first_r = r;
     } else if (i == 1) {
-      // Degenerate task: the reference barely depends on its inputs.
-      bool indep = refs_close(r, prev_r), constant = true;
+      // Degenerate task: the reference barely depends on its inputs (set 1 against set 0).
+      bool indep = refs_close(r, first_r), constant = true;
       for (const auto& t : r) constant = constant && nearly_constant(t, o.degenerate_rel);
       if (indep || constant) {
         res.task_degenerate = true;
@@ -488,8 +496,8 @@ void Session::run() {
         kf::log_warn("task ", task.name(), " looks degenerate: ", res.degenerate_reason);
       }
     }
-    prev_c = c.outs;
-    prev_r = r;
+    prev_cs = cs;
+    prev_rs = rs;
   }
   check("correct.distribution", true, std::to_string(K) + " fresh sets, poison checked, inputs unchanged");
   check("anti.input_dependence", true, res.task_degenerate ? "not decidable: task degenerate" : "outputs follow inputs");
@@ -498,14 +506,13 @@ void Session::run() {
   {
     GpuLockScope gpu(*this, /*exclusive=*/false);
     const TensorList p(ref->params().begin(), ref->params().end());
+    const TensorList first_in = inputs_for(kFirstSet);
     CandOut c = cand(first_in, p, 1, o.probe_ms, false);
     expect_clean(c, "repeat of set 0");
-    if (!same_bits(c.outs, first_c)) {
-      Match m = match(c.outs, first_r, 1);
-      if (!m.ok || m.unwritten)
-        throw Stop{Verdict::RejectedCheat, "reads uninitialised memory or is nondeterministic: an identical call with different poison gave a wrong result (" + m.detail + ")"};
-      res.nondeterministic = true;
-    }
+    Match m = match(c.outs, first_r, 1);
+    if (!m.ok || m.unwritten)
+      throw Stop{Verdict::RejectedCheat, "reads uninitialised memory or is nondeterministic: an identical call with different poison gave a wrong result (" + m.detail + ")"};
+    res.nondeterministic = !same_bits(sampled(c.outs), first_cs);
     check("anti.nondeterminism", true, res.nondeterministic ? "bits differ across identical calls (within tolerance)" : "bitwise identical");
   }
 
@@ -540,11 +547,9 @@ void Session::run() {
 
   // --- 4. stress inputs from other distributions, wherever the reference stays finite
   {
-    TensorList base_in;
     double base_scale = 0;
     {
       GpuLockScope gpu(*this, /*exclusive=*/false);
-      base_in = inputs_for(3000);
       for (const auto& t : first_r) base_scale = std::max(base_scale, max_abs_value(t));
     }
     int done = 0;
@@ -552,7 +557,7 @@ void Session::run() {
     for (int s = 0; s < o.stress_sets; ++s) {
       GpuLockScope gpu(*this, /*exclusive=*/false);
       std::string name;
-      TensorList in = stress(base_in, s, 3100 + s, &name);
+      TensorList in = stress(inputs_for(3000), s, 3100 + s, &name);  // one base set, drawn again per set
       TensorList r = ref_run(in);
       if (!outputs_finite(r)) continue;
       double sc = 0;
@@ -564,8 +569,9 @@ void Session::run() {
       Match m = match(c.outs, r, uint32_t(s % 2), atol_scale);
       if (!m.ok) {
         // Is it the inputs, or has the kernel changed its behaviour since? Ask set 0 again.
-        CandOut c0 = cand(first_in, p, 0, o.probe_ms, false);
-        if (!match(c0.outs, first_r, 0).ok) call_order_failure(m, c, r, in, p, uint32_t(s % 2), "stress " + name);
+        const TensorList cs = sampled(c.outs);  // c's slot is c0's
+        CandOut c0 = cand(inputs_for(kFirstSet), p, 0, o.probe_ms, false);
+        if (!match(c0.outs, first_r, 0).ok) call_order_failure(m, cs, r, in, p, uint32_t(s % 2), "stress " + name);
         if (m.unwritten) throw Stop{Verdict::RejectedCheat, "outputs not fully written on stress inputs " + name + " (" + std::to_string(m.unwritten) + " poisoned elements; problem-size or range tampering)"};
         throw Stop{Verdict::RejectedCheat, "input-specific shortcut: correct on the task's input distribution, wrong on stress inputs " + name + ": " + m.detail};
       }
@@ -595,15 +601,15 @@ void Session::run() {
     GpuLockScope exclusive(*this, /*exclusive=*/true);
     if (t % 2 == 0) {
       r = ref_run(in, &rt, o.flush_cache);
-      c = cand(in, p, poison, o.probe_ms, o.flush_cache, false);
+      c = cand(in, p, poison, o.probe_ms, o.flush_cache);
     } else {
-      c = cand(in, p, poison, o.probe_ms, o.flush_cache, false);
+      c = cand(in, p, poison, o.probe_ms, o.flush_cache);
       r = ref_run(in, &rt, o.flush_cache);
     }
     const std::string where = (timed ? "timed trial " : "warm-up ") + std::to_string(t);
     expect_clean(c, where);
     Match m = match(c.outs, r, poison);
-    if (!m.ok) call_order_failure(m, c, r, in, p, poison, where);
+    if (!m.ok) call_order_failure(m, sampled(c.outs), r, in, p, poison, where);
     remember(r);
     if (!timed) return;
     ref_ms.push_back(rt);
@@ -671,7 +677,7 @@ void Session::run() {
     CandOut c = cand(in, TensorList(ref->params().begin(), ref->params().end()), 1, o.probe_ms, false);
     expect_clean(c, "post-timing set");
     Match m = match(c.outs, r, 1);
-    if (!m.ok) call_order_failure(m, c, r, in, TensorList(ref->params().begin(), ref->params().end()), 1, "post-timing set");
+    if (!m.ok) call_order_failure(m, sampled(c.outs), r, in, TensorList(ref->params().begin(), ref->params().end()), 1, "post-timing set");
     check("anti.call_order", true, "still correct after " + std::to_string(calls) + " calls");
   }
 

@@ -45,14 +45,18 @@ class GpuMemoryBudget {
   std::size_t budget_ = 0, held_ = 0;
 };
 
-// What verifying one candidate holds on the GPU, from the task's tensor sizes: 4 in +
-// 8 out + 1 GiB. Measured (stop 18, H200, 4 GiB inputs and outputs): the evaluator's peak
-// (allocator plus the sandbox's device arena, Result::gpu_peak_gb) was 57.25 GiB against
-// this 49 GiB, with the worker at 0.8 GiB. Keeping the cached-results check's last three
-// reference outputs as samples did not lower it (57.25 again); the output checks'
-// whole-tensor temporaries (a double copy of a float output and its masks: about 6 x
-// output) are now made chunk by chunk, which is counted to leave about 35 GiB.
-// EvaluatorServiceTest's GPU test checks peak <= claim: it passed on the H200 in stop 19.
+// What verifying one candidate holds on the GPU, from the task's tensor sizes: 3 in +
+// 5 out + 2 GiB. Counted from verify.cpp (stop 20): the sandbox's device arena (1 in +
+// 1 out), and at most 2 in + 3 out of the evaluator's tensors at once (a failing set:
+// its inputs, the reference's outputs and set 0's, then other inputs and their reference
+// outputs while the candidate is asked again), plus the reference's own temporaries
+// (about 1 out) and the output checks' chunks and the cache flush buffer (the 2 GiB).
+// Before stop 20 the verifier kept whole copies of the candidate's outputs (set 0's, the
+// previous set's, the current one's) and the previous set's reference outputs: measured
+// on the H200 in stop 20 with 4 GiB inputs and outputs, a 41.78 GiB peak (allocator peak
+// plus arena, Result::gpu_peak_gb) against the 49 GiB of the formula then (4 in + 8 out
+// + 1 GiB); those are samples now. bench/evaluator/peak_memory.sh measures the peak per
+// task against this claim; EvaluatorServiceTest's GPU test checks peak <= claim.
 std::size_t verify_gpu_bytes(std::size_t input_bytes, std::size_t output_bytes);
 
 }  // namespace kf
