@@ -58,7 +58,7 @@ void write_claims(int fd, const std::string& path, const std::vector<ClaimLine>&
 }  // namespace
 
 std::size_t verify_gpu_bytes(std::size_t input_bytes, std::size_t output_bytes) {
-  return 3 * input_bytes + 5 * output_bytes + (std::size_t(2) << 30);
+  return 2 * input_bytes + 4 * output_bytes + (std::size_t(3) << 30);
 }
 
 GpuMemoryBudget::GpuMemoryBudget(const std::string& dir, const std::string& gpu, std::size_t budget_bytes)

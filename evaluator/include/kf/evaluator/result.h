@@ -26,7 +26,7 @@ struct Result {
   TimeSummary ref_ms, cand_ms;         // timed trials
   double speedup = 0;                  // ref median / candidate median (ok only)
   double max_abs_error = 0, max_rel_error = 0;  // over every checked call
-  bool nondeterministic = false;       // identical calls gave different bits (within tolerance)
+  bool nondeterministic = false;       // identical calls gave different bits at the sampled positions (within tolerance)
   bool task_degenerate = false;        // reference output (nearly) constant / input-independent
   std::string degenerate_reason;
   std::vector<Check> checks;
