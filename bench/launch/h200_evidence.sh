@@ -21,6 +21,11 @@
 # tasks from the starting policy (tools/selfsup --include, 16 samples a task at temperature
 # 1.2 so that it can find kernels the corpus does not have; --time-limit leaves it 150 s
 # before the runs end to retrain), and its policy scored with the other two.
+# KF_SELFSUP=first (with KF_FOCUS): CUDA-L1's order instead: the same stage-2 round alone on
+# the GPU before the runs (KF_SELFSUP_S, default 240 s, retraining included), and both runs
+# start from its policy (from the starting policy if it failed); then the starting,
+# stage-2 and RL policies are scored together. In stop 20 stage 2 beside the runs had
+# not finished one task in 295 s (its verifications wait for GPU memory claims).
 # KF_SCORE=0 (with KF_FOCUS): no policy scored after the runs (a short check of the runs).
 # KF_GPU_TESTS=0 skips the GPU tests run after the build (evaluator service, sampler).
 # The pipeline:
@@ -140,8 +145,22 @@ EOF
       nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader; sleep 5; done ) \
     > $WORK/logs/gpu_mem.txt 2>&1 &
   GPU_MEM_PID=$!
+  local focus=${KF_FOCUS:-} start_policy=$WORK/policy
+  if [ -n "$focus" ] && [ "${KF_SELFSUP:-0}" = first ]; then
+    local s2_s=${KF_SELFSUP_S:-240}
+    stamp "stage 2 alone on the GPU (at most $s2_s s) on $focus"
+    timeout $((s2_s + 60)) tools/selfsup --model $WORK/policy --corpus corpus --out $WORK/policy-s2 --rounds 1 \
+      --samples 16 --temperature 1.2 --max-new-tokens 2048 --exemplars 2 --steps 60 --batch 8 --backend cuda \
+      --tasks "$KF_TASKS_DIR" --heldout tasks/heldout.txt --include "$focus" --device cuda --threads 4 \
+      --time-limit $((s2_s - 30)) > $WORK/logs/selfsup.txt 2>&1
+    local rc=$?
+    cp $WORK/policy-s2/selfsup.jsonl $WORK/logs/ 2>/dev/null
+    stamp "stage 2 exit $rc after ${SECONDS} s: $(tail -1 $WORK/policy-s2/selfsup.jsonl 2>/dev/null)"
+    if [ $rc = 0 ] && [ -f $WORK/policy-s2/config.json ]; then start_policy=$WORK/policy-s2
+    else stamp "the runs start from the starting policy (stage 2 failed)"; fi
+  fi
   # 3. the run and its ablation side by side; the SFT policy scored meanwhile
-  local common=(--set tasks.dir="$KF_TASKS_DIR" --set learner.policy=$WORK/policy --set launch.max_minutes="$minutes")
+  local common=(--set tasks.dir="$KF_TASKS_DIR" --set learner.policy=$start_policy --set launch.max_minutes="$minutes")
   rm -rf runs/h200-contrast runs/h200-noex
   if [ "${KF_ALONE:-0}" = 1 ]; then
     # One run alone on the GPU (its figures are its own), then both policies scored alone.
@@ -163,7 +182,6 @@ EOF
   fi
   # Side by side, both evaluators would be pinned to the same cores.
   common+=(--set launch.cpu_affinity=false)
-  local focus=${KF_FOCUS:-}
   # Uniform picks: the default (room) schedule moves picks to the slower tasks as others
   # improve, which changes the task mix of the per-minute windows.
   [ -n "$focus" ] && common+=(--set "tasks.include=[$focus]" --set actors.schedule.policy=uniform)
@@ -213,7 +231,7 @@ EOF
       case $pol in
         policy) label="start (shipped policy)" ;;
         policy-s2) label="stage 2 (one round on the focus tasks)" ;;
-        *) label="RL (h200-contrast final checkpoint)" ;;
+        *) label="RL (h200-contrast final checkpoint, from $(basename $start_policy))" ;;
       esac
       timeout $((rl_s + 120)) tools/score-policy --model $WORK/$pol --out $WORK/score-$pol --time-limit $rl_s \
         --config configs/h200.yaml --backend cuda --include "$scored" -n $n --jobs 1 --label "$label" \
