@@ -95,15 +95,25 @@ Compare compare_outputs(const at::Tensor& cand_in, const at::Tensor& ref_in, tas
   auto describe = [&](int64_t i) {
     c.first_bad = "index " + std::to_string(i) + ": got " + fmt(cf[i].item<double>()) + ", expected " +
                   fmt(rf[i].item<double>());
-    c.unwritten = bits(cand).eq(poison_value(cand, poison)).sum().item<int64_t>();
+    const int64_t pv = poison_value(cand, poison);
+    c.unwritten = 0;
+    for_chunks(bits(cand).reshape(-1), chunk,
+               [&](int64_t, const at::Tensor& bc) { c.unwritten += bc.eq(pv).sum().item<int64_t>(); });
   };
   if (!at::isFloatingType(ref.scalar_type())) {
-    at::Tensor good = cand.eq(ref);
-    c.bad = c.total - good.sum().item<int64_t>();
-    if (c.bad) {
-      describe(good.logical_not().flatten().nonzero()[0][0].item<int64_t>());
-      c.max_abs = (cand.to(at::kDouble) - ref.to(at::kDouble)).abs().max().item<double>();
-    }
+    // Exact match, chunk by chunk like the float path: a whole-tensor mask and a double
+    // copy of both sides came to 17 bytes an element on the failure path.
+    int64_t first_bad = -1;
+    for_chunks(cf, chunk, [&](int64_t at0, const at::Tensor& cc) {
+      const at::Tensor r = rf.slice(0, at0, at0 + cc.numel());
+      const at::Tensor bad = cc.ne(r);
+      const int64_t n = bad.sum().item<int64_t>();
+      if (!n) return;
+      c.bad += n;
+      if (first_bad < 0) first_bad = at0 + bad.nonzero()[0][0].item<int64_t>();
+      c.max_abs = std::max(c.max_abs, (cc.to(at::kDouble) - r.to(at::kDouble)).abs().max().item<double>());
+    });
+    if (c.bad) describe(first_bad);
     c.ok = c.bad == 0;
     return c;
   }

@@ -14,6 +14,7 @@
 #include "kf/evaluator/evaluator.h"
 #include "kf/evaluator/fsutil.h"
 #include "../../evaluator/src/tensor_check.h"
+#include "../../evaluator/worker/poison.h"
 #include "kf/tasks/timing.h"
 #include "test_util.h"
 
@@ -236,4 +237,23 @@ TEST(TensorCheckTest, ChunkedChecksAgreeWithOnePass) {
   EXPECT_FALSE(kf::evaluator::nearly_constant(flat, 1e-3, 97));
   EXPECT_TRUE(kf::evaluator::nearly_constant(at::full({n}, 2.0f), 1e-3, 97));
   EXPECT_EQ(kf::evaluator::nearly_constant(ref, 1e-3, 97), kf::evaluator::nearly_constant(ref, 1e-3, n));
+  // Integer outputs and the count of still-poisoned elements, chunked alike.
+  const at::Tensor iref = at::randint(-50, 50, {n}, at::kLong);
+  at::Tensor ioff = iref.clone();
+  ioff.index_put_({at::arange(6000, 6010)}, 1000);
+  const Compare iwhole = kf::evaluator::compare_outputs(ioff, iref, tol, 0, n);
+  const Compare ichunked = kf::evaluator::compare_outputs(ioff, iref, tol, 0, 97);
+  EXPECT_FALSE(ichunked.ok);
+  EXPECT_EQ(ichunked.bad, 10);
+  EXPECT_EQ(ichunked.bad, iwhole.bad);
+  EXPECT_EQ(ichunked.first_bad, iwhole.first_bad);
+  EXPECT_NE(ichunked.first_bad.find("index 6000:"), std::string::npos) << ichunked.first_bad;
+  EXPECT_DOUBLE_EQ(ichunked.max_abs, iwhole.max_abs);
+  EXPECT_TRUE(kf::evaluator::compare_outputs(iref.clone(), iref, tol, 0, 97).ok);
+  // A tail left holding poison pattern 0: every such element counted, across chunk boundaries.
+  at::Tensor part = ref.clone();
+  at::Tensor tail = part.slice(0, 9000, n);
+  kf::evaluator::poison_fill_host(tail.data_ptr(), tail.nbytes(), kf::KF_FLOAT32, 0);
+  EXPECT_EQ(kf::evaluator::compare_outputs(part, ref, tol, 0, 97).unwritten, n - 9000);
+  EXPECT_EQ(kf::evaluator::compare_outputs(part, ref, tol, 0, n).unwritten, n - 9000);
 }
