@@ -16,7 +16,7 @@
 # picked uniformly (actors.schedule.policy=uniform, so the per-minute windows keep one task
 # mix), so each task is visited many times and tools/report's first-vs-last visit table has data;
 # the starting policy is not scored during the runs but after them, at the same time as the
-# RL policy (same load for both), on the focus tasks and the held-out split.
+# RL policies of both runs (same load for all), on the focus tasks and the held-out split.
 # KF_SELFSUP=1 (with KF_FOCUS): stage 2 on the GPU during the runs, one round on the focus
 # tasks from the starting policy (tools/selfsup --include, 16 samples a task at temperature
 # 1.2 so that it can find kernels the corpus does not have; --time-limit leaves it 150 s
@@ -225,13 +225,18 @@ EOF
     # Both policies at once, one task at a time each: the same load for both.
     local scored=$focus,$(grep -v '^#' tasks/heldout.txt | grep . | paste -sd, -) pids=()
     tools/export runs/h200-contrast $WORK/policy-rl > $WORK/logs/export.txt 2>&1 || stamp "tools/export failed"
+    # The ablation's policy too: scoring prompts carry no exemplars, which is how h200-noex
+    # trained and not how h200-contrast did (stop 20: the contrast policy scored worse than
+    # its start; this tells a shift of prompts from harm done by the updates).
+    tools/export runs/h200-noex $WORK/policy-rl-noex >> $WORK/logs/export.txt 2>&1 || stamp "tools/export (noex) failed"
     local pol label
-    for pol in policy policy-s2 policy-rl; do
+    for pol in policy policy-s2 policy-rl policy-rl-noex; do
       [ -f $WORK/$pol/config.json ] || continue
       case $pol in
         policy) label="start (shipped policy)" ;;
         policy-s2) label="stage 2 (one round on the focus tasks)" ;;
-        *) label="RL (h200-contrast final checkpoint, from $(basename $start_policy))" ;;
+        policy-rl) label="RL (h200-contrast final checkpoint, from $(basename $start_policy))" ;;
+        *) label="RL without exemplars (h200-noex final checkpoint, from $(basename $start_policy))" ;;
       esac
       timeout $((rl_s + 120)) tools/score-policy --model $WORK/$pol --out $WORK/score-$pol --time-limit $rl_s \
         --config configs/h200.yaml --backend cuda --include "$scored" -n $n --jobs 1 --label "$label" \
