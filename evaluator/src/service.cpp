@@ -8,7 +8,6 @@
 #include <future>
 #include <nlohmann/json.hpp>
 
-
 #include "kf/common/config.h"
 #include "kf/common/error.h"
 #include "kf/common/log.h"
