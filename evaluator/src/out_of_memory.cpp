@@ -39,8 +39,7 @@ Attempt evaluate_once(Evaluator& ev, const tasks::Task& task, tasks::Backend bac
 
 Result evaluate_retrying_oom(Evaluator& ev, const tasks::Task& task, tasks::Backend backend, const std::string& source,
                              uint64_t candidate_seed, int attempts, std::chrono::milliseconds delay, bool* gave_up) {
-  const CompileResult cr =
-      ev.compiler().compile(source, backend == tasks::Backend::CUDA ? KF_BACKEND_CUDA : KF_BACKEND_CPU);
+  const CompileResult cr = ev.compiler().compile(source, abi_backend(backend));
   if (gave_up) *gave_up = false;
   for (int attempt = 1;; ++attempt) {
     Attempt a = evaluate_once(ev, task, backend, cr, candidate_seed);

@@ -199,7 +199,7 @@ std::size_t EvaluatorService::step() {
   }
   std::size_t done = 0;
   // Compile the whole batch on the pool while the first candidates are verified.
-  const Backend abi = o_.backend == tasks::Backend::CUDA ? KF_BACKEND_CUDA : KF_BACKEND_CPU;
+  const Backend abi = abi_backend(o_.backend);
   std::vector<std::shared_future<CompileResult>> compiles(batch.size());
   for (std::size_t i = 0; i < batch.size(); ++i)
     if (!batch[i].source.empty()) compiles[i] = ev_.compiler().submit(batch[i].source, abi);

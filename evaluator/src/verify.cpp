@@ -290,7 +290,7 @@ struct Session {
   // outputs are recognised on the samples alike. (An output whose calls differ only away
   // from the samples is then scored incorrect rather than named a cache replay.)
   static constexpr int64_t kSampled = 4096;
-  std::vector<at::Tensor> sample_at;  // per output: flat indices, made at the first remember()
+  std::vector<at::Tensor> sample_at;  // per output: flat indices, made at the first sampled()
   std::deque<TensorList> recent_r;    // per call, per output: the reference's sampled values
   TensorList sampled(const TensorList& t) {
     if (sample_at.empty())
@@ -303,8 +303,8 @@ struct Session {
     for (size_t i = 0; i < t.size(); ++i) s.push_back(t[i].reshape(-1).index_select(0, sample_at[i].to(t[i].device())));
     return s;
   }
-  void remember(const TensorList& r) {
-    recent_r.push_back(sampled(r));
+  void remember(TensorList rs) {  // a call's reference outputs, as sampled()
+    recent_r.push_back(std::move(rs));
     while (recent_r.size() > 3) recent_r.pop_front();
   }
   // The candidate returned an earlier call's outputs: on the samples, they match that call's
@@ -427,7 +427,7 @@ void Session::run() {
 
   // --- sandbox: one fresh worker per candidate
   SandboxOptions so = o.sandbox;
-  so.backend = b == Backend::CUDA ? KF_BACKEND_CUDA : KF_BACKEND_CPU;
+  so.backend = abi_backend(b);
   so.device = o.device;
   so.threads = o.cpu_threads > 0 ? o.cpu_threads : at::get_num_threads();
   so.flush_bytes = o.flush_cache ? flush_bytes : 0;
@@ -478,8 +478,8 @@ void Session::run() {
     expect_clean(c, where);
     Match m = match(c.outs, r, poison);
     if (!m.ok) explain_failure(m, c, r, in, p, poison, where);
-    remember(r);
     const TensorList cs = sampled(c.outs), rs = sampled(r);
+    remember(rs);
     if (i > 0 && same_bits(cs, prev_cs) && !refs_close(rs, prev_rs))
       throw Stop{Verdict::RejectedCheat, "constant or input-independent output: identical outputs for different inputs (" + where + ")"};
     if (i == 0) {
@@ -610,7 +610,7 @@ void Session::run() {
     expect_clean(c, where);
     Match m = match(c.outs, r, poison);
     if (!m.ok) call_order_failure(m, sampled(c.outs), r, in, p, poison, where);
-    remember(r);
+    remember(sampled(r));
     if (!timed) return;
     ref_ms.push_back(rt);
     cand_ms.push_back(c.call.elapsed_ms);
@@ -709,7 +709,7 @@ const EvalOptions& Evaluator::options() const { return impl_->o; }
 
 Result Evaluator::evaluate(const tasks::Task& task, tasks::Backend backend, const std::string& source,
                            uint64_t candidate_seed) {
-  CompileResult cr = impl_->compiler.compile(source, backend == tasks::Backend::CUDA ? KF_BACKEND_CUDA : KF_BACKEND_CPU);
+  CompileResult cr = impl_->compiler.compile(source, abi_backend(backend));
   return evaluate_compiled(task, backend, cr, candidate_seed);
 }
 

@@ -31,6 +31,11 @@
 
 namespace kf::evaluator {
 
+// The kernel ABI's backend code (compile service, sandbox) for a task backend.
+inline kf::Backend abi_backend(tasks::Backend b) {
+  return b == tasks::Backend::CUDA ? KF_BACKEND_CUDA : KF_BACKEND_CPU;
+}
+
 struct EvalOptions {
   CompileOptions compile;
   SandboxOptions sandbox;          // backend/device are set per evaluation
