@@ -24,6 +24,7 @@ import html
 import json
 import math
 import os
+import random
 import statistics
 import sys
 import time
@@ -205,6 +206,7 @@ def summarize_verdicts(records, min_window):
         row.update(verdict_stats(by_level[lv]))
         levels.append(row)
     trend, trend_geomean = task_trend(records)
+    within = within_task(records, windows)
     versions = version_buckets(records)
     all_cheats = [r for r in records if r["verdict"] == "rejected_cheat"]
     cheats = [{"minute": round(r["_min"], 2), "t": num(r, "t"), "task": r["task"], "level": level_of(r),
@@ -214,7 +216,7 @@ def summarize_verdicts(records, min_window):
               for r in all_cheats[-MAX_CHEATS:]]
     return {"min_window": min_window, "verified": len(records), "windows": windows, "levels": levels,
             "first_final_ratio": first_final["ratio"] if first_final else None, "first_final": first_final,
-            "task_trend": trend, "task_trend_geomean": trend_geomean, "versions": versions,
+            "task_trend": trend, "task_trend_geomean": trend_geomean, "within_task": within, "versions": versions,
             "cheats_total": len(all_cheats), "cheats": cheats, "time_split": time_split(records)}
 
 
@@ -341,6 +343,82 @@ def trend_text(summary):
             f"{summary['task_trend_geomean']:.3f} over {len(summary['task_trend'])} task(s)")
 
 
+WITHIN_RESAMPLES = 1000
+
+
+def within_task(records, windows):
+    """Speedups with the task mix taken out. A minute window holds 4-6 groups, so a few of
+    the tasks, and the tasks' speedups differ tenfold: a window's mean mostly says which
+    tasks it held. Here each ok speedup is divided by its task's geometric mean over the run
+    (tasks with two or more ok results; one result compares with nothing). Adds
+    "within_task" (the geometric mean of those ratios, or None) to each window, and returns
+    the trend: the least-squares slope of their logs over minutes as a factor per 10
+    minutes, with a 95 % interval from resampling whole groups (seeded, so a report is
+    reproducible), and the first/final usable window ratio. None without two such tasks'
+    results over more than one minute."""
+    points = []  # (group key, task, minute, log speedup)
+    for r in records:
+        s = num(r, "speedup")
+        if r["verdict"] == "ok" and s is not None and s > 0:
+            g = r.get("group")
+            key = g if isinstance(g, int) and not isinstance(g, bool) else ("candidate", r.get("candidate"), r["t"])
+            points.append((key, r["task"], r["_min"], math.log(s)))
+
+    def relative(pts):
+        by_task = {}
+        for _, task, _, y in pts:
+            by_task.setdefault(task, []).append(y)
+        centre = {t: sum(v) / len(v) for t, v in by_task.items() if len(v) >= 2}
+        return [(x, y - centre[task]) for _, task, x, y in pts if task in centre], len(centre)
+
+    def slope(xy):
+        mx = sum(x for x, _ in xy) / len(xy)
+        my = sum(y for _, y in xy) / len(xy)
+        sxx = sum((x - mx) ** 2 for x, _ in xy)
+        return sum((x - mx) * (y - my) for x, y in xy) / sxx if sxx > 0 else None
+
+    rel, tasks = relative(points)
+    by_minute = {}
+    for x, y in rel:
+        by_minute.setdefault(int(math.floor(x)), []).append(y)
+    for w in windows:
+        ys = by_minute.get(w["minute"])
+        w["within_task"] = math.exp(sum(ys) / len(ys)) if ys else None
+    b = slope(rel) if len(rel) >= 2 else None
+    if b is None:
+        return None
+    groups = {}
+    for p in points:
+        groups.setdefault(p[0], []).append(p)
+    keys = sorted(groups, key=repr)
+    rng = random.Random(0)
+    draws = []
+    for _ in range(WITHIN_RESAMPLES):
+        xy, _ = relative([p for k in rng.choices(keys, k=len(keys)) for p in groups[k]])
+        d = slope(xy) if len(xy) >= 2 else None
+        if d is not None:
+            draws.append(d)
+    draws.sort()
+    usable = [w for w in windows if not w["few"] and w["within_task"] is not None]
+    return {"ok_results": len(rel), "tasks": tasks, "groups": len(keys), "per_10_min": math.exp(10 * b),
+            "low": math.exp(10 * draws[int(0.025 * len(draws))]) if draws else None,
+            "high": math.exp(10 * draws[min(len(draws) - 1, int(0.975 * len(draws)))]) if draws else None,
+            "first_minute": usable[0]["minute"] if len(usable) >= 2 else None,
+            "final_minute": usable[-1]["minute"] if len(usable) >= 2 else None,
+            "first_final_ratio": usable[-1]["within_task"] / usable[0]["within_task"] if len(usable) >= 2 else None}
+
+
+def within_text(summary):
+    wt = summary.get("within_task")
+    if wt is None:
+        return "within task: n/a (needs ok results of a task at two or more times)"
+    ff = ("" if wt["first_final_ratio"] is None else
+          f"first vs final window {wt['first_final_ratio']:.3f} (minutes {wt['first_minute']}, {wt['final_minute']}); ")
+    ci = "" if wt["low"] is None else f", 95 % interval {wt['low']:.3f}-{wt['high']:.3f} (resampling the {wt['groups']} groups)"
+    return (f"within task (each ok speedup over its task's geometric mean in the run; {wt['ok_results']} ok results "
+            f"of {wt['tasks']} tasks): {ff}trend x{wt['per_10_min']:.3f} per 10 minutes{ci}")
+
+
 def pct(v):
     return "" if v is None else f"{v:.1f}"
 
@@ -351,11 +429,11 @@ def spd(v):
 
 def window_rows(summary):
     return [[str(w["minute"]), str(w["n"]), pct(w["correct_pct"]), pct(w["fast1_pct"]), spd(w["mean_speedup"]),
-             spd(w["median_speedup"]), spd(w["best_speedup"]), "*" if w["few"] else ""]
+             spd(w["median_speedup"]), spd(w["best_speedup"]), spd(w.get("within_task")), "*" if w["few"] else ""]
             for w in summary["windows"]]
 
 
-WINDOW_HEADERS = ["minute", "verified", "correct %", "fast_1 %", "mean", "median", "best", ""]
+WINDOW_HEADERS = ["minute", "verified", "correct %", "fast_1 %", "mean", "median", "best", "within task", ""]
 LEVEL_HEADERS = ["level", "tasks", "verified", "correct %", "fast_1 %", "mean", "median", "best"]
 
 
@@ -389,6 +467,7 @@ def print_verdict_tables(summary):
     if any(w["few"] for w in summary["windows"]):
         print(f"* fewer than {summary['min_window']} verified: not used for the first/final ratio")
     print(first_final_text(summary))
+    print(within_text(summary))
     print()
     print("Per level, whole run:")
     print(text_table(LEVEL_HEADERS, level_rows(summary)))
@@ -552,7 +631,8 @@ def plot_windows(plt, summary, out):
     fig, (a, b) = plt.subplots(2, 1, figsize=(9, 7), sharex=True)
     ws = summary["windows"]
     drawn = False
-    for key, label in [("mean_speedup", "mean"), ("median_speedup", "median")]:
+    for key, label in [("mean_speedup", "mean"), ("median_speedup", "median"),
+                       ("within_task", "within task (over the task's run geomean)")]:
         pts = [(w["minute"], w[key]) for w in ws if w[key] is not None]
         if pts:
             a.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=label)
@@ -620,6 +700,8 @@ def verdict_html(summary, windows_png):
     if any(w["few"] for w in summary["windows"]):
         parts.append(f"<p>* fewer than {summary['min_window']} verified: not used for the first/final ratio.</p>")
     parts.append(f"<p>{e(first_final_text(summary))}</p>")
+    parts.append(f"<p>{e(within_text(summary))}. The within-task column takes the task mix out of a window: "
+                 "each ok speedup is divided by its task's geometric mean over the run.</p>")
     name = os.path.basename(windows_png)
     parts.append(f"<img src=\"{e(name)}\" alt=\"speedup and correct % per window\">")
     parts.append("<h2>Per level, whole run</h2>")

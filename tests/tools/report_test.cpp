@@ -265,11 +265,13 @@ TEST(ReportTest, VerdictLogsGiveWindowsLevelsAndCheats) {
   EXPECT_NEAR(w["task_trend"][1]["ratio"].get<double>(), 1.375 / 1.5, 1e-12);
   EXPECT_NEAR(w["task_trend_geomean"].get<double>(), std::sqrt(2.4 * 1.375 / 1.5), 1e-12);
 
-  // The text tables on stdout, as users paste them.
-  for (const char* line : {"minute  verified  correct %  fast_1 %   mean  median   best\n",
-                           "     0         4       50.0      25.0  1.000   1.000  1.500  *\n",
-                           "     1         5       60.0      20.0  1.250   1.000  2.000\n",
-                           "     2         8       50.0      37.5  1.750   1.750  3.000\n",
+  // The text tables on stdout, as users paste them. Within task: run geomeans relu 3^(1/3),
+  // gelu 2.25^(1/3), softmax 1.5^(1/2) (conv has one ok result); minute 1 holds relu 2.0, softmax
+  // 1.0 and gelu 0.75, whose ratios to those have the geometric mean 0.865.
+  for (const char* line : {"minute  verified  correct %  fast_1 %   mean  median   best  within task\n",
+                           "     0         4       50.0      25.0  1.000   1.000  1.500        0.630  *\n",
+                           "     1         5       60.0      20.0  1.250   1.000  2.000        0.865\n",
+                           "     2         8       50.0      37.5  1.750   1.750  3.000        1.572\n",
                            "* fewer than 5 verified: not used for the first/final ratio\n",
                            "first window vs final window: mean speedup 1.250x (minute 1) -> 1.750x (minute 2), "
                            "ratio 1.400\n",
@@ -286,7 +288,7 @@ TEST(ReportTest, VerdictLogsGiveWindowsLevelsAndCheats) {
   const std::string page = kf::test::read_file(out + "/index.html");
   EXPECT_TRUE(contains(page, "src=\"windows.png\"")) << page;
   EXPECT_TRUE(contains(page, "<tr><td>1</td><td>5</td><td>60.0</td><td>20.0</td><td>1.250</td><td>1.000</td>"
-                             "<td>2.000</td><td></td></tr>"))
+                             "<td>2.000</td><td>0.865</td><td></td></tr>"))
       << page;
   EXPECT_TRUE(contains(page, "<tr><td>1</td><td>2</td><td>10</td><td>60.0</td><td>40.0</td><td>1.625</td>"
                              "<td>1.750</td><td>3.000</td></tr>"))
@@ -336,6 +338,47 @@ TEST(ReportTest, VerdictsAreGroupedByPolicyVersion) {
   EXPECT_EQ(w["versions"][4]["last_version"], 13);
   EXPECT_EQ(w["versions"][4]["n"], 4);
   EXPECT_DOUBLE_EQ(w["versions"][4]["best_speedup"].get<double>(), 0.5 + 0.25 * 13);
+}
+
+// A run whose windows fall only because the task mix changes: minute 0 holds the fast task's
+// first group, minute 3 the slow task's last one. Each task got 4x faster, so within the
+// task the windows rise: 0.5, 0.5, 2, 2 of the task's geometric mean, a slope of 0.8 ln 2
+// per minute, x2^8 per 10 minutes. A task with one ok result and a failed verdict add
+// nothing to the within-task figures.
+TEST(ReportTest, WithinTaskWindowsTakeOutTheTaskMix) {
+  kf::test::TempDir tmp("report");
+  const std::string run = run_folder(tmp);
+  const double t0 = 1796300000.0;
+  kf::test::write_file(run + "/metrics/run.jsonl", nlohmann::json({{"step", 1}, {"time", t0}}).dump() + "\n");
+  const struct { int minute; const char* task; double speedup; } oks[] = {
+      {0, "001_relu", 2.0}, {1, "002_gelu", 0.25}, {2, "001_relu", 8.0}, {3, "002_gelu", 1.0}};
+  std::string lines;
+  for (const auto& o : oks)  // two results of one group (candidate / 4) per window
+    for (int i = 0; i < 2; ++i)
+      lines += verdict_line(t0 + 30 + 60 * o.minute, 0, 4 * o.minute + i, o.task, 1, "ok", o.speedup);
+  lines += verdict_line(t0 + 31, 0, 100, "003_tanh", 1, "ok", 5.0);
+  lines += verdict_line(t0 + 32, 0, 3, "001_relu", 1, "incorrect");
+  kf::test::write_file(run + "/metrics/verdicts-0.jsonl", lines);
+  const Result r = report({run, "--min-window", "1"}, tmp.path);
+  expect_matplotlib(r);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const auto w = nlohmann::json::parse(kf::test::read_file(run + "/report/windows.json"));
+  // The plain windows fall: (2 + 2 + 5) / 3 -> 1.
+  EXPECT_NEAR(w["first_final_ratio"].get<double>(), 1.0 / 3, 1e-12) << w.dump(1);
+  ASSERT_EQ(w["windows"].size(), 4u);
+  const double expect_window[] = {0.5, 0.5, 2.0, 2.0};
+  for (int m = 0; m < 4; ++m)
+    EXPECT_NEAR(w["windows"][m]["within_task"].get<double>(), expect_window[m], 1e-12) << "minute " << m;
+  const auto& wt = w["within_task"];
+  EXPECT_EQ(wt["ok_results"], 8) << wt.dump(1);
+  EXPECT_EQ(wt["tasks"], 2);
+  EXPECT_EQ(wt["groups"], 5);  // 4 groups of two, and 003_tanh's (counted, but its task drops out)
+  EXPECT_NEAR(wt["per_10_min"].get<double>(), 256.0, 1e-6);
+  EXPECT_NEAR(wt["first_final_ratio"].get<double>(), 4.0, 1e-12);
+  ASSERT_TRUE(wt["low"].is_number() && wt["high"].is_number()) << wt.dump(1);
+  EXPECT_LE(wt["low"].get<double>(), wt["high"].get<double>());
+  EXPECT_TRUE(contains(r.out, "trend x256.000 per 10 minutes")) << r.out;
+  EXPECT_TRUE(contains(kf::test::read_file(run + "/report/index.html"), "within task")) << "index.html";
 }
 
 // Where the evaluators' time went, per kind of verdict: "timing unstable" apart from the
