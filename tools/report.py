@@ -25,6 +25,7 @@ import json
 import math
 import os
 import random
+import re
 import statistics
 import sys
 import time
@@ -207,6 +208,7 @@ def summarize_verdicts(records, min_window):
         levels.append(row)
     trend, trend_geomean = task_trend(records)
     within = within_task(records, windows)
+    compile_errors = compile_error_kinds(records)
     versions = version_buckets(records)
     all_cheats = [r for r in records if r["verdict"] == "rejected_cheat"]
     cheats = [{"minute": round(r["_min"], 2), "t": num(r, "t"), "task": r["task"], "level": level_of(r),
@@ -216,7 +218,7 @@ def summarize_verdicts(records, min_window):
               for r in all_cheats[-MAX_CHEATS:]]
     return {"min_window": min_window, "verified": len(records), "windows": windows, "levels": levels,
             "first_final_ratio": first_final["ratio"] if first_final else None, "first_final": first_final,
-            "task_trend": trend, "task_trend_geomean": trend_geomean, "within_task": within, "versions": versions,
+            "task_trend": trend, "task_trend_geomean": trend_geomean, "within_task": within, "compile_errors": compile_errors, "versions": versions,
             "cheats_total": len(all_cheats), "cheats": cheats, "time_split": time_split(records)}
 
 
@@ -341,6 +343,45 @@ def trend_text(summary):
         return "per task, first vs last visit: n/a (no task had two visits with an ok result)"
     return (f"per task, first vs last visit: geometric mean of the mean-speedup ratios "
             f"{summary['task_trend_geomean']:.3f} over {len(summary['task_trend'])} task(s)")
+
+
+MAX_COMPILE_KINDS = 8
+LOCATION = re.compile(r"^[^\s:]*(\(\d+\)|:\d+(:\d+)?):\s*")  # "k.cu(12): " or "k.cpp:3:9: "
+
+
+def compile_error_kinds(records):
+    """Compile errors by the compiler's first error line (the verdict lines' "diagnostic",
+    logged since stop 22; its file:line prefix dropped), most frequent first, counted in the
+    early and the late half of the policy versions: what the policy keeps getting wrong, and
+    whether that changed as it trained. [] without such lines."""
+    errs = [r for r in records if r["verdict"] == "compile_error" and isinstance(r.get("diagnostic"), str)
+            and r["diagnostic"]]
+    if not errs:
+        return []
+    versions = sorted(r["policy_version"] for r in errs if isinstance(r.get("policy_version"), int))
+    split = versions[len(versions) // 2] if versions else None
+    kinds = {}
+    for r in errs:
+        k = kinds.setdefault(LOCATION.sub("", r["diagnostic"]), {"n": 0, "early": 0, "late": 0})
+        k["n"] += 1
+        v = r.get("policy_version")
+        if split is not None and isinstance(v, int):
+            k["early" if v < split else "late"] += 1
+    rows = [dict(message=m, **k) for m, k in sorted(kinds.items(), key=lambda kv: (-kv[1]["n"], kv[0]))]
+    return [dict(r, split_version=split, total=len(errs), kinds=len(rows)) for r in rows[:MAX_COMPILE_KINDS]]
+
+
+COMPILE_HEADERS = ["n", "early", "late", "first error"]
+
+
+def compile_rows(summary):
+    return [[str(k["n"]), str(k["early"]), str(k["late"]), k["message"]] for k in summary["compile_errors"]]
+
+
+def compile_title(summary):
+    k = summary["compile_errors"][0]
+    return (f"Compile errors by first error line ({k['total']} with a diagnostic, {k['kinds']} kinds, top "
+            f"{len(summary['compile_errors'])}; early = policy versions below {k['split_version']}, late = the rest):")
 
 
 WITHIN_RESAMPLES = 1000
@@ -482,6 +523,10 @@ def print_verdict_tables(summary):
     print(trend_text(summary))
     print(f"rejected as cheats: {summary['cheats_total']} (reasons in index.html and windows.json)")
     print()
+    if summary["compile_errors"]:
+        print(compile_title(summary))
+        print(text_table(COMPILE_HEADERS, compile_rows(summary)))
+        print()
     if summary["time_split"]:
         print("Verification time by verdict (evaluator process seconds; shares of verify s):")
         print(text_table(TIME_HEADERS, time_rows(summary)))
@@ -712,6 +757,10 @@ def verdict_html(summary, windows_png):
     if summary["task_trend"]:
         parts.append(html_table(TREND_HEADERS, trend_rows(summary)))
     parts.append(f"<p>{e(trend_text(summary))}</p>")
+    if summary["compile_errors"]:
+        parts.append("<h2>Compile errors</h2>")
+        parts.append(f"<p>{e(compile_title(summary))}</p>")
+        parts.append(html_table(COMPILE_HEADERS, compile_rows(summary)))
     parts.append("<h2>Rejected as cheats</h2>")
     cheats = summary["cheats"]
     if not cheats:

@@ -34,6 +34,16 @@ int64_t monotonic_ns() {
   return int64_t(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
 }
 
+// The compiler's first error line for the verdict log, its file path cut to the file name
+// (the cache folder differs per source), so that tools/report can count errors by kind.
+std::string first_diagnostic(const std::string& diagnostics) {
+  std::string line = diagnostics.substr(0, diagnostics.find('\n'));
+  const auto colon = line.find(':');
+  const auto slash = line.rfind('/', colon);
+  if (colon != std::string::npos && slash != std::string::npos) line.erase(0, slash + 1);
+  return line.substr(0, 240);
+}
+
 }  // namespace
 
 replay::Result to_record(const Result& r, const replay::Candidate& c, int evaluator_id) {
@@ -97,7 +107,8 @@ void EvaluatorService::log_verdict(const replay::Candidate& c, const Result& r, 
                             {"lock_wait_s", r.lock_wait_s},
                             {"timing_s", r.timing_s},
                             {"timed_trials", r.timed_trials},
-                            {"reason", r.reason.substr(0, 300)}};
+                            {"reason", r.reason.substr(0, 300)},
+                            {"diagnostic", r.verdict == Verdict::CompileError ? first_diagnostic(r.diagnostics) : ""}};
   // A cut multi-byte character is replaced, not thrown on.
   verdicts_ << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << '\n' << std::flush;
   if (!verdicts_) {

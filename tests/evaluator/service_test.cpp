@@ -80,13 +80,15 @@ TEST(EvaluatorServiceTest, ScoresQueuedCandidatesPushesResultsAndStoresOkKernels
                                      std::chrono::seconds(1)));
   ASSERT_TRUE(shm->candidates().push(no_code, std::chrono::seconds(1)));
   ASSERT_TRUE(shm->candidates().push(candidate(104, "no_such_task", good, 3), std::chrono::seconds(1)));
+  const std::string broken = "#include \"kf/kernel.h\"\nint helper() { return undefined_name; }\n";
+  ASSERT_TRUE(shm->candidates().push(candidate(105, "001_relu", broken, 4), std::chrono::seconds(1)));
 
   std::size_t scored = 0;
-  for (int i = 0; i < 10 && scored < 4; ++i) scored += service.step();
-  ASSERT_EQ(scored, 4u);
+  for (int i = 0; i < 10 && scored < 5; ++i) scored += service.step();
+  ASSERT_EQ(scored, 5u);
 
   std::vector<replay::Result> results;
-  ASSERT_EQ(shm->results().pop_batch(results, 10, std::chrono::milliseconds(100)), 4u);
+  ASSERT_EQ(shm->results().pop_batch(results, 10, std::chrono::milliseconds(100)), 5u);
   std::map<uint64_t, replay::Result> by_id;
   for (const auto& r : results) by_id[r.candidate_id] = r;
   EXPECT_EQ(by_id[101].verdict, replay::Verdict::ok) << by_id[101].reason;
@@ -101,7 +103,8 @@ TEST(EvaluatorServiceTest, ScoresQueuedCandidatesPushesResultsAndStoresOkKernels
   EXPECT_EQ(by_id[104].verdict, replay::Verdict::runtime_error);
   EXPECT_NE(by_id[104].reason.find("no_such_task"), std::string::npos) << by_id[104].reason;
   EXPECT_TRUE(replay::environment_failure(by_id[104])) << "an unknown task is the setup's fault, not the kernel's";
-  for (uint64_t id : {102, 103, 104}) EXPECT_LT(by_id[id].reward, 0) << id;
+  EXPECT_EQ(by_id[105].verdict, replay::Verdict::compile_error);
+  for (uint64_t id : {102, 103, 104, 105}) EXPECT_LT(by_id[id].reward, 0) << id;
 
   // Only the verified kernel entered the database, with its speedup and policy version.
   auto entries = shm->kernels().entries("001_relu");
@@ -122,7 +125,7 @@ TEST(EvaluatorServiceTest, ScoresQueuedCandidatesPushesResultsAndStoresOkKernels
       logged[j.at("candidate").get<uint64_t>()] = j;
     }
   }
-  ASSERT_EQ(logged.size(), 4u);
+  ASSERT_EQ(logged.size(), 5u);
   EXPECT_EQ(logged[101]["task"], "001_relu");
   EXPECT_EQ(logged[101]["level"], 1);
   EXPECT_EQ(logged[101]["verdict"], "ok");
@@ -138,6 +141,13 @@ TEST(EvaluatorServiceTest, ScoresQueuedCandidatesPushesResultsAndStoresOkKernels
   EXPECT_EQ(logged[102]["speedup"], 0.0);
   EXPECT_NE(logged[102]["reason"].get<std::string>().find("not fully written"), std::string::npos);
   EXPECT_EQ(logged[103]["verdict"], "compile_error");
+  EXPECT_EQ(logged[103]["diagnostic"], "");  // nothing was compiled: the reason says why
+  // A compile error logs the compiler's first error line, the cache path cut to the file name.
+  const std::string diag = logged[105]["diagnostic"].get<std::string>();
+  EXPECT_NE(diag.find("error"), std::string::npos) << diag;
+  EXPECT_NE(diag.find("undefined_name"), std::string::npos) << diag;
+  EXPECT_EQ(diag.find('/'), std::string::npos) << diag;
+  EXPECT_EQ(logged[101]["diagnostic"], "");
   EXPECT_EQ(logged[104]["level"], 0);  // unknown task: no level
   std::remove(log.c_str());
 
@@ -146,7 +156,7 @@ TEST(EvaluatorServiceTest, ScoresQueuedCandidatesPushesResultsAndStoresOkKernels
   for (const auto& p : shm->control().peers(std::chrono::seconds(60)))
     if (p.role == "evaluator" && p.id == 3) {
       seen = true;
-      EXPECT_EQ(p.counters[kScored], 4u);
+      EXPECT_EQ(p.counters[kScored], 5u);
       EXPECT_EQ(p.counters[kOk], 1u);
       EXPECT_EQ(p.counters[kCheat], 1u);
     }

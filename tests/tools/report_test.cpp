@@ -381,6 +381,46 @@ TEST(ReportTest, WithinTaskWindowsTakeOutTheTaskMix) {
   EXPECT_TRUE(contains(kf::test::read_file(run + "/report/index.html"), "within task")) << "index.html";
 }
 
+// Compile errors counted by the compiler's first error line, its location dropped, in the
+// early and late half of the policy versions; a line without a diagnostic (verdict logs
+// before stop 22) is not counted.
+TEST(ReportTest, CompileErrorsAreCountedByFirstErrorLine) {
+  kf::test::TempDir tmp("report");
+  const std::string run = run_folder(tmp);
+  const double t0 = 1796300000.0;
+  const struct { int version; const char* diagnostic; } errs[] = {
+      {1, "a.cu(3): error: identifier \"x\" is undefined"}, {3, "b.cu(9): error: identifier \"x\" is undefined"},
+      {1, "c.cu(1): error: expected a \";\""}, {2, "c.cu(2): error: expected a \";\""},
+      {3, "k.cpp:7:2: error: expected a \";\""}};
+  std::string lines;
+  int cand = 0;
+  for (const auto& e : errs) {
+    auto j = nlohmann::json::parse(verdict_line(t0 + cand, 0, cand, "001_relu", 1, "compile_error", 0, "compile error",
+                                                e.version));
+    j["diagnostic"] = e.diagnostic;
+    lines += j.dump() + "\n";
+    ++cand;
+  }
+  lines += verdict_line(t0 + 10, 0, 10, "001_relu", 1, "compile_error", 0, "compile error", 9);
+  kf::test::write_file(run + "/metrics/verdicts-0.jsonl", lines);
+  const Result r = report({run}, tmp.path);
+  expect_matplotlib(r);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const auto w = nlohmann::json::parse(kf::test::read_file(run + "/report/windows.json"));
+  const auto& ce = w["compile_errors"];
+  ASSERT_EQ(ce.size(), 2u) << ce.dump(1);
+  EXPECT_EQ(ce[0]["message"], "error: expected a \";\"");
+  EXPECT_EQ(ce[0]["n"], 3);
+  EXPECT_EQ(ce[0]["early"], 1);  // versions sorted 1 1 2 3 3: early is below version 2
+  EXPECT_EQ(ce[0]["late"], 2);
+  EXPECT_EQ(ce[1]["message"], "error: identifier \"x\" is undefined");
+  EXPECT_EQ(ce[1]["early"], 1);
+  EXPECT_EQ(ce[1]["late"], 1);
+  EXPECT_EQ(ce[0]["total"], 5);
+  EXPECT_EQ(ce[0]["split_version"], 2);
+  EXPECT_TRUE(contains(r.out, "Compile errors by first error line (5 with a diagnostic, 2 kinds")) << r.out;
+}
+
 // Where the evaluators' time went, per kind of verdict: "timing unstable" apart from the
 // other runtime errors, shares of verify_s from the lines that carry the parts (an old
 // line without them counts in n and verify s only).
