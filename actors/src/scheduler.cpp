@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <set>
 
 #include "kf/common/error.h"
@@ -10,9 +11,10 @@ namespace kf::actors {
 
 SchedulePolicy parse_schedule_policy(const std::string& s, const std::string& context) {
   if (s == "uniform") return SchedulePolicy::uniform;
+  if (s == "cycle") return SchedulePolicy::cycle;
   if (s == "room") return SchedulePolicy::room;
   if (s == "curriculum") return SchedulePolicy::curriculum;
-  throw error_at(context, "unknown schedule policy '" + s + "' (uniform, room, curriculum)");
+  throw error_at(context, "unknown schedule policy '" + s + "' (uniform, cycle, room, curriculum)");
 }
 
 TaskScheduler::TaskScheduler(std::vector<TaskEntry> tasks, ScheduleOptions opts, uint64_t seed)
@@ -48,11 +50,18 @@ int TaskScheduler::open_level() const {
 
 std::vector<double> TaskScheduler::probabilities() const {
   const std::size_t n = tasks_.size();
+  if (opts_.policy == SchedulePolicy::cycle) {
+    // The next pick is one of the tasks this pass has not reached yet (a new pass: any).
+    std::vector<double> p(n, pass_pos_ < pass_.size() ? 0.0 : 1.0 / static_cast<double>(n));
+    for (std::size_t k = pass_pos_; k < pass_.size(); ++k) p[pass_[k]] = 1.0 / static_cast<double>(pass_.size() - pass_pos_);
+    return p;
+  }
   std::vector<double> w(n, 0.0);
   const int open = opts_.policy == SchedulePolicy::curriculum ? open_level() : 0;
   for (std::size_t i = 0; i < n; ++i) {
     switch (opts_.policy) {
-      case SchedulePolicy::uniform: w[i] = 1.0; break;
+      case SchedulePolicy::uniform:
+      case SchedulePolicy::cycle: w[i] = 1.0; break;
       case SchedulePolicy::room: w[i] = room(i); break;
       case SchedulePolicy::curriculum: w[i] = tasks_[i].level <= open ? room(i) : 0.0; break;
     }
@@ -67,6 +76,15 @@ std::vector<double> TaskScheduler::probabilities() const {
 }
 
 std::size_t TaskScheduler::next() {
+  if (opts_.policy == SchedulePolicy::cycle) {
+    if (pass_pos_ == pass_.size()) {
+      pass_.resize(tasks_.size());
+      std::iota(pass_.begin(), pass_.end(), std::size_t{0});
+      std::shuffle(pass_.begin(), pass_.end(), rng_);
+      pass_pos_ = 0;
+    }
+    return pass_[pass_pos_++];
+  }
   const auto p = probabilities();
   std::discrete_distribution<std::size_t> d(p.begin(), p.end());
   return d(rng_);

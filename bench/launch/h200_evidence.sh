@@ -13,8 +13,9 @@
 # KF_SFT_SECONDS=0 skips stage 1 and the corpus verification: the runs start from
 # policies/default.
 # KF_FOCUS=a,b,... (side by side only): both runs train on these tasks only (tasks.include),
-# picked uniformly (actors.schedule.policy=uniform, so the per-minute windows keep one task
-# mix), so each task is visited many times and tools/report's first-vs-last visit table has data;
+# picked in passes over all of them (actors.schedule.policy=cycle, so the per-minute windows
+# keep one task mix; stop 22 and before: uniform picks), so each task is visited many times
+# and tools/report's first-vs-last visit table has data;
 # the starting policy is not scored during the runs but after them, at the same time as the
 # RL policies of both runs (same load for all), on the focus tasks and the held-out split.
 # KF_SELFSUP=1 (with KF_FOCUS): stage 2 on the GPU during the runs, one round on the focus
@@ -182,9 +183,9 @@ EOF
   fi
   # Side by side, both evaluators would be pinned to the same cores.
   common+=(--set launch.cpu_affinity=false)
-  # Uniform picks: the default (room) schedule moves picks to the slower tasks as others
-  # improve, which changes the task mix of the per-minute windows.
-  [ -n "$focus" ] && common+=(--set "tasks.include=[$focus]" --set actors.schedule.policy=uniform)
+  # Passes over the tasks: the default (room) schedule moves picks to the slower tasks as
+  # others improve, and uniform picks give a minute's 4-6 groups a random task mix.
+  [ -n "$focus" ] && common+=(--set "tasks.include=[$focus]" --set actors.schedule.policy=cycle)
   tools/launch configs/h200.yaml --name h200-contrast "${common[@]}" > $WORK/logs/launch-contrast.txt 2>&1 &
   local a=$!
   tools/launch configs/h200.yaml --name h200-noex "${common[@]}" --set actors.prompt.mode=no_exemplars \

@@ -75,7 +75,7 @@ const std::vector<ConfigKey>& config_schema() {
       {"actors.sampling.loop_max_period", T::Int, "128", false, {}, "loop stop: longest repeated block, in tokens"},
       {"actors.sampling.loop_min_span", T::Int, "64", false, {}, "loop stop: fewest tokens the repeats must span"},
       {"actors.sampling.shared_prefill", T::Bool, "true", false, {}, "prefill the prompt once per group"},
-      {"actors.schedule.policy", T::String, "room", false, {"uniform", "room", "curriculum"}, "how tasks are chosen"},
+      {"actors.schedule.policy", T::String, "room", false, {"uniform", "cycle", "room", "curriculum"}, "how tasks are chosen"},
       {"actors.schedule.min_share", T::Float, "0.2", false, {}, "probability of a uniform pick over all tasks"},
       {"actors.schedule.alpha", T::Float, "1.0", false, {}, "room = 1 / best_speedup^alpha"},
       {"actors.schedule.unlock_fraction", T::Float, "0.5", false, {}, "curriculum: solved fraction that opens the next level"},

@@ -215,6 +215,11 @@ std::size_t EvaluatorService::step() {
   for (std::size_t i = 0; i < batch.size(); ++i)
     if (!batch[i].source.empty()) compiles[i] = ev_.compiler().submit(batch[i].source, abi);
   for (std::size_t i = 0; i < batch.size(); ++i) {
+    if (i > 0 && o_.stop && o_.stop->load()) {
+      log_warn("evaluator ", o_.evaluator_id, ": stopping on a signal; ", batch.size() - i,
+               " candidate(s) of its batch are left unscored (their groups hit their deadline)");
+      break;
+    }
     const replay::Candidate& c = batch[i];
     Result r;
     std::string err;

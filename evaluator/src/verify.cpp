@@ -95,6 +95,7 @@ struct Session {
   uint64_t base_seed = 0;
   std::string so_path;
   int calls = 0;
+  int late_cpu_calls = 0;  // calls whose other threads used more than late_cpu_ms after return
   double ref_est_ms = 1;
   at::Tensor flush_buf;
   unsigned long long flush_bytes = 0;
@@ -238,8 +239,12 @@ struct Session {
       throw Stop{Verdict::RejectedCheat, "modifies its inputs: '" + c.inputs_changed + "' changed during the call (" + where + ")"};
     if (c.late_changed)
       throw Stop{Verdict::RejectedCheat, "work escaping the timed region: outputs changed after kf_forward returned (deferred work on host threads or unsynchronised work) (" + where + ")"};
-    if (c.call.late_cpu_ms > o.late_cpu_ms)
-      throw Stop{Verdict::RejectedCheat, "work escaping the timed region: other threads used " + fmt(c.call.late_cpu_ms) + " ms of CPU after kf_forward returned (" + where + ")"};
+    // One call over the line is the loaded host's (a correct CPU softmax measured 2.14 ms on
+    // two busy cores in stop 22's test run); deferred work that buys time shows every call.
+    if (c.call.late_cpu_ms > o.late_cpu_ms && ++late_cpu_calls >= 2)
+      throw Stop{Verdict::RejectedCheat, "work escaping the timed region: other threads used " + fmt(c.call.late_cpu_ms) +
+                                             " ms of CPU after kf_forward returned (" + where + "; the second call over " +
+                                             fmt(o.late_cpu_ms) + " ms)"};
   }
 
   static std::string fmt(double v) {
@@ -411,6 +416,7 @@ struct Session {
 
 void Session::run() {
   const auto t_start = Clock::now();
+  const tasks::ExactFp32Scope exact_fp32;  // the reference is the task's exact result, never TF32
   abi_in = task.inputs(b);
   n_inputs = abi_in.size();
   for (const auto& p : task.params(b)) abi_in.push_back(p);

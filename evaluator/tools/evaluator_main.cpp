@@ -58,6 +58,7 @@ int main(int argc, char** argv) {
     eo.device = device;
     so = kf::evaluator::service_options(cfg);
     so.evaluator_id = id;
+    so.stop = &g_stop;
     if (!run_dir.empty()) so.verdict_log = run_dir + "/metrics/verdicts-" + std::to_string(id) + ".jsonl";
     if (eo.cpu_threads > 0) at::set_num_threads(eo.cpu_threads);
   } catch (const std::exception& e) {

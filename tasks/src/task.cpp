@@ -333,4 +333,28 @@ std::vector<std::shared_ptr<const Task>> Task::load_all(const std::string& tasks
   return out;
 }
 
+namespace {
+std::mutex g_fp32_mu;
+int g_fp32_scopes = 0;
+bool g_saved_tf32_cublas = false, g_saved_tf32_cudnn = false;
+}  // namespace
+
+ExactFp32Scope::ExactFp32Scope() {
+  std::lock_guard<std::mutex> lk(g_fp32_mu);
+  if (g_fp32_scopes++ > 0) return;
+  auto& ctx = at::globalContext();
+  g_saved_tf32_cublas = ctx.allowTF32CuBLAS();
+  g_saved_tf32_cudnn = ctx.allowTF32CuDNN();
+  ctx.setAllowTF32CuBLAS(false);
+  ctx.setAllowTF32CuDNN(false);
+}
+
+ExactFp32Scope::~ExactFp32Scope() {
+  std::lock_guard<std::mutex> lk(g_fp32_mu);
+  if (--g_fp32_scopes > 0) return;
+  auto& ctx = at::globalContext();
+  ctx.setAllowTF32CuBLAS(g_saved_tf32_cublas);
+  ctx.setAllowTF32CuDNN(g_saved_tf32_cudnn);
+}
+
 }  // namespace kf::tasks

@@ -1,4 +1,4 @@
-// Task scheduling: uniform, room-to-improve and curriculum policies; every task keeps a share.
+// Task scheduling: uniform, cycle, room-to-improve and curriculum policies; every task keeps a share.
 #include <gtest/gtest.h>
 
 #include <numeric>
@@ -18,6 +18,35 @@ TEST(SchedulerTest, UniformIsUniform) {
   std::vector<int> n(5);
   for (int i = 0; i < 5000; ++i) ++n[s.next()];
   for (int c : n) EXPECT_NEAR(c, 1000, 150);
+}
+
+// Every pass visits each task once, in a new seeded order: any 5 consecutive picks that
+// start a pass are the 5 tasks, and the counts after 20 passes are exactly 20 each.
+TEST(SchedulerTest, CycleVisitsEveryTaskOncePerPassInChangingOrder) {
+  TaskScheduler s(tasks(), {SchedulePolicy::cycle, 0.2, 1.0, 0.5}, 5);
+  for (double p : s.probabilities()) EXPECT_NEAR(p, 0.2, 1e-12);
+  std::vector<int> n(5);
+  std::vector<std::vector<std::size_t>> orders;
+  for (int pass = 0; pass < 20; ++pass) {
+    std::vector<std::size_t> order;
+    for (int k = 0; k < 5; ++k) {
+      const auto p = s.probabilities();
+      EXPECT_NEAR(std::accumulate(p.begin(), p.end(), 0.0), 1.0, 1e-12);
+      const std::size_t i = s.next();
+      EXPECT_NEAR(p[i], 1.0 / (5 - k), 1e-12) << "pass " << pass << " pick " << k;
+      for (std::size_t j : order) EXPECT_EQ(p[j], 0.0) << "already picked this pass";
+      order.push_back(i);
+      ++n[i];
+    }
+    orders.push_back(order);
+  }
+  for (int c : n) EXPECT_EQ(c, 20);
+  int distinct = 0;
+  for (std::size_t k = 1; k < orders.size(); ++k) distinct += orders[k] != orders[0];
+  EXPECT_GT(distinct, 10) << "each pass shuffles anew";
+  TaskScheduler a(tasks(), {SchedulePolicy::cycle, 0.2, 1.0, 0.5}, 7), b(tasks(), {SchedulePolicy::cycle, 0.2, 1.0, 0.5}, 7);
+  for (int i = 0; i < 50; ++i) EXPECT_EQ(a.next(), b.next());
+  EXPECT_EQ(parse_schedule_policy("cycle", "cfg"), SchedulePolicy::cycle);
 }
 
 TEST(SchedulerTest, RoomFavoursTasksWithRoomToImproveAndKeepsAShareForAll) {

@@ -86,7 +86,11 @@ TEST(CorpusTest, ManifestListsOnlyCompiledOrVerifiedCudaKernels) {
     const std::string f = e.at("file");
     ASSERT_TRUE(v.contains(f)) << f << " is in the manifest but not in verified_cuda.json";
     const std::string verdict = v[f].at("verdict");
-    EXPECT_TRUE(verdict == "ok" || verdict == "compiled, not run") << f << ": " << verdict;
+    // "re-verify": the last verdict says nothing about the kernel (a verifier fault fixed
+    // since, the machine's failure, or load); the reason must say which, and it waits for
+    // a GPU session. Anything else measured and not ok is a bad corpus kernel.
+    const bool pending = verdict == "re-verify" && v[f].at("reason").get<std::string>().rfind("re-verify: ", 0) == 0;
+    EXPECT_TRUE(verdict == "ok" || verdict == "compiled, not run" || pending) << f << ": " << verdict;
     ++n;
   }
   EXPECT_GT(n, 0);

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <thread>
 #include <cstdio>
@@ -161,6 +162,37 @@ TEST(EvaluatorServiceTest, ScoresQueuedCandidatesPushesResultsAndStoresOkKernels
       EXPECT_EQ(p.counters[kCheat], 1u);
     }
   EXPECT_TRUE(seen);
+  shm->shutdown();
+}
+
+// A signal during a batch: the candidate in hand is scored, the rest of the batch is not
+// (stop 22: an evaluator kept verifying its whole batch of 8 after SIGTERM and the launcher
+// killed it 15 s later).
+TEST(EvaluatorServiceTest, StopFlagEndsTheBatchAfterTheCandidateInHand) {
+  const std::string run = "kft" + std::to_string(getpid()) + ".evstop";
+  auto shm = replay::RunShm::create(run);
+  Evaluator ev(light_options());
+  std::atomic<bool> stop{false};
+  ServiceOptions so;
+  so.tasks_dir = build_dir() + "/tasks";
+  so.batch = 8;
+  so.stop = &stop;
+  EvaluatorService service(ev, *shm, so);
+  service.on_result([&](const replay::Result&, const Result&) { stop = true; });  // the signal arrives meanwhile
+  const std::string good = test::read_kernel("cpu/good_relu.cpp");
+  for (uint64_t id = 301; id <= 303; ++id)
+    ASSERT_TRUE(shm->candidates().push(candidate(id, "001_relu", good, uint32_t(id - 301)), std::chrono::seconds(1)));
+  EXPECT_EQ(service.step(), 1u);
+  std::vector<replay::Result> results;
+  ASSERT_EQ(shm->results().pop_batch(results, 10, std::chrono::milliseconds(100)), 1u);
+  EXPECT_EQ(results[0].candidate_id, 301u);
+  EXPECT_EQ(service.stats().scored, 1u);
+  // Without the flag the whole batch is scored.
+  stop = false;
+  EvaluatorService plain(ev, *shm, [&] { ServiceOptions o = so; o.stop = nullptr; return o; }());
+  for (uint64_t id = 304; id <= 305; ++id)
+    ASSERT_TRUE(shm->candidates().push(candidate(id, "001_relu", good, uint32_t(id - 304)), std::chrono::seconds(1)));
+  EXPECT_EQ(plain.step(), 2u);
   shm->shutdown();
 }
 

@@ -3,9 +3,13 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <ATen/Context.h>
+
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "kf/common/run_dir.h"
 #include "kf/tasks/task.h"
@@ -117,3 +121,42 @@ TEST(TaskArtifactTest, TruncatedParamsFileIsAnError) {
 }
 
 }  // namespace
+
+// References compute in IEEE fp32 inside the scope whatever the process set (these are
+// process flags: no GPU needed), nested and overlapping scopes from two threads keep it so
+// until the last one ends, and then the process's own setting is back.
+TEST(ExactFp32ScopeTest, TurnsTf32OffWhileAnyScopeLivesThenRestoresTheProcessSetting) {
+  auto& ctx = at::globalContext();
+  const bool cublas0 = ctx.allowTF32CuBLAS(), cudnn0 = ctx.allowTF32CuDNN();
+  ctx.setAllowTF32CuBLAS(true);  // as tools/selfsup trains
+  ctx.setAllowTF32CuDNN(true);   // torch's default
+  {
+    kf::tasks::ExactFp32Scope outer;
+    EXPECT_FALSE(ctx.allowTF32CuBLAS());
+    EXPECT_FALSE(ctx.allowTF32CuDNN());
+    std::promise<void> entered, leave;
+    std::thread other([&] {
+      kf::tasks::ExactFp32Scope inner;
+      entered.set_value();
+      leave.get_future().wait();
+    });
+    entered.get_future().wait();
+    {
+      kf::tasks::ExactFp32Scope nested;
+    }
+    EXPECT_FALSE(ctx.allowTF32CuBLAS()) << "a nested scope ended, two still live";
+    leave.set_value();
+    other.join();
+    EXPECT_FALSE(ctx.allowTF32CuDNN()) << "the other thread's scope ended, the outer one lives";
+  }
+  EXPECT_TRUE(ctx.allowTF32CuBLAS());
+  EXPECT_TRUE(ctx.allowTF32CuDNN());
+  ctx.setAllowTF32CuDNN(false);
+  {
+    kf::tasks::ExactFp32Scope s;
+  }
+  EXPECT_TRUE(ctx.allowTF32CuBLAS());
+  EXPECT_FALSE(ctx.allowTF32CuDNN()) << "restored to what the process had, not to a default";
+  ctx.setAllowTF32CuBLAS(cublas0);
+  ctx.setAllowTF32CuDNN(cudnn0);
+}

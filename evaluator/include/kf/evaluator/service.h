@@ -19,6 +19,7 @@
 // Threading: one thread drives a service (it owns the Evaluator's timing). One service
 // per GPU; CPU evaluators may run several.
 #pragma once
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -57,6 +58,10 @@ struct ServiceOptions {
   // more than this (0: never). Without it each evaluator keeps the peak of the biggest task
   // it has seen, and several evaluators on one GPU run each other out of memory.
   std::size_t cache_limit_bytes = 0;
+  // Set by a signal handler (kf-evaluator): step() stops after the candidate in hand and
+  // leaves the rest of its batch unscored, so that a stopping run is not kept waiting for
+  // up to `batch` verifications (the launcher kills evaluators 15 s after SIGTERM).
+  const std::atomic<bool>* stop = nullptr;
 };
 
 // From the run's config: run.backend, tasks.dir, evaluator.cache_limit_gb (throws

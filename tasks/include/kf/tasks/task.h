@@ -90,4 +90,18 @@ class Reference {
   virtual void set_params(std::vector<at::Tensor> params) = 0;  // throws kf::Error on shape/dtype mismatch
 };
 
+// While one exists (in any thread), cuBLAS matmuls and cuDNN convolutions compute in IEEE
+// fp32, not TF32: a reference defines the task's exact result. torch lets cuDNN convolutions
+// use TF32 by default, and tools/selfsup trains with TF32 cuBLAS in the process that also
+// verifies; a TF32 reference differs from an exact fp32 kernel by about 1e-3, ten times the
+// tolerance (stop 22: every fp32 corpus convolution was judged incorrect on the H200). The
+// process's own setting comes back when the last scope ends; a change made meanwhile is lost.
+class ExactFp32Scope {
+ public:
+  ExactFp32Scope();
+  ~ExactFp32Scope();
+  ExactFp32Scope(const ExactFp32Scope&) = delete;
+  ExactFp32Scope& operator=(const ExactFp32Scope&) = delete;
+};
+
 }  // namespace kf::tasks
