@@ -7,7 +7,8 @@
 # Environment: KF_PYTHON (python with torch), KF_SFT_SECONDS (default 200),
 # KF_RUN_MINUTES (default 10.5), KF_SCORE_N (default 8), KF_RL_SCORE_BY_S (default 1080:
 # the RL policy is scored only if the runs end before this many seconds of pipeline time),
-# KF_RL_SCORE_S (default 240: tools/score-policy --time-limit for the RL policy),
+# KF_RL_SCORE_S (default 300: tools/score-policy --time-limit for each policy scored after
+# the runs; in stop 22 four policies at once with 180 s left 3-6 of the 20 tasks unscored),
 # KF_ALONE=1 (h200-contrast alone on the GPU, no ablation; then the starting policy and the
 # RL policy scored one after the other, one task at a time, KF_RL_SCORE_S each).
 # KF_SFT_SECONDS=0 skips stage 1 and the corpus verification: the runs start from
@@ -92,7 +93,7 @@ pipeline() {
   . tools/gpu_session.sh
   gpu_session_start "$WORK/logs"
   local sft_s=${KF_SFT_SECONDS:-200} minutes=${KF_RUN_MINUTES:-10.5} n=${KF_SCORE_N:-8} rl_by=${KF_RL_SCORE_BY_S:-1080}
-  local rl_s=${KF_RL_SCORE_S:-240} run_s
+  local rl_s=${KF_RL_SCORE_S:-300} run_s
   run_s=$(awk "BEGIN{print int($minutes*60)}")
   export KF_BUILD_DIR=$ROOT/$BUILD KF_TASKS_DIR=$ROOT/$BUILD/tasks KF_PYTHON=$PY PYTHONUNBUFFERED=1
   gpu_build kf-sft kf-eval kf-sandbox-worker kf-launch kf-actor kf-learner kf-evaluator kf-export kf-optimize kf-selfsup \
