@@ -11,9 +11,10 @@ Reads (each optional; a missing or corrupt file is skipped with a warning naming
 Writes into --out (default RUN_DIR/report): reward.png, speedup.png, verdicts.png,
 throughput.png and index.html (the plots plus the best kernel of each task), and prints
 each path written. From the verdict logs, when there are any: windows.json and windows.png
-(per 1-minute window: verified, correct %, fast_1 %, mean / median / best speedup of the
-ok results; the first-vs-final-window ratio), a per-level table and the rejected cheats
-with their reasons; the window and level tables are also printed as text. Without verdict
+(per 1-minute window: verified, correct %, fast_1 %, mean / median / best / within-task
+speedup of the ok results; the first-vs-final-window ratios and the within-task trend), a
+per-level table, compile errors by first error line and the rejected cheats with their
+reasons; the tables are also printed as text. Without verdict
 logs (runs older than them) that part is skipped with one line on stdout.
 Exit 0 ok, 1 error (e.g. matplotlib missing), 2 usage / no metrics.
 docs/operations.md describes the fields.
@@ -218,7 +219,8 @@ def summarize_verdicts(records, min_window):
               for r in all_cheats[-MAX_CHEATS:]]
     return {"min_window": min_window, "verified": len(records), "windows": windows, "levels": levels,
             "first_final_ratio": first_final["ratio"] if first_final else None, "first_final": first_final,
-            "task_trend": trend, "task_trend_geomean": trend_geomean, "within_task": within, "compile_errors": compile_errors, "versions": versions,
+            "task_trend": trend, "task_trend_geomean": trend_geomean, "within_task": within,
+            "compile_errors": compile_errors, "versions": versions,
             "cheats_total": len(all_cheats), "cheats": cheats, "time_split": time_split(records)}
 
 
