@@ -60,8 +60,8 @@ std::vector<double> TaskScheduler::probabilities() const {
   const int open = opts_.policy == SchedulePolicy::curriculum ? open_level() : 0;
   for (std::size_t i = 0; i < n; ++i) {
     switch (opts_.policy) {
-      case SchedulePolicy::uniform:
-      case SchedulePolicy::cycle: w[i] = 1.0; break;
+      case SchedulePolicy::uniform: w[i] = 1.0; break;
+      case SchedulePolicy::cycle: break;  // returned above: its next pick depends on the pass
       case SchedulePolicy::room: w[i] = room(i); break;
       case SchedulePolicy::curriculum: w[i] = tasks_[i].level <= open ? room(i) : 0.0; break;
     }
