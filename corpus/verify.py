@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Verify the seed corpus with the project's evaluator (tools/eval --json).
 
-  corpus/verify.py [--backend cpu|cuda] [--tasks T ...] [--jobs N] [--compile-only]
+  corpus/verify.py [--backend cpu|cuda] [--tasks T ...] [--not-ok] [--jobs N] [--compile-only]
 
 Runs every manifest entry of the backend (optionally only the named tasks) through
 tools/eval and writes corpus/verified_<backend>.json:
@@ -99,6 +99,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--backend", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--tasks", nargs="*", help="only these tasks (default: all in the manifest)")
+    ap.add_argument("--not-ok", action="store_true",
+                    help="only the kernels whose recorded verdict is not ok (e.g. the 're-verify' entries)")
     ap.add_argument("--jobs", type=int, default=1, help="parallel evaluations (timings get noisier above 1)")
     ap.add_argument("--compile-only", action="store_true", help="CUDA: nvcc only, record 'compiled, not run'")
     ap.add_argument("--arch", default="sm_90", help="nvcc -arch for --compile-only")
@@ -117,10 +119,13 @@ def main():
         if unknown:
             print(f"verify.py: tasks not in the manifest: {', '.join(unknown)}", file=sys.stderr)
             return 2
+    out_path = a.out or os.path.join(HERE, f"verified_{a.backend}.json")
+    if a.not_ok and os.path.isfile(out_path):
+        recorded = json.load(open(out_path))
+        entries = [e for e in entries if recorded.get(e["file"], {}).get("verdict") != "ok"]
     if not entries:
         print("verify.py: nothing to verify", file=sys.stderr)
         return 2
-    out_path = a.out or os.path.join(HERE, f"verified_{a.backend}.json")
     eval_args = [] if a.full else QUICK_EVAL
 
     # Earlier entries are kept (only those still in the manifest); the file is rewritten
