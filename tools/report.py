@@ -1,4 +1,4 @@
-"""tools/report RUN_DIR [--out DIR]: plots and one HTML page for a run directory.
+"""tools/report RUN_DIR [--out DIR] [--pool RUN_DIR2 ...]: plots and one HTML page for a run directory.
 
 Reads (each optional; a missing or corrupt file is skipped with a warning naming it):
   RUN_DIR/metrics/learner.jsonl    kf-learner, one line per step (loss, grad_norm, lr, ...)
@@ -16,6 +16,10 @@ speedup of the ok results; the first-vs-final-window ratios and the within-task 
 per-level table, compile errors by first error line and the rejected cheats with their
 reasons; the tables are also printed as text. Without verdict
 logs (runs older than them) that part is skipped with one line on stdout.
+--pool RUN_DIR2 ... (repeatable) adds the within-task trend of RUN_DIR and those runs
+together ("within_task_pooled" in windows.json, and a printed line): each run's ok speedups
+over its own tasks' geometric means, on its own time axis, groups resampled across runs.
+One 10-minute run's interval is wide; replications pooled say whether the rise is real.
 Exit 0 ok, 1 error (e.g. matplotlib missing), 2 usage / no metrics.
 docs/operations.md describes the fields.
 """
@@ -408,21 +412,22 @@ def within_task(records, windows):
             points.append((key, r["task"], r["_min"], math.log(s)))
 
     def relative(pts):
+        # Both the log speedup and the minute are taken relative to the task's mean: a task
+        # met mostly late (or early) in the run must not pass its level off as a trend.
         by_task = {}
-        for _, task, _, y in pts:
-            by_task.setdefault(task, []).append(y)
-        centre = {t: sum(v) / len(v) for t, v in by_task.items() if len(v) >= 2}
-        return [(x, y - centre[task]) for _, task, x, y in pts if task in centre], len(centre)
+        for _, task, x, y in pts:
+            by_task.setdefault(task, []).append((x, y))
+        centre = {t: (sum(x for x, _ in v) / len(v), sum(y for _, y in v) / len(v))
+                  for t, v in by_task.items() if len(v) >= 2}
+        return [(x, x - centre[task][0], y - centre[task][1]) for _, task, x, y in pts if task in centre], len(centre)
 
-    def slope(xy):
-        mx = sum(x for x, _ in xy) / len(xy)
-        my = sum(y for _, y in xy) / len(xy)
-        sxx = sum((x - mx) ** 2 for x, _ in xy)
-        return sum((x - mx) * (y - my) for x, y in xy) / sxx if sxx > 0 else None
+    def slope(rows):  # the within-task least-squares slope (x and y already centred per task)
+        sxx = sum(dx * dx for _, dx, _ in rows)
+        return sum(dx * dy for _, dx, dy in rows) / sxx if sxx > 0 else None
 
     rel, tasks = relative(points)
     by_minute = {}
-    for x, y in rel:
+    for x, _, y in rel:
         by_minute.setdefault(int(math.floor(x)), []).append(y)
     for w in windows:
         ys = by_minute.get(w["minute"])
@@ -437,8 +442,8 @@ def within_task(records, windows):
     rng = random.Random(0)
     draws = []
     for _ in range(WITHIN_RESAMPLES):
-        xy, _ = relative([p for k in rng.choices(keys, k=len(keys)) for p in groups[k]])
-        d = slope(xy) if len(xy) >= 2 else None
+        rows, _ = relative([p for k in rng.choices(keys, k=len(keys)) for p in groups[k]])
+        d = slope(rows) if len(rows) >= 2 else None
         if d is not None:
             draws.append(d)
     draws.sort()
@@ -460,6 +465,45 @@ def within_text(summary):
     ci = "" if wt["low"] is None else f", 95 % interval {wt['low']:.3f}-{wt['high']:.3f} (resampling the {wt['groups']} groups)"
     return (f"within task (each ok speedup over its task's geometric mean in the run; {wt['ok_results']} ok results "
             f"of {wt['tasks']} tasks): {ff}trend x{wt['per_10_min']:.3f} per 10 minutes{ci}")
+
+
+def pooled_within_task(runs):
+    """The within-task trend of several runs' verdict records together: `runs` is a list of
+    record lists, each already on its own time axis ('_min'). A task of one run is never
+    compared with the same task of another (their speeds differ with the run's policy and
+    load), so tasks and groups are keyed by the run's index."""
+    pooled = []
+    for i, records in enumerate(runs):
+        for r in records:
+            r = dict(r)
+            r["task"] = f"{i}:{r['task']}"
+            g = r.get("group")
+            if isinstance(g, int) and not isinstance(g, bool):
+                r["group"] = i * (1 << 64) + g
+            pooled.append(r)
+    trend = within_task(pooled, [])
+    if trend is not None:
+        trend["runs"] = len(runs)
+    return trend
+
+
+def pooled_text(trend, names):
+    if trend is None:
+        return f"within task, pooled over {len(names)} runs: n/a (needs ok results of a task at two or more times)"
+    return (f"within task, pooled over {trend['runs']} runs ({', '.join(names)}; {trend['ok_results']} ok results, "
+            f"{trend['groups']} groups): trend x{trend['per_10_min']:.3f} per 10 minutes, 95 % interval "
+            f"{trend['low']:.3f}-{trend['high']:.3f}")
+
+
+def run_verdicts(run_dir):
+    """A run folder's verdict records on its own time axis (minutes since its earliest
+    metrics line), and the verdict log files read."""
+    metrics = os.path.join(run_dir, "metrics")
+    verdicts, used = read_verdicts(sorted(glob.glob(os.path.join(metrics, "verdicts-*.jsonl"))))
+    streams = [read_jsonl(path) for path in [os.path.join(metrics, "learner.jsonl"), os.path.join(metrics, "run.jsonl")]
+               + sorted(glob.glob(os.path.join(metrics, "actor-*.jsonl"))) if os.path.exists(path)]
+    time_axis(streams, verdicts)
+    return verdicts, used
 
 
 def pct(v):
@@ -511,6 +555,8 @@ def print_verdict_tables(summary):
         print(f"* fewer than {summary['min_window']} verified: not used for the first/final ratio")
     print(first_final_text(summary))
     print(within_text(summary))
+    if "within_task_pooled" in summary:
+        print(pooled_text(summary["within_task_pooled"], summary["pooled_runs"]))
     print()
     print("Per level, whole run:")
     print(text_table(LEVEL_HEADERS, level_rows(summary)))
@@ -839,6 +885,8 @@ def main(argv):
     ap.add_argument("--min-window", metavar="N", type=int, default=5,
                     help="windows with fewer verified candidates are marked and left out of the "
                          "first/final ratio (default 5)")
+    ap.add_argument("--pool", metavar="RUN_DIR2", action="append", default=[],
+                    help="another run folder whose within-task trend is pooled with RUN_DIR's (repeatable)")
     args = ap.parse_args(argv)
     if args.min_window < 1:
         die(2, f"--min-window: expected a positive count, got {args.min_window}")
@@ -894,6 +942,19 @@ def main(argv):
         die(1, f"{out}: cannot create the output folder ({ex.strerror})")
     time_axis([learner, run] + [recs for _, recs in actors], verdicts)
     summary = summarize_verdicts(verdicts, args.min_window) if verdicts else None
+    if args.pool:
+        pool = [verdicts]
+        for other in args.pool:
+            if not os.path.isdir(other):
+                die(2, f"--pool {other}: not a directory (give a run folder, e.g. runs/<name>)")
+            recs, _ = run_verdicts(other)
+            if not recs:
+                die(2, f"--pool {other}: no usable verdict records in {os.path.join(other, 'metrics', 'verdicts-*.jsonl')}")
+            pool.append(recs)
+        pooled = pooled_within_task(pool)
+        if summary is not None:
+            summary["within_task_pooled"] = pooled
+            summary["pooled_runs"] = [run_dir] + args.pool
     if summary is not None:
         print_verdict_tables(summary)
     elif verdict_paths:

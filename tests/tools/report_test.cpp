@@ -342,9 +342,10 @@ TEST(ReportTest, VerdictsAreGroupedByPolicyVersion) {
 
 // A run whose windows fall only because the task mix changes: minute 0 holds the fast task's
 // first group, minute 3 the slow task's last one. Each task got 4x faster, so within the
-// task the windows rise: 0.5, 0.5, 2, 2 of the task's geometric mean, a slope of 0.8 ln 2
-// per minute, x2^8 per 10 minutes. A task with one ok result and a failed verdict add
-// nothing to the within-task figures.
+// task the windows rise: 0.5, 0.5, 2, 2 of the task's geometric mean. Each task rose 4x in
+// 2 minutes, so the within-task slope is ln 2 per minute, x2^10 per 10 minutes (a slope
+// over minutes not centred per task would say 0.8 ln 2: the slow task is met later). A task
+// with one ok result and a failed verdict add nothing to the within-task figures.
 TEST(ReportTest, WithinTaskWindowsTakeOutTheTaskMix) {
   kf::test::TempDir tmp("report");
   const std::string run = run_folder(tmp);
@@ -373,12 +374,53 @@ TEST(ReportTest, WithinTaskWindowsTakeOutTheTaskMix) {
   EXPECT_EQ(wt["ok_results"], 8) << wt.dump(1);
   EXPECT_EQ(wt["tasks"], 2);
   EXPECT_EQ(wt["groups"], 5);  // 4 groups of two, and 003_tanh's (counted, but its task drops out)
-  EXPECT_NEAR(wt["per_10_min"].get<double>(), 256.0, 1e-6);
+  EXPECT_NEAR(wt["per_10_min"].get<double>(), 1024.0, 1e-6);
   EXPECT_NEAR(wt["first_final_ratio"].get<double>(), 4.0, 1e-12);
   ASSERT_TRUE(wt["low"].is_number() && wt["high"].is_number()) << wt.dump(1);
   EXPECT_LE(wt["low"].get<double>(), wt["high"].get<double>());
-  EXPECT_TRUE(contains(r.out, "trend x256.000 per 10 minutes")) << r.out;
+  EXPECT_TRUE(contains(r.out, "trend x1024.000 per 10 minutes")) << r.out;
   EXPECT_TRUE(contains(kf::test::read_file(run + "/report/index.html"), "within task")) << "index.html";
+}
+
+// --pool: two runs of one task, each 4x faster after 2 minutes, run B at 10x run A's level
+// and a minute later on its own time axis, with the same group ids. Pooled, each run's task
+// is its own (levels and times centred per run): x2^10 per 10 minutes, 4 groups. Mixing the
+// runs' tasks would pass B's higher, later level off as a steeper rise.
+TEST(ReportTest, PoolCombinesTheWithinTaskTrendOfSeveralRuns) {
+  kf::test::TempDir tmp("report");
+  const std::string run_a = run_folder(tmp);
+  const std::string run_b = tmp.path + "/run-b";
+  ::mkdir(run_b.c_str(), 0755);
+  ::mkdir((run_b + "/metrics").c_str(), 0755);
+  const double ta = 1796300000.0, tb = ta + 86400.0;
+  auto write_run = [](const std::string& run, double t0, int first_minute, double base) {
+    kf::test::write_file(run + "/metrics/run.jsonl", nlohmann::json({{"step", 1}, {"time", t0}}).dump() + "\n");
+    std::string lines;
+    for (int visit = 0; visit < 2; ++visit)
+      for (int i = 0; i < 2; ++i)  // groups 0 and 2 (candidate / 4) in both runs
+        lines += verdict_line(t0 + 30 + 60 * (first_minute + 2 * visit), 0, 8 * visit + i, "001_relu", 1, "ok",
+                              base * (visit ? 4.0 : 1.0));
+    kf::test::write_file(run + "/metrics/verdicts-0.jsonl", lines);
+  };
+  write_run(run_a, ta, 0, 1.0);
+  write_run(run_b, tb, 1, 10.0);
+  const Result r = report({run_a, "--min-window", "1", "--pool", run_b}, tmp.path);
+  expect_matplotlib(r);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const auto w = nlohmann::json::parse(kf::test::read_file(run_a + "/report/windows.json"));
+  const auto& p = w["within_task_pooled"];
+  ASSERT_TRUE(p.is_object()) << w.dump(1);
+  EXPECT_EQ(p["runs"], 2);
+  EXPECT_EQ(p["ok_results"], 8);
+  EXPECT_EQ(p["tasks"], 2);   // 001_relu of each run
+  EXPECT_EQ(p["groups"], 4);  // the same ids in both runs stay apart
+  EXPECT_NEAR(p["per_10_min"].get<double>(), 1024.0, 1e-6);
+  EXPECT_NEAR(w["within_task"]["per_10_min"].get<double>(), 1024.0, 1e-6);  // run A alone
+  EXPECT_TRUE(contains(r.out, "within task, pooled over 2 runs")) << r.out;
+
+  const Result bad = report({run_a, "--pool", tmp.path + "/no-such-run"}, tmp.path);
+  EXPECT_EQ(bad.rc, 2);
+  EXPECT_TRUE(contains(bad.err, "--pool " + tmp.path + "/no-such-run: not a directory")) << bad.err;
 }
 
 // Compile errors counted by the compiler's first error line, its location dropped, in the
