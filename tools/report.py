@@ -7,14 +7,16 @@ Reads (each optional; a missing or corrupt file is skipped with a warning naming
   RUN_DIR/metrics/actor-*.jsonl    each actor's lines (samples_per_s, policy_lag_mean, ...)
   RUN_DIR/metrics/verdicts-*.jsonl each evaluator's lines, one per scored candidate (t, task,
                                    level, verdict, speedup, reason, ...)
+  RUN_DIR/metrics/groups-*.jsonl   each actor's lines, one per group (the prompt's exemplars
+                                   shown and cut, completions, extraction failures)
   RUN_DIR/kernels/kernel_db.json   the kernel database saved at checkpoint
 Writes into --out (default RUN_DIR/report): reward.png, speedup.png, verdicts.png,
 throughput.png and index.html (the plots plus the best kernel of each task), and prints
 each path written. From the verdict logs, when there are any: windows.json and windows.png
 (per 1-minute window: verified, correct %, fast_1 %, mean / median / best / within-task
 speedup of the ok results; the first-vs-final-window ratios and the within-task trend), a
-per-level table, compile errors by first error line and the rejected cheats with their
-reasons; the tables are also printed as text. Without verdict
+per-level table, compile errors by first error line, what each kind of prompt produced
+(with the actors' group lines) and the rejected cheats with their reasons; the tables are also printed as text. Without verdict
 logs (runs older than them) that part is skipped with one line on stdout.
 --pool RUN_DIR2 ... (repeatable) adds the within-task trend of RUN_DIR and those runs
 together ("within_task_pooled" in windows.json, and a printed line): each run's ok speedups
@@ -271,6 +273,73 @@ def time_rows(summary):
             ["-" if t["median_timed_trials"] is None else f"{t['median_timed_trials']:g}"]
             for t in summary["time_split"]]
 
+
+
+PROMPT_KINDS = ["no exemplars", "exemplars in full", "an exemplar cut"]
+
+
+def is_group_line(rec):
+    return (isinstance(rec.get("group"), int) and not isinstance(rec.get("group"), bool)
+            and isinstance(rec.get("task"), str) and num(rec, "completions") is not None)
+
+
+def prompt_kind(g):
+    if (num(g, "exemplars_shown") or 0) <= 0:
+        return PROMPT_KINDS[0]
+    return PROMPT_KINDS[2] if (num(g, "exemplars_cut") or 0) > 0 else PROMPT_KINDS[1]
+
+
+def prompt_split(groups, records):
+    """What each kind of prompt produced: the actors' per-group lines (metrics/groups-*.jsonl:
+    exemplars shown and cut, completions, extraction failures) joined with the verdicts on
+    the group id. Per kind, in all and per task: groups, completions, and as shares of the
+    completions: no extractable kernel, compile errors and ok results (an evaluator's
+    compile_error of an extraction failure is counted once, as no kernel); the ok results'
+    mean speedup. Rows of kinds without groups are left out."""
+    by_group = {}
+    for r in records:
+        g = r.get("group")
+        if isinstance(g, int) and not isinstance(g, bool):
+            by_group.setdefault(g, []).append(r)
+    cells = {}
+    for g in groups:
+        kind = prompt_kind(g)
+        for key in ((kind, None), (kind, g["task"])):
+            c = cells.setdefault(key, {"groups": 0, "completions": 0, "no_kernel": 0, "compile_error": 0, "ok": 0,
+                                       "speeds": []})
+            c["groups"] += 1
+            c["completions"] += int(num(g, "completions"))
+            c["no_kernel"] += int(num(g, "extraction_failures") or 0)
+            for r in by_group.get(g["group"], []):
+                reason = r.get("reason") if isinstance(r.get("reason"), str) else ""
+                if r["verdict"] == "compile_error" and not reason.startswith("extract"):
+                    c["compile_error"] += 1
+                elif r["verdict"] == "ok":
+                    c["ok"] += 1
+                    if num(r, "speedup") is not None:
+                        c["speeds"].append(num(r, "speedup"))
+    rows = []
+    for (kind, task) in sorted(cells, key=lambda k: (k[1] is not None, k[1] or "", PROMPT_KINDS.index(k[0]))):
+        c = cells[(kind, task)]
+        n = c["completions"]
+        rows.append({"kind": kind, "task": task, "groups": c["groups"], "completions": n,
+                     "no_kernel_pct": 100.0 * c["no_kernel"] / n if n else None,
+                     "compile_error_pct": 100.0 * c["compile_error"] / n if n else None,
+                     "ok_pct": 100.0 * c["ok"] / n if n else None,
+                     "mean_ok_speedup": sum(c["speeds"]) / len(c["speeds"]) if c["speeds"] else None})
+    return rows
+
+
+PROMPT_HEADERS = ["task", "prompt", "groups", "completions", "no kernel %", "compile error %", "ok %", "mean ok"]
+
+
+def prompt_rows(summary):
+    return [[p["task"] or "all", p["kind"], str(p["groups"]), str(p["completions"]), pct(p["no_kernel_pct"]),
+             pct(p["compile_error_pct"]), pct(p["ok_pct"]), spd(p["mean_ok_speedup"])] for p in summary["prompts"]]
+
+
+PROMPT_TITLE = ("By prompt (the actors' metrics/groups-*.jsonl joined with the verdicts on the group; shares of "
+                "the completions):")
 
 MAX_VERSION_BUCKETS = 6
 
@@ -575,6 +644,10 @@ def print_verdict_tables(summary):
         print(compile_title(summary))
         print(text_table(COMPILE_HEADERS, compile_rows(summary)))
         print()
+    if summary.get("prompts"):
+        print(PROMPT_TITLE)
+        print(text_table(PROMPT_HEADERS, prompt_rows(summary)))
+        print()
     if summary["time_split"]:
         print("Verification time by verdict (evaluator process seconds; shares of verify s):")
         print(text_table(TIME_HEADERS, time_rows(summary)))
@@ -809,6 +882,10 @@ def verdict_html(summary, windows_png):
         parts.append("<h2>Compile errors</h2>")
         parts.append(f"<p>{e(compile_title(summary))}</p>")
         parts.append(html_table(COMPILE_HEADERS, compile_rows(summary)))
+    if summary.get("prompts"):
+        parts.append("<h2>By prompt</h2>")
+        parts.append(f"<p>{e(PROMPT_TITLE)}</p>")
+        parts.append(html_table(PROMPT_HEADERS, prompt_rows(summary)))
     parts.append("<h2>Rejected as cheats</h2>")
     cheats = summary["cheats"]
     if not cheats:
@@ -942,6 +1019,14 @@ def main(argv):
         die(1, f"{out}: cannot create the output folder ({ex.strerror})")
     time_axis([learner, run] + [recs for _, recs in actors], verdicts)
     summary = summarize_verdicts(verdicts, args.min_window) if verdicts else None
+    group_lines = []
+    for path in sorted(glob.glob(os.path.join(metrics, "groups-*.jsonl"))):
+        recs = read_jsonl(path, is_group_line, "JSON objects with group, task and completions")
+        if recs:
+            group_lines += recs
+            sources.append(os.path.relpath(path, run_dir))
+    if summary is not None and group_lines:
+        summary["prompts"] = prompt_split(group_lines, verdicts)
     if args.pool:
         pool = [verdicts]
         for other in args.pool:

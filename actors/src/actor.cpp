@@ -8,7 +8,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -124,7 +126,49 @@ Actor::Actor(ActorOptions opts, ActorPolicy policy, std::vector<std::shared_ptr<
 }
 
 Actor::~Actor() {
+  if (groups_log_) std::fclose(groups_log_);
   if (slot_ >= 0) shm_.control().unregister_process(slot_);
+}
+
+void Actor::log_group(const tasks::Task& task, uint64_t group_id, int64_t version, const Prompt& prompt,
+                      std::size_t completions, const std::map<std::string, uint64_t>& codes) {
+  if (opts_.metrics_dir.empty() || groups_log_failed_) return;
+  const std::string path = opts_.metrics_dir + "/groups-" + std::to_string(opts_.id) + ".jsonl";
+  if (!groups_log_) {
+    ::mkdir(opts_.metrics_dir.c_str(), 0755);  // the launcher's run folder has it; a bare actor may not
+    groups_log_ = std::fopen(path.c_str(), "a");
+    if (!groups_log_) {
+      groups_log_failed_ = true;
+      log_error("actor ", opts_.id, ": cannot open ", path, " (", std::strerror(errno),
+                "); sampling goes on without the per-group prompt log");
+      return;
+    }
+  }
+  uint64_t failures = 0;
+  for (const auto& [code, n] : codes) failures += n;
+  const nlohmann::json j = {
+      {"t", std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count()},
+      {"actor", opts_.id},
+      {"group", group_id},
+      {"task", task.name()},
+      {"policy_version", version},
+      {"prompt_tokens", prompt.tokens.size()},
+      {"exemplars_offered", prompt.offered},
+      {"exemplars_shown", prompt.shown.size()},
+      {"exemplars_cut", prompt.truncated},
+      {"exemplars_dropped", prompt.dropped},
+      {"completions", completions},
+      {"extraction_failures", failures},
+      {"extraction_codes", codes}};
+  const std::string line = j.dump() + "\n";
+  // One line per write, flushed: a killed actor loses at most the line it was writing.
+  if (std::fwrite(line.data(), 1, line.size(), groups_log_) != line.size() || std::fflush(groups_log_) != 0) {
+    log_error("actor ", opts_.id, ": writing ", path, " failed (", std::strerror(errno),
+              "); sampling goes on without the per-group prompt log");
+    std::fclose(groups_log_);
+    groups_log_ = nullptr;
+    groups_log_failed_ = true;
+  }
 }
 
 bool Actor::refresh_weights() {
@@ -262,6 +306,7 @@ StepResult Actor::step() {
   // Extract and build the candidates.
   std::vector<replay::Candidate> cands(completions.size());
   std::vector<bool> extracted(completions.size());
+  std::map<std::string, uint64_t> group_codes;  // this group's extraction failures, by code
   uint64_t tokens = 0;
   for (std::size_t i = 0; i < completions.size(); ++i) {
     auto& c = cands[i];
@@ -286,6 +331,7 @@ StepResult Actor::step() {
       c.extraction_error = ex.error;
       ++m_.extraction_failures;
       ++m_.extraction_codes[ex.code];
+      ++group_codes[ex.code];
     }
   }
   m_.completion_tokens += tokens;
@@ -310,6 +356,7 @@ StepResult Actor::step() {
   }
   ++m_.groups;
   ctl.add_counter(slot_, 1, 1);
+  log_group(*task, group_id, version, prompt, cands.size(), group_codes);
   std::vector<uint64_t> unpushed;
   for (std::size_t i = 0; i < cands.size(); ++i) {
     auto& c = cands[i];

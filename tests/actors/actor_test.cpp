@@ -1,6 +1,9 @@
 // Group sampling, the weights blob, and an in-process Actor on a real RunShm: snapshot
-// pickup, a mismatching snapshot, an empty kernel database, failed extractions as results.
+// pickup, a mismatching snapshot, an empty kernel database, failed extractions as results,
+// the per-group prompt log.
+#include <nlohmann/json.hpp>
 #include <set>
+#include <sstream>
 
 #include <gtest/gtest.h>
 
@@ -191,6 +194,70 @@ TEST(ActorTest, FailedExtractionsAreScoredIntoTheGroupAndExemplarsAreUsed) {
     EXPECT_DOUBLE_EQ(r.reward, opts.extraction_failure_reward);
   }
   EXPECT_FALSE(groups[0].deadline_hit);
+}
+
+namespace {
+std::vector<nlohmann::json> read_json_lines(const std::string& path) {
+  std::vector<nlohmann::json> out;
+  std::istringstream in(kf::test::read_file(path));
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty()) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+}  // namespace
+
+// metrics/groups-<id>.jsonl: one line per opened group, naming the prompt it was sampled
+// from (exemplars shown and cut) and the group's extraction failures, keyed by the group id
+// the verdicts carry.
+TEST(ActorTest, EachGroupIsLoggedWithItsPromptAndExtractionFailures) {
+  KF_NEED_TASKS();
+  RunFixture run;
+  std::string body;  // a long exemplar, so a tight context must cut it
+  for (int i = 0; i < 40; ++i) body += "  out[" + std::to_string(i) + "] = in[" + std::to_string(i) + "] * 2.0f;\n";
+  run.shm->kernels().insert({"001_relu", 1.25, -1, "extern \"C\" int kf_forward() {\n" + body + "  return 0;\n}\n", 0});
+  kf::test::TempDir tmp("actor-groups");
+  auto opts = small_options();
+  opts.score_extraction_failures = true;
+  opts.metrics_dir = tmp.path + "/metrics";
+  std::size_t full_tokens = 0;
+  {
+    Actor actor(opts, test::tiny_policy(0), load_actor_tasks(opts), *run.shm);
+    full_tokens = actor.build_task_prompt(*test::relu_task(), 1).tokens.size();
+    ASSERT_EQ(actor.step(), StepResult::pushed);
+  }
+  std::vector<rp::ScoredGroup> groups;
+  ASSERT_EQ(run.shm->replay().take_ready(groups, 4, 0, 100, std::chrono::seconds(2)), 1u);
+  auto lines = read_json_lines(opts.metrics_dir + "/groups-0.jsonl");
+  ASSERT_EQ(lines.size(), 1u);
+  const auto& g = lines[0];
+  EXPECT_EQ(g["group"].get<uint64_t>(), groups[0].group_id);
+  EXPECT_EQ(g["task"], "001_relu");
+  EXPECT_EQ(g["actor"], 0);
+  EXPECT_EQ(g["policy_version"], 0);
+  EXPECT_EQ(g["prompt_tokens"].get<std::size_t>(), full_tokens);
+  EXPECT_EQ(g["exemplars_offered"], 1);
+  EXPECT_EQ(g["exemplars_shown"], 1);
+  EXPECT_EQ(g["exemplars_cut"], 0);
+  EXPECT_EQ(g["exemplars_dropped"], 0);
+  EXPECT_EQ(g["completions"], 2);
+  EXPECT_EQ(g["extraction_failures"], 2);  // random weights write no kernel
+  uint64_t by_code = 0;
+  for (const auto& [code, n] : g["extraction_codes"].items()) by_code += n.get<uint64_t>();
+  EXPECT_EQ(by_code, 2u);
+  EXPECT_GT(g["t"].get<double>(), 1.7e9);
+
+  // A context 100 tokens short of that prompt: the exemplar is shown cut.
+  opts.id = 1;
+  opts.context_tokens = static_cast<int64_t>(full_tokens) + opts.max_new_tokens - 100;
+  {
+    Actor actor(opts, test::tiny_policy(0), load_actor_tasks(opts), *run.shm);
+    ASSERT_EQ(actor.step(), StepResult::pushed);
+  }
+  lines = read_json_lines(opts.metrics_dir + "/groups-1.jsonl");
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0]["exemplars_shown"], 1);
+  EXPECT_EQ(lines[0]["exemplars_cut"], 1);
+  EXPECT_LE(lines[0]["prompt_tokens"].get<std::size_t>(), full_tokens - 100);
 }
 
 TEST(ActorTest, HeldOutTasksAreNeverScheduledAndABadListIsAnError) {

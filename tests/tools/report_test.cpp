@@ -423,6 +423,57 @@ TEST(ReportTest, PoolCombinesTheWithinTaskTrendOfSeveralRuns) {
   EXPECT_TRUE(contains(bad.err, "--pool " + tmp.path + "/no-such-run: not a directory")) << bad.err;
 }
 
+// The actors' group lines (metrics/groups-*.jsonl) joined with the verdicts on the group:
+// what prompts without exemplars, with exemplars in full and with a cut exemplar produced.
+// A torn line is skipped with a warning naming the file.
+TEST(ReportTest, PromptKindsAreJoinedWithTheVerdictsOnTheGroup) {
+  kf::test::TempDir tmp("report");
+  const std::string run = run_folder(tmp);
+  const double t0 = 1796300000.0;
+  kf::test::write_file(run + "/metrics/run.jsonl", nlohmann::json({{"step", 1}, {"time", t0}}).dump() + "\n");
+  auto group = [&](int id, int shown, int cut, int failures) {
+    return nlohmann::json({{"t", t0 + id}, {"actor", 0}, {"group", id}, {"task", "001_relu"}, {"policy_version", 1},
+                           {"prompt_tokens", 900}, {"exemplars_offered", shown}, {"exemplars_shown", shown},
+                           {"exemplars_cut", cut}, {"exemplars_dropped", 0}, {"completions", 2},
+                           {"extraction_failures", failures}, {"extraction_codes", nlohmann::json::object()}})
+               .dump() + "\n";
+  };
+  kf::test::write_file(run + "/metrics/groups-0.jsonl",
+                       group(0, 0, 0, 0) + group(1, 2, 0, 1) + group(2, 2, 1, 2) + "{\"group\": 3, \"task");
+  // group = candidate / 4: candidates 0, 1 -> group 0; 4 -> group 1; nothing of group 2
+  // reached an evaluator (both completions had no kernel).
+  kf::test::write_file(run + "/metrics/verdicts-0.jsonl",
+                       verdict_line(t0 + 10, 0, 0, "001_relu", 1, "ok", 1.0) +
+                           verdict_line(t0 + 11, 0, 1, "001_relu", 1, "ok", 2.0) +
+                           verdict_line(t0 + 12, 0, 4, "001_relu", 1, "compile_error", 0, "compile error"));
+  const Result r = report({run}, tmp.path);
+  expect_matplotlib(r);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_TRUE(contains(r.err, "groups-0.jsonl: 1 line(s) are not JSON objects with group, task and completions"))
+      << r.err;
+  const auto w = nlohmann::json::parse(kf::test::read_file(run + "/report/windows.json"));
+  const auto& p = w["prompts"];
+  ASSERT_EQ(p.size(), 6u) << p.dump(1);  // 3 kinds in all, then the same 3 for the one task
+  const struct { const char* kind; double no_kernel, compile_error, ok; } want[] = {
+      {"no exemplars", 0, 0, 100}, {"exemplars in full", 50, 50, 0}, {"an exemplar cut", 100, 0, 0}};
+  for (int i = 0; i < 3; ++i) {
+    for (int j : {i, i + 3}) {
+      EXPECT_EQ(p[j]["kind"], want[i].kind) << j;
+      EXPECT_EQ(p[j]["groups"], 1) << j;
+      EXPECT_EQ(p[j]["completions"], 2) << j;
+      EXPECT_DOUBLE_EQ(p[j]["no_kernel_pct"].get<double>(), want[i].no_kernel) << j;
+      EXPECT_DOUBLE_EQ(p[j]["compile_error_pct"].get<double>(), want[i].compile_error) << j;
+      EXPECT_DOUBLE_EQ(p[j]["ok_pct"].get<double>(), want[i].ok) << j;
+    }
+    EXPECT_TRUE(p[i]["task"].is_null());
+    EXPECT_EQ(p[i + 3]["task"], "001_relu");
+  }
+  EXPECT_DOUBLE_EQ(p[0]["mean_ok_speedup"].get<double>(), 1.5);
+  EXPECT_TRUE(p[1]["mean_ok_speedup"].is_null());
+  EXPECT_TRUE(contains(r.out, "By prompt")) << r.out;
+  EXPECT_TRUE(contains(kf::test::read_file(run + "/report/index.html"), "By prompt")) << "index.html";
+}
+
 // Compile errors counted by the compiler's first error line, its location dropped, in the
 // early and late half of the policy versions; a line without a diagnostic (verdict logs
 // before stop 22) is not counted.

@@ -21,6 +21,13 @@
 // the schedule (logged); a snapshot that does not match the model is ignored (logged
 // once per version) and the old weights stay.
 //
+// With metrics_dir, every opened group also gets one line in
+// <metrics_dir>/groups-<id>.jsonl: {"t", "actor", "group", "task", "policy_version",
+// "prompt_tokens", "exemplars_offered", "exemplars_shown", "exemplars_cut",
+// "exemplars_dropped", "completions", "extraction_failures", "extraction_codes"}, so
+// tools/report can join the verdicts (by "group") to the prompt that produced them: whether
+// exemplars, or cut ones, change what the policy writes.
+//
 // Control block counters (role "actor"): 0 candidates pushed, 1 groups opened,
 // 2 completion tokens, 3 extraction failures, 4 snapshots loaded, 5 snapshots rejected,
 // 6 groups dropped (replay full), 7 sum of policy lag over pushed candidates.
@@ -29,6 +36,7 @@
 #pragma once
 #include <atomic>
 #include <cstdint>
+#include <cstdio>
 #include <map>
 #include <memory>
 #include <set>
@@ -105,6 +113,10 @@ class Actor {
   std::map<std::string, TaskInfo> info_;
   ActorMetrics m_;
   std::vector<unsigned char> blob_;
+  std::FILE* groups_log_ = nullptr;  // metrics_dir/groups-<id>.jsonl, opened at the first group
+  bool groups_log_failed_ = false;   // logged once; sampling goes on without the file
+  void log_group(const tasks::Task& task, uint64_t group_id, int64_t version, const Prompt& prompt,
+                 std::size_t completions, const std::map<std::string, uint64_t>& codes);
 };
 
 // Loads the tasks an actor schedules: tasks.include names (a missing one is logged and
