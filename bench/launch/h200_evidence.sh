@@ -241,7 +241,7 @@ EOF
     for pol in policy policy-s2 policy-rl policy-rl-noex; do
       [ -f $WORK/$pol/config.json ] || continue
       case $pol in
-        policy) label="start (shipped policy)" ;;
+        policy) label="start ($([ "$sft_s" -gt 0 ] && echo "stage 1: tools/sft for $sft_s s in this pipeline" || echo "shipped policy"))" ;;
         policy-s2) label="stage 2 (one round on the focus tasks)" ;;
         policy-rl) label="RL (h200-contrast final checkpoint, from $(basename $start_policy))" ;;
         *) label="RL without exemplars (h200-noex final checkpoint, from $(basename $start_policy))" ;;
