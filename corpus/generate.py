@@ -1636,8 +1636,43 @@ def all_kernels():
     for task in sorted(ATTN_TASKS):
         for backend, variant, family, tech, code in gen_attn(task, ATTN_TASKS[task]):
             ks.append((task, backend, variant, family, tech, code))
+    for task, backend, variant, family, tech, code in composite_kernels():
+        ks.append((task, backend, variant, family, tech, code))
     ks.sort(key=lambda k: (k[0], k[1], k[2]))
     return ks
+
+
+# --------------------------------------------------------------------------------------
+# Tasks with kernels of their own: corpus/composite/<task>.py
+# --------------------------------------------------------------------------------------
+# The level-3 models and the few level-1/2 tasks no family covers each have a module that
+# defines TASK (the task name) and generate(header, indent), returning a list of
+# (backend, variant, family, technique, code) with code starting with
+# header(TASK, backend, family, variant, technique); parameters (block sizes, tiles,
+# unrolling) multiply the variants there as in the families above.
+COMPOSITE_DIR = os.path.join(HERE, "composite")
+
+
+def composite_kernels():
+    import importlib.util
+    out = []
+    if not os.path.isdir(COMPOSITE_DIR):
+        return out
+    for name in sorted(os.listdir(COMPOSITE_DIR)):
+        if not name.endswith(".py") or name.startswith("_"):
+            continue
+        path = os.path.join(COMPOSITE_DIR, name)
+        spec = importlib.util.spec_from_file_location("kf_composite_" + name[:-3], path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        task = getattr(mod, "TASK", None)
+        if task != name[:-3]:
+            raise SystemExit(f"generate.py: {path}: TASK must be the file's name ({name[:-3]!r}), got {task!r}")
+        for backend, variant, family, tech, code in mod.generate(header, indent):
+            if backend not in ("cpu", "cuda"):
+                raise SystemExit(f"generate.py: {path}: variant {variant!r}: backend must be cpu or cuda, got {backend!r}")
+            out.append((task, backend, variant, family, tech, code))
+    return out
 
 
 def render():
