@@ -16,8 +16,9 @@ each path written. From the verdict logs, when there are any: windows.json and w
 (per 1-minute window: verified, correct %, fast_1 %, mean / median / best / within-task
 speedup of the ok results; the first-vs-final-window ratios and the within-task trend), a
 per-level table, compile errors by first error line, what each kind of prompt produced
-(with the actors' group lines) and the rejected cheats with their reasons; the tables are also printed as text. Without verdict
-logs (runs older than them) that part is skipped with one line on stdout.
+(with the actors' group lines) and the rejected cheats with their reasons; the tables are
+also printed as text. Without verdict logs (runs older than them) that part is skipped
+with one line on stdout.
 --pool RUN_DIR2 ... (repeatable) adds the within-task trend of RUN_DIR and those runs
 together ("within_task_pooled" in windows.json, and a printed line): each run's ok speedups
 over its own tasks' geometric means, on its own time axis, groups resampled across runs.
@@ -274,7 +275,6 @@ def time_rows(summary):
             for t in summary["time_split"]]
 
 
-
 PROMPT_KINDS = ["no exemplars", "exemplars in full", "an exemplar cut"]
 
 
@@ -340,6 +340,7 @@ def prompt_rows(summary):
 
 PROMPT_TITLE = ("By prompt (the actors' metrics/groups-*.jsonl joined with the verdicts on the group; shares of "
                 "the completions):")
+
 
 MAX_VERSION_BUCKETS = 6
 
