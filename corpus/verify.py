@@ -121,8 +121,16 @@ def main():
             return 2
     out_path = a.out or os.path.join(HERE, f"verified_{a.backend}.json")
     if a.not_ok and os.path.isfile(out_path):
-        recorded = json.load(open(out_path))
-        entries = [e for e in entries if recorded.get(e["file"], {}).get("verdict") != "ok"]
+        try:
+            recorded = json.load(open(out_path))
+        except (json.JSONDecodeError, OSError) as err:
+            print(f"verify.py: --not-ok needs the recorded verdicts, but {out_path} is unreadable ({err})", file=sys.stderr)
+            return 2
+        if not isinstance(recorded, dict):
+            print(f"verify.py: --not-ok: {out_path} is not a JSON object of kernel entries", file=sys.stderr)
+            return 2
+        entries = [e for e in entries
+                   if not isinstance(recorded.get(e["file"]), dict) or recorded[e["file"]].get("verdict") != "ok"]
     if not entries:
         print("verify.py: nothing to verify", file=sys.stderr)
         return 2
