@@ -1649,7 +1649,8 @@ def all_kernels():
 # defines TASK (the task name) and generate(header, indent), returning a list of
 # (backend, variant, family, technique, code) with code starting with
 # header(TASK, backend, family, variant, technique); parameters (block sizes, tiles,
-# unrolling) multiply the variants there as in the families above.
+# unrolling) multiply the variants there as in the families above. Files starting with "_"
+# hold building blocks several modules import (e.g. _gemm.py).
 COMPOSITE_DIR = os.path.join(HERE, "composite")
 
 
@@ -1658,6 +1659,8 @@ def composite_kernels():
     out = []
     if not os.path.isdir(COMPOSITE_DIR):
         return out
+    if COMPOSITE_DIR not in sys.path:  # shared building blocks: corpus/composite/_<name>.py
+        sys.path.insert(0, COMPOSITE_DIR)
     for name in sorted(os.listdir(COMPOSITE_DIR)):
         if not name.endswith(".py") or name.startswith("_"):
             continue
