@@ -120,30 +120,28 @@ def main():
             print(f"verify.py: tasks not in the manifest: {', '.join(unknown)}", file=sys.stderr)
             return 2
     out_path = a.out or os.path.join(HERE, f"verified_{a.backend}.json")
-    if a.not_ok and os.path.isfile(out_path):
-        try:
-            recorded = json.load(open(out_path))
-        except (json.JSONDecodeError, OSError) as err:
-            print(f"verify.py: --not-ok needs the recorded verdicts, but {out_path} is unreadable ({err})", file=sys.stderr)
-            return 2
-        if not isinstance(recorded, dict):
-            print(f"verify.py: --not-ok: {out_path} is not a JSON object of kernel entries", file=sys.stderr)
-            return 2
-        entries = [e for e in entries
-                   if not isinstance(recorded.get(e["file"]), dict) or recorded[e["file"]].get("verdict") != "ok"]
-    if not entries:
-        print("verify.py: nothing to verify", file=sys.stderr)
-        return 2
-    eval_args = [] if a.full else QUICK_EVAL
-
-    # Earlier entries are kept (only those still in the manifest); the file is rewritten
-    # after every result, so an interrupted run keeps what it measured.
+    # The recorded verdicts, read once: earlier entries are kept (only those still in the
+    # manifest; the file is rewritten after every result, so an interrupted run keeps what
+    # it measured), and --not-ok picks the kernels to run from them.
     old = {}
     if os.path.isfile(out_path):
         try:
             old = json.load(open(out_path))
+            why = "not a JSON object of kernel entries"
         except (json.JSONDecodeError, OSError) as err:
-            print(f"verify.py: {out_path} unreadable ({err}); rewriting it", file=sys.stderr)
+            old, why = None, f"unreadable ({err})"
+        if not isinstance(old, dict):
+            if a.not_ok:
+                print(f"verify.py: --not-ok needs the recorded verdicts, but {out_path} is {why}", file=sys.stderr)
+                return 2
+            print(f"verify.py: {out_path} is {why}; rewriting it", file=sys.stderr)
+            old = {}
+    if a.not_ok:
+        entries = [e for e in entries if not isinstance(old.get(e["file"]), dict) or old[e["file"]].get("verdict") != "ok"]
+    if not entries:
+        print("verify.py: nothing to verify", file=sys.stderr)
+        return 2
+    eval_args = [] if a.full else QUICK_EVAL
     valid = {e["file"] for e in manifest if e["backend"] == a.backend}
     # A kernel being re-run keeps its old entry until its new result arrives.
     kept = {k: v for k, v in old.items() if k != "header" and k in valid}
