@@ -469,8 +469,8 @@ def within_task(records, windows):
     tasks it held. Here each ok speedup is divided by its task's geometric mean over the run
     (tasks with two or more ok results; one result compares with nothing). Adds
     "within_task" (the geometric mean of those ratios, or None) to each window, and returns
-    the trend: the least-squares slope of their logs over minutes as a factor per 10
-    minutes, with a 95 % interval from resampling whole groups (seeded, so a report is
+    the trend: the within-task least-squares slope of the log speedups over minutes (both
+    taken relative to their task's means) as a factor per 10 minutes, with a 95 % interval from resampling whole groups (seeded, so a report is
     reproducible), and the first/final usable window ratio. None without two such tasks'
     results over more than one minute."""
     points = []  # (group key, task, minute, log speedup)
@@ -560,20 +560,20 @@ def pooled_within_task(runs):
 def pooled_text(trend, names):
     if trend is None:
         return f"within task, pooled over {len(names)} runs: n/a (needs ok results of a task at two or more times)"
+    ci = "" if trend["low"] is None else f", 95 % interval {trend['low']:.3f}-{trend['high']:.3f}"
     return (f"within task, pooled over {trend['runs']} runs ({', '.join(names)}; {trend['ok_results']} ok results, "
-            f"{trend['groups']} groups): trend x{trend['per_10_min']:.3f} per 10 minutes, 95 % interval "
-            f"{trend['low']:.3f}-{trend['high']:.3f}")
+            f"{trend['groups']} groups): trend x{trend['per_10_min']:.3f} per 10 minutes{ci}")
 
 
 def run_verdicts(run_dir):
     """A run folder's verdict records on its own time axis (minutes since its earliest
-    metrics line), and the verdict log files read."""
+    metrics line)."""
     metrics = os.path.join(run_dir, "metrics")
-    verdicts, used = read_verdicts(sorted(glob.glob(os.path.join(metrics, "verdicts-*.jsonl"))))
+    verdicts, _ = read_verdicts(sorted(glob.glob(os.path.join(metrics, "verdicts-*.jsonl"))))
     streams = [read_jsonl(path) for path in [os.path.join(metrics, "learner.jsonl"), os.path.join(metrics, "run.jsonl")]
                + sorted(glob.glob(os.path.join(metrics, "actor-*.jsonl"))) if os.path.exists(path)]
     time_axis(streams, verdicts)
-    return verdicts, used
+    return verdicts
 
 
 def pct(v):
@@ -1029,18 +1029,18 @@ def main(argv):
     if summary is not None and group_lines:
         summary["prompts"] = prompt_split(group_lines, verdicts)
     if args.pool:
+        if summary is None:
+            die(2, f"--pool: {run_dir} has no usable verdict records in {os.path.join(metrics, 'verdicts-*.jsonl')} to pool")
         pool = [verdicts]
         for other in args.pool:
             if not os.path.isdir(other):
                 die(2, f"--pool {other}: not a directory (give a run folder, e.g. runs/<name>)")
-            recs, _ = run_verdicts(other)
+            recs = run_verdicts(other)
             if not recs:
                 die(2, f"--pool {other}: no usable verdict records in {os.path.join(other, 'metrics', 'verdicts-*.jsonl')}")
             pool.append(recs)
-        pooled = pooled_within_task(pool)
-        if summary is not None:
-            summary["within_task_pooled"] = pooled
-            summary["pooled_runs"] = [run_dir] + args.pool
+        summary["within_task_pooled"] = pooled_within_task(pool)
+        summary["pooled_runs"] = [run_dir] + args.pool
     if summary is not None:
         print_verdict_tables(summary)
     elif verdict_paths:

@@ -421,6 +421,14 @@ TEST(ReportTest, PoolCombinesTheWithinTaskTrendOfSeveralRuns) {
   const Result bad = report({run_a, "--pool", tmp.path + "/no-such-run"}, tmp.path);
   EXPECT_EQ(bad.rc, 2);
   EXPECT_TRUE(contains(bad.err, "--pool " + tmp.path + "/no-such-run: not a directory")) << bad.err;
+  // A RUN_DIR without verdicts has nothing to pool with: a usage error, not a silent skip.
+  const std::string bare = tmp.path + "/bare";
+  ::mkdir(bare.c_str(), 0755);
+  ::mkdir((bare + "/metrics").c_str(), 0755);
+  kf::test::write_file(bare + "/metrics/run.jsonl", nlohmann::json({{"step", 1}, {"time", ta}}).dump() + "\n");
+  const Result none = report({bare, "--pool", run_b}, tmp.path);
+  EXPECT_EQ(none.rc, 2);
+  EXPECT_TRUE(contains(none.err, "--pool: " + bare + " has no usable verdict records")) << none.err;
 }
 
 // The actors' group lines (metrics/groups-*.jsonl) joined with the verdicts on the group:
