@@ -6,17 +6,8 @@ TASK = "203_small_cnn"
 # ----------------------------------------------------------------------------------------
 # CPU
 # ----------------------------------------------------------------------------------------
-CPU_COMMON = r"""
-#include <stdlib.h>
-#include <algorithm>
-
-struct Stage {
-  const float *w, *b, *g, *beta, *rm, *rv;
-  long CI, CO;
-};
-
-// in: x, (conv w, conv b, bn w, bn b) x 3, head w, head b, (running mean, var, count) x 3.
-static int get_args(const kf::Tensor* in, int n_in, kf::Tensor* out, int n_out, Stage* st, long& N, long& H, long& W,
+# Argument checks and unpacking, the same in the CPU and the CUDA sources.
+ARGS = r"""static int get_args(const kf::Tensor* in, int n_in, kf::Tensor* out, int n_out, Stage* st, long& N, long& H, long& W,
                     long& K) {
   if (n_in != 24 || n_out != 1) return 1;
   const kf::Tensor& x = in[0];
@@ -43,7 +34,19 @@ static int get_args(const kf::Tensor* in, int n_in, kf::Tensor* out, int n_out, 
   if (hw.ndim != 2 || hw.shape[1] != ci || hw.dtype != kf::KF_FLOAT32) return 1;
   K = hw.shape[0];
   if (in[14].numel() != K || out[0].numel() != N * K) return 1;
-  if ((H >> 3) < 1 || (W >> 3) < 1) return 1;
+  if ((H >> 3) < 1 || (W >> 3) < 1) return 1;"""
+
+CPU_COMMON = r"""
+#include <stdlib.h>
+#include <algorithm>
+
+struct Stage {
+  const float *w, *b, *g, *beta, *rm, *rv;
+  long CI, CO;
+};
+
+// in: x, (conv w, conv b, bn w, bn b) x 3, head w, head b, (running mean, var, count) x 3.
+""" + ARGS + r"""
   return 0;
 }
 
@@ -243,34 +246,7 @@ struct Stage {
   long CI, CO;
 };
 
-static int get_args(const kf::Tensor* in, int n_in, kf::Tensor* out, int n_out, Stage* st, long& N, long& H, long& W,
-                    long& K) {
-  if (n_in != 24 || n_out != 1) return 1;
-  const kf::Tensor& x = in[0];
-  if (x.ndim != 4 || x.dtype != kf::KF_FLOAT32 || out[0].dtype != kf::KF_FLOAT32) return 1;
-  N = x.shape[0]; H = x.shape[2]; W = x.shape[3];
-  long ci = x.shape[1];
-  for (int s = 0; s < 3; ++s) {
-    const kf::Tensor& w = in[1 + 4 * s];
-    if (w.ndim != 4 || w.shape[1] != ci || w.shape[2] != 3 || w.shape[3] != 3 || w.dtype != kf::KF_FLOAT32) return 1;
-    const long co = w.shape[0];
-    for (int i : {2 + 4 * s, 3 + 4 * s, 4 + 4 * s, 15 + 3 * s, 16 + 3 * s})
-      if (in[i].numel() != co || in[i].dtype != kf::KF_FLOAT32) return 1;
-    st[s].w = (const float*)w.data;
-    st[s].b = (const float*)in[2 + 4 * s].data;
-    st[s].g = (const float*)in[3 + 4 * s].data;
-    st[s].beta = (const float*)in[4 + 4 * s].data;
-    st[s].rm = (const float*)in[15 + 3 * s].data;
-    st[s].rv = (const float*)in[16 + 3 * s].data;
-    st[s].CI = ci;
-    st[s].CO = co;
-    ci = co;
-  }
-  const kf::Tensor& hw = in[13];
-  if (hw.ndim != 2 || hw.shape[1] != ci || hw.dtype != kf::KF_FLOAT32) return 1;
-  K = hw.shape[0];
-  if (in[14].numel() != K || out[0].numel() != N * K) return 1;
-  if ((H >> 3) < 1 || (W >> 3) < 1) return 1;
+""" + ARGS + r"""
   if (N > 65535 || H > (1L << 20) || W > (1L << 20)) return 1;
   return 0;
 }

@@ -9,11 +9,8 @@ TASK = "204_residual_block"
 # ----------------------------------------------------------------------------------------
 # CPU
 # ----------------------------------------------------------------------------------------
-CPU_COMMON = r"""
-#include <stdlib.h>
-#include <initializer_list>
-
-static int get_dims(const kf::Tensor* in, int n_in, kf::Tensor* out, int n_out, long& N, long& C, long& H, long& W) {
+# Argument checks and unpacking, the same in the CPU and the CUDA sources.
+ARGS = r"""static int get_dims(const kf::Tensor* in, int n_in, kf::Tensor* out, int n_out, long& N, long& C, long& H, long& W) {
   if (n_in != 13 || n_out != 1) return 1;
   const kf::Tensor& x = in[0];
   if (x.ndim != 4 || x.dtype != kf::KF_FLOAT32 || out[0].dtype != kf::KF_FLOAT32) return 1;
@@ -26,7 +23,13 @@ static int get_dims(const kf::Tensor* in, int n_in, kf::Tensor* out, int n_out, 
   if (out[0].numel() != x.numel()) return 1;
   return 0;
 }
+"""
 
+CPU_COMMON = r"""
+#include <stdlib.h>
+#include <initializer_list>
+
+""" + ARGS + r"""
 // Batch statistics of channel c over (N, H, W) in double -> per-channel scale and shift.
 static void bn_coef_channel(const float* y, long N, long C, long HW, long c, const float* g, const float* b,
                             float* sc, float* sh) {
@@ -252,20 +255,7 @@ extern "C" int kf_forward(kf::Context* ctx, const kf::Tensor* in, int n_in, kf::
 # ----------------------------------------------------------------------------------------
 CUDA_COMMON = r"""
 #include <initializer_list>
-static int get_dims(const kf::Tensor* in, int n_in, kf::Tensor* out, int n_out, long& N, long& C, long& H, long& W) {
-  if (n_in != 13 || n_out != 1) return 1;
-  const kf::Tensor& x = in[0];
-  if (x.ndim != 4 || x.dtype != kf::KF_FLOAT32 || out[0].dtype != kf::KF_FLOAT32) return 1;
-  N = x.shape[0]; C = x.shape[1]; H = x.shape[2]; W = x.shape[3];
-  for (int i = 1; i <= 6; ++i) if (in[i].dtype != kf::KF_FLOAT32) return 1;
-  for (int i : {1, 4}) {
-    if (in[i].ndim != 4 || in[i].shape[0] != C || in[i].shape[1] != C || in[i].shape[2] != 3 || in[i].shape[3] != 3) return 1;
-  }
-  for (int i : {2, 3, 5, 6}) if (in[i].numel() != C) return 1;
-  if (out[0].numel() != x.numel()) return 1;
-  return 0;
-}
-
+""" + ARGS + r"""
 // Partial batch statistics: block (c, p) sums slice p of channel c's N*HW values in double.
 __global__ void k_stats(const float* __restrict__ y, long N, long C, long HW, int P, double* __restrict__ part) {
   __shared__ double ss[256], sq[256];

@@ -6,12 +6,8 @@ TASK = "205_conv1d_sequence_net"
 # ----------------------------------------------------------------------------------------
 # CPU
 # ----------------------------------------------------------------------------------------
-CPU_COMMON = r"""
-#include <stdlib.h>
-#include <algorithm>
-
-// in: x (N, C, L), then (weight (C, C, 3), bias (C)) per layer.
-static int get_args(const kf::Tensor* in, int n_in, kf::Tensor* out, int n_out, long& N, long& C, long& L, int& layers) {
+# Argument checks and unpacking, the same in the CPU and the CUDA sources.
+ARGS = r"""static int get_args(const kf::Tensor* in, int n_in, kf::Tensor* out, int n_out, long& N, long& C, long& L, int& layers) {
   if (n_in < 3 || (n_in - 1) % 2 || n_out != 1) return 1;
   const kf::Tensor& x = in[0];
   if (x.ndim != 3 || x.dtype != kf::KF_FLOAT32 || out[0].dtype != kf::KF_FLOAT32) return 1;
@@ -26,7 +22,14 @@ static int get_args(const kf::Tensor* in, int n_in, kf::Tensor* out, int n_out, 
   if (out[0].numel() != x.numel()) return 1;
   return 0;
 }
+"""
 
+CPU_COMMON = r"""
+#include <stdlib.h>
+#include <algorithm>
+
+// in: x (N, C, L), then (weight (C, C, 3), bias (C)) per layer.
+""" + ARGS + r"""
 static inline float gelu(float v) { return 0.5f * v * (1.f + erff(v * 0.70710678118654752f)); }
 
 // Ping-pong so that the last layer writes the output: layer l reads src[l], writes dst[l].
@@ -188,22 +191,7 @@ extern "C" int kf_forward(kf::Context* ctx, const kf::Tensor* in, int n_in, kf::
 # CUDA
 # ----------------------------------------------------------------------------------------
 CUDA_COMMON = r"""
-static int get_args(const kf::Tensor* in, int n_in, kf::Tensor* out, int n_out, long& N, long& C, long& L, int& layers) {
-  if (n_in < 3 || (n_in - 1) % 2 || n_out != 1) return 1;
-  const kf::Tensor& x = in[0];
-  if (x.ndim != 3 || x.dtype != kf::KF_FLOAT32 || out[0].dtype != kf::KF_FLOAT32) return 1;
-  N = x.shape[0]; C = x.shape[1]; L = x.shape[2];
-  layers = (n_in - 1) / 2;
-  if (layers > 30) return 1;
-  for (int l = 0; l < layers; ++l) {
-    const kf::Tensor& w = in[1 + 2 * l];
-    if (w.ndim != 3 || w.shape[0] != C || w.shape[1] != C || w.shape[2] != 3 || w.dtype != kf::KF_FLOAT32) return 1;
-    if (in[2 + 2 * l].numel() != C || in[2 + 2 * l].dtype != kf::KF_FLOAT32) return 1;
-  }
-  if (out[0].numel() != x.numel()) return 1;
-  return 0;
-}
-
+""" + ARGS + r"""
 static KF_HD float gelu(float v) { return 0.5f * v * (1.f + erff(v * 0.70710678118654752f)); }
 
 """

@@ -11,10 +11,8 @@ which turns the [B*S, D] x [D, D] GEMM into one GEMV per row.
 TASK = "208_attention_pooling_classifier"
 FAMILY = "composite"
 
-CPU_COMMON = r"""
-#include <omp.h>
-
-struct AP {
+# Argument checks and unpacking, the same in the CPU and the CUDA sources.
+ARGS = r"""struct AP {
   const float* x;
   const int64_t* tgt;
   const float* q;
@@ -36,7 +34,12 @@ static int ap_parse(const kf::Tensor* in, int n_in, kf::Tensor* out, int n_out, 
     return 1;
   p.B = in[0].shape[0]; p.S = in[0].shape[1]; p.D = in[0].shape[2]; p.C = in[5].shape[0];
   if (in[1].shape[0] != p.B || in[2].shape[0] != 1 || in[2].shape[1] != 1 || in[2].shape[2] != p.D) return 1;
-  if (in[3].shape[0] != p.D || in[3].shape[1] != p.D || in[4].shape[0] != p.D) return 1;
+  if (in[3].shape[0] != p.D || in[3].shape[1] != p.D || in[4].shape[0] != p.D) return 1;"""
+
+CPU_COMMON = r"""
+#include <omp.h>
+
+""" + ARGS + r"""
   if (in[5].shape[1] != p.D || in[6].shape[0] != p.C || p.C <= 0 || p.S <= 0 || p.D <= 0) return 1;
   p.x = static_cast<const float*>(in[0].data);
   p.tgt = static_cast<const int64_t*>(in[1].data);
@@ -283,29 +286,7 @@ extern "C" int kf_forward(kf::Context* ctx, const kf::Tensor* in, int n_in, kf::
 # CUDA
 # --------------------------------------------------------------------------------------
 CUDA_COMMON = r"""
-struct AP {
-  const float* x;
-  const int64_t* tgt;
-  const float* q;
-  const float* wk;
-  const float* bk;
-  const float* wh;
-  const float* bh;
-  float* out;
-  long B, S, D, C;
-};
-
-static int ap_parse(const kf::Tensor* in, int n_in, kf::Tensor* out, int n_out, AP& p) {
-  if (n_in != 7 || n_out != 1) return 1;
-  if (in[1].dtype != kf::KF_INT64 || out[0].dtype != kf::KF_FLOAT32 || out[0].numel() != 1) return 1;
-  for (int i = 0; i < 7; ++i)
-    if (i != 1 && in[i].dtype != kf::KF_FLOAT32) return 1;
-  if (in[0].ndim != 3 || in[1].ndim != 1 || in[2].ndim != 3 || in[3].ndim != 2 || in[4].ndim != 1 ||
-      in[5].ndim != 2 || in[6].ndim != 1)
-    return 1;
-  p.B = in[0].shape[0]; p.S = in[0].shape[1]; p.D = in[0].shape[2]; p.C = in[5].shape[0];
-  if (in[1].shape[0] != p.B || in[2].shape[0] != 1 || in[2].shape[1] != 1 || in[2].shape[2] != p.D) return 1;
-  if (in[3].shape[0] != p.D || in[3].shape[1] != p.D || in[4].shape[0] != p.D) return 1;
+""" + ARGS + r"""
   if (in[5].shape[1] != p.D || in[6].shape[0] != p.C || p.C <= 0 || p.S <= 0 || p.D <= 0 || p.B <= 0) return 1;
   p.x = static_cast<const float*>(in[0].data);
   p.tgt = static_cast<const int64_t*>(in[1].data);

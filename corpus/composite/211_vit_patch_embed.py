@@ -13,10 +13,8 @@ FAMILY = "composite"
 # --------------------------------------------------------------------------------------
 # CPU
 # --------------------------------------------------------------------------------------
-CPU_COMMON = r"""
-#include <omp.h>
-
-struct PE {
+# Argument checks and unpacking, the same in the CPU and the CUDA sources.
+ARGS = r"""struct PE {
   const float* x;
   const float* pos;
   const float* w;
@@ -58,7 +56,12 @@ static int pe_parse(const kf::Tensor* in, int n_in, kf::Tensor* out, int n_out, 
   p.y = static_cast<float*>(out[0].data);
   return 0;
 }
+"""
 
+CPU_COMMON = r"""
+#include <omp.h>
+
+""" + ARGS + r"""
 // Copies the patch of output row m (K values, ordered c, ky, kx like the filter) to a.
 static inline void pe_patch(const PE& p, long m, float* a) {
   const long b = m / p.P, pp = m % p.P, py = pp / p.PW, px = pp % p.PW;
@@ -209,49 +212,7 @@ extern "C" int kf_forward(kf::Context* ctx, const kf::Tensor* in, int n_in, kf::
 # CUDA
 # --------------------------------------------------------------------------------------
 CUDA_COMMON = r"""
-struct PE {
-  const float* x;
-  const float* pos;
-  const float* w;
-  const float* bias;
-  const float* g;
-  const float* beta;
-  float* y;
-  long B, C, H, W, KH, KW, PH, PW, P, D, K, M;
-};
-
-static int pe_parse(const kf::Tensor* in, int n_in, kf::Tensor* out, int n_out, PE& p) {
-  if (n_in != 6 || n_out != 1) return 1;
-  for (int i = 0; i < 6; ++i)
-    if (in[i].dtype != kf::KF_FLOAT32) return 1;
-  if (out[0].dtype != kf::KF_FLOAT32) return 1;
-  const kf::Tensor& x = in[0];
-  const kf::Tensor& pos = in[1];
-  const kf::Tensor& w = in[2];
-  if (x.ndim != 4 || pos.ndim != 3 || w.ndim != 4 || in[3].ndim != 1 || in[4].ndim != 1 || in[5].ndim != 1 ||
-      out[0].ndim != 3)
-    return 1;
-  p.B = x.shape[0]; p.C = x.shape[1]; p.H = x.shape[2]; p.W = x.shape[3];
-  p.D = w.shape[0]; p.KH = w.shape[2]; p.KW = w.shape[3];
-  if (w.shape[1] != p.C || p.KH <= 0 || p.KW <= 0 || p.H < p.KH || p.W < p.KW) return 1;
-  p.PH = (p.H - p.KH) / p.KH + 1;  // stride == kernel size
-  p.PW = (p.W - p.KW) / p.KW + 1;
-  p.P = p.PH * p.PW;
-  p.K = p.C * p.KH * p.KW;
-  p.M = p.B * p.P;
-  if (pos.shape[0] != 1 || pos.shape[1] != p.P || pos.shape[2] != p.D) return 1;
-  if (in[3].shape[0] != p.D || in[4].shape[0] != p.D || in[5].shape[0] != p.D) return 1;
-  if (out[0].shape[0] != p.B || out[0].shape[1] != p.P || out[0].shape[2] != p.D) return 1;
-  p.x = static_cast<const float*>(in[0].data);
-  p.pos = static_cast<const float*>(in[1].data);
-  p.w = static_cast<const float*>(in[2].data);
-  p.bias = static_cast<const float*>(in[3].data);
-  p.g = static_cast<const float*>(in[4].data);
-  p.beta = static_cast<const float*>(in[5].data);
-  p.y = static_cast<float*>(out[0].data);
-  return 0;
-}
-
+""" + ARGS + r"""
 // Offset in x of element k (= c, ky, kx) of a patch whose top-left element is at `base`.
 static KF_HD long pe_koff(const PE& p, long k) {
   const long khw = p.KH * p.KW;

@@ -9,10 +9,8 @@ inv = expf(-lw), fwd = expf(lw), y[t] = (sum_{s<=t} u[s] * inv[s]) * fwd[t]. The
 TASK = "212_gru_free_recurrent_scan"
 FAMILY = "composite"
 
-CPU_COMMON = r"""
-#include <omp.h>
-
-struct RS {
+# Argument checks and unpacking, the same in the CPU and the CUDA sources.
+ARGS = r"""struct RS {
   const float* x;
   const float* decay;
   const float* w;
@@ -39,7 +37,12 @@ static int rs_parse(const kf::Tensor* in, int n_in, kf::Tensor* out, int n_out, 
   p.y = static_cast<float*>(out[0].data);
   return 0;
 }
+"""
 
+CPU_COMMON = r"""
+#include <omp.h>
+
+""" + ARGS + r"""
 // fwd[t*D+d] = exp(L*t), inv[t*D+d] = exp(-L*t) with L = log(decay[d]), as the reference rounds them.
 static void rs_tables(const RS& p, float* fwd, float* inv, int nt) {
 #pragma omp parallel for schedule(static) num_threads(nt)
@@ -212,34 +215,7 @@ extern "C" int kf_forward(kf::Context* ctx, const kf::Tensor* in, int n_in, kf::
 # CUDA
 # --------------------------------------------------------------------------------------
 CUDA_COMMON = r"""
-struct RS {
-  const float* x;
-  const float* decay;
-  const float* w;
-  const float* bias;
-  float* y;
-  long B, T, D, M;
-};
-
-static int rs_parse(const kf::Tensor* in, int n_in, kf::Tensor* out, int n_out, RS& p) {
-  if (n_in != 4 || n_out != 1) return 1;
-  for (int i = 0; i < 4; ++i)
-    if (in[i].dtype != kf::KF_FLOAT32) return 1;
-  if (out[0].dtype != kf::KF_FLOAT32) return 1;
-  if (in[0].ndim != 3 || in[1].ndim != 1 || in[2].ndim != 2 || in[3].ndim != 1 || out[0].ndim != 3) return 1;
-  p.B = in[0].shape[0]; p.T = in[0].shape[1]; p.D = in[0].shape[2];
-  p.M = p.B * p.T;
-  if (in[1].shape[0] != p.D || in[2].shape[0] != p.D || in[2].shape[1] != p.D || in[3].shape[0] != p.D) return 1;
-  for (int i = 0; i < 3; ++i)
-    if (out[0].shape[i] != in[0].shape[i]) return 1;
-  p.x = static_cast<const float*>(in[0].data);
-  p.decay = static_cast<const float*>(in[1].data);
-  p.w = static_cast<const float*>(in[2].data);
-  p.bias = static_cast<const float*>(in[3].data);
-  p.y = static_cast<float*>(out[0].data);
-  return 0;
-}
-
+""" + ARGS + r"""
 // One thread per (sequence, channel), sequential over t (coalesced across channels).
 // y holds the pre-activation (ADD_BIAS_TANH) or u itself; the factors follow the reference:
 // lw = logf(decay) * t, s += u * expf(-lw), y = s * expf(lw).
