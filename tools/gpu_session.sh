@@ -1,6 +1,7 @@
 # Sourced by the one-call GPU scripts (stages/gpu_train.sh, bench/launch/h200_run.sh): the
 # environment of the GPU machine and the common start of a call.
-#   gpu_session_start LOGDIR   CUDA on PATH, carried .deps used, GPU named in $GPU, logs in
+#   gpu_session_start LOGDIR   CUDA on PATH, carried .deps used, GPU named in $GPU (and
+#                              their number in $GPU_COUNT), logs in
 #                              LOGDIR (created empty), a timer and `stamp`; configures
 #                              build-gpu/ ($BUILD) and starts the suite import (cpu,cuda)
 #                              in the background (wait for it with gpu_import_wait).
@@ -11,14 +12,18 @@
 gpu_session_start() {
   LOGDIR=$1
   rm -rf "$LOGDIR"; mkdir -p "$LOGDIR"
-  export PATH=/usr/local/cuda/bin:$PATH NCCL_NVLS_ENABLE=0
+  # NVLink multicast off (device README: it can take a shared host's GPUs out of service)
+  export PATH=/usr/local/cuda/bin:$PATH NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
   BUILD=build-gpu
   DEPS=()
   if [ -d .deps/usr ]; then  # Debian TBB/seccomp trees carried to a machine without them
     DEPS=(-DKF_DEPS_PREFIX="$PWD/.deps/usr")
     export LD_LIBRARY_PATH="$PWD/.deps/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
   fi
-  GPU=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader) || { echo "no GPU visible" >&2; exit 2; }
+  GPU=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -1)
+  GPU_COUNT=$(nvidia-smi -L | grep -c '^GPU ')
+  [ -n "$GPU" ] && [ "$GPU_COUNT" -gt 0 ] || { echo "no GPU visible" >&2; exit 2; }
+  [ "$GPU_COUNT" -gt 1 ] && GPU="$GPU, x$GPU_COUNT"
   echo "$GPU" > "$LOGDIR/gpu.txt"
   SECONDS=0
   stamp "$GPU: configure; import the suite (cpu,cuda) in parallel"

@@ -12,7 +12,8 @@
 # KF_ALONE=1 (h200-contrast alone on the GPU, no ablation; then the starting policy and the
 # RL policy scored one after the other, one task at a time, KF_RL_SCORE_S each).
 # KF_SFT_SECONDS=0 skips stage 1 and the corpus verification: the runs start from
-# policies/default.
+# policies/default. With stage 1 (KF_FOCUS runs) the shipped policy is scored beside the
+# new one, so that the choice of which to ship rests on one scoring round.
 # KF_FOCUS=a,b,... (side by side only): both runs train on these tasks only (tasks.include),
 # picked in passes over all of them (actors.schedule.policy=cycle, so the per-minute windows
 # keep one task mix; stop 22 and before: uniform picks), so each task is visited many times
@@ -33,6 +34,10 @@
 # the CUDA corpus kernels not recorded ok (at most KF_CORPUS_S, default 200 s; skipped after
 # KF_CORPUS_BY_S, default 1400 s, of pipeline time); logs/verified_cuda.json comes back.
 # KF_GPU_TESTS=0 skips the GPU tests run after the build (evaluator service, sampler).
+# Two GPUs (nvidia-h200-x2): each run gets a GPU of its own (h200-contrast GPU 0, h200-noex
+# GPU 1: configs/h200.yaml is a one-GPU config, and on one GPU the two runs shared the
+# timing lock and the memory claims); the corpus verification runs on GPU 1 beside stage 1
+# on GPU 0, and the scored policies are spread over both. On one GPU all of it shares GPU 0.
 # The pipeline:
 #  1. build (build-gpu/) while the suite is imported for cpu,cuda;
 #  2. stage 1 on the GPU on the train split (tools/sft --heldout tasks/heldout.txt) for
@@ -129,19 +134,20 @@ print(" ".join(sorted({e["task"] for e in m if e["backend"] == "cuda" and v.get(
 EOF
 )
   stamp "tools/sft --heldout for $sft_s s; corpus/verify.py on: ${todo:-nothing (every CUDA kernel is ok)}"
-  timeout $((sft_s + 90)) tools/sft --corpus corpus --tasks "$KF_TASKS_DIR" --out $WORK/policy --heldout tasks/heldout.txt \
+  on_gpu 0 timeout $((sft_s + 90)) tools/sft --corpus corpus --tasks "$KF_TASKS_DIR" --out $WORK/policy --heldout tasks/heldout.txt \
     --shape small --vocab 4096 --steps 100000 --batch 8 --lr 1.5e-3 --warmup 30 --seed 0 --device cuda --threads 4 \
-    --time-limit "$sft_s" > $WORK/logs/sft.txt 2>&1 &
+    --max-new-tokens 2048 --time-limit "$sft_s" > $WORK/logs/sft.txt 2>&1 &
   local sft=$!
-  local ver=
+  # On a second GPU the verification goes on through stage 2 too (the runs need that GPU).
+  local ver_s=$sft_s
+  [ "$GPU_COUNT" -gt 1 ] && [ "${KF_SELFSUP:-0}" = first ] && ver_s=$((sft_s + ${KF_SELFSUP_S:-240}))
   if [ -n "$todo" ]; then  # an empty --tasks would mean every kernel of the corpus
-    timeout "$sft_s" "$PY" corpus/verify.py --backend cuda --jobs 2 --tasks $todo \
-      --note "tools/eval on $GPU, 2 at once, while tools/sft trained on the same GPU" > $WORK/logs/verify_cuda.txt 2>&1 &
-    ver=$!
+    on_gpu 1 timeout "$ver_s" "$PY" corpus/verify.py --backend cuda --jobs 2 --tasks $todo \
+      --note "tools/eval on $GPU, 2 at once, while tools/sft trained on $([ "$GPU_COUNT" -gt 1 ] && echo "the other" || echo "the same") GPU" > $WORK/logs/verify_cuda.txt 2>&1 &
+    VERIFY_PID=$!
   fi
   wait $sft || { stamp "tools/sft failed"; tail -20 $WORK/logs/sft.txt; exit 1; }
-  [ -n "$ver" ] && wait $ver
-  cp corpus/verified_cuda.json $WORK/logs/
+  [ "$ver_s" = "$sft_s" ] && verify_wait
   grep -E "held-out|examples|wrote" $WORK/logs/sft.txt | tail -3
   tar -C $WORK -cf - policy | split -b 15M - "$PACK/policy.tar.part-"
   stamp "SFT policy packed after ${SECONDS} s"
@@ -149,7 +155,7 @@ EOF
 
   # GPU memory by process every 5 s (evaluators, their workers, actors, learners), to set
   # against the claims the evaluators make (gpu_claim_gb/gpu_peak_gb in the verdict logs)
-  ( while :; do echo "# $(date +%s)"; nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader
+  ( while :; do echo "# $(date +%s)"; nvidia-smi --query-gpu=index,memory.used,utilization.gpu --format=csv,noheader
       nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader; sleep 5; done ) \
     > $WORK/logs/gpu_mem.txt 2>&1 &
   GPU_MEM_PID=$!
@@ -157,7 +163,7 @@ EOF
   if [ -n "$focus" ] && [ "${KF_SELFSUP:-0}" = first ]; then
     local s2_s=${KF_SELFSUP_S:-240}
     stamp "stage 2 alone on the GPU (at most $s2_s s) on $focus"
-    timeout $((s2_s + 60)) tools/selfsup --model $WORK/policy --corpus corpus --out $WORK/policy-s2 --rounds 1 \
+    on_gpu 0 timeout $((s2_s + 60)) tools/selfsup --model $WORK/policy --corpus corpus --out $WORK/policy-s2 --rounds 1 \
       --samples 16 --temperature 1.2 --max-new-tokens 2048 --exemplars 2 --steps 60 --batch 8 --backend cuda \
       --tasks "$KF_TASKS_DIR" --heldout tasks/heldout.txt --include "$focus" --device cuda --threads 4 \
       --time-limit $((s2_s - 30)) > $WORK/logs/selfsup.txt 2>&1
@@ -167,6 +173,7 @@ EOF
     if [ $rc = 0 ] && [ -f $WORK/policy-s2/config.json ]; then start_policy=$WORK/policy-s2
     else stamp "the runs start from the starting policy (stage 2 failed)"; fi
   fi
+  verify_wait
   # 3. the run and its ablation side by side; the SFT policy scored meanwhile
   local common=(--set tasks.dir="$KF_TASKS_DIR" --set learner.policy=$start_policy --set launch.max_minutes="$minutes")
   rm -rf runs/h200-contrast runs/h200-noex
@@ -193,9 +200,9 @@ EOF
   # Passes over the tasks: the default (room) schedule moves picks to the slower tasks as
   # others improve, and uniform picks give a minute's 4-6 groups a random task mix.
   [ -n "$focus" ] && common+=(--set "tasks.include=[$focus]" --set actors.schedule.policy=cycle)
-  tools/launch configs/h200.yaml --name h200-contrast "${common[@]}" > $WORK/logs/launch-contrast.txt 2>&1 &
+  on_gpu 0 tools/launch configs/h200.yaml --name h200-contrast "${common[@]}" > $WORK/logs/launch-contrast.txt 2>&1 &
   local a=$!
-  tools/launch configs/h200.yaml --name h200-noex "${common[@]}" --set actors.prompt.mode=no_exemplars \
+  on_gpu 1 tools/launch configs/h200.yaml --name h200-noex "${common[@]}" --set actors.prompt.mode=no_exemplars \
     > $WORK/logs/launch-noex.txt 2>&1 &
   local b=$!
   local s2=
@@ -237,18 +244,23 @@ EOF
     # trained and not how h200-contrast did (stop 20: the contrast policy scored worse than
     # its start; this tells a shift of prompts from harm done by the updates).
     tools/export runs/h200-noex $WORK/policy-rl-noex >> $WORK/logs/export.txt 2>&1 || stamp "tools/export (noex) failed"
-    local pol label
-    for pol in policy policy-s2 policy-rl policy-rl-noex; do
+    local pol label g=0
+    # A pipeline that trained stage 1 scores the shipped policy too: whether to ship the
+    # new one is decided on one scoring round.
+    [ "$sft_s" -gt 0 ] && cp -r policies/default $WORK/policy-shipped
+    for pol in policy policy-s2 policy-rl policy-rl-noex policy-shipped; do
       [ -f $WORK/$pol/config.json ] || continue
+      g=$((g + 1))
       case $pol in
         policy) label="start ($([ "$sft_s" -gt 0 ] && echo "stage 1: tools/sft for $sft_s s in this pipeline" || echo "shipped policy"))" ;;
         policy-s2) label="stage 2 (one round on the focus tasks)" ;;
         policy-rl) label="RL (h200-contrast final checkpoint, from $(basename $start_policy))" ;;
+        policy-shipped) label="shipped policy (policies/default)" ;;
         *) label="RL without exemplars (h200-noex final checkpoint, from $(basename $start_policy))" ;;
       esac
-      timeout $((rl_s + 120)) tools/score-policy --model $WORK/$pol --out $WORK/score-$pol --time-limit $rl_s \
-        --config configs/h200.yaml --backend cuda --include "$scored" -n $n --jobs 1 --label "$label" \
-        > $WORK/logs/score-$pol.txt 2>&1 &
+      on_gpu $((g % 2)) timeout $((rl_s + 120)) tools/score-policy --model $WORK/$pol --out $WORK/score-$pol \
+        --time-limit $rl_s --config configs/h200.yaml --backend cuda --include "$scored" -n $n --jobs 1 \
+        --label "$label" > $WORK/logs/score-$pol.txt 2>&1 &
       pids+=($!)
     done
     wait "${pids[@]}"
@@ -279,10 +291,23 @@ corpus_recheck() {  # KF_CORPUS_RECHECK=1: the CUDA corpus kernels not recorded 
   [ "${KF_CORPUS_RECHECK:-0}" = 1 ] || return 0
   local by=${KF_CORPUS_BY_S:-1400}
   if [ $SECONDS -ge "$by" ]; then stamp "corpus re-check skipped (after ${SECONDS} s, limit $by s)"; return 0; fi
-  timeout "${KF_CORPUS_S:-200}" "$PY" corpus/verify.py --backend cuda --jobs 1 --not-ok \
+  on_gpu 0 timeout "${KF_CORPUS_S:-200}" "$PY" corpus/verify.py --backend cuda --jobs 1 --not-ok \
     --note "tools/eval on $GPU, one at a time, alone on the GPU" > $WORK/logs/verify_cuda.txt 2>&1
   stamp "corpus re-check exit $? after ${SECONDS} s: $(grep -c '^  ok ' $WORK/logs/verify_cuda.txt) ok"
   cp corpus/verified_cuda.json $WORK/logs/
+}
+
+verify_wait() {  # the corpus verification started beside stage 1, if any, has ended
+  [ -n "${VERIFY_PID:-}" ] || return 0
+  wait "$VERIFY_PID"
+  VERIFY_PID=
+  cp corpus/verified_cuda.json $WORK/logs/
+  stamp "corpus verification ended after ${SECONDS} s: $(grep -c '^  ok ' $WORK/logs/verify_cuda.txt) ok"
+}
+
+on_gpu() {  # on_gpu N CMD...: CMD sees GPU N only (GPU 0 where the machine has one)
+  local g=$(($1 % GPU_COUNT)); shift
+  CUDA_VISIBLE_DEVICES=$g "$@"
 }
 
 pack_runs() {  # both run folders, without checkpoint weights, as DIR/<run>.tar

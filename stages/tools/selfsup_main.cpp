@@ -72,6 +72,9 @@ int main(int argc, char** argv) {
       log_info("selfsup: held-out tasks of ", heldout, ": ", drop_tasks(corpus, tasks::read_task_list(heldout)),
                " corpus kernels left out");
     o.data.context_tokens = pol.config.max_position_embeddings;
+    // The retraining corpus examples get the prompt budget the samples have (as tools/sft's
+    // do); a --max-new-tokens that leaves none is run_selfsup's error.
+    if (o.max_new_tokens < o.data.context_tokens) o.data.max_prompt_tokens = o.data.context_tokens - o.max_new_tokens;
     auto base_opt = o.data;
     base_opt.backends.clear();
     for (std::size_t p = 0; p <= backends.size();) {

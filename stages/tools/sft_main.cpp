@@ -49,6 +49,7 @@ int main(int argc, char** argv) {
   CLI::App app{"KernelForge stage 1: tokenizer training and SFT of the policy on the corpus"};
   std::string corpus_dir, out, shape = "small", init, config_file, tasks_dir, backends = "cpu,cuda", device = "cpu", heldout;
   int64_t vocab = 4096, context = 4096;
+  int64_t max_new_tokens = 2048;  // configs/default.yaml's and configs/h200.yaml's
   SftOptions so;
   SftDataOptions dopt;
   app.add_option("--corpus", corpus_dir, "corpus folder (manifest.json, kernels/, verified_<backend>.json)")->required();
@@ -66,6 +67,9 @@ int main(int argc, char** argv) {
   app.add_option("--backends", backends, "corpus backends to train on, comma-separated");
   app.add_option("--exemplars", dopt.exemplars, "K exemplars per contrastive prompt");
   app.add_option("--context", context, "context tokens (prompt + completion); the model's max positions");
+  app.add_option("--max-new-tokens", max_new_tokens,
+                 "the runs' actors.sampling.max_new_tokens (default: --config's, else 2048): prompts are fitted to "
+                 "context minus this, as the actors fit them; 0: only to context minus the completion");
   app.add_option("--threads", so.threads, "torch threads (0: torch's default)");
   app.add_option("--device", device, "where to train: cpu, cuda or cuda:N (fp32 weights, TF32 matmuls on a GPU)");
   app.add_option("--time-limit", so.time_limit_s, "stop training after this many seconds (0: off)");
@@ -87,10 +91,15 @@ int main(int argc, char** argv) {
       dopt.min_exemplar_tokens = ao.min_exemplar_tokens;
       dopt.marker = ao.extract.marker;
       if (ao.context_tokens > 0 && !app.count("--context")) context = ao.context_tokens;
+      if (!app.count("--max-new-tokens")) max_new_tokens = ao.max_new_tokens;
     }
+    if (max_new_tokens < 0 || (max_new_tokens > 0 && max_new_tokens >= context))
+      throw Error("--max-new-tokens " + std::to_string(max_new_tokens) + ": must be 0 or below the context (" +
+                  std::to_string(context) + " tokens), which the prompt shares with the completion");
     if (!tasks_dir.empty()) dopt.tasks_dir = tasks_dir;
     dopt.backends = split_commas(backends);
     dopt.context_tokens = context;
+    dopt.max_prompt_tokens = max_new_tokens > 0 ? context - max_new_tokens : 0;
     dopt.seed = so.seed;
   } catch (const Error& e) {
     log_error("sft: bad configuration: ", e.what(), "; exiting (code 2)");
@@ -118,6 +127,7 @@ int main(int argc, char** argv) {
       // budget pressure, so prompts, analyses and kernels are all represented.
       auto raw_opt = dopt;
       raw_opt.context_tokens = int64_t(1) << 40;
+      raw_opt.max_prompt_tokens = 0;  // a byte budget would cut the texts the tokenizer must see
       const auto raw = build_sft_examples(corpus, actors::TextCodec::bytes(), 0, raw_opt);
       std::vector<std::string> texts;
       for (const auto& e : raw) texts.push_back(e.prompt + e.completion);
@@ -143,7 +153,9 @@ int main(int argc, char** argv) {
       clen.push_back(static_cast<int64_t>(e.ids.size()) - e.prompt_len);
     }
     log_info("sft: ", st.examples, " examples (skipped: ", st.skipped_unusable, " not ok, ", st.skipped_no_task,
-             " without the task, ", st.skipped_too_long, " over ", context, " tokens); prompt tokens p50 ",
+             " without the task, ", st.skipped_too_long, " over ", context, " tokens); prompts fitted to ",
+             dopt.max_prompt_tokens > 0 ? std::to_string(dopt.max_prompt_tokens) : std::string("context - completion"),
+             " tokens; prompt tokens p50 ",
              percentile(plen, 0.5), " max ", percentile(plen, 1.0), "; completion tokens p50 ", percentile(clen, 0.5),
              " max ", percentile(clen, 1.0));
     if (examples.empty()) throw Error("no SFT example could be built from " + corpus_dir);
@@ -176,6 +188,7 @@ int main(int argc, char** argv) {
         {"corpus_tasks_cuda", corpus.tasks("cuda").size()},
         {"examples", st.examples},
         {"skipped", {{"not_ok", st.skipped_unusable}, {"no_task", st.skipped_no_task}, {"too_long", st.skipped_too_long}}},
+        {"prompt_budget", dopt.max_prompt_tokens},
         {"prompt_tokens_p50", percentile(plen, 0.5)},
         {"prompt_tokens_max", percentile(plen, 1.0)},
         {"completion_tokens_p50", percentile(clen, 0.5)},

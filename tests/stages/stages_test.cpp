@@ -256,6 +256,27 @@ TEST(StagesTest, SftExamplesUseActorsPromptAndExtractToTheCorpusKernel) {
     EXPECT_LE(static_cast<int64_t>(e.ids.size()), tight.context_tokens);
     EXPECT_TRUE(kf::actors::extract_kernel(e.completion).ok);
   }
+
+  // The actors' budget (context - max_new_tokens) caps the prompt even where the context
+  // has room: the contrastive prompts are the ones the actors build at that budget.
+  int64_t longest_prompt = 0;
+  for (const auto& e : ex)
+    if (e.exemplars_shown > 0) longest_prompt = std::max(longest_prompt, e.prompt_len);
+  auto capped = data_options(8192);
+  capped.max_prompt_tokens = longest_prompt - 150;
+  const auto ex3 = build_sft_examples(corpus, codec, 0, capped);
+  ASSERT_EQ(ex3.size(), ex.size());
+  int cut = 0;
+  for (std::size_t i = 0; i < ex3.size(); ++i) {
+    EXPECT_LE(ex3[i].prompt_len, capped.max_prompt_tokens) << ex3[i].file;
+    EXPECT_TRUE(kf::actors::extract_kernel(ex3[i].completion).ok);
+    if (ex3[i].prompt != ex[i].prompt) {
+      ++cut;
+      EXPECT_GT(ex[i].exemplars_shown, 0) << "only exemplars are cut: " << ex3[i].file;
+      EXPECT_LT(ex3[i].prompt_len, ex[i].prompt_len);
+    }
+  }
+  EXPECT_GE(cut, 1);
 }
 
 TEST(StagesTest, SftLossCoversCompletionOnlyAndTrainingReducesIt) {

@@ -29,6 +29,11 @@ struct SftDataOptions {
   std::string abi_header_path;      // empty: the tree's evaluator/include/kf/kernel.h
   int64_t exemplars = 2;            // K (actors.prompt.exemplars)
   int64_t context_tokens = 4096;    // prompt + completion must fit
+  // The actors fit a prompt to context - actors.sampling.max_new_tokens, whatever the
+  // completion turns out to be; SFT prompts get the same cap so that the policy learns on
+  // the prompts (cut or dropped exemplars included) it is shown in a run. 0: no cap beyond
+  // context - completion.
+  int64_t max_prompt_tokens = 0;
   int64_t min_exemplar_tokens = 64;
   bool no_exemplar_copy = true;     // also one no-exemplar example per kernel (first-round prompts)
   std::string marker = "kernel";
