@@ -12,8 +12,9 @@
 # KF_ALONE=1 (h200-contrast alone on the GPU, no ablation; then the starting policy and the
 # RL policy scored one after the other, one task at a time, KF_RL_SCORE_S each).
 # KF_SFT_SECONDS=0 skips stage 1 and the corpus verification: the runs start from
-# policies/default. With stage 1 (KF_FOCUS runs) the shipped policy is scored beside the
-# new one, so that the choice of which to ship rests on one scoring round.
+# policies/h200 (configs/h200.yaml's policy). With stage 1 (KF_FOCUS runs) that shipped
+# policy is scored beside the new one, so that the choice of which to ship rests on one
+# scoring round.
 # KF_FOCUS=a,b,... (side by side only): both runs train on these tasks only (tasks.include),
 # picked in passes over all of them (actors.schedule.policy=cycle, so the per-minute windows
 # keep one task mix; stop 22 and before: uniform picks), so each task is visited many times
@@ -61,6 +62,7 @@ ROOT=$PWD
 WORK=/tmp/kf-evidence          # survives between calls while the machine is held
 PACK=$WORK/pack
 PY=${KF_PYTHON:-$(command -v python3)}
+SHIPPED=policies/h200          # configs/h200.yaml's learner.policy
 
 copy_out() {  # what is packed so far, into this call's $OUT
   [ -n "${OUT:-}" ] || return 0
@@ -122,8 +124,8 @@ pipeline() {
 
   # 2. stage 1 on the train split; the unmeasured CUDA corpus kernels measured alongside
   if [ "$sft_s" -le 0 ]; then
-    cp -r policies/default $WORK/policy
-    stamp "no SFT (KF_SFT_SECONDS=0): the runs start from policies/default"
+    cp -r $SHIPPED $WORK/policy
+    stamp "no SFT (KF_SFT_SECONDS=0): the runs start from $SHIPPED"
   else
   local todo
   todo=$("$PY" - <<'EOF'
@@ -247,7 +249,7 @@ EOF
     local pol label g=0
     # A pipeline that trained stage 1 scores the shipped policy too: whether to ship the
     # new one is decided on one scoring round.
-    [ "$sft_s" -gt 0 ] && cp -r policies/default $WORK/policy-shipped
+    [ "$sft_s" -gt 0 ] && cp -r $SHIPPED $WORK/policy-shipped
     for pol in policy policy-s2 policy-rl policy-rl-noex policy-shipped; do
       [ -f $WORK/$pol/config.json ] || continue
       g=$((g + 1))
@@ -255,7 +257,7 @@ EOF
         policy) label="start ($([ "$sft_s" -gt 0 ] && echo "stage 1: tools/sft for $sft_s s in this pipeline" || echo "shipped policy"))" ;;
         policy-s2) label="stage 2 (one round on the focus tasks)" ;;
         policy-rl) label="RL (h200-contrast final checkpoint, from $(basename $start_policy))" ;;
-        policy-shipped) label="shipped policy (policies/default)" ;;
+        policy-shipped) label="shipped policy ($SHIPPED)" ;;
         *) label="RL without exemplars (h200-noex final checkpoint, from $(basename $start_policy))" ;;
       esac
       on_gpu $((g % 2)) timeout $((rl_s + 120)) tools/score-policy --model $WORK/$pol --out $WORK/score-$pol \

@@ -26,7 +26,7 @@ TRAIN=${KF_TRAIN_SECONDS:-0}
 LOGS=/tmp/kf-h200-run   # everything unpacked stays here
 . tools/gpu_session.sh
 gpu_session_start $LOGS
-POLICY=policies/default
+POLICY=policies/h200   # configs/h200.yaml's policy
 if [ "$TRAIN" -gt 0 ]; then
   gpu_build kf-sft kf-eval kf-sandbox-worker
   gpu_import_wait
