@@ -104,6 +104,9 @@ pipeline() {
   gpu_session_start "$WORK/logs"
   local sft_s=${KF_SFT_SECONDS:-200} minutes=${KF_RUN_MINUTES:-10.5} n=${KF_SCORE_N:-8} rl_by=${KF_RL_SCORE_BY_S:-1080}
   local rl_s=${KF_RL_SCORE_S:-300} run_s
+  # Stage 2 alone before the runs (CUDA-L1's order) only exists for focus runs.
+  local s2_first=0
+  [ -n "${KF_FOCUS:-}" ] && [ "${KF_SELFSUP:-0}" = first ] && s2_first=1
   run_s=$(awk "BEGIN{print int($minutes*60)}")
   export KF_BUILD_DIR=$ROOT/$BUILD KF_TASKS_DIR=$ROOT/$BUILD/tasks KF_PYTHON=$PY PYTHONUNBUFFERED=1
   gpu_build kf-sft kf-eval kf-sandbox-worker kf-launch kf-actor kf-learner kf-evaluator kf-export kf-optimize kf-selfsup \
@@ -142,7 +145,7 @@ EOF
   local sft=$!
   # On a second GPU the verification goes on through stage 2 too (the runs need that GPU).
   local ver_s=$sft_s
-  [ "$GPU_COUNT" -gt 1 ] && [ "${KF_SELFSUP:-0}" = first ] && ver_s=$((sft_s + ${KF_SELFSUP_S:-240}))
+  [ "$GPU_COUNT" -gt 1 ] && [ $s2_first = 1 ] && ver_s=$((sft_s + ${KF_SELFSUP_S:-240}))
   if [ -n "$todo" ]; then  # an empty --tasks would mean every kernel of the corpus
     on_gpu 1 timeout "$ver_s" "$PY" corpus/verify.py --backend cuda --jobs 2 --tasks $todo \
       --note "tools/eval on $GPU, 2 at once, while tools/sft trained on $([ "$GPU_COUNT" -gt 1 ] && echo "the other" || echo "the same") GPU" > $WORK/logs/verify_cuda.txt 2>&1 &
@@ -162,7 +165,7 @@ EOF
     > $WORK/logs/gpu_mem.txt 2>&1 &
   GPU_MEM_PID=$!
   local focus=${KF_FOCUS:-} start_policy=$WORK/policy
-  if [ -n "$focus" ] && [ "${KF_SELFSUP:-0}" = first ]; then
+  if [ $s2_first = 1 ]; then
     local s2_s=${KF_SELFSUP_S:-240}
     stamp "stage 2 alone on the GPU (at most $s2_s s) on $focus"
     on_gpu 0 timeout $((s2_s + 60)) tools/selfsup --model $WORK/policy --corpus corpus --out $WORK/policy-s2 --rounds 1 \
