@@ -4,6 +4,9 @@
 # `wait` follows it in later calls. Every call copies what is packed so far into $OUT.
 #   bench/launch/h200_evidence.sh start [SECONDS]   configure + build, detach, follow
 #   bench/launch/h200_evidence.sh wait [SECONDS]    follow (default 570 s) until it ends
+# The machine goes back 30 s after a call ends, and a session's next turn can take longer:
+# issue `start` and its `wait` calls as one batch of tool calls, which run one after the
+# other with no turn between (stop 25: the only way a 10-minute run came back whole).
 # Environment: KF_PYTHON (python with torch), KF_SFT_SECONDS (default 200),
 # KF_RUN_MINUTES (default 10.5), KF_SCORE_N (default 8), KF_RL_SCORE_BY_S (default 1080:
 # the RL policy is scored only if the runs end before this many seconds of pipeline time),
@@ -51,7 +54,8 @@
 #     (train and held-out split) with KF_SCORE_N samples each;
 #  4. the RL policy (h200-contrast's final checkpoint, tools/export) scored the same way,
 #     if there is time;
-#  5. packs: policy.tar.part-* (the SFT policy), results.tar.gz.part-* (both run folders
+#  5. packs: policy.tar.part-* (the SFT policy), policy-s2.tar.part-* (the stage-2 policy of
+#     KF_SELFSUP=first, packed as soon as it exists), results.tar.gz.part-* (both run folders
 #     without checkpoint weights, the score folders, logs, verified_cuda.json), summary.txt.
 # Here: `cat results.tar.gz.part-* | tar -xz -C DIR`; `cat policy.tar.part-* | tar -x`.
 # A call that ends before the pipeline does also brings partial.tar.gz.part-* (the run
@@ -175,7 +179,11 @@ EOF
     local rc=$?
     cp $WORK/policy-s2/selfsup.jsonl $WORK/logs/ 2>/dev/null
     stamp "stage 2 exit $rc after ${SECONDS} s: $(tail -1 $WORK/policy-s2/selfsup.jsonl 2>/dev/null)"
-    if [ $rc = 0 ] && [ -f $WORK/policy-s2/config.json ]; then start_policy=$WORK/policy-s2
+    if [ $rc = 0 ] && [ -f $WORK/policy-s2/config.json ]; then
+      start_policy=$WORK/policy-s2
+      # Packed now: every later call brings it back, so a machine lost mid-run (stops 24
+      # and 25) no longer takes it along; scored in a later session if need be.
+      tar -C $WORK -cf - policy-s2 | split -b 15M - "$PACK/policy-s2.tar.part-"
     else stamp "the runs start from the starting policy (stage 2 failed)"; fi
   fi
   verify_wait
