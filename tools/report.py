@@ -796,14 +796,21 @@ def plot_throughput(plt, run, actors, learner, out):
 def plot_windows(plt, summary, out):
     from matplotlib.ticker import MaxNLocator
     fig, (a, b) = plt.subplots(2, 1, figsize=(9, 7), sharex=True)
-    ws = summary["windows"]
+    # Windows with fewer than --min-window verified (a run's start or drain tail) are
+    # drawn hollow and unjoined: one candidate's speedup is not a point of the trend.
+    ws = [w for w in summary["windows"] if not w.get("few")]
+    few = [w for w in summary["windows"] if w.get("few")]
     drawn = False
-    for key, label in [("mean_speedup", "mean"), ("median_speedup", "median"),
-                       ("within_task", "within task (over the task's run geomean)")]:
+    for key, label, color in [("mean_speedup", "mean", "tab:blue"), ("median_speedup", "median", "tab:orange"),
+                              ("within_task", "within task (over the task's run geomean)", "tab:green")]:
         pts = [(w["minute"], w[key]) for w in ws if w[key] is not None]
+        tail = [(w["minute"], w[key]) for w in few if w[key] is not None]
         if pts:
-            a.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=label)
-            drawn = True
+            a.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=label, color=color)
+        if tail:
+            a.plot([x for x, _ in tail], [y for _, y in tail], marker="o", linestyle="none",
+                   markerfacecolor="none", color=color, label=None if pts else label)
+        drawn = drawn or bool(pts or tail)
     if drawn:
         a.axhline(1.0, color="gray", linestyle=":", linewidth=1)
         a.legend(fontsize="small")
@@ -813,8 +820,15 @@ def plot_windows(plt, summary, out):
     a.set_title("Verified results per 1-minute window")
     a.grid(True, alpha=0.3)
     xs = [w["minute"] for w in ws]
-    b.plot(xs, [w["correct_pct"] for w in ws], marker="o", label="correct %", color="tab:green")
-    b.plot(xs, [w["fast1_pct"] for w in ws], marker="o", label="fast_1 % (correct and faster)", color="tab:blue")
+    for key, label, color in [("correct_pct", "correct %", "tab:green"),
+                              ("fast1_pct", "fast_1 % (correct and faster)", "tab:blue")]:
+        b.plot(xs, [w[key] for w in ws], marker="o", label=label, color=color)
+        if few:
+            b.plot([w["minute"] for w in few], [w[key] for w in few], marker="o", linestyle="none",
+                   markerfacecolor="none", color=color)
+    if few:
+        b.plot([], [], marker="o", linestyle="none", markerfacecolor="none", color="gray",
+               label=f"hollow: fewer than {summary['min_window']} verified")
     b.set_ylim(0, 100)
     b.xaxis.set_major_locator(MaxNLocator(integer=True))  # windows are whole minutes
     b.set_xlabel("window (minutes since start)")
