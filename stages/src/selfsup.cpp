@@ -33,7 +33,24 @@ double pct(int64_t a, int64_t b) { return b ? 100.0 * double(a) / double(b) : 0.
 
 }  // namespace
 
+std::string TaskRoundStats::prompt_kind() const {
+  if (exemplars_shown == 0) return "no exemplars";
+  return exemplars_cut > 0 ? "an exemplar cut" : "exemplars in full";
+}
+
 std::string RoundStats::json() const {
+  nlohmann::json tasks_json = nlohmann::json::array();
+  for (const auto& t : per_task)
+    tasks_json.push_back({{"task", t.task},
+                          {"prompt", t.prompt_kind()},
+                          {"exemplars_offered", t.exemplars_offered},
+                          {"exemplars_shown", t.exemplars_shown},
+                          {"exemplars_cut", t.exemplars_cut},
+                          {"samples", t.samples},
+                          {"extracted", t.extracted},
+                          {"compiled", t.compiled},
+                          {"correct", t.correct},
+                          {"mean_speedup_correct", t.mean_speedup_correct}});
   nlohmann::json j = {{"round", round},
                       {"tasks", tasks},
                       {"samples", samples},
@@ -51,7 +68,8 @@ std::string RoundStats::json() const {
                       {"eval_s", eval_s},
                       {"train_s", train_s},
                       {"final_loss", final_loss},
-                      {"extract_failures", extract_failures}};
+                      {"extract_failures", extract_failures},
+                      {"per_task", tasks_json}};
   return j.dump();
 }
 
@@ -138,6 +156,14 @@ std::vector<RoundStats> run_selfsup(policy::Policy& pol, const Corpus& corpus, c
         continue;
       }
       ++rs.tasks;
+      TaskRoundStats ts;
+      ts.task = st.task->name();
+      ts.exemplars_offered = tp.prompt.offered;
+      ts.exemplars_shown = tp.prompt.shown.size();
+      ts.exemplars_cut = tp.prompt.truncated;
+      // The task's counts are what the round's counters gain while it is sampled.
+      const int64_t samples0 = rs.samples, extracted0 = rs.extracted, compiled0 = rs.compiled, correct0 = rs.correct;
+      const double speedup0 = speedup_sum;
       policy::SamplingParams sp;
       sp.temperature = o.temperature;
       sp.top_p = o.top_p;
@@ -212,8 +238,15 @@ std::vector<RoundStats> run_selfsup(policy::Policy& pol, const Corpus& corpus, c
         ++rs.kept;
       }
       rs.eval_s += secs(t0);
-      log_info("selfsup: round ", r, " task ", st.task->name(), ": ", comps.size(), " samples, ", rs.correct,
-               " correct so far this round");
+      ts.samples = rs.samples - samples0;
+      ts.extracted = rs.extracted - extracted0;
+      ts.compiled = rs.compiled - compiled0;
+      ts.correct = rs.correct - correct0;
+      ts.mean_speedup_correct = ts.correct ? (speedup_sum - speedup0) / double(ts.correct) : 0.0;
+      log_info("selfsup: round ", r, " task ", ts.task, " (", ts.prompt_kind(), ": ", ts.exemplars_shown, " of ",
+               ts.exemplars_offered, " shown, ", ts.exemplars_cut, " cut): ", comps.size(), " samples, ", ts.correct,
+               " correct; ", rs.correct, " correct so far this round");
+      rs.per_task.push_back(std::move(ts));
     }
     rs.mean_speedup_correct = rs.correct ? speedup_sum / double(rs.correct) : 0.0;
     kept_examples.insert(kept_examples.end(), new_examples.begin(), new_examples.end());

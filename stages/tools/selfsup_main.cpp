@@ -37,6 +37,9 @@ int main(int argc, char** argv) {
   app.add_option("--temperature", o.temperature, "sampling temperature");
   app.add_option("--top-p", o.top_p, "nucleus sampling p");
   app.add_option("--exemplars", o.data.exemplars, "K exemplars per prompt");
+  app.add_option("--min-exemplar-tokens", o.data.min_exemplar_tokens,
+                 "an exemplar is dropped rather than cut below this many tokens (actors.prompt.min_exemplar_tokens; "
+                 "above every exemplar's length: never cut)");
   app.add_option("--seed", o.seed, "seed");
   app.add_option("--steps", o.train.steps, "retraining steps per round");
   app.add_option("--batch", o.train.batch, "sequences per retraining step");
@@ -58,6 +61,8 @@ int main(int argc, char** argv) {
   torch::Device dev = torch::kCPU;
   try {
     dev = parse_device_option(device);
+    if (o.data.min_exemplar_tokens < 1)
+      throw Error("--min-exemplar-tokens " + std::to_string(o.data.min_exemplar_tokens) + ": must be >= 1");
   } catch (const Error& e) {
     log_error("selfsup: bad arguments: ", e.what(), "; exiting (code 2)");
     return 2;
@@ -107,6 +112,15 @@ int main(int argc, char** argv) {
       std::printf("%6lld %8lld %9.1f%% %9.1f%% %9.1f%% %14.2f\n", (long long)r.round, (long long)r.samples,
                   pct(r.extracted), pct(r.compiled), pct(r.correct), r.mean_speedup_correct);
     }
+    // Per task: the prompt's exemplars (shown of offered, cut) beside what the samples gave.
+    std::printf("\n%6s %-28s %-18s %6s %8s %10s %9s %8s %12s\n", "round", "task", "prompt", "shown", "samples",
+                "extracted", "compiled", "correct", "speedup(ok)");
+    for (const auto& r : rounds)
+      for (const auto& t : r.per_task)
+        std::printf("%6lld %-28s %-18s %3zu/%-2zu %8lld %10lld %9lld %8lld %12.2f\n", (long long)r.round,
+                    t.task.c_str(), t.prompt_kind().c_str(), t.exemplars_shown, t.exemplars_offered,
+                    (long long)t.samples, (long long)t.extracted, (long long)t.compiled, (long long)t.correct,
+                    t.mean_speedup_correct);
     return 0;
   } catch (const std::exception& e) {
     log_error("selfsup: failed: ", e.what(), "; the rounds finished so far are in ", o.out_dir,

@@ -422,3 +422,86 @@ TEST(StagesTest, SelfsupSamplesOnlyIncludedTasksStopsAtItsTimeLimitAndNamesAnUnk
     EXPECT_NE(std::string(e.what()).find("099_no_such_task"), std::string::npos) << e.what();
   }
 }
+
+// Each task's line in selfsup.jsonl says what its prompt showed. A budget just under the
+// full prompt cuts an exemplar (as the actors do); with min_exemplar_tokens above every
+// exemplar's length the same budget drops one and shows the other in full.
+TEST(StagesTest, SelfsupRecordsEachTasksPromptAndCutsOrDropsExemplarsAsConfigured) {
+  NEED_TASKS();
+  at::set_num_threads(2);
+  SmallCorpus c;
+  const auto corpus = load_corpus(c.dir.path);
+  kf::policy::Policy p;
+  p.tokenizer = train_tokenizer(c.sources, 512);
+  p.config = sft_shape("tiny", p.tokenizer->vocab_size(), 4096, 0);
+  p.model = kf::policy::CausalLM(p.config, torch::TensorOptions().dtype(torch::kFloat32));
+  p.model->init_random(5);
+  const auto codec = kf::actors::TextCodec::bpe(*p.tokenizer);
+  auto data = data_options(4096);
+  // The full prompt of each pair of the three ReLU exemplars (the round picks one pair).
+  const auto tpl = load_template(data);
+  const auto abi = load_abi(data);
+  const auto task = kf::tasks::Task::load(tasks_dir() + "/001_relu");
+  const auto info = kf::actors::task_info(*task, kf::tasks::Backend::CPU);
+  std::vector<const CorpusKernel*> relu;
+  for (const auto& k : corpus.kernels)
+    if (k.task == "001_relu") relu.push_back(&k);
+  ASSERT_EQ(relu.size(), 3u);
+  std::size_t shortest = SIZE_MAX;
+  for (std::size_t a = 0; a < 3; ++a)
+    for (std::size_t b = a + 1; b < 3; ++b) {
+      const auto full = task_prompt(tpl, abi, codec, info, {relu[a], relu[b]}, 2, 0, 1 << 20, data);
+      ASSERT_EQ(full.prompt.shown.size(), 2u);
+      ASSERT_EQ(full.prompt.truncated, 0u);
+      shortest = std::min(shortest, full.prompt.tokens.size());
+    }
+  const auto base = build_sft_examples(corpus, codec, 0, data);
+  t::TempDir out("stages-selfsup-prompt");
+  kf::evaluator::EvalOptions eo;
+  eo.compile.cache_dir = out.path + "/cache";
+  kf::evaluator::Evaluator ev(eo);
+  SelfsupOptions o;
+  o.samples = 2;
+  o.max_new_tokens = 16;
+  o.out_dir = out.path;
+  o.data = data;
+  o.data.context_tokens = static_cast<int64_t>(shortest) - 30 + o.max_new_tokens;  // budget: 30 under any pair
+  o.train.steps = 1;
+  o.train.batch = 1;
+  o.include = {"001_relu", "002_gelu"};
+  auto rounds = run_selfsup(p, corpus, base, ev, o);
+  ASSERT_EQ(rounds.size(), 1u);
+  ASSERT_EQ(rounds[0].per_task.size(), 2u);
+  const auto& cut = rounds[0].per_task[0];
+  EXPECT_EQ(cut.task, "001_relu");
+  EXPECT_EQ(cut.exemplars_offered, 2u);
+  EXPECT_EQ(cut.exemplars_shown, 2u);
+  EXPECT_GE(cut.exemplars_cut, 1u);  // near-equal exemplars: the fitting may cut both in turn
+  EXPECT_EQ(cut.prompt_kind(), "an exemplar cut");
+  EXPECT_EQ(cut.samples, 2);
+  const auto& none = rounds[0].per_task[1];
+  EXPECT_EQ(none.task, "002_gelu");
+  EXPECT_EQ(none.exemplars_shown, 0u) << "002_gelu's only corpus kernel is unmeasured: no exemplar";
+  EXPECT_EQ(none.prompt_kind(), "no exemplars");
+  // The task counts add up to the round's.
+  EXPECT_EQ(cut.samples + none.samples, rounds[0].samples);
+  EXPECT_EQ(cut.extracted + none.extracted, rounds[0].extracted);
+  EXPECT_EQ(cut.correct + none.correct, rounds[0].correct);
+  const auto line = nlohmann::json::parse(rounds[0].json());
+  ASSERT_EQ(line["per_task"].size(), 2u) << line;
+  EXPECT_EQ(line["per_task"][0]["prompt"], "an exemplar cut") << line;
+  EXPECT_EQ(line["per_task"][0]["exemplars_cut"], cut.exemplars_cut) << line;
+  EXPECT_EQ(line["per_task"][1]["prompt"], "no exemplars") << line;
+
+  // Never cut: the slower exemplar is dropped and the faster one shown whole.
+  o.data.min_exemplar_tokens = 1 << 20;
+  o.include = {"001_relu"};
+  rounds = run_selfsup(p, corpus, base, ev, o);
+  ASSERT_EQ(rounds.size(), 1u);
+  ASSERT_EQ(rounds[0].per_task.size(), 1u);
+  const auto& dropped = rounds[0].per_task[0];
+  EXPECT_EQ(dropped.exemplars_offered, 2u);
+  EXPECT_EQ(dropped.exemplars_shown, 1u);
+  EXPECT_EQ(dropped.exemplars_cut, 0u);
+  EXPECT_EQ(dropped.prompt_kind(), "exemplars in full");
+}

@@ -44,6 +44,18 @@ struct SelfsupOptions {
   SftOptions train;              // retraining after each round
 };
 
+// One task's share of a round: what its prompt showed and what its samples gave. Stage 2
+// shows corpus exemplars cut to the prompt budget as the actors do; per task, a cut one
+// can be what makes the samples fail (stop 25: 116's cut prompts, 9.6 % ok in a run).
+struct TaskRoundStats {
+  std::string task;
+  std::size_t exemplars_offered = 0, exemplars_shown = 0, exemplars_cut = 0;
+  int64_t samples = 0, extracted = 0, compiled = 0, correct = 0;
+  double mean_speedup_correct = 0;
+  // tools/report's kinds of prompt: "no exemplars", "exemplars in full", "an exemplar cut"
+  std::string prompt_kind() const;
+};
+
 struct RoundStats {
   int64_t round = 0, tasks = 0, samples = 0, extracted = 0, compiled = 0, correct = 0, kept = 0;
   int64_t unexamined = 0;  // sampled, but left unverified at the time limit (not in the rates)
@@ -51,6 +63,7 @@ struct RoundStats {
   double mean_speedup_correct = 0;
   double sample_s = 0, eval_s = 0, train_s = 0, final_loss = 0;
   std::map<std::string, int64_t> extract_failures;  // extractor failure code -> count
+  std::vector<TaskRoundStats> per_task;  // in sampling order; a task skipped by the time limit has none
   std::string json() const;  // the selfsup.jsonl line (rates in percent of samples)
 };
 
