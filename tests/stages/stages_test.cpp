@@ -85,6 +85,29 @@ kf::policy::Tokenizer train_tokenizer(const std::vector<std::string>& texts, int
   return kf::policy::Tokenizer::from_json(train_bpe_tokenizer(texts, bo), "trained tokenizer.json");
 }
 
+kf::policy::Policy random_policy(const SmallCorpus& c, uint64_t seed) {
+  // A random tiny policy with a tokenizer of the corpus: it writes no kernel, so stage 2
+  // over it verifies nothing and stays fast.
+  kf::policy::Policy p;
+  p.tokenizer = train_tokenizer(c.sources, 512);
+  p.config = sft_shape("tiny", p.tokenizer->vocab_size(), 4096, 0);
+  p.model = kf::policy::CausalLM(p.config, torch::TensorOptions().dtype(torch::kFloat32));
+  p.model->init_random(seed);
+  return p;
+}
+
+SelfsupOptions quick_selfsup(const std::string& out_dir, const SftDataOptions& data) {
+  // Two short samples a task and one retraining step: the tests check the bookkeeping.
+  SelfsupOptions o;
+  o.samples = 2;
+  o.max_new_tokens = 16;
+  o.out_dir = out_dir;
+  o.data = data;
+  o.train.steps = 1;
+  o.train.batch = 1;
+  return o;
+}
+
 }  // namespace
 
 TEST(StagesTest, BpeTokenizerRoundTripsAndMatchesHfTokenizers) {
@@ -377,11 +400,7 @@ TEST(StagesTest, SelfsupSamplesOnlyIncludedTasksStopsAtItsTimeLimitAndNamesAnUnk
   at::set_num_threads(2);
   SmallCorpus c;
   const auto corpus = load_corpus(c.dir.path);
-  kf::policy::Policy p;
-  p.tokenizer = train_tokenizer(c.sources, 512);
-  p.config = sft_shape("tiny", p.tokenizer->vocab_size(), 4096, 0);
-  p.model = kf::policy::CausalLM(p.config, torch::TensorOptions().dtype(torch::kFloat32));
-  p.model->init_random(3);
+  auto p = random_policy(c, 3);
   const auto codec = kf::actors::TextCodec::bpe(*p.tokenizer);
   auto data = data_options(4096);
   const auto base = build_sft_examples(corpus, codec, 0, data);
@@ -390,13 +409,7 @@ TEST(StagesTest, SelfsupSamplesOnlyIncludedTasksStopsAtItsTimeLimitAndNamesAnUnk
   kf::evaluator::EvalOptions eo;
   eo.compile.cache_dir = out.path + "/cache";
   kf::evaluator::Evaluator ev(eo);
-  SelfsupOptions o;
-  o.samples = 2;
-  o.max_new_tokens = 16;
-  o.out_dir = out.path;
-  o.data = data;
-  o.train.steps = 1;
-  o.train.batch = 1;
+  auto o = quick_selfsup(out.path, data);
   o.include = {"002_gelu"};
   const auto rounds = run_selfsup(p, corpus, base, ev, o);
   ASSERT_EQ(rounds.size(), 1u);
@@ -431,11 +444,7 @@ TEST(StagesTest, SelfsupRecordsEachTasksPromptAndCutsOrDropsExemplarsAsConfigure
   at::set_num_threads(2);
   SmallCorpus c;
   const auto corpus = load_corpus(c.dir.path);
-  kf::policy::Policy p;
-  p.tokenizer = train_tokenizer(c.sources, 512);
-  p.config = sft_shape("tiny", p.tokenizer->vocab_size(), 4096, 0);
-  p.model = kf::policy::CausalLM(p.config, torch::TensorOptions().dtype(torch::kFloat32));
-  p.model->init_random(5);
+  auto p = random_policy(c, 5);
   const auto codec = kf::actors::TextCodec::bpe(*p.tokenizer);
   auto data = data_options(4096);
   // The full prompt of each pair of the three ReLU exemplars (the round picks one pair).
@@ -460,14 +469,8 @@ TEST(StagesTest, SelfsupRecordsEachTasksPromptAndCutsOrDropsExemplarsAsConfigure
   kf::evaluator::EvalOptions eo;
   eo.compile.cache_dir = out.path + "/cache";
   kf::evaluator::Evaluator ev(eo);
-  SelfsupOptions o;
-  o.samples = 2;
-  o.max_new_tokens = 16;
-  o.out_dir = out.path;
-  o.data = data;
+  auto o = quick_selfsup(out.path, data);
   o.data.context_tokens = static_cast<int64_t>(shortest) - 30 + o.max_new_tokens;  // budget: 30 under any pair
-  o.train.steps = 1;
-  o.train.batch = 1;
   o.include = {"001_relu", "002_gelu"};
   auto rounds = run_selfsup(p, corpus, base, ev, o);
   ASSERT_EQ(rounds.size(), 1u);
