@@ -797,20 +797,24 @@ def plot_windows(plt, summary, out):
     from matplotlib.ticker import MaxNLocator
     fig, (a, b) = plt.subplots(2, 1, figsize=(9, 7), sharex=True)
     # Windows with fewer than --min-window verified (a run's start or drain tail) are
-    # drawn hollow and unjoined: one candidate's speedup is not a point of the trend.
+    # drawn hollow and unjoined: one candidate's figure is not a point of the trend.
     ws = [w for w in summary["windows"] if not w.get("few")]
     few = [w for w in summary["windows"] if w.get("few")]
-    drawn = False
-    for key, label, color in [("mean_speedup", "mean", "tab:blue"), ("median_speedup", "median", "tab:orange"),
-                              ("within_task", "within task (over the task's run geomean)", "tab:green")]:
+
+    def series(ax, key, label, color):  # True when it drew anything
         pts = [(w["minute"], w[key]) for w in ws if w[key] is not None]
         tail = [(w["minute"], w[key]) for w in few if w[key] is not None]
         if pts:
-            a.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=label, color=color)
+            ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", label=label, color=color)
         if tail:
-            a.plot([x for x, _ in tail], [y for _, y in tail], marker="o", linestyle="none",
-                   markerfacecolor="none", color=color, label=None if pts else label)
-        drawn = drawn or bool(pts or tail)
+            ax.plot([x for x, _ in tail], [y for _, y in tail], marker="o", linestyle="none",
+                    markerfacecolor="none", color=color, label=None if pts else label)
+        return bool(pts or tail)
+
+    drawn = False
+    for key, label, color in [("mean_speedup", "mean", "tab:blue"), ("median_speedup", "median", "tab:orange"),
+                              ("within_task", "within task (over the task's run geomean)", "tab:green")]:
+        drawn = series(a, key, label, color) or drawn
     if drawn:
         a.axhline(1.0, color="gray", linestyle=":", linewidth=1)
         a.legend(fontsize="small")
@@ -819,13 +823,8 @@ def plot_windows(plt, summary, out):
     a.set_ylabel("speedup of ok results (x)")
     a.set_title("Verified results per 1-minute window")
     a.grid(True, alpha=0.3)
-    xs = [w["minute"] for w in ws]
-    for key, label, color in [("correct_pct", "correct %", "tab:green"),
-                              ("fast1_pct", "fast_1 % (correct and faster)", "tab:blue")]:
-        b.plot(xs, [w[key] for w in ws], marker="o", label=label, color=color)
-        if few:
-            b.plot([w["minute"] for w in few], [w[key] for w in few], marker="o", linestyle="none",
-                   markerfacecolor="none", color=color)
+    series(b, "correct_pct", "correct %", "tab:green")
+    series(b, "fast1_pct", "fast_1 % (correct and faster)", "tab:blue")
     if few:
         b.plot([], [], marker="o", linestyle="none", markerfacecolor="none", color="gray",
                label=f"hollow: fewer than {summary['min_window']} verified")
