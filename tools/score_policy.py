@@ -15,6 +15,12 @@ no report.json, is "failed": listed and left out of the figures; one that exits 
 the GPU ran out of memory is run again first (3 tries, pauses of 10 and 20 s).
 Exit 0 every task scored, 1 some failed or were not scored (--time-limit; or an output could not be written), 2 usage or
 bad input. docs/stages.md describes the figures.
+
+tools/score-policy --compare DIR DIR... [--out FILE]: the scores.json of several such runs
+(SFT, stage 2, RL, ...) in one table, per (split, level) with the policies side by side,
+then per task; only tasks every policy scored count, so each row compares like for like.
+Differing settings (n, backend, seed, config, machine) are named above the table. Exit 2
+naming the file and field when a folder has no valid scores.json.
 """
 import argparse
 import concurrent.futures
@@ -344,6 +350,120 @@ def write_atomic(path, text):
     os.replace(tmp, path)
 
 
+# --- --compare: several scored policies in one table ------------------------------------
+
+def load_scores(folder):
+    """A tools/score-policy output folder's scores.json, checked; exit 2 naming the file and field."""
+    path = os.path.join(folder, "scores.json")
+    try:
+        j = load_json(path)
+    except ValueError as e:
+        die(2, f"{e} (a tools/score-policy --out folder?)")
+    if not isinstance(j, dict) or j.get("format") != "kf-policy-scores":
+        die(2, f"{path}: field format: expected 'kf-policy-scores'")
+    if not isinstance(j.get("tasks"), list):
+        die(2, f"{path}: field tasks: expected a list")
+    need = {"task": str, "split": str, "level": int, "status": str}
+    scored_need = {"samples": int, "ok": int, "ok_speedups": list, "counted_speedup": (int, float)}
+    for i, t in enumerate(j["tasks"]):
+        where = f"{path}: tasks[{i}]" + (f" ({t['task']})" if isinstance(t, dict) and "task" in t else "")
+        if not isinstance(t, dict):
+            die(2, f"{where}: expected an object")
+        fields = dict(need, **scored_need) if t.get("status") == "scored" else need
+        for k, typ in fields.items():
+            if not isinstance(t.get(k), typ) or isinstance(t.get(k), bool):
+                die(2, f"{where}: field {k}: missing or not a {typ.__name__ if isinstance(typ, type) else 'number'}")
+        if t["split"] not in SPLITS:
+            die(2, f"{where}: field split: '{t['split']}' is not one of {', '.join(SPLITS)}")
+    return path, j
+
+
+def compare_md(names, runs, common, left_out):
+    """The --compare table: per (split, level), one row per policy side by side, then per task."""
+    paths = [p for p, _ in runs]
+    first = runs[0][1]
+    splits = {t: s for t, s in common}
+    n_train = sum(1 for s in splits.values() if s == "train")
+    head = (f"{len(names)} policies on the {len(common)} task(s) every one of them scored ({n_train} train, "
+            f"{len(common) - n_train} held-out); scores from " + ", ".join(paths))
+    notes = [f"Prompts: {PROMPT_NOTE}.",
+             "correct % = ok samples / samples; fast_1 % = tasks whose best ok speedup is > 1.0x; mean and median "
+             f"speedup are over tasks, of each task's best ok speedup, and {UNSOLVED_NOTE}."]
+    settings = []
+    for key in ("n", "backend", "seed", "config", "sets", "machine"):
+        vals = [j.get(key) for _, j in runs]
+        if any(v != vals[0] for v in vals):
+            settings.append(f"{key} " + " / ".join(json.dumps(v) for v in vals))
+    if settings:
+        notes.append("**The runs' settings differ** (in policy order): " + "; ".join(settings) + ".")
+    else:
+        notes.append(f"Same settings for all: n = {first.get('n')} per task, backend {first.get('backend')}, "
+                     f"seed {first.get('seed')}, {first.get('machine')}.")
+    if left_out:
+        notes.append(f"{len(left_out)} task(s) left out, not scored by every policy: "
+                     + "; ".join(f"{t} ({why})" for t, why in left_out) + ".")
+    by_run = []
+    for _, j in runs:
+        recs = {t["task"]: t for t in j["tasks"]}
+        by_run.append(make_rows([recs[t] for t, _ in common]))
+    rows = []
+    for i, row0 in enumerate(by_run[0]):
+        for name, rr in zip(names, by_run):
+            r = rr[i]
+            rows.append([name, r["split"], str(r["level"]), str(r["tasks"]), str(r["samples"]), pct(r["correct_pct"]),
+                         pct(r["fast1_pct"]), pct(r["solved_pct"]), spd(r["mean_speedup"]),
+                         spd(r["median_speedup"]), spd(r["mean_ok_speedup"])])
+    table = md_table(["policy"] + [h for h in HEADERS if h != "failed"], rows)
+    cells = []
+    for t, split in common:
+        row = [t, split]
+        for _, j in runs:
+            rec = next(x for x in j["tasks"] if x["task"] == t)
+            row.append(f"{rec['ok']}/{rec['samples']}" + (f", {rec['counted_speedup']:.3f}x" if rec["ok"] else ""))
+        cells.append(row)
+    per_task = md_table(["task", "split"] + [f"{n}: ok, best" for n in names], cells)
+    return head + "\n\n" + "\n\n".join(notes) + "\n\n" + table + "\n\nPer task:\n\n" + per_task + "\n"
+
+
+def compare_main(argv):
+    ap = argparse.ArgumentParser(prog=PROG + " --compare",
+                                 description="Several scored policies (tools/score-policy --out folders) in one "
+                                             "per-level table, on the tasks every one of them scored.")
+    ap.add_argument("dirs", nargs="+", metavar="DIR", help="score folders, in table order (SFT, stage 2, RL, ...)")
+    ap.add_argument("--out", metavar="FILE", help="also write the table (markdown) to FILE")
+    args = ap.parse_args(argv)
+    if len(args.dirs) < 2:
+        die(2, "--compare: expected two or more score folders")
+    runs = [load_scores(d) for d in args.dirs]
+    names = [j.get("label") or j.get("model") or d for d, (_, j) in zip(args.dirs, runs)]
+    # Like for like: a task counts only where every policy scored it, and with one split.
+    common, left_out = [], []
+    for t in dict.fromkeys(x["task"] for _, j in runs for x in j["tasks"]):
+        recs = [next((x for x in j["tasks"] if x["task"] == t), None) for _, j in runs]
+        missing = [n for n, r in zip(names, recs) if r is None or r["status"] != "scored"]
+        if missing:
+            left_out.append((t, "not scored by " + ", ".join(missing)))
+            continue
+        if any(r["split"] != recs[0]["split"] for r in recs):
+            p = next(p for (p, _), r in zip(runs, recs) if r["split"] != recs[0]["split"])
+            die(2, f"{p}: task {t} is {'/'.join(r['split'] for r in recs)} across the folders: they used different "
+                   "held-out lists, so their splits cannot be compared")
+        common.append((t, recs[0]["split"]))
+    if not common:
+        die(2, "--compare: no task was scored by every policy")
+    # make_rows keeps SPLITS order; the per-task list follows it too.
+    common.sort(key=lambda ts: SPLITS.index(ts[1]))
+    text = compare_md(names, runs, common, left_out)
+    if args.out:
+        try:
+            write_atomic(args.out, text)
+        except OSError as e:
+            print(text)
+            die(1, f"--out: {args.out}: cannot write ({e.strerror})")
+    print(text)
+    return 0
+
+
 # --- main ---------------------------------------------------------------------------
 
 def parse_levels(text):
@@ -357,6 +477,8 @@ def parse_levels(text):
 
 
 def main(argv):
+    if argv[:1] == ["--compare"]:
+        return compare_main(argv[1:])
     build = os.environ.get("KF_BUILD_DIR") or os.path.join(TREE, "build")
     ap = argparse.ArgumentParser(prog=PROG, description="A policy's per-level table on the built-in tasks: "
                                  "train and held-out split, via tools/optimize.")

@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <nlohmann/json.hpp>
 
@@ -258,6 +259,82 @@ TEST(OptimizeTest, ScorePolicyBadTaskListExitsTwoNamingIt) {
   EXPECT_EQ(r.rc, 2) << r.out << r.err;
   EXPECT_NE(r.err.find(heldout + ":3: 'tasks/002_gelu' is not a task name"), std::string::npos) << r.err;
   EXPECT_FALSE(test::exists(out));
+}
+
+// tools/score-policy --compare: two score folders (written here, as the tool writes them)
+// in one table, on the tasks both scored; a task one policy failed is left out and named;
+// a missing file, a missing field or a split that differs between folders exits 2 naming it.
+TEST(OptimizeTest, ScorePolicyCompareTablesOnlyTheTasksEveryPolicyScored) {
+  test::TempDir tmp;
+  using nlohmann::json;
+  auto scored = [](const std::string& task, const std::string& split, int level, std::vector<double> oks) {
+    const double best = oks.empty() ? 0.0 : *std::max_element(oks.begin(), oks.end());
+    return json{{"task", task}, {"split", split}, {"level", level}, {"status", "scored"}, {"samples", 4},
+                {"ok", static_cast<int>(oks.size())}, {"ok_speedups", oks},
+                {"best_speedup", oks.empty() ? json(nullptr) : json(best)}, {"counted_speedup", oks.empty() ? 1.0 : best}};
+  };
+  auto folder = [&](const std::string& name, const std::string& label, const json& tasks) {
+    const std::string dir = tmp.path + "/" + name;
+    ::mkdir(dir.c_str(), 0755);
+    test::write_file(dir + "/scores.json", json{{"format", "kf-policy-scores"}, {"label", label}, {"model", "m/" + name},
+                                                {"n", 4}, {"backend", "cpu"}, {"seed", 0}, {"machine", "CPU"},
+                                                {"tasks", tasks}}
+                                               .dump());
+    return dir;
+  };
+  const std::string sft = folder("sft", "SFT", json::array({scored("001_relu", "train", 1, {0.5, 1.5}),
+                                                            scored("002_gelu", "train", 1, {}),
+                                                            scored("101_linear", "train", 2, {2.0}),
+                                                            scored("005_tanh", "held-out", 1, {})}));
+  const std::string rl = folder("rl", "RL",
+                                json::array({scored("001_relu", "train", 1, {1.0, 1.0, 2.0, 3.0}),
+                                             json{{"task", "002_gelu"}, {"split", "train"}, {"level", 1},
+                                                  {"status", "failed"}, {"reason", "exit 3"}},
+                                             scored("101_linear", "train", 2, {}),
+                                             scored("005_tanh", "held-out", 1, {0.5})}));
+  const std::string md = tmp.path + "/compare.md";
+  auto r = run_score_policy({"--compare", sft, rl, "--out", md}, tmp.path);
+  ASSERT_EQ(r.rc, 0) << r.out << r.err;
+  EXPECT_EQ(test::read_text(md) + "\n", r.out);  // printed and written alike
+  // Rows per (split, level), the policies side by side in the order given.
+  for (const char* row : {
+           "| SFT | train | 1 | 1 | 4 | 50.0 | 100.0 | 100.0 | 1.500 | 1.500 | 1.000 |",
+           "| RL | train | 1 | 1 | 4 | 100.0 | 100.0 | 100.0 | 3.000 | 3.000 | 1.750 |",
+           "| SFT | train | 2 | 1 | 4 | 25.0 | 100.0 | 100.0 | 2.000 | 2.000 | 2.000 |",
+           "| RL | train | 2 | 1 | 4 | 0.0 | 0.0 | 0.0 | 1.000 | 1.000 | – |",
+           "| SFT | train | all | 2 | 8 | 37.5 | 100.0 | 100.0 | 1.750 | 1.750 | 1.333 |",
+           "| RL | train | all | 2 | 8 | 50.0 | 50.0 | 50.0 | 2.000 | 2.000 | 1.750 |",
+           "| SFT | held-out | all | 1 | 4 | 0.0 | 0.0 | 0.0 | 1.000 | 1.000 | – |",
+           "| RL | held-out | all | 1 | 4 | 25.0 | 0.0 | 100.0 | 0.500 | 0.500 | 0.500 |",
+           "| 001_relu | train | 2/4, 1.500x | 4/4, 3.000x |", "| 005_tanh | held-out | 0/4 | 1/4, 0.500x |"}) {
+    EXPECT_NE(r.out.find(row), std::string::npos) << row << "\n" << r.out;
+  }
+  EXPECT_LT(r.out.find("| RL | train | all |"), r.out.find("| SFT | held-out | 1 |")) << r.out;
+  EXPECT_NE(r.out.find("on the 3 task(s) every one of them scored (2 train, 1 held-out)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("1 task(s) left out, not scored by every policy: 002_gelu (not scored by RL)"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("Same settings for all: n = 4 per task, backend cpu"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("| 002_gelu |"), std::string::npos) << r.out;
+
+  // Bad inputs: each names the file and what is wrong, and writes nothing.
+  const std::string none = tmp.path + "/none";
+  r = run_score_policy({"--compare", sft, none, "--out", tmp.path + "/bad.md"}, tmp.path);
+  EXPECT_EQ(r.rc, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find(none + "/scores.json: cannot read"), std::string::npos) << r.err;
+  EXPECT_FALSE(test::exists(tmp.path + "/bad.md"));
+  const std::string no_ok = folder("no_ok", "X", json::array({scored("001_relu", "train", 1, {1.0}),
+                                                              json{{"task", "002_gelu"}, {"split", "train"}, {"level", 1},
+                                                                   {"status", "scored"}, {"samples", 4}}}));
+  r = run_score_policy({"--compare", sft, no_ok}, tmp.path);
+  EXPECT_EQ(r.rc, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find(no_ok + "/scores.json: tasks[1] (002_gelu): field ok: missing"), std::string::npos) << r.err;
+  const std::string moved = folder("moved", "Y", json::array({scored("001_relu", "held-out", 1, {1.0})}));
+  r = run_score_policy({"--compare", sft, moved}, tmp.path);
+  EXPECT_EQ(r.rc, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find("task 001_relu is train/held-out across the folders"), std::string::npos) << r.err;
+  r = run_score_policy({"--compare", sft}, tmp.path);
+  EXPECT_EQ(r.rc, 2) << r.out << r.err;
+  EXPECT_NE(r.err.find("--compare: expected two or more score folders"), std::string::npos) << r.err;
 }
 
 // A KernelBench .py file is imported first (into <out>/task); an untrained model writes no
