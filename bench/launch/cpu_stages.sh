@@ -6,7 +6,7 @@
 #   bench/launch/cpu_stages.sh [WORK]        (default runs/cpu-stages; needs ./setup.sh's build)
 # Environment: KF_START (default policies/h200), KF_RL_MINUTES (default 20), KF_SCORE_N
 # (default 6), KF_S2_SAMPLES (default 8).
-# Steps (about 80 minutes on a 2-core machine):
+# Steps (55 minutes on this repository's 2-core machine, stop 26):
 #  1. stage 2: one tools/selfsup round from KF_START on the 17 train tasks of
 #     configs/cpu_stages.yaml (CPU kernels; the retraining takes the corpus's CPU examples,
 #     as this machine's tasks have CPU artifacts only, and the kept kernels);
@@ -15,7 +15,8 @@
 #  3. the three policies scored one after the other by tools/score-policy: the same 17
 #     tasks (train) and the held-out split, KF_SCORE_N samples a task, no-exemplar prompts,
 #     seed 0, one task at a time.
-# Outputs in WORK: policy-s2/, policy-rl/, score-{sft,s2,rl}/table.md, logs/, summary.txt.
+#  4. tools/score-policy --compare of the three: WORK/compare.md, the issue's table.
+# Outputs in WORK: policy-s2/, policy-rl/, score-{sft,s2,rl}/table.md, compare.md, logs/, summary.txt.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 WORK=${1:-runs/cpu-stages}
@@ -38,7 +39,9 @@ tools/selfsup --model "$START" --corpus corpus --out "$WORK/policy-s2" --rounds 
   --backend cpu --tasks build/tasks --heldout tasks/heldout.txt --include "$train" --device cpu --threads 2 \
   > "$WORK/logs/selfsup.txt" 2>&1
 rc=$?
-stamp "stage 2 exit $rc after ${SECONDS} s: $(tail -1 "$WORK/policy-s2/selfsup.jsonl" 2>/dev/null)"
+# The round's totals (its per-task table is in logs/selfsup.txt).
+totals=$(tail -1 "$WORK/policy-s2/selfsup.jsonl" 2>/dev/null | sed 's/,"per_task":\[[^]]*\]//')
+stamp "stage 2 exit $rc after ${SECONDS} s: $totals"
 rl_start=$START
 if [ $rc = 0 ] && [ -f "$WORK/policy-s2/config.json" ]; then rl_start=$WORK/policy-s2
 else stamp "stage 2 failed: RL starts from $START and no stage-2 policy is scored"; fi
@@ -63,4 +66,11 @@ for pol in sft s2 rl; do
     > "$WORK/logs/score-$pol.txt" 2>&1
   stamp "scored $pol (exit $?) in ${SECONDS} s"
 done
+# The issue's table: the three policies side by side per (split, level).
+scored=()
+for pol in sft s2 rl; do [ -f "$WORK/score-$pol/scores.json" ] && scored+=("$WORK/score-$pol"); done
+if [ ${#scored[@]} -ge 2 ]; then
+  tools/score-policy --compare "${scored[@]}" --out "$WORK/compare.md" > /dev/null 2>> "$WORK/logs/compare.txt" \
+    && stamp "table: $WORK/compare.md" || stamp "tools/score-policy --compare failed (logs/compare.txt)"
+fi
 stamp "done"
