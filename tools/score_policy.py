@@ -382,8 +382,7 @@ def compare_md(names, runs, common, left_out):
     """The --compare table: per (split, level), one row per policy side by side, then per task."""
     paths = [p for p, _ in runs]
     first = runs[0][1]
-    splits = {t: s for t, s in common}
-    n_train = sum(1 for s in splits.values() if s == "train")
+    n_train = sum(1 for _, split in common if split == "train")
     head = (f"{len(names)} policies on the {len(common)} task(s) every one of them scored ({n_train} train, "
             f"{len(common) - n_train} held-out); scores from " + ", ".join(paths))
     notes = [f"Prompts: {PROMPT_NOTE}.",
@@ -407,7 +406,7 @@ def compare_md(names, runs, common, left_out):
         recs = {t["task"]: t for t in j["tasks"]}
         by_run.append(make_rows([recs[t] for t, _ in common]))
     rows = []
-    for i, row0 in enumerate(by_run[0]):
+    for i in range(len(by_run[0])):  # the same (split, level) rows for every policy: the same tasks
         for name, rr in zip(names, by_run):
             r = rr[i]
             rows.append([name, r["split"], str(r["level"]), str(r["tasks"]), str(r["samples"]), pct(r["correct_pct"]),
