@@ -16,6 +16,7 @@
 #include "../../evaluator/src/tensor_check.h"
 #include "../../evaluator/worker/poison.h"
 #include "kf/tasks/timing.h"
+#include "../test_support.h"
 #include "test_util.h"
 
 using namespace kf::evaluator;
@@ -185,6 +186,16 @@ extern "C" int kf_forward(kf::Context*, const kf::Tensor*, int, kf::Tensor* out,
   Result r = evaluator().evaluate(t, kf::tasks::Backend::CPU, src);
   EXPECT_TRUE(r.task_degenerate) << to_text(r);
   EXPECT_FALSE(r.degenerate_reason.empty());
+}
+
+// A loss is one number: 041_mse_loss's references differ between input sets, so the task
+// is not degenerate (a 1-element output used to count as "nearly constant").
+TEST(EvaluatorTest, ScalarLossTaskIsNotFlaggedDegenerate) {
+  at::set_num_threads(2);
+  const std::string src = kf::test::read_file(kf::test::source_dir() + "/corpus/kernels/cpu/041_mse_loss/naive.cpp");
+  Result r = evaluator().evaluate(*task("041_mse_loss"), kf::tasks::Backend::CPU, src, 7);
+  ASSERT_EQ(r.verdict, Verdict::Ok) << to_text(r);
+  EXPECT_FALSE(r.task_degenerate) << r.degenerate_reason;
 }
 
 TEST(EvaluatorTest, RealTaskIsNotDegenerateAndOkResultIsComplete) {
