@@ -194,7 +194,13 @@ TEST(EvaluatorTest, ScalarLossTaskIsNotFlaggedDegenerate) {
   at::set_num_threads(2);
   const std::string src = kf::test::read_file(kf::test::source_dir() + "/corpus/kernels/cpu/041_mse_loss/naive.cpp");
   Result r = evaluator().evaluate(*task("041_mse_loss"), kf::tasks::Backend::CPU, src, 7);
-  ASSERT_EQ(r.verdict, Verdict::Ok) << to_text(r);
+  // The flag is decided on the distribution sets, before timing: a "timing unstable"
+  // verdict on a loaded machine does not matter here, reaching the check does.
+  std::map<std::string, Check> checks;
+  for (const auto& c : r.checks) checks[c.name] = c;
+  ASSERT_TRUE(checks.count("anti.input_dependence")) << to_text(r);
+  EXPECT_TRUE(checks["correct.distribution"].passed) << to_text(r);
+  EXPECT_EQ(checks["anti.input_dependence"].detail.rfind("outputs follow inputs", 0), 0u) << to_text(r);
   EXPECT_FALSE(r.task_degenerate) << r.degenerate_reason;
 }
 
