@@ -44,6 +44,9 @@ OOM_ATTEMPTS, OOM_PAUSE_S = 3, 10  # tools/optimize runs per task when the GPU i
 PROMPT_NOTE = ("every task gets the no-exemplar (first-round) prompt (no --exemplars), so policies "
                "are comparable")
 UNSOLVED_NOTE = "a task without an ok sample counts as 1.0x (the user keeps the reference)"
+COLUMNS_NOTE = ("correct % = ok samples / samples; fast_1 % = tasks whose best ok speedup is > 1.0x; solved % = "
+                "tasks with at least one ok sample; mean and median speedup are over tasks, of each task's best ok "
+                f"speedup, and {UNSOLVED_NOTE}; the last column is the mean over every ok sample.")
 
 
 def warn(msg):
@@ -319,9 +322,7 @@ def table_md(meta, rows, records):
     head = (f"Policy `{meta['model']}`" + (f" ({meta['label']})" if meta["label"] else "")
             + f": n = {meta['n']} per task, backend {meta['backend']}, {meta['date']}, {meta['machine']}")
     notes = [f"Prompts: {PROMPT_NOTE}.",
-             "correct % = ok samples / samples; fast_1 % = tasks whose best ok speedup is > 1.0x; solved % = "
-             "tasks with at least one ok sample; mean and median speedup are over tasks, of each task's best ok "
-             f"speedup, and {UNSOLVED_NOTE}; the last column is the mean over every ok sample."]
+             COLUMNS_NOTE]
     failed = [r for r in records if r["status"] == "failed"]
     if failed:
         notes.append(f"{len(failed)} task(s) failed and are not in the figures: "
@@ -378,16 +379,15 @@ def load_scores(folder):
     return path, j
 
 
-def compare_md(names, runs, common, left_out):
-    """The --compare table: per (split, level), one row per policy side by side, then per task."""
+def compare_md(names, runs, by_name, common, left_out):
+    """The --compare table: per (split, level), one row per policy side by side, then per task.
+    by_name[i] maps a task name to its record in runs[i]."""
     paths = [p for p, _ in runs]
     first = runs[0][1]
     n_train = sum(1 for _, split in common if split == "train")
     head = (f"{len(names)} policies on the {len(common)} task(s) every one of them scored ({n_train} train, "
             f"{len(common) - n_train} held-out); scores from " + ", ".join(paths))
-    notes = [f"Prompts: {PROMPT_NOTE}.",
-             "correct % = ok samples / samples; fast_1 % = tasks whose best ok speedup is > 1.0x; mean and median "
-             f"speedup are over tasks, of each task's best ok speedup, and {UNSOLVED_NOTE}."]
+    notes = [f"Prompts: {PROMPT_NOTE}.", COLUMNS_NOTE]
     settings = []
     for key in ("n", "backend", "seed", "config", "sets", "machine"):
         vals = [j.get(key) for _, j in runs]
@@ -401,10 +401,7 @@ def compare_md(names, runs, common, left_out):
     if left_out:
         notes.append(f"{len(left_out)} task(s) left out, not scored by every policy: "
                      + "; ".join(f"{t} ({why})" for t, why in left_out) + ".")
-    by_run = []
-    for _, j in runs:
-        recs = {t["task"]: t for t in j["tasks"]}
-        by_run.append(make_rows([recs[t] for t, _ in common]))
+    by_run = [make_rows([recs[t] for t, _ in common]) for recs in by_name]
     rows = []
     for i in range(len(by_run[0])):  # the same (split, level) rows for every policy: the same tasks
         for name, rr in zip(names, by_run):
@@ -416,8 +413,8 @@ def compare_md(names, runs, common, left_out):
     cells = []
     for t, split in common:
         row = [t, split]
-        for _, j in runs:
-            rec = next(x for x in j["tasks"] if x["task"] == t)
+        for recs in by_name:
+            rec = recs[t]
             row.append(f"{rec['ok']}/{rec['samples']}" + (f", {rec['counted_speedup']:.3f}x" if rec["ok"] else ""))
         cells.append(row)
     per_task = md_table(["task", "split"] + [f"{n}: ok, best" for n in names], cells)
@@ -436,9 +433,10 @@ def compare_main(argv):
     runs = [load_scores(d) for d in args.dirs]
     names = [j.get("label") or j.get("model") or d for d, (_, j) in zip(args.dirs, runs)]
     # Like for like: a task counts only where every policy scored it, and with one split.
+    by_name = [{x["task"]: x for x in j["tasks"]} for _, j in runs]
     common, left_out = [], []
     for t in dict.fromkeys(x["task"] for _, j in runs for x in j["tasks"]):
-        recs = [next((x for x in j["tasks"] if x["task"] == t), None) for _, j in runs]
+        recs = [idx.get(t) for idx in by_name]
         missing = [n for n, r in zip(names, recs) if r is None or r["status"] != "scored"]
         if missing:
             left_out.append((t, "not scored by " + ", ".join(missing)))
@@ -452,7 +450,7 @@ def compare_main(argv):
         die(2, "--compare: no task was scored by every policy")
     # make_rows keeps SPLITS order; the per-task list follows it too.
     common.sort(key=lambda ts: SPLITS.index(ts[1]))
-    text = compare_md(names, runs, common, left_out)
+    text = compare_md(names, runs, by_name, common, left_out)
     if args.out:
         try:
             write_atomic(args.out, text)
