@@ -178,7 +178,7 @@ EOF
       --time-limit $((s2_s - 30)) > $WORK/logs/selfsup.txt 2>&1
     local rc=$?
     cp $WORK/policy-s2/selfsup.jsonl $WORK/logs/ 2>/dev/null
-    stamp "stage 2 exit $rc after ${SECONDS} s: $(tail -1 $WORK/policy-s2/selfsup.jsonl 2>/dev/null)"
+    stamp "stage 2 exit $rc after ${SECONDS} s: $(s2_totals)"
     if [ $rc = 0 ] && [ -f $WORK/policy-s2/config.json ]; then
       start_policy=$WORK/policy-s2
       # Packed now: every later call brings it back, so a machine lost mid-run (stops 24
@@ -241,7 +241,7 @@ EOF
   wait $b; stamp "h200-noex exit $?"
   for r in h200-contrast h200-noex; do grep -E "status:" runs/$r/logs/launch-0.log | tail -1; done
   if [ -n "$s2" ]; then
-    wait $s2; stamp "stage 2 exit $?: $(tail -1 $WORK/policy-s2/selfsup.jsonl 2>/dev/null)"
+    wait $s2; stamp "stage 2 exit $?: $(s2_totals)"
     cp $WORK/policy-s2/selfsup.jsonl $WORK/logs/ 2>/dev/null
   fi
   if [ -n "$focus" ] && [ "${KF_SCORE:-1}" = 0 ]; then
@@ -316,6 +316,11 @@ verify_wait() {  # the corpus verification started beside stage 1, if any, has e
   VERIFY_PID=
   cp corpus/verified_cuda.json $WORK/logs/
   stamp "corpus verification ended after ${SECONDS} s: $(grep -c '^  ok ' $WORK/logs/verify_cuda.txt) ok"
+}
+
+s2_totals() {  # the stage-2 round's totals: its per-task array (logs/selfsup.txt prints it)
+  # would fill the few kB of a call's output tail
+  tail -1 $WORK/policy-s2/selfsup.jsonl 2>/dev/null | sed 's/,"per_task":\[[^]]*\]//'
 }
 
 on_gpu() {  # on_gpu N CMD...: CMD sees GPU N only (GPU 0 where the machine has one)
