@@ -24,7 +24,13 @@ struct Result {
   std::string reason;                  // empty when ok; names the trick for rejected_cheat
   std::string diagnostics;             // compiler errors or worker log tail (truncated)
   TimeSummary ref_ms, cand_ms;         // timed trials
-  double speedup = 0;                  // ref median / candidate median (ok only)
+  double speedup = 0;                  // ref median / candidate median (ok only); speedup_lo when timing_unstable
+  // The speedup's 95 % interval from the paired trials (stats.h: paired_speedup_interval).
+  double speedup_lo = 0, speedup_hi = 0;
+  // Correct, but its time could not be measured stably (spread over max_spread after
+  // max_trials): still ok, and `speedup` is then the conservative estimate speedup_lo,
+  // which the reward uses.
+  bool timing_unstable = false;
   double max_abs_error = 0, max_rel_error = 0;  // over every checked call
   bool nondeterministic = false;       // identical calls gave different bits at the sampled positions (within tolerance)
   bool task_degenerate = false;        // reference output (nearly) constant / input-independent

@@ -20,4 +20,15 @@ TimeSummary summarize(const std::vector<double>& v);
 // is the ratio of medians (what is reported), see docs/evaluator.md.
 double speedup_of(const TimeSummary& ref, const TimeSummary& cand);
 
+// A distribution-free confidence interval for the speedup from paired trials: the
+// per-trial ratios ref[i] / cand[i] (each pair ran side by side), and the order
+// statistics that bracket their median with at least `confidence` (binomial, no
+// normality assumed). mid is the ratio of medians (speedup_of). With too few pairs for
+// the confidence asked, lo and hi are the smallest and largest ratio.
+struct SpeedupInterval {
+  double lo = 0, mid = 0, hi = 0;
+};
+SpeedupInterval paired_speedup_interval(const std::vector<double>& ref_ms, const std::vector<double>& cand_ms,
+                                        double confidence = 0.95);
+
 }  // namespace kf::evaluator
