@@ -53,6 +53,7 @@ const char* outcome_name(CallOutcome::Kind k) {
     case CallOutcome::CudaError: return "cuda_error";
     case CallOutcome::LoadFailed: return "load_failed";
     case CallOutcome::Protocol: return "protocol_error";
+    case CallOutcome::Environment: return "environment";
   }
   return "?";
 }

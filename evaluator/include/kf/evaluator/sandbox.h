@@ -46,13 +46,25 @@ struct SandboxOptions {
 };
 
 struct CallOutcome {
-  enum Kind { Ok, KernelError, Crashed, Timeout, Forbidden, MemoryLimit, CudaError, LoadFailed, Protocol };
+  // Environment: the worker was killed from outside, or its harness failed for a reason
+  // that is not the candidate's (scored as an environment failure, no reward).
+  enum Kind { Ok, KernelError, Crashed, Timeout, Forbidden, MemoryLimit, CudaError, LoadFailed, Protocol, Environment };
   Kind kind = Ok;
   std::string message;            // the cause in words (signal, call, CUDA error, ...)
   int rc = 0;
   double elapsed_ms = 0;          // the worker's clock: sync, call, sync
   double external_ms = 0;         // this process's clock between the worker's start and end marks
-  double presync_ms = 0, idle_cpu_ms = 0, late_cpu_ms = 0, call_cpu_ms = 0;
+  double presync_ms = 0;
+  // CPU time of ALL the worker's threads (its main thread included), from the kernel's
+  // accounting read by this process: before the start mark (from the resume), after the
+  // end mark (until the worker stopped), and between the marks.
+  double idle_cpu_ms = 0, late_cpu_ms = 0, call_cpu_ms = 0;
+  // This process's clock from resuming the stopped worker to its start mark: candidate code
+  // that ran before the clock (signal handlers, threads racing the main one).
+  double resume_ms = 0;
+  // CUDA: how long the device took to go idle after the worker had stopped at return (GPU
+  // work the call left behind); 0 on the CPU.
+  double gpu_settle_ms = 0;
   int threads_before = 0, threads_after = 0, threads_late = 0;
   // The idle window (from the previous reply to this call's start): its length, and the
   // thread other than the worker's own that used the most CPU in it, e.g. "cuda-EvtHandlr
