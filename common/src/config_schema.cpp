@@ -23,6 +23,7 @@ const std::vector<ConfigKey>& config_schema() {
       // replay: sizes of the run's shared-memory segments (docs/replay.md)
       {"replay.candidate_queue.capacity", T::Int, "1024", false, {}, "candidate records in flight (actors -> evaluators)"},
       {"replay.candidate_queue.slot_bytes", T::Int, "131072", false, {}, "largest candidate record (prompt, completion, source)"},
+      {"replay.candidate_queue.max_claims", T::Int, "3", false, {}, "evaluators that may die holding one candidate before it is counted lost (0: never re-queued)"},
       {"replay.result_queue.capacity", T::Int, "4096", false, {}, "result records in flight (evaluators -> replay)"},
       {"replay.result_queue.slot_bytes", T::Int, "4096", false, {}, "largest result record"},
       {"replay.groups.capacity", T::Int, "256", false, {}, "scored-group slots (the oldest policy version is evicted when full)"},
@@ -48,6 +49,7 @@ const std::vector<ConfigKey>& config_schema() {
       {"evaluator.cpu_threads", T::Int, "0", false, {}, "CPU threads for reference and kernel (0: all)"},
       {"evaluator.memory_limit_gb", T::Float, "8", false, {}, "resident memory of a sandbox worker beyond its tensors"},
       {"evaluator.cache_limit_gb", T::Float, "2", false, {}, "CUDA: free the allocator cache after a candidate above this (0: never)"},
+      {"evaluator.train_on_degenerate_tasks", T::Bool, "false", false, {}, "results of tasks flagged degenerate still go to the learner (default: left out)"},
       {"evaluator.gpu_memory_fraction", T::Float, "0.7", false, {}, "CUDA: share of GPU memory that verifications on it may claim (0: no claims)"},
       {"evaluator.gpu_lock", T::Bool, "true", false, {}, "hold the exclusive GPU timing lock per timed trial"},
       {"evaluator.reward.kind", T::String, "cuda_l1", false, {"cuda_l1", "speedup", "log_speedup"}, "reward of an ok result"},
