@@ -46,7 +46,8 @@ std::string first_diagnostic(const std::string& diagnostics) {
 
 }  // namespace
 
-replay::Result to_record(const Result& r, const replay::Candidate& c, int evaluator_id) {
+replay::Result to_record(const Result& r, const replay::Candidate& c, int evaluator_id,
+                         bool train_on_degenerate_tasks) {
   replay::Result o;
   o.candidate_id = c.id;
   o.group_id = c.group_id;
@@ -63,6 +64,11 @@ replay::Result to_record(const Result& r, const replay::Candidate& c, int evalua
   o.reward = r.reward;
   o.evaluator_id = evaluator_id;
   o.t_scored_ns = monotonic_ns();
+  o.speedup_lo = r.speedup_lo;
+  o.speedup_hi = r.speedup_hi;
+  o.timing_unstable = r.timing_unstable;
+  o.task_degenerate = r.task_degenerate;
+  o.exclude_from_training = r.task_degenerate && !train_on_degenerate_tasks;
   return o;
 }
 
@@ -73,6 +79,7 @@ ServiceOptions service_options(const Config& c) {
   const double gb = c.get_float("evaluator.cache_limit_gb");
   if (!(gb >= 0)) throw error_at(c.source(), "evaluator.cache_limit_gb: " + std::to_string(gb) + " must be at least 0");
   o.cache_limit_bytes = static_cast<std::size_t>(gb * double(1ull << 30));
+  o.train_on_degenerate_tasks = c.get_bool("evaluator.train_on_degenerate_tasks");
   return o;
 }
 
@@ -83,6 +90,18 @@ EvaluatorService::EvaluatorService(Evaluator& ev, replay::RunShm& shm, ServiceOp
     if (!verdicts_) throw Error(o_.verdict_log + ": cannot open the verdict log for append (" + std::strerror(errno) + ")");
   }
   slot_ = shm_.control().register_process("evaluator", o_.evaluator_id);
+  // Claims of evaluators that died go back to the queue now (each logged by the queue).
+  const std::size_t reaped = shm_.candidates().raw().reap();
+  if (reaped)
+    log_warn("evaluator ", o_.evaluator_id, ": at start-up, reclaimed ", reaped,
+             " candidate slot(s) held by dead processes (see the lines above)");
+}
+
+void EvaluatorService::give_back(replay::ShmQueue::Slot claim, uint64_t id, const char* why) {
+  shm_.candidates().raw().give_back(&claim, 1);
+  ++stats_.given_back;
+  log_warn("evaluator ", o_.evaluator_id, ": candidate ", id, " goes back to the candidate queue unscored (", why,
+           "); another evaluator scores it");
 }
 
 void EvaluatorService::log_verdict(const replay::Candidate& c, const Result& r, int level) {
@@ -98,6 +117,11 @@ void EvaluatorService::log_verdict(const replay::Candidate& c, const Result& r, 
                             {"actor", c.actor_id},
                             {"verdict", verdict_name(r.verdict)},
                             {"speedup", r.ok() ? r.speedup : 0.0},
+                            {"speedup_lo", r.ok() ? r.speedup_lo : 0.0},
+                            {"speedup_hi", r.ok() ? r.speedup_hi : 0.0},
+                            {"timing_unstable", r.timing_unstable},
+                            {"task_degenerate", r.task_degenerate},
+                            {"environment", r.reason.rfind(replay::kEnvironmentPrefix, 0) == 0},
                             {"reward", r.reward},
                             {"compile_s", r.compile_s},
                             {"verify_s", r.verify_s},
@@ -119,6 +143,14 @@ void EvaluatorService::log_verdict(const replay::Candidate& c, const Result& r, 
 }
 
 EvaluatorService::~EvaluatorService() {
+  for (auto& r : retry_) {
+    try {
+      give_back(r.claim, r.c.id, "the evaluator stops while it waits for an out-of-memory retry");
+    } catch (const std::exception& e) {
+      log_error("evaluator ", o_.evaluator_id, ": giving candidate ", r.c.id, " back failed: ", e.what(),
+                "; its claim is reaped when this process has exited");
+    }
+  }
   if (slot_ >= 0) shm_.control().unregister_process(slot_);
 }
 
@@ -171,14 +203,28 @@ void EvaluatorService::account(const Result& r, const replay::Candidate& c) {
   ctl.add_counter(slot_, replay::ControlBlock::kCompileMs, static_cast<uint64_t>(r.compile_s * 1e3));
   if (r.verdict == Verdict::RejectedCheat) ++stats_.rejected_cheat, ctl.add_counter(slot_, kCheat, 1);
   if (r.verdict == Verdict::CompileError) ++stats_.compile_error, ctl.add_counter(slot_, kCompileError, 1);
+  if (r.reason.rfind(replay::kEnvironmentPrefix, 0) == 0) ++stats_.environment, ctl.add_counter(slot_, kEnvironment, 1);
+  if (r.task_degenerate) {
+    ++stats_.degenerate;
+    ctl.add_counter(slot_, kDegenerate, 1);
+    if (degenerate_logged_.insert(c.task).second)
+      log_warn("evaluator ", o_.evaluator_id, ": task ", c.task, " is degenerate (",
+               r.degenerate_reason.empty() ? "reference output nearly input-independent" : r.degenerate_reason,
+               "); its ok kernels enter the kernel database with speedup 1.0 and its results ",
+               o_.train_on_degenerate_tasks ? "still go to the learner (evaluator.train_on_degenerate_tasks)"
+                                            : "are left out of training (evaluator.train_on_degenerate_tasks: false)");
+  }
   if (!r.ok()) return;
   ++stats_.ok;
   ctl.add_counter(slot_, kOk, 1);
-  const auto out = shm_.kernels().insert({c.task, r.speedup, c.policy_version, c.source, 0});
+  // A degenerate task's speedup measures nothing: its correct kernels never rank as fast.
+  const double db_speedup = r.task_degenerate ? 1.0 : r.speedup;
+  const auto out = shm_.kernels().insert({c.task, db_speedup, c.policy_version, c.source, 0});
   if (out == replay::InsertOutcome::inserted) ++stats_.kernels_inserted, ctl.add_counter(slot_, kKernelsInserted, 1);
 }
 
-bool EvaluatorService::retry_out_of_memory(const replay::Candidate& c, int attempt, const std::string& what) {
+bool EvaluatorService::retry_out_of_memory(const replay::Candidate& c, replay::ShmQueue::Slot claim, int attempt,
+                                           const std::string& what) {
   tasks::release_device_cache();
   const std::string why = what.substr(0, what.find('\n')).substr(0, 200);
   if (attempt + 1 >= o_.oom_attempts) {
@@ -189,23 +235,25 @@ bool EvaluatorService::retry_out_of_memory(const replay::Candidate& c, int attem
   const auto delay = o_.oom_retry_delay * (attempt + 1);
   log_warn("evaluator ", o_.evaluator_id, ": out of GPU memory verifying candidate ", c.id, " of ", c.task, " (", why,
            "); cache freed, verified again in ", delay.count(), " ms (try ", attempt + 2, " of ", o_.oom_attempts, ")");
-  retry_.push_back({c, attempt + 1, std::chrono::steady_clock::now() + delay});
+  retry_.push_back({c, claim, attempt + 1, std::chrono::steady_clock::now() + delay});
   return true;
 }
 
 std::size_t EvaluatorService::step() {
   shm_.control().heartbeat(slot_);
   std::vector<replay::Candidate> batch;
+  std::vector<replay::ShmQueue::Slot> claims;  // batch[i]'s slot, released once its result is stored
   std::vector<int> attempts;  // tries so far, per candidate of the batch
   // Candidates put back after running out of GPU memory go first once due.
   const auto now = std::chrono::steady_clock::now();
   while (!retry_.empty() && retry_.front().due <= now && batch.size() < o_.batch) {
     batch.push_back(std::move(retry_.front().c));
+    claims.push_back(retry_.front().claim);
     attempts.push_back(retry_.front().attempt);
     retry_.pop_front();
   }
   if (batch.empty()) {
-    if (shm_.candidates().pop_batch(batch, o_.batch, o_.pop_timeout) == 0) return 0;
+    if (shm_.candidates().claim(batch, claims, o_.batch, o_.pop_timeout) == 0) return 0;
     attempts.assign(batch.size(), 0);
   }
   std::size_t done = 0;
@@ -217,7 +265,8 @@ std::size_t EvaluatorService::step() {
   for (std::size_t i = 0; i < batch.size(); ++i) {
     if (i > 0 && o_.stop && o_.stop->load()) {
       log_warn("evaluator ", o_.evaluator_id, ": stopping on a signal; ", batch.size() - i,
-               " candidate(s) of its batch are left unscored (their groups hit their deadline)");
+               " candidate(s) of its batch go back to the candidate queue unscored");
+      for (std::size_t j = i; j < batch.size(); ++j) give_back(claims[j], batch[j].id, "stop signal");
       break;
     }
     const replay::Candidate& c = batch[i];
@@ -240,7 +289,7 @@ std::size_t EvaluatorService::step() {
         r.reason = std::string(replay::kEnvironmentPrefix) + "evaluator error: " + e.what();
         r.reward = ev_.reward_model().failure_reward(Verdict::RuntimeError);
       }
-      if (!oom.empty() && retry_out_of_memory(c, attempts[i], oom)) continue;
+      if (!oom.empty() && retry_out_of_memory(c, claims[i], attempts[i], oom)) continue;
       if (!oom.empty())
         r.reason = std::string(replay::kEnvironmentPrefix) + "out of GPU memory on " + std::to_string(o_.oom_attempts) +
                    " tries: " + r.reason;
@@ -248,13 +297,20 @@ std::size_t EvaluatorService::step() {
     ++done;
     account(r, c);
     log_verdict(c, r, t ? t->level() : 0);
-    const replay::Result rec = to_record(r, c, o_.evaluator_id);
+    const replay::Result rec = to_record(r, c, o_.evaluator_id, o_.train_on_degenerate_tasks);
     log_info("evaluator ", o_.evaluator_id, ": candidate ", c.id, " of ", c.task, ": ", verdict_name(r.verdict),
              r.reason.empty() ? "" : " (" + r.reason + ")", r.ok() ? ", speedup " + std::to_string(r.speedup) : "");
-    if (!shm_.results().push(rec, o_.push_timeout)) {
+    // The claim is acknowledged only once the result is stored in the result queue (a
+    // kill before this line puts the candidate back in the queue).
+    if (shm_.results().push(rec, o_.push_timeout)) {
+      shm_.candidates().raw().release(&claims[i], 1);
+    } else {
       ++stats_.results_dropped;
+      shm_.candidates().raw().drop(&claims[i], 1);
+      shm_.control().add_counter(slot_, kLostUnstored, 1);
       log_error("evaluator ", o_.evaluator_id, ": result queue full for ", o_.push_timeout.count(),
-                " ms; the result of candidate ", c.id, " is dropped (its group will hit its deadline)");
+                " ms; the result of candidate ", c.id, " is dropped and the candidate counted lost "
+                "(candidate queue: dropped_by_consumer); its group will hit its deadline");
     }
     if (on_result_) on_result_(rec, r);
     if (o_.backend == tasks::Backend::CUDA && o_.cache_limit_bytes > 0 &&

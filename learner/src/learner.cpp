@@ -2,7 +2,9 @@
 
 #include <ATen/autocast_mode.h>
 
+#include <algorithm>
 #include <chrono>
+#include <set>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <unordered_map>
@@ -156,7 +158,7 @@ Learner::Learner(LearnerConfig cfg, LearnerDeps deps) : cfg_(std::move(cfg)), de
     impl_->publisher = std::make_unique<SnapshotPublisher>(
         model_, deps_.snapshots, cfg_.snapshot_dtype == "fp32" ? torch::kFloat32 : torch::kBFloat16);
   for (const char* k : {"steps", "empty_steps", "groups_in", "groups_used", "dropped_stale", "skipped_equal",
-                        "skipped_small", "candidates_missing", "candidates_malformed", "candidates_environment", "waiting_steps", "tokens", "sequences", "pairs",
+                        "skipped_small", "candidates_missing", "candidates_malformed", "candidates_environment", "groups_excluded", "waiting_steps", "tokens", "sequences", "pairs",
                         "publishes", "checkpoints"})
     counters_[k] = 0;
   log_info("learner rank ", deps_.comm->rank(), "/", deps_.comm->world(), ": ", mc.num_hidden_layers, " layers, ",
@@ -215,8 +217,26 @@ StepStats Learner::step() {
       return st;
     }
   }
-  const auto groups = std::move(pending_);
+  auto groups = std::move(pending_);
   pending_.clear();
+  // Groups of tasks the evaluator flagged degenerate (exclude_from_training): their
+  // rewards measure nothing, so they are left out; one log line per task.
+  {
+    static std::set<std::string> logged;
+    const auto n0 = groups.size();
+    groups.erase(std::remove_if(groups.begin(), groups.end(),
+                                [&](const replay::ScoredGroup& g) {
+                                  if (!replay::excluded_from_training(g)) return false;
+                                  if (logged.insert(g.task).second)
+                                    log_warn("learner rank ", comm.rank(), ": task ", g.task,
+                                             " is degenerate; its groups are left out of training "
+                                             "(evaluator.train_on_degenerate_tasks: false)");
+                                  return true;
+                                }),
+                 groups.end());
+    counters_["groups_excluded"] += static_cast<int64_t>(n0 - groups.size());
+    counters_["groups_in"] += static_cast<int64_t>(n0 - groups.size());  // taken, then left out
+  }
   const double wait0 = impl_->gpu_share.wait_seconds();
   const auto batch = build_step_batch(groups, version(), cfg_, model_->config().vocab_size);
   const auto& bc = batch.counts;

@@ -296,6 +296,12 @@ std::size_t ReplayBuffer::ingest(ResultQueue& results, std::size_t max, Timeout 
   return k;
 }
 
+bool excluded_from_training(const ScoredGroup& g) {
+  for (std::size_t i = 0; i < g.results.size(); ++i)
+    if (!(i < g.missing.size() && g.missing[i]) && g.results[i].exclude_from_training) return true;
+  return false;
+}
+
 std::size_t ReplayBuffer::mark_lost(const std::vector<uint64_t>& ids) {
   Header* h = hdr();
   std::size_t marked = 0;

@@ -1,6 +1,7 @@
 // ShmQueue implementation. Layout of the segment after the segment header:
 //   Header | ring[capacity] u32 | free[capacity] u32 | slots[capacity] (64-byte SlotHdr + payload)
-// Slot states: FREE -> WRITING(pid) -> QUEUED -> READING(pid) -> FREE.
+// Slot states: FREE -> WRITING(pid) -> QUEUED -> READING(pid) -> FREE, and
+// READING(dead pid) -> QUEUED when reap() puts a dead consumer's claim back.
 // All state changes happen under the header's robust mutex; the owner word is the
 // truth and the ring/free stack are rebuilt from it if a lock owner died.
 #include "kf/replay/queue.h"
@@ -12,6 +13,7 @@
 #include <unordered_map>
 
 #include "kf/common/error.h"
+#include "kf/common/log.h"
 #include "shm_util.h"
 
 namespace kf::replay {
@@ -27,7 +29,7 @@ struct SlotHdr {
   uint64_t tag;
   uint64_t checksum;
   uint32_t len;
-  uint32_t pad;
+  uint32_t claims;              // takes so far (consumers that claimed this record)
   unsigned char pad2[16];
 };
 static_assert(sizeof(SlotHdr) == 64, "slot header is one cache line");
@@ -37,9 +39,13 @@ static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t
 uint64_t record_checksum(const unsigned char* d, uint32_t len, uint64_t tag) { return hash_bytes(d, len, tag); }
 }  // namespace
 
+enum class FreeKind : uint32_t { abandoned, released, dropped, corrupt };
+constexpr uint32_t kTransCommit = 1000;
+
 struct ShmQueue::Header {
   uint32_t capacity, slot_bytes, stride, spin_us;
   int64_t reap_after_ns;
+  uint32_t max_claims, pad_;
   uint64_t ring_off, free_off, slots_off;
   alignas(64) pthread_mutex_t mu;
   // Guarded by mu (atomic only so stats() may read them without the lock).
@@ -51,13 +57,20 @@ struct ShmQueue::Header {
   uint32_t j_slot;
   uint32_t j_kind;
   uint64_t j_lost_count, j_lost_producer, j_lost_consumer;
+  uint64_t j_requeued, j_seq;  // kind kRequeue: the counter before, and the seq given
   std::atomic<uint32_t> j_active;
+  // Redo journal of one slot's commit or free, so that pushed/popped/dropped/corrupt stay
+  // exact (the ledger) when a process dies inside commit() or release().
+  uint32_t t_slot, t_kind;     // t_kind: kTransCommit or a FreeKind + 1
+  uint64_t t_before, t_seq;
+  std::atomic<uint32_t> t_active;
   alignas(64) std::atomic<uint32_t> items_futex;
   std::atomic<uint32_t> consumer_waiters;
   alignas(64) std::atomic<uint32_t> space_futex;
   std::atomic<uint32_t> producer_waiters;
   alignas(64) std::atomic<uint64_t> queued_hint;
   std::atomic<uint64_t> dropped_full, dropped_too_large, dropped_abandoned, corrupt, recoveries;
+  std::atomic<uint64_t> requeued, dropped_by_consumer;  // guarded by mu
   uint64_t lost_log[kLostLog];
 
   uint32_t* ring() { return reinterpret_cast<uint32_t*>(reinterpret_cast<char*>(this) - ShmSegment::kHeaderBytes + ring_off); }
@@ -72,6 +85,54 @@ struct ShmQueue::Header {
 };
 
 namespace {
+constexpr uint32_t kRequeue = 100;
+
+template <typename H> std::atomic<uint64_t>* free_counter(H* h, FreeKind kind) {
+  return kind == FreeKind::released  ? &h->popped
+         : kind == FreeKind::dropped ? &h->dropped_by_consumer
+         : kind == FreeKind::corrupt ? &h->corrupt
+                                     : &h->dropped_abandoned;
+}
+
+// Frees one slot and counts it, journaled; caller holds the lock.
+template <typename H> void free_one(H* h, uint32_t idx, FreeKind kind) {
+  std::atomic<uint64_t>* c = free_counter(h, kind);
+  h->t_slot = idx;
+  h->t_kind = static_cast<uint32_t>(kind);
+  h->t_before = c->load(std::memory_order_relaxed);
+  h->t_active.store(1, std::memory_order_release);
+  h->slot(idx)->owner.store(owner_word(kFree, 0), std::memory_order_relaxed);
+  const uint32_t top = h->free_top.load(std::memory_order_relaxed);
+  h->free_stack()[top] = idx;
+  h->free_top.store(top + 1, std::memory_order_relaxed);
+  c->store(h->t_before + 1, std::memory_order_relaxed);
+  h->t_active.store(0, std::memory_order_release);
+}  // journal kind: a dead consumer's claim goes back to the queue
+
+// Appends QUEUED slot idx at the ring's tail with sequence number seq; caller holds the lock.
+template <typename H> void enqueue_slot(H* h, uint32_t idx, uint64_t seq) {
+  SlotHdr* s = h->slot(idx);
+  s->seq = seq;
+  h->next_seq.store(std::max(h->next_seq.load(std::memory_order_relaxed), seq + 1), std::memory_order_relaxed);
+  s->owner.store(owner_word(kQueued, 0), std::memory_order_relaxed);
+  const uint32_t count = h->ring_count.load(std::memory_order_relaxed);
+  h->ring()[(h->ring_head.load(std::memory_order_relaxed) + count) % h->capacity] = idx;
+  h->ring_count.store(count + 1, std::memory_order_relaxed);
+  h->queued_hint.store(count + 1, std::memory_order_release);
+}
+
+// A dead consumer's claim goes back to the queue, journaled like reap_slot; caller holds the lock.
+template <typename H> void requeue_slot(H* h, uint32_t idx) {
+  h->j_slot = idx;
+  h->j_kind = kRequeue;
+  h->j_requeued = h->requeued.load(std::memory_order_relaxed);
+  h->j_seq = h->next_seq.load(std::memory_order_relaxed);
+  h->j_active.store(1, std::memory_order_release);
+  stall_point("queue.requeue_journaled");
+  enqueue_slot(h, idx, h->j_seq);
+  h->requeued.store(h->j_requeued + 1, std::memory_order_relaxed);
+  h->j_active.store(0, std::memory_order_release);
+}
 
 // Exact lost accounting for one slot; caller holds the lock.
 template <typename H> void reap_slot(H* h, uint32_t idx) {
@@ -97,7 +158,27 @@ template <typename H> void reap_slot(H* h, uint32_t idx) {
 
 // Rebuilds ring and free stack from the slot owner words (lock owner died). Idempotent.
 template <typename H> void repair(H* h) {
-  if (h->j_active.load(std::memory_order_acquire)) {
+  if (h->t_active.load(std::memory_order_acquire)) {  // redo one commit or free
+    SlotHdr* s = h->slot(h->t_slot);
+    if (h->t_kind == kTransCommit) {
+      s->seq = h->t_seq;
+      s->owner.store(owner_word(kQueued, 0), std::memory_order_relaxed);
+      h->pushed.store(h->t_before + 1, std::memory_order_relaxed);
+    } else {
+      s->owner.store(owner_word(kFree, 0), std::memory_order_relaxed);
+      free_counter(h, static_cast<FreeKind>(h->t_kind))->store(h->t_before + 1, std::memory_order_relaxed);
+    }
+    h->t_active.store(0, std::memory_order_release);
+  }
+  if (h->j_active.load(std::memory_order_acquire) && h->j_kind == kRequeue) {
+    // Redo: the slot is QUEUED with its journaled seq (the ring is rebuilt below).
+    SlotHdr* s = h->slot(h->j_slot);
+    s->seq = h->j_seq;
+    s->owner.store(owner_word(kQueued, 0), std::memory_order_relaxed);
+    h->requeued.store(h->j_requeued + 1, std::memory_order_relaxed);
+    h->next_seq.store(std::max(h->next_seq.load(std::memory_order_relaxed), h->j_seq + 1), std::memory_order_relaxed);
+    h->j_active.store(0, std::memory_order_release);
+  } else if (h->j_active.load(std::memory_order_acquire)) {
     uint32_t idx = h->j_slot;
     SlotHdr* s = h->slot(idx);
     h->lost_count.store(h->j_lost_count + 1, std::memory_order_relaxed);
@@ -153,6 +234,7 @@ ShmQueue ShmQueue::create(const std::string& name, const QueueConfig& cfg, const
   h->slot_bytes = cfg.slot_bytes;
   h->stride = static_cast<uint32_t>(align_up(sizeof(SlotHdr) + cfg.slot_bytes, 64));
   h->spin_us = cfg.spin_us;
+  h->max_claims = cfg.max_claims;
   h->reap_after_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(cfg.reap_after).count();
   uint64_t off = ShmSegment::kHeaderBytes + align_up(sizeof(Header), 64);
   h->ring_off = off;
@@ -199,6 +281,7 @@ std::size_t ShmQueue::acquire(Slot* out, std::size_t n, const uint64_t* tags, Ti
         SlotHdr* s = h->slot(idx);
         s->owner_start = me_start;
         s->tag = tags ? tags[i] : 0;
+        s->claims = 0;
         s->owner.store(owner_word(kWriting, me), std::memory_order_relaxed);
         h->free_top.store(top, std::memory_order_relaxed);
         out[i] = Slot{idx, h->payload(idx), 0, s->tag};
@@ -234,42 +317,54 @@ void ShmQueue::commit(Slot* slots, std::size_t n) {
     uint64_t seq = h->next_seq.load(std::memory_order_relaxed);
     for (std::size_t i = 0; i < n; ++i) {
       SlotHdr* s = h->slot(slots[i].handle);
+      h->t_slot = slots[i].handle;
+      h->t_kind = kTransCommit;
+      h->t_before = h->pushed.load(std::memory_order_relaxed);
+      h->t_seq = seq;
+      h->t_active.store(1, std::memory_order_release);
       s->seq = seq++;
       h->next_seq.store(seq, std::memory_order_relaxed);
       s->owner.store(owner_word(kQueued, 0), std::memory_order_relaxed);
       h->ring()[(head + count) % h->capacity] = slots[i].handle;
       h->ring_count.store(++count, std::memory_order_relaxed);
+      h->pushed.store(h->t_before + 1, std::memory_order_relaxed);
+      h->t_active.store(0, std::memory_order_release);
     }
-    h->pushed.store(h->pushed.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
     h->queued_hint.store(count, std::memory_order_release);
   }
   h->items_futex.fetch_add(1);
   if (h->consumer_waiters.load() > 0) futex_wake(&h->items_futex, static_cast<int>(std::min<std::size_t>(n, INT_MAX)));
 }
 
-static void free_slots(ShmQueue::Header* h, ShmQueue::Slot* slots, std::size_t n, bool consumed) {
+static void free_slots(ShmQueue::Header* h, ShmQueue::Slot* slots, std::size_t n, FreeKind kind) {
   if (n == 0) return;
   {
     KF_QUEUE_LOCK(h);
-    uint32_t top = h->free_top.load(std::memory_order_relaxed);
-    for (std::size_t i = 0; i < n; ++i) {
-      SlotHdr* s = h->slot(slots[i].handle);
-      s->owner.store(owner_word(kFree, 0), std::memory_order_relaxed);
-      h->free_stack()[top++] = slots[i].handle;
-      h->free_top.store(top, std::memory_order_relaxed);
-    }
-    if (consumed) h->popped.store(h->popped.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
+    for (std::size_t i = 0; i < n; ++i) free_one(h, slots[i].handle, kind);
   }
   h->space_futex.fetch_add(1);
   if (h->producer_waiters.load() > 0) futex_wake(&h->space_futex, INT_MAX);
 }
 
-void ShmQueue::abandon(Slot* slots, std::size_t n) {
-  hdr()->dropped_abandoned.fetch_add(n, std::memory_order_relaxed);
-  free_slots(hdr(), slots, n, false);
-}
+void ShmQueue::abandon(Slot* slots, std::size_t n) { free_slots(hdr(), slots, n, FreeKind::abandoned); }
+void ShmQueue::release(Slot* slots, std::size_t n) { free_slots(hdr(), slots, n, FreeKind::released); }
+void ShmQueue::drop(Slot* slots, std::size_t n) { free_slots(hdr(), slots, n, FreeKind::dropped); }
 
-void ShmQueue::release(Slot* slots, std::size_t n) { free_slots(hdr(), slots, n, true); }
+void ShmQueue::give_back(Slot* slots, std::size_t n) {
+  if (n == 0) return;
+  Header* h = hdr();
+  {
+    KF_QUEUE_LOCK(h);
+    for (std::size_t i = 0; i < n; ++i) {
+      // Journaled as a requeue, so a kill in here leaves the slot queued and counted once.
+      SlotHdr* s = h->slot(slots[i].handle);
+      s->claims = s->claims > 0 ? s->claims - 1 : 0;  // not a failed claim
+      requeue_slot(h, slots[i].handle);
+    }
+  }
+  h->items_futex.fetch_add(1);
+  if (h->consumer_waiters.load() > 0) futex_wake(&h->items_futex, static_cast<int>(std::min<std::size_t>(n, INT_MAX)));
+}
 
 std::size_t ShmQueue::take(Slot* out, std::size_t max, Timeout timeout) {
   Header* h = hdr();
@@ -290,6 +385,7 @@ std::size_t ShmQueue::take(Slot* out, std::size_t max, Timeout timeout) {
         head = (head + 1) % h->capacity;
         SlotHdr* s = h->slot(idx);
         s->owner_start = me_start;
+        s->claims = s->claims + 1;
         s->owner.store(owner_word(kReading, me), std::memory_order_relaxed);
         h->ring_head.store(head, std::memory_order_relaxed);
         h->ring_count.store(--count, std::memory_order_relaxed);
@@ -306,9 +402,8 @@ std::size_t ShmQueue::take(Slot* out, std::size_t max, Timeout timeout) {
         if (out[i].len <= h->slot_bytes && record_checksum(out[i].data, out[i].len, out[i].tag) == s->checksum) {
           out[good++] = out[i];
         } else {
-          h->corrupt.fetch_add(1, std::memory_order_relaxed);
           Slot bad = out[i];
-          free_slots(h, &bad, 1, false);
+          free_slots(h, &bad, 1, FreeKind::corrupt);
         }
       }
       if (good > 0) return good;
@@ -420,7 +515,13 @@ std::size_t ShmQueue::reap() {
     if (!alive) dead.emplace_back(pid, start);
   }
   if (dead.empty()) return 0;
-  std::size_t reaped = 0;
+  struct Event {
+    uint64_t tag;
+    pid_t pid;
+    uint32_t state, claims;
+    bool requeued;
+  };
+  std::vector<Event> events;
   {
     KF_QUEUE_LOCK(h);
     for (uint32_t i = 0; i < h->capacity; ++i) {
@@ -430,17 +531,36 @@ std::size_t ShmQueue::reap() {
       if (st != kWriting && st != kReading) continue;
       for (auto& d : dead)
         if (d.first == word_pid(w) && d.second == s->owner_start) {
-          reap_slot(h, i);
-          ++reaped;
+          const bool back = st == kReading && s->claims < h->max_claims;
+          events.push_back({s->tag, d.first, st, s->claims, back});
+          if (back) requeue_slot(h, i);
+          else reap_slot(h, i);
           break;
         }
     }
   }
-  if (reaped) {
-    h->space_futex.fetch_add(1);
-    futex_wake(&h->space_futex, INT_MAX);
+  if (events.empty()) return 0;
+  h->space_futex.fetch_add(1);
+  futex_wake(&h->space_futex, INT_MAX);
+  h->items_futex.fetch_add(1);
+  futex_wake(&h->items_futex, INT_MAX);
+  const std::string& q = seg_.name();
+  for (const auto& e : events) {
+    if (e.state == kWriting)
+      log_warn("replay: queue ", q, ": record ", e.tag, " was being written by pid ", e.pid,
+               ", which died; it never entered the queue and is counted lost (lost_producer)");
+    else if (e.requeued)
+      log_warn("replay: queue ", q, ": record ", e.tag, " was claimed by pid ", e.pid,
+               ", which died before acknowledging it; it goes back to the queue (claim ", e.claims, " of ",
+               h->max_claims, ")");
+    else
+      log_error("replay: queue ", q, ": record ", e.tag, " was claimed by pid ", e.pid, ", which died",
+                h->max_claims ? " (claim " + std::to_string(e.claims) + " of " + std::to_string(h->max_claims) +
+                                    ", no claims left)"
+                              : "",
+                "; it is counted lost (lost_consumer) and not retried");
   }
-  return reaped;
+  return events.size();
 }
 
 QueueStats ShmQueue::stats() const {
@@ -457,7 +577,37 @@ QueueStats ShmQueue::stats() const {
   s.lost_consumer = h->lost_consumer.load();
   s.corrupt = h->corrupt.load();
   s.recoveries = h->recoveries.load();
+  s.requeued = h->requeued.load();
+  s.dropped_by_consumer = h->dropped_by_consumer.load();
   return s;
+}
+
+QueueLedger ShmQueue::ledger() const {
+  Header* h = hdr();
+  QueueLedger l;
+  KF_QUEUE_LOCK(h);
+  for (uint32_t i = 0; i < h->capacity; ++i)
+    if (word_state(h->slot(i)->owner.load(std::memory_order_relaxed)) == kReading) ++l.in_flight;
+  l.lost_producer = h->lost_producer.load(std::memory_order_relaxed);
+  l.lost_consumer = h->lost_consumer.load(std::memory_order_relaxed);
+  l.created = h->pushed.load(std::memory_order_relaxed) + l.lost_producer;
+  l.scored = h->popped.load(std::memory_order_relaxed);
+  l.requeued = h->requeued.load(std::memory_order_relaxed);
+  l.dropped = h->dropped_by_consumer.load(std::memory_order_relaxed);
+  l.corrupt = h->corrupt.load(std::memory_order_relaxed);
+  l.queued = h->ring_count.load(std::memory_order_relaxed);
+  return l;
+}
+
+std::vector<std::pair<uint64_t, bool>> ShmQueue::pending_tags() const {
+  Header* h = hdr();
+  std::vector<std::pair<uint64_t, bool>> out;
+  KF_QUEUE_LOCK(h);
+  for (uint32_t i = 0; i < h->capacity; ++i) {
+    const uint32_t st = word_state(h->slot(i)->owner.load(std::memory_order_relaxed));
+    if (st == kQueued || st == kReading) out.emplace_back(h->slot(i)->tag, st == kReading);
+  }
+  return out;
 }
 
 std::vector<uint64_t> ShmQueue::lost_tags(uint64_t* cursor) const {
@@ -496,18 +646,42 @@ template <typename T> std::size_t RecordQueue<T>::pop_batch(std::vector<T>& out,
   std::vector<ShmQueue::Slot> slots(std::max<std::size_t>(1, std::min<std::size_t>(max, 1024)));
   std::size_t k = q_.take(slots.data(), slots.size(), timeout);
   std::size_t got = 0;
+  std::vector<ShmQueue::Slot> bad;
   for (std::size_t i = 0; i < k; ++i) {
     try {
-      if constexpr (std::is_same_v<T, Candidate>)
-        out.push_back(decode_candidate(slots[i].data, slots[i].len, q_.segment().name()));
-      else
-        out.push_back(decode_result(slots[i].data, slots[i].len, q_.segment().name()));
-      ++got;
+      out.push_back(decode(slots[i]));
+      slots[got++] = slots[i];
     } catch (const Error&) {
-      q_.hdr()->corrupt.fetch_add(1, std::memory_order_relaxed);  // checksum passed, encoding did not
+      bad.push_back(slots[i]);  // checksum passed, encoding did not: counted corrupt
     }
   }
-  q_.release(slots.data(), k);
+  q_.release(slots.data(), got);
+  free_slots(q_.hdr(), bad.data(), bad.size(), FreeKind::corrupt);
+  return got;
+}
+
+template <typename T> T RecordQueue<T>::decode(const ShmQueue::Slot& s) const {
+  if constexpr (std::is_same_v<T, Candidate>) return decode_candidate(s.data, s.len, q_.segment().name());
+  else return decode_result(s.data, s.len, q_.segment().name());
+}
+
+template <typename T>
+std::size_t RecordQueue<T>::claim(std::vector<T>& out, std::vector<ShmQueue::Slot>& claims, std::size_t max,
+                                  Timeout timeout) {
+  std::vector<ShmQueue::Slot> slots(std::max<std::size_t>(1, std::min<std::size_t>(max, 1024)));
+  const std::size_t k = q_.take(slots.data(), slots.size(), timeout);
+  std::size_t got = 0;
+  for (std::size_t i = 0; i < k; ++i) {
+    try {
+      out.push_back(decode(slots[i]));
+      claims.push_back(slots[i]);
+      ++got;
+    } catch (const Error& e) {
+      log_error("replay: queue ", q_.segment().name(), ": record ", slots[i].tag, " does not decode (", e.what(),
+                "); counted corrupt and freed");
+      free_slots(q_.hdr(), &slots[i], 1, FreeKind::corrupt);
+    }
+  }
   return got;
 }
 

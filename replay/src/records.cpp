@@ -9,7 +9,9 @@ using detail::ByteWriter;
 namespace {
 constexpr uint32_t kCandidateTag = 0x444E4143;  // "CAND"
 constexpr uint32_t kResultTag = 0x53455252;     // "RRES"
-constexpr uint32_t kRecordVersion = 1;
+constexpr uint32_t kRecordVersion = 1;        // candidates
+constexpr uint32_t kResultVersion = 2;        // 2 added speedup_lo/hi and the flags; 1 still decodes
+constexpr uint8_t kTimingUnstable = 1, kTaskDegenerate = 2, kExcludeFromTraining = 4;
 }  // namespace
 
 bool environment_failure(const Result& r) { return r.reason.rfind(kEnvironmentPrefix, 0) == 0; }
@@ -75,13 +77,13 @@ Candidate decode_candidate(const unsigned char* src, std::size_t n, const std::s
 }
 
 std::size_t encoded_size(const Result& x) {
-  return 8 + 8 + 8 + 4 + 1 + (4 + x.reason.size()) + 8 * 6 + 4 + 8 + 4 + 8;
+  return 8 + 8 + 8 + 4 + 1 + (4 + x.reason.size()) + 8 * 6 + 4 + 8 + 4 + 8 + 8 + 8 + 1;
 }
 
 void encode(const Result& x, unsigned char* dst) {
   ByteWriter w(dst);
   w.put(kResultTag);
-  w.put(kRecordVersion);
+  w.put(kResultVersion);
   w.put(x.candidate_id);
   w.put(x.group_id);
   w.put(x.index_in_group);
@@ -97,13 +99,18 @@ void encode(const Result& x, unsigned char* dst) {
   w.put(x.reward);
   w.put(x.evaluator_id);
   w.put(x.t_scored_ns);
+  w.put(x.speedup_lo);
+  w.put(x.speedup_hi);
+  w.put(static_cast<uint8_t>((x.timing_unstable ? kTimingUnstable : 0) | (x.task_degenerate ? kTaskDegenerate : 0) |
+                             (x.exclude_from_training ? kExcludeFromTraining : 0)));
 }
 
 Result decode_result(const unsigned char* src, std::size_t n, const std::string& context) {
   ByteReader r(src, n, context + ": result record");
   if (r.get<uint32_t>("tag") != kResultTag) r.fail("tag", "not a result record");
   uint32_t v = r.get<uint32_t>("version");
-  if (v != kRecordVersion) r.fail("version", std::to_string(v) + ", expected " + std::to_string(kRecordVersion));
+  if (v != 1 && v != kResultVersion)
+    r.fail("version", std::to_string(v) + ", expected 1 or " + std::to_string(kResultVersion));
   Result x;
   x.candidate_id = r.get<uint64_t>("candidate_id");
   x.group_id = r.get<uint64_t>("group_id");
@@ -122,6 +129,16 @@ Result decode_result(const unsigned char* src, std::size_t n, const std::string&
   x.reward = r.get<double>("reward");
   x.evaluator_id = r.get<int32_t>("evaluator_id");
   x.t_scored_ns = r.get<int64_t>("t_scored_ns");
+  if (v >= 2) {
+    x.speedup_lo = r.get<double>("speedup_lo");
+    x.speedup_hi = r.get<double>("speedup_hi");
+    const uint8_t flags = r.get<uint8_t>("flags");
+    if (flags & ~(kTimingUnstable | kTaskDegenerate | kExcludeFromTraining))
+      r.fail("flags", "unknown bits " + std::to_string(flags));
+    x.timing_unstable = flags & kTimingUnstable;
+    x.task_degenerate = flags & kTaskDegenerate;
+    x.exclude_from_training = flags & kExcludeFromTraining;
+  }
   if (r.left() != 0) r.fail("end", std::to_string(r.left()) + " trailing bytes");
   return x;
 }

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 
 #include "kf/common/error.h"
 #include "kf/common/log.h"
@@ -165,6 +166,43 @@ int RunShm::load(const std::string& run_dir) {
     ++n;
   }
   return n;
+}
+
+Salvage salvage_or_count(const std::string& run, const std::string& run_dir) {
+  check_name(run, "run name");
+  Salvage out;
+  const std::string name = RunShm::segment_name(run, "cand");
+  const SegmentState st = ShmSegment::probe(name);
+  if (st == SegmentState::Absent) return out;
+  if (st == SegmentState::Live)
+    throw Error("replay: run '" + run + "': its shared memory belongs to a live launcher (segment " + name +
+                "); not salvaging");
+  ShmQueue q = ShmQueue::attach(name, std::chrono::milliseconds(200));
+  q.reap();  // claims of evaluators that died with the launcher: back to the queue or counted
+  out.found = true;
+  out.ledger = q.ledger();
+  const auto pending = q.pending_tags();
+  std::ofstream f;
+  if (!pending.empty() && !run_dir.empty()) {
+    std::filesystem::create_directories(run_dir + "/metrics");
+    f.open(run_dir + "/metrics/lost_candidates.jsonl", std::ios::app);
+    if (!f)
+      log_error("replay: cannot append to ", run_dir, "/metrics/lost_candidates.jsonl; the losses are logged here only");
+  }
+  for (const auto& [id, claimed] : pending) {
+    out.lost_ids.push_back(id);
+    log_error("replay: run ", run, ": candidate ", id, claimed ? " was claimed by an evaluator" : " was queued",
+              " when the launcher died; its group died with the old replay, so it is counted lost (launcher_died)");
+    if (f)
+      f << "{\"candidate\": " << id << ", \"reason\": \"launcher_died\", \"state\": \""
+        << (claimed ? "claimed" : "queued") << "\"}\n";
+  }
+  out.ledger.lost_run_died = out.ledger.queued + out.ledger.in_flight;
+  out.ledger.queued = out.ledger.in_flight = 0;
+  if (!pending.empty())
+    log_warn("replay: run ", run, ": ", pending.size(), " candidate(s) of the old shared memory counted lost; ",
+             "old ledger: created ", out.ledger.created, ", scored ", out.ledger.scored, ", lost ", out.ledger.lost());
+  return out;
 }
 
 }  // namespace kf::replay

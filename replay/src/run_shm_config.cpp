@@ -20,6 +20,7 @@ RunShmConfig run_shm_config(const Config& c) {
   RunShmConfig r;
   r.candidates.capacity = u32(c, "replay.candidate_queue.capacity", 2, 1u << 20);
   r.candidates.slot_bytes = u32(c, "replay.candidate_queue.slot_bytes", 256, 64u << 20);
+  r.candidates.max_claims = u32(c, "replay.candidate_queue.max_claims", 0, 1000);
   r.results.capacity = u32(c, "replay.result_queue.capacity", 2, 1u << 20);
   r.results.slot_bytes = u32(c, "replay.result_queue.slot_bytes", 256, 1u << 20);
   r.replay.capacity = u32(c, "replay.groups.capacity", 1, 1u << 16);

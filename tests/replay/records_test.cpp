@@ -51,3 +51,44 @@ TEST(ReplayRecordsTest, TruncatedOrForeignBytesAreRejectedWithTheField) {
   }
   EXPECT_THROW(decode_result(buf.data(), buf.size()), kf::Error);  // a candidate is not a result
 }
+
+TEST(ReplayRecordsTest, ResultCarriesSpeedupIntervalAndFlags) {
+  Result r;
+  r.candidate_id = 9;
+  r.verdict = Verdict::ok;
+  r.speedup = 1.1;
+  r.speedup_lo = 1.1;
+  r.speedup_hi = 1.9;
+  r.timing_unstable = true;
+  r.task_degenerate = true;
+  r.exclude_from_training = true;
+  std::vector<unsigned char> b(encoded_size(r));
+  encode(r, b.data());
+  Result s = decode_result(b.data(), b.size());
+  EXPECT_DOUBLE_EQ(s.speedup_lo, 1.1);
+  EXPECT_DOUBLE_EQ(s.speedup_hi, 1.9);
+  EXPECT_TRUE(s.timing_unstable);
+  EXPECT_TRUE(s.task_degenerate);
+  EXPECT_TRUE(s.exclude_from_training);
+  r.timing_unstable = r.exclude_from_training = false;
+  encode(r, b.data());
+  s = decode_result(b.data(), b.size());
+  EXPECT_FALSE(s.timing_unstable);
+  EXPECT_TRUE(s.task_degenerate);
+  EXPECT_FALSE(s.exclude_from_training);
+  // An unknown flag bit (the last byte) is an error naming the field.
+  b.back() = 0x80;
+  try {
+    (void)decode_result(b.data(), b.size());
+    FAIL() << "unknown flag accepted";
+  } catch (const kf::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("flags"), std::string::npos) << e.what();
+  }
+  // A version-1 record (saved replay files of older runs) still decodes, without the new fields.
+  std::vector<unsigned char> v1(b.begin(), b.end() - 17);
+  v1[4] = 1;
+  s = decode_result(v1.data(), v1.size());
+  EXPECT_EQ(s.candidate_id, 9u);
+  EXPECT_DOUBLE_EQ(s.speedup_hi, 0.0);
+  EXPECT_FALSE(s.task_degenerate);
+}

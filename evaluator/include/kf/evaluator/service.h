@@ -1,12 +1,24 @@
 // EvaluatorService: the evaluator process's loop over the run's shared memory.
 //
-// Each step pops a batch of candidates from the candidate queue, submits every compile
+// Each step claims a batch of candidates from the candidate queue, submits every compile
 // to the pool at once (compiles of the batch run while the first is verified), verifies
 // each candidate against its task, pushes a Result record per candidate to the result
 // queue, and inserts ok kernels into the kernel database with their speedup and policy
-// version. Candidates the actor could not extract code from are scored compile_error
+// version. A claimed candidate stays in its queue slot until its result is committed to
+// the result queue; only then is the claim acknowledged (released). If the evaluator dies
+// first, the claim goes back to the queue (replay.candidate_queue.max_claims; see
+// docs/replay.md): whoever reaps it (the next evaluator at start-up, a waiting evaluator,
+// or the launcher when it sees the death) logs it. A result that cannot be stored (result
+// queue full for push_timeout) is counted lost (dropped_by_consumer) with a log line; a
+// stop signal gives the rest of the batch back to the queue.
+// Candidates the actor could not extract code from are scored compile_error
 // with the extraction error as reason, so the learner sees the negative example.
 // Counters go to the control block (role "evaluator"; counters below).
+//
+// Degenerate tasks (Result::task_degenerate): an ok kernel is still inserted into the
+// kernel database, with speedup 1.0 (it is correct; its measured speedup means nothing),
+// and its result is marked exclude_from_training unless train_on_degenerate_tasks; one
+// log line per task.
 //
 // Running out of GPU memory is the machine's state, not the kernel's fault (other
 // processes on a shared GPU hold memory; the big tasks' input sets take GiBs): when the
@@ -27,6 +39,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 
 #include "kf/evaluator/evaluator.h"
@@ -38,7 +51,13 @@
 namespace kf::evaluator {
 
 // Control-block counters of an evaluator process.
-enum ServiceCounter : int { kScored = 0, kOk = 1, kCheat = 2, kCompileError = 3, kKernelsInserted = 4 };
+// kEnvironment: verdicts the machine caused (replay::environment_failure, e.g. the sandbox
+// worker killed from outside); kLostUnstored: results that could not be stored (their
+// candidates counted lost); kDegenerate: results of tasks flagged degenerate.
+enum ServiceCounter : int {
+  kScored = 0, kOk = 1, kCheat = 2, kCompileError = 3, kKernelsInserted = 4, kEnvironment = 5, kLostUnstored = 6,
+  kDegenerate = 7
+};
 
 struct ServiceOptions {
   int evaluator_id = 0;
@@ -62,23 +81,31 @@ struct ServiceOptions {
   // leaves the rest of its batch unscored, so that a stopping run is not kept waiting for
   // up to `batch` verifications (the launcher kills evaluators 15 s after SIGTERM).
   const std::atomic<bool>* stop = nullptr;
+  bool train_on_degenerate_tasks = false;         // evaluator.train_on_degenerate_tasks
 };
 
-// From the run's config: run.backend, tasks.dir, evaluator.cache_limit_gb (throws
+// From the run's config: run.backend, tasks.dir, evaluator.cache_limit_gb,
+// evaluator.train_on_degenerate_tasks (throws
 // kf::Error naming the file and key for a bad value). Id and verdict log are the caller's.
 ServiceOptions service_options(const Config& cfg);
 
 struct ServiceStats {
   uint64_t scored = 0, ok = 0, rejected_cheat = 0, compile_error = 0, kernels_inserted = 0, results_dropped = 0;
+  uint64_t environment = 0, degenerate = 0, given_back = 0;
 };
 
-// The replay record of a verdict on candidate `c` (times in microseconds, spread p90-p10).
-replay::Result to_record(const Result& r, const replay::Candidate& c, int evaluator_id);
+// The replay record of a verdict on candidate `c` (times in microseconds, spread p90-p10),
+// with the speedup interval and the timing_unstable / task_degenerate flags;
+// exclude_from_training = task_degenerate && !train_on_degenerate_tasks.
+replay::Result to_record(const Result& r, const replay::Candidate& c, int evaluator_id,
+                         bool train_on_degenerate_tasks = false);
 
 class EvaluatorService {
  public:
+  // Registers with the control block and reaps the candidate queue, so that claims of a
+  // dead evaluator go back to the queue before this one starts.
   EvaluatorService(Evaluator& ev, replay::RunShm& shm, ServiceOptions o);
-  ~EvaluatorService();
+  ~EvaluatorService();  // gives candidates still waiting for an out-of-memory retry back to the queue
   EvaluatorService(const EvaluatorService&) = delete;
   EvaluatorService& operator=(const EvaluatorService&) = delete;
 
@@ -101,9 +128,12 @@ class EvaluatorService {
   void log_verdict(const replay::Candidate& c, const Result& r, int level);
   // Out of GPU memory on `c` (attempt `attempt`, 0-based): frees the allocator cache and
   // queues a retry; false when the attempts are used up (then it is scored).
-  bool retry_out_of_memory(const replay::Candidate& c, int attempt, const std::string& what);
+  bool retry_out_of_memory(const replay::Candidate& c, replay::ShmQueue::Slot claim, int attempt,
+                           const std::string& what);
+  void give_back(replay::ShmQueue::Slot claim, uint64_t id, const char* why);
   struct Retry {
     replay::Candidate c;
+    replay::ShmQueue::Slot claim;
     int attempt = 0;  // tries so far
     std::chrono::steady_clock::time_point due;
   };
@@ -116,6 +146,7 @@ class EvaluatorService {
   std::function<void(const replay::Result&, const Result&)> on_result_;
   std::ofstream verdicts_;  // o_.verdict_log, opened for append
   std::deque<Retry> retry_;
+  std::set<std::string> degenerate_logged_;  // tasks whose degenerate flag was logged
 };
 
 }  // namespace kf::evaluator

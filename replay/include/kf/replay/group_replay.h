@@ -48,6 +48,11 @@ struct ScoredGroup {
   bool deadline_hit = false;
 };
 
+// True when a scored (not missing) result of the group says exclude_from_training (its
+// task is degenerate and the evaluator was not told to train on such tasks): the learner
+// drops the whole group, since every candidate of a group shares its task.
+bool excluded_from_training(const ScoredGroup& g);
+
 struct ReplayStats {
   uint64_t opened = 0, taken = 0, open_now = 0, ready_now = 0;
   uint64_t results_joined = 0, results_orphan = 0, results_duplicate = 0;

@@ -37,6 +37,29 @@ struct QueueConfig {
   // How long a blocked push/pop waits before it looks for dead owners (reap()).
   std::chrono::milliseconds reap_after{100};
   uint32_t spin_us = 20;       // consumers spin this long on an empty queue before sleeping
+  // Claims: a record a consumer took stays in its slot (READING, owner pid + start time)
+  // until the consumer release()s it. If the consumer dies first, reap() puts the record
+  // back in the queue, up to max_claims takes in all; after that (or with 0) the record
+  // is counted lost (lost_consumer). A record that kills every consumer taking it is so
+  // bounded to max_claims deaths.
+  uint32_t max_claims = 0;
+};
+
+// Every record that entered the queue, read under the queue's lock so that it adds up
+// exactly at any moment: created = scored + lost() + queued + in_flight.
+struct QueueLedger {
+  uint64_t created = 0;        // committed into the queue, plus lost_producer (died mid-write)
+  uint64_t scored = 0;         // released (acknowledged) by a consumer
+  uint64_t requeued = 0;       // events: claims of dead consumers put back, and give_back() calls
+  uint64_t lost_producer = 0;  // producer died between acquire and commit
+  uint64_t lost_consumer = 0;  // consumer died holding it and max_claims was used up (or 0)
+  uint64_t dropped = 0;        // a consumer gave up on it (drop(), e.g. its result could not be stored)
+  uint64_t corrupt = 0;        // failed its checksum or decoding
+  uint64_t lost_run_died = 0;  // still queued or claimed when the launcher died (salvage_or_count)
+  uint64_t queued = 0;         // committed, waiting
+  uint64_t in_flight = 0;      // claimed by a live (or not yet reaped) consumer
+  uint64_t lost() const { return lost_producer + lost_consumer + dropped + corrupt + lost_run_died; }
+  bool balanced() const { return created == scored + lost() + queued + in_flight; }
 };
 
 struct QueueStats {
@@ -50,6 +73,8 @@ struct QueueStats {
   uint64_t lost_consumer = 0;       // reclaimed from dead consumers (mid-read)
   uint64_t corrupt = 0;             // records failing their checksum (should stay 0)
   uint64_t recoveries = 0;          // locks recovered from a dead owner
+  uint64_t requeued = 0;            // claims put back (dead consumer, give_back)
+  uint64_t dropped_by_consumer = 0; // drop(): taken, then given up by the consumer
 };
 
 class ShmQueue {
@@ -85,14 +110,27 @@ class ShmQueue {
   // Takes up to max records in FIFO order (at least 1 unless the timeout passes);
   // read them in place, then release(). Records failing the checksum are dropped
   // (counted) and not returned.
+  // Each taken slot is a claim of this process (pid + start time): release() is the
+  // acknowledgement (call it once the record's outcome is stored), give_back() puts
+  // the records back at the tail of the queue (counted requeued), drop() frees them
+  // as lost (counted dropped_by_consumer; log why).
   std::size_t take(Slot* out, std::size_t max, Timeout timeout);
   void release(Slot* slots, std::size_t n);
+  void give_back(Slot* slots, std::size_t n);
+  void drop(Slot* slots, std::size_t n);
   // Convenience: take + copy out + release.
   std::size_t pop_batch(std::vector<std::string>& out, std::size_t max, Timeout timeout);
 
   // --- supervision
-  std::size_t reap();  // frees slots of dead owners; returns how many (all counted as lost)
+  // Frees slots of dead owners; returns how many. Half-written records are counted
+  // lost_producer; claims of dead consumers go back to the queue (max_claims) or are
+  // counted lost_consumer. One log line per record names its tag, the dead pid and
+  // what happens to it.
+  std::size_t reap();
   QueueStats stats() const;
+  QueueLedger ledger() const;  // under the lock: adds up exactly
+  // Tags of the records still queued (claimed = false) or claimed by a consumer (true).
+  std::vector<std::pair<uint64_t, bool>> pending_tags() const;
   // Tags of lost records with sequence number >= *cursor (advances *cursor). The log
   // keeps the newest kLostLog tags; older ones are counted but their tags are gone.
   std::vector<uint64_t> lost_tags(uint64_t* cursor) const;
@@ -117,9 +155,15 @@ template <typename T> class RecordQueue {
   bool push(const T& rec, Timeout timeout);
   // Pops up to max records (decoded); blocks up to timeout for the first.
   std::size_t pop_batch(std::vector<T>& out, std::size_t max, Timeout timeout);
+  // Claims up to max records: appends the decoded copies to out and their slots to
+  // claims (same order); the caller acknowledges each with raw().release() once its
+  // outcome is stored, or raw().give_back() / raw().drop(). Records that do not decode
+  // are freed and counted corrupt (logged).
+  std::size_t claim(std::vector<T>& out, std::vector<ShmQueue::Slot>& claims, std::size_t max, Timeout timeout);
   ShmQueue& raw() { return q_; }
 
  private:
+  T decode(const ShmQueue::Slot& s) const;
   ShmQueue q_;
 };
 

@@ -53,6 +53,14 @@ struct Result {
   double reward = 0;
   int32_t evaluator_id = 0;
   int64_t t_scored_ns = 0;
+  // Interval of the speedup from paired timing trials (0 when not timed). When
+  // timing_unstable, `speedup` is the conservative estimate speedup_lo.
+  double speedup_lo = 0, speedup_hi = 0;
+  bool timing_unstable = false;
+  bool task_degenerate = false;        // the task's reference output is (nearly) input-independent
+  // The learner leaves this result out of training (its group is dropped): set by the
+  // evaluator for degenerate tasks unless evaluator.train_on_degenerate_tasks.
+  bool exclude_from_training = false;
 };
 
 // True when r.reason starts with kEnvironmentPrefix.

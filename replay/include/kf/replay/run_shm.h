@@ -30,7 +30,8 @@
 namespace kf::replay {
 
 struct RunShmConfig {
-  QueueConfig candidates{1024, 128 * 1024};
+  // Candidates are claims: an evaluator that dies holding one puts it back (3 tries).
+  QueueConfig candidates{1024, 128 * 1024, std::chrono::milliseconds(100), 20, 3};
   QueueConfig results{4096, 4096};
   ReplayConfig replay{};
   KernelDbConfig kernels{};
@@ -41,6 +42,23 @@ struct RunShmConfig {
 // From the run's config (replay.* keys); throws kf::Error naming the file and key for
 // an out-of-range value.
 RunShmConfig run_shm_config(const Config& cfg);
+
+// What salvage_or_count found in a run's old shared memory.
+struct Salvage {
+  bool found = false;               // old segments existed (and their creator is dead)
+  QueueLedger ledger;               // the old candidate ledger, with the salvaged ones counted lost
+  std::vector<uint64_t> lost_ids;   // candidates still queued or claimed there
+};
+
+// Before RunShm::create() of a run whose launcher died: if the run's old shared memory
+// still exists and is stale, every candidate still queued or claimed by an evaluator in
+// it is counted lost (reason launcher_died): one log line per candidate naming it, and a
+// JSON line per candidate appended to <run_dir>/metrics/lost_candidates.jsonl. Their
+// groups died with the old replay, so they are not re-queued. The returned ledger (old
+// counts + these losses, adding up: created = scored + lost) is what the launcher adds
+// to its saved totals. A live run throws kf::Error; no old memory: found = false. Does
+// not remove anything (create() replaces the stale parts).
+Salvage salvage_or_count(const std::string& run, const std::string& run_dir);
 
 class RunShm {
  public:
@@ -59,6 +77,10 @@ class RunShm {
   SnapshotStore& snapshots() { return *snapshots_; }
   const std::string& run() const { return run_; }
   bool is_creator() const { return creator_; }
+
+  // Every candidate that entered the candidate queue, exactly: created = scored +
+  // lost (by reason) + queued + in flight (claimed by an evaluator). See QueueLedger.
+  QueueLedger candidate_ledger() const { return candidates_->raw().ledger(); }
 
   void heartbeat();  // creator: keeps the run from looking stale
   void shutdown();   // creator: state stopped + unlink all parts (idempotent)

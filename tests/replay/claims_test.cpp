@@ -1,0 +1,239 @@
+// Candidate claims (ShmQueue take/release as a claim): a consumer killed while it holds
+// records gives them back to the queue (up to max_claims), the ledger adds up exactly at
+// every moment, and a reaper killed mid-requeue leaves the count exact. Real processes,
+// real SIGKILLs.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <random>
+#include <set>
+#include <thread>
+
+#include "kf/replay/group_replay.h"
+#include "kf/replay/queue.h"
+#include "proc_util.h"
+
+using namespace kf::replay;
+using namespace kf::replay::test;
+using namespace std::chrono_literals;
+
+namespace {
+struct ClaimFixture : ::testing::Test {
+  std::string name = unique_name(::testing::UnitTest::GetInstance()->current_test_info()->name());
+  void TearDown() override { ShmSegment::remove(name); }
+};
+using ReplayClaimTest = ClaimFixture;
+
+QueueConfig claims_cfg(uint32_t max_claims) {
+  QueueConfig c{16, 64, std::chrono::milliseconds(100000)};
+  c.max_claims = max_claims;
+  return c;
+}
+
+void push_ids(ShmQueue& q, uint64_t from, uint64_t n) {
+  for (uint64_t id = from; id < from + n; ++id) ASSERT_TRUE(q.push(&id, sizeof id, id, 1s));
+}
+
+// A child that takes up to n records, reports how many it holds, then waits to be killed.
+pid_t take_and_hold(const std::string& name, std::size_t n, int fd) {
+  return spawn([&name, n, fd] {
+    ShmQueue mine = ShmQueue::attach(name);
+    std::vector<ShmQueue::Slot> s(n);
+    const std::size_t k = mine.take(s.data(), n, 1s);
+    char c = static_cast<char>(k);
+    (void)!::write(fd, &c, 1);
+    for (;;) ::pause();
+    return 0;
+  });
+}
+
+std::size_t held_by_child(const std::string& name, std::size_t n) {
+  int fds[2];
+  EXPECT_EQ(::pipe(fds), 0);
+  pid_t p = take_and_hold(name, n, fds[1]);
+  char c = 0;
+  EXPECT_EQ(::read(fds[0], &c, 1), 1);
+  kill_and_wait(p);
+  ::close(fds[0]);
+  ::close(fds[1]);
+  return static_cast<std::size_t>(c);
+}
+}  // namespace
+
+TEST_F(ReplayClaimTest, DeadConsumersClaimsGoBackToTheQueueAndAreScoredOnce) {
+  ShmQueue q = ShmQueue::create(name, claims_cfg(3));
+  push_ids(q, 1, 10);
+  ASSERT_EQ(held_by_child(name, 4), 4u);
+  QueueLedger l = q.ledger();
+  EXPECT_EQ(l.in_flight, 4u);  // the dead child's claims until someone reaps
+  EXPECT_EQ(l.queued, 6u);
+  EXPECT_TRUE(l.balanced());
+  EXPECT_EQ(q.reap(), 4u);
+  l = q.ledger();
+  EXPECT_EQ(l.requeued, 4u);
+  EXPECT_EQ(l.queued, 10u);
+  EXPECT_EQ(l.in_flight, 0u);
+  EXPECT_EQ(l.lost(), 0u);
+  EXPECT_TRUE(l.balanced());
+  // Everything is delivered exactly once to a consumer that acknowledges.
+  std::vector<ShmQueue::Slot> s(16);
+  std::multiset<uint64_t> got;
+  std::size_t k;
+  while ((k = q.take(s.data(), s.size(), 0ms)) > 0) {
+    for (std::size_t i = 0; i < k; ++i) got.insert(s[i].tag);
+    q.release(s.data(), k);
+  }
+  EXPECT_EQ(got.size(), 10u);
+  for (uint64_t id = 1; id <= 10; ++id) EXPECT_EQ(got.count(id), 1u) << id;
+  l = q.ledger();
+  EXPECT_EQ(l.created, 10u);
+  EXPECT_EQ(l.scored, 10u);
+  EXPECT_TRUE(l.balanced());
+}
+
+TEST_F(ReplayClaimTest, RecordThatKillsEveryConsumerIsCountedLostAfterMaxClaims) {
+  ShmQueue q = ShmQueue::create(name, claims_cfg(2));
+  push_ids(q, 42, 1);
+  ASSERT_EQ(held_by_child(name, 1), 1u);
+  EXPECT_EQ(q.reap(), 1u);  // claim 1 of 2: back to the queue
+  EXPECT_EQ(q.ledger().queued, 1u);
+  ASSERT_EQ(held_by_child(name, 1), 1u);
+  EXPECT_EQ(q.reap(), 1u);  // claim 2 of 2: lost
+  QueueLedger l = q.ledger();
+  EXPECT_EQ(l.requeued, 1u);
+  EXPECT_EQ(l.lost_consumer, 1u);
+  EXPECT_EQ(l.queued + l.in_flight, 0u);
+  EXPECT_TRUE(l.balanced());
+  uint64_t cursor = 0;
+  EXPECT_EQ(q.lost_tags(&cursor), std::vector<uint64_t>{42});
+}
+
+TEST_F(ReplayClaimTest, WithoutMaxClaimsADeadConsumersRecordsAreCountedLost) {
+  ShmQueue q = ShmQueue::create(name, claims_cfg(0));
+  push_ids(q, 1, 3);
+  ASSERT_EQ(held_by_child(name, 2), 2u);
+  EXPECT_EQ(q.reap(), 2u);
+  QueueLedger l = q.ledger();
+  EXPECT_EQ(l.lost_consumer, 2u);
+  EXPECT_EQ(l.requeued, 0u);
+  EXPECT_EQ(l.queued, 1u);
+  EXPECT_TRUE(l.balanced());
+}
+
+TEST_F(ReplayClaimTest, GiveBackAndDropAreCountedAndBalance) {
+  ShmQueue q = ShmQueue::create(name, claims_cfg(3));
+  push_ids(q, 1, 4);
+  std::vector<ShmQueue::Slot> s(4);
+  ASSERT_EQ(q.take(s.data(), 4, 0ms), 4u);
+  q.give_back(&s[0], 2);  // ids 1, 2 back at the tail
+  q.drop(&s[2], 1);       // id 3: result could not be stored
+  q.release(&s[3], 1);    // id 4: scored
+  QueueLedger l = q.ledger();
+  EXPECT_EQ(l.requeued, 2u);
+  EXPECT_EQ(l.dropped, 1u);
+  EXPECT_EQ(l.scored, 1u);
+  EXPECT_EQ(l.queued, 2u);
+  EXPECT_TRUE(l.balanced());
+  ASSERT_EQ(q.take(s.data(), 4, 0ms), 2u);
+  EXPECT_EQ(s[0].tag, 1u);
+  EXPECT_EQ(s[1].tag, 2u);
+  q.release(s.data(), 2);
+  l = q.ledger();
+  EXPECT_EQ(l.created, l.scored + l.lost());
+  EXPECT_EQ(l.scored, 3u);
+}
+
+TEST_F(ReplayClaimTest, ReaperKilledMidRequeueKeepsTheRecordAndTheCountExact) {
+  ShmQueue q = ShmQueue::create(name, claims_cfg(3));
+  push_ids(q, 1, 3);
+  ASSERT_EQ(held_by_child(name, 1), 1u);
+  Staller reaper;
+  pid_t r = spawn([&] {
+    ShmQueue mine = ShmQueue::attach(name);
+    reaper.arm("queue.requeue_journaled");
+    mine.reap();  // dies after journaling the requeue, holding the lock
+    return 0;
+  });
+  ASSERT_TRUE(reaper.wait_stalled());
+  kill_and_wait(r);
+  EXPECT_EQ(q.reap(), 0u);  // lock recovery redoes the requeue
+  QueueLedger l = q.ledger();
+  EXPECT_EQ(l.requeued, 1u);
+  EXPECT_EQ(l.queued, 3u);
+  EXPECT_EQ(l.in_flight, 0u);
+  EXPECT_TRUE(l.balanced());
+  EXPECT_EQ(q.stats().recoveries, 1u);
+  std::vector<ShmQueue::Slot> s(4);
+  ASSERT_EQ(q.take(s.data(), 4, 0ms), 3u);
+  std::set<uint64_t> ids{s[0].tag, s[1].tag, s[2].tag};
+  EXPECT_EQ(ids, (std::set<uint64_t>{1, 2, 3}));
+}
+
+// Many consumers killed at random while they hold claims: after the survivors drain the
+// queue, every record was acknowledged exactly once or counted lost, and the ledger
+// balanced at every check in between.
+TEST_F(ReplayClaimTest, RandomConsumerKillsLoseNothingAndBalanceExactly) {
+  QueueConfig cfg{64, 64, std::chrono::milliseconds(20)};
+  cfg.max_claims = 1000;
+  ShmQueue q = ShmQueue::create(name, cfg);
+  const uint64_t n = 400;
+  auto consumer = [this] {
+    return spawn([this] {
+      ShmQueue mine = ShmQueue::attach(name);
+      std::vector<ShmQueue::Slot> s(4);
+      for (;;) {
+        const std::size_t k = mine.take(s.data(), s.size(), 200ms);
+        std::this_thread::sleep_for(std::chrono::microseconds(200));  // "scoring"
+        mine.release(s.data(), k);
+      }
+      return 0;
+    });
+  };
+  std::vector<pid_t> kids;
+  for (int i = 0; i < 3; ++i) kids.push_back(consumer());
+  std::mt19937 rng(7);
+  uint64_t pushed = 0;
+  int kills = 0;
+  while (pushed < n || q.ledger().queued + q.ledger().in_flight > 0) {
+    for (int i = 0; i < 8 && pushed < n; ++i, ++pushed) {
+      const uint64_t id = pushed + 1;
+      ASSERT_TRUE(q.push(&id, sizeof id, id, 5s));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 5));
+    if (kills < 40 && rng() % 2 == 0) {
+      const std::size_t v = rng() % kids.size();
+      kill_and_wait(kids[v]);
+      ++kills;
+      kids[v] = consumer();
+    }
+    const QueueLedger l = q.ledger();
+    ASSERT_TRUE(l.balanced()) << "created " << l.created << " scored " << l.scored << " lost " << l.lost()
+                              << " queued " << l.queued << " in flight " << l.in_flight;
+    if (pushed >= n) q.reap();
+  }
+  for (pid_t p : kids) kill_and_wait(p);
+  q.reap();
+  const QueueLedger l = q.ledger();
+  EXPECT_EQ(kills, 40);
+  EXPECT_EQ(l.created, n);
+  EXPECT_EQ(l.lost(), 0u);
+  EXPECT_EQ(l.queued + l.in_flight, 0u);
+  // A consumer killed between its "scoring" and release() is re-scored: acknowledged once.
+  EXPECT_EQ(l.scored, n);
+  EXPECT_GT(l.requeued, 0u);
+}
+
+TEST(ReplayExcludedGroupTest, AGroupWithAnExcludedResultIsLeftOutOfTraining) {
+  ScoredGroup g;
+  g.task = "041_mse_loss";
+  g.results.resize(3);
+  g.missing = {0, 0, 1};
+  EXPECT_FALSE(excluded_from_training(g));
+  g.results[1].task_degenerate = true;  // flagged, but the evaluator was told to train on it
+  EXPECT_FALSE(excluded_from_training(g));
+  g.results[2].exclude_from_training = true;  // a missing result does not count
+  EXPECT_FALSE(excluded_from_training(g));
+  g.results[0].exclude_from_training = true;
+  EXPECT_TRUE(excluded_from_training(g));
+}
