@@ -59,6 +59,41 @@ class ImportProblem(Exception):
     """A problem file the importer cannot turn into an artifact; the message says why."""
 
 
+def physical_memory_bytes() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def default_memory_limit() -> int:
+    """Bytes a task's CPU working set may need: half of this machine's memory."""
+    return physical_memory_bytes() // 2
+
+
+def nbytes(t) -> int:
+    return t.numel() * t.element_size()
+
+
+def check_memory(name: str, bwhere: str, backend: str, meta_inputs, model_meta, out_vals, limit: int):
+    """Refuses a task whose working set (from meta tensors, nothing allocated) exceeds `limit`.
+
+    cpu: the importer runs the task here for its golden checks, which hold about 3 copies of
+    the inputs and outputs and 4 of the parameters at once. cuda: the parameters are made
+    here (on the CPU); the inputs are checked when C++ loads the task on the GPU."""
+    inp = sum(nbytes(t) for t in meta_inputs if isinstance(t, torch.Tensor))
+    par = sum(nbytes(t) for t in list(model_meta.parameters()) + list(model_meta.buffers()))
+    out = sum(nbytes(t) for t in out_vals)
+    need = 3 * inp + 4 * par + 3 * out if backend == "cpu" else par
+    if limit > 0 and need > limit:
+        gib = 1 << 30
+        raise ImportProblem(
+            f"{bwhere}: task {name} needs an estimated {need} bytes ({need / gib:.1f} GiB) to import "
+            f"(inputs {inp} bytes, parameters {par}, outputs {out}), more than the limit of {limit} bytes "
+            f"({limit / gib:.1f} GiB; --max-memory-gb, default half of this machine's memory); "
+            f"lower its sizes (KF_SIZES or --size {backend}:NAME=VALUE)")
+
+
 def dtype_name(dt: torch.dtype) -> str:
     return str(dt).replace("torch.", "")
 
@@ -261,7 +296,8 @@ def write_safetensors(path: Path, tensors: list[tuple[str, torch.Tensor]], metad
             f.write(b)
 
 
-def import_backend(mod, backend: str, defaults: dict, extra_sizes: dict, mode: str, where: str, out: Path):
+def import_backend(mod, backend: str, defaults: dict, extra_sizes: dict, mode: str, where: str, out: Path,
+                   memory_limit: int = 0):
     sizes = apply_sizes(mod, backend, defaults, extra_sizes)
     bwhere = f"{where} [{backend}]"
 
@@ -292,6 +328,9 @@ def import_backend(mod, backend: str, defaults: dict, extra_sizes: dict, mode: s
     ep = export_forward(mod, model_meta, meta_inputs, bwhere)
     sig = ep.graph_signature
     placeholders, nodes, outs = serialize_nodes(ep.graph_module.graph, ep.graph_module, bwhere + " forward", True)
+    out_vals = [o.meta["val"] for o in outs
+                if isinstance(o, torch.fx.Node) and isinstance(o.meta.get("val"), torch.Tensor)]
+    check_memory(Path(where).stem, bwhere, backend, meta_inputs, model_meta, out_vals, memory_limit)
 
     # Map graph placeholders to ABI slots.
     from torch.export.graph_signature import InputKind, OutputKind
@@ -410,7 +449,7 @@ def task_tolerance(mod):
     return {"atol": float(tol.get("atol", 0.0)), "rtol": float(tol.get("rtol", 0.0))}
 
 
-def import_file(path: Path, out_root: Path, backends: list[str], extra_sizes: dict) -> Path:
+def import_file(path: Path, out_root: Path, backends: list[str], extra_sizes: dict, memory_limit: int = 0) -> Path:
     where = str(path)
     mod = load_module(path)
     name = path.stem
@@ -430,7 +469,7 @@ def import_file(path: Path, out_root: Path, backends: list[str], extra_sizes: di
     try:
         meta_backends, degenerate = {}, []
         for b in backends:
-            info, model = import_backend(mod, b, defaults, extra_sizes.get(b, {}), mode, where, tmp)
+            info, model = import_backend(mod, b, defaults, extra_sizes.get(b, {}), mode, where, tmp, memory_limit)
             meta_backends[b] = info
             if b == "cpu":
                 degenerate = golden_and_checks(mod, model, info, where, tmp)
@@ -480,7 +519,12 @@ def main(argv=None):
     ap.add_argument("--backends", default="cpu", help="comma list of cpu,cuda (default: cpu)")
     ap.add_argument("--size", action="append", help="override a size constant: backend:NAME=VALUE")
     ap.add_argument("--skip-fresh", action="store_true", help="skip tasks whose artifact is newer than the file")
+    ap.add_argument("--max-memory-gb", type=float, default=None,
+                    help="refuse a task whose estimated import working set exceeds this (default: half of RAM)")
     args = ap.parse_args(argv)
+    if args.max_memory_gb is not None and not args.max_memory_gb > 0:
+        raise SystemExit(f"import-tasks: --max-memory-gb must be > 0, got {args.max_memory_gb}")
+    memory_limit = int(args.max_memory_gb * (1 << 30)) if args.max_memory_gb else default_memory_limit()
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     for b in backends:
         if b not in ("cpu", "cuda"):
@@ -512,13 +556,17 @@ def main(argv=None):
                 pass
         t = time.time()
         try:
-            import_file(f, out_root, backends, extra)
+            import_file(f, out_root, backends, extra, memory_limit)
             done += 1
             print(f"imported {f.stem:40s} {time.time() - t:6.2f}s", flush=True)
         except ImportProblem as e:
             failed += 1
             msg = str(e)
             print(msg if msg.startswith(str(f)) else f"{f}: {msg}", file=sys.stderr, flush=True)
+        except MemoryError as e:  # an allocation the estimate did not foresee: still no traceback
+            failed += 1
+            print(f"{f}: out of memory while importing ({e}); lower its sizes or raise --max-memory-gb",
+                  file=sys.stderr, flush=True)
         except Exception as e:  # a bug of ours or torch's: still name the file, keep going
             failed += 1
             print(f"{f}: internal importer error: {type(e).__name__}: {e}", file=sys.stderr)

@@ -170,6 +170,32 @@ class ImporterTest(unittest.TestCase):
         self.assertEqual(meta["backends"]["cuda"]["inputs"][0]["shape"], [4096, 64])
         self.assertEqual(meta["backends"]["cpu"]["inputs"][0]["shape"], [32, 64])
 
+    def test_task_whose_inputs_exceed_memory_is_refused_without_traceback(self):
+        d = self.root / "huge"
+        d.mkdir()
+        # 80 GiB of float32 input: never allocated (the estimate runs on meta tensors).
+        (d / "huge_input.py").write_text(HEADER + textwrap.dedent("""
+            class Model(nn.Module):
+                def forward(self, x):
+                    return x * 2
+            def get_inputs(): return [torch.randn(80 * 2**30 // 4)]
+            def get_init_inputs(): return []
+            """))
+        r = run_import([d], self.root / "huge_out")
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertNotIn("Traceback", r.stderr)
+        self.assertIn("task huge_input needs an estimated", r.stderr)
+        self.assertIn(str(6 * 80 * 2**30) + " bytes", r.stderr)  # 3 copies of the input, 3 of the output
+        self.assertIn("inputs " + str(80 * 2**30) + " bytes", r.stderr)
+        self.assertFalse((self.root / "huge_out" / "huge_input").exists())
+        # A small limit refuses a small task too; the limit itself is validated.
+        r = run_import([self.root / "level2"], self.root / "small_out", "--max-memory-gb", "0.00001")
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertIn("task 42_Matmul_Scale_Softmax needs an estimated", r.stderr)
+        r = run_import([self.root / "level2"], self.root / "small_out", "--max-memory-gb", "-1")
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("--max-memory-gb", r.stderr)
+
     def test_degenerate_reference_is_flagged(self):
         d = self.root / "degen"
         d.mkdir()
