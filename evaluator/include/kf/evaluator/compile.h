@@ -7,6 +7,13 @@
 // whole group is killed), an address-space limit, and bounded output; diagnostics come
 // back truncated to the first errors. A compile error is a result, never an exception.
 //
+// The compiler runs confined (docs/evaluator.md, "Compile service"): as nobody, without
+// network, in a private filesystem view holding only the toolchain and system headers
+// (/usr), the ABI headers and the job's own folder. Files it opened (its dependency
+// output) and files its diagnostics point into must be allowed headers, or the source is
+// rejected naming the file. If the confinement cannot be set up the compile fails with
+// the reason (and a log line); it never runs unconfined.
+//
 // Threading: one CompileService may be shared by any number of threads. Identical
 // sources submitted concurrently compile once.
 #pragma once
@@ -70,8 +77,9 @@ class CompileService {
   std::unique_ptr<Impl> impl_;
 };
 
-// Source checks applied before compiling: #include of absolute paths or ".." (reading
-// files of the evaluator's machine into diagnostics) is refused. Returns "" if fine.
+// Source checks applied before compiling, a cheap first filter: #include of absolute paths
+// or "..", #embed and .incbin are refused. Returns "" if fine. (Macros, digraphs and line
+// splices get past any text filter; the compiler's confinement is what holds.)
 std::string check_source_policy(const std::string& source);
 
 }  // namespace kf::evaluator
