@@ -416,7 +416,7 @@ struct CompileService::Impl {
     // Every file the compiler opened, and every file its diagnostics are located in, must
     // lie in the allowed headers; otherwise the source is rejected and its output dropped.
     const std::vector<std::string> roots = allowed_roots(b);
-    std::string outside;
+    std::string outside, how = "the compiler opened ";
     for (const std::string& dep : {work + "/kernel.d", work + "/kernel.as.d"}) {
       for (const auto& f : depfile_paths(read_no_follow(dep)))
         if (!under_roots(f, roots)) {
@@ -425,11 +425,14 @@ struct CompileService::Impl {
         }
       if (!outside.empty()) break;
     }
-    if (outside.empty()) outside = outside_location(br.output, roots);
+    if (outside.empty()) {
+      outside = outside_location(br.output, roots);
+      how = "a diagnostic points into ";
+    }
     const std::string obj = work + "/kernel.so";
     if (!outside.empty()) {
       r.rejected_source = true;
-      r.diagnostics = "source rejected: the compiler opened " + outside +
+      r.diagnostics = "source rejected: " + how + outside +
                       ", outside the allowed headers (the ABI header, system and CUDA headers)";
       write_text_atomic(fail, r.diagnostics);
     } else if (br.timed_out) {
