@@ -181,6 +181,11 @@ std::string check_source_policy(const std::string& source) {
     // file, so this only keeps casual file disclosure out of kernels.)
     static const std::regex asm_inc(R"(incbin|\.include\s+\\?")");
     if (std::regex_search(line, asm_inc)) return "line " + std::to_string(no) + ": assembler .incbin/.include is not allowed";
+    // File probes: whether a file exists, or is newer than the source.
+    static const std::regex probe(R"(__has_include|GCC\s+dependency)");
+    if (std::regex_search(line, m, probe))
+      return "line " + std::to_string(no) + ": " + (m.str(0)[0] == '_' ? "__has_include" : "#pragma GCC dependency") +
+             " is not allowed (it probes files)";
     if (!std::regex_search(line, m, inc)) {
       if (line.find("#embed") != std::string::npos || line.find("__has_embed") != std::string::npos)
         return "line " + std::to_string(no) + ": #embed is not allowed";

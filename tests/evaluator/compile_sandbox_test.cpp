@@ -110,6 +110,11 @@ std::vector<Hostile> hostile_table(const Secrets& s) {
       {"digraph_include", "%:include \"" + S + "\"\n"},
       {"has_include_probe_secret", "#include <kf/kernel.h>\n#if !__has_include(\"" + S + "\")\n#error absent\n#endif\n" + kEntry},
       {"has_include_probe_shadow", "#include <kf/kernel.h>\n#if !__has_include(</etc/shadow>)\n#error absent\n#endif\n" + kEntry},
+      {"has_include_pasted",  // gets past the text filter
+       "#include <kf/kernel.h>\n#define CAT(a, b) a##b\n#if !CAT(__has_, include)(\"" + S + "\")\n#error absent\n#endif\n" + kEntry},
+      {"pragma_dependency_macro_built",  // gets past the text filter
+       "#include <kf/kernel.h>\n#define S_(x) #x\n#define XS(x) S_(x)\n#define P(x) _Pragma(XS(x))\n#define DEP dependency\n"
+       "P(GCC DEP \"" + S + "\")\n" + kEntry},
       {"incbin_concatenated", "#include <kf/kernel.h>\nasm(\".inc\" \"bin \\\"" + S + "\\\"\");\n" + kEntry},
       {"incbin_etc_passwd", "#include <kf/kernel.h>\nasm(\".inc\" \"bin \\\"/etc/passwd\\\"\");\n" + kEntry},
       {"incbin_macro_built",

@@ -87,6 +87,9 @@ TEST(CompileServiceTest, IncludePolicyRefusesFileDisclosure) {
   EXPECT_NE(check_source_policy("#embed \"/dev/zero\"\n"), "");
   EXPECT_NE(check_source_policy("asm(\".incbin \\\"/etc/passwd\\\"\");\n"), "");
   EXPECT_NE(check_source_policy("asm(\".include \\\"/etc/passwd\\\"\");\n"), "");
+  EXPECT_NE(check_source_policy("#if __has_include(</etc/shadow>)\n#endif\n"), "");
+  EXPECT_NE(check_source_policy("#pragma GCC  dependency \"/etc/passwd\"\n"), "");
+  EXPECT_NE(check_source_policy("_Pragma(\"GCC dependency \\\"/etc/passwd\\\"\")\n"), "");
   EXPECT_EQ(check_source_policy("struct S { bool include; } s; int f() { return s.include ? 1 : 0; }\n"), "");
   CompileService cs(fresh_cache("policy"));
   CompileResult r = cs.compile("#include \"/etc/passwd\"\n", KF_BACKEND_CPU);
