@@ -3,12 +3,30 @@
 
 Per task, at the CPU size: torch.export of the model, make_fx of get_inputs (only
 ATen ops allowed), determinism, finite outputs, no in-place change of inputs,
-non-triviality, and the eager CPU time (median, 2 threads, must be 1-50 ms).
-At the CUDA size (on the meta device, nothing allocated): every tensor <= 4 GiB,
-inputs+params+buffers+outputs <= 16 GiB. Also the KF_* metadata.
+non-triviality, input dependence (below), and the eager CPU time (median, 2 threads,
+must be 1-50 ms). At the CUDA size (on the meta device, nothing allocated): every
+tensor <= 4 GiB, inputs+params+buffers+outputs <= 16 GiB. Also the KF_* metadata.
 
-Usage: check_suite.py [--only SUBSTR] [--no-timing] [--cuda]
-  --cuda  instead time each reference forward at the CUDA size on a GPU.
+Input dependence ("not degenerate"): the reference runs on DEGEN_SETS input sets (the
+parameters fixed, as the evaluator does); per output element, r = the standard deviation
+across the sets / the element's tolerance (atol + rtol * |value|, the task's KF_TOLERANCE
+or the dtype default). The evaluator calls a task degenerate when every element of set 1
+is within tolerance of set 0, and then a kernel returning a constant (a loss's expected
+value) passes. An output of at most DEGEN_FEW_VALUES elements (a loss, per-channel
+statistics) needs max r >= DEGEN_MIN_RATIO; a larger one needs its DEGEN_MANY-th largest
+r >= DEGEN_MANY_RATIO (a constant then misses at that many elements; a bf16 softmax's
+probabilities cannot reach 100x their tolerance). Printed as `dep`: the smallest over the
+outputs of r / its threshold (>= 1 passes). --degenerate also checks the CUDA size, by a
+down-scaled run: the first size constant divided by 2^k until the inputs fit DEGEN_BUDGET
+bytes and the forward DEGEN_FLOPS (counted on the meta device), the others at their CUDA
+values. An output whose shape does not change with that constant reduces over it (or
+ignores it): its r is scaled by sqrt(N_down / N_cuda) (N: input elements), since sampling
+noise shrinks as 1/sqrt(N) and anything that does not shrink only helps (a lower bound).
+An output indexed by it has the CUDA size's per-element distribution as measured.
+
+Usage: check_suite.py [--only SUBSTR] [--no-timing] [--cuda] [--degenerate]
+  --cuda        instead time each reference forward at the CUDA size on a GPU.
+  --degenerate  only the input-dependence check, at the CPU and the CUDA size.
 """
 import argparse
 import copy
@@ -28,6 +46,15 @@ TAGS = {"elementwise", "reduction", "normalization", "matmul", "conv", "attentio
         "loss", "pooling", "model"}
 GIB = 1 << 30
 CPU_MS = (1.0, 50.0)
+DEGEN_SETS = 4
+DEGEN_MIN_RATIO = 100.0
+DEGEN_FEW_VALUES = 4096
+DEGEN_MANY, DEGEN_MANY_RATIO = 100, 10.0
+DEGEN_BUDGET = 256 << 20
+DEGEN_SAMPLE = 1 << 20  # elements of a large output kept per set (evenly strided)
+DEGEN_FLOPS = 4e9
+DEFAULT_TOL = {torch.float64: (1e-8, 1e-8), torch.float32: (1e-4, 1e-4),
+               torch.float16: (1e-2, 1e-2), torch.bfloat16: (2e-2, 2e-2)}
 RANDOM_WORDS = ("rand", "normal", "bernoulli", "dropout", "uniform", "multinomial", "poisson",
                 "exponential", "cauchy", "geometric")
 
@@ -150,6 +177,98 @@ def nontrivial(inputs, outs):
     return p
 
 
+def tolerance(mod, dtype):
+    t = getattr(mod, "KF_TOLERANCE", None)
+    if t is not None:
+        return float(t.get("atol", 0.0)), float(t.get("rtol", 0.0))
+    return DEFAULT_TOL.get(dtype, (0.0, 0.0))
+
+
+def outputs_over_sets(mod, model, sets=DEGEN_SETS):
+    """The reference's outputs for `sets` input sets, parameters fixed: flat float64 copies,
+    of at most ~DEGEN_SAMPLE evenly strided elements (a sample only lowers the statistic)."""
+    per_set = []
+    with torch.no_grad():
+        for k in range(sets):
+            torch.manual_seed(1000 + 7919 * k)
+            outs = [o.detach().reshape(-1) for o in flat(model(*mod.get_inputs()))]
+            per_set.append([o[::max(1, o.numel() // DEGEN_SAMPLE)].double() for o in outs])
+    return per_set
+
+
+def dependence(mod, per_set, dtypes, numels, scale=None):
+    """Per output: its r statistic over its threshold (see the module doc), r scaled by
+    scale[i] first; inf for an integer output that differs between sets at enough
+    elements, 0 for one that does not."""
+    out = []
+    for i, dt in enumerate(dtypes):
+        v = torch.stack([s[i] for s in per_set]).flatten(1)
+        few = numels[i] <= DEGEN_FEW_VALUES
+        k, thr = (1, DEGEN_MIN_RATIO) if few else (min(DEGEN_MANY, v.shape[1]), DEGEN_MANY_RATIO)
+        if not dt.is_floating_point:
+            varies = int((v != v[0]).any(dim=0).sum())
+            out.append(float("inf") if varies >= k else 0.0)
+            continue
+        atol, rtol = tolerance(mod, dt)
+        r = v.std(dim=0, unbiased=True) / (atol + rtol * v.abs().mean(dim=0))
+        if scale is not None:
+            r = r * scale[i]
+        out.append(float(r.topk(k).values[-1]) / thr if r.numel() else 0.0)
+    return out
+
+
+def check_dependence(mod, model, where):
+    """Input dependence at the size `mod` is set to; returns (problems, smallest ratio)."""
+    per_set = outputs_over_sets(mod, model)
+    ratios = dependence(mod, per_set, dtypes_of(mod, model), [o.numel() for o in per_set[0]])
+    p = [f"{where}: output {i} barely depends on the inputs (std across sets / tolerance is {r:.3g} x the "
+         "threshold)" for i, r in enumerate(ratios) if r < 1.0]
+    return p, min(ratios) if ratios else float("nan")
+
+
+def dtypes_of(mod, model):
+    with torch.no_grad():
+        torch.manual_seed(1000)
+        return [o.dtype for o in flat(model(*mod.get_inputs()))]
+
+
+def input_numel(inputs):
+    return sum(t.numel() for t in flat(inputs))
+
+
+def meta_run(mod):
+    """(input elements, input bytes, output shapes, forward flops) on the meta device."""
+    from torch.utils.flop_counter import FlopCounterMode
+    with torch.device("meta"), torch.no_grad():
+        model, inputs = build(mod)
+        with FlopCounterMode(display=False) as fc:
+            outs = flat(model(*inputs))
+    ins = flat(inputs)
+    return (sum(t.numel() for t in ins), sum(t.numel() * t.element_size() for t in ins),
+            [tuple(o.shape) for o in outs], fc.get_total_flops())
+
+
+def check_dependence_cuda(path):
+    """The CUDA-size check by a down-scaled run (see the module doc); returns (problems,
+    smallest r over threshold, down-scale factor)."""
+    mod, cuda_sizes, _ = load(path, "cuda")
+    n_cuda, nbytes, shapes, flops = meta_run(mod)
+    numels = [int(torch.Size(s).numel()) for s in shapes]
+    key = next(iter(cuda_sizes))
+    f = 1
+    while (nbytes / f > DEGEN_BUDGET or flops / f > DEGEN_FLOPS) and cuda_sizes[key] // (2 * f) >= 1:
+        f *= 2
+    setattr(mod, key, cuda_sizes[key] // f)
+    n_down, _, down_shapes, _ = meta_run(mod)
+    model, _ = build(mod)
+    per_set = outputs_over_sets(mod, model)
+    scale = [(n_down / n_cuda) ** 0.5 if a == b else 1.0 for a, b in zip(shapes, down_shapes)]
+    ratios = dependence(mod, per_set, dtypes_of(mod, model), numels, scale)
+    p = [f"cuda size ({key} / {f}): output {i} barely depends on the inputs (lower bound of std across sets / "
+         f"tolerance is {r:.3g} x the threshold)" for i, r in enumerate(ratios) if r < 1.0]
+    return p, min(ratios) if ratios else float("nan"), f
+
+
 def time_median(model, inputs):
     with torch.no_grad():
         for _ in range(2):
@@ -194,6 +313,8 @@ def check_cpu(path, timing):
         if t.is_floating_point() and not torch.isfinite(t).all():
             p.append("non-finite input")
     p += nontrivial(flat(inputs), out1)
+    pd, dep = check_dependence(mod, copy.deepcopy(model), "cpu size")
+    p += pd
 
     ms = float("nan")
     if timing:
@@ -208,7 +329,7 @@ def check_cpu(path, timing):
             time.sleep(0.5)
         if not CPU_MS[0] <= ms <= CPU_MS[1]:
             p.append(f"cpu time {ms:.1f} ms outside {CPU_MS[0]:g}-{CPU_MS[1]:g} ms")
-    return p, ms
+    return p, ms, dep
 
 
 def time_cuda(path):
@@ -237,6 +358,7 @@ def main():
     ap.add_argument("--only", default="")
     ap.add_argument("--no-timing", action="store_true")
     ap.add_argument("--cuda", action="store_true")
+    ap.add_argument("--degenerate", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(2)
     files = task_files(args.only)
@@ -257,15 +379,34 @@ def main():
 
     failed = 0
     t_start = time.time()
-    print(f"{'level':5s} | {'file':40s} | {'cpu_ms':>8s} | {'cuda_GiB':>8s} | status")
+    if args.degenerate:
+        print(f"{'level':5s} | {'file':40s} | {'dep_cpu':>9s} | {'dep_cuda':>9s} | {'down':>5s} | status")
+        for level, path in files:
+            dc, dg, f = float("nan"), float("nan"), 1
+            try:
+                mod, _, _ = load(path, "cpu")
+                model, _ = build(mod)
+                probs, dc = check_dependence(mod, model, "cpu size")
+                pg, dg, f = check_dependence_cuda(path)
+                probs += pg
+            except Exception as e:
+                probs = [f"{type(e).__name__}: {e}".splitlines()[0][:200]]
+            failed += bool(probs)
+            status = "ok" if not probs else "; ".join(probs)
+            print(f"{level:5d} | {os.path.relpath(path, SUITE):40s} | {dc:9.3g} | {dg:9.3g} | {f:5d} | {status}",
+                  flush=True)
+        print(f"{len(files)} tasks, {failed} failed, {time.time() - t_start:.0f} s")
+        return 1 if failed else 0
+
+    print(f"{'level':5s} | {'file':40s} | {'cpu_ms':>8s} | {'cuda_GiB':>8s} | {'dep':>8s} | status")
     for level, path in files:
-        ms, gib = float("nan"), float("nan")
+        ms, gib, dep = float("nan"), float("nan"), float("nan")
         try:
             mod, _, _ = load(path, "cpu")
             probs = check_meta(mod, level, path)
             if not probs:
                 pm, gib = check_cuda_memory(path)
-                pc, ms = check_cpu(path, not args.no_timing)
+                pc, ms, dep = check_cpu(path, not args.no_timing)
                 probs = pm + pc
         except Exception as e:
             probs = [f"{type(e).__name__}: {e}".splitlines()[0][:200]]
@@ -273,7 +414,7 @@ def main():
                 traceback.print_exc()
         failed += bool(probs)
         status = "ok" if not probs else "; ".join(probs)
-        print(f"{level:5d} | {os.path.relpath(path, SUITE):40s} | {ms:8.2f} | {gib:8.2f} | {status}",
+        print(f"{level:5d} | {os.path.relpath(path, SUITE):40s} | {ms:8.2f} | {gib:8.2f} | {dep:8.3g} | {status}",
               flush=True)
     print(f"{len(files)} tasks, {failed} failed, {time.time() - t_start:.0f} s")
     return 1 if failed else 0

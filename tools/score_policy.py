@@ -9,6 +9,9 @@ verified by the real evaluator. A task listed in the held-out file (tasks/heldou
   solved %    tasks with at least one ok sample / tasks
   mean, median speedup over tasks of the best ok speedup, a task without one counted 1.0x
   mean ok-sample speedup  over every ok sample
+A task the evaluator flags degenerate (its reference output barely depends on the inputs, so
+a kernel returning a constant can pass; the results' task_degenerate) is left out of the
+figures, with one log line and a note under the table; --include-degenerate counts it.
 Writes OUT/scores.json, OUT/table.md, and OUT/tasks/<task>/ (tools/optimize's outputs) with
 OUT/tasks/<task>.log; prints the table. A task whose tools/optimize exits 2 or 3, or leaves
 no report.json, is "failed": listed and left out of the figures; one that exits 3 because
@@ -186,23 +189,27 @@ def last_line(path):
 
 
 def read_report(path):
-    """(samples, ok, verdict counts, ok speedups) from tools/optimize's report.json; ValueError if bad."""
+    """(samples, ok, verdict counts, ok speedups, degenerate reason or None) from tools/optimize's
+    report.json; ValueError if bad."""
     rep = load_json(path)
     cands = rep.get("candidates") if isinstance(rep, dict) else None
     if not isinstance(cands, list):
         raise ValueError(f"{path}: field candidates: expected an array")
-    verdicts, speedups = {}, []
+    verdicts, speedups, degenerate = {}, [], None
     for i, c in enumerate(cands):
         v = c.get("verdict") if isinstance(c, dict) else None
         if not isinstance(v, str):
             raise ValueError(f"{path}: candidates[{i}]: no verdict")
+        res = c.get("result") if isinstance(c.get("result"), dict) else {}
+        if degenerate is None and (c.get("task_degenerate") is True or res.get("task_degenerate") is True):
+            degenerate = str(res.get("degenerate_reason") or "flagged by the evaluator")
         verdicts[v] = verdicts.get(v, 0) + 1
         s = c.get("speedup")
         if v == "ok":
             if not isinstance(s, (int, float)) or isinstance(s, bool):
                 raise ValueError(f"{path}: candidates[{i}]: an ok candidate without a speedup")
             speedups.append(float(s))
-    return len(cands), verdicts.get("ok", 0), verdicts, speedups
+    return len(cands), verdicts.get("ok", 0), verdicts, speedups, degenerate
 
 
 def score_task(name, split, level, args, out, deadline):
@@ -211,7 +218,7 @@ def score_task(name, split, level, args, out, deadline):
     log = dest + ".log"
     rec = {"task": name, "split": split, "level": level, "status": "failed", "reason": "", "rc": None,
            "samples": 0, "ok": 0, "verdicts": {}, "best_speedup": None, "counted_speedup": None, "ok_speedups": [],
-           "seconds": 0.0, "out": os.path.relpath(dest, out), "log": os.path.relpath(log, out)}
+           "degenerate": None, "seconds": 0.0, "out": os.path.relpath(dest, out), "log": os.path.relpath(log, out)}
     if deadline is not None and time.monotonic() >= deadline:
         rec.update(status="not scored", reason="--time-limit reached before it started")
         return rec
@@ -257,13 +264,15 @@ def score_task(name, split, level, args, out, deadline):
         rec["reason"] = f"tools/optimize exited {rc} but wrote no report.json"
         return rec
     try:
-        samples, ok, verdicts, speedups = read_report(report)
+        samples, ok, verdicts, speedups, degenerate = read_report(report)
     except ValueError as e:
         rec["reason"] = str(e)
         return rec
     best = max(speedups) if speedups else None
     rec.update(status="scored", samples=samples, ok=ok, verdicts=verdicts, ok_speedups=speedups, best_speedup=best,
-               counted_speedup=best if best is not None else 1.0)
+               counted_speedup=best if best is not None else 1.0, degenerate=degenerate)
+    if degenerate is not None and not args.include_degenerate:
+        rec.update(status="degenerate", reason=f"task degenerate: {degenerate}")
     return rec
 
 
@@ -277,8 +286,9 @@ def make_row(split, level, recs):
     ok = sum(r["ok"] for r in scored)
     counted = [r["counted_speedup"] for r in scored]
     failed = sum(1 for r in recs if r["status"] == "failed")
-    return {"split": split, "level": level, "tasks": tasks, "failed": failed,
-            "not_scored": len(recs) - tasks - failed, "samples": samples, "ok": ok,
+    degenerate = sum(1 for r in recs if r["status"] == "degenerate")
+    return {"split": split, "level": level, "tasks": tasks, "failed": failed, "degenerate": degenerate,
+            "not_scored": len(recs) - tasks - failed - degenerate, "samples": samples, "ok": ok,
             "correct_pct": 100.0 * ok / samples if samples else None,
             "fast1_pct": 100.0 * sum(1 for r in scored if r["counted_speedup"] > 1.0) / tasks if tasks else None,
             "solved_pct": 100.0 * sum(1 for r in scored if r["ok"] > 0) / tasks if tasks else None,
@@ -327,6 +337,15 @@ def table_md(meta, rows, records):
     if failed:
         notes.append(f"{len(failed)} task(s) failed and are not in the figures: "
                      + "; ".join(f"{r['task']} ({r['reason']}, log {r['log']})" for r in failed) + ".")
+    degenerate = [r for r in records if r["status"] == "degenerate"]
+    if degenerate:
+        notes.append(f"{len(degenerate)} task(s) are degenerate for the evaluator (the reference output barely depends "
+                     "on the inputs, so a constant passes) and are not in the figures (--include-degenerate counts "
+                     "them): " + "; ".join(f"{r['task']} ({r['degenerate']})" for r in degenerate) + ".")
+    included = [r["task"] for r in records if r["status"] == "scored" and r.get("degenerate")]
+    if included:
+        notes.append(f"{len(included)} degenerate task(s) are counted (--include-degenerate): "
+                     + ", ".join(included) + ".")
     skipped = [r["task"] for r in records if r["status"] == "not scored"]
     if skipped:
         notes.append(f"{len(skipped)} task(s) were not scored (--time-limit reached; tasks run in a seeded random "
@@ -337,8 +356,9 @@ def table_md(meta, rows, records):
                               for r in rows])
     per_task = md_table(["task", "split", "level", "samples", "ok", "best speedup", "verdicts"],
                         [[r["task"], r["split"], str(r["level"]), str(r["samples"]), str(r["ok"]),
-                          spd(r["best_speedup"]) if r["status"] == "scored" else r["status"],
-                          ", ".join(f"{k} {v}" for k, v in sorted(r["verdicts"].items())) or r["reason"]]
+                          spd(r["best_speedup"]) if r["status"] in ("scored", "degenerate") else r["status"],
+                          (", ".join(f"{k} {v}" for k, v in sorted(r["verdicts"].items())) or r["reason"])
+                          + ("; degenerate: left out" if r["status"] == "degenerate" else "")]
                          for r in records])
     summary = head + "\n\n" + "\n\n".join(notes) + "\n\n" + body + "\n"
     return summary, summary + "\nPer task:\n\n" + per_task + "\n"
@@ -495,6 +515,8 @@ def main(argv):
     ap.add_argument("--set", action="append", default=[], metavar="K=V", help="config override, repeatable")
     ap.add_argument("--seed", type=int, help="sampling and input seed (default: the config's run.seed)")
     ap.add_argument("--label", default="", help="a name for this policy in the table (e.g. SFT, stage 2, RL)")
+    ap.add_argument("--include-degenerate", action="store_true",
+                    help="count tasks the evaluator flags degenerate (left out of the figures by default)")
     ap.add_argument("--time-limit", type=float, metavar="S",
                     help="start no task after S seconds; the rest are listed as not scored (tasks run in a seeded "
                          "random order so a cut leaves a random subset)")
@@ -560,6 +582,8 @@ def main(argv):
             records[r["task"]] = r
             done += 1
             what = (f"{r['ok']}/{r['samples']} ok, best {spd(r['best_speedup'])}" if r["status"] == "scored"
+                    else f"{r['ok']}/{r['samples']} ok; left out of the tables: {r['reason']} "
+                         "(--include-degenerate counts it)" if r["status"] == "degenerate"
                     else "not scored (--time-limit)" if r["status"] == "not scored"
                     else f"FAILED: {r['reason']} (log {os.path.join(out, r['log'])})")
             print(f"[{done}/{len(tasks)}] {r['task']} ({r['split']}, level {r['level']}): {what}, {r['seconds']:.0f} s",
@@ -578,6 +602,8 @@ def main(argv):
     scores = dict(meta, format="kf-policy-scores", version=1, model_abs=os.path.abspath(args.model),
                   seed=args.seed, config=args.config, sets=args.set, tasks_dir=args.tasks_dir, heldout=args.heldout,
                   levels=levels, include=include, prompt="no-exemplar (first-round)", unsolved_speedup=1.0,
+                  include_degenerate=args.include_degenerate,
+                  degenerate=[r["task"] for r in ordered if r["status"] == "degenerate"],
                   failed=[r["task"] for r in ordered if r["status"] == "failed"],
                   not_scored=[r["task"] for r in ordered if r["status"] == "not scored"], tasks=ordered, rows=rows)
     try:
