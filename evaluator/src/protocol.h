@@ -12,19 +12,31 @@
 //
 // Shared-memory layout: a Layout header at offset 0, then per slot s, per tensor t
 // (inputs first, then outputs) regions at the offsets the header gives:
-//   in[s][t]     inputs written by the evaluator before OP_RUN; after the call they hold
-//                the inputs as the kernel left them (CUDA: copied back from the device)
-//   out_ret[s][t]  outputs as they were when kf_forward returned (after device sync)
-//   out_late[s][t] outputs again, after the post-return probe delay
-// CPU backend: the kernel reads in[s] and writes out_late[s] in place (the live buffers);
-// out_ret is a copy taken at return.
+//   in[s][t]   inputs written by the evaluator before OP_RUN; after the call they hold the
+//              inputs as the kernel left them
+//   out[s][t]  the live outputs the kernel writes (poisoned by the evaluator before the call)
+// CPU backend: both live in the memfd; the kernel works on them in place.
 // CUDA backend, device arena (the default): the same regions live in one device
 // allocation of the evaluator's, shared by CUDA IPC (ipc_handle); the memfd then holds
-// only this header. The kernel works on in[s] and out_late[s] in place, the worker copies
-// out_late to out_ret at return, and the evaluator reads everything on the device: no
-// tensor crosses PCIe, which for GiB-sized GPU tasks is most of an evaluation's time.
+// only this header. Nothing crosses PCIe: for GiB-sized GPU tasks that is most of an
+// evaluation's time.
 // CUDA backend, host staging (fallback when IPC is unavailable): device buffers of the
-// worker's own, copied in and out through the memfd.
+// worker's own, copied in and out through the memfd by the worker.
+//
+// The worker is STOPPED (SIGSTOP, every thread) whenever it is not inside a call, so that
+// none of the candidate's code runs while the evaluator stages inputs, runs the
+// reference or reads the evidence. One OP_RUN:
+//   evaluator: writes inputs, poisons outputs, flushes caches, sends OP_RUN, SIGCONT
+//   worker:    device sync, K_MARK_START, raise(SIGSTOP)          <- freeze 0
+//   evaluator: reads the CPU used so far (work before the clock), SIGCONT
+//   worker:    clock, kf_forward, device sync, clock, K_MARK_END (rc, clock),
+//              raise(SIGSTOP)                                   <- freeze 1
+//   evaluator: copies the outputs "at return" into its own memory, checks the GPU went
+//              idle, SIGCONT
+//   worker:    device sync (timed: GPU work the call left behind), scratch freed,
+//              K_REPLY, raise(SIGSTOP)                          <- freeze 2
+// Outputs at return are therefore captured where the candidate cannot reach them, at a
+// moment when none of its code can run.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -52,8 +64,7 @@ struct Layout {
   TensorDesc in[kMaxTensors];
   TensorDesc out[kMaxTensors];
   uint64_t off_in[kMaxSlots][kMaxTensors];
-  uint64_t off_out_ret[kMaxSlots][kMaxTensors];
-  uint64_t off_out_late[kMaxSlots][kMaxTensors];
+  uint64_t off_out[kMaxSlots][kMaxTensors];
   int32_t device_arena;             // 1: offsets are into the IPC device arena, not the memfd
   uint64_t arena_bytes;
   unsigned char ipc_handle[64];     // cudaIpcMemHandle_t of the arena
@@ -68,9 +79,8 @@ enum Poison : uint32_t { POISON_FF = 0, POISON_5A = 1 };
 struct Command {
   uint32_t op;
   uint32_t slot;
-  uint32_t poison;          // Poison pattern for outputs and scratch
-  uint32_t flush_cache;     // 1: overwrite a cache-sized buffer before the call
-  uint64_t probe_us;        // post-return delay before out_late is taken
+  uint32_t poison;          // Poison pattern for scratch (host staging: outputs too)
+  uint32_t flush_cache;     // host staging only: overwrite a cache-sized buffer before the call
   char path[1024];          // OP_LOAD: the shared object
 };
 
@@ -82,30 +92,20 @@ enum Status : uint32_t {
   ST_PROTOCOL = 4,        // bad command
 };
 
-// One message per phase of OP_RUN: MARK_START just before the clock starts and MARK_END
-// just after it stops, so the evaluator can time the call from outside and catch a
-// kernel that tampers with the worker's clock. Then the final REPLY.
+// Messages of OP_RUN, in order: K_MARK_START just before the clock starts, K_MARK_END
+// just after it stops (with rc, the worker's clock and the CUDA status: the evaluator
+// times the call from outside too, and catches a worker whose clock lies), then, after the
+// evaluator resumed it, K_REPLY. OP_LOAD answers with one K_REPLY.
 enum Kind : uint32_t { K_MARK_START = 1, K_MARK_END = 2, K_REPLY = 3 };
 
 struct Reply {
   uint32_t kind;
   uint32_t status;
   int32_t rc;               // kf_forward's return value
-  int32_t threads_before;   // /proc/self/task count just before the call
-  int32_t threads_after;    // ... just after return (device synced)
-  int32_t threads_late;     // ... after the probe delay
+  int32_t pad;
   int64_t elapsed_ns;       // sync; clock; kf_forward; sync; clock
   int64_t presync_ns;       // how long the device sync before the clock took (busy GPU?)
-  int64_t idle_cpu_ns;      // CPU used by other threads between the previous reply and this call
-  int64_t late_cpu_ns;      // CPU used by other threads during the probe delay
-  int64_t call_cpu_ns;      // CPU of the whole process during the call
-  // Who used the idle CPU (diagnosis of the between-calls check): the window's wall time
-  // and its busiest thread other than the worker's own, by name, and whether that thread
-  // existed before the candidate was loaded (the CUDA runtime's) or came after.
-  int64_t idle_wall_ns;
-  int64_t idle_top_ns;
-  int32_t idle_top_preload;
-  char idle_top_name[20];
+  int64_t after_sync_ns;    // K_REPLY: how long the device sync after freeze 1 took
   char msg[512];
 };
 

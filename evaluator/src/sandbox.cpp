@@ -8,7 +8,10 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
+
+#include <dirent.h>
 
 #include <cerrno>
 #include <chrono>
@@ -24,6 +27,7 @@
 #include "process.h"
 #include "protocol.h"
 #include "../worker/confine.h"
+#include "../worker/poison.h"
 
 #ifdef KF_EVAL_CUDA
 #include <cuda_runtime.h>
@@ -79,6 +83,31 @@ long page_size() {
   return p;
 }
 
+int64_t cpu_ns(clockid_t c) {
+  timespec ts{};
+  if (clock_gettime(c, &ts) != 0) return 0;
+  return int64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+
+// Threads of a process (its /proc/<pid>/task entries), or -1 if it is gone.
+int thread_count(pid_t pid) {
+  DIR* d = opendir(("/proc/" + std::to_string(pid) + "/task").c_str());
+  if (!d) return -1;
+  int n = 0;
+  while (dirent* e = readdir(d))
+    if (e->d_name[0] != '.') ++n;
+  closedir(d);
+  return n;
+}
+
+// CPU time of one thread (its first /proc schedstat field, ns), or 0 if it is gone.
+int64_t thread_cpu_ns(pid_t pid, pid_t tid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/task/" + std::to_string(tid) + "/schedstat");
+  int64_t ns = 0;
+  f >> ns;
+  return ns;
+}
+
 // Resident bytes of a process, or 0 if it is gone.
 uint64_t rss_bytes(pid_t pid) {
   std::ifstream f("/proc/" + std::to_string(pid) + "/statm");
@@ -99,6 +128,18 @@ struct Sandbox::Impl {
   std::string scratch, log;
   bool dead = true;
   std::string rep_buf;
+  clockid_t worker_cpu{};        // the worker's process CPU clock (all its threads)
+  int reaped_status = -1;        // set when a stop-wait reaped the worker
+  // Outputs at return: our private copies, taken while the worker is stopped (per slot,
+  // per output; device memory with the arena, host memory otherwise).
+  std::vector<std::vector<void*>> ret;
+  std::vector<char> flush_host;  // CPU: evicts the caches before a call
+  uint64_t ret_device_bytes = 0;
+#ifdef KF_EVAL_CUDA
+  cudaStream_t stream = nullptr;  // ours, non-blocking: independent of torch's streams
+  void* flush_dev = nullptr;
+  void* probe_dev = nullptr;
+#endif
 
   ~Impl() { shutdown(); }
   char* data() const { return arena ? arena : base; }
@@ -135,10 +176,19 @@ struct Sandbox::Impl {
       // The worker is reaped, so its IPC mapping is gone; a sticky error from the
       // candidate's context cannot reach ours.
       cudaFree(arena);
+      for (auto& slot : ret)
+        for (void* p : slot) cudaFree(p);
+      ret.clear();
+      for (void** p : {&flush_dev, &probe_dev})
+        if (*p) cudaFree(*p), *p = nullptr;
+      if (stream) cudaStreamDestroy(stream), stream = nullptr;
       cudaGetLastError();
       arena = nullptr;
     }
 #endif
+    for (auto& slot : ret)
+      for (void* p : slot) std::free(p);
+    ret.clear();
     if (!scratch.empty()) {
       fsutil::remove_tree(scratch);
     }
@@ -146,7 +196,17 @@ struct Sandbox::Impl {
 
   // The worker is gone (or must go): reap it and say why.
   CallOutcome classify_death(CallOutcome out, bool we_killed) {
-    int status = kill_and_reap(pid);
+    // Did it end by itself? (A worker that merely closed its pipes is killed by us below,
+    // and that SIGKILL must not read as an outside kill.)
+    int status = reaped_status;
+    bool ended_itself = status >= 0;
+    reaped_status = -1;
+    for (int i = 0; !ended_itself && !we_killed && i < 200; ++i) {
+      const pid_t w = waitpid(pid, &status, WNOHANG);
+      if (w == pid && (WIFEXITED(status) || WIFSIGNALED(status))) ended_itself = true;
+      else usleep(1000);
+    }
+    if (!ended_itself) status = kill_and_reap(pid);
     pid = -1;
     dead = true;
     drain_log();
@@ -167,6 +227,13 @@ struct Sandbox::Impl {
       out.kind = CallOutcome::Forbidden;
       out.message = "forbidden system call, made with signals blocked (as glibc's system()/posix_spawn do before "
                     "clone/execve): killed by SIGSYS";
+      return out;
+    }
+    if (ended_itself && WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) {
+      // Not ours (we_killed is false) and not the candidate's: seccomp denies it SIGKILL to
+      // itself and lowered limits. An operator, a supervisor or the OOM killer did it.
+      out.kind = CallOutcome::Environment;
+      out.message = "the sandbox worker was killed by SIGKILL from outside the evaluator (not the candidate's doing)";
       return out;
     }
     if (WIFSIGNALED(status) && WTERMSIG(status) == SIGXCPU) {
@@ -238,6 +305,88 @@ struct Sandbox::Impl {
         return false;
       }
     }
+  }
+
+  // Waits until every thread of the worker has stopped (it raises SIGSTOP after each
+  // message that ends a phase). False with `out` set if it died or never stopped.
+  bool wait_stop(Clock::time_point deadline, CallOutcome& out) {
+    for (int i = 0;; ++i) {
+      int st = 0;
+      const pid_t w = waitpid(pid, &st, WUNTRACED | WNOHANG);
+      if (w == pid && WIFSTOPPED(st)) return true;
+      if (w == pid && (WIFEXITED(st) || WIFSIGNALED(st))) {
+        reaped_status = st;
+        out = classify_death(out, false);
+        return false;
+      }
+      if (w < 0 && errno != EINTR) {
+        out.kind = CallOutcome::Protocol;
+        out.message = std::string("waitpid: ") + std::strerror(errno);
+        out = classify_death(out, true);
+        return false;
+      }
+      if (Clock::now() >= deadline) {
+        // The worker's own code raises the stop right after its message; only a worker
+        // whose code or signal state the candidate changed fails to.
+        out.kind = CallOutcome::Forbidden;
+        out.message = "the worker did not stop after its message (its code or signal state was tampered with)";
+        out = classify_death(out, true);
+        return false;
+      }
+      if (i % 64 == 63) drain_log();
+      if (i < 32) sched_yield();
+      else usleep(i < 256 ? 20 : 200);
+    }
+  }
+
+  void resume() { kill(pid, SIGCONT); }
+  // CPU of the worker's threads other than its main one, dead ones included (read while it
+  // is stopped, so exact): the candidate's threads, and the runtime's.
+  int64_t process_cpu() const { return cpu_ns(worker_cpu); }
+  int64_t others_cpu() const { return cpu_ns(worker_cpu) - thread_cpu_ns(pid, pid); }
+
+  // Before a call, with the worker stopped: poison the outputs and evict the caches here,
+  // so that none of it runs in the worker (where it would count as its time or CPU).
+  void prepare(int slot, uint32_t poison, bool flush) {
+    const proto::Layout& L = layout_copy;
+    if (o.backend == KF_BACKEND_CPU) {
+      for (int t = 0; t < L.n_out; ++t) poison_fill_host(base + L.off_out[slot][t], L.out[t].nbytes, L.out[t].dtype, poison);
+      if (flush && !flush_host.empty()) {
+        volatile char* f = flush_host.data();
+        const char v = char(++flush_round);
+        for (size_t i = 0; i < flush_host.size(); i += 64) f[i] = v;
+      }
+    }
+#ifdef KF_EVAL_CUDA
+    if (arena) {
+      for (int t = 0; t < L.n_out; ++t)
+        cudaMemsetAsync(arena + L.off_out[slot][t], poison ? 0x5A : 0xFF, L.out[t].nbytes, stream);  // poison.h
+      if (flush && flush_dev) cudaMemsetAsync(flush_dev, int(++flush_round & 0xFF), o.flush_bytes, stream);
+      cudaStreamSynchronize(stream);
+    }
+#endif
+  }
+  unsigned flush_round = 0;
+
+  // With the worker stopped at return: the outputs into our private memory. CUDA: first a
+  // tiny operation of ours on the device, timed: it waits for GPU work the worker's context
+  // still has queued or running (`settle_ms`).
+  void snapshot(int slot, double* settle_ms) {
+    const proto::Layout& L = layout_copy;
+    *settle_ms = 0;
+#ifdef KF_EVAL_CUDA
+    if (arena) {
+      const auto t0 = Clock::now();
+      cudaMemsetAsync(probe_dev, 0, 256, stream);
+      cudaStreamSynchronize(stream);
+      *settle_ms = since_ms(t0, Clock::now());
+      for (int t = 0; t < L.n_out; ++t)
+        cudaMemcpyAsync(ret[size_t(slot)][size_t(t)], arena + L.off_out[slot][t], L.out[t].nbytes, cudaMemcpyDeviceToDevice, stream);
+      cudaStreamSynchronize(stream);
+      return;
+    }
+#endif
+    for (int t = 0; t < L.n_out; ++t) std::memcpy(ret[size_t(slot)][size_t(t)], base + L.off_out[slot][t], L.out[t].nbytes);
   }
 
   unsigned char ipc_handle[64] = {};
@@ -326,10 +475,7 @@ std::unique_ptr<Sandbox> Sandbox::start(const SandboxOptions& opts, const std::v
   uint64_t off = align_up(sizeof(proto::Layout));
   for (int s = 0; s < L.n_slots; ++s) {
     for (int t = 0; t < L.n_in; ++t) L.off_in[s][t] = off, off = align_up(off + std::max<uint64_t>(L.in[t].nbytes, 1));
-    for (int t = 0; t < L.n_out; ++t)
-      L.off_out_ret[s][t] = off, off = align_up(off + std::max<uint64_t>(L.out[t].nbytes, 1));
-    for (int t = 0; t < L.n_out; ++t)
-      L.off_out_late[s][t] = off, off = align_up(off + std::max<uint64_t>(L.out[t].nbytes, 1));
+    for (int t = 0; t < L.n_out; ++t) L.off_out[s][t] = off, off = align_up(off + std::max<uint64_t>(L.out[t].nbytes, 1));
   }
   L.total_bytes = off;
   L.forbidden_syscall = -1;
@@ -342,7 +488,7 @@ std::unique_ptr<Sandbox> Sandbox::start(const SandboxOptions& opts, const std::v
     if (I.alloc_arena(off - header, &why)) {
       for (int s = 0; s < L.n_slots; ++s) {
         for (int t = 0; t < L.n_in; ++t) L.off_in[s][t] -= header;
-        for (int t = 0; t < L.n_out; ++t) L.off_out_ret[s][t] -= header, L.off_out_late[s][t] -= header;
+        for (int t = 0; t < L.n_out; ++t) L.off_out[s][t] -= header;
       }
       L.device_arena = 1;
       L.arena_bytes = off - header;
@@ -354,6 +500,35 @@ std::unique_ptr<Sandbox> Sandbox::start(const SandboxOptions& opts, const std::v
     }
   }
   off = I.total;
+
+  // --- our private side: the outputs-at-return copies, cache eviction, the settle probe
+  I.ret.assign(size_t(L.n_slots), std::vector<void*>(size_t(L.n_out), nullptr));
+#ifdef KF_EVAL_CUDA
+  if (I.arena) {
+    auto ck = [&](cudaError_t e, const char* what) {
+      if (e != cudaSuccess) {
+        cudaGetLastError();
+        throw error_at("sandbox", std::string(what) + ": " + cudaGetErrorString(e));
+      }
+    };
+    ck(cudaStreamCreateWithFlags(&I.stream, cudaStreamNonBlocking), "cudaStreamCreate");
+    for (int s = 0; s < L.n_slots; ++s)
+      for (int t = 0; t < L.n_out; ++t) {
+        const uint64_t n = std::max<uint64_t>(L.out[t].nbytes, 256);
+        ck(cudaMalloc(&I.ret[size_t(s)][size_t(t)], n), "cudaMalloc (outputs at return)");
+        I.ret_device_bytes += n;
+      }
+    ck(cudaMalloc(&I.probe_dev, 256), "cudaMalloc (probe)");
+    if (I.o.flush_bytes) ck(cudaMalloc(&I.flush_dev, I.o.flush_bytes), "cudaMalloc (cache flush)");
+  }
+#endif
+  if (!I.arena)
+    for (int s = 0; s < L.n_slots; ++s)
+      for (int t = 0; t < L.n_out; ++t) {
+        I.ret[size_t(s)][size_t(t)] = std::malloc(std::max<uint64_t>(L.out[t].nbytes, 1));
+        if (!I.ret[size_t(s)][size_t(t)]) throw error_at("sandbox", "out of host memory for the outputs at return");
+      }
+  if (I.o.backend == KF_BACKEND_CPU && I.o.flush_bytes) I.flush_host.assign(I.o.flush_bytes, 1);
 
   // --- sealed shared memory: the worker may write the tensors but never resize the file
   I.memfd = memfd_create("kf-sandbox", MFD_CLOEXEC | MFD_ALLOW_SEALING);
@@ -389,7 +564,8 @@ std::unique_ptr<Sandbox> Sandbox::start(const SandboxOptions& opts, const std::v
             "--threads", std::to_string(I.o.threads),
             "--cpu-seconds", std::to_string(I.o.cpu_seconds),
             "--scratch-limit", std::to_string(I.o.scratch_limit_bytes),
-            "--flush-bytes", std::to_string(I.o.flush_bytes)};
+            // The worker evicts caches itself only with host staging (its own device buffers).
+            "--flush-bytes", std::to_string(I.o.backend == KF_BACKEND_CUDA && !I.arena ? I.o.flush_bytes : 0)};
   if (I.o.backend == KF_BACKEND_CPU)
     s.argv.insert(s.argv.end(), {"--address-space", std::to_string(I.o.memory_limit_bytes + I.total + (2ull << 30))});
   if (!I.o.drop_root) s.argv.push_back("--no-drop-root");
@@ -414,6 +590,10 @@ std::unique_ptr<Sandbox> Sandbox::start(const SandboxOptions& opts, const std::v
   I.log_r = lg[0];
   fcntl(I.log_r, F_SETFL, O_NONBLOCK);
   I.dead = false;
+  if (clock_getcpuclockid(I.pid, &I.worker_cpu) != 0) {
+    I.shutdown();
+    throw error_at("sandbox", "no CPU clock for the worker process");
+  }
   return sb;
 }
 
@@ -444,7 +624,8 @@ CallOutcome Sandbox::load(const std::string& so_path) {
     if (out.kind == CallOutcome::Timeout) out.message = "start-up and load did not finish in time (killed)";
     return out;
   }
-  out.threads_after = rep.threads_after;
+  if (!I.wait_stop(Clock::now() + std::chrono::seconds(2), out)) return out;
+  out.threads_after = thread_count(I.pid);
   if (rep.status != proto::ST_OK) {
     out.kind = CallOutcome::LoadFailed;
     out.message = rep.msg;
@@ -452,58 +633,98 @@ CallOutcome Sandbox::load(const std::string& so_path) {
   return out;
 }
 
-CallOutcome Sandbox::run(int slot, uint32_t poison, bool flush_cache, double probe_ms, double timeout_s) {
+CallOutcome Sandbox::run(int slot, uint32_t poison, bool flush_cache, double /*probe_ms*/, double timeout_s) {
   Impl& I = *impl_;
   CallOutcome out;
   if (I.dead) return {CallOutcome::Protocol, "sandbox is not running"};
+  if (slot < 0 || slot >= I.layout_copy.n_slots) return {CallOutcome::Protocol, "bad slot"};
+  I.prepare(slot, poison, flush_cache);
   proto::Command c{};
   c.op = proto::OP_RUN;
   c.slot = uint32_t(slot);
   c.poison = poison;
   c.flush_cache = flush_cache ? 1 : 0;
-  c.probe_us = uint64_t(std::max(0.0, probe_ms) * 1000);
-  const auto deadline = Clock::now() + std::chrono::milliseconds(int64_t(timeout_s * 1000 + probe_ms));
+  const auto deadline = Clock::now() + std::chrono::milliseconds(int64_t(timeout_s * 1000));
   if (!I.send(c, out)) return out;
-  proto::Reply r;
+
+  // --- before the clock: resume, start mark, freeze 0
+  out.threads_before = thread_count(I.pid);
+  const int64_t others0 = I.others_cpu();
+  const auto t_resume = Clock::now();
+  I.resume();
+  proto::Reply start, end;
   Clock::time_point t_start, t_end;
-  for (uint32_t want : {proto::K_MARK_START, proto::K_MARK_END, proto::K_REPLY}) {
-    Clock::time_point at;
-    if (!I.wait_reply(r, deadline, out, &at)) return out;
-    if (r.kind != want) {
-      // A CUDA error reply may come without an end mark; anything else is a broken worker.
-      if (r.kind == proto::K_REPLY && r.status == proto::ST_CUDA_ERROR) break;
-      out.kind = CallOutcome::Protocol;
-      out.message = "worker protocol out of order";
-      return I.classify_death(out, true);
-    }
-    if (want == proto::K_MARK_START) t_start = at;
-    if (want == proto::K_MARK_END) t_end = at;
+  if (!I.wait_reply(start, deadline, out, &t_start)) return out;
+  if (start.kind != proto::K_MARK_START) {
+    out.kind = CallOutcome::Protocol;
+    out.message = "worker protocol out of order";
+    return I.classify_death(out, true);
   }
-  out.rc = r.rc;
-  out.elapsed_ms = r.elapsed_ns / 1e6;
-  out.external_ms = since_ms(t_start, t_end);
-  out.presync_ms = r.presync_ns / 1e6;
-  out.idle_cpu_ms = r.idle_cpu_ns / 1e6;
-  out.late_cpu_ms = r.late_cpu_ns / 1e6;
-  out.call_cpu_ms = r.call_cpu_ns / 1e6;
-  out.threads_before = r.threads_before;
-  out.threads_after = r.threads_after;
-  out.threads_late = r.threads_late;
-  out.idle_wall_ms = r.idle_wall_ns / 1e6;
-  if (r.idle_top_ns > 0) {
-    r.idle_top_name[sizeof r.idle_top_name - 1] = 0;  // the worker's bytes: terminate them ourselves
-    char ms[32];
-    std::snprintf(ms, sizeof ms, "%.2f ms", r.idle_top_ns / 1e6);
-    out.idle_top = "'" + std::string(r.idle_top_name) + (r.idle_top_preload ? "' (before load) " : "' (after load) ") + ms;
+  if (!I.wait_stop(Clock::now() + std::chrono::seconds(2), out)) return out;
+  const int64_t others1 = I.others_cpu();
+  out.idle_cpu_ms = (others1 - others0) / 1e6;
+  out.resume_ms = since_ms(t_resume, t_start);
+  const double wall_before = since_ms(t_resume, Clock::now());
+  out.presync_ms = start.presync_ns / 1e6;
+
+  // --- the call: resume, end mark, freeze 1
+  const int64_t c_start = I.process_cpu();
+  const auto t_go = Clock::now();
+  I.resume();
+  if (!I.wait_reply(end, deadline, out, &t_end)) return out;
+  const int64_t c_end = I.process_cpu();
+  if (end.kind != proto::K_MARK_END) {
+    out.kind = CallOutcome::Protocol;
+    out.message = "worker protocol out of order";
+    return I.classify_death(out, true);
   }
+  out.rc = end.rc;
+  out.elapsed_ms = end.elapsed_ns / 1e6;
+  out.external_ms = since_ms(t_go, t_end);
+  if (end.status == proto::ST_CUDA_ERROR) {
+    end.msg[sizeof end.msg - 1] = 0;
+    out.kind = CallOutcome::CudaError;
+    out.message = end.msg;
+    return I.classify_death(out, false);
+  }
+  if (!I.wait_stop(Clock::now() + std::chrono::seconds(2), out)) return out;
+  const int64_t c_stop1 = I.process_cpu();
+  out.threads_after = thread_count(I.pid);
+
+  // --- with every thread stopped: the evidence
+  double settle_ms = 0;
+  I.snapshot(slot, &settle_ms);
+
+  // --- after return: the worker's own device sync and clean-up, freeze 2
+  const int64_t others2 = I.others_cpu();
+  const auto t_resume2 = Clock::now();
+  I.resume();
+  proto::Reply r;
+  if (!I.wait_reply(r, std::max(deadline, Clock::now() + std::chrono::seconds(10)), out)) return out;
+  if (r.kind != proto::K_REPLY) {
+    out.kind = CallOutcome::Protocol;
+    out.message = "worker protocol out of order";
+    return I.classify_death(out, true);
+  }
+  r.msg[sizeof r.msg - 1] = 0;
   if (r.status == proto::ST_CUDA_ERROR) {
     out.kind = CallOutcome::CudaError;
     out.message = r.msg;
     return I.classify_death(out, false);
   }
+  if (!I.wait_stop(Clock::now() + std::chrono::seconds(2), out)) return out;
+  out.threads_late = thread_count(I.pid);
+  out.call_cpu_ms = (c_end - c_start) / 1e6;
+  // After the clock stopped: everything until freeze 1 (the worker's own part is one
+  // write), and what threads other than the worker's main one used after freeze 1.
+  const int64_t others3 = I.others_cpu();
+  out.late_cpu_ms = ((c_stop1 - c_end) + (others3 - others2)) / 1e6;
+  out.outside_cpu_ms = ((others1 - others0) + (others3 - others2)) / 1e6;
+  out.idle_wall_ms = wall_before + since_ms(t_resume2, Clock::now());
+  out.gpu_settle_ms = std::max(settle_ms, r.after_sync_ns / 1e6);
   if (r.status == proto::ST_KERNEL_ERROR) {
     out.kind = CallOutcome::KernelError;
-    out.message = "kf_forward returned " + std::to_string(r.rc);
+    out.message = "kf_forward returned " + std::to_string(out.rc);
   } else if (r.status != proto::ST_OK) {
     out.kind = CallOutcome::Protocol;
     out.message = r.msg;
@@ -514,10 +735,12 @@ CallOutcome Sandbox::run(int slot, uint32_t poison, bool flush_cache, double pro
 
 // Tensor regions: in the device arena when there is one, else in the memfd.
 void* Sandbox::input(int s, int t) { return impl_->data() + impl_->layout_copy.off_in[s][t]; }
-const void* Sandbox::output_at_return(int s, int t) const { return impl_->data() + impl_->layout_copy.off_out_ret[s][t]; }
-const void* Sandbox::output_late(int s, int t) const { return impl_->data() + impl_->layout_copy.off_out_late[s][t]; }
+const void* Sandbox::output_at_return(int s, int t) const { return impl_->ret[size_t(s)][size_t(t)]; }
+const void* Sandbox::output_late(int s, int t) const { return impl_->data() + impl_->layout_copy.off_out[s][t]; }
 bool Sandbox::device_resident() const { return impl_->arena != nullptr; }
-uint64_t Sandbox::device_arena_bytes() const { return impl_->arena ? impl_->layout_copy.arena_bytes : 0; }
+uint64_t Sandbox::device_arena_bytes() const {
+  return impl_->arena ? impl_->layout_copy.arena_bytes + impl_->ret_device_bytes : 0;
+}
 int Sandbox::slots() const { return impl_->layout_copy.n_slots; }
 bool Sandbox::alive() const { return !impl_->dead; }
 pid_t Sandbox::pid() const { return impl_->pid; }

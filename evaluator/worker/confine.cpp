@@ -54,6 +54,7 @@ std::string confine(const ConfineOptions& o) {
     if (!(err = set_limit(RLIMIT_AS, o.address_space_bytes, o.address_space_bytes, "AS")).empty()) return err;
 
   // --- identity: root gives way to nobody (open fds, incl. /dev/nvidia*, stay usable)
+  const pid_t parent = getppid();
   if (o.drop_root && geteuid() == 0) {
     const uid_t nobody = 65534;
     if (setgroups(0, nullptr) != 0) return std::string("setgroups: ") + std::strerror(errno);
@@ -62,6 +63,10 @@ std::string confine(const ConfineOptions& o) {
     // NPROC counts threads of the uid system-wide; nobody runs nothing else of ours.
     if (!(err = set_limit(RLIMIT_NPROC, 4096, 4096, "NPROC")).empty()) return err;
   }
+  // Changing credentials clears the parent-death signal: arm it again, then make sure the
+  // evaluator did not die before it was armed (the worker would outlive it otherwise).
+  if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0) return std::string("PR_SET_PDEATHSIG: ") + std::strerror(errno);
+  if (getppid() != parent) return "the evaluator exited during start-up";
   prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);  // no ptrace attach, no /proc/<pid>/mem from peers
   if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) return std::string("no_new_privs: ") + std::strerror(errno);
 
@@ -127,8 +132,24 @@ std::string confine(const ConfineOptions& o) {
   add_cond(SCMP_SYS(tgkill), deny, SCMP_A0(SCMP_CMP_NE, (scmp_datum_t)self));
   add_cond(SCMP_SYS(rt_sigqueueinfo), deny, SCMP_A0(SCMP_CMP_NE, (scmp_datum_t)self));
   add_cond(SCMP_SYS(rt_tgsigqueueinfo), deny, SCMP_A0(SCMP_CMP_NE, (scmp_datum_t)self));
-  // The SIGSYS handler stays ours.
-  add_cond(SCMP_SYS(rt_sigaction), SCMP_ACT_ERRNO(EPERM), SCMP_A0(SCMP_CMP_EQ, SIGSYS));
+  // Nothing of the candidate may run outside kf_forward: no signal handlers (a timer or a
+  // signal could run its code between calls or slow the reference), no timers at all.
+  // Reading a disposition (act == NULL) stays allowed. The SIGSYS handler stays ours.
+  // These trap (the verdict names the call) rather than fail quietly: no honest kernel
+  // makes them, and a quiet failure would leave the candidate to find another way.
+  add_cond(SCMP_SYS(rt_sigaction), deny, SCMP_A1(SCMP_CMP_NE, 0));
+  for (const char* name : {"timer_create", "timer_settime", "setitimer", "alarm", "timerfd_create", "timerfd_settime"})
+    add(seccomp_syscall_resolve_name(name), deny);
+  // The evaluator resumes the stopped worker; the candidate may not (SIGCONT to itself would
+  // undo a freeze), and may not fake an outside kill (SIGKILL is scored as the
+  // environment's fault) or provoke one through a lowered resource limit.
+  for (int sig : {SIGCONT, SIGKILL}) {
+    add_cond(SCMP_SYS(tgkill), deny, SCMP_A2(SCMP_CMP_EQ, (scmp_datum_t)sig));
+    add_cond(SCMP_SYS(rt_tgsigqueueinfo), deny, SCMP_A2(SCMP_CMP_EQ, (scmp_datum_t)sig));
+    add_cond(SCMP_SYS(rt_sigqueueinfo), deny, SCMP_A1(SCMP_CMP_EQ, (scmp_datum_t)sig));
+  }
+  add_cond(SCMP_SYS(setrlimit), SCMP_ACT_ERRNO(EPERM), SCMP_A1(SCMP_CMP_NE, 0));
+  add_cond(SCMP_SYS(prlimit64), SCMP_ACT_ERRNO(EPERM), SCMP_A2(SCMP_CMP_NE, 0));
   // No more privileges via prctl tricks is covered by no_new_privs; forbid re-enabling dumping.
   add_cond(SCMP_SYS(prctl), SCMP_ACT_ERRNO(EPERM), SCMP_A0(SCMP_CMP_EQ, PR_SET_DUMPABLE));
 

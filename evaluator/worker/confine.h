@@ -9,7 +9,11 @@
 //   seccomp     deny exec, new processes (clone without CLONE_THREAD), every socket,
 //               every file write/creation/removal (open with write flags included),
 //               ptrace and cross-process memory, io_uring (it bypasses seccomp), signals
-//               to other processes, kernel/namespace/admin calls, SysV IPC.
+//               to other processes, kernel/namespace/admin calls, SysV IPC; and, so that
+//               none of the candidate's code runs outside kf_forward, signal handlers,
+//               timers, SIGCONT/SIGKILL to itself and lowered rlimits.
+//   life        the parent-death signal is armed again after the identity change (which
+//               clears it): the worker dies with its evaluator, whatever its uid.
 // A denied call raises SIGSYS; the handler records the call number in shared memory and
 // exits with kExitForbidden, so the evaluator names the call in its report.
 #pragma once

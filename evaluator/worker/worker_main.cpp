@@ -9,10 +9,14 @@
 // It is one process per candidate: whatever the candidate leaves behind (threads, a
 // corrupted heap, a dead CUDA context) dies with it.
 //
+// Between calls it is stopped (protocol.h): it raises SIGSTOP after each message that ends
+// a phase, and the evaluator resumes it. Its own clock and messages only time the call and
+// say how it ended; what the verdict relies on (outputs at return, CPU accounting, thread
+// counts) the evaluator reads itself while the worker is stopped.
+//
 //   kf-sandbox-worker --backend cpu|cuda --scratch DIR [--device N] [--threads N]
 //                     [--cpu-seconds N] [--address-space BYTES] [--scratch-limit BYTES]
 //                     [--flush-bytes BYTES] [--no-drop-root]
-#include <dirent.h>
 #include <dlfcn.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
@@ -26,6 +30,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "../src/protocol.h"
@@ -61,64 +66,6 @@ int64_t now_ns(clockid_t c = CLOCK_MONOTONIC) {
   clock_gettime(c, &ts);
   return int64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec;
 }
-// CPU time of every thread but this one.
-int64_t other_threads_cpu_ns() { return now_ns(CLOCK_PROCESS_CPUTIME_ID) - now_ns(CLOCK_THREAD_CPUTIME_ID); }
-
-// Per-thread CPU clocks of this process, by TID (the kernel's encoding of a thread CPU
-// clock id, as pthread_getcpuclockid makes it, which works for any thread of the group).
-clockid_t thread_cpu_clock(pid_t tid) { return clockid_t((~unsigned(tid) << 3) | 6u); }
-
-struct ThreadCpu {
-  pid_t tid;
-  int64_t ns;
-};
-// Every thread but the caller (the worker's main thread), with its CPU time so far.
-std::vector<ThreadCpu> other_thread_cpu() {
-  std::vector<ThreadCpu> v;
-  DIR* d = opendir("/proc/self/task");
-  if (!d) return v;
-  const pid_t self = pid_t(syscall(SYS_gettid));
-  while (dirent* e = readdir(d)) {
-    if (e->d_name[0] == '.') continue;
-    const pid_t tid = pid_t(std::atoi(e->d_name));
-    timespec ts;
-    if (tid == self || clock_gettime(thread_cpu_clock(tid), &ts) != 0) continue;
-    v.push_back({tid, int64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec});
-  }
-  closedir(d);
-  return v;
-}
-
-// Fills the reply's idle diagnosis: the thread that used the most CPU since `before`.
-void busiest_thread(const std::vector<ThreadCpu>& before, const std::vector<pid_t>& preload, proto::Reply& rep) {
-  pid_t top = 0;
-  int64_t top_ns = 0;
-  for (const ThreadCpu& t : other_thread_cpu()) {
-    int64_t d = t.ns;
-    for (const ThreadCpu& b : before)
-      if (b.tid == t.tid) d = t.ns - b.ns;
-    if (d > top_ns) top = t.tid, top_ns = d;
-  }
-  rep.idle_top_ns = top_ns;
-  if (!top) return;
-  for (pid_t p : preload) rep.idle_top_preload |= p == top;
-  const std::string comm = "/proc/self/task/" + std::to_string(top) + "/comm";
-  if (FILE* f = std::fopen(comm.c_str(), "r")) {
-    if (std::fgets(rep.idle_top_name, sizeof rep.idle_top_name, f)) rep.idle_top_name[std::strcspn(rep.idle_top_name, "\n")] = 0;
-    std::fclose(f);
-  }
-}
-
-int count_threads() {
-  DIR* d = opendir("/proc/self/task");
-  if (!d) return -1;
-  int n = 0;
-  while (dirent* e = readdir(d))
-    if (e->d_name[0] != '.') ++n;
-  closedir(d);
-  return n;
-}
-
 bool write_all(int fd, const void* p, size_t n) {
   const char* c = static_cast<const char*>(p);
   while (n) {
@@ -295,10 +242,8 @@ int main(int argc, char** argv) {
           ins[s].push_back(make_view(L->in[t], dbase + L->off_in[s][t]));
         }
         for (int t = 0; t < L->n_out; ++t) {
-          if (L->off_out_late[s][t] + L->out[t].nbytes > L->arena_bytes ||
-              L->off_out_ret[s][t] + L->out[t].nbytes > L->arena_bytes)
-            die("bad layout");
-          outs[s].push_back(make_view(L->out[t], dbase + L->off_out_late[s][t]));
+          if (L->off_out[s][t] + L->out[t].nbytes > L->arena_bytes) die("bad layout");
+          outs[s].push_back(make_view(L->out[t], dbase + L->off_out[s][t]));
         }
       }
     } else {
@@ -325,7 +270,7 @@ int main(int argc, char** argv) {
   } else {
     for (int s = 0; s < L->n_slots; ++s) {
       for (int t = 0; t < L->n_in; ++t) ins[s].push_back(make_view(L->in[t], B + L->off_in[s][t]));
-      for (int t = 0; t < L->n_out; ++t) outs[s].push_back(make_view(L->out[t], B + L->off_out_late[s][t]));
+      for (int t = 0; t < L->n_out; ++t) outs[s].push_back(make_view(L->out[t], B + L->off_out[s][t]));
     }
     if (args.flush_bytes) {
       flush_buf = std::aligned_alloc(4096, (args.flush_bytes + 4095) & ~4095ull);
@@ -342,15 +287,19 @@ int main(int argc, char** argv) {
   co.cpu_seconds = args.cpu_seconds;
   co.address_space_bytes = args.address_space;
   co.drop_root = args.drop_root;
+  // glibc installs its internal signal handlers when a single-threaded process creates its
+  // first thread; do that here, so that the candidate's threads need no rt_sigaction
+  // (which the confinement forbids).
+  std::thread([] {}).join();
   const std::string cerr = kf::evaluator::worker::confine(co);
   if (!cerr.empty()) die("confinement failed: " + cerr);
 
   using Forward = int (*)(kf::Context*, const kf::Tensor*, int, kf::Tensor*, int);
   Forward forward = nullptr;
-  int64_t last_other_cpu = other_threads_cpu_ns(), last_reply_ns = now_ns();
-  std::vector<ThreadCpu> last_thread_cpu = other_thread_cpu();
-  std::vector<pid_t> preload;  // threads that existed before the candidate was loaded
   unsigned flush_round = 0;
+  // Freeze: every thread of the process stops until the evaluator resumes us (protocol.h).
+  // SIGSTOP can be neither caught nor blocked, and the candidate cannot send SIGCONT.
+  auto freeze = [] { raise(SIGSTOP); };
 
   proto::Command cmd;
   while (read_all(proto::kFdCmd, &cmd, sizeof cmd)) {
@@ -358,7 +307,6 @@ int main(int argc, char** argv) {
     rep.kind = proto::K_REPLY;
     if (cmd.op == proto::OP_QUIT) break;
     if (cmd.op == proto::OP_LOAD) {
-      for (const ThreadCpu& t : other_thread_cpu()) preload.push_back(t.tid);
       cmd.path[sizeof cmd.path - 1] = 0;
       void* h = dlopen(cmd.path, RTLD_NOW | RTLD_LOCAL);
       if (!h) {
@@ -368,11 +316,8 @@ int main(int argc, char** argv) {
         rep.status = proto::ST_LOAD_FAILED;
         std::snprintf(rep.msg, sizeof rep.msg, "the shared object defines no extern \"C\" kf_forward");
       }
-      rep.threads_after = count_threads();
-      last_other_cpu = other_threads_cpu_ns();
-      last_thread_cpu = other_thread_cpu();
-      last_reply_ns = now_ns();
       if (!write_all(proto::kFdReply, &rep, sizeof rep)) break;
+      freeze();  // whatever the candidate's constructors started waits for the first call
       continue;
     }
     if (cmd.op != proto::OP_RUN || !forward || cmd.slot >= uint32_t(L->n_slots)) {
@@ -384,99 +329,65 @@ int main(int argc, char** argv) {
     const int s = int(cmd.slot);
     harness.pattern = cmd.poison;
 
-    // --- stage: inputs in, outputs poisoned, caches flushed
-    if (cuda) {
+    // --- host staging only (no device arena): the worker's own device buffers. With the
+    // arena or on the CPU the evaluator has staged, poisoned and flushed already.
 #ifdef KF_WORKER_CUDA
-      if (!dbase)
-        for (int t = 0; t < L->n_in; ++t)
-          cudaMemcpy(ins[s][t].data, B + L->off_in[s][t], L->in[t].nbytes, cudaMemcpyHostToDevice);
+    if (cuda && !dbase) {
+      for (int t = 0; t < L->n_in; ++t)
+        cudaMemcpy(ins[s][t].data, B + L->off_in[s][t], L->in[t].nbytes, cudaMemcpyHostToDevice);
       for (int t = 0; t < L->n_out; ++t)
         cudaMemsetAsync(outs[s][t].data, cmd.poison ? 0x5A : 0xFF, L->out[t].nbytes, stream);  // poison.h patterns
       if (cmd.flush_cache && flush_buf) cudaMemsetAsync(flush_buf, int(++flush_round & 0xFF), args.flush_bytes, stream);
       cudaDeviceSynchronize();
-#endif
-    } else {
-      for (int t = 0; t < L->n_out; ++t)
-        kf::evaluator::poison_fill_host(outs[s][t].data, L->out[t].nbytes, L->out[t].dtype, cmd.poison);
-      if (cmd.flush_cache && flush_buf) {
-        volatile unsigned char* f = static_cast<unsigned char*>(flush_buf);
-        const unsigned char v = static_cast<unsigned char>(++flush_round);
-        for (size_t i = 0; i < args.flush_bytes; i += 64) f[i] = v;
-      }
     }
+#else
+    (void)flush_round;
+    (void)flush_buf;
+#endif
 
     // --- the timed call: device-wide sync on both sides, so work on any stream counts
-    // CPU used by other threads since the last reply, staging included: work done while
-    // the inputs sit in shared memory but before the clock starts is background work.
-    rep.idle_cpu_ns = other_threads_cpu_ns() - last_other_cpu;
-    rep.idle_wall_ns = now_ns() - last_reply_ns;
-    busiest_thread(last_thread_cpu, preload, rep);
-    rep.threads_before = count_threads();
     const int64_t ps0 = now_ns();
 #ifdef KF_WORKER_CUDA
     if (cuda) cudaDeviceSynchronize();
 #endif
-    rep.presync_ns = now_ns() - ps0;
     proto::Reply mark{};
     mark.kind = proto::K_MARK_START;
+    mark.presync_ns = now_ns() - ps0;
     if (!write_all(proto::kFdReply, &mark, sizeof mark)) break;
-    const int64_t cpu0 = now_ns(CLOCK_PROCESS_CPUTIME_ID);
+    freeze();  // freeze 0: the evaluator reads what ran before the clock, then starts it
     const int64_t t0 = now_ns();
-    rep.rc = forward(&ctx, ins[s].data(), L->n_in, outs[s].data(), L->n_out);
+    mark.rc = forward(&ctx, ins[s].data(), L->n_in, outs[s].data(), L->n_out);
 #ifdef KF_WORKER_CUDA
     cudaError_t cerr_call = cuda ? cudaDeviceSynchronize() : cudaSuccess;
+    if (cuda && cerr_call == cudaSuccess) cerr_call = cudaGetLastError();
 #endif
     const int64_t t1 = now_ns();
-    rep.call_cpu_ns = now_ns(CLOCK_PROCESS_CPUTIME_ID) - cpu0;
-    rep.elapsed_ns = t1 - t0;
     mark.kind = proto::K_MARK_END;
-    if (!write_all(proto::kFdReply, &mark, sizeof mark)) break;
-    // Snapshot the CPU outputs first: a detached thread still writing them after return
-    // must not get the microseconds of the thread count below to finish unseen.
-    if (!cuda)
-      for (int t = 0; t < L->n_out; ++t) std::memcpy(B + L->off_out_ret[s][t], outs[s][t].data, L->out[t].nbytes);
-    rep.threads_after = count_threads();
-
+    mark.elapsed_ns = t1 - t0;
 #ifdef KF_WORKER_CUDA
-    if (cuda) {
-      if (cerr_call == cudaSuccess) cerr_call = cudaGetLastError();
-      if (cerr_call != cudaSuccess) {
-        rep.status = proto::ST_CUDA_ERROR;
-        std::snprintf(rep.msg, sizeof rep.msg, "CUDA error after kf_forward: %s (%s)", cudaGetErrorName(cerr_call),
-                      cudaGetErrorString(cerr_call));
-        write_all(proto::kFdReply, &rep, sizeof rep);
-        _exit(4);  // the context is unusable; the evaluator starts a fresh worker
-      }
-      if (dbase) {
-        for (int t = 0; t < L->n_out; ++t)
-          cudaMemcpy(dbase + L->off_out_ret[s][t], outs[s][t].data, L->out[t].nbytes, cudaMemcpyDeviceToDevice);
-      } else {
-        for (int t = 0; t < L->n_out; ++t)
-          cudaMemcpy(B + L->off_out_ret[s][t], outs[s][t].data, L->out[t].nbytes, cudaMemcpyDeviceToHost);
-        for (int t = 0; t < L->n_in; ++t)
-          cudaMemcpy(B + L->off_in[s][t], ins[s][t].data, L->in[t].nbytes, cudaMemcpyDeviceToHost);
-      }
+    if (cerr_call != cudaSuccess) {
+      mark.status = proto::ST_CUDA_ERROR;
+      std::snprintf(mark.msg, sizeof mark.msg, "CUDA error after kf_forward: %s (%s)", cudaGetErrorName(cerr_call),
+                    cudaGetErrorString(cerr_call));
+      write_all(proto::kFdReply, &mark, sizeof mark);
+      _exit(4);  // the context is unusable; the evaluator starts a fresh worker
+    }
+    if (cuda && !dbase) {  // host staging: the evaluator reads the memfd
+      for (int t = 0; t < L->n_out; ++t)
+        cudaMemcpy(B + L->off_out[s][t], outs[s][t].data, L->out[t].nbytes, cudaMemcpyDeviceToHost);
+      for (int t = 0; t < L->n_in; ++t)
+        cudaMemcpy(B + L->off_in[s][t], ins[s][t].data, L->in[t].nbytes, cudaMemcpyDeviceToHost);
     }
 #endif
+    if (!write_all(proto::kFdReply, &mark, sizeof mark)) break;
+    freeze();  // freeze 1: the evaluator takes the outputs at return
 
-    // --- probe: is anything still working after return? First let threads that finished
-    // inside the call go to sleep (the kernel folds a running thread's CPU time into the
-    // process clock only at ticks and context switches), then measure a quiet window.
-    int64_t other_probe_start = other_threads_cpu_ns();
-    if (cmd.probe_us) {
-      timespec settle{0, 1000000};
-      while (nanosleep(&settle, &settle) != 0 && errno == EINTR) {}
-      other_probe_start = other_threads_cpu_ns();
-      timespec d{time_t(cmd.probe_us / 1000000), long(cmd.probe_us % 1000000) * 1000};
-      while (nanosleep(&d, &d) != 0 && errno == EINTR) {}
-    }
+    // --- resumed: whatever the call left on the GPU shows in how long this sync takes
+    const int64_t as0 = now_ns();
 #ifdef KF_WORKER_CUDA
     if (cuda) {
-      cudaDeviceSynchronize();
-      if (!dbase)  // with the arena the evaluator reads the live buffer itself
-        for (int t = 0; t < L->n_out; ++t)
-          cudaMemcpy(B + L->off_out_late[s][t], outs[s][t].data, L->out[t].nbytes, cudaMemcpyDeviceToHost);
-      cudaError_t e = cudaGetLastError();
+      cudaError_t e = cudaDeviceSynchronize();
+      if (e == cudaSuccess) e = cudaGetLastError();
       if (e != cudaSuccess) {
         rep.status = proto::ST_CUDA_ERROR;
         std::snprintf(rep.msg, sizeof rep.msg, "CUDA error after return (deferred work?): %s", cudaGetErrorName(e));
@@ -485,14 +396,12 @@ int main(int argc, char** argv) {
       }
     }
 #endif
-    rep.late_cpu_ns = other_threads_cpu_ns() - other_probe_start;
-    rep.threads_late = count_threads();
+    rep.after_sync_ns = now_ns() - as0;
     release_all(&harness);
-    if (rep.rc != 0 && rep.status == proto::ST_OK) rep.status = proto::ST_KERNEL_ERROR;
-    last_other_cpu = other_threads_cpu_ns();
-    last_thread_cpu = other_thread_cpu();
-    last_reply_ns = now_ns();
+    rep.rc = mark.rc;
+    if (rep.rc != 0) rep.status = proto::ST_KERNEL_ERROR;
     if (!write_all(proto::kFdReply, &rep, sizeof rep)) break;
+    freeze();  // freeze 2: stopped until the next command
   }
   _exit(0);  // skip static destructors of whatever the candidate registered
 }

@@ -5,7 +5,13 @@
 // drop, private scratch folder: see worker/confine.h); this side adds what a confined
 // process cannot be trusted to do for itself: a wall-clock limit per command, a memory
 // watchdog (RSS), a kill of the whole process group, and an exit classification that
-// names the cause (signal, forbidden system call, CUDA fault, limit).
+// names the cause (signal, forbidden system call, CUDA fault, limit, outside kill).
+//
+// The worker is stopped (SIGSTOP, every thread) whenever it is not inside a call
+// (src/protocol.h): none of the candidate's code runs while this side stages inputs, runs
+// the reference or reads the evidence. Outputs at return are copied into this side's own
+// memory while the worker is stopped; CPU time and thread counts come from the kernel's
+// accounting of the worker, read here.
 // Any failure leaves the Sandbox dead (alive() false); start a new one to go on.
 //
 // Threading: one thread uses a Sandbox at a time. Different Sandboxes are independent.
@@ -66,11 +72,11 @@ struct CallOutcome {
   // work the call left behind); 0 on the CPU.
   double gpu_settle_ms = 0;
   int threads_before = 0, threads_after = 0, threads_late = 0;
-  // The idle window (from the previous reply to this call's start): its length, and the
-  // thread other than the worker's own that used the most CPU in it, e.g. "cuda-EvtHandlr
-  // (before load) 1.2 ms"; empty if none did.
-  double idle_wall_ms = 0;
-  std::string idle_top;
+  // Threads other than the worker's main one (the candidate's, the runtime's) in the two
+  // windows the worker runs outside kf_forward (resume to freeze 0, and after freeze 1),
+  // and the wall time of those windows: honest kernels' threads sleep there.
+  double outside_cpu_ms = 0, idle_wall_ms = 0;
+  std::string idle_top;  // unused; kept for callers that print it
   bool ok() const { return kind == Ok; }
 };
 const char* outcome_name(CallOutcome::Kind k);
@@ -92,18 +98,21 @@ class Sandbox {
   // Loads the candidate. Throws kf::Error (an installation problem, not the candidate's)
   // when the worker's user could not read so_path (a 0700 folder on the way).
   CallOutcome load(const std::string& so_path);
-  // One call of kf_forward on slot `slot`: outputs poisoned with `poison` (0 or 1),
-  // cache flushed if asked, then after return a probe delay of `probe_ms`.
+  // One call of kf_forward on slot `slot`: outputs poisoned with `poison` (0 or 1) and
+  // caches flushed if asked (here, with the worker stopped); after return the worker is
+  // frozen, the outputs copied, then it is let finish its own clean-up and frozen again.
+  // `probe_ms` is unused: nothing of the worker runs after its clean-up.
   CallOutcome run(int slot, uint32_t poison, bool flush_cache, double probe_ms, double timeout_s);
 
-  // Shared buffers of slot s, tensor t: device pointers when device_resident(), else
-  // host memory. output_late is the live buffer the kernel wrote, read as late as the
-  // caller reads it (after the probe delay).
+  // Buffers of slot s, tensor t: device pointers when device_resident(), else host
+  // memory. output_at_return is this side's private copy taken at freeze 1; output_late is
+  // the live (shared) buffer after the worker's clean-up: a difference is work that went
+  // on after kf_forward returned.
   void* input(int s, int t);
   const void* output_at_return(int s, int t) const;
   const void* output_late(int s, int t) const;
   bool device_resident() const;
-  uint64_t device_arena_bytes() const;  // 0 without a device arena
+  uint64_t device_arena_bytes() const;  // 0 without a device arena; else with the at-return copies
   int slots() const;
 
   bool alive() const;
