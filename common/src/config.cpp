@@ -2,6 +2,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <cmath>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -55,6 +56,22 @@ bool scalar_is_int(const YAML::Node& n) {
   return s.find_first_of(".eE") == std::string::npos;
 }
 
+std::string number_text(double v) {
+  std::ostringstream o;
+  o << v;
+  return o.str();
+}
+
+template <typename Fail>
+void check_range(const ConfigKey& key, double v, const std::string& text, const Fail& fail) {
+  const bool low = key.min_open ? !(v > key.min) : v < key.min;
+  if (!low && !(v > key.max)) return;
+  std::string range;
+  if (std::isfinite(key.min)) range = (key.min_open ? "> " : ">= ") + number_text(key.min);
+  if (std::isfinite(key.max)) range += (range.empty() ? "<= " : " and <= ") + number_text(key.max);
+  throw fail("must be " + range + ", got '" + text + "'");
+}
+
 // Checks `value` against `key` and returns its canonical YAML text. Throws naming `where`.
 std::string validate_value(const ConfigKey& key, const YAML::Node& value, const std::string& where) {
   auto fail = [&](const std::string& what) -> Error {
@@ -66,12 +83,15 @@ std::string validate_value(const ConfigKey& key, const YAML::Node& value, const 
     case ConfigType::Int: {
       int64_t v;
       if (!scalar_is_int(value) || !scalar_as(value, v)) throw fail("expects an integer, got '" + YAML::Dump(value) + "'");
+      check_range(key, static_cast<double>(v), YAML::Dump(value), fail);
       out << v;
       break;
     }
     case ConfigType::Float: {
       double v;
       if (!scalar_as(value, v)) throw fail("expects a number, got '" + YAML::Dump(value) + "'");
+      if (!std::isfinite(v)) throw fail("expects a finite number, got '" + YAML::Dump(value) + "'");
+      check_range(key, v, YAML::Dump(value), fail);
       out << v;
       break;
     }
@@ -161,6 +181,7 @@ Config Config::parse(const std::string& yaml_text, const std::string& source_nam
   if (root.IsDefined() && !root.IsNull()) {
     if (!root.IsMap()) throw error_at(source_name, "top level must be a map of sections");
     walk(schema, root, "", source_name, cfg.values_);
+    cfg.file_keys_ = cfg.values_.size();
   }
   for (const std::string& ov : overrides) {
     const auto eq = ov.find('=');

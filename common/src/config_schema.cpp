@@ -1,11 +1,73 @@
 // The one table of configuration keys. Add a component's keys here, grouped by section.
+#include <algorithm>
+#include <limits>
+
 #include "kf/common/config.h"
 
 namespace kf {
+namespace {
+
+// Numeric ranges: a count, size, time or rate outside them is rejected at load, naming
+// the key (a negative time limit would mean "no limit", a zero size an unusable run).
+struct Bound {
+  const char* path;
+  double min;
+  bool open;  // value must be > min (else >= min)
+  double max = std::numeric_limits<double>::infinity();
+};
+constexpr bool GE = false, GT = true;
+const Bound kBounds[] = {
+    {"reference.warmup", 0, GE}, {"reference.trials", 1, GE},
+    {"replay.candidate_queue.capacity", 1, GE}, {"replay.candidate_queue.slot_bytes", 1, GE},
+    {"replay.candidate_queue.max_claims", 0, GE}, {"replay.result_queue.capacity", 1, GE},
+    {"replay.result_queue.slot_bytes", 1, GE}, {"replay.groups.capacity", 1, GE},
+    {"replay.groups.group_bytes", 1, GE}, {"replay.kernels.capacity", 1, GE},
+    {"replay.kernels.source_bytes", 1, GE}, {"replay.kernels.max_per_task", 1, GE},
+    {"replay.snapshot.max_bytes", 1, GE}, {"replay.stale_after_ms", 0, GE},
+    {"evaluator.correctness_sets", 1, GE}, {"evaluator.stress_sets", 0, GE}, {"evaluator.warmup", 0, GE},
+    {"evaluator.trials", 1, GE}, {"evaluator.max_trials", 1, GE}, {"evaluator.max_spread", 0, GT},
+    {"evaluator.min_call_timeout_s", 0, GT}, {"evaluator.compile_timeout_s", 0, GT},
+    {"evaluator.compile_jobs", 0, GE}, {"evaluator.cpu_threads", 0, GE}, {"evaluator.memory_limit_gb", 0, GT},
+    {"evaluator.cache_limit_gb", 0, GE}, {"evaluator.gpu_memory_fraction", 0, GE, 1},
+    {"evaluator.reward.clip", 0, GE}, {"evaluator.reward.window", 1, GE},
+    {"actors.count", 1, GE}, {"actors.group_size", 1, GE}, {"actors.prompt.exemplars", 0, GE},
+    {"actors.prompt.context_tokens", 0, GE}, {"actors.prompt.min_exemplar_tokens", 0, GE},
+    {"actors.sampling.top_p", 0, GT, 1}, {"actors.sampling.top_k", 0, GE}, {"actors.sampling.max_new_tokens", 1, GE},
+    {"actors.sampling.loop_repeats", 0, GE}, {"actors.sampling.loop_max_period", 1, GE},
+    {"actors.sampling.loop_min_span", 0, GE}, {"actors.schedule.min_share", 0, GE, 1},
+    {"actors.schedule.alpha", 0, GE}, {"actors.schedule.unlock_fraction", 0, GE, 1},
+    {"actors.schedule.refresh_every", 1, GE}, {"actors.group_deadline_s", 0, GT}, {"actors.metrics_every_s", 0, GT},
+    {"launch.evaluators", 0, GE}, {"launch.max_minutes", 0, GE}, {"launch.hang_timeout_s", 0, GT},
+    {"launch.max_restarts", 0, GE}, {"launch.restart_backoff_s", 0, GE}, {"launch.drain_timeout_s", 0, GT},
+    {"launch.stop_timeout_s", 0, GT}, {"launch.status_every_s", 0, GT}, {"launch.metrics_every_s", 0, GT},
+    {"launch.stats_window", 1, GE},
+    {"learner.steps", 0, GE}, {"learner.groups_per_step", 1, GE}, {"learner.min_groups_per_step", 1, GE},
+    {"learner.take_timeout_ms", 0, GE}, {"learner.max_staleness", 0, GE}, {"learner.micro_batch_tokens", 1, GE},
+    {"learner.temperature", 0, GE}, {"learner.grpo.adv_eps", 0, GE}, {"learner.grpo.clip_low", 0, GE},
+    {"learner.grpo.clip_high", 0, GE}, {"learner.grpo.behaviour_weight_cap", 0, GT}, {"learner.grpo.kl_coef", 0, GE},
+    {"learner.pairwise.coef", 0, GE}, {"learner.pairwise.beta", 0, GT}, {"learner.pairwise.pairs_per_group", 0, GE},
+    {"learner.optim.lr", 0, GE}, {"learner.optim.beta1", 0, GE, 1}, {"learner.optim.beta2", 0, GE, 1},
+    {"learner.optim.eps", 0, GT}, {"learner.optim.weight_decay", 0, GE}, {"learner.optim.grad_clip", 0, GE},
+    {"learner.schedule.warmup_steps", 0, GE}, {"learner.schedule.total_steps", 1, GE},
+    {"learner.schedule.min_lr_ratio", 0, GE, 1}, {"learner.dist.ranks", 1, GE}, {"learner.dist.bucket_mb", 1, GE},
+    {"learner.snapshot.every", 0, GE}, {"learner.checkpoint.every", 0, GE}, {"learner.checkpoint.keep", 1, GE},
+};
+
+std::vector<ConfigKey> with_bounds(std::vector<ConfigKey> keys) {
+  for (const Bound& b : kBounds) {
+    auto it = std::find_if(keys.begin(), keys.end(), [&](const ConfigKey& k) { return k.path == b.path; });
+    if (it == keys.end()) continue;  // a key another build leaves out
+    it->min = b.min;
+    it->min_open = b.open;
+    it->max = b.max;
+  }
+  return keys;
+}
+}  // namespace
 
 const std::vector<ConfigKey>& config_schema() {
   using T = ConfigType;
-  static const std::vector<ConfigKey> schema = {
+  static const std::vector<ConfigKey> schema = with_bounds({
       // run: identity and placement of a run
       {"run.name", T::String, "default", false, {}, "run directory name under run.root"},
       {"run.root", T::String, "runs", false, {}, "folder that holds run directories"},
@@ -142,9 +204,9 @@ const std::vector<ConfigKey>& config_schema() {
       {"learner.dist.bucket_mb", T::Int, "25", false, {}, "gradient all-reduce bucket size (MiB)"},
       {"learner.snapshot.every", T::Int, "1", false, {}, "publish weights to the snapshot store every N steps (0: never)"},
       {"learner.snapshot.dtype", T::String, "bf16", false, {"bf16", "fp32"}, "dtype of published weights"},
-      {"learner.checkpoint.every", T::Int, "100", false, {}, "checkpoint every N steps (0: only at stop)"},
+      {"learner.checkpoint.every", T::Int, "100", false, {}, "checkpoint every N steps (0: only at stop; tools/launch needs >= 1)"},
       {"learner.checkpoint.keep", T::Int, "3", false, {}, "keep the last K checkpoints"},
-  };
+  });
   return schema;
 }
 

@@ -132,4 +132,48 @@ TEST(ConfigTest, ShippedConfigsLoadAgainstTheRealSchema) {
   EXPECT_GE(n, 1);
 }
 
+// Every numeric key of the real schema has a range where a value outside it is
+// meaningless; a negative limit, a zero count or a zero interval is rejected naming the key.
+std::string real_error(const std::string& set) {
+  try {
+    Config::parse("run: {name: x}\n", "configs/x.yaml", {set});
+  } catch (const kf::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(ConfigTest, NumericKeysOutsideTheirRangeAreRejectedNamingTheKey) {
+  for (const char* set : {"launch.max_minutes=-1", "launch.restart_backoff_s=-0.5", "learner.steps=-3",
+                          "learner.checkpoint.every=-1", "learner.checkpoint.keep=0", "launch.hang_timeout_s=0",
+                          "actors.count=0", "actors.group_size=0", "evaluator.trials=0", "replay.groups.capacity=0",
+                          "learner.optim.beta1=1.5", "actors.sampling.top_p=0", "launch.max_restarts=-1",
+                          "evaluator.gpu_memory_fraction=2", "learner.dist.ranks=0"}) {
+    const std::string key = std::string(set).substr(0, std::string(set).find('='));
+    const std::string err = real_error(set);
+    EXPECT_NE(err.find("'" + key + "' must be"), std::string::npos) << set << ": " << err;
+  }
+  // The edges stay allowed: 0 minutes (no cap), 0 steps (until the run stops), backoff 0.
+  for (const char* set : {"launch.max_minutes=0", "learner.steps=0", "launch.restart_backoff_s=0",
+                          "learner.checkpoint.every=0", "actors.sampling.top_p=1", "learner.temperature=0"})
+    EXPECT_EQ(real_error(set), "") << set;
+  // A YAML file is checked the same way, and a non-finite number is no number.
+  try {
+    Config::parse("launch:\n  max_minutes: -5\n", "configs/neg.yaml");
+    FAIL() << "negative launch.max_minutes accepted";
+  } catch (const kf::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("configs/neg.yaml"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("launch.max_minutes"), std::string::npos) << e.what();
+  }
+  EXPECT_NE(real_error("launch.max_minutes=.nan"), "");
+  // Every schema default lies in its own range.
+  EXPECT_NO_THROW(Config::parse("", "defaults"));
+}
+
+TEST(ConfigTest, FileKeysCountsOnlyWhatTheFileSets) {
+  EXPECT_EQ(Config::parse("", "empty.yaml", {"learner.batch=4"}, test_schema()).file_keys(), 0u);
+  EXPECT_EQ(Config::parse("# only a comment\n", "c.yaml", {"learner.batch=4"}, test_schema()).file_keys(), 0u);
+  EXPECT_EQ(Config::parse("learner: {batch: 8, lr: 0.1}\n", "x.yaml", {}, test_schema()).file_keys(), 2u);
+}
+
 }  // namespace

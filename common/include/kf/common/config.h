@@ -2,11 +2,12 @@
 //
 // Every key the system understands is declared once in the schema (config_schema.cpp)
 // with its type, default and a line of help. Loading rejects, naming the file and the
-// full key path: an unknown key, a value of the wrong type or outside its allowed set,
-// and a missing required key. `--set a.b=c` overrides are validated the same way.
+// full key path: an unknown key, a value of the wrong type, outside its allowed set or
+// outside its numeric range (e.g. a negative time limit), and a missing required key. `--set a.b=c` overrides are validated the same way.
 // A Config is immutable after load; const methods may be called from any thread.
 #pragma once
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <string>
 #include <vector>
@@ -22,6 +23,10 @@ struct ConfigKey {
   bool required = false;
   std::vector<std::string> choices;  // allowed values for String keys (empty: any)
   std::string help;
+  // Allowed range of an Int or Float key (default: any). min_open: the value must be > min.
+  double min = -std::numeric_limits<double>::infinity();
+  double max = std::numeric_limits<double>::infinity();
+  bool min_open = false;
 };
 
 // The schema: all keys of all components.
@@ -46,6 +51,8 @@ class Config {
   std::vector<std::string> get_strings(const std::string& path) const;
 
   const std::string& source() const { return source_; }
+  // How many keys the YAML text itself set (0: an empty file; overrides not counted).
+  std::size_t file_keys() const { return file_keys_; }
   // The resolved config (every key, defaults filled) as YAML, nested by section.
   std::string to_yaml() const;
 
@@ -54,6 +61,7 @@ class Config {
   std::string source_;
   const std::vector<ConfigKey>* schema_ = &config_schema();
   std::map<std::string, std::string> values_;  // path -> canonical YAML text of the value
+  std::size_t file_keys_ = 0;
 };
 
 }  // namespace kf
