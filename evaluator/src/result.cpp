@@ -29,6 +29,16 @@ nlohmann::json times(const TimeSummary& s) {
   return {{"n", s.n}, {"median_ms", s.median}, {"p10_ms", s.p10}, {"p90_ms", s.p90},
           {"min_ms", s.min}, {"max_ms", s.max}, {"spread", s.spread()}};
 }
+// "1.234x (95 % 1.180–1.290)"; just "1.234x" when no interval was measured.
+std::string speedup_text(const Result& r) {
+  char buf[128];
+  if (r.speedup_hi > 0)
+    std::snprintf(buf, sizeof buf, "%.3fx (95 %% %.3f" "\xe2\x80\x93" "%.3f)", r.speedup, r.speedup_lo, r.speedup_hi);
+  else
+    std::snprintf(buf, sizeof buf, "%.3fx", r.speedup);
+  return buf;
+}
+
 }  // namespace
 
 std::string to_json(const Result& r, int indent) {
@@ -41,11 +51,16 @@ std::string to_json(const Result& r, int indent) {
                       {"reference", times(r.ref_ms)},
                       {"candidate", times(r.cand_ms)},
                       {"speedup", r.speedup},
+                      {"speedup_lo", r.speedup_lo},
+                      {"speedup_hi", r.speedup_hi},
+                      {"speedup_confidence", 0.95},
+                      {"timing_unstable", r.timing_unstable},
                       {"max_abs_error", r.max_abs_error},
                       {"max_rel_error", r.max_rel_error},
                       {"nondeterministic", r.nondeterministic},
                       {"task_degenerate", r.task_degenerate},
                       {"degenerate_reason", r.degenerate_reason},
+                      {"speed_rewarded", r.ok() && !r.task_degenerate},
                       {"checks_passed", r.checks_passed()},
                       {"checks_total", r.checks.size()},
                       {"reward", r.reward},
@@ -80,13 +95,15 @@ std::string to_text(const Result& r) {
     o << buf;
   }
   if (r.verdict == Verdict::Ok) {
-    std::snprintf(buf, sizeof buf, "speedup    %.3fx\n", r.speedup);
-    o << buf;
+    o << "speedup    " << speedup_text(r) << "\n";
+    if (r.timing_unstable) o << "           timing unstable: conservative estimate (the interval's lower bound)\n";
   }
   std::snprintf(buf, sizeof buf, "max error  abs %.3g  rel %.3g%s\n", r.max_abs_error, r.max_rel_error,
                 r.nondeterministic ? "  (nondeterministic across identical calls)" : "");
   o << buf;
-  if (r.task_degenerate) o << "task       DEGENERATE: " << r.degenerate_reason << "\n";
+  if (r.task_degenerate)
+    o << "task       DEGENERATE: " << r.degenerate_reason
+      << (r.ok() ? "; no speed reward (scored as speedup 1.0)" : "") << "\n";
   std::snprintf(buf, sizeof buf, "reward     %.3f   compile %.2f s   verify %.2f s\n", r.reward, r.compile_s, r.verify_s);
   o << buf;
   o << "checks     " << r.checks_passed() << "/" << r.checks.size() << " passed\n";

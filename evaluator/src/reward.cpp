@@ -53,6 +53,21 @@ double RewardModel::score(Verdict v, double speedup) {
   return r;
 }
 
+double RewardModel::score(const Result& r) {
+  if (r.verdict == Verdict::Ok && r.task_degenerate) return neutral_reward();
+  return score(r.verdict, r.speedup);
+}
+
+double RewardModel::neutral_reward() const {
+  if (o_.kind != "cuda_l1") return 0;  // clip(1 - 1), clip(log 1)
+  std::lock_guard<std::mutex> lk(mu_);
+  const int n = int(recent_.size());
+  if (n < o_.min_samples) return 0;
+  const double mean = sum_ / n;
+  const double var = std::max(0.0, sum2_ / n - mean * mean);
+  return std::clamp((1.0 - mean) / std::max(std::sqrt(var), o_.min_std), -o_.clip, o_.clip);
+}
+
 double RewardModel::running_mean() const {
   std::lock_guard<std::mutex> lk(mu_);
   return recent_.empty() ? 0 : sum_ / double(recent_.size());

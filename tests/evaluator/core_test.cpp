@@ -1,7 +1,8 @@
-// Torch-free parts: content hash, timing statistics, reward.
+// Torch-free parts: content hash, timing statistics, reward, result reports.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <nlohmann/json.hpp>
 
 #include "../../evaluator/src/sha256.h"
 #include "kf/common/error.h"
@@ -84,6 +85,94 @@ TEST(RewardTest, OtherKindsAndBadConfig) {
   EXPECT_NEAR(RewardModel(o).score(Verdict::Ok, 2.0), 1.0, 1e-12);
   o.kind = "bogus";
   EXPECT_THROW(RewardModel{o}, kf::Error);
+}
+
+// A degenerate task's ok result is scored as speedup 1.0 whatever it measured, in every
+// kind, and does not move cuda_l1's running statistics.
+TEST(RewardTest, DegenerateTaskGivesNoSpeedReward) {
+  Result r;
+  r.verdict = Verdict::Ok;
+  r.speedup = 10.1;
+  r.task_degenerate = true;
+  r.degenerate_reason = "reference output is (nearly) the same for different inputs";
+  for (const char* kind : {"speedup", "log_speedup", "cuda_l1"}) {
+    RewardOptions o;
+    o.kind = kind;
+    RewardModel m(o);
+    EXPECT_DOUBLE_EQ(m.score(r), 0.0) << kind;
+    EXPECT_DOUBLE_EQ(m.score(r), m.score(Verdict::Ok, 1.0)) << kind;
+    Result honest = r;
+    honest.task_degenerate = false;
+    EXPECT_GT(RewardModel(o).score(honest), 1.0) << kind;  // the same speedup on a sound task pays
+  }
+  // cuda_l1 past its warm-up: the normalised score of 1.0, statistics untouched.
+  RewardOptions o;
+  o.min_samples = 4;
+  RewardModel m(o);
+  for (double s : {1.5, 2.0, 2.5, 2.0}) m.score(Verdict::Ok, s);
+  const double mean = m.running_mean(), sd = m.running_std();
+  const double got = m.score(r);
+  EXPECT_NEAR(got, std::max(-2.0, (1.0 - mean) / sd), 1e-9);
+  EXPECT_LT(got, 0);
+  EXPECT_EQ(m.samples(), 4);
+  EXPECT_DOUBLE_EQ(m.running_mean(), mean);
+  EXPECT_DOUBLE_EQ(m.neutral_reward(), got);
+  // Failures on a degenerate task keep their failure reward.
+  r.verdict = Verdict::Incorrect;
+  EXPECT_DOUBLE_EQ(m.score(r), m.failure_reward(Verdict::Incorrect));
+}
+
+TEST(ResultTest, ReportsTheSpeedupIntervalAndTheUnstableFlag) {
+  Result r;
+  r.task = "t";
+  r.verdict = Verdict::Ok;
+  r.speedup = 1.234;
+  r.speedup_lo = 1.18;
+  r.speedup_hi = 1.29;
+  std::string t = to_text(r);
+  EXPECT_NE(t.find("speedup    1.234x (95 % 1.180\xe2\x80\x93" "1.290)\n"), std::string::npos) << t;
+  EXPECT_EQ(t.find("timing unstable"), std::string::npos) << t;
+  auto j = nlohmann::json::parse(to_json(r));
+  EXPECT_DOUBLE_EQ(j["speedup_lo"].get<double>(), 1.18);
+  EXPECT_DOUBLE_EQ(j["speedup_hi"].get<double>(), 1.29);
+  EXPECT_DOUBLE_EQ(j["speedup_confidence"].get<double>(), 0.95);
+  EXPECT_FALSE(j["timing_unstable"].get<bool>());
+  EXPECT_TRUE(j["speed_rewarded"].get<bool>());
+
+  r.timing_unstable = true;
+  r.speedup = r.speedup_lo;
+  t = to_text(r);
+  EXPECT_NE(t.find("speedup    1.180x (95 % 1.180"), std::string::npos) << t;
+  EXPECT_NE(t.find("timing unstable: conservative estimate"), std::string::npos) << t;
+  j = nlohmann::json::parse(to_json(r));
+  EXPECT_TRUE(j["timing_unstable"].get<bool>());
+  EXPECT_DOUBLE_EQ(j["speedup"].get<double>(), 1.18);
+
+  // No interval measured (older results): the speedup alone.
+  r.speedup_lo = r.speedup_hi = 0;
+  r.timing_unstable = false;
+  EXPECT_NE(to_text(r).find("speedup    1.180x\n"), std::string::npos) << to_text(r);
+  // Not ok: no speedup line at all.
+  r.verdict = Verdict::Incorrect;
+  EXPECT_EQ(to_text(r).find("speedup "), std::string::npos) << to_text(r);
+}
+
+TEST(ResultTest, DegenerateTaskSaysNoSpeedReward) {
+  Result r;
+  r.task = "041_mse_loss";
+  r.verdict = Verdict::Ok;
+  r.speedup = 10.1;
+  r.task_degenerate = true;
+  r.degenerate_reason = "reference output is (nearly) the same for different inputs";
+  const std::string t = to_text(r);
+  EXPECT_NE(t.find("DEGENERATE: reference output is (nearly) the same for different inputs; no speed reward"),
+            std::string::npos) << t;
+  const auto j = nlohmann::json::parse(to_json(r));
+  EXPECT_TRUE(j["task_degenerate"].get<bool>());
+  EXPECT_FALSE(j["speed_rewarded"].get<bool>());
+  r.task_degenerate = false;
+  EXPECT_EQ(to_text(r).find("no speed reward"), std::string::npos);
+  EXPECT_TRUE(nlohmann::json::parse(to_json(r))["speed_rewarded"].get<bool>());
 }
 
 TEST(ResultTest, JsonAndTextNameTheVerdict) {

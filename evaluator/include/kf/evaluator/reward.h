@@ -7,6 +7,12 @@
 // kernel always beats a broken one.
 // Other kinds: "speedup" (clip(speedup - 1)), "log_speedup" (clip(log speedup)).
 //
+// A result on a degenerate task (Result::task_degenerate: the reference output barely
+// depends on the inputs, so a kernel that returns a constant can pass) earns no speed
+// reward: it is scored as speedup 1.0 under the configured kind (0 for "speedup" and
+// "log_speedup"; for "cuda_l1" the normalised score of 1.0, without adding the sample
+// to the running statistics), whatever speedup it measured.
+//
 // Threading: RewardModel is thread-safe (one mutex).
 #pragma once
 #include <deque>
@@ -31,7 +37,10 @@ class RewardModel {
   explicit RewardModel(RewardOptions o = {});
   // Scores one result (and, for ok results, updates the running statistics).
   double score(Verdict v, double speedup);
-  double score(const Result& r) { return score(r.verdict, r.speedup); }
+  // As above, and a degenerate task's ok result gets neutral_reward().
+  double score(const Result& r);
+  // The reward of speedup 1.0 under the configured kind, without updating the statistics.
+  double neutral_reward() const;
   double failure_reward(Verdict v) const;
   double running_mean() const;
   double running_std() const;
