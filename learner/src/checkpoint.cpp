@@ -11,7 +11,10 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <ctime>
+#include <mutex>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "kf/common/error.h"
 #include "kf/common/log.h"
@@ -92,6 +95,44 @@ void mkdir_p(const std::string& dir) {
 bool is_dir(const std::string& p) {
   struct stat st {};
   return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+// "step-" + 12 digits exactly: a folder set aside (step-...corrupt-...) is not a checkpoint.
+bool is_checkpoint_name(const std::string& n) {
+  if (n.size() != 17 || n.rfind("step-", 0) != 0) return false;
+  return std::all_of(n.begin() + 5, n.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
+// Checkpoints this process wrote or verified, so keep-N does not re-hash them every time.
+std::mutex g_known_mu;
+std::set<std::string> g_known_valid;
+void remember_valid(const std::string& path) {
+  std::lock_guard<std::mutex> l(g_known_mu);
+  g_known_valid.insert(path);
+}
+void forget(const std::string& path) {
+  std::lock_guard<std::mutex> l(g_known_mu);
+  g_known_valid.erase(path);
+}
+bool known_valid(const std::string& path) {
+  std::lock_guard<std::mutex> l(g_known_mu);
+  return g_known_valid.count(path) > 0;
+}
+
+void verify_manifest(const std::string& path, bool hashes);
+
+// Valid or not, checked now: a checkpoint this process wrote or verified before gets the
+// cheap check (manifest and file sizes), any other the full one (hashes too). A corrupt
+// one is set aside and false returned.
+bool valid_or_set_aside(const std::string& path) {
+  try {
+    verify_manifest(path, /*hashes=*/!known_valid(path));
+    remember_valid(path);
+    return true;
+  } catch (const std::exception& e) {
+    set_aside_corrupt(path, e.what());
+    return false;
+  }
 }
 
 }  // namespace
@@ -208,16 +249,71 @@ std::string write_checkpoint(const std::string& dir, const CheckpointData& data,
   write_plain(tmp + "/MANIFEST.json", manifest.dump(1));
   fsync_path(tmp, true);
   const std::string final_path = dir + "/" + name;
-  if (is_dir(final_path)) remove_tree(final_path);  // a rewrite of the same step (e.g. final checkpoint)
+  // A rewrite of the same step (e.g. the final checkpoint) replaces a valid folder; a
+  // corrupt one of that step is set aside, never overwritten.
+  if (is_dir(final_path) && valid_or_set_aside(final_path)) {
+    forget(final_path);
+    remove_tree(final_path);
+  }
   if (::rename(tmp.c_str(), final_path.c_str()) != 0)
     throw Error("checkpoint: rename " + tmp + " -> " + final_path + ": " + std::strerror(errno));
   fsync_path(dir, true);
-  auto all = list_checkpoints(dir);
-  for (std::size_t i = 0; keep > 0 && i + keep < all.size(); ++i) remove_tree(all[i].path);
+  remember_valid(final_path);
+  // Keep the newest `keep` VALID checkpoints, the one just written first: a corrupt folder
+  // is set aside (not counted as kept), so cleanup never deletes the last good one.
+  if (keep > 0) {
+    auto all = list_checkpoints(dir);
+    int64_t kept = 1;
+    for (auto it = all.rbegin(); it != all.rend(); ++it) {
+      if (it->path == final_path) continue;
+      if (kept < keep) {
+        if (valid_or_set_aside(it->path)) ++kept;
+        continue;
+      }
+      forget(it->path);
+      remove_tree(it->path);
+    }
+  }
   return final_path;
 }
 
-void verify_checkpoint(const std::string& path) {
+std::string set_aside_corrupt(const std::string& path, const std::string& why) {
+  char stamp[32];
+  const std::time_t now = std::time(nullptr);
+  std::tm tm {};
+  ::gmtime_r(&now, &tm);
+  std::strftime(stamp, sizeof stamp, "%Y%m%dT%H%M%SZ", &tm);
+  std::string to = path + ".corrupt-" + stamp;
+  for (int n = 2; ::access(to.c_str(), F_OK) == 0; ++n) to = path + ".corrupt-" + stamp + "-" + std::to_string(n);
+  forget(path);
+  if (::rename(path.c_str(), to.c_str()) != 0) {
+    log_error("learner checkpoint: ", path, " is unusable (", why, ") and could not be renamed to ", to, ": ",
+              std::strerror(errno), "; left in place");
+    return path;
+  }
+  log_warn("learner checkpoint: ", path, " is unusable (", why, "); renamed to ", to, " (kept for inspection)");
+  return to;
+}
+
+std::vector<CheckpointCheck> check_checkpoints(const std::string& dir) {
+  std::vector<CheckpointCheck> out;
+  auto all = list_checkpoints(dir);
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    CheckpointCheck c{it->path, it->step, ""};
+    try {
+      verify_checkpoint(it->path);
+    } catch (const std::exception& e) {
+      c.error = e.what();
+    }
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+void verify_checkpoint(const std::string& path) { verify_manifest(path, true); }
+
+namespace {
+void verify_manifest(const std::string& path, bool hashes) {
   const std::string mpath = path + "/MANIFEST.json";
   struct stat st {};
   if (::stat(mpath.c_str(), &st) != 0) throw Error(mpath + ": missing (partial checkpoint)");
@@ -237,17 +333,19 @@ void verify_checkpoint(const std::string& path) {
     if (static_cast<uint64_t>(st.st_size) != f.at("bytes").get<uint64_t>())
       throw Error(p + ": size " + std::to_string(st.st_size) + " != manifest " +
                   std::to_string(f.at("bytes").get<uint64_t>()) + " (truncated)");
+    if (!hashes) continue;
     char hex[17];
     std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(hash_file(p)));
     if (f.at("xxh64").get<std::string>() != hex)
       throw Error(p + ": xxh64 " + hex + " != manifest " + f.at("xxh64").get<std::string>() + " (corrupt)");
   }
 }
+}  // namespace
 
 std::vector<CheckpointRef> list_checkpoints(const std::string& dir) {
   std::vector<CheckpointRef> out;
   for (const auto& n : list_dir(dir)) {
-    if (n.rfind("step-", 0) != 0 || !is_dir(dir + "/" + n)) continue;
+    if (!is_checkpoint_name(n) || !is_dir(dir + "/" + n)) continue;
     out.push_back({dir + "/" + n, std::atoll(n.c_str() + 5)});
   }
   std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.step < b.step; });
@@ -259,11 +357,13 @@ std::optional<CheckpointRef> find_latest_valid(const std::string& dir) {
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
     try {
       verify_checkpoint(it->path);
+      remember_valid(it->path);
       return *it;
-    } catch (const Error& e) {
+    } catch (const std::exception& e) {
       const bool more = std::next(it) != all.rend();
       log_warn("learner checkpoint: ", it->path, " is unusable: ", e.what(), "; ",
                more ? "falling back to " + std::next(it)->path : std::string("no older checkpoint left"));
+      set_aside_corrupt(it->path, e.what());
     }
   }
   return std::nullopt;

@@ -82,6 +82,27 @@ void SnapshotPublisher::wait() {
 void SnapshotPublisher::publish(int64_t version) {
   const double t0 = now_ms();
   wait();
+  // Versions only grow: a learner restarted from an older checkpoint (or before its first
+  // one) would otherwise publish numbers the store already gave to other weights. It
+  // publishes again once its version passes the store's newest; until then the actors
+  // keep sampling from that newest snapshot.
+  static bool holding_back = false;  // publish() runs on the rank-0 training thread only
+  static int64_t last_own = -1;      // this process's newest published version
+  if (store_) {
+    const int64_t newest = store_->latest().version;
+    if (version <= newest) {
+      if (version == newest && newest == last_own) return;  // these weights are already out
+      if (!holding_back)
+        log_warn("learner snapshot publisher: the store already holds version ", newest,
+                 " (from an earlier learner process); not publishing version ", version,
+                 " under a number that names other weights; publishing resumes at version ", newest + 1);
+      holding_back = true;
+      return;
+    }
+    if (holding_back) log_info("learner snapshot publisher: publishing again at version ", version);
+    holding_back = false;
+    last_own = version;
+  }
   torch::NoGradGuard ng;
   // Patch the version into the header's reserved field.
   {

@@ -131,6 +131,15 @@ int main(int argc, char** argv) {
     if (resume) learner.resume(/*restore_shm=*/!keep_shm);
     if (shm) learner.publish_snapshot();
     int slot = shm ? shm->control().register_process("learner", rank) : -1;
+    // Counter 11: this rank's absolute step (the resumed step included), which the
+    // launcher's status shows for rank 0.
+    int64_t step_reported = 0;
+    auto report_step = [&] {
+      if (slot < 0 || learner.steps_done() <= step_reported) return;
+      shm->control().add_counter(slot, 11, static_cast<uint64_t>(learner.steps_done() - step_reported));
+      step_reported = learner.steps_done();
+    };
+    report_step();
     // Metrics: rank 0 only (every rank sees the same all-reduced step stats).
     std::unique_ptr<kf::MetricsWriter> metrics;
     if (rank == 0 && (shm || run_dir_given)) metrics = std::make_unique<kf::MetricsWriter>(run_dir + "/metrics", "learner");
@@ -154,7 +163,7 @@ int main(int argc, char** argv) {
       if (slot >= 0) {
         // Control-block counters of role "learner": 0 steps, 1 groups used, 2 groups dropped
         // stale, 3 groups skipped (equal rewards), 4 tokens, 5 empty steps, 6 snapshots
-        // published, 7 checkpoints written.
+        // published, 7 checkpoints written (all counted by this process); 11 the absolute step.
         const char* names[] = {"steps", "groups_used", "dropped_stale", "skipped_equal", "tokens", "empty_steps",
                                "publishes", "checkpoints"};
         for (int i = 0; i < 8; ++i) {
@@ -164,6 +173,7 @@ int main(int argc, char** argv) {
         using CB = kf::replay::ControlBlock;
         shm->control().add_counter(slot, CB::kWorkMs, static_cast<uint64_t>((st.seconds - st.take_seconds) * 1e3));
         shm->control().add_counter(slot, CB::kGpuWaitMs, static_cast<uint64_t>(st.gpu_wait_seconds * 1e3));
+        report_step();
         shm->control().heartbeat(slot);
       }
       if (metrics) {

@@ -1,7 +1,9 @@
 // Checkpoint files: atomic folders, keep-last-K, and the fallback past corrupt or
 // partial checkpoints.
 #include <gtest/gtest.h>
+#include <dirent.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <fstream>
 
@@ -77,4 +79,61 @@ TEST(LearnerCheckpointTest, HashIsXxh64) {
   // Reference values of XXH64 with seed 0.
   EXPECT_EQ(hash64("", 0), 0xEF46DB3751D8E999ULL);
   EXPECT_EQ(hash64("abc", 3), 0x44BC2CF5AD770999ULL);
+}
+
+namespace {
+// Folder names in `dir` that start with `prefix`.
+std::vector<std::string> names_with(const std::string& dir, const std::string& prefix) {
+  std::vector<std::string> out;
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (dirent* e = ::readdir(d))
+      if (std::string(e->d_name).rfind(prefix, 0) == 0) out.push_back(e->d_name);
+    ::closedir(d);
+  }
+  return out;
+}
+}  // namespace
+
+TEST(LearnerCheckpointTest, KeepNeverCountsCorruptFoldersAndNeverDeletesTheLastGoodOne) {
+  TempDir tmp;
+  const std::string dir = tmp.path + "/checkpoints";
+  write_checkpoint(dir, tiny_data(1), 2);
+  write_checkpoint(dir, tiny_data(2), 2);
+  ::truncate((dir + "/" + checkpoint_name(2) + "/model.safetensors").c_str(), 16);
+  // keep 2 used to count step 2 as kept and delete step 1, the only other good one.
+  write_checkpoint(dir, tiny_data(3), 2);
+  const auto all = list_checkpoints(dir);
+  ASSERT_EQ(all.size(), 2u);
+  EXPECT_EQ(all[0].step, 1);
+  EXPECT_EQ(all[1].step, 3);
+  EXPECT_NO_THROW(verify_checkpoint(all[0].path));
+  // The corrupt folder was renamed aside, not deleted, and is no longer listed.
+  const auto aside = names_with(dir, checkpoint_name(2) + ".corrupt-");
+  ASSERT_EQ(aside.size(), 1u);
+  EXPECT_TRUE(exists(dir + "/" + aside[0] + "/model.safetensors"));
+}
+
+TEST(LearnerCheckpointTest, FallbackRenamesCorruptFoldersAndARewriteNeverOverwritesOne) {
+  TempDir tmp;
+  const std::string dir = tmp.path + "/checkpoints";
+  for (int64_t s = 1; s <= 2; ++s) write_checkpoint(dir, tiny_data(s), 5);
+  ::truncate((dir + "/" + checkpoint_name(2) + "/optimizer.safetensors").c_str(), 10);
+  // check_checkpoints reports, newest first, and touches nothing.
+  const auto checks = check_checkpoints(dir);
+  ASSERT_EQ(checks.size(), 2u);
+  EXPECT_EQ(checks[0].step, 2);
+  EXPECT_NE(checks[0].error.find("optimizer.safetensors"), std::string::npos) << checks[0].error;
+  EXPECT_TRUE(checks[1].error.empty()) << checks[1].error;
+  EXPECT_TRUE(exists(dir + "/" + checkpoint_name(2)));
+  // The fallback sets the corrupt one aside.
+  EXPECT_EQ(find_latest_valid(dir)->step, 1);
+  EXPECT_FALSE(exists(dir + "/" + checkpoint_name(2)));
+  EXPECT_EQ(names_with(dir, checkpoint_name(2) + ".corrupt-").size(), 1u);
+  // A corrupt folder of the step being written is set aside too, not replaced in place.
+  write_checkpoint(dir, tiny_data(3), 5);
+  ::truncate((dir + "/" + checkpoint_name(3) + "/state.json").c_str(), 1);
+  write_checkpoint(dir, tiny_data(3), 5);
+  EXPECT_NO_THROW(verify_checkpoint(dir + "/" + checkpoint_name(3)));
+  EXPECT_EQ(names_with(dir, checkpoint_name(3) + ".corrupt-").size(), 1u);
+  EXPECT_EQ(list_checkpoints(dir).size(), 2u);  // 1 and 3; the .corrupt-* folders are not checkpoints
 }

@@ -10,10 +10,12 @@
 // Atomic: everything goes to a hidden temp folder first (each file fsynced), which is
 // renamed into place and the parent fsynced, so a crash leaves the previous
 // checkpoints intact and at most a temp folder (removed on the next write). Only the
-// newest `keep` are kept.
+// newest `keep` valid ones are kept: the one just written always counts, corrupt folders
+// never do, so cleanup cannot delete the last good checkpoint.
 // Corruption: find_latest_valid() checks the manifest of each checkpoint, newest first;
 // a missing manifest, a size or hash mismatch is logged (which checkpoint, why, which one
-// is used instead) and the previous checkpoint is tried.
+// is used instead) and the previous checkpoint is tried. A corrupt folder is renamed to
+// <name>.corrupt-<UTC time> (set_aside_corrupt), never overwritten or deleted.
 // Threading: one writer (learner rank 0); readers any thread.
 #pragma once
 #include <torch/torch.h>
@@ -53,9 +55,22 @@ struct CheckpointRef {
   std::string path;
   int64_t step = 0;
 };
-// The newest checkpoint that verifies; corrupt ones are skipped with a warning.
+// The newest checkpoint that verifies; corrupt ones newer than it are set aside with a warning.
 std::optional<CheckpointRef> find_latest_valid(const std::string& dir);
-std::vector<CheckpointRef> list_checkpoints(const std::string& dir);  // ascending step
+std::vector<CheckpointRef> list_checkpoints(const std::string& dir);  // ascending step; step-<12 digits> only
+
+// Every checkpoint folder, newest first, verified; changes nothing (tools/launch --resume
+// reports these before it starts anything).
+struct CheckpointCheck {
+  std::string path;
+  int64_t step = 0;
+  std::string error;  // empty: valid; else why it is unusable
+};
+std::vector<CheckpointCheck> check_checkpoints(const std::string& dir);
+
+// Renames an unusable checkpoint folder to <path>.corrupt-<UTC time> with a log line naming
+// both paths and `why`; returns the new path (the old one if the rename failed, logged).
+std::string set_aside_corrupt(const std::string& path, const std::string& why);
 
 // Reads every tensor of a safetensors file to CPU (copies; the file is closed after).
 std::map<std::string, torch::Tensor> read_tensors(const std::string& file);
