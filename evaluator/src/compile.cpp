@@ -384,18 +384,33 @@ struct CompileService::Impl {
     write_text_atomic(work + "/" + name, source);
     const std::string vsrc = kViewWork + "/" + name, vobj = kViewWork + "/kernel.so",
                       vdep = kViewWork + "/kernel.d", vasdep = kViewWork + "/kernel.as.d";
-    SpawnSpec s;
-    s.argv = {resolve(compiler(b))};
-    for (const auto& x : fl) {
-      if (x == "-lcublas") continue;  // libraries go after the source
-      s.argv.push_back(x);
-    }
-    // The files it opens: headers (-MD) and, for g++, what the assembler read (.incbin).
-    s.argv.insert(s.argv.end(), {"-MD", "-MF", vdep});
-    if (b == KF_BACKEND_CPU) s.argv.push_back("-Wa,--MD," + vasdep);
-    s.argv.insert(s.argv.end(), {"-I", kViewAbi, vsrc, "-o", vobj});
+    // The commands. g++ compiles and links in one run. nvcc compiles (-c), then links: its
+    // device-link stub runs the assembler again, which would overwrite the assembler's
+    // dependency output (--MD, the files .incbin read) of the candidate's own code.
+    const std::string cc = resolve(compiler(b)), vo = kViewWork + "/kernel.o";
+    std::vector<std::vector<std::string>> steps;
+    std::vector<std::string> a = {cc};
     for (const auto& x : fl)
-      if (x == "-lcublas") s.argv.push_back(x);
+      if (x != "-lcublas" && !(b == KF_BACKEND_CUDA && x == "-shared")) a.push_back(x);  // libraries go after the source
+    // The files it opens: headers (-MD) and what the assembler read.
+    a.insert(a.end(), {"-MD", "-MF", vdep});
+    if (b == KF_BACKEND_CPU) {
+      a.insert(a.end(), {"-Wa,--MD," + vasdep, "-I", kViewAbi, vsrc, "-o", vobj});
+      for (const auto& x : fl)
+        if (x == "-lcublas") a.push_back(x);
+      steps.push_back(a);
+    } else {
+      a.insert(a.end(), {"-Xcompiler=-Wa\\,--MD\\," + vasdep, "-I", kViewAbi, "-c", vsrc, "-o", vo});
+      steps.push_back(a);
+      std::vector<std::string> link = {cc};
+      for (const auto& x : fl)
+        if (x != "-lcublas") link.push_back(x);
+      link.insert(link.end(), {vo, "-o", vobj});
+      for (const auto& x : fl)
+        if (x == "-lcublas") link.push_back(x);
+      steps.push_back(link);
+    }
+    SpawnSpec s;
     s.env = pick_env({"PATH", "LD_LIBRARY_PATH", "LANG", "CUDA_HOME", "LIBRARY_PATH"});
     s.env.push_back("TMPDIR=" + kViewWork);
     s.env.push_back("HOME=" + kViewWork);
@@ -408,7 +423,16 @@ struct CompileService::Impl {
     s.rlimits.push_back({RLIMIT_CORE, 0});
     BoundedRun br;
     try {
-      br = run_bounded(s, o.time_limit_s, 1 << 20);
+      std::string output;
+      double left = o.time_limit_s;
+      for (const auto& argv : steps) {
+        s.argv = argv;
+        br = run_bounded(s, left, 1 << 20);
+        output += br.output;
+        left -= br.seconds;
+        if (br.timed_out || !WIFEXITED(br.status) || WEXITSTATUS(br.status) != 0) break;
+      }
+      br.output = output;
     } catch (const Error& e) {
       // Never an unconfined compile: the candidate fails, and nothing is cached (the host,
       // not the source, is at fault).

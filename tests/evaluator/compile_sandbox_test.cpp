@@ -300,6 +300,19 @@ TEST(CompileSandboxTest, FilesOutsideTheAllowedHeadersAreRejectedByName) {
     EXPECT_NE(r.diagnostics.find("/usr/lib/os-release"), std::string::npos) << r.diagnostics;
     for (const auto& l : lines_of("/usr/lib/os-release")) EXPECT_EQ(r.diagnostics.find(l), std::string::npos) << r.diagnostics;
   }
+  // .incbin of a file inside the view: the assembler's dependency output names it (g++,
+  // and nvcc's host compile).
+  if (access("/usr/lib/os-release", R_OK) == 0) {
+    const std::string src = "#include <kf/kernel.h>\nasm(\".inc\" \"bin \\\"/usr/lib/os-release\\\"\");\n" + kEntry;
+    std::vector<Backend> backends = {KF_BACKEND_CPU};
+    if (have_nvcc(o)) backends.push_back(KF_BACKEND_CUDA);
+    for (Backend b : backends) {
+      CompileResult r = cs.compile(src, b);
+      EXPECT_FALSE(r.ok) << "backend " << int(b) << " embedded a file outside the allowed headers";
+      EXPECT_TRUE(r.rejected_source) << r.diagnostics;
+      EXPECT_NE(r.diagnostics.find("opened /usr/lib/os-release"), std::string::npos) << r.diagnostics;
+    }
+  }
   // A header that compiles (CUDA's, outside the CPU backend's allowed set).
   const std::string cuda_hdr = "/usr/local/cuda/include/vector_types.h";
   if (access(cuda_hdr.c_str(), R_OK) == 0) {
