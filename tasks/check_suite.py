@@ -12,14 +12,14 @@ parameters fixed, as the evaluator does); per output element, r = the standard d
 across the sets / the element's tolerance (atol + rtol * |value|, the task's KF_TOLERANCE
 or the dtype default). The evaluator calls a task degenerate when every element of set 1
 is within tolerance of set 0, and then a kernel returning a constant (a loss's expected
-value) passes. An output of at most DEGEN_FEW_VALUES elements (a loss, per-channel
+value) passes. An output of fewer than DEGEN_MANY elements (a loss, per-channel
 statistics) needs max r >= DEGEN_MIN_RATIO; a larger one needs its DEGEN_MANY-th largest
 r >= DEGEN_MANY_RATIO (a constant then misses at that many elements; a bf16 softmax's
 probabilities cannot reach 100x their tolerance). Printed as `dep`: the smallest over the
 outputs of r / its threshold (>= 1 passes). --degenerate also checks the CUDA size, by a
 down-scaled run: the first size constant divided by 2^k until the inputs fit DEGEN_BUDGET
-bytes and the forward DEGEN_FLOPS (counted on the meta device), the others at their CUDA
-values. An output whose shape does not change with that constant reduces over it (or
+bytes and the forward DEGEN_FLOPS (counted on the meta device; the _MANY limits when no
+output has few values), the others at their CUDA values. An output whose shape does not change with that constant reduces over it (or
 ignores it): its r is scaled by sqrt(N_down / N_cuda) (N: input elements), since sampling
 noise shrinks as 1/sqrt(N) and anything that does not shrink only helps (a lower bound).
 An output indexed by it has the CUDA size's per-element distribution as measured.
@@ -48,11 +48,13 @@ GIB = 1 << 30
 CPU_MS = (1.0, 50.0)
 DEGEN_SETS = 4
 DEGEN_MIN_RATIO = 100.0
-DEGEN_FEW_VALUES = 4096
 DEGEN_MANY, DEGEN_MANY_RATIO = 100, 10.0
-DEGEN_BUDGET = 256 << 20
+DEGEN_FEW_VALUES = DEGEN_MANY - 1
+# Down-scaling limits at the CUDA size: looser for a task with an output of few values
+# (its bound is scaled by sqrt(N_down / N_cuda)), tighter for the others.
+DEGEN_BUDGET, DEGEN_FLOPS = 1 << 30, 5e10
+DEGEN_BUDGET_MANY, DEGEN_FLOPS_MANY = 256 << 20, 4e9
 DEGEN_SAMPLE = 1 << 20  # elements of a large output kept per set (evenly strided)
-DEGEN_FLOPS = 4e9
 DEFAULT_TOL = {torch.float64: (1e-8, 1e-8), torch.float32: (1e-4, 1e-4),
                torch.float16: (1e-2, 1e-2), torch.bfloat16: (2e-2, 2e-2)}
 RANDOM_WORDS = ("rand", "normal", "bernoulli", "dropout", "uniform", "multinomial", "poisson",
@@ -237,7 +239,7 @@ def input_numel(inputs):
 
 
 def meta_run(mod):
-    """(input elements, input bytes, output shapes, forward flops) on the meta device."""
+    """(input elements, input bytes, output shapes, forward flops, output dtypes) on the meta device."""
     from torch.utils.flop_counter import FlopCounterMode
     with torch.device("meta"), torch.no_grad():
         model, inputs = build(mod)
@@ -245,25 +247,27 @@ def meta_run(mod):
             outs = flat(model(*inputs))
     ins = flat(inputs)
     return (sum(t.numel() for t in ins), sum(t.numel() * t.element_size() for t in ins),
-            [tuple(o.shape) for o in outs], fc.get_total_flops())
+            [tuple(o.shape) for o in outs], fc.get_total_flops(), [o.dtype for o in outs])
 
 
 def check_dependence_cuda(path):
     """The CUDA-size check by a down-scaled run (see the module doc); returns (problems,
     smallest r over threshold, down-scale factor)."""
     mod, cuda_sizes, _ = load(path, "cuda")
-    n_cuda, nbytes, shapes, flops = meta_run(mod)
+    n_cuda, nbytes, shapes, flops, dtypes = meta_run(mod)
     numels = [int(torch.Size(s).numel()) for s in shapes]
+    few = any(n <= DEGEN_FEW_VALUES for n in numels)
+    budget, max_flops = (DEGEN_BUDGET, DEGEN_FLOPS) if few else (DEGEN_BUDGET_MANY, DEGEN_FLOPS_MANY)
     key = next(iter(cuda_sizes))
     f = 1
-    while (nbytes / f > DEGEN_BUDGET or flops / f > DEGEN_FLOPS) and cuda_sizes[key] // (2 * f) >= 1:
+    while (nbytes / f > budget or flops / f > max_flops) and cuda_sizes[key] // (2 * f) >= 1:
         f *= 2
     setattr(mod, key, cuda_sizes[key] // f)
-    n_down, _, down_shapes, _ = meta_run(mod)
+    n_down, _, down_shapes, _, _ = meta_run(mod)
     model, _ = build(mod)
     per_set = outputs_over_sets(mod, model)
     scale = [(n_down / n_cuda) ** 0.5 if a == b else 1.0 for a, b in zip(shapes, down_shapes)]
-    ratios = dependence(mod, per_set, dtypes_of(mod, model), numels, scale)
+    ratios = dependence(mod, per_set, dtypes, numels, scale)
     p = [f"cuda size ({key} / {f}): output {i} barely depends on the inputs (lower bound of std across sets / "
          f"tolerance is {r:.3g} x the threshold)" for i, r in enumerate(ratios) if r < 1.0]
     return p, min(ratios) if ratios else float("nan"), f

@@ -19,7 +19,9 @@ dim = 65536
 
 
 def get_inputs():
-    return [torch.randn(batch, rows, dim) * 3.0 + 0.5]
+    # Per-set, per-row offsets: each mean moves between input sets by far more than the
+    # tolerance (means of iid values sit within tolerance of 0.5 at the CUDA size).
+    return [torch.randn(batch, rows, dim) * 3.0 + 0.5 + torch.randn(1, rows, 1)]
 
 
 def get_init_inputs():

@@ -18,7 +18,11 @@ dim = 8192
 
 
 def get_inputs():
-    return [torch.randn(batch, dim), torch.randn(batch, dim) * 0.5 + 0.2]
+    # A per-set scale: the loss (~ s^2 + 0.29) moves by far more than the tolerance between
+    # input sets at any size; iid N(0, 1) alone gives its population value within
+    # tolerance at the CUDA size, and a kernel returning that constant would pass.
+    s = torch.rand(()) * 1.5 + 0.5
+    return [torch.randn(batch, dim) * s, torch.randn(batch, dim) * 0.5 + 0.2]
 
 
 def get_init_inputs():

@@ -18,7 +18,12 @@ dim = 8192
 
 
 def get_inputs():
-    return [torch.randn(batch, dim), torch.randn(batch, dim) + 0.3]
+    # The target follows the prediction with a per-set weight c in [-1, 2]: the mean cosine
+    # (~ c / sqrt(c^2 + 1)) moves between input sets by far more than the tolerance
+    # (independent rows average to a constant within tolerance).
+    c = torch.rand(()) * 3.0 - 1.0
+    pred = torch.randn(batch, dim)
+    return [pred, pred * c + torch.randn(batch, dim) + 0.3]
 
 
 def get_init_inputs():

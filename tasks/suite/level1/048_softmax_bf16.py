@@ -17,7 +17,11 @@ dim = 32768
 
 
 def get_inputs():
-    return [(torch.randn(batch, dim) * 3.0).to(torch.bfloat16)]
+    # A per-set logit scale in [4, 8]: rows are peaked, so many probabilities are far above
+    # the bf16 tolerance and move between input sets (at scale 3 and the CUDA width almost
+    # every probability is below the 1e-2 atol).
+    s = torch.rand(()) * 4.0 + 4.0
+    return [(torch.randn(batch, dim) * s).to(torch.bfloat16)]
 
 
 def get_init_inputs():

@@ -20,7 +20,10 @@ out_features = 4096
 
 
 def get_inputs():
-    return [torch.randn(batch, in_features), torch.randn(batch, out_features)]
+    # A per-set input scale: the loss (~ s^2 / 3 + 1) moves between input sets by far more
+    # than the tolerance.
+    s = torch.rand(()) * 1.5 + 0.5
+    return [torch.randn(batch, in_features) * s, torch.randn(batch, out_features)]
 
 
 def get_init_inputs():

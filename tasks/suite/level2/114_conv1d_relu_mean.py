@@ -21,7 +21,10 @@ length = 16384
 
 
 def get_inputs():
-    return [torch.randn(batch, cin, length)]
+    # A per-set scale: each mean moves between input sets by far more than the tolerance
+    # (means over the CUDA length of unit inputs sit within ~50x of it).
+    s = torch.rand(()) * 1.5 + 0.5
+    return [torch.randn(batch, cin, length) * s]
 
 
 def get_init_inputs():

@@ -20,7 +20,10 @@ classes = 8192
 
 
 def get_inputs():
-    return [torch.randn(batch, in_features), torch.randint(0, classes, (batch,))]
+    # A per-set input scale in [1, 8]: the loss moves between input sets by far more than
+    # the tolerance (unit inputs give logits of std 0.6, a loss near log(classes)).
+    s = torch.rand(()) * 7.0 + 1.0
+    return [torch.randn(batch, in_features) * s, torch.randint(0, classes, (batch,))]
 
 
 def get_init_inputs():

@@ -20,7 +20,10 @@ dim = 4096
 
 
 def get_inputs():
-    return [torch.randn(batch, dim), torch.randn(batch, dim), torch.randn(batch, dim)]
+    # A per-set scale of the negatives in [0.97, 1.03] moves dn against dp by up to
+    # +-0.03 sqrt(2 dim): the loss moves between input sets by far more than the tolerance.
+    s = torch.rand(()) * 0.06 + 0.97
+    return [torch.randn(batch, dim), torch.randn(batch, dim), torch.randn(batch, dim) * s]
 
 
 def get_init_inputs():

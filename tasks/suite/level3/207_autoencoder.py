@@ -21,7 +21,10 @@ code = 256
 
 
 def get_inputs():
-    return [torch.randn(batch, dim)]
+    # A per-set scale: the reconstruction loss (~ s^2) moves between input sets by far more
+    # than the tolerance.
+    s = torch.rand(()) * 1.5 + 0.5
+    return [torch.randn(batch, dim) * s]
 
 
 def get_init_inputs():

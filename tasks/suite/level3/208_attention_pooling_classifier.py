@@ -26,7 +26,11 @@ classes = 100
 
 
 def get_inputs():
-    return [torch.randn(batch, seq, dim), torch.randint(0, classes, (batch,))]
+    # A per-set offset vector m (std 1-4) shared by every token: pooled ~ m, so the logits
+    # (and the loss) differ between input sets by far more than the tolerance; zero-mean
+    # tokens pool to ~0 and give a loss of ~log(classes) whatever the inputs.
+    m = torch.randn(1, 1, dim) * (torch.rand(()) * 3.0 + 1.0)
+    return [torch.randn(batch, seq, dim) + m, torch.randint(0, classes, (batch,))]
 
 
 def get_init_inputs():
