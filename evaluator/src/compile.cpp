@@ -439,6 +439,7 @@ struct CompileService::Impl {
       log_error("compile service: the compiler could not be started confined (", e.what(), "); candidate ",
                 r.key.substr(0, 12), " gets compile_error, not cached; compiles fail until the host allows it");
       r.diagnostics = std::string("compile service: the compiler did not run: ") + e.what();
+      r.environment_failure = true;
       fsutil::remove_tree(work);
       return done(r);
     }
@@ -532,6 +533,7 @@ struct CompileService::Impl {
         log_error("compile service: ", e.what(), "; the candidate gets compile_error");
         CompileResult r;
         r.diagnostics = std::string("compile service: ") + e.what();
+        r.environment_failure = true;
         prom->set_value(r);
       }
       std::lock_guard<std::mutex> lk(mu);

@@ -336,6 +336,8 @@ TEST(CompileSandboxTest, ConfinementFailureFailsTheCompileWithTheReason) {
   CompileResult r = cs.compile(src, KF_BACKEND_CPU);
   EXPECT_FALSE(r.ok);
   EXPECT_FALSE(r.cached);
+  EXPECT_TRUE(r.environment_failure) << "the host's fault, not the source's";
+  EXPECT_FALSE(r.rejected_source);
   EXPECT_NE(r.diagnostics.find("did not run"), std::string::npos) << r.diagnostics;
   EXPECT_NE(r.diagnostics.find(".view"), std::string::npos) << r.diagnostics;
   EXPECT_NE(r.diagnostics.find("No such file or directory"), std::string::npos) << r.diagnostics;
@@ -343,6 +345,7 @@ TEST(CompileSandboxTest, ConfinementFailureFailsTheCompileWithTheReason) {
   ASSERT_EQ(::mkdir((o.cache_dir + "/.view").c_str(), 0755), 0);
   CompileResult again = cs.compile(src, KF_BACKEND_CPU);
   EXPECT_TRUE(again.ok) << again.diagnostics;
+  EXPECT_FALSE(again.environment_failure);
 }
 
 // Root without CAP_SYS_ADMIN (a container without it): unshare fails with EPERM, and the

@@ -50,7 +50,8 @@ struct CompileResult {
   std::string diagnostics;   // truncated: first errors, then the head of the output
   bool cached = false;       // served from the cache (no compiler run)
   bool timed_out = false;
-  bool rejected_source = false;  // refused before compiling (include policy)
+  bool rejected_source = false;  // refused by the include policy or the opened-file check
+  bool environment_failure = false;  // the compiler did not run (confinement, service error): not the source's fault
   double seconds = 0;        // wall time of this call
 };
 
