@@ -13,6 +13,7 @@
 
 #include <dirent.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -371,15 +372,25 @@ struct Sandbox::Impl {
   // With the worker stopped at return: the outputs into our private memory. CUDA: first a
   // tiny operation of ours on the device, timed: it waits for GPU work the worker's context
   // still has queued or running (`settle_ms`).
-  void snapshot(int slot, double* settle_ms) {
-    const proto::Layout& L = layout_copy;
-    *settle_ms = 0;
+  // How long a tiny operation of ours takes on the device: it waits behind GPU work the
+  // worker's context still has queued or running (contexts share the GPU by time slices).
+  double settle_probe_ms() {
 #ifdef KF_EVAL_CUDA
     if (arena) {
       const auto t0 = Clock::now();
       cudaMemsetAsync(probe_dev, 0, 256, stream);
       cudaStreamSynchronize(stream);
-      *settle_ms = since_ms(t0, Clock::now());
+      return since_ms(t0, Clock::now());
+    }
+#endif
+    return 0;
+  }
+
+  void snapshot(int slot, double* settle_ms) {
+    const proto::Layout& L = layout_copy;
+    *settle_ms = settle_probe_ms();
+#ifdef KF_EVAL_CUDA
+    if (arena) {
       for (int t = 0; t < L.n_out; ++t)
         cudaMemcpyAsync(ret[size_t(slot)][size_t(t)], arena + L.off_out[slot][t], L.out[t].nbytes, cudaMemcpyDeviceToDevice, stream);
       cudaStreamSynchronize(stream);
@@ -721,7 +732,9 @@ CallOutcome Sandbox::run(int slot, uint32_t poison, bool flush_cache, double /*p
   out.late_cpu_ms = ((c_stop1 - c_end) + (others3 - others2)) / 1e6;
   out.outside_cpu_ms = ((others1 - others0) + (others3 - others2)) / 1e6;
   out.idle_wall_ms = wall_before + since_ms(t_resume2, Clock::now());
-  out.gpu_settle_ms = std::max(settle_ms, r.after_sync_ns / 1e6);
+  // Also after freeze 2: GPU work a thread launched after the worker's second sync would
+  // otherwise run beside the evaluator's reference.
+  out.gpu_settle_ms = std::max({settle_ms, r.after_sync_ns / 1e6, I.settle_probe_ms()});
   if (r.status == proto::ST_KERNEL_ERROR) {
     out.kind = CallOutcome::KernelError;
     out.message = "kf_forward returned " + std::to_string(out.rc);
