@@ -214,6 +214,9 @@ TEST(EvaluatorTest, RealTaskIsNotDegenerateAndOkResultIsComplete) {
   EXPECT_GT(r.ref_ms.median, 0);
   EXPECT_GT(r.cand_ms.median, 0);
   EXPECT_NEAR(r.speedup, r.ref_ms.median / r.cand_ms.median, 1e-9);
+  EXPECT_FALSE(r.timing_unstable);
+  EXPECT_GT(r.speedup_lo, 0);
+  EXPECT_LE(r.speedup_lo, r.speedup_hi);
   EXPECT_GE(r.checks.size(), 10u);
   const auto j = nlohmann::json::parse(to_json(r));
   EXPECT_EQ(j["verdict"], "ok");
@@ -277,4 +280,138 @@ TEST(TensorCheckTest, ChunkedChecksAgreeWithOnePass) {
   kf::evaluator::poison_fill_host(tail.data_ptr(), tail.nbytes(), kf::KF_FLOAT32, 0);
   EXPECT_EQ(kf::evaluator::compare_outputs(part, ref, tol, 0, 97).unwritten, n - 9000);
   EXPECT_EQ(kf::evaluator::compare_outputs(part, ref, tol, 0, n).unwritten, n - 9000);
+}
+
+// --- the order of the calls: checks before, among and after the timed trials
+
+namespace {
+// A verifier with production-like timing (more calls than the corpus settings), for kernels
+// that count their calls.
+Evaluator& counted_evaluator(bool cuda) {
+  static Evaluator cpu([] {
+    EvalOptions o = test_options();
+    o.correctness_sets = 3;
+    o.stress_sets = 2;
+    o.warmup = 2;
+    o.trials = 12;
+    o.max_trials = 14;
+    return o;
+  }());
+  static Evaluator gpu([] {
+    EvalOptions o = test_options();
+    o.correctness_sets = 3;
+    o.stress_sets = 2;
+    o.warmup = 2;
+    o.trials = 12;
+    o.max_trials = 12;
+    o.min_call_timeout_s = 10;
+    o.sandbox.memory_limit_bytes = 2ull << 30;
+    o.cpu_threads = 4;
+    return o;
+  }());
+  return cuda ? gpu : cpu;
+}
+
+// The checks of the inputs in the order they ran, without call numbers or times (extra
+// trials on a loaded machine shift the later calls' numbers).
+std::vector<std::string> check_sequence(const Result& r) {
+  std::vector<std::string> s;
+  for (const auto& c : r.checks) {
+    if (c.name.rfind("correct.", 0) != 0 && c.name != "anti.near_duplicate" && c.name != "anti.param_near_duplicate" &&
+        c.name != "anti.nondeterminism")
+      continue;
+    std::string d = c.detail.substr(0, c.detail.rfind(" [at "));
+    const auto call = d.rfind(" (call ");
+    if (call != std::string::npos) d = d.substr(0, call);
+    s.push_back(c.name + ": " + d);
+  }
+  return s;
+}
+}  // namespace
+
+// A kernel exact for its first N calls and then a shortcut right only on the task's
+// distribution: whatever N, checks come after the switch (among and after the timed
+// trials), and the reason names the switch (a check that passed before fails when asked again).
+class CountingKernelTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CountingKernelTest, IsRejectedForEverySwitchPoint) {
+  const bool cuda = GetParam() == "cuda";
+  if (cuda && !kf::tasks::cuda_available()) GTEST_SKIP() << "no CUDA device visible: the CUDA counting kernel runs on the GPU machine";
+  at::set_num_threads(2);
+  const std::string file = cuda ? "cuda/cheat_count_calls.cu" : "cpu/cheat_count_calls.cpp";
+  const std::string src = test::read_kernel(file);
+  const std::string line = "#define KF_SWITCH_AFTER 8";
+  ASSERT_NE(src.find(line), std::string::npos) << file << " lost its switch line";
+  for (int n : {8, 12, 16, 20}) {
+    std::string s = src;
+    s.replace(s.find(line), line.size(), "#define KF_SWITCH_AFTER " + std::to_string(n));
+    Result r = counted_evaluator(cuda).evaluate(*task("001_relu"), cuda ? kf::tasks::Backend::CUDA : kf::tasks::Backend::CPU, s, 3);
+    std::printf("switch after %d calls: %s %s\n", n, verdict_name(r.verdict), r.reason.c_str());
+    EXPECT_EQ(r.verdict, Verdict::RejectedCheat) << "N = " << n << ": " << to_text(r);
+    EXPECT_NE(r.reason.find("call order"), std::string::npos) << "N = " << n << ": " << r.reason;
+  }
+}
+INSTANTIATE_TEST_SUITE_P(Backends, CountingKernelTest, ::testing::Values("cpu", "cuda"));
+
+// The order is drawn from the candidate's seed: reproducible for one candidate, different
+// across candidates; checks always come before, among and after the timed trials.
+TEST(EvaluatorTest, CallOrderIsDrawnPerCandidateWithChecksAmongAndAfterTiming) {
+  at::set_num_threads(2);
+  const std::string src = test::read_kernel("cpu/good_relu.cpp");
+  auto run = [&](uint64_t seed) { return evaluator().evaluate(*task("001_relu"), kf::tasks::Backend::CPU, src, seed); };
+  const Result a = run(11), a2 = run(11);
+  ASSERT_EQ(a.verdict, Verdict::Ok) << to_text(a);
+  ASSERT_EQ(a2.verdict, Verdict::Ok) << to_text(a2);
+  EXPECT_EQ(check_sequence(a), check_sequence(a2)) << "same candidate, same seed: the same order";
+  bool differs = false;
+  for (uint64_t seed : {12, 13, 14}) {
+    const Result b = run(seed);
+    ASSERT_EQ(b.verdict, Verdict::Ok) << to_text(b);
+    differs = differs || check_sequence(b) != check_sequence(a);
+  }
+  EXPECT_TRUE(differs) << "four candidates, one order";
+  std::string order;
+  for (const auto& c : a.checks)
+    if (c.name == "anti.call_order") order = c.detail;
+  ASSERT_FALSE(order.empty()) << to_text(a);
+  int before = -1, among = -1, after = -1, calls = -1;
+  ASSERT_EQ(std::sscanf(order.c_str(), "%d checks before, %d among and %d after the timed trials, in an order drawn for this candidate; %d",
+                        &before, &among, &after, &calls),
+            4)
+      << order;
+  EXPECT_GE(before, 1) << order;
+  EXPECT_GE(among, 1) << order;
+  EXPECT_GE(after, 2) << order;
+  // Local stress and the near-duplicate ran (001_relu's reference is finite everywhere).
+  int local = 0, near = 0;
+  for (const auto& c : a.checks) {
+    local += c.name == "correct.local_stress" && c.detail.find("skipped") == std::string::npos;
+    near += c.name == "anti.near_duplicate" && c.detail.find("skipped") == std::string::npos;
+  }
+  EXPECT_EQ(local, 2) << to_text(a);
+  EXPECT_EQ(near, 1) << to_text(a);
+}
+
+// Correct is never failed for noise: a time that cannot be measured stably (here every
+// spread is over a limit of 0) is ok, flagged, with the interval's low end as the speedup.
+TEST(EvaluatorTest, UnstableTimingIsOkWithTheConservativeSpeedup) {
+  at::set_num_threads(2);
+  static Evaluator ev([] {
+    EvalOptions o = test_options();
+    o.max_spread = 0;
+    o.trials = 5;
+    o.max_trials = 6;
+    return o;
+  }());
+  Result r = ev.evaluate(*task("001_relu"), kf::tasks::Backend::CPU, test::read_kernel("cpu/good_relu.cpp"), 5);
+  ASSERT_EQ(r.verdict, Verdict::Ok) << to_text(r);
+  EXPECT_TRUE(r.timing_unstable);
+  EXPECT_EQ(r.cand_ms.n, 6);
+  EXPECT_GT(r.speedup_lo, 0);
+  EXPECT_LE(r.speedup_lo, r.speedup_hi);
+  EXPECT_DOUBLE_EQ(r.speedup, r.speedup_lo);
+  EXPECT_EQ(r.checks_passed(), int(r.checks.size()));
+  bool named = false;
+  for (const auto& c : r.checks) named = named || (c.name == "timing.speedup_interval" && c.detail.find("95% interval") != std::string::npos);
+  EXPECT_TRUE(named) << to_text(r);
 }

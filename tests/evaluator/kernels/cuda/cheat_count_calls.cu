@@ -1,0 +1,23 @@
+// cheat (checks it can count): exact for its first KF_SWITCH_AFTER calls, then relu as a
+// clamp to [0, 16], which is right on the task's inputs (randn * 2 never reaches 16) and
+// wrong on larger ones. Against checks that run in a fixed order before the timed trials,
+// it is exact while checked and takes the shortcut while timed. verify_test runs it for
+// several switch points (the line below is rewritten).
+#include <cuda_runtime.h>
+#include <kf/kernel.h>
+
+#define KF_SWITCH_AFTER 8
+
+__global__ void relu_clamp(const float* x, float* y, long n, float hi) {
+  for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x)
+    y[i] = fminf(fmaxf(x[i], 0.f), hi);
+}
+
+static int calls = 0;
+
+extern "C" int kf_forward(kf::Context* ctx, const kf::Tensor* in, int, kf::Tensor* out, int) {
+  auto s = static_cast<cudaStream_t>(ctx->stream);
+  const float hi = ++calls > KF_SWITCH_AFTER ? 16.f : 3.4e38f;
+  relu_clamp<<<2048, 256, 0, s>>>(static_cast<const float*>(in[0].data), static_cast<float*>(out[0].data), in[0].numel(), hi);
+  return cudaGetLastError() == cudaSuccess ? 0 : 1;
+}
