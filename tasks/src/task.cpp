@@ -4,10 +4,14 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/DeviceAccelerator.h>
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <c10/core/InferenceMode.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <mutex>
@@ -136,6 +140,9 @@ class TaskImpl : public Task, public std::enable_shared_from_this<TaskImpl> {
     if (it == backends_.end()) throw Error(name_ + ": task has no '" + backend_name(b) + "' backend (re-import with --backends)");
     return it->second;
   }
+  // Refuses (kf::Error naming the task, the bytes and the limit) a backend whose inputs,
+  // parameters and outputs alone exceed the memory of `device`.
+  void check_fits(Backend b, const at::Device& device) const;
   // Graphs are built once per (backend, device, kind) and shared: AtenGraph::run is const.
   std::shared_ptr<const AtenGraph> graph(Backend b, const at::Device& device, bool input_generator) const;
 
@@ -274,7 +281,55 @@ std::shared_ptr<const AtenGraph> TaskImpl::graph(Backend b, const at::Device& de
   return g;
 }
 
+std::size_t spec_bytes(const std::vector<TensorSpec>& specs) {
+  std::size_t n = 0;
+  for (const auto& s : specs) {
+    std::size_t e = c10::elementSize(s.dtype);
+    for (int64_t d : s.shape) e *= static_cast<std::size_t>(std::max<int64_t>(d, 0));
+    n += e;
+  }
+  return n;
+}
+
+// Total memory of a device (0: unknown). KF_TASK_MEMORY_LIMIT_BYTES overrides it (e.g.
+// to leave room for other processes on the machine).
+std::size_t device_memory_bytes(const at::Device& device) {
+  if (const char* v = std::getenv("KF_TASK_MEMORY_LIMIT_BYTES"); v && *v) return std::strtoull(v, nullptr, 10);
+  if (device.is_cpu()) {
+    const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+    return pages > 0 && page > 0 ? static_cast<std::size_t>(pages) * static_cast<std::size_t>(page) : 0;
+  }
+  static std::mutex mu;
+  static std::map<int, std::size_t> totals;
+  std::lock_guard<std::mutex> lk(mu);
+  const int idx = device.has_index() ? device.index() : 0;
+  auto it = totals.find(idx);
+  if (it != totals.end()) return it->second;
+  std::size_t total = 0;
+  try {
+    total = at::accelerator::getMemoryInfo(static_cast<c10::DeviceIndex>(idx)).second;
+  } catch (const std::exception&) {
+    total = 0;  // unknown: no check
+  }
+  totals[idx] = total;
+  return total;
+}
+
+void TaskImpl::check_fits(Backend b, const at::Device& device) const {
+  const BackendData& d = data(b);
+  const std::size_t in = spec_bytes(d.inputs), par = spec_bytes(d.params), out = spec_bytes(d.outputs);
+  const std::size_t need = in + par + out, limit = device_memory_bytes(device);
+  if (limit == 0 || need <= limit) return;
+  auto gib = [](std::size_t x) { return std::to_string(static_cast<double>(x) / (1ull << 30)).substr(0, 6); };
+  throw Error(name_ + " [" + backend_name(b) + "]: the task needs " + std::to_string(need) + " bytes (" + gib(need) +
+              " GiB: inputs " + std::to_string(in) + ", parameters " + std::to_string(par) + ", outputs " +
+              std::to_string(out) + ") but " + device.str() + " has " + std::to_string(limit) + " bytes (" +
+              gib(limit) + " GiB; memory estimate, KF_TASK_MEMORY_LIMIT_BYTES overrides it): it cannot run here "
+              "(re-import it with smaller sizes)");
+}
+
 std::vector<at::Tensor> TaskImpl::make_inputs(Backend b, uint64_t seed, const at::Device& device) const {
+  check_fits(b, device);
   auto g = graph(b, device, true);
   at::Generator gen = device.is_cuda() ? at::detail::getCUDAHooks().getNewGenerator(device.index())
                                        : at::make_generator<at::CPUGeneratorImpl>(seed);
@@ -295,6 +350,7 @@ std::vector<at::Tensor> TaskImpl::make_inputs(Backend b, uint64_t seed, const at
 }
 
 std::vector<at::Tensor> TaskImpl::initial_params(Backend b, const at::Device& device) const {
+  check_fits(b, device);
   const BackendData& d = data(b);
   std::vector<at::Tensor> out;
   if (d.params.empty()) return out;

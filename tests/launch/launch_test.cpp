@@ -20,6 +20,7 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -27,6 +28,9 @@
 #include "kf/actors/optimize.h"
 #include "kf/common/config.h"
 #include "kf/policy/checkpoint.h"
+#include "kf/replay/kernel_db.h"
+#include "kf/replay/run_shm.h"
+#include "kf/tasks/task.h"
 
 namespace {
 using Clock = std::chrono::steady_clock;
@@ -353,4 +357,348 @@ TEST(LaunchTest, ShippedCpuConfigsPassTheChecks) {
     EXPECT_EQ(wait_for(l, 120), 0) << c << "\n" << slurp(l.out);
   }
   EXPECT_FALSE(exists(tmp.path + "/runs"));
+}
+
+// ---- Nothing lost, nothing leaked: config gaps, resume safety, --clean, crash survival.
+
+namespace {
+// Every path under `dir` with its size: a fingerprint to show that a command changed nothing.
+std::string tree_listing(const std::string& dir) {
+  std::string out;
+  std::function<void(const std::string&)> walk = [&](const std::string& d) {
+    std::vector<std::string> names;
+    if (DIR* h = opendir(d.c_str())) {
+      while (dirent* e = readdir(h)) {
+        const std::string n = e->d_name;
+        if (n != "." && n != "..") names.push_back(n);
+      }
+      closedir(h);
+    }
+    std::sort(names.begin(), names.end());
+    for (const auto& n : names) {
+      const std::string p = d + "/" + n;
+      struct stat st {};
+      ::lstat(p.c_str(), &st);
+      out += p + " " + std::to_string(S_ISDIR(st.st_mode) ? -1 : st.st_size) + "\n";
+      if (S_ISDIR(st.st_mode)) walk(p);
+    }
+  };
+  walk(dir);
+  return out;
+}
+
+std::vector<std::string> names_with(const std::string& dir, const std::string& prefix) {
+  std::vector<std::string> out;
+  if (DIR* d = opendir(dir.c_str())) {
+    while (dirent* e = readdir(d))
+      if (std::string(e->d_name).rfind(prefix, 0) == 0) out.push_back(e->d_name);
+    closedir(d);
+  }
+  return out;
+}
+
+// run.jsonl / learner.jsonl lines as JSON.
+std::vector<nlohmann::json> jsonl(const std::string& path) {
+  std::vector<nlohmann::json> out;
+  std::istringstream in(slurp(path));
+  for (std::string line; std::getline(in, line);) {
+    try {
+      out.push_back(nlohmann::json::parse(line));
+    } catch (...) {
+    }
+  }
+  return out;
+}
+
+void flip_byte_at_end(const std::string& path, long from_end) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(-from_end, std::ios::end);
+  char c;
+  f.read(&c, 1);
+  c ^= 0x5a;
+  f.seekp(-from_end, std::ios::end);
+  f.write(&c, 1);
+}
+}  // namespace
+
+TEST(LaunchTest, ConfigGapsAreRejectedBeforeAnythingIsCreated) {
+  NEED_LAUNCH();
+  t::TempDir tmp("launch-test");
+  const std::string cfg = write_config(tmp.path, 2);
+  const std::string name = "lc" + std::to_string(getpid());
+  // Policy copies with a truncated weight file and a truncated tokenizer.json.
+  const std::string good = policy_dir(), trunc_w = tmp.path + "/pol-w", trunc_t = tmp.path + "/pol-t";
+  ASSERT_EQ(std::system(("cp -r '" + good + "' '" + trunc_w + "' && cp -r '" + good + "' '" + trunc_t + "'").c_str()), 0);
+  struct stat st {};
+  ASSERT_EQ(::stat((trunc_w + "/model.safetensors").c_str(), &st), 0);
+  ASSERT_EQ(::truncate((trunc_w + "/model.safetensors").c_str(), st.st_size / 2), 0);
+  t::write_file(trunc_t + "/tokenizer.json",
+                t::read_file(t::source_dir() + "/policies/default/tokenizer.json").substr(0, 300));
+  t::write_file(tmp.path + "/empty.yaml", "# nothing here\n");
+  struct Case {
+    std::vector<std::string> args;
+    std::string named;  // what the error must name
+  };
+  const std::vector<Case> cases = {
+      {{tmp.path + "/empty.yaml", "--name", name}, "empty.yaml"},
+      {{cfg, "--name", name, "--set", "launch.max_minutes=-1"}, "launch.max_minutes"},
+      {{cfg, "--name", name, "--set", "learner.steps=-2"}, "learner.steps"},
+      {{cfg, "--name", name, "--set", "launch.restart_backoff_s=-1"}, "launch.restart_backoff_s"},
+      {{cfg, "--name", name, "--set", "learner.checkpoint.every=0"}, "learner.checkpoint.every"},
+      {{cfg, "--name", "bad name!"}, "run.name"},
+      {{cfg, "--name", ".hidden"}, "run.name"},
+      {{cfg, "--name", name, "--set", "learner.policy=" + trunc_w}, "model.safetensors"},
+      {{cfg, "--name", name, "--set", "learner.policy=" + trunc_t}, "tokenizer.json"},
+  };
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    auto l = start(cases[i].args, tmp.path + "/out" + std::to_string(i) + ".txt");
+    EXPECT_EQ(wait_for(l, 120), 2) << cases[i].named << "\n" << slurp(l.out);
+    const std::string out = slurp(l.out);
+    EXPECT_NE(out.find(cases[i].named), std::string::npos) << out;
+    EXPECT_NE(out.find("nothing was started"), std::string::npos) << out;
+    EXPECT_FALSE(exists(tmp.path + "/runs")) << cases[i].named << ": a run folder was made";
+    EXPECT_FALSE(shm_exists(name)) << cases[i].named;
+  }
+}
+
+TEST(LaunchTest, ResumeWithoutAValidCheckpointIsAnErrorThatChangesNothing) {
+  NEED_LAUNCH();
+  t::TempDir tmp("launch-test");
+  const std::string name = "lr" + std::to_string(getpid());
+  const std::string run = tmp.path + "/runs/" + name;
+  ASSERT_EQ(std::system(("mkdir -p '" + run + "/checkpoints' '" + run + "/kernels'").c_str()), 0);
+  t::write_file(run + "/config.yaml", t::read_file(write_config(tmp.path, 4)));
+  // No checkpoint at all.
+  auto l0 = start({"--resume", run}, tmp.path + "/out0.txt");
+  EXPECT_EQ(wait_for(l0, 120), 2) << slurp(l0.out);
+  EXPECT_NE(slurp(l0.out).find("no valid checkpoint"), std::string::npos) << slurp(l0.out);
+  EXPECT_NE(slurp(l0.out).find("none was written"), std::string::npos) << slurp(l0.out);
+  // Two unusable ones: a partial folder (no manifest) and one whose manifest is garbage.
+  const std::string a = run + "/checkpoints/step-000000000002", b = run + "/checkpoints/step-000000000004";
+  ASSERT_EQ(std::system(("mkdir -p '" + a + "' '" + b + "'").c_str()), 0);
+  t::write_file(a + "/model.safetensors", "half a model");
+  t::write_file(b + "/MANIFEST.json", "{not json");
+  t::write_file(run + "/kernels/kernel_db.json", "{\"format\": \"kf-kernel-db\", \"version\": 1, \"entries\": []}");
+  const std::string before = tree_listing(run);
+  auto l = start({"--resume", run}, tmp.path + "/out.txt");
+  EXPECT_EQ(wait_for(l, 120), 2) << slurp(l.out);
+  const std::string out = slurp(l.out);
+  EXPECT_NE(out.find(a + ": "), std::string::npos) << out;
+  EXPECT_NE(out.find("MANIFEST.json: missing"), std::string::npos) << out;
+  EXPECT_NE(out.find(b + ": "), std::string::npos) << out;
+  EXPECT_NE(out.find("not valid JSON"), std::string::npos) << out;
+  // Nothing created, renamed or overwritten; no shared memory.
+  EXPECT_EQ(tree_listing(run), before);
+  EXPECT_FALSE(shm_exists(name));
+}
+
+TEST(LaunchTest, CleanRemovesADeadLaunchersLeftoversAndRefusesWhileItLives) {
+  NEED_LAUNCH();
+  t::TempDir tmp("launch-test");
+  ::chmod(tmp.path.c_str(), 0755);  // the scratch folders then live under the run (nobody can reach them)
+  const std::string name = "ln" + std::to_string(getpid());
+  const std::string run = tmp.path + "/runs/" + name;
+  ASSERT_EQ(std::system(("mkdir -p '" + run + "/tmp/evaluator-0/kf-sandbox-abc123'").c_str()), 0);
+  t::write_file(run + "/config.yaml", t::read_file(write_config(tmp.path, 4)));
+  t::write_file(run + "/tmp/evaluator-0/kf-sandbox-abc123/candidate.so", "left by a killed worker");
+  // A launcher that died: its shared memory stays behind.
+  const pid_t child = ::fork();
+  if (child == 0) {
+    try {
+      auto shm = kf::replay::RunShm::create(name);
+      ::_exit(shm ? 0 : 1);  // no shutdown(): as if SIGKILLed
+    } catch (...) {
+      ::_exit(3);
+    }
+  }
+  int st = 0;
+  ASSERT_EQ(::waitpid(child, &st, 0), child);
+  ASSERT_TRUE(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  ASSERT_TRUE(shm_exists(name));
+  auto c = start({"--clean", run}, tmp.path + "/clean.txt");
+  ASSERT_EQ(wait_for(c, 60), 0) << slurp(c.out);
+  const std::string out = slurp(c.out);
+  EXPECT_NE(out.find("/dev/shm/kf." + name + ".ctl"), std::string::npos) << out;
+  EXPECT_NE(out.find("1 sandbox scratch folder"), std::string::npos) << out;
+  EXPECT_FALSE(shm_exists(name));
+  EXPECT_TRUE(names_with("/dev/shm", "kf." + name + ".").empty());
+  EXPECT_FALSE(exists(run + "/tmp/evaluator-0/kf-sandbox-abc123"));
+  // Again: nothing left, still exit 0.
+  auto c2 = start({"--clean", run}, tmp.path + "/clean2.txt");
+  ASSERT_EQ(wait_for(c2, 60), 0) << slurp(c2.out);
+  EXPECT_NE(slurp(c2.out).find("nothing to clean"), std::string::npos) << slurp(c2.out);
+  // A live launcher (this process holds the run's shared memory): refused, nothing removed.
+  auto live = kf::replay::RunShm::create(name);
+  auto c3 = start({"--clean", name}, tmp.path + "/clean3.txt");
+  EXPECT_EQ(wait_for(c3, 60), 1) << slurp(c3.out);
+  EXPECT_NE(slurp(c3.out).find("is alive"), std::string::npos) << slurp(c3.out);
+  EXPECT_NE(slurp(c3.out).find(std::to_string(getpid())), std::string::npos) << slurp(c3.out);
+  EXPECT_TRUE(shm_exists(name));
+  live->shutdown();
+}
+
+TEST(LaunchTest, TaskTooLargeForTheDeviceIsRefusedNamingBytesAndLimit) {
+  if (tasks_dir().empty()) GTEST_SKIP() << "task 001_relu is not imported (run setup.sh)";
+  const auto task = kf::tasks::Task::load(tasks_dir() + "/001_relu");
+  ::setenv("KF_TASK_MEMORY_LIMIT_BYTES", "1000", 1);
+  std::string err;
+  try {
+    (void)task->make_inputs(kf::tasks::Backend::CPU, 0, at::kCPU);
+  } catch (const kf::Error& e) {
+    err = e.what();
+  }
+  ::unsetenv("KF_TASK_MEMORY_LIMIT_BYTES");
+  EXPECT_NE(err.find("001_relu [cpu]"), std::string::npos) << err;
+  EXPECT_NE(err.find("has 1000 bytes"), std::string::npos) << err;
+  EXPECT_NE(err.find("inputs "), std::string::npos) << err;
+  EXPECT_THROW(
+      {
+        ::setenv("KF_TASK_MEMORY_LIMIT_BYTES", "1000", 1);
+        struct Unset {
+          ~Unset() { ::unsetenv("KF_TASK_MEMORY_LIMIT_BYTES"); }
+        } unset;
+        (void)task->new_reference(kf::tasks::Backend::CPU, at::kCPU);
+      },
+      kf::Error);
+  // Within the machine's memory it loads as before.
+  EXPECT_FALSE(task->make_inputs(kf::tasks::Backend::CPU, 0, at::kCPU).empty());
+}
+
+// Chaos: a clean stop, then the newest checkpoint is corrupted and the run's kernel DB and
+// best/ hold entries the older checkpoints never saw. Resume falls back and keeps them all.
+TEST(LaunchTest, ResumeAfterACorruptNewestCheckpointKeepsTheNewerKernelsAndBest) {
+  NEED_LAUNCH();
+  t::TempDir tmp("launch-test");
+  const std::string name = "lv" + std::to_string(getpid());
+  const std::string run = tmp.path + "/runs/" + name;
+  auto l = start({write_config(tmp.path, 40), "--name", name}, tmp.path + "/out.txt");
+  ASSERT_TRUE(wait_until([&] { return checkpoints(run).size() >= 2; }, 300)) << slurp(l.out);
+  ::kill(l.pid, SIGINT);
+  ASSERT_EQ(wait_for(l, 180), 0) << slurp(l.out);
+  const auto ck = checkpoints(run);
+  ASSERT_GE(ck.size(), 2u);
+  const std::string newest = run + "/checkpoints/" + ck.back();
+  // Kernels found after the older checkpoints: three more entries and a best-only task.
+  auto db = nlohmann::json::parse(slurp(run + "/kernels/kernel_db.json"));
+  for (int i = 0; i < 3; ++i) {
+    const std::string src = "// extra " + std::to_string(i) + "\nextern \"C\" int kf_forward() { return 0; }\n";
+    char hex[17];
+    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(kf::replay::kernel_source_hash(src)));
+    db["entries"].push_back({{"task", "zz_extra"}, {"speedup", 1.5 + i}, {"policy_version", 99}, {"source", src},
+                             {"hash", hex}});
+  }
+  t::write_file(run + "/kernels/kernel_db.json", db.dump(1));
+  auto index = nlohmann::json::parse(slurp(run + "/best/index.json"));
+  index["zz_best_only"] = {{"speedup", 3.0}, {"policy_version", 99}, {"file", "zz_best_only.cpp"}};
+  t::write_file(run + "/best/index.json", index.dump(1));
+  t::write_file(run + "/best/zz_best_only.cpp", "// best of a task no checkpoint knows\n");
+  std::set<std::string> hashes_before;
+  for (const auto& e : db["entries"]) hashes_before.insert(e["hash"].get<std::string>());
+  flip_byte_at_end(newest + "/model.safetensors", 3);
+
+  const int64_t budget = std::stoll(ck.back().substr(5)) + 2;
+  auto r = start({"--resume", run, "--set", "learner.steps=" + std::to_string(budget)}, tmp.path + "/out-resume.txt");
+  ASSERT_EQ(wait_for(r, 300), 0) << slurp(r.out);
+  // Every kernel-DB entry and every best/ task survived the fallback.
+  std::set<std::string> hashes_after;
+  for (const auto& e : nlohmann::json::parse(slurp(run + "/kernels/kernel_db.json"))["entries"])
+    hashes_after.insert(e["hash"].get<std::string>());
+  for (const auto& h : hashes_before) EXPECT_TRUE(hashes_after.count(h)) << "kernel " << h << " was lost";
+  const auto index_after = nlohmann::json::parse(slurp(run + "/best/index.json"));
+  for (const auto& [task, e] : index.items()) EXPECT_TRUE(index_after.contains(task)) << task << " left best/";
+  EXPECT_EQ(slurp(run + "/best/zz_best_only.cpp"), "// best of a task no checkpoint knows\n");
+  EXPECT_NE(slurp(run + "/logs/launch-0.log").find("merged " + run + "/kernels/kernel_db.json"), std::string::npos)
+      << slurp(run + "/logs/launch-0.log");
+  // The corrupt checkpoint was set aside with its data, not overwritten.
+  const auto aside = names_with(run + "/checkpoints", ck.back() + ".corrupt-");
+  ASSERT_EQ(aside.size(), 1u) << tree_listing(run + "/checkpoints");
+  EXPECT_TRUE(exists(run + "/checkpoints/" + aside[0] + "/model.safetensors"));
+  EXPECT_NE(slurp(r.out).find("unusable"), std::string::npos) << slurp(r.out);
+}
+
+// Chaos: SIGKILL of the launcher itself. Its clock and totals were persisted every few
+// seconds; the next start removes the shared memory it left (logged) and continues them.
+TEST(LaunchTest, KilledLauncherKeepsItsClockAndTotalsAndItsSharedMemoryIsCleaned) {
+  NEED_LAUNCH();
+  t::TempDir tmp("launch-test");
+  const std::string name = "lx" + std::to_string(getpid());
+  const std::string run = tmp.path + "/runs/" + name;
+  // No periodic checkpoint: only the launcher's own saves keep its clock.
+  auto l = start({write_config(tmp.path, 200), "--name", name, "--set", "learner.checkpoint.every=1000"},
+                 tmp.path + "/out.txt");
+  nlohmann::json saved;
+  ASSERT_TRUE(wait_until(
+      [&] {
+        try {
+          saved = nlohmann::json::parse(slurp(run + "/checkpoints/launch_state.json"));
+          return saved.value("elapsed_s", 0.0) >= 12 && learner_step(run) >= 1;
+        } catch (...) {
+          return false;
+        }
+      },
+      300))
+      << slurp(l.out);
+  ::kill(l.pid, SIGKILL);
+  int st = 0;
+  ::waitpid(l.pid, &st, 0);
+  // Its workers stop on their own (parent-death signal); the learner writes a checkpoint.
+  ASSERT_TRUE(wait_until([&] { return !checkpoints(run).empty(); }, 120)) << slurp(run + "/logs/learner-0.out");
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  ASSERT_TRUE(shm_exists(name)) << "a SIGKILLed launcher cannot remove its shared memory";
+  const double elapsed_before = saved["elapsed_s"].get<double>();
+  const auto results_before = saved.value("results_total", int64_t{0});
+
+  const auto t0 = Clock::now();
+  const int64_t budget = std::stoll(checkpoints(run).back().substr(5)) + 1;
+  auto r = start({"--resume", run, "--set", "learner.steps=" + std::to_string(budget)}, tmp.path + "/out-resume.txt");
+  ASSERT_EQ(wait_for(r, 300), 0) << slurp(r.out);
+  const double session = std::chrono::duration<double>(Clock::now() - t0).count();
+  const auto after = nlohmann::json::parse(slurp(run + "/checkpoints/launch_state.json"));
+  // The clock continued from the saved value (not from zero), the totals too.
+  EXPECT_GE(after["elapsed_s"].get<double>(), elapsed_before + session - 5) << after.dump();
+  EXPECT_GE(after.value("results_total", int64_t{0}), results_before);
+  const std::string log = slurp(run + "/logs/launch-0.log");
+  EXPECT_NE(log.find("removed the shared memory its dead launcher left"), std::string::npos) << log;
+  EXPECT_FALSE(shm_exists(name));
+}
+
+// Chaos: the learner is SIGKILLed before its first checkpoint. The restarted one starts at
+// step 0 but never publishes a snapshot version the store already gave to other weights,
+// and the status shows its own step (not the old process's plus the new one's).
+TEST(LaunchTest, LearnerKilledBeforeItsFirstCheckpointKeepsVersionsMonotonic) {
+  NEED_LAUNCH();
+  t::TempDir tmp("launch-test");
+  const std::string name = "lm" + std::to_string(getpid());
+  const std::string run = tmp.path + "/runs/" + name;
+  auto l = start({write_config(tmp.path, 200), "--name", name, "--set", "learner.checkpoint.every=1000"},
+                 tmp.path + "/out.txt");
+  ASSERT_TRUE(wait_until([&] { return learner_step(run) >= 3; }, 300)) << slurp(l.out);
+  const pid_t learner = worker_pid(run, "learner 0");
+  ASSERT_GT(learner, 0);
+  ::kill(learner, SIGKILL);
+  ASSERT_TRUE(wait_until([&] { return worker_pid(run, "learner 0") != learner; }, 60))
+      << slurp(run + "/logs/launch-0.log");
+  // Wait until the restarted learner published again, past the old versions.
+  ASSERT_TRUE(wait_until([&] { return slurp(run + "/logs/learner-0.out").find("publishing again at version") !=
+                                      std::string::npos; },
+                         300))
+      << slurp(run + "/logs/learner-0.out");
+  std::this_thread::sleep_for(std::chrono::seconds(3));  // a few more status/metrics lines
+  ::kill(l.pid, SIGINT);
+  ASSERT_EQ(wait_for(l, 180), 0) << slurp(l.out);
+  const std::string llog = slurp(run + "/logs/learner-0.out");
+  EXPECT_NE(llog.find("not publishing version 0"), std::string::npos) << llog;
+  int64_t max_learner_step = 0;
+  for (const auto& j : jsonl(run + "/metrics/learner.jsonl")) max_learner_step = std::max(max_learner_step, j.value("step", int64_t{0}));
+  int64_t last_version = -1;
+  int lines = 0;
+  for (const auto& j : jsonl(run + "/metrics/run.jsonl")) {
+    const auto v = static_cast<int64_t>(j.value("policy_version", -1.0));
+    EXPECT_GE(v, last_version) << "snapshot version went back: " << j.dump();
+    last_version = std::max(last_version, v);
+    EXPECT_LE(j.value("step", int64_t{0}), max_learner_step) << "status step above any step the learner reached: "
+                                                             << j.dump();
+    ++lines;
+  }
+  EXPECT_GT(lines, 3);
 }

@@ -26,4 +26,33 @@ void save_run_outputs(replay::RunShm& shm, const RunDir& run, tasks::Backend bac
 double load_launch_state(const RunDir& run, RunMonitor& monitor);
 void save_launch_state(const RunDir& run, const RunMonitor& monitor, double elapsed_s, const char* when);
 
+// Resume with a newer kernels/kernel_db.json than the checkpoint it falls back to: the
+// file's entries are inserted into the run's database (a union: identical sources are
+// not stored twice, a full task keeps its faster kernels), so save_run_outputs() never
+// writes fewer entries than the run had. Logs both paths and the counts. Returns the
+// entries read (0: no file). A file that cannot be read is moved aside
+// (kernel_db.json.unreadable-<time>, logged) rather than overwritten.
+std::size_t merge_saved_kernels(replay::RunShm& shm, const RunDir& run);
+
+// The run name as tools/launch accepts it: 1..100 characters of [A-Za-z0-9._-], not
+// starting with '.' (it names the run folder and the shared memory kf.<name>.*).
+// Throws kf::Error naming `key`.
+void check_run_name(const std::string& name, const std::string& key);
+
+// Shared memory of run `name` (/dev/shm/kf.<name>.<part>, the creation lock included)
+// whose launcher is gone: removed; returns the paths removed (empty: none was there).
+// Throws kf::Error naming the pid when the run's launcher is still alive.
+// lock_too: also the creation lock file (tools/launch --clean; not while starting a run).
+std::vector<std::string> remove_dead_run_shm(const std::string& name, bool lock_too);
+
+// Scratch folders: each evaluator gets TMPDIR=<run>/tmp/evaluator-<id> (the sandbox
+// makes its kf-sandbox-* folders there). Its worker runs as `nobody`, so every folder
+// on that path must be searchable by others (o+x): scratch_dir() makes the folders with
+// mode 0711 and, if a folder above the run is not o+x, uses /tmp/kf-scratch-<run name>
+// instead (logged once). clear_dir() removes what is inside and returns the count.
+std::string scratch_root(const RunDir& run);
+std::string scratch_dir(const RunDir& run, const std::string& role, int id);
+std::size_t clear_dir(const std::string& dir);
+std::size_t clear_scratch(const RunDir& run);  // every worker's scratch folder
+
 }  // namespace kf::launch

@@ -2,6 +2,8 @@
 //   tools/launch CONFIG [--set key=value]... [--name NAME]
 //   tools/launch --resume RUN [--set key=value]...
 //   tools/launch CONFIG --check        validate only
+//   tools/launch --clean RUN           remove what a dead launcher of RUN left (shared
+//                                      memory, sandbox scratch folders); refuses while it runs
 // Validates the config and the task selection before anything starts, creates the run
 // directory and the run's shared memory, spawns the evaluators (one per GPU, pinned),
 // the actors and the learner ranks, moves results from the result queue into the
@@ -10,8 +12,10 @@
 // learners take a final checkpoint, then the replay, kernel database, best kernels and
 // the launcher's own counters are saved. launch.mode: serial runs the same pipeline in
 // this one process instead (kf::launch::run_serial).
-// Exit: 0 finished or stopped cleanly, 1 the run failed (a worker kept dying), 2 bad
-// config or arguments (nothing started), 130 a second Ctrl-C (stopped at once).
+// --resume first checks the run's checkpoints: with no valid one it exits 2 naming each
+// folder and why it is unusable, and creates or changes nothing.
+// Exit: 0 finished or stopped cleanly, 1 the run failed (a worker kept dying; --clean: the
+// launcher is alive), 2 bad config or arguments (nothing started), 130 a second Ctrl-C.
 #include <signal.h>
 #include <unistd.h>
 
@@ -27,6 +31,8 @@
 #include "kf/common/error.h"
 #include "kf/common/log.h"
 #include "kf/common/run_dir.h"
+#include "kf/learner/checkpoint.h"
+#include "launch_common.h"
 #include "launcher.h"
 
 namespace {
@@ -34,6 +40,56 @@ std::atomic<int> g_signals{0};
 void on_signal(int) { g_signals.fetch_add(1); }
 
 bool is_dir(const std::string& p) { return access((p + "/config.yaml").c_str(), R_OK) == 0; }
+
+std::string base_name(std::string p) {
+  while (p.size() > 1 && p.back() == '/') p.pop_back();
+  const auto slash = p.find_last_of('/');
+  return slash == std::string::npos ? p : p.substr(slash + 1);
+}
+
+// tools/launch --clean RUN: the run's shared memory and sandbox scratch folders, when its
+// launcher is gone.
+int clean_run(const std::string& arg) {
+  const std::string folder = is_dir(arg) ? arg : "runs/" + arg;
+  const std::string name = base_name(arg);
+  try {
+    kf::launch::check_run_name(name, "--clean");
+    const auto removed = kf::launch::remove_dead_run_shm(name, /*lock_too=*/true);
+    std::size_t scratch = 0;
+    if (is_dir(folder)) scratch = kf::launch::clear_scratch(kf::RunDir::open(folder));
+    std::string list;
+    for (const auto& p : removed) list += "\n  " + p;
+    if (removed.empty() && scratch == 0)
+      std::printf("run %s: nothing to clean (no shared memory, no scratch folders)\n", name.c_str());
+    else
+      std::printf("run %s: removed %zu shared-memory file(s)%s\nand %zu sandbox scratch folder(s)%s\n", name.c_str(),
+                  removed.size(), list.c_str(), scratch,
+                  is_dir(folder) ? (" under " + kf::launch::scratch_root(kf::RunDir::open(folder))).c_str() : "");
+    return 0;
+  } catch (const std::exception& e) {
+    kf::log_error("--clean ", arg, ": ", e.what(), "; nothing was removed");
+    return 1;
+  }
+}
+
+// --resume: the newest valid checkpoint, or an error naming every folder and why it is unusable.
+void check_resumable(const std::string& run_path) {
+  const std::string dir = run_path + "/checkpoints";
+  const auto checks = kf::learner::check_checkpoints(dir);
+  std::string found;
+  for (const auto& c : checks) {
+    if (c.error.empty()) {
+      if (!found.empty())
+        kf::log_warn("resume: newer checkpoint(s) are unusable and will be renamed <name>.corrupt-<time>:", found,
+                     "; continuing from ", c.path, " (the newer kernels/ and best/ are kept and merged)");
+      return;
+    }
+    found += "\n  " + c.path + ": " + c.error;
+  }
+  throw kf::Error("--resume " + run_path + ": no valid checkpoint in " + dir +
+                  (checks.empty() ? std::string(" (none was written; start the run again with tools/launch CONFIG)")
+                                  : ":" + found));
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -46,12 +102,21 @@ int main(int argc, char** argv) {
   app.add_option("--name", name, "run name (overrides run.name)");
   bool check_only = false;
   app.add_flag("--check", check_only, "validate the config and task selection, start nothing, exit 0 or 2");
+  std::string clean;
+  app.add_option("--clean", clean, "remove the shared memory and scratch folders a dead launcher of RUN left");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   }
   kf::log_init("launch", 0);
+  if (!clean.empty()) {
+    if (!config_file.empty() || !resume.empty()) {
+      kf::log_error("--clean RUN takes no CONFIG and no --resume; nothing was removed");
+      return 2;
+    }
+    return clean_run(clean);
+  }
   if (config_file.empty() == resume.empty()) {
     kf::log_error("give a CONFIG to start a run, or --resume RUN to continue one (not both: a resumed run keeps its "
                   "config.yaml; change keys with --set); nothing was started");
@@ -70,7 +135,10 @@ int main(int argc, char** argv) {
     }
     if (!name.empty()) sets.push_back("run.name=" + name);
     cfg = kf::Config::load(config_file, sets);
+    if (cfg.file_keys() == 0)
+      throw kf::Error(config_file + ": the config sets no keys (an empty file); start from configs/default.yaml");
     kf::launch::preflight(cfg);
+    if (!resume.empty()) check_resumable(run_path);
     if (check_only) {
       kf::log_info("config ", config_file, " is valid: nothing started (--check)");
       return 0;

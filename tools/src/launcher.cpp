@@ -21,6 +21,9 @@
 #include "kf/evaluator/evaluator.h"
 #include "kf/evaluator/service.h"
 #include "kf/learner/learner_config.h"
+#include "kf/policy/config.h"
+#include "kf/policy/safetensors_format.h"
+#include "kf/policy/tokenizer.h"
 #include "kf/replay/run_shm.h"
 #include "kf/tasks/task.h"
 #include "kf/tasks/timing.h"
@@ -67,6 +70,20 @@ std::vector<int> allowed_cpus() {
 }
 }  // namespace
 
+void check_policy_folder(const std::string& dir) {
+  if (!file_readable(dir + "/config.json"))
+    throw Error("learner.policy: " + dir + " is not a model folder (no config.json)");
+  try {
+    (void)policy::load_model_config(dir + "/config.json");
+    // Maps every weight file and checks each tensor lies inside it: a truncated or
+    // damaged model.safetensors (or shard) is named here, before anything is created.
+    (void)policy::StCheckpoint::open(dir);
+    if (file_readable(dir + "/tokenizer.json")) (void)policy::Tokenizer::from_file(dir + "/tokenizer.json");
+  } catch (const std::exception& e) {
+    throw Error(std::string("learner.policy: ") + e.what());
+  }
+}
+
 void preflight(const Config& cfg) {
   (void)evaluator::eval_options(cfg);
   (void)evaluator::service_options(cfg);
@@ -78,8 +95,12 @@ void preflight(const Config& cfg) {
   (void)actors::load_actor_tasks(ao, /*strict=*/true);
   if (!file_readable(actors::resolve_tree_path(ao.template_path)))
     throw Error("actors.prompt.template: cannot read " + ao.template_path);
-  if (!lc.policy.empty() && !file_readable(lc.policy + "/config.json"))
-    throw Error("learner.policy: " + lc.policy + " is not a model folder (no config.json)");
+  if (!lc.policy.empty()) check_policy_folder(lc.policy);
+  check_run_name(cfg.get_string("run.name"), "run.name");
+  // Without periodic checkpoints a crash of the learner or the launcher loses the run.
+  if (cfg.get_int("learner.checkpoint.every") < 1)
+    throw Error("learner.checkpoint.every: must be >= 1 in a launched run (got " +
+                std::to_string(cfg.get_int("learner.checkpoint.every")) + "); a crash would lose every step");
   if (cfg.get_int("actors.count") < 1) throw Error("actors.count: must be >= 1");
   if (cfg.get_int("launch.evaluators") < 0) throw Error("launch.evaluators: must be >= 0");
   if (cfg.get_int("launch.max_restarts") < 0) throw Error("launch.max_restarts: must be >= 0");
@@ -133,6 +154,8 @@ struct Launcher::Impl {
   double elapsed_base = 0;   // seconds of earlier sessions of a resumed run
   uint64_t checkpoints_seen = 0;
   int learner_ranks = 1;
+  int64_t learner_step = 0;  // rank 0's own step (control-block counter 11 of learner 0)
+  Clock::time_point next_state_save = Clock::now();
   bool tty = isatty(1);
   int status_lines = 0;
   uint64_t log_lines_at_status = 0;
@@ -158,6 +181,7 @@ struct Launcher::Impl {
   void begin_drain(const std::string& why);
   void advance_phase();
   void save_state(const char* when);
+  void save_clock();  // checkpoints/launch_state.json only (every few seconds)
   Status status();
   void show(const Status& s, bool force_line);
 };
@@ -184,6 +208,9 @@ void Launcher::Impl::plan_workers() {
     w.argv = {bin("evaluator/kf-evaluator"), "--run", name, "--config", config, "--id", std::to_string(i),
               "--device", "0", "--run-dir", run.path()};
     if (gpus > 0) w.env.push_back("CUDA_VISIBLE_DEVICES=" + gpu_ids[static_cast<std::size_t>(i) % gpu_ids.size()]);
+    // Its own scratch folder: the sandbox's kf-sandbox-* folders go there, and whatever a
+    // killed worker leaves is removed when this evaluator exits and at stop.
+    w.env.push_back("TMPDIR=" + scratch_dir(run, "evaluator", i));
     if (pin && next + per_eval < cpus.size()) {
       w.cpus.assign(cpus.begin() + static_cast<long>(next), cpus.begin() + static_cast<long>(next + per_eval));
       next += per_eval;
@@ -244,6 +271,15 @@ void Launcher::Impl::ingest_loop() {
 void Launcher::Impl::handle_exit(const Exit& e) {
   Worker& w = sup.workers()[e.index];
   const bool stopping_now = phase != Phase::running;
+  if (w.spec.role == "evaluator") {
+    try {
+      const std::string dir = scratch_dir(run, "evaluator", w.spec.id);
+      if (const std::size_t n = clear_dir(dir))
+        log_info("launch: removed ", n, " scratch folder(s) of ", w.name(), "'s sandbox workers in ", dir);
+    } catch (const std::exception& ex) {
+      log_warn("launch: clearing the scratch folder of ", w.name(), " failed: ", ex.what(), "; the run goes on");
+    }
+  }
   if (e.ok()) {
     log_info("launch: ", w.name(), " exited normally");
     return;
@@ -294,6 +330,11 @@ void Launcher::Impl::check_hangs() {
   const auto timeout = std::chrono::milliseconds(static_cast<long long>(limit * 1000));
   const auto peers = shm->control().peers(timeout);
   monitor.counters().update(peers);
+  // The learner's step is rank 0's own (counter 11: the absolute step it reached), read
+  // from the live rank-0 process; summing over processes counted a restarted learner twice.
+  for (const auto& p : peers)
+    if (p.role == "learner" && p.id == 0 && p.alive && p.counters.size() > 11)
+      learner_step = static_cast<int64_t>(p.counters[11]);
   for (const auto& p : peers) {
     const std::size_t i = sup.find_pid(p.pid);
     if (i < sup.workers().size()) sup.workers()[i].registered = true;
@@ -390,11 +431,19 @@ void Launcher::Impl::save_state(const char* when) {
   }
 }
 
+void Launcher::Impl::save_clock() {
+  try {
+    save_launch_state(run, monitor, elapsed(), "periodic");
+  } catch (const std::exception& e) {
+    log_error("launch: saving the launcher's clock and totals failed: ", e.what(), "; the run goes on");
+  }
+}
+
 Status Launcher::Impl::status() {
   Status s;
   s.phase = phase_name(phase);
   s.elapsed_s = elapsed();
-  s.step = static_cast<int64_t>(monitor.counters().sum("learner", 0)) / std::max(1, learner_ranks);
+  s.step = learner_step;
   s.step_budget = cfg.get_int("learner.steps");
   monitor.sample_rates(s.elapsed_s, s);
   const auto cq = shm->candidates().raw().stats();
@@ -438,9 +487,27 @@ void Launcher::Impl::show(const Status& s, bool line) {
 Launcher::Launcher(const Config& cfg, const RunDir& run, const LaunchOptions& opts)
     : impl_(std::make_unique<Impl>(cfg, run, opts)) {
   Impl& m = *impl_;
+  // Shared memory a launcher of this run left when it died: removed (a live one makes
+  // RunShm::create refuse, a hung one is replaced there).
+  if (replay::RunShm::probe(run.name()) == replay::SegmentState::Stale) {
+    const auto removed = remove_dead_run_shm(run.name(), /*lock_too=*/false);
+    std::string list;
+    for (const auto& p : removed) list += (list.empty() ? "" : ", ") + p;
+    log_warn("launch: run ", run.name(), ": removed the shared memory its dead launcher left (", list, ")");
+  }
+  if (scratch_root(run).rfind(run.path(), 0) != 0)
+    log_warn("launch: a folder above ", run.path(), " is not searchable by others (o+x), which the sandbox "
+             "workers (user nobody) need; their scratch folders go to ", scratch_root(run), " instead");
+  if (const std::size_t n = clear_scratch(run))
+    log_warn("launch: removed ", n, " scratch folder(s) of sandbox workers left by an earlier launcher of this run");
   m.plan_workers();  // checks the binaries before shared memory exists
   m.shm = replay::RunShm::create(run.name(), replay::run_shm_config(cfg));
-  if (opts.resumed) m.elapsed_base = load_launch_state(run, m.monitor);
+  if (opts.resumed) {
+    m.elapsed_base = load_launch_state(run, m.monitor);
+    // kernels/kernel_db.json may be newer than the checkpoint the learner resumes from:
+    // merge it now, so the learner's restore adds to it and no later save drops an entry.
+    merge_saved_kernels(*m.shm, run);
+  }
   m.metrics = std::make_unique<MetricsWriter>(run.sub("metrics"), "run");
 }
 
@@ -481,7 +548,12 @@ int Launcher::run() {
         m.sup.wait_role("", 5s, nullptr);
         m.stop_ingest = true;
         m.ingest_thread.join();
+        m.save_clock();
         m.shm->shutdown();
+        try {
+          log_info("launch: removed ", clear_scratch(m.run), " scratch folder(s) of sandbox workers");
+        } catch (const std::exception&) {
+        }
         return 130;
       }
       m.begin_drain("stop signal");
@@ -497,6 +569,10 @@ int Launcher::run() {
       if (ckpts > m.checkpoints_seen) {
         m.checkpoints_seen = ckpts;
         m.save_state("learner checkpoint");
+        m.next_state_save = now + 5s;
+      } else if (now >= m.next_state_save) {
+        m.save_clock();  // the clock and totals survive a crash of this launcher
+        m.next_state_save = now + 5s;
       }
     }
     if (now >= next_status || now >= next_metrics) {
@@ -534,6 +610,12 @@ int Launcher::run() {
   }
   m.save_state("end of run");
   m.shm->shutdown();
+  try {
+    const std::size_t n = clear_scratch(m.run);
+    log_info("launch: removed ", n, " scratch folder(s) left by sandbox workers under ", scratch_root(m.run));
+  } catch (const std::exception& e) {
+    log_warn("launch: clearing the scratch folders failed: ", e.what());
+  }
   bool learner_failed = false;
   for (const auto& w : m.sup.workers())
     if (w.spec.role == "learner" && !w.finished) learner_failed = true;

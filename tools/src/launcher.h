@@ -35,8 +35,12 @@ struct LaunchOptions {
 
 // Throws kf::Error naming the key or file for anything that would make the run fail at
 // start: every section's keys (evaluator, replay, actors, learner), the task selection
-// for the backend, the policy folder, the prompt template, a CUDA backend without a GPU.
+// for the backend, the run name, the policy folder (weights and tokenizer read), the
+// prompt template, learner.checkpoint.every >= 1, a CUDA backend without a GPU.
 void preflight(const Config& cfg);
+// The policy folder's config.json, weight files (every tensor inside its file) and
+// tokenizer.json (when present) are read; throws kf::Error naming learner.policy and the file.
+void check_policy_folder(const std::string& dir);
 
 // The build folder of this binary (<build>/tools/kf-launch -> <build>).
 std::string binary_dir(const char* argv0);
