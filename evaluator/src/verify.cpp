@@ -588,18 +588,22 @@ struct Session {
       if (T >= 2) pl.among[1 + pick(size_t(T - 1))].push_back(it);
       else pl.after.push_back(it);
     };
-    // One among the timed trials; one stress set before them (a later failure can then be
-    // shown to be a switch of behaviour: that set is asked again); the rest anywhere.
+    // One stress set before the timed trials, a local one when there is one left (a later
+    // failure can then be shown to be a switch of behaviour: that set is asked again, and
+    // large values show most shortcuts); one check among them; the rest anywhere.
+    for (const bool want_local : {true, false}) {
+      auto it = std::find_if(rest.begin(), rest.end(), [&](const Item& x) {
+        return want_local ? (x.step == Step::LocalRow || x.step == Step::LocalScatter) : x.step == Step::Global;
+      });
+      if (it == rest.end()) continue;
+      before.push_back(*it);
+      rest.erase(it);
+      break;
+    }
     if (!rest.empty()) {
       among(rest.back());
       rest.pop_back();
     }
-    for (size_t i = 0; i < rest.size(); ++i)
-      if (rest[i].step == Step::Global || rest[i].step == Step::LocalRow || rest[i].step == Step::LocalScatter) {
-        before.push_back(rest[i]);
-        rest.erase(rest.begin() + long(i));
-        break;
-      }
     for (const auto& it : rest) {
       const size_t where = pick(3);
       if (where == 0) before.push_back(it);
@@ -810,20 +814,29 @@ struct Session {
         throw Stop{Verdict::RejectedCheat, "results cached across calls: with a few parameter elements re-drawn the outputs are those of the unchanged parameters, while all of them re-drawn are right (a cache keyed on a fingerprint of the parameters) (" + where + ")"};
       }
     }
-    // A check of this kind passed earlier: ask it again. Wrong now means the kernel changed
-    // its behaviour with the call count (it counted the checks, or timed itself).
-    if (!passed.empty()) {
-      const Passed& pc = passed.front();
-      Prepared k2 = prepare(pc.item);
-      if (!k2.r.empty()) {
-        const uint32_t p2 = next_poison();
-        CandOut c2 = cand(k2.in, k2.p, p2, o.probe_ms, o.flush_cache);
-        if (!match(c2.outs, k2.r, p2, k2.atol_scale).ok)
-          throw Stop{Verdict::RejectedCheat, "results depend on call order: correct on " + pc.name + " at call " + std::to_string(pc.call) +
-                                                 ", wrong on the same inputs at call " + std::to_string(calls) +
-                                                 " (a switch of behaviour after a number of calls: checks counted, or the kernel timing itself); then " +
-                                                 m.detail + " (" + where + ")"};
+    // Checks that passed earlier, asked again (the same kind first, then the same family,
+    // at most three): wrong now means the kernel changed its behaviour with the call count
+    // (it counted the checks, or timed itself).
+    auto family = [](Step s2) {
+      return s2 == Step::LocalRow || s2 == Step::LocalScatter ? 1 : s2 == Step::Global ? 2 : 3;
+    };
+    std::vector<const Passed*> again;
+    for (int rank = 0; rank < 3; ++rank)
+      for (const auto& pc : passed) {
+        const int r = pc.item.step == it.step ? 0 : family(pc.item.step) == family(it.step) ? 1 : 2;
+        if (r == rank) again.push_back(&pc);
       }
+    if (again.size() > 3) again.resize(3);
+    for (const Passed* pc : again) {
+      Prepared k2 = prepare(pc->item);
+      if (k2.r.empty()) continue;
+      const uint32_t p2 = next_poison();
+      CandOut c2 = cand(k2.in, k2.p, p2, o.probe_ms, o.flush_cache);
+      if (!match(c2.outs, k2.r, p2, k2.atol_scale).ok)
+        throw Stop{Verdict::RejectedCheat, "results depend on call order: correct on " + pc->name + " at call " + std::to_string(pc->call) +
+                                               ", wrong on the same inputs at call " + std::to_string(calls) +
+                                               " (a switch of behaviour after a number of calls: checks counted, or the kernel timing itself); then " +
+                                               m.detail + " (" + where + ")"};
     }
     // Is it the inputs, or has the kernel changed its behaviour since set 0? Ask set 0 again.
     {
