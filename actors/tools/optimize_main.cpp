@@ -80,6 +80,17 @@ std::string first_line(const std::string& s, std::size_t max) {
   return l;
 }
 
+// "1.234x (95 % 1.180–1.290)", and "timing unstable" when the speedup is the interval's lower bound.
+std::string speedup_text(const ev::Result& r) {
+  char buf[160];
+  if (r.speedup_hi > 0)
+    std::snprintf(buf, sizeof buf, "%.3fx (95 %% %.3f" "\xe2\x80\x93" "%.3f)%s", r.speedup, r.speedup_lo, r.speedup_hi,
+                  r.timing_unstable ? ", timing unstable: conservative estimate" : "");
+  else
+    std::snprintf(buf, sizeof buf, "%.3fx", r.speedup);
+  return buf;
+}
+
 std::string table(const std::string& task, const std::string& backend, const std::vector<Candidate>& cands,
                   long best) {
   std::ostringstream o;
@@ -87,21 +98,22 @@ std::string table(const std::string& task, const std::string& backend, const std
   std::size_t ok = 0;
   for (const auto& c : cands) ok += c.result.ok();
   o << "task " << task << " (" << backend << "): " << cands.size() << " candidates, " << ok << " verified ok";
-  if (best >= 0) {
-    std::snprintf(buf, sizeof buf, ", best #%ld at %.3fx", best, cands[best].result.speedup);
-    o << buf;
-  }
+  if (best >= 0) o << ", best #" << best << " at " << speedup_text(cands[best].result);
   o << "\n";
-  std::snprintf(buf, sizeof buf, "%3s  %-14s %9s %11s %11s %7s  %s\n", "#", "verdict", "speedup", "kernel ms", "ref ms",
-                "tokens", "reason");
+  std::snprintf(buf, sizeof buf, "%3s  %-14s %9s %-15s %11s %11s %7s  %s\n", "#", "verdict", "speedup", "95 % interval",
+                "kernel ms", "ref ms", "tokens", "reason");
   o << buf;
   for (std::size_t i = 0; i < cands.size(); ++i) {
     const auto& c = cands[i];
     const auto& r = c.result;
-    std::string sp = "-", km = "-", rm = "-";
+    std::string sp = "-", ci = "-", km = "-", rm = "-";
     if (r.ok()) {
       std::snprintf(buf, sizeof buf, "%.3fx", r.speedup);
       sp = buf;
+      if (r.speedup_hi > 0) {
+        std::snprintf(buf, sizeof buf, "%.3f-%.3f", r.speedup_lo, r.speedup_hi);
+        ci = buf;
+      }
     }
     if (r.cand_ms.n) {
       std::snprintf(buf, sizeof buf, "%.4f", r.cand_ms.median);
@@ -113,9 +125,12 @@ std::string table(const std::string& task, const std::string& backend, const std
     }
     std::string note = first_line(r.reason, 70);
     if (c.duplicate_of >= 0) note = "same source as #" + std::to_string(c.duplicate_of) + (note.empty() ? "" : "; " + note);
+    auto add = [&note](const std::string& s) { note = note.empty() ? s : note + "; " + s; };
+    if (r.ok() && r.timing_unstable) add("timing unstable: conservative estimate");
+    if (r.ok() && r.task_degenerate) add("task degenerate: no speed reward");
     if (long(i) == best) note = note.empty() ? "<- best" : "<- best; " + note;
-    std::snprintf(buf, sizeof buf, "%3zu  %-14s %9s %11s %11s %7zu  %s\n", i, ev::verdict_name(r.verdict), sp.c_str(),
-                  km.c_str(), rm.c_str(), c.tokens, note.c_str());
+    std::snprintf(buf, sizeof buf, "%3zu  %-14s %9s %-15s %11s %11s %7zu  %s\n", i, ev::verdict_name(r.verdict), sp.c_str(),
+                  ci.c_str(), km.c_str(), rm.c_str(), c.tokens, note.c_str());
     o << buf;
   }
   return o.str();
@@ -333,6 +348,10 @@ int main(int argc, char** argv) {
                           {"verdict", ev::verdict_name(c.result.verdict)},
                           {"reason", c.result.reason},
                           {"speedup", c.result.speedup},
+                          {"speedup_lo", c.result.speedup_lo},
+                          {"speedup_hi", c.result.speedup_hi},
+                          {"timing_unstable", c.result.timing_unstable},
+                          {"task_degenerate", c.result.task_degenerate},
                           {"kernel_median_ms", c.result.cand_ms.median},
                           {"reference_median_ms", c.result.ref_ms.median},
                           {"duplicate_of", c.duplicate_of >= 0 ? nlohmann::json(c.duplicate_of) : nlohmann::json()},
@@ -365,6 +384,8 @@ int main(int argc, char** argv) {
                           {"best", best >= 0 ? nlohmann::json(best) : nlohmann::json()},
                           {"best_file", best >= 0 ? nlohmann::json("best" + ext) : nlohmann::json()},
                           {"best_speedup", best >= 0 ? cands[best].result.speedup : 0.0},
+                          {"best_speedup_lo", best >= 0 ? cands[best].result.speedup_lo : 0.0},
+                          {"best_speedup_hi", best >= 0 ? cands[best].result.speedup_hi : 0.0},
                           {"candidates", jc}};
     kf::write_file_atomic(out_dir + "/prompt.txt", prompt.text);
     std::string txt = text;

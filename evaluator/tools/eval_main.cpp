@@ -2,6 +2,9 @@
 //   kf-eval TASK KERNEL [--json] [--backend cpu|cuda] [--tasks DIR] [--trials N] ...
 // TASK is an artifact folder or a task name under --tasks. KERNEL is the source file
 // (.cu: CUDA backend by default; anything else: CPU).
+// The report gives the speedup with its 95 % interval ("1.234x (95 % 1.180–1.290)"), flags
+// an unstable timing (the speedup is then the interval's lower bound) and a degenerate task
+// (no speed reward); --json has the same fields (result.cpp).
 // Exit: 0 ok, 1 kernel rejected (any other verdict), 2 usage error, 3 evaluator error.
 #include <ATen/Parallel.h>
 
@@ -37,7 +40,9 @@ int main(int argc, char** argv) {
   app.add_option("--cuda-arch", arch, "nvcc -arch value");
   app.add_option("--cache", cache, "compile cache folder");
   app.add_option("--call-timeout", o.min_call_timeout_s, "minimum wall-clock limit per kernel call (s)");
-  app.add_option("--max-spread", o.max_spread, "give up when (p90-p10)/median of the trials exceeds this");
+  app.add_option("--max-spread", o.max_spread,
+                 "spread (p90-p10)/median of the trials above this after --max-trials: the timing is flagged "
+                 "unstable and the speedup is its 95 % interval's lower bound");
   app.add_option("--max-trials", o.max_trials, "most timed trials while the spread is too wide");
   try {
     app.parse(argc, argv);

@@ -152,6 +152,12 @@ TEST(OptimizeTest, OverfitExportedModelGivesVerifiedBestKernelAndReport) {
     EXPECT_EQ(c["verdict"], "ok") << c.dump();
     EXPECT_TRUE(c["extracted"].get<bool>());
     EXPECT_GT(c["speedup"].get<double>(), 0);
+    // The speedup's 95 % interval from the paired trials, and the flags.
+    EXPECT_GT(c["speedup_lo"].get<double>(), 0) << c.dump();
+    EXPECT_LE(c["speedup_lo"].get<double>(), c["speedup"].get<double>()) << c.dump();
+    EXPECT_GE(c["speedup_hi"].get<double>(), c["speedup"].get<double>()) << c.dump();
+    EXPECT_FALSE(c["timing_unstable"].get<bool>()) << c.dump();  // evaluator.max_spread=100
+    EXPECT_FALSE(c["task_degenerate"].get<bool>()) << c.dump();
     EXPECT_EQ(test::read_text(out + "/" + c["source_file"].get<std::string>()), kernel);
     EXPECT_EQ(test::read_text(out + "/" + c["completion_file"].get<std::string>()), completion);
   }
@@ -160,7 +166,16 @@ TEST(OptimizeTest, OverfitExportedModelGivesVerifiedBestKernelAndReport) {
   EXPECT_EQ(rep["candidates"][1]["duplicate_of"], 0);
   EXPECT_DOUBLE_EQ(rep["best_speedup"].get<double>(), rep["candidates"][0]["speedup"].get<double>());
   EXPECT_NE(r.out.find("2 verified ok"), std::string::npos) << r.out;
-  EXPECT_NE(test::read_text(out + "/report.txt").find("verdict    ok"), std::string::npos);
+  EXPECT_DOUBLE_EQ(rep["best_speedup_lo"].get<double>(), rep["candidates"][0]["speedup_lo"].get<double>());
+  EXPECT_DOUBLE_EQ(rep["best_speedup_hi"].get<double>(), rep["candidates"][0]["speedup_hi"].get<double>());
+  // The table: an interval column, and the best line with the interval.
+  EXPECT_NE(r.out.find("95 % interval"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("best #0 at "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("x (95 % "), std::string::npos) << r.out;
+  const std::string report_txt = test::read_text(out + "/report.txt");
+  EXPECT_NE(report_txt.find("verdict    ok"), std::string::npos);
+  EXPECT_NE(report_txt.find("speedup    "), std::string::npos) << report_txt;
+  EXPECT_NE(report_txt.find("x (95 % "), std::string::npos) << report_txt;
 
   // tools/score-policy on the same model (here, not in a test of its own: memorising is the
   // slow part): 001_relu, held out by the test's list, is solved; 002_gelu (train) gets the

@@ -16,9 +16,10 @@ std::string build_dir() {
   const char* e = std::getenv("KF_BUILD_DIR");
   return e && *e ? e : KF_BUILD_DIR_DEFAULT;
 }
-int run(const std::string& args, std::string* out) {
+int run(const std::string& args, std::string* out, const std::string& max_spread = "100") {
   const std::string cmd = std::string(KF_EVAL_BIN) + " " + args + " --tasks " + build_dir() + "/tasks --cache " +
-                          build_dir() + "/evaluator-test-cache --threads 2 --trials 3 --warmup 1 --max-spread 100 --max-trials 8 2>/dev/null";
+                          build_dir() + "/evaluator-test-cache --threads 2 --trials 3 --warmup 1 --max-spread " + max_spread +
+                          " --max-trials 8 2>/dev/null";
   FILE* p = popen(cmd.c_str(), "r");
   char buf[4096];
   out->clear();
@@ -36,6 +37,37 @@ TEST(EvalToolTest, GoodKernelExitsZeroWithJsonReport) {
   EXPECT_EQ(j["verdict"], "ok");
   EXPECT_GT(j["speedup"].get<double>(), 0);
   EXPECT_TRUE(j["checks"].is_array());
+}
+
+// The speedup comes with its 95 % interval from the paired trials, in the text and the
+// JSON; a timing flagged unstable reports its conservative estimate, the lower bound.
+TEST(EvalToolTest, ReportsTheSpeedupInterval) {
+  std::string out;
+  ASSERT_EQ(run("001_relu " + kernel("cpu/good_relu.cpp") + " --json", &out), 0) << out;
+  auto j = nlohmann::json::parse(out);
+  const double s = j["speedup"].get<double>(), lo = j["speedup_lo"].get<double>(), hi = j["speedup_hi"].get<double>();
+  EXPECT_GT(lo, 0) << out;
+  EXPECT_LE(lo, s) << out;
+  EXPECT_LE(s, hi) << out;
+  EXPECT_DOUBLE_EQ(j["speedup_confidence"].get<double>(), 0.95);
+  EXPECT_TRUE(j["speed_rewarded"].get<bool>());
+  EXPECT_FALSE(j["timing_unstable"].get<bool>()) << out;  // --max-spread 100
+  ASSERT_EQ(run("001_relu " + kernel("cpu/good_relu.cpp"), &out), 0) << out;
+  const auto at = out.find("speedup    ");
+  ASSERT_NE(at, std::string::npos) << out;
+  const std::string line = out.substr(at, out.find('\n', at) - at);
+  EXPECT_NE(line.find("x (95 % "), std::string::npos) << line;
+  EXPECT_NE(line.find("\xe2\x80\x93"), std::string::npos) << line;  // lo–hi
+  EXPECT_EQ(out.find("timing unstable"), std::string::npos) << out;
+
+  // No spread is small enough: still ok, flagged, and the speedup is the lower bound.
+  ASSERT_EQ(run("001_relu " + kernel("cpu/good_relu.cpp") + " --json", &out, "1e-9"), 0) << out;
+  j = nlohmann::json::parse(out);
+  EXPECT_EQ(j["verdict"], "ok") << out;
+  EXPECT_TRUE(j["timing_unstable"].get<bool>()) << out;
+  EXPECT_DOUBLE_EQ(j["speedup"].get<double>(), j["speedup_lo"].get<double>()) << out;
+  ASSERT_EQ(run("001_relu " + kernel("cpu/good_relu.cpp"), &out, "1e-9"), 0) << out;
+  EXPECT_NE(out.find("timing unstable: conservative estimate"), std::string::npos) << out;
 }
 
 TEST(EvalToolTest, RejectedKernelExitsOneWithReadableReport) {
