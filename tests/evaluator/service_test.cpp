@@ -12,6 +12,7 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <set>
 #include <nlohmann/json.hpp>
 
 #include "kf/common/gpu_lock.h"
@@ -187,12 +188,18 @@ TEST(EvaluatorServiceTest, StopFlagEndsTheBatchAfterTheCandidateInHand) {
   ASSERT_EQ(shm->results().pop_batch(results, 10, std::chrono::milliseconds(100)), 1u);
   EXPECT_EQ(results[0].candidate_id, 301u);
   EXPECT_EQ(service.stats().scored, 1u);
-  // Without the flag the whole batch is scored.
+  // The rest of the stopped batch went back to the queue, not lost: without the flag the
+  // next step scores those two and the two new ones.
   stop = false;
   EvaluatorService plain(ev, *shm, [&] { ServiceOptions o = so; o.stop = nullptr; return o; }());
   for (uint64_t id = 304; id <= 305; ++id)
     ASSERT_TRUE(shm->candidates().push(candidate(id, "001_relu", good, uint32_t(id - 304)), std::chrono::seconds(1)));
-  EXPECT_EQ(plain.step(), 2u);
+  EXPECT_EQ(plain.step(), 4u);
+  results.clear();
+  ASSERT_EQ(shm->results().pop_batch(results, 10, std::chrono::milliseconds(100)), 4u);
+  std::set<uint64_t> ids;
+  for (const auto& r : results) ids.insert(r.candidate_id);
+  EXPECT_EQ(ids, (std::set<uint64_t>{302, 303, 304, 305}));
   shm->shutdown();
 }
 
