@@ -601,9 +601,10 @@ TEST(LaunchTest, ResumeAfterACorruptNewestCheckpointKeepsTheNewerKernelsAndBest)
   ASSERT_EQ(wait_for(r, 300), 0) << slurp(r.out);
   // Every kernel-DB entry and every best/ task survived the fallback.
   std::set<std::string> hashes_after;
-  for (const auto& e : nlohmann::json::parse(slurp(run + "/kernels/kernel_db.json"))["entries"])
-    hashes_after.insert(e["hash"].get<std::string>());
+  const auto db_after = nlohmann::json::parse(slurp(run + "/kernels/kernel_db.json"));
+  for (const auto& e : db_after["entries"]) hashes_after.insert(e["hash"].get<std::string>());
   for (const auto& h : hashes_before) EXPECT_TRUE(hashes_after.count(h)) << "kernel " << h << " was lost";
+  EXPECT_GE(db_after["entries"].size(), db["entries"].size());
   const auto index_after = nlohmann::json::parse(slurp(run + "/best/index.json"));
   for (const auto& [task, e] : index.items()) EXPECT_TRUE(index_after.contains(task)) << task << " left best/";
   EXPECT_EQ(slurp(run + "/best/zz_best_only.cpp"), "// best of a task no checkpoint knows\n");
