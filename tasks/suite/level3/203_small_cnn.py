@@ -25,7 +25,10 @@ classes = 1000
 
 
 def get_inputs():
-    return [torch.randn(batch, 3, size, size)]
+    # A per-set scale: the 2 x 10 logits at the CPU size (global means of the features) move
+    # between input sets by far more than the tolerance.
+    s = torch.rand(()) * 1.5 + 0.5
+    return [torch.randn(batch, 3, size, size) * s]
 
 
 def get_init_inputs():
