@@ -329,6 +329,12 @@ struct Session {
   // candidate more questions (same inputs, other poison; other inputs).
   [[noreturn]] void explain_failure(const Match& m, const CandOut& c, const TensorList& r, const TensorList& in,
                                     const TensorList& params, uint32_t poison, const std::string& where) {
+    // Unfinished at return (the worker was frozen there) while a thread the call started
+    // was still alive: the rest of the work was meant to happen after the clock stopped.
+    if (m.unwritten > 0 && c.call.threads_after > c.call.threads_before)
+      throw Stop{Verdict::RejectedCheat, "work escaping the timed region: " + std::to_string(m.unwritten) +
+                                             " output elements unfinished at return while a thread started in the call was still running (" +
+                                             where + ")"};
     const TensorList cs = sampled(c.outs);
     if (replays_earlier_call(cs, r))
       throw Stop{Verdict::RejectedCheat, "results cached across calls: the outputs are those of an earlier call's inputs (" + where + ")"};
@@ -1010,7 +1016,8 @@ void Session::run() {
   // --- timing: interleaved, fresh inputs every trial, caches flushed, outputs checked;
   // the plan's checks among the timed trials
   std::vector<double> ref_ms, cand_ms, ext_ms, ext_gap;
-  int new_threads_trials = 0, idle_trials = 0, late_trials = 0, resume_trials = 0, settle_trials = 0;
+  int new_threads_trials = 0, idle_trials = 0, late_trials = 0, resume_trials = 0, settle_trials = 0, outside_trials = 0;
+  double max_outside = 0, max_outside_wall = 0;
   double max_idle = 0, max_presync = 0, max_late = 0, max_resume = 0, max_settle = 0;
   std::string max_idle_who;  // the busiest thread and window of the trial with the most idle CPU
   auto trial = [&](int t, bool timed) {
@@ -1059,6 +1066,11 @@ void Session::run() {
     const bool late_start = c.call.resume_ms > o.resume_ms && (b == Backend::CUDA || c.call.idle_cpu_ms >= 0.5 * c.call.resume_ms);
     max_resume = std::max(max_resume, c.call.resume_ms);
     if (late_start) ++resume_trials;
+    // Threads other than the worker's main one, in the worker's windows outside the call:
+    // honest kernels' threads sleep there (an OpenMP pool only goes back to sleep); a thread
+    // that keeps working between calls shows, however short the windows are.
+    if (c.call.outside_cpu_ms > std::max(o.outside_cpu_ms, 0.25 * c.call.elapsed_ms)) ++outside_trials;
+    if (c.call.outside_cpu_ms > max_outside) max_outside = c.call.outside_cpu_ms, max_outside_wall = c.call.idle_wall_ms;
     max_settle = std::max(max_settle, c.call.gpu_settle_ms);
     if (c.call.gpu_settle_ms > o.gpu_settle_ms) ++settle_trials;
     max_presync = std::max(max_presync, c.call.presync_ms);
@@ -1100,13 +1112,18 @@ void Session::run() {
     throw Stop{Verdict::RejectedCheat, "work outside the timed region: other threads used more than " + fmt(o.idle_cpu_ms) +
                                            " ms of CPU between calls in " + of_timed(idle_trials) + " (max " + fmt(max_idle) +
                                            " ms" + max_idle_who + "; background computation)"};
+  if (4 * outside_trials > n_timed)
+    throw Stop{Verdict::RejectedCheat, "work outside the timed region: threads other than the worker's main one kept working "
+                                           "outside kf_forward in " + of_timed(outside_trials) + " (max " + fmt(max_outside) +
+                                           " ms of CPU in the worker's " + fmt(max_outside_wall) +
+                                           " ms before the clock and after return; a background thread)"};
   check("anti.background_cpu", true, "idle between calls");
-  if (4 * resume_trials > n_timed)
-    throw Stop{Verdict::RejectedCheat, "work outside the timed region: the worker ran more than " + fmt(o.resume_ms) +
-                                           " ms from its resume to the clock's start in " + of_timed(resume_trials) + " (max " +
-                                           fmt(max_resume) + " ms): candidate code before the clock started (signal handlers, timers or threads)"};
-  check("anti.before_clock", true, b == Backend::CUDA ? "start mark within " + fmt(max_resume) + " ms of the resume"
-                                                      : "no CPU work between the resume and the start mark");
+  // How long the resumed worker took to reach its start mark is reported, not judged: the
+  // candidate's code cannot run on the main thread there (no handlers, no timers), its
+  // threads' CPU there is judged above, and pending GPU work by the device sync before the
+  // mark; on a loaded host a descheduled worker starts late by itself.
+  check("anti.before_clock", true, "start mark " + fmt(max_resume) + " ms after the resume at most (" +
+                                       of_timed(resume_trials) + " over " + fmt(o.resume_ms) + " ms)");
   if (b == Backend::CUDA && max_presync > o.presync_ms)
     throw Stop{Verdict::RejectedCheat, "work outside the timed region: the GPU was busy for " + fmt(max_presync) + " ms before the clock started (work launched outside kf_forward)"};
   check("anti.gpu_idle_before_call", true, b == Backend::CUDA ? "device idle at start" : "n/a on CPU");

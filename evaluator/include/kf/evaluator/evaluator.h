@@ -90,7 +90,9 @@ struct EvalOptions {
   double late_cpu_ms = 2.0;        // CPU other threads may use in the probe window
   double idle_cpu_ms = 2.0;        // CPU other threads may use between calls
   double presync_ms = 1.0;         // CUDA: a device sync before the clock may take this long
-  double resume_ms = 2.0;          // from resuming the stopped worker to its start mark
+  double resume_ms = 2.0;          // reported: timed calls whose start mark came later than this after the resume
+  double outside_cpu_ms = 0.2;     // CPU threads other than the worker's main one may use outside the call
+                                   // (or a quarter of the call's time, whichever is more)
   double gpu_settle_ms = 0.5;      // CUDA: device busy after the worker stopped at return
   // Worker clock vs evaluator clock: when even the smallest gap over the timed calls is
   // larger than this (absolute, or relative to the median, whichever is larger), the
