@@ -40,14 +40,16 @@ import() {  # import SRC BUILD TASK...
 
 case "${1:-}" in
 tests)
+  tasks=$("$PY" -c "import json;print(' '.join(sorted({k['task'] for k in json.load(open('tests/evaluator/kernels/corpus.json'))['kernels']})))")
+  import . build-gpu $tasks &
+  ip=$!
   build . build-gpu evaluator_core_test evaluator_test kf-eval kf-sandbox-worker || exit 1
   stamp built
-  tasks=$("$PY" -c "import json;print(' '.join(sorted({k['task'] for k in json.load(open('tests/evaluator/kernels/corpus.json'))['kernels']})))")
-  import . build-gpu $tasks
+  wait $ip
   stamp imported
   export KF_BUILD_DIR=$PWD/build-gpu KF_SOURCE_DIR=$PWD KF_PYTHON="$PY"
   timeout 200 build-gpu/tests/evaluator/evaluator_core_test --gtest_filter='Sandbox*:Compile*' > "$OUTDIR/core_test.log" 2>&1; rc1=$?
-  grep -E "FAILED|PASSED|ms of CPU" "$OUTDIR/core_test.log" | head -20
+  grep -E "FAILED|PASSED|ms of CPU|call [0-9]|Failure|Which is" "$OUTDIR/core_test.log" | head -60
   stamp "core tests rc $rc1"
   timeout "${KF_TEST_TIMEOUT:-300}" build-gpu/tests/evaluator/evaluator_test --gtest_filter="${KF_EVAL_FILTER:-*cuda*:*Cuda*}" > "$OUTDIR/evaluator_test.log" 2>&1; rc2=$?
   grep -E "^(cpu|cuda)/|FAILED|PASSED|Failure|verdict|reason" "$OUTDIR/evaluator_test.log" | head -80
