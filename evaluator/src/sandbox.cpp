@@ -131,6 +131,9 @@ struct Sandbox::Impl {
   std::string rep_buf;
   clockid_t worker_cpu{};        // the worker's process CPU clock (all its threads)
   int reaped_status = -1;        // set when a stop-wait reaped the worker
+  // Between fork and exec the child's resident set is this process's (copy-on-write): its
+  // memory is judged only once it runs the worker (seen by name, or by its first reply).
+  bool exec_seen = false;
   // Outputs at return: our private copies, taken while the worker is stopped (per slot,
   // per output; device memory with the arena, host memory otherwise).
   std::vector<std::vector<void*>> ret;
@@ -257,6 +260,7 @@ struct Sandbox::Impl {
     const uint64_t rss_limit = o.memory_limit_bytes + total;
     while (true) {
       if (rep_buf.size() >= sizeof(proto::Reply)) {
+        exec_seen = true;
         std::memcpy(&rep, rep_buf.data(), sizeof rep);
         rep_buf.erase(0, sizeof rep);
         rep.msg[sizeof rep.msg - 1] = 0;
@@ -297,7 +301,12 @@ struct Sandbox::Impl {
         out = classify_death(out, false);
         return false;
       }
-      const uint64_t rss = rss_bytes(pid);
+      if (!exec_seen) {
+        std::ifstream comm("/proc/" + std::to_string(pid) + "/comm");
+        std::string name;
+        exec_seen = std::getline(comm, name) && name.rfind("kf-sandbox-work", 0) == 0;
+      }
+      const uint64_t rss = exec_seen ? rss_bytes(pid) : 0;
       if (rss > rss_limit) {
         out.kind = CallOutcome::MemoryLimit;
         out.message = "memory limit exceeded: resident " + std::to_string(rss >> 20) + " MiB > " +
