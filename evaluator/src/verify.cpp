@@ -1238,8 +1238,17 @@ Result Evaluator::evaluate_compiled(const tasks::Task& task, tasks::Backend back
   res.backend = tasks::backend_name(backend);
   res.candidate_key = cr.key;
   res.compile_s = cr.seconds;
+  if (!cr.ok && cr.environment_failure) {
+    // The compiler did not run (its confinement or the service failed): not the source's
+    // fault, so an environment failure the learner leaves out, never the candidate's error.
+    res.verdict = Verdict::RuntimeError;
+    res.reason = "environment: compile service failure (the compiler did not run)";
+    res.diagnostics = cr.diagnostics;
+    res.reward = impl_->reward.score(res);
+    return res;
+  }
   if (!cr.ok) {
-    res.verdict = cr.timed_out ? Verdict::CompileError : Verdict::CompileError;
+    res.verdict = Verdict::CompileError;
     res.reason = cr.rejected_source ? "source rejected" : (cr.timed_out ? "compile timed out" : "compile error");
     res.diagnostics = cr.diagnostics;
     res.reward = impl_->reward.score(res);
