@@ -234,7 +234,10 @@ def summarize_verdicts(records, min_window):
 def verdict_kind(rec):
     """ok, timing unstable, or the verdict's name: the kinds whose verification time differs."""
     reason = rec.get("reason") if isinstance(rec.get("reason"), str) else ""
-    return "timing unstable" if reason.startswith("timing unstable") else rec["verdict"]
+    # ok results measured unstably carry the flag (older logs: a runtime_error reason)
+    if rec.get("timing_unstable") or reason.startswith("timing unstable"):
+        return "timing unstable"
+    return rec["verdict"]
 
 
 TIME_PARTS = [("claim_wait_s", "memory claim wait"), ("lock_wait_s", "timing lock wait"),

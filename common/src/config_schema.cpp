@@ -97,7 +97,7 @@ const std::vector<ConfigKey>& config_schema() {
       {"replay.stale_after_ms", T::Int, "30000", false, {}, "a run with no heartbeat for this long is stale"},
       // evaluator: verification and timing of candidates (docs/evaluator.md)
       {"evaluator.correctness_sets", T::Int, "3", false, {}, "fresh input sets from the task's distribution"},
-      {"evaluator.stress_sets", T::Int, "4", false, {}, "stress input sets (x*8, -x, x+3, U(-4,4), x*1e-3)"},
+      {"evaluator.stress_sets", T::Int, "2", false, {}, "global stress sets: x*8 plus others drawn from -x, x+3, U(-4,4), x*1e-3 (local stress and near-duplicates come on top)"},
       {"evaluator.redraw_params", T::Bool, "true", false, {}, "check once with re-drawn parameters"},
       {"evaluator.warmup", T::Int, "2", false, {}, "untimed trials"},
       {"evaluator.trials", T::Int, "10", false, {}, "timed trials (reference and candidate interleaved)"},
