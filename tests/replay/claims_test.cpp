@@ -177,14 +177,14 @@ TEST_F(ReplayClaimTest, RandomConsumerKillsLoseNothingAndBalanceExactly) {
   QueueConfig cfg{64, 64, std::chrono::milliseconds(20)};
   cfg.max_claims = 1000;
   ShmQueue q = ShmQueue::create(name, cfg);
-  const uint64_t n = 400;
+  const uint64_t n = 800;
   auto consumer = [this] {
     return spawn([this] {
       ShmQueue mine = ShmQueue::attach(name);
       std::vector<ShmQueue::Slot> s(4);
       for (;;) {
         const std::size_t k = mine.take(s.data(), s.size(), 200ms);
-        std::this_thread::sleep_for(std::chrono::microseconds(200));  // "scoring"
+        std::this_thread::sleep_for(std::chrono::microseconds(k ? 1000 : 0));  // "scoring", claims in hand
         mine.release(s.data(), k);
       }
       return 0;
@@ -195,7 +195,9 @@ TEST_F(ReplayClaimTest, RandomConsumerKillsLoseNothingAndBalanceExactly) {
   std::mt19937 rng(7);
   uint64_t pushed = 0;
   int kills = 0;
-  while (pushed < n || q.ledger().queued + q.ledger().in_flight > 0) {
+  // Until all are pushed and scored AND 40 kills happened (consumers can drain the queue
+  // before the 40th kill on a fast machine).
+  while (pushed < n || kills < 40 || q.ledger().queued + q.ledger().in_flight > 0) {
     for (int i = 0; i < 8 && pushed < n; ++i, ++pushed) {
       const uint64_t id = pushed + 1;
       ASSERT_TRUE(q.push(&id, sizeof id, id, 5s));
