@@ -329,12 +329,6 @@ struct Session {
   // candidate more questions (same inputs, other poison; other inputs).
   [[noreturn]] void explain_failure(const Match& m, const CandOut& c, const TensorList& r, const TensorList& in,
                                     const TensorList& params, uint32_t poison, const std::string& where) {
-    // Unfinished at return (the worker was frozen there) while a thread the call started
-    // was still alive: the rest of the work was meant to happen after the clock stopped.
-    if (m.unwritten > 0 && c.call.threads_after > c.call.threads_before)
-      throw Stop{Verdict::RejectedCheat, "work escaping the timed region: " + std::to_string(m.unwritten) +
-                                             " output elements unfinished at return while a thread started in the call was still running (" +
-                                             where + ")"};
     const TensorList cs = sampled(c.outs);
     if (replays_earlier_call(cs, r))
       throw Stop{Verdict::RejectedCheat, "results cached across calls: the outputs are those of an earlier call's inputs (" + where + ")"};
@@ -343,6 +337,14 @@ struct Session {
     Match m2 = match(again.outs, r, poison ^ 1u);
     if (m2.ok)
       throw Stop{Verdict::RejectedCheat, "reads uninitialised memory: the result depends on the garbage in output/scratch memory (correct with one poison pattern, wrong with the other) (" + where + ")"};
+    // Unfinished at return (the worker is frozen there) while each of the two calls left a
+    // thread it started alive (a pool made once, as OpenMP's, grows only the first call):
+    // the rest of the work was meant to happen after the clock stopped.
+    if (m.unwritten > 0 && m2.unwritten > 0 && c.call.threads_after > c.call.threads_before &&
+        again.call.threads_after > again.call.threads_before)
+      throw Stop{Verdict::RejectedCheat, "work escaping the timed region: " + std::to_string(m.unwritten) +
+                                             " output elements unfinished at return while a thread started in the call was still running (" +
+                                             where + ")"};
     if (m.unwritten > 0 && m2.unwritten > 0)
       throw Stop{Verdict::RejectedCheat, "outputs not fully written: " + std::to_string(m.unwritten) +
                                              " elements still hold the poison pattern (problem-size tampering or partial computation) (" + where + ")"};
