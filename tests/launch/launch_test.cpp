@@ -54,7 +54,7 @@ std::string config_text(const std::string& dir, const std::string& policy_dir, i
   return "run: {name: t, root: " + dir + "/runs, backend: cpu, seed: 0}\n"
          "tasks: {dir: " + tasks_dir() + ", include: [001_relu]}\n"
          "evaluator: {correctness_sets: 2, stress_sets: 1, trials: 3, max_trials: 3, warmup: 1, max_spread: 100,\n"
-         "            reward: {kind: speedup}}\n"
+         "            reward: {kind: speedup}, train_on_degenerate_tasks: true}\n"
          "learner:\n  policy: " + policy_dir + "\n  temperature: 0.5\n  steps: " + std::to_string(steps) +
          "\n  groups_per_step: 1\n  take_timeout_ms: 200\n  checkpoint: {every: 2, keep: 10}\n"
          "actors:\n  group_size: 2\n  metrics_every_s: 1\n"
@@ -658,6 +658,9 @@ TEST(LaunchTest, KilledLauncherKeepsItsClockAndTotalsAndItsSharedMemoryIsCleaned
   // The clock continued from the saved value (not from zero), the totals too.
   EXPECT_GE(after["elapsed_s"].get<double>(), elapsed_before + session - 5) << after.dump();
   EXPECT_GE(after.value("results_total", int64_t{0}), results_before);
+  // The newest published snapshot version is kept too, never lowered by a later session.
+  EXPECT_GE(saved.value("policy_version", int64_t{-1}), 1) << saved.dump();
+  EXPECT_GE(after.value("policy_version", int64_t{-1}), saved.value("policy_version", int64_t{-1})) << after.dump();
   const std::string log = slurp(run + "/logs/launch-0.log");
   EXPECT_NE(log.find("removed the shared memory its dead launcher left"), std::string::npos) << log;
   EXPECT_FALSE(shm_exists(name));

@@ -206,9 +206,18 @@ double load_launch_state(const RunDir& run, RunMonitor& monitor) {
   }
 }
 
-void save_launch_state(const RunDir& run, const RunMonitor& monitor, double elapsed_s, const char* when) {
+void save_launch_state(const RunDir& run, const RunMonitor& monitor, double elapsed_s, const char* when,
+                       int64_t policy_version) {
   nlohmann::json st = monitor.to_json();
   st["elapsed_s"] = elapsed_s;
+  // Never lower than what an earlier session saved (a resumed run starts its store empty).
+  int64_t newest = policy_version;
+  try {
+    if (access(launch_state_path(run).c_str(), R_OK) == 0)
+      newest = std::max<int64_t>(newest, nlohmann::json::parse(read_file(launch_state_path(run))).value("policy_version", int64_t{-1}));
+  } catch (const std::exception&) {
+  }
+  st["policy_version"] = newest;
   st["saved"] = when;
   write_file_atomic(launch_state_path(run), st.dump(1));
 }

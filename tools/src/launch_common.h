@@ -24,7 +24,10 @@ void save_run_outputs(replay::RunShm& shm, const RunDir& run, tasks::Backend bac
 // --resume. load_launch_state() adds a saved state to `monitor` and returns its elapsed
 // seconds (0 when there is none; an unreadable file is logged and treated as none).
 double load_launch_state(const RunDir& run, RunMonitor& monitor);
-void save_launch_state(const RunDir& run, const RunMonitor& monitor, double elapsed_s, const char* when);
+// policy_version: the newest published snapshot version (-1: none), kept so a learner of a
+// resumed run can continue past every version the run ever published.
+void save_launch_state(const RunDir& run, const RunMonitor& monitor, double elapsed_s, const char* when,
+                       int64_t policy_version = -1);
 
 // Resume with a newer kernels/kernel_db.json than the checkpoint it falls back to: the
 // file's entries are inserted into the run's database (a union: identical sources are

@@ -425,7 +425,7 @@ void Launcher::Impl::advance_phase() {
 void Launcher::Impl::save_state(const char* when) {
   try {
     save_run_outputs(*shm, run, backend);
-    save_launch_state(run, monitor, elapsed(), when);
+    save_launch_state(run, monitor, elapsed(), when, shm->snapshots().latest().version);
   } catch (const std::exception& e) {
     log_error("launch: saving the run's outputs (", when, ") failed: ", e.what(), "; the run goes on");
   }
@@ -433,7 +433,7 @@ void Launcher::Impl::save_state(const char* when) {
 
 void Launcher::Impl::save_clock() {
   try {
-    save_launch_state(run, monitor, elapsed(), "periodic");
+    save_launch_state(run, monitor, elapsed(), "periodic", shm->snapshots().latest().version);
   } catch (const std::exception& e) {
     log_error("launch: saving the launcher's clock and totals failed: ", e.what(), "; the run goes on");
   }

@@ -21,10 +21,16 @@ namespace kf::launch {
 int run_serial(const Config& cfg, const RunDir& run, const LaunchOptions& opts) {
   using Clock = std::chrono::steady_clock;
   const auto backend = tasks::resolve_backend(cfg.get_string("run.backend"));
+  if (replay::RunShm::probe(run.name()) == replay::SegmentState::Stale) {
+    std::string list;
+    for (const auto& p : remove_dead_run_shm(run.name(), /*lock_too=*/false)) list += (list.empty() ? "" : ", ") + p;
+    log_warn("launch: run ", run.name(), ": removed the shared memory its dead launcher left (", list, ")");
+  }
   auto shm = replay::RunShm::create(run.name(), replay::run_shm_config(cfg));
   auto& ctl = shm->control();
   RunMonitor monitor(static_cast<std::size_t>(cfg.get_int("launch.stats_window")));
   const double elapsed_base = opts.resumed ? load_launch_state(run, monitor) : 0.0;
+  if (opts.resumed) merge_saved_kernels(*shm, run);  // before the checkpoint's own copy: a union
 
   // Learner: one rank, this process.
   auto lc = learner::learner_config_from(cfg);
@@ -58,7 +64,7 @@ int run_serial(const Config& cfg, const RunDir& run, const LaunchOptions& opts) 
   auto elapsed = [&] { return elapsed_base + std::chrono::duration<double>(Clock::now() - t0).count(); };
   const double budget_s = cfg.get_float("launch.max_minutes") * 60;
   const double status_every = cfg.get_float("launch.status_every_s");
-  auto next_status = Clock::now();
+  auto next_status = Clock::now(), next_state_save = Clock::now() + std::chrono::seconds(5);
   std::size_t results_seen = 0;
   std::string reason = "the learner reached learner.steps";
   int64_t ckpt_every = cfg.get_int("learner.checkpoint.every");
@@ -91,6 +97,14 @@ int run_serial(const Config& cfg, const RunDir& run, const LaunchOptions& opts) 
         save_run_outputs(*shm, run, backend);
       }
     }
+    if (Clock::now() >= next_state_save) {  // the clock and totals survive a crash of this process
+      try {
+        save_launch_state(run, monitor, elapsed(), "periodic", learner.version());
+      } catch (const std::exception& e) {
+        log_error("launch: saving the clock and totals failed: ", e.what(), "; the run goes on");
+      }
+      next_state_save = Clock::now() + std::chrono::seconds(5);
+    }
     monitor.counters().update(ctl.peers(std::chrono::hours(1)));
     if (Clock::now() >= next_status) {
       Status s;
@@ -110,7 +124,7 @@ int run_serial(const Config& cfg, const RunDir& run, const LaunchOptions& opts) 
   log_info("launch: serial run stops (", reason, "); final checkpoint");
   learner.checkpoint();
   save_run_outputs(*shm, run, backend);
-  save_launch_state(run, monitor, elapsed(), "end of run");
+  save_launch_state(run, monitor, elapsed(), "end of run", learner.version());
   shm->shutdown();
   log_info("launch: serial run ", run.name(), " finished at step ", learner.steps_done(), "; outputs in ", run.path());
   return 0;
