@@ -484,12 +484,27 @@ void Launcher::Impl::show(const Status& s, bool line) {
   log_lines_at_status = log_line_count();
 }
 
+// The candidate queue's exact account: created = scored + lost + queued + in flight.
+static void log_ledger(const replay::QueueLedger& l, const char* whose) {
+  log_info("launch: candidates of ", whose, ": created ", l.created, " = scored ", l.scored, " + lost ", l.lost(),
+           " (evaluator died ", l.lost_consumer, ", actor died ", l.lost_producer, ", dropped ", l.dropped, ", corrupt ",
+           l.corrupt, ", launcher died ", l.lost_run_died, ") + queued ", l.queued, " + in flight ", l.in_flight,
+           "; re-queued after an evaluator's death ", l.requeued, l.balanced() ? "" : " (does not add up: a bug)");
+}
+
 Launcher::Launcher(const Config& cfg, const RunDir& run, const LaunchOptions& opts)
     : impl_(std::make_unique<Impl>(cfg, run, opts)) {
   Impl& m = *impl_;
-  // Shared memory a launcher of this run left when it died: removed (a live one makes
-  // RunShm::create refuse, a hung one is replaced there).
+  // Shared memory a launcher of this run left when it died: the candidates still queued
+  // or in an evaluator's hands there are counted lost, one log line each (their groups
+  // died with it), then it is removed (a live one makes RunShm::create refuse).
   if (replay::RunShm::probe(run.name()) == replay::SegmentState::Stale) {
+    try {
+      const replay::Salvage sv = replay::salvage_or_count(run.name(), run.path());
+      if (sv.found) log_ledger(sv.ledger, "the dead launcher's session");
+    } catch (const std::exception& e) {
+      log_warn("launch: run ", run.name(), ": could not count the candidates its dead launcher left: ", e.what());
+    }
     const auto removed = remove_dead_run_shm(run.name(), /*lock_too=*/false);
     std::string list;
     for (const auto& p : removed) list += (list.empty() ? "" : ", ") + p;
@@ -609,6 +624,7 @@ int Launcher::run() {
   } catch (const std::exception&) {
   }
   m.save_state("end of run");
+  log_ledger(m.shm->candidate_ledger(), "this session");
   m.shm->shutdown();
   try {
     const std::size_t n = clear_scratch(m.run);
