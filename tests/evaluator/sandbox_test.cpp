@@ -202,9 +202,9 @@ TEST(SandboxTest, ThreadsWorkingOutsideTheCallAreMeasured) {
 }
 
 // Evidence at return is ours: a kernel that returns at once and lets a thread compute the
-// outputs afterwards is caught with unfinished outputs at return, whatever the thread
-// writes later (the at-return copy is not in any memory the worker can map), or with the
-// work measured before the clock when earlier calls' threads do it there.
+// outputs afterwards is caught with unfinished outputs at return and the thread alive,
+// whatever the thread writes later (the at-return copy is not in any memory the worker
+// can map).
 TEST(SandboxTest, OutputsAtReturnAreCopiedWhileTheWorkerIsStopped) {
   const std::string src = R"(#include <kf/kernel.h>
 #include <thread>
@@ -215,24 +215,23 @@ extern "C" int kf_forward(kf::Context*, const kf::Tensor* in, int, kf::Tensor* o
 })";
   const int64_t big = 1 << 22;
   const std::string so = build(src);
-  auto sb = Sandbox::start(cpu_opts(), {{KF_FLOAT32, {big}}}, {{KF_FLOAT32, {big}}});
-  ASSERT_TRUE(sb->load(so).ok());
   int caught = 0;
+  // A fresh worker per call: threads left by an earlier call would do the work inside this
+  // call's timed region (which is honest timing, not what this test looks at).
   for (int i = 0; i < 5; ++i) {
+    auto sb = Sandbox::start(cpu_opts(), {{KF_FLOAT32, {big}}}, {{KF_FLOAT32, {big}}});
+    ASSERT_TRUE(sb->load(so).ok());
     auto* x = static_cast<float*>(sb->input(0, 0));
     for (int64_t k = 0; k < big; ++k) x[k] = float(k % 7) + float(i);
     CallOutcome o = sb->run(0, 0, false, 0, 10);
     ASSERT_TRUE(o.ok()) << o.message;
-    // The copy at return misses the answer somewhere (poison, or an earlier call's values
-    // from threads still running): the work was not done by the return.
+    // The copy at return misses the answer somewhere: the work was not done by the return.
     const auto* ret = static_cast<const float*>(sb->output_at_return(0, 0));
     int64_t wrong = 0;
     for (int64_t k = 0; k < big; ++k) wrong += ret[k] != float(k % 7) + float(i);
-    // Or the threads of earlier calls did it before the clock started (they starve the
-    // worker's main thread on a small machine): that shows as their CPU before the start.
-    std::printf("call %d: %lld of %lld elements wrong at return, threads %d -> %d, other threads before the clock "
-                "%.2f ms\n", i, (long long)wrong, (long long)big, o.threads_before, o.threads_after, o.idle_cpu_ms);
-    if (wrong > 0 || o.idle_cpu_ms > 1.0) ++caught;
+    std::printf("call %d: %lld of %lld elements wrong at return, threads %d -> %d\n", i, (long long)wrong,
+                (long long)big, o.threads_before, o.threads_after);
+    if (wrong > 0 && o.threads_after > o.threads_before) ++caught;
   }
   EXPECT_EQ(caught, 5);
 }
