@@ -909,13 +909,20 @@ struct Session {
       // Degenerate task: the reference barely depends on its inputs (set 1 against set 0).
       // "Constant" looks within each output; a scalar (a loss) says nothing that way, and
       // is judged by the comparison across sets alone.
-      bool indep = refs_close(r, first_r), any_tensor = false, constant = true;
-      for (const auto& t : r) {
-        if (t.numel() <= 1) continue;
+      // Constant on both sets, not on one: a single set whose output happens to be flat
+      // says nothing about the task (and in launched runs one set's reference was seen
+      // flat while the others were not; it excluded a whole task from training).
+      bool indep = refs_close(r, first_r), any_tensor = false, constant = true, constant0 = true;
+      for (size_t k = 0; k < r.size(); ++k) {
+        if (r[k].numel() <= 1) continue;
         any_tensor = true;
-        constant = constant && nearly_constant(t, o.degenerate_rel);
+        constant = constant && nearly_constant(r[k], o.degenerate_rel);
+        constant0 = constant0 && nearly_constant(first_r[k], o.degenerate_rel);
       }
-      constant = constant && any_tensor;
+      if (any_tensor && constant != constant0)
+        kf::log_warn("task ", task.name(), ": the reference output of distribution set ", constant ? 1 : 0,
+                     " is constant and the other set's is not; the task is not flagged degenerate");
+      constant = constant && constant0 && any_tensor;
       if (indep || constant) {
         res.task_degenerate = true;
         res.degenerate_reason = indep ? "reference output is (nearly) the same for different inputs"
