@@ -49,12 +49,16 @@ std::string completion() {
   return "```cpp kernel\n" + t::read_file(t::source_dir() + "/tests/evaluator/kernels/cpu/good_relu.cpp") + "```\n";
 }
 
-// A small CPU run: one task, groups of 2, the memorised policy, a step budget.
+// A small CPU run: one task, groups of 2, the memorised policy, a step budget. Its results
+// go to the learner even when the evaluator flags the task degenerate: in these launched
+// runs 001_relu is flagged ("reference output (nearly) constant" on both distribution
+// sets), which tools/eval with the same settings does not reproduce; open, see the
+// session note. These tests are about the launcher, not that flag.
 std::string config_text(const std::string& dir, const std::string& policy_dir, int steps) {
   return "run: {name: t, root: " + dir + "/runs, backend: cpu, seed: 0}\n"
          "tasks: {dir: " + tasks_dir() + ", include: [001_relu]}\n"
          "evaluator: {correctness_sets: 2, stress_sets: 1, trials: 3, max_trials: 3, warmup: 1, max_spread: 100,\n"
-         "            reward: {kind: speedup}}\n"
+         "            reward: {kind: speedup}, train_on_degenerate_tasks: true}\n"
          "learner:\n  policy: " + policy_dir + "\n  temperature: 0.5\n  steps: " + std::to_string(steps) +
          "\n  groups_per_step: 1\n  take_timeout_ms: 200\n  checkpoint: {every: 2, keep: 10}\n"
          "actors:\n  group_size: 2\n  metrics_every_s: 1\n"
