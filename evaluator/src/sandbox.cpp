@@ -378,9 +378,6 @@ struct Sandbox::Impl {
   }
   unsigned flush_round = 0;
 
-  // With the worker stopped at return: the outputs into our private memory. CUDA: first a
-  // tiny operation of ours on the device, timed: it waits for GPU work the worker's context
-  // still has queued or running (`settle_ms`).
   // How long a tiny operation of ours takes on the device: it waits behind GPU work the
   // worker's context still has queued or running (contexts share the GPU by time slices).
   double settle_probe_ms() {
@@ -395,6 +392,8 @@ struct Sandbox::Impl {
     return 0;
   }
 
+  // With the worker stopped at return: the outputs into our private memory, after the
+  // settle probe (`settle_ms`).
   void snapshot(int slot, double* settle_ms) {
     const proto::Layout& L = layout_copy;
     *settle_ms = settle_probe_ms();
