@@ -10,6 +10,7 @@
 #include <signal.h>
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -109,6 +110,9 @@ Launch start(const std::vector<std::string>& args, const std::string& out) {
   l.out = out;
   l.pid = ::fork();
   if (l.pid == 0) {
+    // A test that fails or times out must not leave a running cluster behind to slow the
+    // next tests down: the launcher dies with the test process (its workers with it).
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     const int fd = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     ::dup2(fd, 1);
     ::dup2(fd, 2);
