@@ -53,8 +53,8 @@ std::string completion() {
 // A small CPU run: one task, groups of 2, the memorised policy, a step budget. Its results
 // go to the learner even when the evaluator flags the task degenerate: in these launched
 // runs 001_relu is flagged ("reference output (nearly) constant" on both distribution
-// sets), which tools/eval with the same settings does not reproduce; open, see the
-// session note. These tests are about the launcher, not that flag.
+// sets), which tools/eval with the same settings does not reproduce (cause not yet found).
+// These tests are about the launcher, not that flag.
 std::string config_text(const std::string& dir, const std::string& policy_dir, int steps) {
   return "run: {name: t, root: " + dir + "/runs, backend: cpu, seed: 0}\n"
          "tasks: {dir: " + tasks_dir() + ", include: [001_relu]}\n"
