@@ -249,7 +249,7 @@ def time_split(records):
     verify_s summed, the median, the share of it spent waiting for the GPU memory claim,
     waiting for the timing lock, and in the timed trials (lock waits of the trials
     included), and the median number of timed trials. Only lines with verify_s count; the
-    parts only from lines that carry them (verdict logs before stop 20 do not)."""
+    parts only from lines that carry them (older verdict logs do not)."""
     by_kind = {}
     for r in records:
         if num(r, "verify_s") is not None:
@@ -430,7 +430,7 @@ LOCATION = re.compile(r"^[^\s:]*(\(\d+\)|:\d+(:\d+)?):\s*")  # "k.cu(12): " or "
 
 def compile_error_kinds(records):
     """Compile errors by the compiler's first error line (the verdict lines' "diagnostic",
-    logged since stop 22; its file:line prefix dropped), most frequent first, counted in the
+    when the log has it; its file:line prefix dropped), most frequent first, counted in the
     early and the late half of the policy versions: what the policy keeps getting wrong, and
     whether that changed as it trained. [] without such lines."""
     errs = [r for r in records if r["verdict"] == "compile_error" and isinstance(r.get("diagnostic"), str)

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Issue 9's per-level table, SFT -> stage 2 -> RL, for the CUDA policy (policies/h200) on a
 # machine with no GPU: every stage on the CPU backend, one process at a time, so that each
-# step's timings are its own. For when no GPU machine is lent (stop 26); the H200 version
-# is bench/launch/h200_evidence.sh with KF_SELFSUP=first.
+# step's timings are its own. For a machine with no GPU; the H200 version
+# is dev/h200_evidence.sh with KF_SELFSUP=first.
 #   bench/launch/cpu_stages.sh [WORK]        (default runs/cpu-stages; needs ./setup.sh's build)
 # Environment: KF_START (default policies/h200), KF_RL_MINUTES (default 20), KF_SCORE_N
 # (default 6), KF_S2_SAMPLES (default 8).
-# Steps (55 minutes on this repository's 2-core machine, stop 26):
+# Steps (55 minutes on a 2-core machine):
 #  1. stage 2: one tools/selfsup round from KF_START on the 17 train tasks of
 #     configs/cpu_stages.yaml (CPU kernels; the retraining takes the corpus's CPU examples,
 #     as this machine's tasks have CPU artifacts only, and the kept kernels);

@@ -6,12 +6,12 @@
 #   bench/launch/h200_evidence.sh wait [SECONDS]    follow (default 570 s) until it ends
 # The machine goes back 30 s after a call ends, and a session's next turn can take longer:
 # issue `start` and its `wait` calls as one batch of tool calls, which run one after the
-# other with no turn between (stop 25: the only way a 10-minute run came back whole).
+# other with no turn between (the only way a 10-minute run came back whole).
 # Environment: KF_PYTHON (python with torch), KF_SFT_SECONDS (default 200),
 # KF_RUN_MINUTES (default 10.5), KF_SCORE_N (default 8), KF_RL_SCORE_BY_S (default 1080:
 # the RL policy is scored only if the runs end before this many seconds of pipeline time),
 # KF_RL_SCORE_S (default 300: tools/score-policy --time-limit for each policy scored after
-# the runs; in stop 22 four policies at once with 180 s left 3-6 of the 20 tasks unscored),
+# the runs; four policies at once with 180 s left 3-6 of the 20 tasks unscored),
 # KF_ALONE=1 (h200-contrast alone on the GPU, no ablation; then the starting policy and the
 # RL policy scored one after the other, one task at a time, KF_RL_SCORE_S each).
 # KF_SFT_SECONDS=0 skips stage 1 and the corpus verification: the runs start from
@@ -20,7 +20,7 @@
 # scoring round.
 # KF_FOCUS=a,b,... (side by side only): both runs train on these tasks only (tasks.include),
 # picked in passes over all of them (actors.schedule.policy=cycle, so the per-minute windows
-# keep one task mix; stop 22 and before: uniform picks), so each task is visited many times
+# keep one task mix, which uniform picks do not), so each task is visited many times
 # and tools/report's first-vs-last visit table has data;
 # the starting policy is not scored during the runs but after them, at the same time as the
 # RL policies of both runs (same load for all), on the focus tasks and the held-out split.
@@ -31,7 +31,7 @@
 # KF_SELFSUP=first (with KF_FOCUS): CUDA-L1's order instead: the same stage-2 round alone on
 # the GPU before the runs (KF_SELFSUP_S, default 240 s, retraining included), and both runs
 # start from its policy (from the starting policy if it failed); then the starting,
-# stage-2 and RL policies are scored together. In stop 20 stage 2 beside the runs had
+# stage-2 and RL policies are scored together. On the H200, stage 2 beside the runs had
 # not finished one task in 295 s (its verifications wait for GPU memory claims).
 # KF_SCORE=0 (with KF_FOCUS): no policy scored after the runs (a short check of the runs).
 # KF_CORPUS_RECHECK=1 (with KF_FOCUS): after the scoring, corpus/verify.py --not-ok re-runs
@@ -254,7 +254,7 @@ EOF
     local scored=$focus,$(grep -v '^#' tasks/heldout.txt | grep . | paste -sd, -) pids=()
     tools/export runs/h200-contrast $WORK/policy-rl > $WORK/logs/export.txt 2>&1 || stamp "tools/export failed"
     # The ablation's policy too: scoring prompts carry no exemplars, which is how h200-noex
-    # trained and not how h200-contrast did (stop 20: the contrast policy scored worse than
+    # trained and not how h200-contrast did (the contrast policy once scored worse than
     # its start; this tells a shift of prompts from harm done by the updates).
     tools/export runs/h200-noex $WORK/policy-rl-noex >> $WORK/logs/export.txt 2>&1 || stamp "tools/export (noex) failed"
     local pol label g=0
@@ -298,7 +298,7 @@ EOF
 }
 
 corpus_recheck() {  # KF_CORPUS_RECHECK=1: the CUDA corpus kernels not recorded ok, alone on
-  # the GPU at the end (stop 22 left 17 "re-verify" entries), if the pipeline is not
+  # the GPU at the end (a verification round once left 17 "re-verify" entries), if the pipeline is not
   # past KF_CORPUS_BY_S; verify.py rewrites its file after each kernel, so the timeout
   # loses nothing measured
   [ "${KF_CORPUS_RECHECK:-0}" = 1 ] || return 0

@@ -109,8 +109,8 @@ struct Session {
 
   // The timing lock for one scope: exclusive around each timed trial; shared around
   // untimed GPU work (input sets, the runs and comparisons of the checks), as actors and
-  // learners hold it, so that another evaluator's timed trial never runs beside it: in
-  // stop 18, six evaluators on one H200 checked 4 GiB tensors unlocked and 53 of 261
+  // learners hold it, so that another evaluator's timed trial never runs beside it: when
+  // six evaluators on one H200 checked 4 GiB tensors unlocked, 53 of 261
   // verdicts were "timing unstable". Shared holds are per set, so a waiting trial goes
   // between sets; the device is synchronised before the lock is let go (the work is async).
   struct GpuLockScope {

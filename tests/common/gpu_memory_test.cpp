@@ -125,7 +125,7 @@ TEST(GpuMemoryBudgetTest, AClaimBiggerThanTheBudgetRunsAloneAndOtherGpusAreApart
 TEST(GpuMemoryBudgetTest, VerifyEstimateGrowsWithTheTensors) {
   const std::size_t small = kf::verify_gpu_bytes(1 << 20, 1 << 20);
   const std::size_t big = kf::verify_gpu_bytes(4 * GiB, 4 * GiB);
-  // Above the 21.75 GiB measured on the H200 with 4 GiB in and out (stop 20), and small
+  // Above the 21.75 GiB measured on the H200 with 4 GiB in and out, and small
   // enough that three such verifications share the 0.7 budget of an H200 (139.8 GiB).
   EXPECT_GT(big, 22 * GiB);
   EXPECT_LE(3 * big, static_cast<std::size_t>(0.7 * 139.8 * double(GiB)));

@@ -167,8 +167,8 @@ TEST(EvaluatorServiceTest, ScoresQueuedCandidatesPushesResultsAndStoresOkKernels
 }
 
 // A signal during a batch: the candidate in hand is scored, the rest of the batch is not
-// (stop 22: an evaluator kept verifying its whole batch of 8 after SIGTERM and the launcher
-// killed it 15 s later).
+// (without this, an evaluator kept verifying its whole batch of 8 after SIGTERM and the
+// launcher killed it 15 s later).
 TEST(EvaluatorServiceTest, StopFlagEndsTheBatchAfterTheCandidateInHand) {
   const std::string run = "kft" + std::to_string(getpid()) + ".evstop";
   auto shm = replay::RunShm::create(run);

@@ -68,7 +68,7 @@ EvalOptions test_options() {
   o.min_call_timeout_s = 3;
   // 1 GiB over the task's tensors: mal_huge_alloc must reach it well inside the 3 s call
   // limit. At 2 GiB this VM's page faults took 1.9-3.4 s to fill it, and 1 run in 6 timed
-  // out first (stop 22).
+  // out first.
   o.sandbox.memory_limit_bytes = 1ull << 30;
   o.cpu_threads = 2;
   return o;

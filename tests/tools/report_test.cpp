@@ -483,8 +483,8 @@ TEST(ReportTest, PromptKindsAreJoinedWithTheVerdictsOnTheGroup) {
 }
 
 // Compile errors counted by the compiler's first error line, its location dropped, in the
-// early and late half of the policy versions; a line without a diagnostic (verdict logs
-// before stop 22) is not counted.
+// early and late half of the policy versions; a line without a diagnostic (older verdict
+// logs) is not counted.
 TEST(ReportTest, CompileErrorsAreCountedByFirstErrorLine) {
   kf::test::TempDir tmp("report");
   const std::string run = run_folder(tmp);

@@ -46,14 +46,14 @@ class GpuMemoryBudget {
 };
 
 // What verifying one candidate holds on the GPU, from the task's tensor sizes: 2 in +
-// 4 out + 3 GiB. Measured on the H200 in stop 20 (bench/evaluator/peak_memory.sh; the
+// 4 out + 3 GiB. Measured on the H200 (bench/evaluator/peak_memory.sh; the
 // allocator peak plus the sandbox's device arena, Result::gpu_peak_gb), the peaks fit
 // 1.4 in + 3.4 out + 2.75 GiB: 21.75 GiB with 4 GiB inputs and outputs (003, 004, 011,
 // 001_relu), 12.25 with 2 GiB (010), 8.25 with a 4 GiB input and a small output (016);
 // a failing kernel, asked again with other poison and other inputs, peaked lower (17.75).
 // The formula leaves about a quarter above those for tasks with more temporaries in the
 // reference, and lets three 4 GiB verifications share the 0.7 budget of an H200 (3 x 27
-// of 98 GiB). Until stop 20 the verifier copied the candidate's outputs out of the
+// of 98 GiB). A verifier that copied the candidate's outputs out of the
 // sandbox's slot and kept whole copies of set 0's, the previous set's and the current
 // set's (and the previous set's reference outputs): 41.78 GiB on the same tasks, against
 // 4 in + 8 out + 1 GiB (49). EvaluatorServiceTest's GPU test checks peak <= claim.

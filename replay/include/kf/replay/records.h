@@ -35,7 +35,7 @@ const char* verdict_name(Verdict v);
 // A verdict the machine caused, not the kernel (still out of GPU memory after the
 // evaluator's retries, an evaluator-side error): its reason starts with this prefix, and
 // the learner leaves the candidate out of the update, as if unscored. Scored -3 like a
-// crash, such results taught the policy noise: in the stop-17 H200 runs 60 % of the
+// crash, such results taught the policy noise: in H200 runs of 2026-12-03, 60 % of the
 // rewards were out-of-memory verdicts of correct and incorrect kernels alike.
 inline constexpr const char kEnvironmentPrefix[] = "environment: ";
 

@@ -46,7 +46,7 @@ struct SelfsupOptions {
 
 // One task's share of a round: what its prompt showed and what its samples gave. Stage 2
 // shows corpus exemplars cut to the prompt budget as the actors do; per task, a cut one
-// can be what makes the samples fail (stop 25: 116's cut prompts, 9.6 % ok in a run).
+// can be what makes the samples fail (116's cut prompts: 9.6 % ok in a run on the H200).
 struct TaskRoundStats {
   std::string task;
   std::size_t exemplars_offered = 0, exemplars_shown = 0, exemplars_cut = 0;

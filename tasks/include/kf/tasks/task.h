@@ -94,7 +94,7 @@ class Reference {
 // fp32, not TF32: a reference defines the task's exact result. torch lets cuDNN convolutions
 // use TF32 by default, and tools/selfsup trains with TF32 cuBLAS in the process that also
 // verifies; a TF32 reference differs from an exact fp32 kernel by about 1e-3, ten times the
-// tolerance (stop 22: every fp32 corpus convolution was judged incorrect on the H200). The
+// tolerance (with TF32, every fp32 corpus convolution was judged incorrect on the H200). The
 // process's own setting comes back when the last scope ends; a change made meanwhile is lost.
 class ExactFp32Scope {
  public:
