@@ -24,7 +24,7 @@ PY=${KF_PYTHON:-$(command -v python3)}
 MIN=${1:-5.0}; shift || true
 TRAIN=${KF_TRAIN_SECONDS:-0}
 LOGS=/tmp/kf-h200-run   # everything unpacked stays here
-. tools/gpu_session.sh
+. dev/gpu_session.sh
 gpu_session_start $LOGS
 POLICY=policies/h200   # configs/h200.yaml's policy
 if [ "$TRAIN" -gt 0 ]; then

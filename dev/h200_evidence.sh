@@ -2,8 +2,8 @@
 # On the GPU machine: issue 9's evidence (and issue 8's H200 run) as one pipeline that
 # outlives a single `device` call (10 min each): `start` builds and detaches it (setsid),
 # `wait` follows it in later calls. Every call copies what is packed so far into $OUT.
-#   bench/launch/h200_evidence.sh start [SECONDS]   configure + build, detach, follow
-#   bench/launch/h200_evidence.sh wait [SECONDS]    follow (default 570 s) until it ends
+#   dev/h200_evidence.sh start [SECONDS]   configure + build, detach, follow
+#   dev/h200_evidence.sh wait [SECONDS]    follow (default 570 s) until it ends
 # The machine goes back 30 s after a call ends, and a session's next turn can take longer:
 # issue `start` and its `wait` calls as one batch of tool calls, which run one after the
 # other with no turn between (the only way a 10-minute run came back whole).
@@ -61,7 +61,7 @@
 # A call that ends before the pipeline does also brings partial.tar.gz.part-* (the run
 # folders and logs so far), in case the machine is gone before the next call.
 set -uo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/.."
 ROOT=$PWD
 WORK=/tmp/kf-evidence          # survives between calls while the machine is held
 PACK=$WORK/pack
@@ -94,7 +94,7 @@ follow() {  # prints progress until the pipeline ends or $1 seconds pass
 pack_partial() {  # the run folders and logs as they are now, into this call's $OUT: the
   # machine goes back 30 s after a call ends, so a `wait` that comes late finds nothing
   [ -n "${OUT:-}" ] || return 0
-  . tools/gpu_session.sh
+  . dev/gpu_session.sh
   local tmp=$WORK/partial
   rm -rf "$tmp"; mkdir -p "$tmp"
   pack_runs "$tmp"
@@ -104,7 +104,7 @@ pack_partial() {  # the run folders and logs as they are now, into this call's $
 }
 
 pipeline() {
-  . tools/gpu_session.sh
+  . dev/gpu_session.sh
   gpu_session_start "$WORK/logs"
   local sft_s=${KF_SFT_SECONDS:-200} minutes=${KF_RUN_MINUTES:-10.5} n=${KF_SCORE_N:-8} rl_by=${KF_RL_SCORE_BY_S:-1080}
   local rl_s=${KF_RL_SCORE_S:-300} run_s

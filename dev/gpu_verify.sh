@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the GPU machine: verify the CUDA half of the seed corpus with tools/eval.
-#   corpus/gpu_verify.sh [--tasks T ...] [--full]
+#   dev/gpu_verify.sh [--tasks T ...] [--full]
 # Builds kf-eval and the sandbox worker (build-gpu/, as tools/gpu-check does), imports the
 # suite for both backends (CUDA artifacts are only made with --backends cpu,cuda), then
 # runs corpus/verify.py --backend cuda, which writes corpus/verified_cuda.json (real

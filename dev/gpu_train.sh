@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the GPU machine (one `device` call): train the default policy (stage 1) on the GPU.
-#   stages/gpu_train.sh [SFT_SECONDS]
+#   dev/gpu_train.sh [SFT_SECONDS]
 # 1. builds kf-sft, kf-eval, kf-optimize (build-gpu/) while the suite is imported (cpu,cuda);
 # 2. tools/sft --device cuda from scratch for SFT_SECONDS (default 110), while
 #    corpus/verify.py --backend cuda runs 2 at a time for as long (6 at once ran out of
@@ -16,7 +16,7 @@ OUTDIR=${OUT:-$PWD/gpu-train-out}; mkdir -p "$OUTDIR"
 PY=${KF_PYTHON:-$(command -v python3)}
 T1=${1:-110}
 WORK=/tmp/kf-gpu-train
-. tools/gpu_session.sh
+. dev/gpu_session.sh
 gpu_session_start $WORK
 gpu_build kf-eval kf-sandbox-worker kf-sft kf-optimize
 gpu_import_wait
