@@ -181,8 +181,8 @@ EOF
     stamp "stage 2 exit $rc after ${SECONDS} s: $(s2_totals)"
     if [ $rc = 0 ] && [ -f $WORK/policy-s2/config.json ]; then
       start_policy=$WORK/policy-s2
-      # Packed now: every later call brings it back, so a machine lost mid-run (stops 24
-      # and 25) no longer takes it along; scored in a later session if need be.
+      # Packed now: every later call brings it back, so a machine lost mid-run no longer
+      # takes it along; scored in a later session if need be.
       tar -C $WORK -cf - policy-s2 | split -b 15M - "$PACK/policy-s2.tar.part-"
     else stamp "the runs start from the starting policy (stage 2 failed)"; fi
   fi
