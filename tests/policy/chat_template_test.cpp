@@ -1,0 +1,239 @@
+// Chat templates: our rendering (ChatTemplate: jinja2 layouts joined in C++) against
+// transformers' apply_chat_template, run live (tests/policy/chat_template_reference.py),
+// on the templates of four model families (tests/policy/data/chat_templates), and
+// tools/render-prompt's output and errors.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <nlohmann/json.hpp>
+
+#include "kf/common/error.h"
+#include "kf/policy/chat_template.h"
+#include "kf/policy/tokenizer.h"
+#include "test_util.h"
+
+using namespace kf::policy;
+using namespace kf::policy::test;
+using json = nlohmann::json;
+
+namespace {
+
+int run(const std::string& cmd, std::string* out = nullptr) {
+  // Output and errors together, unless the command sends its stderr elsewhere.
+  std::string full = cmd.find(" 2>") == std::string::npos ? cmd + " 2>&1" : cmd;
+  FILE* p = ::popen(full.c_str(), "r");
+  if (!p) return -1;
+  std::string o;
+  char buf[4096];
+  std::size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) o.append(buf, n);
+  const int st = ::pclose(p);
+  if (out) *out = o;
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+std::vector<ChatMessage> messages_of(const json& j) {
+  std::vector<ChatMessage> m;
+  for (const auto& x : j) m.push_back({x["role"].get<std::string>(), x["content"].get<std::string>()});
+  return m;
+}
+
+// transformers' renderings of the test conversations, made once per test binary run.
+struct References {
+  std::unique_ptr<TempDir> dir;
+  std::string skip;  // non-empty: why there are none
+  std::string error;
+};
+
+const References& references() {
+  static References r = [] {
+    References x;
+    x.dir = std::make_unique<TempDir>();
+    std::string out;
+    const int rc = run(python() + " " + source_dir() + "/tests/policy/chat_template_reference.py make --data " +
+                           source_dir() + "/tests/policy/data/chat_templates --out " + x.dir->path,
+                       &out);
+    if (rc == 3) x.skip = "transformers is not installed for " + python() + ": " + out;
+    else if (rc != 0) x.error = "chat_template_reference.py failed (exit " + std::to_string(rc) + "):\n" + out;
+    return x;
+  }();
+  return r;
+}
+
+#define REQUIRE_REFERENCES()                               \
+  do {                                                     \
+    const auto& r_ = references();                         \
+    if (!r_.skip.empty()) GTEST_SKIP() << r_.skip;         \
+    ASSERT_TRUE(r_.error.empty()) << r_.error;             \
+  } while (0)
+
+const char* kFamilies[] = {"qwen2.5-coder-instruct", "llama-3.2-instruct", "deepseek-coder-instruct",
+                           "mistral-nemo-instruct"};
+
+}  // namespace
+
+TEST(ChatTemplateTest, EqualsTransformersOnFourModelFamilies) {
+  REQUIRE_REFERENCES();
+  int compared = 0, with_history = 0;
+  for (const char* fam : kFamilies) {
+    const std::string dir = references().dir->path + "/" + fam;
+    SCOPED_TRACE(fam);
+    auto t = ChatTemplate::load(dir);
+    ASSERT_TRUE(t.has_value()) << dir << " has no chat template";
+    const auto expected = json::parse(read_file(dir + "/expected.json"));
+    const auto tok = Tokenizer::from_file(dir + "/tokenizer.json");
+    for (const auto& e : expected) {
+      const auto msgs = messages_of(e["messages"]);
+      if (e.contains("error")) {
+        EXPECT_THROW(t->render(msgs), kf::Error);
+        continue;
+      }
+      const std::string want = e["text"].get<std::string>();
+      const std::string got = t->render(msgs);
+      EXPECT_EQ(got, want) << "conversation " << e["messages"].dump();
+      // The template's special tokens are single tokens, as in HF: the fitter counts them right.
+      EXPECT_EQ(tok.encode(got), e["ids"].get<std::vector<int32_t>>()) << "token ids of " << e["messages"].dump();
+      ++compared;
+      if (msgs.size() >= 4 && msgs[0].role == "system") ++with_history;
+    }
+  }
+  EXPECT_GE(compared, 16);
+  EXPECT_EQ(with_history, 4) << "each family renders a system turn plus a two-turn history";
+}
+
+TEST(ChatTemplateTest, ChatTemplateJinjaWinsOverTokenizerConfig) {
+  REQUIRE_REFERENCES();
+  TempDir d;
+  write_file(d.path + "/tokenizer_config.json", R"({"chat_template": "CONFIG {{ messages[0].content }}"})");
+  auto a = ChatTemplate::load(d.path);
+  ASSERT_TRUE(a);
+  EXPECT_EQ(a->render({{"user", "x"}}), "CONFIG x");
+  EXPECT_NE(a->source().find("tokenizer_config.json"), std::string::npos);
+  write_file(d.path + "/chat_template.jinja", "FILE {{ messages[0].content }}{% if add_generation_prompt %}>{% endif %}");
+  auto b = ChatTemplate::load(d.path);
+  ASSERT_TRUE(b);
+  EXPECT_EQ(b->render({{"user", "x"}}), "FILE x>");
+  EXPECT_NE(b->source().find("chat_template.jinja"), std::string::npos);
+}
+
+TEST(ChatTemplateTest, NamedTemplateListUsesDefault) {
+  REQUIRE_REFERENCES();
+  TempDir d;
+  write_file(d.path + "/tokenizer_config.json",
+             R"({"chat_template": [{"name": "tool_use", "template": "T"}, {"name": "default", "template": "D{{ messages[0].content }}"}]})");
+  auto t = ChatTemplate::load(d.path);
+  ASSERT_TRUE(t);
+  EXPECT_EQ(t->render({{"user", "q"}}), "Dq");
+}
+
+TEST(ChatTemplateTest, NoTemplateIsRawText) {
+  TempDir d;
+  EXPECT_FALSE(ChatTemplate::present(d.path));
+  EXPECT_FALSE(ChatTemplate::load(d.path).has_value());
+  write_file(d.path + "/tokenizer_config.json", R"({"chat_template": null, "eos_token": "</s>"})");
+  EXPECT_FALSE(ChatTemplate::present(d.path));
+  EXPECT_EQ(ChatTemplate::for_model(d.path), nullptr);
+  EXPECT_EQ(ChatTemplate::for_model(""), nullptr);
+}
+
+TEST(ChatTemplateTest, RefusesTemplateThatRewritesContent) {
+  REQUIRE_REFERENCES();
+  // Qwen3-style: the text after </think> only. The sentinel layout cannot be exact: refused.
+  TempDir d;
+  write_file(d.path + "/chat_template.jinja",
+             "{% for m in messages %}<{{ m.role }}>{{ m.content.split('</think>')[-1] }}\n{% endfor %}");
+  try {
+    ChatTemplate::load(d.path);
+    FAIL() << "a template that rewrites the content must be refused";
+  } catch (const kf::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot render this template exactly"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("chat_template.jinja"), std::string::npos) << e.what();
+  }
+  // Upper-casing the content: refused too.
+  write_file(d.path + "/chat_template.jinja", "{{ messages[0].content | upper }}");
+  EXPECT_THROW(ChatTemplate::load(d.path), kf::Error);
+}
+
+TEST(ChatTemplateTest, EmptyContentTheTemplateBranchesOnIsAnError) {
+  REQUIRE_REFERENCES();
+  TempDir d;
+  write_file(d.path + "/chat_template.jinja",
+             "{% for m in messages %}[{{ m.role }}]{% if m.content %}: {{ m.content }}{% endif %}\n{% endfor %}");
+  auto t = ChatTemplate::load(d.path);
+  ASSERT_TRUE(t);
+  EXPECT_EQ(t->render({{"user", "hi"}}), "[user]: hi");  // trim_blocks eats the newline
+  try {
+    t->render({{"user", ""}});
+    FAIL() << "an empty content the template branches on must be an error";
+  } catch (const kf::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("message 0 (user) is empty"), std::string::npos) << e.what();
+  }
+}
+
+TEST(ChatTemplateTest, TemplateRaiseNamesTheTemplate) {
+  REQUIRE_REFERENCES();
+  const std::string dir = references().dir->path + "/mistral-nemo-instruct";
+  auto t = ChatTemplate::load(dir);
+  ASSERT_TRUE(t);
+  try {
+    t->render({{"assistant", "a"}, {"assistant", "b"}});
+    FAIL() << "Mistral's template rejects roles that do not alternate";
+  } catch (const kf::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("must alternate"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("chat_template.jinja"), std::string::npos) << e.what();
+  }
+}
+
+TEST(ChatTemplateTest, BrokenTemplateFailsAtLoadNamingTheFile) {
+  REQUIRE_REFERENCES();
+  TempDir d;
+  write_file(d.path + "/tokenizer_config.json", R"({"chat_template": "{% for m in messages %}{{ m.content }"})");
+  try {
+    ChatTemplate::load(d.path);
+    FAIL() << "a template that does not compile must fail at load";
+  } catch (const kf::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tokenizer_config.json: field 'chat_template'"), std::string::npos) << e.what();
+  }
+  write_file(d.path + "/tokenizer_config.json", "{not json");
+  EXPECT_THROW(ChatTemplate::present(d.path), kf::Error);
+}
+
+TEST(ChatTemplateTest, PythonStripSemantics) {
+  // str.isspace(): ASCII whitespace, \x1c-\x1f, NEL, NBSP, U+1680, U+2000-200A, U+2028/9,
+  // U+202F, U+205F, U+3000; not U+200B (zero width space) or U+FEFF.
+  EXPECT_EQ(py_lstrip("\u3000\u00a0 \x1c\t x \u2003"), "x \u2003");
+  EXPECT_EQ(py_rstrip(" x\u205f\u2028\u0085\n"), " x");
+  EXPECT_EQ(py_rstrip("x\u200b"), "x\u200b");
+  EXPECT_EQ(py_lstrip("\ufeffx"), "\ufeffx");
+  EXPECT_EQ(py_rstrip(py_lstrip(" \n ")), "");
+  EXPECT_EQ(py_rstrip("\u00e9\u3000"), "\u00e9");  // a multi-byte letter before a multi-byte space
+}
+
+TEST(ChatTemplateTest, RenderPromptToolPrintsAndFails) {
+  REQUIRE_REFERENCES();
+  const std::string tool = source_dir() + "/tools/render-prompt";
+  const std::string dir = references().dir->path + "/qwen2.5-coder-instruct";
+  const auto expected = json::parse(read_file(dir + "/expected.json"));
+  TempDir d;
+  const std::string msgs = d.path + "/m.json";
+  write_file(msgs, expected[2]["messages"].dump());
+  std::string out;
+  ASSERT_EQ(run(tool + " --model " + dir + " --messages " + msgs + " 2>/dev/null", &out), 0) << out;
+  EXPECT_EQ(out, expected[2]["text"].get<std::string>());
+
+  write_file(msgs, R"([{"role": "user", "content": "a"}, {"role": "user"}])");
+  ASSERT_EQ(run(tool + " --model " + dir + " --messages " + msgs, &out), 1) << out;
+  EXPECT_NE(out.find(msgs + ": [1]: field 'content' is missing"), std::string::npos) << out;
+  write_file(msgs, R"([{"role": "user", "content": 3}])");
+  ASSERT_EQ(run(tool + " --model " + dir + " --messages " + msgs, &out), 1) << out;
+  EXPECT_NE(out.find("[0]: field 'content' must be a string"), std::string::npos) << out;
+  write_file(msgs, R"({"role": "user"})");
+  ASSERT_EQ(run(tool + " --model " + dir + " --messages " + msgs, &out), 1) << out;
+  EXPECT_NE(out.find("must be a list"), std::string::npos) << out;
+  EXPECT_EQ(run(tool + " --messages " + msgs, &out), 2) << out;
+  EXPECT_EQ(run(tool + " --model /nonexistent/dir --messages " + msgs, &out), 2) << out;
+  // A folder without a template: the raw text.
+  write_file(msgs, R"([{"role": "user", "content": "raw prompt\n"}])");
+  ASSERT_EQ(run(tool + " --model " + d.path + " --messages " + msgs + " 2>/dev/null", &out), 0) << out;
+  EXPECT_EQ(out, "raw prompt\n");
+}
