@@ -4,11 +4,15 @@ For each problem file and backend ("cpu", "cuda") it writes, into <out>/<name>/:
   task.json                      meta, specs, tolerance, the source text
   <backend>.graph.json           Model.forward as an ATen graph (torch.export, eager ops kept)
   <backend>.inputs.json          get_inputs() as an ATen graph (make_fx; random factories kept)
-  <backend>.params.safetensors   parameters, buffers and lifted constants (ABI order)
+  <backend>.init.json            Model(*get_init_inputs()) as an ATen graph: the parameters'
+                                 init recipe, replayed from the init seed (kf_params.py)
+  <backend>.params.safetensors   the tensors the recipe does not give (lifted constants, or all
+                                 of them when the init cannot be traced), ABI order
   cpu.golden.safetensors         eager inputs and outputs for seed 0 (tests compare C++ to it)
 
 An artifact is written to a temporary folder and renamed into place only when every
 check passed, so a problem the importer cannot handle never leaves a broken artifact.
+Every problem the importer cannot import gets one line on stderr naming the file and why.
 Run through tools/import-tasks.
 """
 from __future__ import annotations
@@ -21,14 +25,16 @@ import math
 import operator
 import os
 import shutil
-import struct
 import sys
 import time
-import traceback
+import warnings
 from pathlib import Path
 
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
+
+import kf_memory
+import kf_params
 
 FORMAT_VERSION = 1
 INIT_SEED = 0      # torch.manual_seed before Model(*get_init_inputs())
@@ -42,56 +48,33 @@ DEFAULT_TOL = {
     "bfloat16": (2e-2, 2e-2),
 }
 
-ST_DTYPE = {
-    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
-    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8",
-    torch.uint8: "U8", torch.bool: "BOOL",
-}
-
 # Ops whose result depends on the RNG: not allowed in forward (the reference must be a function).
 RANDOM_OPS = {"bernoulli", "rand", "randn", "randint", "rand_like", "randn_like", "randint_like",
               "normal", "uniform", "multinomial", "randperm", "exponential", "geometric",
               "cauchy", "log_normal", "native_dropout", "rrelu_with_noise", "poisson"}
 DROPOUT_OPS = {"dropout", "feature_dropout", "alpha_dropout", "feature_alpha_dropout"}
 
+# How many size settings the cpu backend tries when a foreign problem is over the memory budget.
+MAX_SCALING_TRIES = 40
+
 
 class ImportProblem(Exception):
     """A problem file the importer cannot turn into an artifact; the message says why."""
 
 
-def physical_memory_bytes() -> int:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return 0
+class Options:
+    """What the command line chose, for every problem of one run."""
+    def __init__(self, backends, extra_sizes, budget, mode=None, params="compact"):
+        self.backends = backends        # ["cpu", "cuda"]
+        self.extra_sizes = extra_sizes  # {backend: {NAME: value}} from --size
+        self.budget = budget            # bytes the cpu golden run of one task may need
+        self.mode = mode                # --mode: None, "train" or "eval" (files without KF_MODE)
+        self.params = params            # "compact" (init recipe where possible) or "full"
 
 
-def default_memory_limit() -> int:
-    """Bytes a task's CPU working set may need: half of this machine's memory."""
-    return physical_memory_bytes() // 2
-
-
-def nbytes(t) -> int:
-    return t.numel() * t.element_size()
-
-
-def check_memory(name: str, bwhere: str, backend: str, meta_inputs, model_meta, out_vals, limit: int):
-    """Refuses a task whose working set (from meta tensors, nothing allocated) exceeds `limit`.
-
-    cpu: the importer runs the task here for its golden checks, which hold about 3 copies of
-    the inputs and outputs and 4 of the parameters at once. cuda: the parameters are made
-    here (on the CPU); the inputs are checked when C++ loads the task on the GPU."""
-    inp = sum(nbytes(t) for t in meta_inputs if isinstance(t, torch.Tensor))
-    par = sum(nbytes(t) for t in list(model_meta.parameters()) + list(model_meta.buffers()))
-    out = sum(nbytes(t) for t in out_vals)
-    need = 3 * inp + 4 * par + 3 * out if backend == "cpu" else par
-    if limit > 0 and need > limit:
-        gib = 1 << 30
-        raise ImportProblem(
-            f"{bwhere}: task {name} needs an estimated {need} bytes ({need / gib:.1f} GiB) to import "
-            f"(inputs {inp} bytes, parameters {par}, outputs {out}), more than the limit of {limit} bytes "
-            f"({limit / gib:.1f} GiB; --max-memory-gb, default half of this machine's memory); "
-            f"lower its sizes (KF_SIZES or --size {backend}:NAME=VALUE)")
+def one_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
 
 
 def dtype_name(dt: torch.dtype) -> str:
@@ -106,8 +89,11 @@ def load_module(path: Path):
     mod = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(mod)
+    except ModuleNotFoundError as e:
+        raise ImportProblem(f"the file imports Python module '{e.name}', which is not installed "
+                            f"(pip install {e.name}; KernelForge's requirements.txt lists the ones KernelBench uses)") from e
     except Exception as e:  # the file's own error, e.g. a SyntaxError
-        raise ImportProblem(f"executing the file failed: {type(e).__name__}: {e}") from e
+        raise ImportProblem(f"executing the file failed: {type(e).__name__}: {one_line(e)}") from e
     for attr in ("Model", "get_inputs", "get_init_inputs"):
         if not hasattr(mod, attr):
             raise ImportProblem(f"missing '{attr}' (KernelBench format needs class Model, get_inputs, get_init_inputs)")
@@ -116,9 +102,17 @@ def load_module(path: Path):
     return mod
 
 
+def numeric_constants(mod) -> dict:
+    """The file's module-level numbers (KernelBench's size constants live there)."""
+    return {k: v for k, v in vars(mod).items()
+            if not k.startswith("_") and not k.startswith("KF_") and type(v) in (int, float)}
+
+
 def apply_sizes(mod, backend: str, defaults: dict, extra: dict):
-    """Assigns the backend's size constants to module globals (get_inputs reads them at call time)."""
-    sizes = dict(defaults)
+    """Resets the file's constants, then assigns the backend's sizes (get_inputs reads them at call time)."""
+    for k, v in defaults.items():
+        setattr(mod, k, v)
+    sizes = {}
     kf_sizes = getattr(mod, "KF_SIZES", None)
     if kf_sizes is not None:
         if not isinstance(kf_sizes, dict):
@@ -132,14 +126,19 @@ def apply_sizes(mod, backend: str, defaults: dict, extra: dict):
         if k not in defaults and not hasattr(mod, k):
             raise ImportProblem(f"size constant '{k}' is not a module-level name of the file")
         setattr(mod, k, v)
-    return {k: v for k, v in sizes.items()}
+    return sizes
 
 
-def module_mode(mod) -> str:
-    mode = getattr(mod, "KF_MODE", "train")
-    if mode not in ("train", "eval"):
-        raise ImportProblem(f"KF_MODE must be 'train' or 'eval', got {mode!r}")
-    return mode
+def task_mode(mod, flag):
+    """(mode, source): the file's KF_MODE wins, then --mode, then nn.Module's own default (train)."""
+    mode = getattr(mod, "KF_MODE", None)
+    if mode is not None:
+        if mode not in ("train", "eval"):
+            raise ImportProblem(f"KF_MODE must be 'train' or 'eval', got {mode!r}")
+        return mode, "KF_MODE"
+    if flag is not None:
+        return flag, "--mode"
+    return "train", "default"
 
 
 def build_model(mod, device, mode):
@@ -194,12 +193,15 @@ def encode_const_tensor(t: torch.Tensor, where: str):
 def check_random_op(op, node, where):
     base = op._schema.name.split("::")[-1].rstrip("_")
     if base in RANDOM_OPS:
-        raise ImportProblem(f"{where}: forward calls random op {op} (node {node.name}); the reference must be deterministic")
+        raise ImportProblem(f"{where}: randomness inside forward: it calls random op {op} (node {node.name}); "
+                            "the reference must be a deterministic function of its inputs and parameters")
     if base in DROPOUT_OPS:
         p = node.args[1] if len(node.args) > 1 else node.kwargs.get("p", 0.5)
         train = node.args[2] if len(node.args) > 2 else node.kwargs.get("train", True)
         if train and p and p > 0:
-            raise ImportProblem(f"{where}: forward uses dropout with p={p} in train mode (random); use eval mode or p=0")
+            raise ImportProblem(f"{where}: forward uses dropout with p={p} in train mode (random): import with "
+                                "--mode eval to verify it in eval mode (dropout off; recorded in task.json), "
+                                "or set KF_MODE = 'eval' in the file")
 
 
 def serialize_nodes(graph: torch.fx.Graph, gm, where: str, forbid_random: bool):
@@ -255,98 +257,160 @@ def spec_of(t, name, role=None):
     return d
 
 
-def export_forward(mod, model_meta, meta_inputs, where):
-    """torch.export of forward on meta tensors: the graph at any size without allocating it."""
-    try:
-        ep = torch.export.export(model_meta, tuple(meta_inputs), strict=False)
-    except Exception as e:
-        msg = str(e).strip().splitlines()
-        head = msg[0] if msg else type(e).__name__
-        hint = ""
-        if "data-dependent" in str(e).lower() or "guardondatadependent" in type(e).__name__.lower():
-            hint = " (data-dependent control flow or shapes are not supported)"
-        raise ImportProblem(f"{where}: torch.export failed: {type(e).__name__}: {head}{hint}") from e
-    return ep
+def export_error(e: Exception, where: str) -> ImportProblem:
+    hint = ""
+    if "data-dependent" in str(e).lower() or "guardondatadependent" in type(e).__name__.lower():
+        hint = " (data-dependent control flow or shapes are not supported)"
+    return ImportProblem(f"{where}: torch.export failed: {type(e).__name__}: {one_line(e)}{hint}")
 
 
-def tensor_bytes(t: torch.Tensor) -> bytes:
-    t = t.detach().cpu().contiguous()
-    if t.numel() == 0:
-        return b""
-    return t.reshape(-1).view(torch.uint8).numpy().tobytes()
+def fake_cpu_inputs(meta_inputs):
+    """CPU fake tensors with the inputs' shapes: export of a real CPU model allocates no input."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    fm = FakeTensorMode()
+    out = []
+    with fm:
+        for x in meta_inputs:
+            out.append(torch.empty(x.shape, dtype=x.dtype, device="cpu") if isinstance(x, torch.Tensor) else x)
+    return out
 
 
-def write_safetensors(path: Path, tensors: list[tuple[str, torch.Tensor]], metadata: dict | None = None):
-    header, blobs, offset = {}, [], 0
-    if metadata:
-        header["__metadata__"] = {k: str(v) for k, v in metadata.items()}
-    for name, t in tensors:
-        if t.dtype not in ST_DTYPE:
-            raise ImportProblem(f"tensor {name} has dtype {t.dtype}, which safetensors cannot store")
-        b = tensor_bytes(t)
-        header[name] = {"dtype": ST_DTYPE[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + len(b)]}
-        blobs.append(b)
-        offset += len(b)
-    h = json.dumps(header, separators=(",", ":")).encode()
-    h += b" " * ((8 - (len(h) + 8) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)))
-        f.write(h)
-        for b in blobs:
-            f.write(b)
+class Analysis:
+    """One backend of one problem at one setting of its sizes: graphs and shapes, nothing allocated
+    (unless the model had to be built on the CPU)."""
 
 
-def import_backend(mod, backend: str, defaults: dict, extra_sizes: dict, mode: str, where: str, out: Path,
-                   memory_limit: int = 0):
-    sizes = apply_sizes(mod, backend, defaults, extra_sizes)
-    bwhere = f"{where} [{backend}]"
-
+def analyse(mod, backend, defaults, sizes_extra, mode, bwhere) -> Analysis:
+    a = Analysis()
+    a.sizes = apply_sizes(mod, backend, defaults, sizes_extra)
     # Input generator: get_inputs() traced with fake tensors (no allocation at any size).
     try:
         gi = make_fx(lambda: list(mod.get_inputs()), tracing_mode="fake")()
     except Exception as e:
-        raise ImportProblem(f"{bwhere}: tracing get_inputs() failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
-    _, in_nodes, in_outs = serialize_nodes(gi.graph, gi, bwhere + " get_inputs", forbid_random=False)
-    in_out_json, baked = [], []
+        raise ImportProblem(f"{bwhere}: tracing get_inputs() failed: {type(e).__name__}: {one_line(e)}") from e
+    _, a.in_nodes, in_outs = serialize_nodes(gi.graph, gi, bwhere + " get_inputs", forbid_random=False)
+    a.in_out_json, a.baked = [], []
     for i, o in enumerate(in_outs):
         if isinstance(o, torch.fx.Node):
-            in_out_json.append(o.name)
+            a.in_out_json.append(o.name)
         else:
-            baked.append({"index": i, "value": encode_arg(o, bwhere)})
-    if not in_out_json:
+            a.baked.append({"index": i, "value": encode_arg(o, bwhere)})
+    if not a.in_out_json:
         raise ImportProblem(f"{bwhere}: get_inputs() returned no tensors")
 
     # Shapes of get_inputs() without allocating: run it under meta as the default device.
     torch.manual_seed(GOLDEN_SEED)
     with torch.device("meta"):
-        meta_inputs = list(mod.get_inputs())
-    tensor_pos = [i for i, x in enumerate(meta_inputs) if isinstance(x, torch.Tensor)]
-    if len(tensor_pos) != len(in_out_json):
+        a.meta_inputs = list(mod.get_inputs())
+    a.tensor_pos = [i for i, x in enumerate(a.meta_inputs) if isinstance(x, torch.Tensor)]
+    if len(a.tensor_pos) != len(a.in_out_json):
         raise ImportProblem(f"{bwhere}: get_inputs() tensor outputs differ between tracing and meta run")
 
-    model_meta = build_model(mod, "meta", mode)
-    ep = export_forward(mod, model_meta, meta_inputs, bwhere)
-    sig = ep.graph_signature
-    placeholders, nodes, outs = serialize_nodes(ep.graph_module.graph, ep.graph_module, bwhere + " forward", True)
-    out_vals = [o.meta["val"] for o in outs
-                if isinstance(o, torch.fx.Node) and isinstance(o.meta.get("val"), torch.Tensor)]
-    check_memory(Path(where).stem, bwhere, backend, meta_inputs, model_meta, out_vals, memory_limit)
+    # forward: exported on meta (any size, nothing allocated). A module whose __init__ or
+    # forward needs real tensors (.item() in __init__, a tensor made in forward and copied)
+    # is built on the CPU at its init sizes instead, and exported against fake CPU inputs.
+    a.built_on, a.model = "meta", None
+    try:
+        model = build_model(mod, "meta", mode)
+        try:
+            a.ep = torch.export.export(model, tuple(a.meta_inputs), strict=False)
+        except Exception as e:
+            if "meta" not in str(e).lower():
+                raise export_error(e, bwhere) from e
+            raise
+        if any(isinstance(t, torch.Tensor) and t.is_meta for t in a.ep.constants.values()):
+            raise RuntimeError("forward's tensor constants are meta tensors (their values are needed)")
+        a.model = model
+    except ImportProblem:
+        raise
+    except Exception as meta_error:
+        a.built_on = f"cpu (on meta: {type(meta_error).__name__}: {one_line(meta_error)[:160]})"
+        try:
+            model = build_model(mod, "cpu", mode)
+        except ImportProblem:
+            raise
+        except Exception as e:
+            raise ImportProblem(f"{bwhere}: Model(*get_init_inputs()) failed: {type(e).__name__}: {one_line(e)}") from e
+        try:
+            a.ep = torch.export.export(model, tuple(fake_cpu_inputs(a.meta_inputs)), strict=False)
+        except Exception as e:
+            raise export_error(e, bwhere) from e
+        a.model = model
+    a.placeholders, a.nodes, a.outs = serialize_nodes(a.ep.graph_module.graph, a.ep.graph_module, bwhere + " forward", True)
+    a.out_vals = [o.meta["val"] for o in a.outs
+                  if isinstance(o, torch.fx.Node) and isinstance(o.meta.get("val"), torch.Tensor)]
+    nb = kf_memory.nbytes
+    a.in_bytes = sum(nb(t) for t in a.meta_inputs)
+    a.par_bytes = sum(nb(t) for t in list(a.model.parameters()) + list(a.model.buffers()))
+    a.par_bytes += sum(nb(t) for t in a.ep.constants.values())
+    a.out_bytes = sum(nb(t) for t in a.out_vals)
+    a.peak_bytes = kf_memory.forward_peak_bytes(a.ep.graph_module.graph)
+    a.need = kf_memory.golden_need(a.in_bytes, a.par_bytes, a.out_bytes, a.peak_bytes)
+    return a
 
-    # Map graph placeholders to ABI slots.
-    from torch.export.graph_signature import InputKind, OutputKind
-    real_model = build_model(mod, "cpu", mode)
-    state = dict(real_model.state_dict(keep_vars=True))
-    named_params = dict(real_model.named_parameters())
-    named_buffers = dict(real_model.named_buffers())
-    consts = dict(ep.constants)
-    graph_inputs, param_specs, param_tensors, input_specs = [], [], [], []
-    user_i = 0
+
+def need_text(a) -> str:
+    g = kf_memory.gib
+    return (f"{a.need} bytes ({g(a.need)}: parameters {a.par_bytes}, inputs {a.in_bytes}, outputs {a.out_bytes}, "
+            f"forward peak {a.peak_bytes})")
+
+
+def fit_cpu(mod, defaults, extra, mode, bwhere, budget, own_sizes: bool):
+    """The cpu backend's analysis within `budget`: the file's sizes, or (foreign problems without
+    KF_SIZES) its size constants halved, batch-like names first, until the estimate fits.
+    Returns (analysis, scaled {name: [from, to]}); raises ImportProblem when nothing fits."""
+    a = analyse(mod, "cpu", defaults, extra, mode, bwhere)
+    if budget <= 0 or a.need <= budget:
+        return a, {}
+    first = a
+    why = (f"the cpu golden run needs an estimated {need_text(a)}, over the budget of {budget} bytes "
+           f"({kf_memory.gib(budget)}; --max-memory-gb)")
+    if own_sizes:
+        raise ImportProblem(f"{why}; lower KF_SIZES['cpu'] or --size cpu:NAME=VALUE")
+    cands = [k for k, v in defaults.items() if type(v) is int and v >= 2 and k not in extra]
+    cands.sort(key=lambda k: (0 if "batch" in k.lower() else 1, -defaults[k]))
+    cur = dict(extra)
+    frozen, tries = set(), 0
+    while a.need > budget and tries < MAX_SCALING_TRIES:
+        pick = next((k for k in cands if k not in frozen and cur.get(k, defaults[k]) >= 2), None)
+        if pick is None:
+            break
+        trial = dict(cur)
+        trial[pick] = cur.get(pick, defaults[pick]) // 2
+        tries += 1
+        try:
+            b = analyse(mod, "cpu", defaults, trial, mode, bwhere)
+        except ImportProblem:
+            frozen.add(pick)  # this constant cannot shrink (shapes stop matching): leave it
+            continue
+        if b.need >= a.need:
+            frozen.add(pick)
+            continue
+        cur, a = trial, b
+    if a.need > budget:
+        raise ImportProblem(f"{why}; halving its size constants ({', '.join(cands) or 'none found'}) "
+                            f"did not bring it under the budget")
+    scaled = {k: [defaults[k], v] for k, v in cur.items() if k not in extra}
+    a.scaled_from_need = first.need
+    return a, scaled
+
+
+def abi_slots(a, bwhere):
+    """Graph placeholders mapped to ABI slots: (graph_inputs, input_specs, slots) where each
+    slot is (spec, target or None for lifted constants, tensor of the analysed model)."""
+    from torch.export.graph_signature import InputKind, TensorArgument
+    sig = a.ep.graph_signature
+    named_params = dict(a.model.named_parameters())
+    named_buffers = dict(a.model.named_buffers())
+    consts = dict(a.ep.constants)
+    graph_inputs, input_specs = [], []
     plist = {"parameter": [], "buffer": [], "constant": []}
+    user_i = 0
     for spec in sig.input_specs:
         ph = spec.arg.name if hasattr(spec.arg, "name") else None
         if spec.kind == InputKind.USER_INPUT:
-            if isinstance(spec.arg, torch.export.graph_signature.TensorArgument):
-                t = meta_inputs[tensor_pos[user_i]]
+            if isinstance(spec.arg, TensorArgument):
+                t = a.meta_inputs[a.tensor_pos[user_i]]
                 input_specs.append(spec_of(t, f"x{user_i}"))
                 graph_inputs.append({"placeholder": ph, "kind": "input", "index": user_i})
                 user_i += 1
@@ -359,26 +423,58 @@ def import_backend(mod, backend: str, defaults: dict, extra_sizes: dict, mode: s
             plist["constant"].append((ph, spec.target, consts[spec.target]))
         else:
             raise ImportProblem(f"{bwhere}: unsupported export input kind {spec.kind}")
-    if user_i != len(tensor_pos):
-        raise ImportProblem(f"{bwhere}: export saw {user_i} tensor inputs, get_inputs() returned {len(tensor_pos)}")
+    if user_i != len(a.tensor_pos):
+        raise ImportProblem(f"{bwhere}: export saw {user_i} tensor inputs, get_inputs() returned {len(a.tensor_pos)}")
+    slots = []
     for role in ("parameter", "buffer", "constant"):
         for ph, target, t in plist[role]:
-            idx = len(param_specs)
             abi_role = "buffer" if role == "constant" else role
             name = target if role != "constant" else "constant." + target
-            t = t.detach()
-            param_specs.append(spec_of(t, name, abi_role))
-            param_tensors.append((name, t.contiguous()))
-            graph_inputs.append({"placeholder": ph, "kind": "param", "index": idx})
+            graph_inputs.append({"placeholder": ph, "kind": "param", "index": len(slots)})
+            slots.append((spec_of(t, name, abi_role), None if role == "constant" else target, t.detach()))
+    return graph_inputs, input_specs, slots
+
+
+def make_recipe(mod, slots, bwhere):
+    """The init recipe (GraphModule, JSON) for the parameter and buffer slots; RecipeUnavailable if none."""
+    targets = [target for _, target, _ in slots]
+    if not any(t is not None for t in targets):
+        raise kf_params.RecipeUnavailable("no parameters or buffers")
+
+    def build():
+        init = mod.get_init_inputs()
+        return mod.Model(*init)
+    gm = kf_params.trace_init(build, targets)
+    got = gm.graph.output_node().args[0]
+    want = [spec for spec, target, _ in slots if target is not None]
+    for node, spec in zip(got, want):
+        v = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+        if not isinstance(v, torch.Tensor) or list(v.shape) != spec["shape"] or dtype_name(v.dtype) != spec["dtype"]:
+            raise kf_params.RecipeUnavailable(f"the traced init gives '{spec['name']}' another shape or dtype")
+    try:
+        _, nodes, outs = serialize_nodes(gm.graph, gm, bwhere + " init", forbid_random=False)
+    except ImportProblem as e:
+        raise kf_params.RecipeUnavailable(str(e)) from e
+    if not all(isinstance(o, torch.fx.Node) for o in outs):
+        raise kf_params.RecipeUnavailable("an init output is not a graph value")
+    it = iter(o.name for o in outs)
+    out_names = [next(it) if target is not None else None for _, target, _ in slots]
+    return gm, {"format": FORMAT_VERSION, "seed": INIT_SEED, "nodes": nodes, "outputs": out_names}
+
+
+def import_backend(mod, a, backend: str, opts: Options, bwhere: str, out: Path):
+    """Writes the backend's files from its analysis; returns (task.json entry, real CPU model or None)."""
+    from torch.export.graph_signature import OutputKind
+    graph_inputs, input_specs, slots = abi_slots(a, bwhere)
+    param_specs = [s for s, _, _ in slots]
 
     out_json, out_specs = [], []
-    for spec, o in zip(sig.output_specs, outs):
+    for spec, o in zip(a.ep.graph_signature.output_specs, a.outs):
         if spec.kind == OutputKind.USER_OUTPUT:
             if not isinstance(o, torch.fx.Node) or not isinstance(o.meta.get("val"), torch.Tensor):
                 raise ImportProblem(f"{bwhere}: forward output {len(out_json)} is not a tensor")
-            val = o.meta["val"]
             out_json.append({"node": o.name})
-            out_specs.append(spec_of(val, f"y{len(out_specs)}"))
+            out_specs.append(spec_of(o.meta["val"], f"y{len(out_specs)}"))
         elif spec.kind == OutputKind.BUFFER_MUTATION:
             idx = next(i for i, p in enumerate(param_specs) if p["name"] == spec.target)
             out_json.append({"node": o.name, "copy_to_param": idx})
@@ -389,54 +485,124 @@ def import_backend(mod, backend: str, defaults: dict, extra_sizes: dict, mode: s
     if not out_specs:
         raise ImportProblem(f"{bwhere}: forward returns no tensor")
 
-    graph = {"format": FORMAT_VERSION, "graph_inputs": graph_inputs, "nodes": nodes, "outputs": out_json}
-    inputs_graph = {"format": FORMAT_VERSION, "nodes": in_nodes, "outputs": in_out_json, "baked": baked}
+    # Parameters: the init recipe where it reproduces the model, full tensors otherwise.
+    recipe, recipe_note = None, None
+    if opts.params == "compact" and slots:
+        try:
+            recipe = make_recipe(mod, slots, bwhere)
+        except kf_params.RecipeUnavailable as e:
+            recipe_note = f"stored in full: {e}"
+    real = a.model if a.built_on != "meta" else None
+    need_real = backend == "cpu" or (slots and recipe is None) or any(t is None for _, t, _ in slots)
+    if need_real and real is None:
+        if backend != "cpu" and opts.budget > 0 and a.par_bytes > opts.budget:
+            raise ImportProblem(f"{bwhere}: its parameters ({a.par_bytes} bytes, {kf_memory.gib(a.par_bytes)}) must be "
+                                f"stored in full ({recipe_note}) and exceed the budget of {opts.budget} bytes (--max-memory-gb)")
+        real = build_model(mod, "cpu", a.mode)
+    real_state = {}
+    if real is not None:
+        real_state = dict(real.named_parameters())
+        real_state.update(dict(real.named_buffers()))
+    values = []
+    for spec, target, t in slots:
+        if target is None:
+            values.append(t)  # a constant lifted from forward: the analysed model's export holds its value
+        else:
+            values.append(real_state.get(target) if real is not None else None)
+    if recipe is not None and backend == "cpu":
+        # The golden run uses the real model: the recipe must give it bit for bit.
+        replayed = kf_params.replay(recipe[0], INIT_SEED)
+        want = [v for v, (_, target, _) in zip(values, slots) if target is not None]
+        if len(replayed) != len(want) or not all(torch.equal(x, y.detach()) for x, y in zip(replayed, want)):
+            recipe, recipe_note = None, "stored in full: replaying the traced init differs from Model(*get_init_inputs())"
+        del replayed
+    file_tensors = []
+    for (spec, target, _), v in zip(slots, values):
+        if recipe is None or target is None:
+            if v is None or v.is_meta:
+                raise ImportProblem(f"{bwhere}: no value for '{spec['name']}'")
+            file_tensors.append((spec["name"], v.detach().contiguous()))
+    storage = {"recipe": 0 if recipe is None else sum(1 for _, t, _ in slots if t is not None),
+               "file": len(file_tensors)}
+    if recipe is not None:
+        (out / f"{backend}.init.json").write_text(json.dumps(recipe[1]))
+        storage["init"] = f"{backend}.init.json"
+    if recipe_note:
+        storage["note"] = recipe_note
+    if file_tensors:
+        kf_params.write_safetensors(out / f"{backend}.params.safetensors", file_tensors, {"init_seed": INIT_SEED})
+
+    graph = {"format": FORMAT_VERSION, "graph_inputs": graph_inputs, "nodes": a.nodes, "outputs": out_json}
+    inputs_graph = {"format": FORMAT_VERSION, "nodes": a.in_nodes, "outputs": a.in_out_json, "baked": a.baked}
     (out / f"{backend}.graph.json").write_text(json.dumps(graph))
     (out / f"{backend}.inputs.json").write_text(json.dumps(inputs_graph))
-    write_safetensors(out / f"{backend}.params.safetensors", param_tensors, {"init_seed": INIT_SEED})
-    info = {"sizes": {k: v for k, v in sizes.items() if isinstance(v, (int, float, bool, str))},
-            "inputs": input_specs, "params": param_specs, "outputs": out_specs}
-    return info, real_model
+    info = {"sizes": {k: v for k, v in a.sizes.items() if isinstance(v, (int, float, bool, str))},
+            "inputs": input_specs, "params": param_specs, "outputs": out_specs,
+            "params_storage": storage, "built_on": a.built_on}
+    return info, real
 
 
-def golden_and_checks(mod, model, info, where: str, out: Path):
-    """CPU only: eager outputs for the golden seed, plus determinism and degeneracy checks."""
-    model_a = copy.deepcopy(model)
+def run_forward(model, inputs):
+    with torch.no_grad():
+        outs = model(*inputs)
+    return list(outs) if isinstance(outs, (list, tuple)) else [outs]
+
+
+def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    """max |a - b| in float64, a million elements at a time (no full-size float64 copies)."""
+    fa, fb, m = a.reshape(-1), b.reshape(-1), 0.0
+    for i in range(0, fa.numel(), 1 << 20):
+        m = max(m, (fa[i:i + (1 << 20)].double() - fb[i:i + (1 << 20)].double()).abs().max().item())
+    return m
+
+
+def golden_and_checks(mod, model, where: str, out: Path):
+    """CPU only: eager outputs for the golden seed, plus determinism and degeneracy checks.
+    Holds at most two copies of the parameters (the pristine model and a working copy
+    reloaded before each call, since train mode updates buffers) and three of the inputs."""
+    pristine = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    work = model  # the real model itself, reset from `pristine` before each call
+
+    def reset():
+        with torch.no_grad():
+            for k, v in work.state_dict().items():
+                v.copy_(pristine[k])
     torch.manual_seed(GOLDEN_SEED)
     inputs = [x for x in mod.get_inputs() if isinstance(x, torch.Tensor)]
     before = [x.clone() for x in inputs]
-    with torch.no_grad():
-        outs = model_a(*inputs)
-    outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
+    outs = run_forward(work, inputs)
     for a, b in zip(inputs, before):
         if not torch.equal(a, b):
             raise ImportProblem(f"{where} [cpu]: forward modified an input tensor in place")
+    del before
     for i, o in enumerate(outs):
-        if not torch.isfinite(o).all() if o.is_floating_point() else False:
+        if not isinstance(o, torch.Tensor):
+            raise ImportProblem(f"{where} [cpu]: forward output {i} is not a tensor")
+        if o.is_floating_point() and not torch.isfinite(o).all():
             raise ImportProblem(f"{where} [cpu]: output {i} is not finite for the task's own inputs")
-    # Same inputs, fresh model copy: must give identical outputs (deterministic reference).
-    with torch.no_grad():
-        outs2 = copy.deepcopy(model)(*inputs)
-    outs2 = list(outs2) if isinstance(outs2, (list, tuple)) else [outs2]
+    # Same inputs, same starting state: must give identical outputs (deterministic reference).
+    reset()
+    outs2 = run_forward(work, inputs)
     for i, (a, b) in enumerate(zip(outs, outs2)):
         if not torch.equal(a, b):
             raise ImportProblem(f"{where} [cpu]: forward is not deterministic (output {i} differs between identical calls)")
+    del outs2
     # Degenerate: output (nearly) constant or independent of the inputs.
     torch.manual_seed(GOLDEN_SEED + 1)
     other = [x for x in mod.get_inputs() if isinstance(x, torch.Tensor)]
-    with torch.no_grad():
-        outs3 = copy.deepcopy(model)(*other)
-    outs3 = list(outs3) if isinstance(outs3, (list, tuple)) else [outs3]
+    reset()
+    outs3 = run_forward(work, other)
+    del other
     degenerate = []
     for i, (a, c) in enumerate(zip(outs, outs3)):
-        af, cf = a.double(), c.double()
-        scale = af.abs().max().item() if af.numel() else 0.0
-        if torch.equal(a, c) or (scale > 0 and (af - cf).abs().max().item() <= 1e-6 * scale):
+        scale = a.abs().max().double().item() if a.numel() else 0.0
+        if torch.equal(a, c) or (scale > 0 and max_abs_diff(a, c) <= 1e-6 * scale):
             degenerate.append(f"output {i} does not depend on the inputs")
-        elif af.numel() > 1 and af.std().item() <= 1e-7 * max(scale, 1e-30):
+        elif a.numel() > 1 and a.double().std().item() <= 1e-7 * max(scale, 1e-30):
             degenerate.append(f"output {i} is (nearly) constant")
+    del outs3
     tensors = [(f"in{i}", x) for i, x in enumerate(inputs)] + [(f"out{i}", o) for i, o in enumerate(outs)]
-    write_safetensors(out / "cpu.golden.safetensors", tensors, {"seed": GOLDEN_SEED})
+    kf_params.write_safetensors(out / "cpu.golden.safetensors", tensors, {"seed": GOLDEN_SEED})
     return degenerate
 
 
@@ -449,30 +615,52 @@ def task_tolerance(mod):
     return {"atol": float(tol.get("atol", 0.0)), "rtol": float(tol.get("rtol", 0.0))}
 
 
-def import_file(path: Path, out_root: Path, backends: list[str], extra_sizes: dict, memory_limit: int = 0) -> Path:
+def import_file(path: Path, out_root: Path, opts: Options, notes: list) -> Path:
+    """Imports one problem file; appends one-line notes (cpu sizes scaled or skipped) to `notes`."""
     where = str(path)
     mod = load_module(path)
     name = path.stem
-    mode = module_mode(mod)
+    mode, mode_source = task_mode(mod, opts.mode)
     level = getattr(mod, "KF_LEVEL", None)
     if level is None:  # KernelBench keeps levels as folder names: level1/, level2/ ...
         parent = path.parent.name.lower()
         level = int(parent[5:]) if parent.startswith("level") and parent[5:].isdigit() else 1
     tags = list(getattr(mod, "KF_TAGS", []))
-    kf_sizes = getattr(mod, "KF_SIZES", None) or {}
-    size_keys = {k for per in kf_sizes.values() if isinstance(per, dict) for k in per}
-    size_keys |= {k for per in extra_sizes.values() for k in per}
-    defaults = {k: getattr(mod, k) for k in size_keys if hasattr(mod, k)}
+    own_sizes = getattr(mod, "KF_SIZES", None) is not None
+    defaults = numeric_constants(mod)
     tmp = out_root / f".tmp-{name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
-        meta_backends, degenerate = {}, []
-        for b in backends:
-            info, model = import_backend(mod, b, defaults, extra_sizes.get(b, {}), mode, where, tmp, memory_limit)
-            meta_backends[b] = info
+        meta_backends, degenerate, skipped = {}, [], {}
+        for b in opts.backends:
+            bwhere = f"{where} [{b}]"
+            extra = opts.extra_sizes.get(b, {})
+            try:
+                if b == "cpu":
+                    a, scaled = fit_cpu(mod, defaults, extra, mode, bwhere, opts.budget, own_sizes)
+                else:
+                    a, scaled = analyse(mod, b, defaults, extra, mode, bwhere), {}
+            except ImportProblem as e:
+                if b != "cpu" or len(opts.backends) == 1 or "the cpu golden run needs" not in str(e):
+                    raise
+                skipped[b] = str(e)  # the other backends still import; one line says why cpu did not
+                continue
+            a.mode = mode
+            info, model = import_backend(mod, a, b, opts, bwhere, tmp)
             if b == "cpu":
-                degenerate = golden_and_checks(mod, model, info, where, tmp)
+                info["memory"] = {"estimate_bytes": a.need, "budget_bytes": opts.budget}
+                if scaled:
+                    info["memory"]["estimate_bytes_at_file_sizes"] = a.scaled_from_need
+                    info["scaled_sizes"] = scaled
+                    notes.append(f"{where} [cpu]: sizes scaled down to fit the memory budget: " +
+                                 ", ".join(f"{k} {v[0]} -> {v[1]}" for k, v in scaled.items()))
+                apply_sizes(mod, b, defaults, {**extra, **{k: v[1] for k, v in scaled.items()}})
+                degenerate = golden_and_checks(mod, model, where, tmp)
+            meta_backends[b] = info
+            del model, a
+        for b, why in skipped.items():
+            notes.append(f"{why if why.startswith(where) else where + ' [cpu]: ' + why}; cpu backend skipped")
         meta = {
             "format": FORMAT_VERSION,
             "name": name,
@@ -481,6 +669,7 @@ def import_file(path: Path, out_root: Path, backends: list[str], extra_sizes: di
             "level": int(level),
             "tags": tags,
             "mode": mode,
+            "mode_source": mode_source,
             "tolerance": task_tolerance(mod),
             "default_tolerance": {k: {"atol": v[0], "rtol": v[1]} for k, v in DEFAULT_TOL.items()},
             "init_seed": INIT_SEED,
@@ -488,6 +677,7 @@ def import_file(path: Path, out_root: Path, backends: list[str], extra_sizes: di
             "degenerate": degenerate,
             "torch_version": torch.__version__,
             "backends": meta_backends,
+            "skipped_backends": skipped,
         }
         (tmp / "task.json").write_text(json.dumps(meta, indent=1))
         final = out_root / name
@@ -512,6 +702,17 @@ def parse_size_overrides(items):
     return out
 
 
+def refusal_line(f: Path, e: BaseException) -> str:
+    if isinstance(e, ImportProblem):
+        msg = str(e)
+    elif isinstance(e, MemoryError):  # an allocation the estimate did not foresee
+        msg = f"out of memory while importing ({e}); lower its sizes or --max-memory-gb"
+    else:  # a bug of ours or torch's: still one line naming the file, and the run goes on
+        msg = f"internal importer error: {type(e).__name__}: {one_line(e)}"
+    msg = " ".join(msg.split("\n"))
+    return msg if msg.startswith(str(f)) else f"{f}: {msg}"
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="import-tasks", description=__doc__.splitlines()[0])
     ap.add_argument("paths", nargs="+", help="problem files or folders (searched recursively for *.py)")
@@ -520,16 +721,22 @@ def main(argv=None):
     ap.add_argument("--size", action="append", help="override a size constant: backend:NAME=VALUE")
     ap.add_argument("--skip-fresh", action="store_true", help="skip tasks whose artifact is newer than the file")
     ap.add_argument("--max-memory-gb", type=float, default=None,
-                    help="refuse a task whose estimated import working set exceeds this (default: half of RAM)")
+                    help="memory budget of one task's cpu golden run (default: half of MemAvailable at start)")
+    ap.add_argument("--mode", choices=("train", "eval"), default=None,
+                    help="mode of problems that do not set KF_MODE (default: train, as nn.Module starts); "
+                         "recorded in task.json")
+    ap.add_argument("--params", choices=("compact", "full"), default="compact",
+                    help="compact: store the parameters' init recipe where it reproduces them (default); "
+                         "full: store every tensor")
     args = ap.parse_args(argv)
     if args.max_memory_gb is not None and not args.max_memory_gb > 0:
         raise SystemExit(f"import-tasks: --max-memory-gb must be > 0, got {args.max_memory_gb}")
-    memory_limit = int(args.max_memory_gb * (1 << 30)) if args.max_memory_gb else default_memory_limit()
+    budget = int(args.max_memory_gb * (1 << 30)) if args.max_memory_gb else kf_memory.mem_available_bytes() // 2
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     for b in backends:
         if b not in ("cpu", "cuda"):
             raise SystemExit(f"import-tasks: unknown backend {b!r} (cpu or cuda)")
-    extra = parse_size_overrides(args.size)
+    opts = Options(backends, parse_size_overrides(args.size), budget, args.mode, args.params)
     files = []
     for p in map(Path, args.paths):
         if p.is_dir():
@@ -542,6 +749,7 @@ def main(argv=None):
     out_root = Path(args.out)
     out_root.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
+    warnings.filterwarnings("ignore")  # torch's warnings about problem files are not our one-line report
     failed, done, skipped = 0, 0, 0
     t0 = time.time()
     for f in files:
@@ -555,25 +763,21 @@ def main(argv=None):
             except (OSError, ValueError):
                 pass
         t = time.time()
+        notes = []
         try:
-            import_file(f, out_root, backends, extra, memory_limit)
+            import_file(f, out_root, opts, notes)
             done += 1
             print(f"imported {f.stem:40s} {time.time() - t:6.2f}s", flush=True)
-        except ImportProblem as e:
+        except KeyboardInterrupt:
+            raise
+        except BaseException as e:
             failed += 1
-            msg = str(e)
-            print(msg if msg.startswith(str(f)) else f"{f}: {msg}", file=sys.stderr, flush=True)
-        except MemoryError as e:  # an allocation the estimate did not foresee: still no traceback
-            failed += 1
-            print(f"{f}: out of memory while importing ({e}); lower its sizes or raise --max-memory-gb",
-                  file=sys.stderr, flush=True)
-        except Exception as e:  # a bug of ours or torch's: still name the file, keep going
-            failed += 1
-            print(f"{f}: internal importer error: {type(e).__name__}: {e}", file=sys.stderr)
-            traceback.print_exc(limit=3)
+            print(refusal_line(f, e), file=sys.stderr, flush=True)
+        for n in notes:
+            print(" ".join(n.split("\n")), file=sys.stderr, flush=True)
     print(f"import-tasks: {done} imported, {skipped} up to date, {failed} failed ({time.time() - t0:.1f}s) -> {out_root}",
           flush=True)
-    return 1 if failed else 0
+    return min(failed, 125)  # the exit status counts the failed problems
 
 
 if __name__ == "__main__":

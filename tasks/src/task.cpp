@@ -94,10 +94,21 @@ struct GraphOutput {
   int copy_to_param;  // -1: a user output
 };
 
+// The three graphs of a backend: forward, the input generator, the parameters' init recipe.
+enum class GraphKind { Forward = 0, Inputs = 1, Init = 2 };
+
 struct BackendData {
   std::vector<TensorSpec> inputs, params, outputs;
   std::string graph_file, inputs_file, params_file;
   json graph_json, inputs_json;
+  // Compact parameters (task.json params_storage.init): an ATen graph replayed on the CPU from
+  // init_seed. init_outputs[k] names the graph value of ABI slot init_slots[k]; the other slots
+  // come from params_file.
+  std::string init_file;
+  json init_json;
+  uint64_t init_seed = 0;
+  std::vector<std::string> init_outputs;
+  std::vector<std::size_t> init_slots;
   std::vector<GraphInput> graph_inputs;
   std::vector<GraphOutput> graph_outputs;
   std::vector<std::string> input_graph_outputs;
@@ -144,7 +155,7 @@ class TaskImpl : public Task, public std::enable_shared_from_this<TaskImpl> {
   // parameters and outputs alone exceed the memory of `device`.
   void check_fits(Backend b, const at::Device& device) const;
   // Graphs are built once per (backend, device, kind) and shared: AtenGraph::run is const.
-  std::shared_ptr<const AtenGraph> graph(Backend b, const at::Device& device, bool input_generator) const;
+  std::shared_ptr<const AtenGraph> graph(Backend b, const at::Device& device, GraphKind kind) const;
 
  private:
   std::string dir_, name_, mode_, source_;
@@ -154,13 +165,13 @@ class TaskImpl : public Task, public std::enable_shared_from_this<TaskImpl> {
   std::map<std::string, Tolerance> default_tol_;
   std::map<Backend, BackendData> backends_;
   mutable std::mutex mu_;
-  mutable std::map<std::tuple<int, std::string, bool>, std::shared_ptr<const AtenGraph>> graphs_;
+  mutable std::map<std::tuple<int, std::string, int>, std::shared_ptr<const AtenGraph>> graphs_;
 };
 
 class ReferenceImpl : public Reference {
  public:
   ReferenceImpl(std::shared_ptr<const TaskImpl> task, Backend b, const at::Device& device)
-      : task_(task), backend_(b), device_(device), graph_(task->graph(b, device, false)),
+      : task_(task), backend_(b), device_(device), graph_(task->graph(b, device, GraphKind::Forward)),
         params_(task->initial_params(b, device)) {}
 
   std::vector<at::Tensor> forward(const std::vector<at::Tensor>& inputs) override {
@@ -228,6 +239,24 @@ TaskImpl::TaskImpl(const std::string& dir) : dir_(dir) {
       d.params_file = dir + "/" + bname + ".params.safetensors";
       d.graph_json = read_json(d.graph_file);
       d.inputs_json = read_json(d.inputs_file);
+      if (b.contains("params_storage") && b["params_storage"].contains("init")) {
+        d.init_file = dir + "/" + b["params_storage"]["init"].get<std::string>();
+        d.init_json = read_json(d.init_file);
+        try {
+          d.init_seed = d.init_json.at("seed").get<uint64_t>();
+          const json& outs = d.init_json.at("outputs");
+          if (!outs.is_array() || outs.size() != d.params.size())
+            throw error_at(d.init_file, "'outputs' must list one entry per parameter (" + std::to_string(d.params.size()) +
+                                            " in task.json)");
+          for (std::size_t i = 0; i < outs.size(); ++i) {
+            if (outs[i].is_null()) continue;  // this slot is stored in the params file
+            d.init_outputs.push_back(outs[i].get<std::string>());
+            d.init_slots.push_back(i);
+          }
+        } catch (const json::exception& e) {
+          throw error_at(d.init_file, std::string("malformed init recipe: ") + e.what());
+        }
+      }
       for (const json& gi : d.graph_json.at("graph_inputs")) {
         GraphInput g{gi.at("placeholder").get<std::string>(), gi.at("kind").get<std::string>() == "param",
                      gi.at("index").get<std::size_t>()};
@@ -257,17 +286,21 @@ TaskImpl::TaskImpl(const std::string& dir) : dir_(dir) {
   if (backends_.empty()) throw error_at(meta_path, "no backends");
 }
 
-std::shared_ptr<const AtenGraph> TaskImpl::graph(Backend b, const at::Device& device, bool input_generator) const {
+std::shared_ptr<const AtenGraph> TaskImpl::graph(Backend b, const at::Device& device, GraphKind kind) const {
   std::lock_guard<std::mutex> lock(mu_);
-  auto key = std::make_tuple(static_cast<int>(b), device.str(), input_generator);
+  auto key = std::make_tuple(static_cast<int>(b), device.str(), static_cast<int>(kind));
   auto it = graphs_.find(key);
   if (it != graphs_.end()) return it->second;
   const BackendData& d = data(b);
   std::shared_ptr<const AtenGraph> g;
+  const std::string& file = kind == GraphKind::Inputs ? d.inputs_file : kind == GraphKind::Init ? d.init_file : d.graph_file;
   try {
-    if (input_generator) {
+    if (kind == GraphKind::Inputs) {
       g = std::make_shared<AtenGraph>(d.inputs_json.at("nodes"), std::vector<std::string>{}, d.input_graph_outputs,
                                       device, d.inputs_file);
+    } else if (kind == GraphKind::Init) {
+      g = std::make_shared<AtenGraph>(d.init_json.at("nodes"), std::vector<std::string>{}, d.init_outputs, device,
+                                      d.init_file);
     } else {
       std::vector<std::string> placeholders, outputs;
       for (const GraphInput& gi : d.graph_inputs) placeholders.push_back(gi.placeholder);
@@ -275,7 +308,7 @@ std::shared_ptr<const AtenGraph> TaskImpl::graph(Backend b, const at::Device& de
       g = std::make_shared<AtenGraph>(d.graph_json.at("nodes"), placeholders, outputs, device, d.graph_file);
     }
   } catch (const json::exception& e) {
-    throw error_at(input_generator ? d.inputs_file : d.graph_file, std::string("malformed graph: ") + e.what());
+    throw error_at(file, std::string("malformed graph: ") + e.what());
   }
   graphs_[key] = g;
   return g;
@@ -330,7 +363,7 @@ void TaskImpl::check_fits(Backend b, const at::Device& device) const {
 
 std::vector<at::Tensor> TaskImpl::make_inputs(Backend b, uint64_t seed, const at::Device& device) const {
   check_fits(b, device);
-  auto g = graph(b, device, true);
+  auto g = graph(b, device, GraphKind::Inputs);
   at::Generator gen = device.is_cuda() ? at::detail::getCUDAHooks().getNewGenerator(device.index())
                                        : at::make_generator<at::CPUGeneratorImpl>(seed);
   {
@@ -352,16 +385,40 @@ std::vector<at::Tensor> TaskImpl::make_inputs(Backend b, uint64_t seed, const at
 std::vector<at::Tensor> TaskImpl::initial_params(Backend b, const at::Device& device) const {
   check_fits(b, device);
   const BackendData& d = data(b);
-  std::vector<at::Tensor> out;
+  std::vector<at::Tensor> out(d.params.size());
   if (d.params.empty()) return out;
-  auto file = SafetensorsFile::open(d.params_file);
-  for (const TensorSpec& s : d.params) {
+  if (!d.init_file.empty()) {
+    // The init recipe runs on the CPU from its seed, as torch.manual_seed(seed) then
+    // Model(*get_init_inputs()) ran in Python: same ops, same generator, same bits.
+    const at::Device cpu(at::kCPU);
+    auto g = graph(b, cpu, GraphKind::Init);
+    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(d.init_seed);
+    at::NoGradGuard no_grad;
+    std::vector<c10::IValue> values = g->run({}, &gen);
+    std::vector<const void*> seen;
+    for (std::size_t k = 0; k < values.size(); ++k) {
+      at::Tensor t = values[k].toTensor().contiguous();
+      // Two slots must never share storage (the evaluator re-draws them one by one).
+      if (std::find(seen.begin(), seen.end(), t.data_ptr()) != seen.end()) t = t.clone();
+      seen.push_back(t.data_ptr());
+      const TensorSpec& s = d.params[d.init_slots[k]];
+      if (t.scalar_type() != s.dtype || t.sizes().vec() != s.shape)
+        throw error_at(d.init_file, "output '" + d.init_outputs[k] + "' for '" + s.name +
+                                        "' does not match task.json's shape/dtype");
+      out[d.init_slots[k]] = device.is_cpu() ? t : t.to(device);
+    }
+  }
+  std::shared_ptr<SafetensorsFile> file;
+  for (std::size_t i = 0; i < d.params.size(); ++i) {
+    if (out[i].defined()) continue;
+    if (!file) file = SafetensorsFile::open(d.params_file);
+    const TensorSpec& s = d.params[i];
     const TensorView& v = file->get(s.name);
     const auto dtype = dtype_from_safetensors(v.dtype, d.params_file + ": tensor '" + s.name + "'");
     if (dtype != s.dtype || v.shape != s.shape)
       throw error_at(d.params_file, "tensor '" + s.name + "' does not match task.json's shape/dtype");
     at::Tensor t = at::from_blob(const_cast<void*>(v.data), v.shape, at::TensorOptions().dtype(dtype)).clone();
-    out.push_back(device.is_cpu() ? t : t.to(device));
+    out[i] = device.is_cpu() ? t : t.to(device);
   }
   return out;
 }

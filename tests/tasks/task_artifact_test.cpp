@@ -106,19 +106,7 @@ TEST(TaskArtifactTest, UnknownOperatorIsReportedWithNode) {
   EXPECT_NE(e.find("aten::no_such_op"), std::string::npos) << e;
 }
 
-TEST(TaskArtifactTest, TruncatedParamsFileIsAnError) {
-  std::string src;
-  for (const auto& t : Task::load_all(fs::path(some_task_dir()).parent_path().string()))
-    if (!t->params(Backend::CPU).empty()) {
-      src = t->dir();
-      break;
-    }
-  ASSERT_FALSE(src.empty()) << "the suite has tasks with parameters";
-  Copy c(src);
-  fs::resize_file(c.dir + "/cpu.params.safetensors", 20);
-  const std::string e = load_error(c.dir, true);
-  EXPECT_NE(e.find("cpu.params.safetensors"), std::string::npos) << e;
-}
+// A truncated params file: ParamsRecipeTest.BrokenRecipeOrParamsFileNamesTheFile (params_recipe_test.cpp).
 
 }  // namespace
 

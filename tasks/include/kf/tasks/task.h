@@ -4,9 +4,12 @@
 //   task.json                 meta: name, level, tags, mode, tolerance, source, per-backend specs
 //   <backend>.graph.json      the reference forward as an ATen graph (torch.export)
 //   <backend>.inputs.json     the input generator as an ATen graph (make_fx of get_inputs)
-//   <backend>.params.safetensors   parameters and buffers after Model(*get_init_inputs())
+//   <backend>.init.json       the parameters' init recipe: Model(*get_init_inputs()) as an ATen graph,
+//                             replayed on the CPU from the init seed (bit-identical to Python's init)
+//   <backend>.params.safetensors   the parameters the recipe does not give (lifted constants, or all of
+//                             them when the init could not be traced); task.json's params_storage says which
 //   cpu.golden.safetensors    Python eager inputs/outputs for seed 0 (tests compare against it)
-// C++ runs both graphs through the c10 dispatcher: no Python at run time.
+// C++ runs the graphs through the c10 dispatcher: no Python at run time.
 //
 // Threading: a Task is immutable after load; make_inputs/new_reference may be called
 // from any thread. A Reference instance is used by one thread at a time.
