@@ -121,8 +121,11 @@ Actor::Actor(ActorOptions opts, ActorPolicy policy, std::vector<std::shared_ptr<
   if (opts_.context_tokens <= opts_.max_new_tokens)
     throw Error("actors.prompt.context_tokens (" + std::to_string(opts_.context_tokens) +
                 ") must exceed actors.sampling.max_new_tokens (" + std::to_string(opts_.max_new_tokens) + ")");
+  // The model's chat template (a bad one fails here, not at the first prompt).
+  const auto chat = policy::ChatTemplate::for_model(opts_.policy_dir);
   log_info("actor ", opts_.id, ": ", tasks_.size(), " tasks, G=", opts_.group_size, ", K=", opts_.exemplars,
-           ", mode ", prompt_mode_name(opts_.mode), ", context ", opts_.context_tokens, " tokens, template ", tpl);
+           ", mode ", prompt_mode_name(opts_.mode), ", context ", opts_.context_tokens, " tokens, template ", tpl,
+           ", chat template ", chat ? chat->source() : std::string("none (raw text)"));
 }
 
 Actor::~Actor() {
@@ -222,6 +225,7 @@ Prompt Actor::build_task_prompt(const tasks::Task& task, uint64_t seed) {
   po.min_exemplar_tokens = static_cast<std::size_t>(opts_.min_exemplar_tokens);
   po.marker = opts_.extract.marker;
   po.abi = abi_;
+  po.chat = policy::ChatTemplate::for_model(opts_.policy_dir);
   return build_prompt(tpl_, policy_.codec, it->second, ex, po);
 }
 

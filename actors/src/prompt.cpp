@@ -202,7 +202,18 @@ Prompt build_prompt(const PromptTemplate& tpl, const TextCodec& codec, const Tas
       {"task", task.name},       {"backend", task.backend}, {"lang", task.lang},
       {"reference", task.reference}, {"signature", task.signature}, {"abi", opts.abi},
       {"marker", opts.marker}};
-  auto finish = [&](std::string text) {
+  p.system = tpl.has("system") ? tpl.render("system", common) : "";
+  // The prompt the policy sees: the turns through the model's chat template, or raw text.
+  auto shown = [&](const std::string& user) {
+    if (!opts.chat) return p.system + user;
+    std::vector<policy::ChatMessage> turns;
+    if (!p.system.empty()) turns.push_back({"system", p.system});
+    turns.push_back({"user", user});
+    return opts.chat->render(turns);
+  };
+  auto finish = [&](std::string user) {
+    std::string text = shown(user);
+    p.user = std::move(user);
     p.tokens = codec.encode(text);
     p.text = std::move(text);
     if (p.tokens.size() > opts.max_tokens)
@@ -243,9 +254,11 @@ Prompt build_prompt(const PromptTemplate& tpl, const TextCodec& codec, const Tas
   // Each pass either fits, shortens the longest source, or drops an exemplar, so the
   // loop ends; the bound is a guard against a tokenizer that grows text when it is cut.
   for (int pass = 0; pass < 10000 && !ex.empty(); ++pass) {
-    std::string text = render();
+    std::string user = render();
+    std::string text = shown(user);
     auto ids = codec.encode(text);
     if (ids.size() <= opts.max_tokens) {
+      p.user = std::move(user);
       p.text = std::move(text);
       p.tokens = std::move(ids);
       for (const auto& e : ex) {

@@ -11,13 +11,21 @@
 //   contrastive_instruction {{lang}} {{marker}}   (analyse why faster is faster, plan, write one kernel)
 //   no_exemplar_instruction {{lang}} {{marker}}   (no earlier kernels: plan, then write)
 //   plain                   a whole prompt on its own (ablation): {{task}} {{reference}} {{signature}} {{abi}} {{lang}} {{marker}} {{backend}}
+//   system                  optional: the system turn ({{task}} {{backend}} {{lang}} {{marker}} ...)
 // Unknown placeholders and missing sections are errors naming the file and section.
+//
+// Chat template: with PromptOptions::chat set (the model folder has a chat template), the
+// text built above is the user turn, after the `system` section's text as a system turn
+// when the file has one, and the prompt is the template's rendering of those turns (as
+// transformers' apply_chat_template(..., add_generation_prompt=True) renders them: special
+// tokens, the assistant header). Without one the prompt is the raw text (the system text
+// first, when there is one).
 //
 // Modes: contrastive (header + exemplars + contrastive instruction; with no exemplar it
 // falls back to the no-exemplar text), no_exemplars (ablation: never shows exemplars),
 // plain (the `plain` section only).
 //
-// Fitting (token-exact): the whole prompt is re-encoded after every change and must be
+// Fitting (token-exact): the whole prompt, chat template included, is re-encoded after every change and must be
 // <= max_tokens. Over budget, the longest exemplar source is cut at a token boundary
 // (then back to a line end), never below min_exemplar_tokens; below that an exemplar is
 // dropped (the middle one first, so slow and fast stay side by side). If the prompt
@@ -28,7 +36,10 @@
 #include <string>
 #include <vector>
 
+#include <memory>
+
 #include "kf/actors/codec.h"
+#include "kf/policy/chat_template.h"
 #include "kf/tasks/task.h"
 
 namespace kf::actors {
@@ -80,6 +91,8 @@ struct PromptOptions {
   std::size_t min_exemplar_tokens = 64;
   std::string marker = "kernel";
   std::string abi;  // text for {{abi}}
+  // The model folder's chat template (policy::ChatTemplate::for_model); null: raw text.
+  std::shared_ptr<const policy::ChatTemplate> chat;
 };
 
 struct ShownExemplar {
@@ -89,8 +102,9 @@ struct ShownExemplar {
 };
 
 struct Prompt {
-  std::string text;
-  std::vector<int32_t> tokens;
+  std::string text;             // what the policy is shown (chat template applied)
+  std::vector<int32_t> tokens;  // text's tokens
+  std::string system, user;     // the turns before the chat template (system: "" if none)
   PromptMode mode = PromptMode::contrastive;
   std::vector<ShownExemplar> shown;  // ascending speedup, as in the text
   std::size_t offered = 0;           // exemplars given
