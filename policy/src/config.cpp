@@ -1,5 +1,6 @@
 #include "kf/policy/config.h"
 
+#include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -130,12 +131,53 @@ ModelConfig parse_model_config(const std::string& text, const std::string& ctx) 
   return c;
 }
 
+std::vector<int64_t> generation_eos_ids(const std::string& json_text, const std::string& ctx) {
+  json j;
+  try {
+    j = json::parse(json_text);
+  } catch (const std::exception& e) {
+    throw Error(ctx + ": not valid JSON: " + e.what());
+  }
+  if (!j.is_object()) throw Error(ctx + ": must be a JSON object");
+  std::vector<int64_t> ids;
+  if (!j.contains("eos_token_id") || j["eos_token_id"].is_null()) return ids;
+  const auto& e = j["eos_token_id"];
+  if (e.is_number_integer()) {
+    ids.push_back(e.get<int64_t>());
+  } else if (e.is_array()) {
+    for (const auto& x : e) {
+      if (!x.is_number_integer()) throw Error(field_ctx(ctx, "eos_token_id") + ": must hold integers");
+      ids.push_back(x.get<int64_t>());
+    }
+  } else {
+    throw Error(field_ctx(ctx, "eos_token_id") + ": must be an integer or a list");
+  }
+  return ids;
+}
+
 ModelConfig load_model_config(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw Error(path + ": cannot open");
   std::stringstream ss;
   ss << in.rdbuf();
-  return parse_model_config(ss.str(), path);
+  ModelConfig c = parse_model_config(ss.str(), path);
+  // generation_config.json beside config.json: its eos_token_id are stop ids too (instruct
+  // models end a turn with a token config.json does not name, e.g. Qwen2.5's <|im_end|>).
+  const auto slash = path.rfind('/');
+  const std::string gen = (slash == std::string::npos ? std::string() : path.substr(0, slash + 1)) + "generation_config.json";
+  std::ifstream gin(gen);
+  if (gin) {
+    std::stringstream gs;
+    gs << gin.rdbuf();
+    for (int64_t id : generation_eos_ids(gs.str(), gen)) {
+      if (id < 0 || id >= c.vocab_size)
+        throw Error(field_ctx(gen, "eos_token_id") + ": " + std::to_string(id) + " is outside the vocabulary (" +
+                    path + " field 'vocab_size' is " + std::to_string(c.vocab_size) + ")");
+      if (std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), id) == c.eos_token_ids.end())
+        c.eos_token_ids.push_back(id);
+    }
+  }
+  return c;
 }
 
 std::string model_config_to_json(const ModelConfig& c) {

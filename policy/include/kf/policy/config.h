@@ -33,7 +33,7 @@ struct ModelConfig {
   bool qkv_bias = false;  // qwen2: always; llama: attention_bias
   bool o_bias = false;    // llama attention_bias also biases o_proj
   bool mlp_bias = false;  // llama mlp_bias
-  std::vector<int64_t> eos_token_ids;
+  std::vector<int64_t> eos_token_ids;  // stop ids: config.json's, then generation_config.json's (load_model_config)
   int64_t bos_token_id = -1;
   std::string dtype = "float32";  // as saved ("bfloat16", "float32", ...)
   std::string raw_json;           // the file as read; written back with our fields updated
@@ -44,7 +44,13 @@ struct ModelConfig {
 
 // Parses config.json text; `context` names the file in errors.
 ModelConfig parse_model_config(const std::string& json_text, const std::string& context);
+// Reads config.json at `path`; a generation_config.json beside it adds its eos_token_id
+// (an integer or a list) to eos_token_ids (the sampler's stop ids), after config.json's own,
+// without repeats. Errors name the file and field.
 ModelConfig load_model_config(const std::string& path);
+// The eos_token_id of a generation_config.json text (none when absent or null); `context`
+// names the file in errors.
+std::vector<int64_t> generation_eos_ids(const std::string& json_text, const std::string& context);
 // The config.json text for this config, loadable by HF transformers.
 std::string model_config_to_json(const ModelConfig& c);
 // Named shapes for random initialisation ("tiny" for tests, "qwen2.5-0.5b" for benchmarks).
