@@ -1,4 +1,4 @@
-# Sourced by the one-call GPU scripts (dev/gpu_train.sh, dev/h200_evidence.sh, bench/launch/h200_run.sh): the
+# Sourced by the one-call GPU scripts (dev/gpu_train.sh, dev/h200_evidence.sh, dev/h200_run.sh): the
 # environment of the GPU machine and the common start of a call.
 #   gpu_session_start LOGDIR   CUDA on PATH, carried .deps used, GPU named in $GPU (and
 #                              their number in $GPU_COUNT), logs in

@@ -24,7 +24,7 @@ together ("within_task_pooled" in windows.json, and a printed line): each run's 
 over its own tasks' geometric means, on its own time axis, groups resampled across runs.
 One 10-minute run's interval is wide; replications pooled say whether the rise is real.
 Exit 0 ok, 1 error (e.g. matplotlib missing), 2 usage / no metrics.
-docs/operations.md describes the fields.
+docs/metrics.md describes the fields.
 """
 import argparse
 import glob

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 9's per-level table, SFT -> stage 2 -> RL, for the CUDA policy (policies/h200) on a
+# The per-level table, SFT -> stage 2 -> RL, for the CUDA policy (policies/h200) on a
 # machine with no GPU: every stage on the CPU backend, one process at a time, so that each
 # step's timings are its own. For a machine with no GPU; the H200 version
 # is dev/h200_evidence.sh with KF_SELFSUP=first.

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# On the GPU machine (one `device` call): the issue-8 acceptance run of configs/h200.yaml.
-#   bench/launch/h200_run.sh [MINUTES] [extra tools/launch args, e.g. --set k=v]
-#   KF_TRAIN_SECONDS=N bench/launch/h200_run.sh ...   train the policy first (stage 1 on the GPU)
+# On a GPU machine, in one remote session: configs/h200.yaml end to end.
+#   dev/h200_run.sh [MINUTES] [extra tools/launch args, e.g. --set k=v]
+#   KF_TRAIN_SECONDS=N dev/h200_run.sh ...   train the policy first (stage 1 on the GPU)
 # 1. Builds the tree (build-gpu/) while the suite is imported for cpu,cuda.
 # 2. With KF_TRAIN_SECONDS > 0: tools/sft --device cuda from scratch for that long into
 #    $OUT/policy (the run then starts from it), while corpus/verify.py --backend cuda runs
@@ -11,14 +11,14 @@
 # 4. `tools/launch configs/h200.yaml` for MINUTES (default 5.0; launch.max_minutes, then
 #    drain + final checkpoint) with stdout not a terminal, so the status comes as
 #    `status:` log lines.
-# The device tool returns at most 8 files of <= 16 MiB, so $OUT gets only packed files:
+# The remote session returns at most 8 files of <= 16 MiB, so $OUT gets only packed files:
 #   launch.txt (the launcher's log), logs.tar.gz (build/import/test/SFT/verify logs),
 #   run.tar.gz.part-* (the run folder without checkpoint weights: metrics, logs, kernels,
 #   best/, launch_state.json; `cat run.tar.gz.part-* | tar -xz -C runs` gives runs/<name>/,
 #   then tools/report on it),
 #   with KF_TRAIN_SECONDS also policy.tar.part-* and verified_cuda.json.
 set -uo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/.."
 OUTDIR=${OUT:-$PWD/h200-run-out}; mkdir -p "$OUTDIR"
 PY=${KF_PYTHON:-$(command -v python3)}
 MIN=${1:-5.0}; shift || true
