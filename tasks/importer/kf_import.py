@@ -18,9 +18,11 @@ Run through tools/import-tasks.
 from __future__ import annotations
 
 import argparse
-import copy
+import contextlib
+import io
 import importlib.util
 import json
+import logging
 import math
 import operator
 import os
@@ -56,6 +58,7 @@ DROPOUT_OPS = {"dropout", "feature_dropout", "alpha_dropout", "feature_alpha_dro
 
 # How many size settings the cpu backend tries when a foreign problem is over the memory budget.
 MAX_SCALING_TRIES = 40
+MAX_SHRINK = 8     # a size constant other than a batch is scaled to no less than 1/8 of its value
 
 
 class ImportProblem(Exception):
@@ -264,6 +267,13 @@ def export_error(e: Exception, where: str) -> ImportProblem:
     return ImportProblem(f"{where}: torch.export failed: {type(e).__name__}: {one_line(e)}{hint}")
 
 
+def export_quietly(model, inputs):
+    """torch.export, whose failures also print a partial graph to stderr: that goes nowhere
+    (the refusal is one line), the exception carries the reason."""
+    with contextlib.redirect_stderr(io.StringIO()):
+        return torch.export.export(model, tuple(inputs), strict=False)
+
+
 def fake_cpu_inputs(meta_inputs):
     """CPU fake tensors with the inputs' shapes: export of a real CPU model allocates no input."""
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -313,7 +323,7 @@ def analyse(mod, backend, defaults, sizes_extra, mode, bwhere) -> Analysis:
     try:
         model = build_model(mod, "meta", mode)
         try:
-            a.ep = torch.export.export(model, tuple(a.meta_inputs), strict=False)
+            a.ep = export_quietly(model, a.meta_inputs)
         except Exception as e:
             if "meta" not in str(e).lower():
                 raise export_error(e, bwhere) from e
@@ -332,7 +342,7 @@ def analyse(mod, backend, defaults, sizes_extra, mode, bwhere) -> Analysis:
         except Exception as e:
             raise ImportProblem(f"{bwhere}: Model(*get_init_inputs()) failed: {type(e).__name__}: {one_line(e)}") from e
         try:
-            a.ep = torch.export.export(model, tuple(fake_cpu_inputs(a.meta_inputs)), strict=False)
+            a.ep = export_quietly(model, fake_cpu_inputs(a.meta_inputs))
         except Exception as e:
             raise export_error(e, bwhere) from e
         a.model = model
@@ -363,7 +373,7 @@ def fit_cpu(mod, defaults, extra, mode, bwhere, budget, own_sizes: bool):
     if budget <= 0 or a.need <= budget:
         return a, {}
     first = a
-    why = (f"the cpu golden run needs an estimated {need_text(a)}, over the budget of {budget} bytes "
+    why = (f"{bwhere}: the cpu golden run needs an estimated {need_text(a)}, over the budget of {budget} bytes "
            f"({kf_memory.gib(budget)}; --max-memory-gb)")
     if own_sizes:
         raise ImportProblem(f"{why}; lower KF_SIZES['cpu'] or --size cpu:NAME=VALUE")
@@ -371,8 +381,11 @@ def fit_cpu(mod, defaults, extra, mode, bwhere, budget, own_sizes: bool):
     cands.sort(key=lambda k: (0 if "batch" in k.lower() else 1, -defaults[k]))
     cur = dict(extra)
     frozen, tries = set(), 0
+
+    def floor(k):  # a batch may go down to 1; other sizes to an eighth, keeping the problem's character
+        return 1 if "batch" in k.lower() else max(1, defaults[k] // MAX_SHRINK)
     while a.need > budget and tries < MAX_SCALING_TRIES:
-        pick = next((k for k in cands if k not in frozen and cur.get(k, defaults[k]) >= 2), None)
+        pick = next((k for k in cands if k not in frozen and cur.get(k, defaults[k]) // 2 >= floor(k)), None)
         if pick is None:
             break
         trial = dict(cur)
@@ -388,7 +401,7 @@ def fit_cpu(mod, defaults, extra, mode, bwhere, budget, own_sizes: bool):
             continue
         cur, a = trial, b
     if a.need > budget:
-        raise ImportProblem(f"{why}; halving its size constants ({', '.join(cands) or 'none found'}) "
+        raise ImportProblem(f"{why}; halving its size constants ({', '.join(cands) or 'none found'}; a batch down to 1, others to 1/{MAX_SHRINK}) "
                             f"did not bring it under the budget")
     scaled = {k: [defaults[k], v] for k, v in cur.items() if k not in extra}
     a.scaled_from_need = first.need
@@ -509,8 +522,9 @@ def import_backend(mod, a, backend: str, opts: Options, bwhere: str, out: Path):
             values.append(t)  # a constant lifted from forward: the analysed model's export holds its value
         else:
             values.append(real_state.get(target) if real is not None else None)
-    if recipe is not None and backend == "cpu":
-        # The golden run uses the real model: the recipe must give it bit for bit.
+    if recipe is not None and real is not None:
+        # Whenever the importer holds the real model (always for cpu, whose golden run uses
+        # it), the recipe must give its tensors bit for bit, or the tensors are stored in full.
         replayed = kf_params.replay(recipe[0], INIT_SEED)
         want = [v for v, (_, target, _) in zip(values, slots) if target is not None]
         if len(replayed) != len(want) or not all(torch.equal(x, y.detach()) for x, y in zip(replayed, want)):
@@ -721,17 +735,21 @@ def main(argv=None):
     ap.add_argument("--size", action="append", help="override a size constant: backend:NAME=VALUE")
     ap.add_argument("--skip-fresh", action="store_true", help="skip tasks whose artifact is newer than the file")
     ap.add_argument("--max-memory-gb", type=float, default=None,
-                    help="memory budget of one task's cpu golden run (default: half of MemAvailable at start)")
+                    help="memory budget of one task's cpu golden run (default: half of MemAvailable at start, shared by --jobs)")
     ap.add_argument("--mode", choices=("train", "eval"), default=None,
                     help="mode of problems that do not set KF_MODE (default: train, as nn.Module starts); "
                          "recorded in task.json")
     ap.add_argument("--params", choices=("compact", "full"), default="compact",
                     help="compact: store the parameters' init recipe where it reproduces them (default); "
                          "full: store every tensor")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="problems imported at once, each in its own worker process (default 1: in this process)")
     args = ap.parse_args(argv)
+    if args.jobs < 1:
+        raise SystemExit(f"import-tasks: --jobs must be >= 1, got {args.jobs}")
     if args.max_memory_gb is not None and not args.max_memory_gb > 0:
         raise SystemExit(f"import-tasks: --max-memory-gb must be > 0, got {args.max_memory_gb}")
-    budget = int(args.max_memory_gb * (1 << 30)) if args.max_memory_gb else kf_memory.mem_available_bytes() // 2
+    budget = int(args.max_memory_gb * (1 << 30)) if args.max_memory_gb else kf_memory.mem_available_bytes() // 2 // args.jobs
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
     for b in backends:
         if b not in ("cpu", "cuda"):
@@ -748,10 +766,9 @@ def main(argv=None):
             return 2
     out_root = Path(args.out)
     out_root.mkdir(parents=True, exist_ok=True)
-    torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
-    warnings.filterwarnings("ignore")  # torch's warnings about problem files are not our one-line report
     failed, done, skipped = 0, 0, 0
     t0 = time.time()
+    todo = []
     for f in files:
         art = out_root / f.stem / "task.json"
         if args.skip_fresh and art.exists() and art.stat().st_mtime >= f.stat().st_mtime:
@@ -762,22 +779,69 @@ def main(argv=None):
                     continue
             except (OSError, ValueError):
                 pass
-        t = time.time()
-        notes = []
-        try:
-            import_file(f, out_root, opts, notes)
-            done += 1
-            print(f"imported {f.stem:40s} {time.time() - t:6.2f}s", flush=True)
-        except KeyboardInterrupt:
-            raise
-        except BaseException as e:
-            failed += 1
-            print(refusal_line(f, e), file=sys.stderr, flush=True)
-        for n in notes:
-            print(" ".join(n.split("\n")), file=sys.stderr, flush=True)
+        todo.append(f)
+
+    def report(result):
+        nonlocal done, failed
+        ok, out_line, err_lines = result
+        done += ok
+        failed += not ok
+        if out_line:
+            print(out_line, flush=True)
+        for line in err_lines:
+            print(line, file=sys.stderr, flush=True)
+
+    if args.jobs <= 1:
+        quiet_torch(os.cpu_count() or 1)
+        for f in todo:
+            report(import_one(f, out_root, opts))
+    else:
+        # Worker processes (spawned: torch's thread pools do not survive fork). A worker the
+        # kernel kills (out of memory) costs its problem one line, not the run.
+        import concurrent.futures as cf
+        import multiprocessing as mp
+        threads = max(1, (os.cpu_count() or 1) // args.jobs)
+        pending = list(todo)
+        while pending:
+            with cf.ProcessPoolExecutor(args.jobs, mp_context=mp.get_context("spawn"),
+                                        initializer=quiet_torch, initargs=(threads,)) as pool:
+                futs = {pool.submit(import_one, f, out_root, opts): f for f in pending}
+                pending = []
+                for fut in cf.as_completed(futs):
+                    f = futs[fut]
+                    try:
+                        report(fut.result())
+                    except cf.process.BrokenProcessPool:
+                        report((False, None, [f"{f}: the importer's worker process died (killed, most likely out of "
+                                              f"memory: lower --max-memory-gb or --jobs); the other problems go on"]))
+                        pending = [g for fu, g in futs.items() if not fu.done()]
+                        break
     print(f"import-tasks: {done} imported, {skipped} up to date, {failed} failed ({time.time() - t0:.1f}s) -> {out_root}",
           flush=True)
     return min(failed, 125)  # the exit status counts the failed problems
+
+
+def quiet_torch(threads: int):
+    """Per process: torch's thread count, and its warnings and log records off (not our one-line report)."""
+    torch.set_num_threads(max(1, min(4, threads)))
+    warnings.filterwarnings("ignore")
+    logging.disable(logging.WARNING)
+
+
+def import_one(f: Path, out_root: Path, opts: Options):
+    """Imports one file; returns (ok, stdout line, stderr lines). Never raises."""
+    t = time.time()
+    notes, ok, out_line, err = [], True, None, []
+    try:
+        import_file(f, out_root, opts, notes)
+        out_line = f"imported {f.stem:40s} {time.time() - t:6.2f}s"
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:
+        ok = False
+        err.append(refusal_line(f, e))
+    err += [" ".join(n.split("\n")) for n in notes]
+    return ok, out_line, err
 
 
 if __name__ == "__main__":

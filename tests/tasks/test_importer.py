@@ -134,7 +134,9 @@ class ImporterTest(unittest.TestCase):
 
     def test_every_bad_file_is_rejected_with_its_reason(self):
         r = self.bad_result
-        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertEqual(r.returncode, len(BAD), r.stdout + r.stderr)  # the exit status counts failures
+        self.assertNotIn("Traceback", r.stderr)
+        self.assertEqual(len(r.stderr.strip().splitlines()), len(BAD), r.stderr)  # one line each
         lines = r.stderr.splitlines()
         for name, (_, reason) in BAD.items():
             with self.subTest(name=name):
@@ -154,12 +156,16 @@ class ImporterTest(unittest.TestCase):
         meta = json.loads((out / "42_Matmul_Scale_Softmax" / "task.json").read_text())
         self.assertEqual(meta["level"], 2)
         self.assertEqual(meta["mode"], "train")  # nn.Module's own default
+        self.assertEqual(meta["mode_source"], "default")
         cpu = meta["backends"]["cpu"]
         self.assertEqual(cpu["inputs"][0]["shape"], [32, 64])
         self.assertEqual([p["name"] for p in cpu["params"]], ["linear.weight", "linear.bias"])
         self.assertEqual(cpu["outputs"][0]["shape"], [32, 48])
         self.assertEqual(meta["degenerate"], [])
-        for f in ("cpu.graph.json", "cpu.inputs.json", "cpu.params.safetensors", "cpu.golden.safetensors"):
+        # Default-init parameters are stored as the init recipe, not as tensors.
+        self.assertEqual(cpu["params_storage"], {"recipe": 2, "file": 0, "init": "cpu.init.json"})
+        self.assertFalse((out / "42_Matmul_Scale_Softmax" / "cpu.params.safetensors").exists())
+        for f in ("cpu.graph.json", "cpu.inputs.json", "cpu.init.json", "cpu.golden.safetensors"):
             self.assertTrue((out / "42_Matmul_Scale_Softmax" / f).exists(), f)
 
     def test_size_override_and_cuda_size_import_without_gpu(self):
@@ -184,14 +190,16 @@ class ImporterTest(unittest.TestCase):
         r = run_import([d], self.root / "huge_out")
         self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
         self.assertNotIn("Traceback", r.stderr)
-        self.assertIn("task huge_input needs an estimated", r.stderr)
-        self.assertIn(str(6 * 80 * 2**30) + " bytes", r.stderr)  # 3 copies of the input, 3 of the output
-        self.assertIn("inputs " + str(80 * 2**30) + " bytes", r.stderr)
+        self.assertIn("huge_input.py [cpu]: the cpu golden run needs an estimated", r.stderr)
+        # 3 copies of the input, the output kept, the forward's own peak (its output)
+        self.assertIn(str(5 * 80 * 2**30) + " bytes", r.stderr)
+        self.assertIn("inputs " + str(80 * 2**30), r.stderr)
+        self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
         self.assertFalse((self.root / "huge_out" / "huge_input").exists())
         # A small limit refuses a small task too; the limit itself is validated.
-        r = run_import([self.root / "level2"], self.root / "small_out", "--max-memory-gb", "0.00001")
+        r = run_import([self.root / "level2"], self.root / "small_out", "--max-memory-gb", "0.0000001")
         self.assertEqual(r.returncode, 1, r.stderr)
-        self.assertIn("task 42_Matmul_Scale_Softmax needs an estimated", r.stderr)
+        self.assertIn("42_Matmul_Scale_Softmax.py [cpu]: the cpu golden run needs an estimated", r.stderr)
         r = run_import([self.root / "level2"], self.root / "small_out", "--max-memory-gb", "-1")
         self.assertNotEqual(r.returncode, 0)
         self.assertIn("--max-memory-gb", r.stderr)
