@@ -1,9 +1,12 @@
 #include "kf/learner/export.h"
 
+#include <limits.h>
+#include <stdlib.h>
 #include <sys/stat.h>
 
 #include <nlohmann/json.hpp>
 
+#include "kf/common/config.h"
 #include "kf/common/error.h"
 #include "kf/common/log.h"
 #include "kf/common/run_dir.h"
@@ -15,6 +18,44 @@ namespace {
 bool exists(const std::string& p) {
   struct stat st {};
   return ::stat(p.c_str(), &st) == 0;
+}
+
+std::string parent(const std::string& p) {
+  std::string s = p;
+  while (s.size() > 1 && s.back() == '/') s.pop_back();
+  const auto slash = s.rfind('/');
+  return slash == std::string::npos ? "." : slash == 0 ? "/" : s.substr(0, slash);
+}
+
+// Where the starting model's tokenizer_config.json is: the checkpoint's own copy, else
+// --base-model, else the folder the run's config.yaml names in learner.policy (the run
+// folder is the checkpoint's grandparent: runs/<name>/checkpoints/step-N). "" if none.
+std::string tokenizer_files_dir(const std::string& ckpt_path, const std::string& base_model) {
+  if (exists(ckpt_path + "/tokenizer_config.json")) return ckpt_path;
+  char buf[PATH_MAX];
+  const std::string ckpt = ::realpath(ckpt_path.c_str(), buf) ? std::string(buf) : ckpt_path;
+  if (!base_model.empty()) {
+    if (!exists(base_model + "/tokenizer_config.json"))
+      throw Error("export: --base-model " + base_model + ": no tokenizer_config.json there");
+    return base_model;
+  }
+  const std::string run_config = parent(parent(ckpt)) + "/config.yaml";
+  if (!exists(run_config)) return "";
+  std::string policy;
+  try {
+    policy = Config::load(run_config).get_string("learner.policy");
+  } catch (const Error& e) {
+    log_warn("export: cannot read learner.policy from ", run_config, " (", e.what(),
+             "); the export gets a plain tokenizer_config.json");
+    return "";
+  }
+  if (policy.empty()) return "";  // a random-init run: no starting model
+  if (!exists(policy + "/tokenizer_config.json")) {
+    log_warn("export: the run started from ", policy, " (", run_config, " learner.policy), which has no ",
+             "tokenizer_config.json now; the export gets a plain one (pass --base-model to name the folder)");
+    return "";
+  }
+  return policy;
 }
 }  // namespace
 
@@ -61,10 +102,30 @@ std::string export_checkpoint(const std::string& checkpoint, const std::string& 
     else gen["eos_token_id"] = cfg.eos_token_ids;
   }
   write_file_atomic(out_dir + "/generation_config.json", gen.dump(2) + "\n");
-  if (p.tokenizer && !exists(out_dir + "/tokenizer_config.json")) {
-    nlohmann::json tc = {{"tokenizer_class", "PreTrainedTokenizerFast"},
-                         {"model_max_length", cfg.max_position_embeddings}};
-    write_file_atomic(out_dir + "/tokenizer_config.json", tc.dump(2) + "\n");
+  if (p.tokenizer) {
+    // The tokenizer files of the model the run started from: its chat template and named
+    // special tokens (eos/pad/bos), so the export renders prompts as the run did.
+    const std::string base = tokenizer_files_dir(ckpt, opt.base_model);
+    if (!base.empty()) {
+      nlohmann::json tc;
+      try {
+        tc = nlohmann::json::parse(read_file(base + "/tokenizer_config.json"));
+      } catch (const nlohmann::json::exception& e) {
+        throw Error("export: " + base + "/tokenizer_config.json: not valid JSON: " + e.what());
+      }
+      if (!tc.is_object()) throw Error("export: " + base + "/tokenizer_config.json: must be a JSON object");
+      write_file_atomic(out_dir + "/tokenizer_config.json", tc.dump(2) + "\n");
+      for (const char* f : {"chat_template.jinja", "special_tokens_map.json"})
+        if (exists(base + "/" + f)) write_file_atomic(out_dir + "/" + f, read_file(base + "/" + f));
+      const bool chat = tc.contains("chat_template") || exists(base + "/chat_template.jinja");
+      log_info("export: tokenizer_config.json", chat ? " with its chat template" : " (no chat template)", " from ", base);
+    } else {
+      nlohmann::json tc = {{"tokenizer_class", "PreTrainedTokenizerFast"},
+                           {"model_max_length", cfg.max_position_embeddings}};
+      write_file_atomic(out_dir + "/tokenizer_config.json", tc.dump(2) + "\n");
+      log_info("export: no tokenizer_config.json in ", ckpt, ", --base-model or the run's learner.policy: wrote a ",
+               "plain one (no chat template, no named special tokens)");
+    }
   }
   log_info("export: ", ckpt, " -> ", out_dir, " (", opt.dtype, ")");
   return ckpt;

@@ -15,6 +15,9 @@ int main(int argc, char** argv) {
   app.add_option("--dtype", opt.dtype, "float32 or bfloat16")->check(CLI::IsMember({"float32", "bfloat16"}));
   app.add_option("--temperature", opt.temperature, "generation_config.json temperature");
   app.add_option("--top-p", opt.top_p, "generation_config.json top_p");
+  app.add_option("--base-model", opt.base_model,
+                 "model folder the run started from (its tokenizer_config.json / chat template); "
+                 "default: the checkpoint's copy, else the run's learner.policy");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

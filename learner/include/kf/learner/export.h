@@ -1,6 +1,8 @@
 // Export: a learner checkpoint -> an HF-format folder that transformers loads
 // (config.json, model.safetensors, tokenizer.json when the checkpoint has one,
-// generation_config.json). Used by tools/export.
+// generation_config.json, and the starting model's tokenizer_config.json with its chat
+// template and named special tokens, chat_template.jinja and special_tokens_map.json).
+// Used by tools/export.
 // Plain function; any thread.
 #pragma once
 #include <string>
@@ -12,6 +14,10 @@ struct ExportOptions {
   double temperature = 1.0;       // generation_config.json sampling defaults
   double top_p = 1.0;
   int64_t max_new_tokens = 2048;
+  // The model folder the run started from, for its tokenizer_config.json (chat template,
+  // eos/pad/bos tokens), chat_template.jinja and special_tokens_map.json. Empty: the
+  // checkpoint's own copies, else the folder the run's config.yaml names in learner.policy.
+  std::string base_model;
 };
 
 // `checkpoint` is a checkpoint folder, a run's checkpoints/ folder or a run folder (then
