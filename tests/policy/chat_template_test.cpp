@@ -67,6 +67,16 @@ const References& references() {
     ASSERT_TRUE(r_.error.empty()) << r_.error;             \
   } while (0)
 
+// The jinja2 side only (no transformers): what every other test needs.
+bool have_jinja2() { return std::system((python() + " -c 'import jinja2' >/dev/null 2>&1").c_str()) == 0; }
+
+#define REQUIRE_JINJA2() \
+  if (!have_jinja2()) GTEST_SKIP() << "jinja2 is not installed for " << python()
+
+std::string data_dir(const std::string& family) {
+  return source_dir() + "/tests/policy/data/chat_templates/" + family;
+}
+
 const char* kFamilies[] = {"qwen2.5-coder-instruct", "llama-3.2-instruct", "deepseek-coder-instruct",
                            "mistral-nemo-instruct"};
 
@@ -102,7 +112,7 @@ TEST(ChatTemplateTest, EqualsTransformersOnFourModelFamilies) {
 }
 
 TEST(ChatTemplateTest, ChatTemplateJinjaWinsOverTokenizerConfig) {
-  REQUIRE_REFERENCES();
+  REQUIRE_JINJA2();
   TempDir d;
   write_file(d.path + "/tokenizer_config.json", R"({"chat_template": "CONFIG {{ messages[0].content }}"})");
   auto a = ChatTemplate::load(d.path);
@@ -117,7 +127,7 @@ TEST(ChatTemplateTest, ChatTemplateJinjaWinsOverTokenizerConfig) {
 }
 
 TEST(ChatTemplateTest, NamedTemplateListUsesDefault) {
-  REQUIRE_REFERENCES();
+  REQUIRE_JINJA2();
   TempDir d;
   write_file(d.path + "/tokenizer_config.json",
              R"({"chat_template": [{"name": "tool_use", "template": "T"}, {"name": "default", "template": "D{{ messages[0].content }}"}]})");
@@ -137,7 +147,7 @@ TEST(ChatTemplateTest, NoTemplateIsRawText) {
 }
 
 TEST(ChatTemplateTest, RefusesTemplateThatRewritesContent) {
-  REQUIRE_REFERENCES();
+  REQUIRE_JINJA2();
   // Qwen3-style: the text after </think> only. The sentinel layout cannot be exact: refused.
   TempDir d;
   write_file(d.path + "/chat_template.jinja",
@@ -155,7 +165,7 @@ TEST(ChatTemplateTest, RefusesTemplateThatRewritesContent) {
 }
 
 TEST(ChatTemplateTest, EmptyContentTheTemplateBranchesOnIsAnError) {
-  REQUIRE_REFERENCES();
+  REQUIRE_JINJA2();
   TempDir d;
   write_file(d.path + "/chat_template.jinja",
              "{% for m in messages %}[{{ m.role }}]{% if m.content %}: {{ m.content }}{% endif %}\n{% endfor %}");
@@ -171,9 +181,8 @@ TEST(ChatTemplateTest, EmptyContentTheTemplateBranchesOnIsAnError) {
 }
 
 TEST(ChatTemplateTest, TemplateRaiseNamesTheTemplate) {
-  REQUIRE_REFERENCES();
-  const std::string dir = references().dir->path + "/mistral-nemo-instruct";
-  auto t = ChatTemplate::load(dir);
+  REQUIRE_JINJA2();
+  auto t = ChatTemplate::load(data_dir("mistral-nemo-instruct"));
   ASSERT_TRUE(t);
   try {
     t->render({{"assistant", "a"}, {"assistant", "b"}});
@@ -185,7 +194,7 @@ TEST(ChatTemplateTest, TemplateRaiseNamesTheTemplate) {
 }
 
 TEST(ChatTemplateTest, BrokenTemplateFailsAtLoadNamingTheFile) {
-  REQUIRE_REFERENCES();
+  REQUIRE_JINJA2();
   TempDir d;
   write_file(d.path + "/tokenizer_config.json", R"({"chat_template": "{% for m in messages %}{{ m.content }"})");
   try {
@@ -210,16 +219,20 @@ TEST(ChatTemplateTest, PythonStripSemantics) {
 }
 
 TEST(ChatTemplateTest, RenderPromptToolPrintsAndFails) {
-  REQUIRE_REFERENCES();
+  REQUIRE_JINJA2();
   const std::string tool = source_dir() + "/tools/render-prompt";
-  const std::string dir = references().dir->path + "/qwen2.5-coder-instruct";
-  const auto expected = json::parse(read_file(dir + "/expected.json"));
+  const std::string dir = data_dir("qwen2.5-coder-instruct");
   TempDir d;
   const std::string msgs = d.path + "/m.json";
-  write_file(msgs, expected[2]["messages"].dump());
+  // The tool prints what ChatTemplate renders (equal to transformers: the test above).
+  const std::vector<ChatMessage> conv = {{"system", "sys"}, {"user", "u1"}, {"assistant", "a1"}, {"user", " u2\n"}};
+  json j = json::array();
+  for (const auto& m : conv) j.push_back({{"role", m.role}, {"content", m.content}});
+  write_file(msgs, j.dump());
   std::string out;
   ASSERT_EQ(run(tool + " --model " + dir + " --messages " + msgs + " 2>/dev/null", &out), 0) << out;
-  EXPECT_EQ(out, expected[2]["text"].get<std::string>());
+  EXPECT_EQ(out, ChatTemplate::load(dir)->render(conv));
+  EXPECT_NE(out.find("<|im_start|>assistant\na1<|im_end|>\n<|im_start|>user\n u2\n<|im_end|>"), std::string::npos) << out;
 
   write_file(msgs, R"([{"role": "user", "content": "a"}, {"role": "user"}])");
   ASSERT_EQ(run(tool + " --model " + dir + " --messages " + msgs, &out), 1) << out;
