@@ -444,7 +444,10 @@ def abi_slots(a, bwhere):
             abi_role = "buffer" if role == "constant" else role
             name = target if role != "constant" else "constant." + target
             graph_inputs.append({"placeholder": ph, "kind": "param", "index": len(slots)})
-            slots.append((spec_of(t, name, abi_role), None if role == "constant" else target, t.detach()))
+            # A constant that is a plain tensor attribute of the model (self.h = torch.randn(...))
+            # comes from the init recipe too; one made inside forward has no path (None).
+            path = target if role != "constant" or kf_params.resolve(a.model, target) is not None else None
+            slots.append((spec_of(t, name, abi_role), path, t.detach()))
     return graph_inputs, input_specs, slots
 
 
@@ -512,16 +515,12 @@ def import_backend(mod, a, backend: str, opts: Options, bwhere: str, out: Path):
             raise ImportProblem(f"{bwhere}: its parameters ({a.par_bytes} bytes, {kf_memory.gib(a.par_bytes)}) must be "
                                 f"stored in full ({recipe_note}) and exceed the budget of {opts.budget} bytes (--max-memory-gb)")
         real = build_model(mod, "cpu", a.mode)
-    real_state = {}
-    if real is not None:
-        real_state = dict(real.named_parameters())
-        real_state.update(dict(real.named_buffers()))
     values = []
     for spec, target, t in slots:
         if target is None:
             values.append(t)  # a constant lifted from forward: the analysed model's export holds its value
         else:
-            values.append(real_state.get(target) if real is not None else None)
+            values.append(kf_params.resolve(real, target) if real is not None else None)
     if recipe is not None and real is not None:
         # Whenever the importer holds the real model (always for cpu, whose golden run uses
         # it), the recipe must give its tensors bit for bit, or the tensors are stored in full.

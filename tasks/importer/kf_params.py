@@ -14,6 +14,7 @@ the tracer cannot follow, a recipe whose replay differs from the real model) is 
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import struct
 from pathlib import Path
@@ -42,6 +43,29 @@ def resolve(model: torch.nn.Module, target: str):
     return obj if isinstance(obj, torch.Tensor) else None
 
 
+@contextlib.contextmanager
+def deepcopy_as_clone():
+    """copy.deepcopy of a tensor as a traced aten.clone. nn.TransformerEncoder (and any
+    module built by deep-copying a layer) copies its tensors' storage, which fake tensors
+    do not have; a clone copies the same values and the recipe records it."""
+    saved = torch.Tensor.__deepcopy__, torch.nn.Parameter.__deepcopy__
+
+    def clone_copy(self, memo):
+        if id(self) in memo:
+            return memo[id(self)]
+        with torch.no_grad():
+            c = self.detach().clone()
+        if isinstance(self, torch.nn.Parameter):
+            c = torch.nn.Parameter(c, requires_grad=self.requires_grad)
+        memo[id(self)] = c
+        return c
+    torch.Tensor.__deepcopy__ = torch.nn.Parameter.__deepcopy__ = clone_copy
+    try:
+        yield
+    finally:
+        torch.Tensor.__deepcopy__, torch.nn.Parameter.__deepcopy__ = saved
+
+
 def trace_init(build, targets: list[str | None]):
     """make_fx of `build()` (which must seed nothing itself) on fake tensors.
 
@@ -59,7 +83,8 @@ def trace_init(build, targets: list[str | None]):
             outs.append(v.detach())
         return outs
     try:
-        return make_fx(init_fn, tracing_mode="fake")()
+        with deepcopy_as_clone():
+            return make_fx(init_fn, tracing_mode="fake")()
     except RecipeUnavailable:
         raise
     except Exception as e:
