@@ -111,7 +111,7 @@ const std::vector<ConfigKey>& config_schema() {
       {"evaluator.cpu_threads", T::Int, "0", false, {}, "CPU threads for reference and kernel (0: all)"},
       {"evaluator.memory_limit_gb", T::Float, "8", false, {}, "resident memory of a sandbox worker beyond its tensors"},
       {"evaluator.cache_limit_gb", T::Float, "2", false, {}, "CUDA: free the allocator cache after a candidate above this (0: never)"},
-      {"evaluator.train_on_degenerate_tasks", T::Bool, "true", false, {}, "results of tasks flagged degenerate still go to the learner (they get no speed reward either way); false leaves them out"},
+      {"evaluator.train_on_degenerate_tasks", T::Bool, "false", false, {}, "results of tasks flagged degenerate still go to the learner (they get no speed reward either way; default: left out)"},
       {"evaluator.gpu_memory_fraction", T::Float, "0.7", false, {}, "CUDA: share of GPU memory that verifications on it may claim (0: no claims)"},
       {"evaluator.gpu_lock", T::Bool, "true", false, {}, "hold the exclusive GPU timing lock per timed trial"},
       {"evaluator.reward.kind", T::String, "cuda_l1", false, {"cuda_l1", "speedup", "log_speedup"}, "reward of an ok result"},

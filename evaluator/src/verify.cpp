@@ -910,8 +910,7 @@ struct Session {
       // "Constant" looks within each output; a scalar (a loss) says nothing that way, and
       // is judged by the comparison across sets alone.
       // Constant on both sets, not on one: a single set whose output happens to be flat
-      // says nothing about the task (and in launched runs one set's reference was seen
-      // flat while the others were not; it excluded a whole task from training).
+      // says nothing about the task, and the flag excludes the whole task from training.
       bool indep = refs_close(r, first_r), any_tensor = false, constant = true, constant0 = true;
       for (size_t k = 0; k < r.size(); ++k) {
         if (r[k].numel() <= 1) continue;
