@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -47,6 +49,17 @@ RunDir RunDir::open(const std::string& path) {
   if (!run.path_.empty() && run.path_.back() == '/') run.path_.pop_back();
   run.name_ = fs::path(run.path_).filename().string();
   return run;
+}
+
+std::string RunDir::shm_key() const {
+  std::error_code ec;
+  fs::path abs = fs::weakly_canonical(fs::absolute(path_, ec), ec);
+  if (ec) abs = fs::absolute(path_).lexically_normal();
+  uint64_t h = 0xcbf29ce484222325ULL;  // FNV-1a
+  for (unsigned char c : abs.string()) h = (h ^ c) * 0x100000001b3ULL;
+  char hex[9];
+  std::snprintf(hex, sizeof hex, "%08x", static_cast<unsigned>(h ^ (h >> 32)));
+  return name_ + "-" + hex;
 }
 
 std::string RunDir::log_file(const std::string& role, int id) const {

@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <filesystem>
 
 #include "kf/common/error.h"
@@ -34,6 +35,28 @@ TEST(RunDirTest, OpenNeedsAConfigSnapshot) {
   kf::write_file_atomic(a.path() + "/config.yaml", "run:\n  name: r\n");
   EXPECT_EQ(kf::RunDir::open(a.path()).name(), "r");
   EXPECT_THROW(kf::RunDir::create(root, "bad/name"), kf::Error);
+  fs::remove_all(root);
+}
+
+// Two runs of the same name under different roots must not share shared-memory segments;
+// one folder, however it is spelled (relative, trailing slash, via a symlink), is one key.
+TEST(RunDirTest, SharedMemoryKeyFollowsTheFolderNotJustTheName) {
+  const std::string root = temp_root();
+  kf::RunDir a = kf::RunDir::create(root + "/one", "exp");
+  kf::RunDir b = kf::RunDir::create(root + "/two", "exp");
+  EXPECT_EQ(a.name(), b.name());
+  EXPECT_NE(a.shm_key(), b.shm_key());
+  EXPECT_EQ(a.shm_key().rfind("exp-", 0), 0u) << a.shm_key();
+  EXPECT_EQ(a.shm_key().size(), std::string("exp-").size() + 8) << a.shm_key();
+  for (char c : a.shm_key()) EXPECT_TRUE(std::isalnum(static_cast<unsigned char>(c)) || c == '-') << a.shm_key();
+  kf::write_file_atomic(a.path() + "/config.yaml", "run:\n  name: exp\n");
+  EXPECT_EQ(kf::RunDir::open(a.path() + "/").shm_key(), a.shm_key());
+  fs::create_directory_symlink(root + "/one", root + "/link");
+  EXPECT_EQ(kf::RunDir::open(root + "/link/exp").shm_key(), a.shm_key());
+  const fs::path cwd = fs::current_path();
+  fs::current_path(root);
+  EXPECT_EQ(kf::RunDir::open("one/exp").shm_key(), a.shm_key());
+  fs::current_path(cwd);
   fs::remove_all(root);
 }
 

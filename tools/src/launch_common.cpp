@@ -122,20 +122,20 @@ void check_run_name(const std::string& name, const std::string& key) {
                 "with '.')");
 }
 
-std::vector<std::string> remove_dead_run_shm(const std::string& name, bool lock_too) {
-  const std::string ctl = replay::RunShm::segment_name(name, "ctl");
+std::vector<std::string> remove_dead_run_shm(const std::string& key, bool lock_too) {
+  const std::string ctl = replay::RunShm::segment_name(key, "ctl");
   if (replay::ShmSegment::probe(ctl) == replay::SegmentState::Live) {
     int32_t pid = 0;
     try {
       pid = replay::ControlBlock::attach(ctl, std::chrono::milliseconds(200)).segment().header()->creator_pid;
     } catch (const std::exception&) {
     }
-    throw Error("run '" + name + "': its launcher" + (pid > 0 ? " (pid " + std::to_string(pid) + ")" : std::string()) +
+    throw Error("run '" + key + "': its launcher" + (pid > 0 ? " (pid " + std::to_string(pid) + ")" : std::string()) +
                 " is alive; stop it first (Ctrl-C, or SIGTERM to that pid)");
   }
-  // kf.<name>.<part> where <part> has no '.': run "a" never takes run "a.b"'s segments.
+  // kf.<key>.<part> where <part> has no '.': run "a" never takes run "a.b"'s segments.
   std::vector<std::string> removed;
-  const std::string prefix = "kf." + name + ".";
+  const std::string prefix = "kf." + key + ".";
   for (const auto& n : list_names("/dev/shm")) {
     if (n.rfind(prefix, 0) != 0 || n.find('.', prefix.size()) != std::string::npos) continue;
     if (!lock_too && n == prefix + "lock") continue;

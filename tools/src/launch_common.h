@@ -38,15 +38,16 @@ void save_launch_state(const RunDir& run, const RunMonitor& monitor, double elap
 std::size_t merge_saved_kernels(replay::RunShm& shm, const RunDir& run);
 
 // The run name as tools/launch accepts it: 1..100 characters of [A-Za-z0-9._-], not
-// starting with '.' (it names the run folder and the shared memory kf.<name>.*).
+// starting with '.' (it names the run folder; the shared memory is kf.<RunDir::shm_key()>.*).
 // Throws kf::Error naming `key`.
 void check_run_name(const std::string& name, const std::string& key);
 
-// Shared memory of run `name` (/dev/shm/kf.<name>.<part>, the creation lock included)
+// Shared memory of the run whose RunDir::shm_key() is `key` (/dev/shm/kf.<key>.<part>,
+// the creation lock included)
 // whose launcher is gone: removed; returns the paths removed (empty: none was there).
 // Throws kf::Error naming the pid when the run's launcher is still alive.
 // lock_too: also the creation lock file (tools/launch --clean; not while starting a run).
-std::vector<std::string> remove_dead_run_shm(const std::string& name, bool lock_too);
+std::vector<std::string> remove_dead_run_shm(const std::string& key, bool lock_too);
 
 // Scratch folders: each evaluator gets TMPDIR=<run>/tmp/evaluator-<id> (the sandbox
 // makes its kf-sandbox-* folders there). Its worker runs as `nobody`, so every folder

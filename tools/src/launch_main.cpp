@@ -54,9 +54,13 @@ int clean_run(const std::string& arg) {
   const std::string name = base_name(arg);
   try {
     kf::launch::check_run_name(name, "--clean");
-    const auto removed = kf::launch::remove_dead_run_shm(name, /*lock_too=*/true);
-    std::size_t scratch = 0;
-    if (is_dir(folder)) scratch = kf::launch::clear_scratch(kf::RunDir::open(folder));
+    // The shared memory is named after the folder's path (RunDir::shm_key), so the folder
+    // must be there.
+    if (!is_dir(folder))
+      throw kf::Error(folder + ": not a run folder (no config.yaml); --clean takes a run folder, or the name of one under runs/");
+    const kf::RunDir run = kf::RunDir::open(folder);
+    const auto removed = kf::launch::remove_dead_run_shm(run.shm_key(), /*lock_too=*/true);
+    const std::size_t scratch = kf::launch::clear_scratch(run);
     std::string list;
     for (const auto& p : removed) list += "\n  " + p;
     if (removed.empty() && scratch == 0)
@@ -64,7 +68,7 @@ int clean_run(const std::string& arg) {
     else
       std::printf("run %s: removed %zu shared-memory file(s)%s\nand %zu sandbox scratch folder(s)%s\n", name.c_str(),
                   removed.size(), list.c_str(), scratch,
-                  is_dir(folder) ? (" under " + kf::launch::scratch_root(kf::RunDir::open(folder))).c_str() : "");
+                  (" under " + kf::launch::scratch_root(run)).c_str());
     return 0;
   } catch (const std::exception& e) {
     kf::log_error("--clean ", arg, ": ", e.what(), "; nothing was removed");

@@ -188,7 +188,7 @@ struct Launcher::Impl {
 
 void Launcher::Impl::plan_workers() {
   const std::string config = run.path() + "/config.yaml";
-  const std::string name = run.name();
+  const std::string name = run.shm_key();  // what the workers attach to
   const int gpus = backend == tasks::Backend::CUDA ? cuda_device_count() : 0;
   int evaluators = static_cast<int>(cfg.get_int("launch.evaluators"));
   if (evaluators == 0) evaluators = gpus > 0 ? gpus : 1;
@@ -498,14 +498,14 @@ Launcher::Launcher(const Config& cfg, const RunDir& run, const LaunchOptions& op
   // Shared memory a launcher of this run left when it died: the candidates still queued
   // or in an evaluator's hands there are counted lost, one log line each (their groups
   // died with it), then it is removed (a live one makes RunShm::create refuse).
-  if (replay::RunShm::probe(run.name()) == replay::SegmentState::Stale) {
+  if (replay::RunShm::probe(run.shm_key()) == replay::SegmentState::Stale) {
     try {
-      const replay::Salvage sv = replay::salvage_or_count(run.name(), run.path());
+      const replay::Salvage sv = replay::salvage_or_count(run.shm_key(), run.path());
       if (sv.found) log_ledger(sv.ledger, "the dead launcher's session");
     } catch (const std::exception& e) {
       log_warn("launch: run ", run.name(), ": could not count the candidates its dead launcher left: ", e.what());
     }
-    const auto removed = remove_dead_run_shm(run.name(), /*lock_too=*/false);
+    const auto removed = remove_dead_run_shm(run.shm_key(), /*lock_too=*/false);
     std::string list;
     for (const auto& p : removed) list += (list.empty() ? "" : ", ") + p;
     log_warn("launch: run ", run.name(), ": removed the shared memory its dead launcher left (", list, ")");
@@ -516,7 +516,7 @@ Launcher::Launcher(const Config& cfg, const RunDir& run, const LaunchOptions& op
   if (const std::size_t n = clear_scratch(run))
     log_warn("launch: removed ", n, " scratch folder(s) of sandbox workers left by an earlier launcher of this run");
   m.plan_workers();  // checks the binaries before shared memory exists
-  m.shm = replay::RunShm::create(run.name(), replay::run_shm_config(cfg));
+  m.shm = replay::RunShm::create(run.shm_key(), replay::run_shm_config(cfg));
   if (opts.resumed) {
     m.elapsed_base = load_launch_state(run, m.monitor);
     // kernels/kernel_db.json may be newer than the checkpoint the learner resumes from:

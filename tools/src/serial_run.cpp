@@ -21,12 +21,12 @@ namespace kf::launch {
 int run_serial(const Config& cfg, const RunDir& run, const LaunchOptions& opts) {
   using Clock = std::chrono::steady_clock;
   const auto backend = tasks::resolve_backend(cfg.get_string("run.backend"));
-  if (replay::RunShm::probe(run.name()) == replay::SegmentState::Stale) {
+  if (replay::RunShm::probe(run.shm_key()) == replay::SegmentState::Stale) {
     std::string list;
-    for (const auto& p : remove_dead_run_shm(run.name(), /*lock_too=*/false)) list += (list.empty() ? "" : ", ") + p;
+    for (const auto& p : remove_dead_run_shm(run.shm_key(), /*lock_too=*/false)) list += (list.empty() ? "" : ", ") + p;
     log_warn("launch: run ", run.name(), ": removed the shared memory its dead launcher left (", list, ")");
   }
-  auto shm = replay::RunShm::create(run.name(), replay::run_shm_config(cfg));
+  auto shm = replay::RunShm::create(run.shm_key(), replay::run_shm_config(cfg));
   auto& ctl = shm->control();
   RunMonitor monitor(static_cast<std::size_t>(cfg.get_int("launch.stats_window")));
   const double elapsed_base = opts.resumed ? load_launch_state(run, monitor) : 0.0;

@@ -21,6 +21,10 @@ class RunDir {
 
   const std::string& path() const { return path_; }
   const std::string& name() const { return name_; }
+  // Names the run's shared memory (/dev/shm/kf.<key>.<part>): the run name, '-', and 8 hex
+  // digits of a hash of the folder's absolute path, so that runs of the same name under
+  // different roots never take each other's segments. Stable across --resume.
+  std::string shm_key() const;
   std::string log_file(const std::string& role, int id) const;
   std::string sub(const std::string& folder) const { return path_ + "/" + folder; }
 
