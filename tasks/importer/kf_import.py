@@ -58,6 +58,7 @@ DROPOUT_OPS = {"dropout", "feature_dropout", "alpha_dropout", "feature_alpha_dro
 
 # How many size settings the cpu backend tries when a foreign problem is over the memory budget.
 MAX_SCALING_TRIES = 40
+MAX_SCALING_SECONDS = 300  # each try re-exports the graph (an LSTM's export alone takes minutes)
 MAX_SHRINK = 8     # a size constant other than a batch is scaled to no less than 1/8 of its value
 
 
@@ -384,7 +385,8 @@ def fit_cpu(mod, defaults, extra, mode, bwhere, budget, own_sizes: bool):
 
     def floor(k):  # a batch may go down to 1; other sizes to an eighth, keeping the problem's character
         return 1 if "batch" in k.lower() else max(1, defaults[k] // MAX_SHRINK)
-    while a.need > budget and tries < MAX_SCALING_TRIES:
+    t0 = time.time()
+    while a.need > budget and tries < MAX_SCALING_TRIES and time.time() - t0 < MAX_SCALING_SECONDS:
         pick = next((k for k in cands if k not in frozen and cur.get(k, defaults[k]) // 2 >= floor(k)), None)
         if pick is None:
             break
@@ -402,7 +404,7 @@ def fit_cpu(mod, defaults, extra, mode, bwhere, budget, own_sizes: bool):
         cur, a = trial, b
     if a.need > budget:
         raise ImportProblem(f"{why}; halving its size constants ({', '.join(cands) or 'none found'}; a batch down to 1, others to 1/{MAX_SHRINK}) "
-                            f"did not bring it under the budget")
+                            f"did not bring it under the budget ({tries} tries, {time.time() - t0:.0f} s)")
     scaled = {k: [defaults[k], v] for k, v in cur.items() if k not in extra}
     a.scaled_from_need = first.need
     return a, scaled
@@ -803,7 +805,7 @@ def main(argv=None):
         pending = list(todo)
         while pending:
             with cf.ProcessPoolExecutor(args.jobs, mp_context=mp.get_context("spawn"),
-                                        initializer=quiet_torch, initargs=(threads,)) as pool:
+                                        initializer=worker_init, initargs=(threads,)) as pool:
                 futs = {pool.submit(import_one, f, out_root, opts): f for f in pending}
                 pending = []
                 for fut in cf.as_completed(futs):
@@ -824,7 +826,18 @@ def quiet_torch(threads: int):
     """Per process: torch's thread count, and its warnings and log records off (not our one-line report)."""
     torch.set_num_threads(max(1, min(4, threads)))
     warnings.filterwarnings("ignore")
-    logging.disable(logging.WARNING)
+    logging.disable(logging.CRITICAL)
+
+
+def worker_init(threads: int):
+    """A worker dies with the importer (Linux PR_SET_PDEATHSIG), so a stopped run leaves none behind."""
+    try:
+        import ctypes
+        import signal
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+    quiet_torch(threads)
 
 
 def import_one(f: Path, out_root: Path, opts: Options):
