@@ -193,6 +193,7 @@ int main(int argc, char** argv) {
     if (!device.empty()) o.device = device;
     if (o.device != "cpu" && o.device.rfind("cuda", 0) != 0) throw kf::Error("--device: '" + o.device + "' (cpu, cuda, cuda:N)");
     o.group_size = n;
+    o.policy_dir = model_dir;  // its chat template (if any) renders the prompts
   } catch (const std::exception& e) {
     return usage_error(std::string("bad configuration: ") + e.what());
   }

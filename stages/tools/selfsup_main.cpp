@@ -71,6 +71,7 @@ int main(int argc, char** argv) {
     at::set_num_threads(threads);
     if (dev.is_cuda()) at::globalContext().setAllowTF32CuBLAS(true);
     auto pol = policy::load_policy(model_dir, dev, torch::kFloat32);
+    o.data.model_dir = model_dir;  // its chat template (if any) renders the prompts
     if (!pol.tokenizer) throw Error(model_dir + ": no tokenizer.json");
     auto corpus = load_corpus(corpus_dir);
     if (!heldout.empty())

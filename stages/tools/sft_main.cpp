@@ -97,6 +97,7 @@ int main(int argc, char** argv) {
       throw Error("--max-new-tokens " + std::to_string(max_new_tokens) + ": must be 0 or below the context (" +
                   std::to_string(context) + " tokens), which the prompt shares with the completion");
     if (!tasks_dir.empty()) dopt.tasks_dir = tasks_dir;
+    dopt.model_dir = init;  // continuing from a folder: its chat template (if any) renders the prompts
     dopt.backends = split_commas(backends);
     dopt.context_tokens = context;
     dopt.max_prompt_tokens = max_new_tokens > 0 ? context - max_new_tokens : 0;

@@ -2,7 +2,8 @@
 // several evaluators (launch.evaluators, or runs side by side) do not run each other out
 // of memory. Verifying one candidate of a GPU-sized task holds tens of GiB (inputs,
 // reference outputs, the sandbox worker's copies); without claims, three evaluators per
-// run on one H200 scored most candidates "out of GPU memory" (docs/operations.md).
+// run on one H200 scored most candidates "out of GPU memory"
+// (docs/results/2026-12-03-h200-focus-runs.md).
 //
 // A claim is a line "pid start_time bytes" in a table file next to the GPU timing lock
 // (kf-gpu<key>.mem), read and rewritten under flock(2). A claim is granted when it fits

@@ -38,6 +38,9 @@ struct SftDataOptions {
   bool no_exemplar_copy = true;     // also one no-exemplar example per kernel (first-round prompts)
   std::string marker = "kernel";
   uint64_t seed = 0;
+  // The policy folder whose chat template renders the prompts, as the actors render them
+  // (policy::ChatTemplate::for_model); empty, or a folder without one: raw text.
+  std::string model_dir;
 };
 
 struct SftExample {
