@@ -489,7 +489,7 @@ static void log_ledger(const replay::QueueLedger& l, const char* whose) {
   log_info("launch: candidates of ", whose, ": created ", l.created, " = scored ", l.scored, " + lost ", l.lost(),
            " (evaluator died ", l.lost_consumer, ", actor died ", l.lost_producer, ", dropped ", l.dropped, ", corrupt ",
            l.corrupt, ", launcher died ", l.lost_run_died, ") + queued ", l.queued, " + in flight ", l.in_flight,
-           "; re-queued after an evaluator's death ", l.requeued, l.balanced() ? "" : " (does not add up: a bug)");
+           "; re-queued (given back by a stopping evaluator, or reclaimed from a dead one) ", l.requeued, l.balanced() ? "" : " (does not add up: a bug)");
 }
 
 Launcher::Launcher(const Config& cfg, const RunDir& run, const LaunchOptions& opts)
