@@ -770,9 +770,12 @@ def main(argv=None):
     failed, done, skipped = 0, 0, 0
     t0 = time.time()
     todo = []
+    # An artifact is fresh when it is newer than its problem file and than the importer
+    # itself (a changed importer may write another format).
+    importer_mtime = max(p.stat().st_mtime for p in Path(__file__).resolve().parent.glob("*.py"))
     for f in files:
         art = out_root / f.stem / "task.json"
-        if args.skip_fresh and art.exists() and art.stat().st_mtime >= f.stat().st_mtime:
+        if args.skip_fresh and art.exists() and art.stat().st_mtime >= max(f.stat().st_mtime, importer_mtime):
             try:
                 have = json.loads(art.read_text()).get("backends", {})
                 if all(b in have for b in backends):

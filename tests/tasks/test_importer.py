@@ -5,6 +5,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 import unittest
 from pathlib import Path
 
@@ -167,6 +168,34 @@ class ImporterTest(unittest.TestCase):
         self.assertFalse((out / "42_Matmul_Scale_Softmax" / "cpu.params.safetensors").exists())
         for f in ("cpu.graph.json", "cpu.inputs.json", "cpu.init.json", "cpu.golden.safetensors"):
             self.assertTrue((out / "42_Matmul_Scale_Softmax" / f).exists(), f)
+
+    def test_skip_fresh_reimports_after_the_importer_changed(self):
+        # A copy of the importer, so that its files' times can be moved without touching the tree.
+        imp = self.root / "importer_copy"
+        imp.mkdir()
+        for f in IMPORTER.parent.glob("*.py"):
+            (imp / f.name).write_bytes(f.read_bytes())
+        out = self.root / "fresh_out"
+        art = out / "42_Matmul_Scale_Softmax" / "task.json"
+
+        def imp_run():
+            return subprocess.run([sys.executable, str(imp / IMPORTER.name), str(self.root / "level2"), "--out", str(out),
+                                   "--skip-fresh"], capture_output=True, text=True, timeout=600)
+        past = time.time() - 3600
+        for f in imp.glob("*.py"):
+            os.utime(f, (past, past))
+        os.utime(self.root / "level2" / "42_Matmul_Scale_Softmax.py", (past, past))
+        r = imp_run()
+        self.assertEqual(r.returncode, 0, r.stderr)
+        first = art.stat().st_mtime_ns
+        r = imp_run()
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(art.stat().st_mtime_ns, first, "a fresh artifact was imported again")
+        future = art.stat().st_mtime + 60
+        os.utime(imp / IMPORTER.name, (future, future))  # the importer changed after the import
+        r = imp_run()
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertNotEqual(art.stat().st_mtime_ns, first, "an artifact older than the importer was kept")
 
     def test_size_override_and_cuda_size_import_without_gpu(self):
         out = self.root / "size_out"
