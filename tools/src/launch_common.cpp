@@ -32,19 +32,6 @@ std::string utc_stamp() {
   return buf;
 }
 
-std::vector<std::string> list_names(const std::string& dir) {
-  std::vector<std::string> out;
-  if (DIR* d = ::opendir(dir.c_str())) {
-    while (dirent* e = ::readdir(d)) {
-      const std::string n = e->d_name;
-      if (n != "." && n != "..") out.push_back(n);
-    }
-    ::closedir(d);
-  }
-  std::sort(out.begin(), out.end());
-  return out;
-}
-
 void remove_tree(const std::string& path) {
   ::nftw(path.c_str(), [](const char* p, const struct stat*, int, struct FTW*) { return ::remove(p); }, 16,
          FTW_DEPTH | FTW_PHYS);
@@ -136,7 +123,7 @@ std::vector<std::string> remove_dead_run_shm(const std::string& key, bool lock_t
   // kf.<key>.<part> where <part> has no '.': run "a" never takes run "a.b"'s segments.
   std::vector<std::string> removed;
   const std::string prefix = "kf." + key + ".";
-  for (const auto& n : list_names("/dev/shm")) {
+  for (const auto& n : list_dir("/dev/shm")) {
     if (n.rfind(prefix, 0) != 0 || n.find('.', prefix.size()) != std::string::npos) continue;
     if (!lock_too && n == prefix + "lock") continue;
     const std::string p = "/dev/shm/" + n;
@@ -157,7 +144,7 @@ std::string scratch_root(const RunDir& run) {
   for (std::size_t i = abs.find('/', 1); ok && i != std::string::npos; i = abs.find('/', i + 1))
     ok = others_can_search(abs.substr(0, i));
   if (ok) return run.path() + "/tmp";
-  return "/tmp/kf-scratch-" + run.name();
+  return "/tmp/kf-scratch-" + run.shm_key();  // one per folder, as the shared memory
 }
 
 std::string scratch_dir(const RunDir& run, const std::string& role, int id) {
@@ -175,7 +162,7 @@ std::string scratch_dir(const RunDir& run, const std::string& role, int id) {
 
 std::size_t clear_dir(const std::string& dir) {
   std::size_t n = 0;
-  for (const auto& name : list_names(dir)) {
+  for (const auto& name : list_dir(dir)) {
     remove_tree(dir + "/" + name);
     ++n;
   }
@@ -185,7 +172,7 @@ std::size_t clear_dir(const std::string& dir) {
 std::size_t clear_scratch(const RunDir& run) {
   const std::string root = scratch_root(run);
   std::size_t n = 0;
-  for (const auto& w : list_names(root)) n += clear_dir(root + "/" + w);
+  for (const auto& w : list_dir(root)) n += clear_dir(root + "/" + w);
   return n;
 }
 

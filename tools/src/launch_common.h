@@ -52,7 +52,7 @@ std::vector<std::string> remove_dead_run_shm(const std::string& key, bool lock_t
 // Scratch folders: each evaluator gets TMPDIR=<run>/tmp/evaluator-<id> (the sandbox
 // makes its kf-sandbox-* folders there). Its worker runs as `nobody`, so every folder
 // on that path must be searchable by others (o+x): scratch_dir() makes the folders with
-// mode 0711 and, if a folder above the run is not o+x, uses /tmp/kf-scratch-<run name>
+// mode 0711 and, if a folder above the run is not o+x, uses /tmp/kf-scratch-<RunDir::shm_key()>
 // instead (logged once). clear_dir() removes what is inside and returns the count.
 std::string scratch_root(const RunDir& run);
 std::string scratch_dir(const RunDir& run, const std::string& role, int id);

@@ -8,6 +8,7 @@
 // Not thread-safe to create; paths may be read from any thread afterwards.
 #pragma once
 #include <string>
+#include <vector>
 
 namespace kf {
 
@@ -37,5 +38,7 @@ class RunDir {
 // so a reader sees the old file or the new one, never half of one.
 void write_file_atomic(const std::string& path, const std::string& contents);
 std::string read_file(const std::string& path);  // throws kf::Error naming the file
+// The entry names of `dir` (no "." or ".."), sorted; empty when it cannot be read.
+std::vector<std::string> list_dir(const std::string& dir);
 
 }  // namespace kf
