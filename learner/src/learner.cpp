@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <set>
+#include <sstream>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <unordered_map>
@@ -411,11 +412,23 @@ std::string Learner::checkpoint() {
     d.state_json = state.dump(1);
     d.model_config_json = impl_->config_json;
     d.tokenizer_json = tokenizer_json_;
-    if (deps_.shm)
-      d.extra = [this](const std::string& dir) {
+    d.extra = [this](const std::string& dir) {
+      if (deps_.shm) {
         deps_.shm->replay().save(dir + "/replay.bin");
         deps_.shm->kernels().save(dir + "/kernel_db.json");
-      };
+      }
+      // The starting model's tokenizer files (chat template, special tokens): an export of
+      // this checkpoint keeps them even when that folder has moved (tools/export prefers them).
+      if (!cfg_.policy.empty())
+        for (const char* f : {"tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json"}) {
+          const std::string from = cfg_.policy + "/" + f;
+          std::ifstream in(from, std::ios::binary);
+          if (!in) continue;
+          std::ostringstream text;
+          text << in.rdbuf();
+          write_file_atomic(dir + "/" + f, text.str());
+        }
+    };
     path = write_checkpoint(deps_.checkpoint_dir, d, cfg_.checkpoint_keep);
     log_info("learner rank 0: checkpoint ", path, " written (step ", step_, ")");
   }

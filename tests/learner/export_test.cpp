@@ -96,7 +96,8 @@ TEST(LearnerExportTest, ExportedFolderLoadsInTransformersWithMatchingLogits) {
   std::printf("%s", lt::read_text(log).c_str());
 
   // The exported folder is a valid initial policy (learner.policy): same weights, and its
-  // tokenizer travels into the next checkpoints.
+  // tokenizer files (chat template included) travel into the next checkpoints.
+  { std::ofstream(out + "/chat_template.jinja") << "{% for m in messages %}{{ m.content }}{% endfor %}"; }
   auto cfg2 = cfg;
   cfg2.policy = out;
   d.checkpoint_dir = tmp.path + "/run2/checkpoints";
@@ -104,4 +105,9 @@ TEST(LearnerExportTest, ExportedFolderLoadsInTransformersWithMatchingLogits) {
   EXPECT_EQ(l2.weights_checksum(), l.weights_checksum());
   const std::string ck = l2.checkpoint();
   EXPECT_EQ(lt::read_text(ck + "/tokenizer.json"), lt::read_text(out + "/tokenizer.json"));
+  for (const char* f : {"tokenizer_config.json", "chat_template.jinja"}) {
+    ASSERT_TRUE(std::ifstream(ck + "/" + f).good()) << f << " was not copied into " << ck;
+    EXPECT_EQ(lt::read_text(ck + "/" + f), lt::read_text(out + "/" + f)) << f;
+  }
+  kf::learner::verify_checkpoint(ck);  // the copies are in its manifest
 }
