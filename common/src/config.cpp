@@ -2,6 +2,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <charconv>
 #include <cmath>
 #include <fstream>
 #include <set>
@@ -92,8 +93,16 @@ std::string validate_value(const ConfigKey& key, const YAML::Node& value, const 
       if (!scalar_as(value, v)) throw fail("expects a number, got '" + YAML::Dump(value) + "'");
       if (!std::isfinite(v)) throw fail("expects a finite number, got '" + YAML::Dump(value) + "'");
       check_range(key, v, YAML::Dump(value), fail);
-      out << v;
-      break;
+      // The shortest text that reads back as the same double: a saved config shows 0.2 as
+      // written, not 0.20000000000000001.
+      char buf[64];
+      const auto r = std::to_chars(buf, buf + sizeof buf, v);
+      std::string text(buf, r.ptr);
+      // A '.' in the mantissa keeps it a float for every YAML reader (PyYAML reads "1e-05"
+      // as a string): 3 -> 3.0, 1e-05 -> 1.0e-05.
+      const std::size_t e = text.find_first_of("eE");
+      if (text.find('.') == std::string::npos) text.insert(e == std::string::npos ? text.size() : e, ".0");
+      return text;
     }
     case ConfigType::Bool: {
       bool v;

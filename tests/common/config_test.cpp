@@ -114,6 +114,23 @@ TEST(ConfigTest, ResolvedYamlRoundTrips) {
   EXPECT_EQ(again.get_int("learner.batch"), 8);
 }
 
+// Numbers are saved as written (the shortest text that reads back as the same double).
+TEST(ConfigTest, ResolvedYamlWritesFloatsAsWritten) {
+  for (const char* v : {"0.2", "1.0e-05", "3.0", "0.1", "123456.789", "2.5e-07", "-0.75"}) {
+    Config c = Config::parse(std::string("learner:\n  batch: 8\n  lr: ") + v + "\n", "x.yaml", {}, test_schema());
+    const std::string y = c.to_yaml();
+    const std::string line = y.substr(y.find("lr: ") + 4, y.find('\n', y.find("lr: ")) - y.find("lr: ") - 4);
+    EXPECT_EQ(std::stod(line), std::stod(v)) << line;
+    EXPECT_LE(line.size(), std::string(v).size() + 1) << v << " saved as " << line;
+    EXPECT_EQ(Config::parse(y, "resolved.yaml", {}, test_schema()).get_float("learner.lr"), std::stod(v)) << line;
+  }
+  Config c = Config::parse("learner:\n  batch: 8\n  lr: 0.2\n", "x.yaml", {}, test_schema());
+  EXPECT_NE(c.to_yaml().find("lr: 0.2\n"), std::string::npos) << c.to_yaml();
+  // Python's YAML reader (tools/report) sees floats, not strings.
+  c = Config::parse("learner:\n  batch: 8\n  lr: 1e-5\n", "x.yaml", {}, test_schema());
+  EXPECT_NE(c.to_yaml().find("lr: 1.0e-05\n"), std::string::npos) << c.to_yaml();
+}
+
 TEST(ConfigTest, ProgramReadingWrongTypeIsAnError) {
   Config c = Config::parse("learner:\n  batch: 8\n", "x.yaml", {}, test_schema());
   EXPECT_THROW(c.get_string("learner.batch"), kf::Error);
