@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <chrono>
 #include <set>
-#include <sstream>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <unordered_map>
@@ -422,11 +421,7 @@ std::string Learner::checkpoint() {
       if (!cfg_.policy.empty())
         for (const char* f : {"tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json"}) {
           const std::string from = cfg_.policy + "/" + f;
-          std::ifstream in(from, std::ios::binary);
-          if (!in) continue;
-          std::ostringstream text;
-          text << in.rdbuf();
-          write_file_atomic(dir + "/" + f, text.str());
+          if (std::ifstream(from).good()) write_file_atomic(dir + "/" + f, read_file(from));
         }
     };
     path = write_checkpoint(deps_.checkpoint_dir, d, cfg_.checkpoint_keep);

@@ -50,6 +50,25 @@ void parse_rope(const json& r, const std::string& ctx, RopeConfig& rope) {
   rope.original_max_position = get_int(r, "original_max_position_embeddings", ctx, false, rope.original_max_position);
 }
 
+// "eos_token_id" of config.json or generation_config.json: absent or null, an integer, or
+// a list of integers.
+std::vector<int64_t> eos_ids(const json& j, const std::string& ctx) {
+  std::vector<int64_t> ids;
+  if (!j.contains("eos_token_id") || j["eos_token_id"].is_null()) return ids;
+  const auto& e = j["eos_token_id"];
+  if (e.is_number_integer()) {
+    ids.push_back(e.get<int64_t>());
+  } else if (e.is_array()) {
+    for (const auto& x : e) {
+      if (!x.is_number_integer()) throw Error(field_ctx(ctx, "eos_token_id") + ": must hold integers");
+      ids.push_back(x.get<int64_t>());
+    }
+  } else {
+    throw Error(field_ctx(ctx, "eos_token_id") + ": must be an integer or a list");
+  }
+  return ids;
+}
+
 }  // namespace
 
 void ModelConfig::validate(const std::string& ctx) const {
@@ -114,16 +133,7 @@ ModelConfig parse_model_config(const std::string& text, const std::string& ctx) 
   }
   if (j.contains("hidden_act") && j["hidden_act"] != "silu")
     throw Error(field_ctx(ctx, "hidden_act") + ": only 'silu' (SwiGLU) is supported");
-  if (j.contains("eos_token_id")) {
-    const auto& e = j["eos_token_id"];
-    if (e.is_number_integer()) c.eos_token_ids.push_back(e.get<int64_t>());
-    else if (e.is_array()) {
-      for (const auto& x : e) {
-        if (!x.is_number_integer()) throw Error(field_ctx(ctx, "eos_token_id") + ": must hold integers");
-        c.eos_token_ids.push_back(x.get<int64_t>());
-      }
-    } else if (!e.is_null()) throw Error(field_ctx(ctx, "eos_token_id") + ": must be an integer or a list");
-  }
+  c.eos_token_ids = eos_ids(j, ctx);
   c.bos_token_id = get_int(j, "bos_token_id", ctx, false, -1);
   for (const char* k : {"dtype", "torch_dtype"})
     if (j.contains(k) && j[k].is_string()) { c.dtype = j[k].get<std::string>(); break; }
@@ -139,20 +149,7 @@ std::vector<int64_t> generation_eos_ids(const std::string& json_text, const std:
     throw Error(ctx + ": not valid JSON: " + e.what());
   }
   if (!j.is_object()) throw Error(ctx + ": must be a JSON object");
-  std::vector<int64_t> ids;
-  if (!j.contains("eos_token_id") || j["eos_token_id"].is_null()) return ids;
-  const auto& e = j["eos_token_id"];
-  if (e.is_number_integer()) {
-    ids.push_back(e.get<int64_t>());
-  } else if (e.is_array()) {
-    for (const auto& x : e) {
-      if (!x.is_number_integer()) throw Error(field_ctx(ctx, "eos_token_id") + ": must hold integers");
-      ids.push_back(x.get<int64_t>());
-    }
-  } else {
-    throw Error(field_ctx(ctx, "eos_token_id") + ": must be an integer or a list");
-  }
-  return ids;
+  return eos_ids(j, ctx);
 }
 
 ModelConfig load_model_config(const std::string& path) {

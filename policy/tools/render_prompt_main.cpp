@@ -9,26 +9,22 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdio>
-#include <fstream>
 #include <iostream>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "kf/common/error.h"
+#include "kf/common/run_dir.h"
 #include "kf/policy/chat_template.h"
 #include "kf/policy/tokenizer.h"
 
 namespace {
 
 std::vector<kf::policy::ChatMessage> read_messages(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw kf::Error(path + ": cannot open");
-  std::stringstream ss;
-  ss << in.rdbuf();
   nlohmann::json j;
+  const std::string text = kf::read_file(path);
   try {
-    j = nlohmann::json::parse(ss.str());
+    j = nlohmann::json::parse(text);
   } catch (const std::exception& e) {
     throw kf::Error(path + ": not valid JSON: " + e.what());
   }

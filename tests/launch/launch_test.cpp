@@ -186,16 +186,10 @@ std::vector<std::string> checkpoints(const std::string& run) {
 
 // The control segment of any run named `run` (its key adds a hash of the folder's path).
 bool shm_exists(const std::string& run) {
-  bool found = false;
-  if (DIR* d = opendir("/dev/shm")) {
-    const std::string prefix = "kf." + run + "-";
-    while (dirent* e = readdir(d)) {
-      const std::string n = e->d_name;
-      found = found || (n.rfind(prefix, 0) == 0 && n.size() > 4 && n.compare(n.size() - 4, 4, ".ctl") == 0);
-    }
-    closedir(d);
-  }
-  return found;
+  const std::string prefix = "kf." + run + "-";
+  for (const auto& n : kf::list_dir("/dev/shm"))
+    if (n.rfind(prefix, 0) == 0 && n.size() > 4 && n.compare(n.size() - 4, 4, ".ctl") == 0) return true;
+  return false;
 }
 
 }  // namespace
