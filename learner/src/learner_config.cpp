@@ -56,6 +56,10 @@ LearnerConfig learner_config_from(const kf::Config& c) {
   l.snapshot_dtype = c.get_string("learner.snapshot.dtype");
   l.checkpoint_every = c.get_int("learner.checkpoint.every");
   l.checkpoint_keep = c.get_int("learner.checkpoint.keep");
+  l.logit_chunk_tokens = c.get_int("learner.logit_chunk_tokens");
+  l.lora_rank = c.get_int("learner.lora.rank");
+  l.lora_alpha = c.get_float("learner.lora.alpha");
+  l.lora_targets = c.get_strings("learner.lora.targets");
   const std::string src = c.source() + ": ";
   require(l.groups_per_step >= 1, src + "learner.groups_per_step", "must be >= 1");
   require(l.min_groups_per_step >= 1 && l.min_groups_per_step <= l.groups_per_step, src + "learner.min_groups_per_step",
@@ -75,6 +79,20 @@ LearnerConfig learner_config_from(const kf::Config& c) {
   require(l.ranks >= 1 && l.ranks <= 64, src + "learner.dist.ranks", "must be in 1..64");
   require(l.bucket_mb >= 1, src + "learner.dist.bucket_mb", "must be >= 1");
   require(l.checkpoint_keep >= 1, src + "learner.checkpoint.keep", "must be >= 1");
+  require(l.logit_chunk_tokens >= 1, src + "learner.logit_chunk_tokens", "must be >= 1");
+  require(l.lora_rank >= 0, src + "learner.lora.rank", "must be >= 0 (0: no LoRA)");
+  require(l.lora_alpha > 0, src + "learner.lora.alpha", "must be > 0");
+  if (l.lora_rank > 0) {
+    require(!l.lora_targets.empty(), src + "learner.lora.targets", "must name at least one projection when learner.lora.rank > 0");
+    for (std::size_t i = 0; i < l.lora_targets.size(); ++i) {
+      const auto& t = l.lora_targets[i];
+      require(t == "q_proj" || t == "k_proj" || t == "v_proj" || t == "o_proj" || t == "gate_proj" || t == "up_proj" ||
+                  t == "down_proj",
+              src + "learner.lora.targets", "'" + t + "' is not a projection (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)");
+      for (std::size_t j = 0; j < i; ++j)
+        require(l.lora_targets[j] != t, src + "learner.lora.targets", "'" + t + "' is listed twice");
+    }
+  }
   return l;
 }
 

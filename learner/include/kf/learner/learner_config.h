@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "kf/common/config.h"
 
@@ -73,6 +74,13 @@ struct LearnerConfig {
   std::string snapshot_dtype = "bf16";
   int64_t checkpoint_every = 100;
   int64_t checkpoint_keep = 3;
+  // Completion positions per chunk of the vocabulary projection + log-softmax.
+  int64_t logit_chunk_tokens = 1024;
+  // LoRA: rank 0 trains every weight; rank > 0 freezes the base and trains adapters on
+  // lora_targets only (snapshots then carry only the adapters).
+  int64_t lora_rank = 0;
+  double lora_alpha = 16.0;
+  std::vector<std::string> lora_targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
 
   bool uses_grpo() const { return objective != Objective::pairwise; }
   bool uses_pairwise() const { return objective != Objective::grpo; }
