@@ -595,6 +595,7 @@ std::unique_ptr<Sandbox> Sandbox::start(const SandboxOptions& opts, const std::v
                              "CUDA_DEVICE_ORDER=PCI_BUS_ID"});
   s.fds = {{I.memfd, proto::kFdShm}, {cmd[0], proto::kFdCmd}, {rep[1], proto::kFdReply}, {lg[1], 1}, {lg[1], 2}};
   s.cwd = I.scratch;
+  if (I.o.adjust_spawn) I.o.adjust_spawn(s);  // the ModelNew worker (sandbox.h)
   try {
     I.pid = spawn_process(s);
   } catch (...) {

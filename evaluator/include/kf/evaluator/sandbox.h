@@ -19,6 +19,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -26,6 +27,8 @@
 #include "kf/kernel.h"
 
 namespace kf::evaluator {
+
+struct SpawnSpec;  // src/process.h
 
 struct TensorLayout {
   int dtype = KF_FLOAT32;        // kf::DType
@@ -49,6 +52,10 @@ struct SandboxOptions {
   // nothing crosses PCIe (falls back to host staging, with a log line, if IPC fails).
   bool device_arena = true;
   bool drop_root = true;
+  // Hook for the ModelNew path (evaluator/modelnew/): changes the worker's spawn (the Python
+  // interpreter in front of argv, its environment, a private filesystem view) just before
+  // it starts. Empty: kf-sandbox-worker as built.
+  std::function<void(SpawnSpec&)> adjust_spawn;
 };
 
 struct CallOutcome {
