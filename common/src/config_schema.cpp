@@ -166,7 +166,7 @@ const std::vector<ConfigKey>& config_schema() {
       {"launch.stats_window", T::Int, "256", false, {}, "results over which correct %, cheat % and speedups are reported"},
       // learner: GRPO / pairwise training of the policy (docs/learner.md)
       {"learner.policy", T::String, "\"\"", false, {}, "initial policy folder (HF format); empty: random init of learner.init_shape"},
-      {"learner.init_shape", T::String, "tiny", false, {"tiny", "qwen2.5-0.5b"}, "model shape for a random init (tests, benchmarks)"},
+      {"learner.init_shape", T::String, "tiny", false, {}, "model shape for a random init: tiny, qwen2.5-0.5b, or the path of an HF config.json (configs/shapes/)"},
       {"learner.steps", T::Int, "0", false, {}, "optimizer steps to run (0: until the run stops)"},
       {"learner.objective", T::String, "grpo", false, {"grpo", "pairwise", "grpo+pairwise"}, "training objective"},
       {"learner.groups_per_step", T::Int, "8", false, {}, "scored groups per optimizer step, summed over ranks"},
@@ -203,6 +203,7 @@ const std::vector<ConfigKey>& config_schema() {
       {"learner.dist.ranks", T::Int, "1", false, {}, "data-parallel learner ranks (one per GPU)"},
       {"learner.dist.comm", T::String, "auto", false, {"auto", "cpu", "nccl"}, "gradient all-reduce: NCCL on GPU, shared memory on CPU"},
       {"learner.dist.bucket_mb", T::Int, "25", false, {}, "gradient all-reduce bucket size (MiB)"},
+      {"learner.dist.shard", T::String, "none", false, {"none", "optimizer"}, "optimizer: each rank keeps fp32 master weights and Adam moments for 1/ranks of the parameters (ZeRO); gradients reduce-scattered, parameters all-gathered"},
       {"learner.snapshot.every", T::Int, "1", false, {}, "publish weights to the snapshot store every N steps (0: never)"},
       {"learner.snapshot.dtype", T::String, "bf16", false, {"bf16", "fp32"}, "dtype of published weights"},
       {"learner.checkpoint.every", T::Int, "100", false, {}, "checkpoint every N steps (0: only at stop; tools/launch needs >= 1)"},

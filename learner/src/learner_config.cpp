@@ -1,5 +1,7 @@
 #include "kf/learner/learner_config.h"
 
+#include <unistd.h>
+
 #include "kf/common/error.h"
 
 namespace kf::learner {
@@ -52,6 +54,7 @@ LearnerConfig learner_config_from(const kf::Config& c) {
   l.ranks = c.get_int("learner.dist.ranks");
   l.comm = c.get_string("learner.dist.comm");
   l.bucket_mb = c.get_int("learner.dist.bucket_mb");
+  l.shard = c.get_string("learner.dist.shard") == "optimizer" ? ShardMode::optimizer : ShardMode::none;
   l.snapshot_every = c.get_int("learner.snapshot.every");
   l.snapshot_dtype = c.get_string("learner.snapshot.dtype");
   l.checkpoint_every = c.get_int("learner.checkpoint.every");
@@ -78,6 +81,13 @@ LearnerConfig learner_config_from(const kf::Config& c) {
   require(l.schedule.warmup_steps >= 0, src + "learner.schedule.warmup_steps", "must be >= 0");
   require(l.ranks >= 1 && l.ranks <= 64, src + "learner.dist.ranks", "must be in 1..64");
   require(l.bucket_mb >= 1, src + "learner.dist.bucket_mb", "must be >= 1");
+  // A random init's shape: a named one, or an HF config.json (read when the learner starts).
+  if (l.policy.empty() && l.init_shape != "tiny" && l.init_shape != "qwen2.5-0.5b") {
+    const auto& p = l.init_shape;
+    require(p.size() > 5 && p.compare(p.size() - 5, 5, ".json") == 0, src + "learner.init_shape",
+            "'" + p + "' is neither a named shape (tiny, qwen2.5-0.5b) nor the path of a config.json");
+    require(::access(p.c_str(), R_OK) == 0, src + "learner.init_shape", "'" + p + "': cannot read that file");
+  }
   require(l.checkpoint_keep >= 1, src + "learner.checkpoint.keep", "must be >= 1");
   require(l.logit_chunk_tokens >= 1, src + "learner.logit_chunk_tokens", "must be >= 1");
   require(l.lora_rank >= 0, src + "learner.lora.rank", "must be >= 0 (0: no LoRA)");

@@ -15,6 +15,7 @@ enum class Objective { grpo, pairwise, grpo_pairwise };
 enum class RatioMode { behaviour, decoupled };
 enum class Aggregation { token, sequence };
 enum class ScheduleKind { constant, linear, cosine };
+enum class ShardMode { none, optimizer };
 
 struct GrpoConfig {
   bool std_normalize = false;   // A = (r - mean) / (std + adv_eps) instead of r - mean
@@ -47,7 +48,7 @@ struct ScheduleConfig {
 
 struct LearnerConfig {
   std::string policy;               // initial HF folder; empty: random init
-  std::string init_shape = "tiny";  // "tiny" | "qwen2.5-0.5b" for a random init
+  std::string init_shape = "tiny";  // "tiny" | "qwen2.5-0.5b" | path of an HF config.json, for a random init
   uint64_t seed = 0;
   int64_t steps = 0;
   Objective objective = Objective::grpo;
@@ -70,6 +71,9 @@ struct LearnerConfig {
   int64_t ranks = 1;
   std::string comm = "auto";        // auto | cpu | nccl
   int64_t bucket_mb = 25;
+  // Sharded training state (docs/learner.md "Sharded state"): none, or optimizer (fp32
+  // master weights and Adam moments split over the ranks, ZeRO style).
+  ShardMode shard = ShardMode::none;
   int64_t snapshot_every = 1;
   std::string snapshot_dtype = "bf16";
   int64_t checkpoint_every = 100;
