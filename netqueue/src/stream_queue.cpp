@@ -1,0 +1,484 @@
+// StreamQueue: producer admission, consumer reads and claims, acknowledgement, dead
+// letters. The multi-step operations run as Lua scripts so that each is atomic on the
+// server (a client dying between two commands cannot leave an acknowledged record in
+// the stream or a record both forwarded and still pending).
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <thread>
+
+#include "conn.h"
+#include "kf/common/error.h"
+#include "kf/common/log.h"
+#include "kf/netqueue/stream_queue.h"
+
+namespace kf::netqueue {
+
+using detail::Args;
+using detail::Conn;
+using detail::Reply;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// KEYS[1] stream; ARGV[1] bound; ARGV[2..] tag, data pairs. Adds as many as fit under
+// the bound (XLEN counts only unacknowledged records: ack deletes), in order.
+const char* kPushScript = R"lua(
+local room = tonumber(ARGV[1]) - redis.call('XLEN', KEYS[1])
+local n = (#ARGV - 1) / 2
+if room < n then n = room end
+if n <= 0 then return 0 end
+for i = 1, n do
+  redis.call('XADD', KEYS[1], 'MAXLEN', ARGV[1], '*', 't', ARGV[2*i], 'd', ARGV[2*i+1])
+end
+return n
+)lua";
+
+// KEYS[1] stream, KEYS[2] output stream; ARGV[1] group, ARGV[2] n, ARGV[3..2+n] ids,
+// then (when forwarding) n tag, data pairs. Per id: 1 = was pending (acked, deleted,
+// output appended), 0 = not pending (already acknowledged elsewhere; output dropped).
+const char* kAckScript = R"lua(
+local n = tonumber(ARGV[2])
+local fwd = #ARGV >= 2 + 3 * n
+local res = {}
+for i = 1, n do
+  local id = ARGV[2 + i]
+  local a = redis.call('XACK', KEYS[1], ARGV[1], id)
+  if a == 1 then
+    redis.call('XDEL', KEYS[1], id)
+    if fwd then redis.call('XADD', KEYS[2], '*', 't', ARGV[2 + n + 2 * i - 1], 'd', ARGV[2 + n + 2 * i]) end
+  end
+  res[i] = a
+end
+return res
+)lua";
+
+// KEYS[1] stream, KEYS[2] dead-letter stream; ARGV[1] group, ARGV[2] id, ARGV[3] reason,
+// ARGV[4..] the entry's field/value pairs (copied for inspection).
+const char* kDeadScript = R"lua(
+if redis.call('XACK', KEYS[1], ARGV[1], ARGV[2]) == 1 then
+  redis.call('XDEL', KEYS[1], ARGV[2])
+  redis.call('XADD', KEYS[2], 'MAXLEN', '~', '10000', '*', 'id', ARGV[2], 'reason', ARGV[3], unpack(ARGV, 4))
+  return 1
+end
+return 0
+)lua";
+
+// KEYS[1] stream; ARGV[1] group, ARGV[2] consumer, ARGV[3..] ids. Resets the idle time
+// of the ids this consumer still owns (never takes one another consumer claimed).
+const char* kKeepAliveScript = R"lua(
+local n = 0
+for i = 3, #ARGV do
+  local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1)
+  if #p == 1 and p[1][2] == ARGV[2] then
+    redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[i], 'JUSTID')
+    n = n + 1
+  end
+end
+return n
+)lua";
+
+bool valid_id(const std::string& id) {
+  auto dash = id.find('-');
+  if (dash == std::string::npos || dash == 0 || dash + 1 == id.size()) return false;
+  for (std::size_t i = 0; i < id.size(); ++i)
+    if (i != dash && !std::isdigit(static_cast<unsigned char>(id[i]))) return false;
+  return true;
+}
+
+bool parse_u64(const char* s, std::size_t n, uint64_t* out) {
+  if (n == 0 || n > 20) return false;
+  uint64_t v = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (s[i] < '0' || s[i] > '9') return false;
+    uint64_t d = static_cast<uint64_t>(s[i] - '0');
+    if (v > (UINT64_MAX - d) / 10) return false;
+    v = v * 10 + d;
+  }
+  *out = v;
+  return true;
+}
+
+std::string default_consumer() {
+  static std::atomic<int> counter{0};
+  char host[256] = {0};
+  if (gethostname(host, sizeof(host) - 1) != 0) std::snprintf(host, sizeof(host), "host");
+  return std::string(host) + ":" + std::to_string(getpid()) + ":" + std::to_string(counter++);
+}
+
+void check_config(const StreamConfig& c) {
+  auto bad = [](const std::string& field, const std::string& why) {
+    return error_at("netqueue config", "field '" + field + "' " + why);
+  };
+  if (c.host.empty()) throw bad("host", "is empty");
+  if (c.port < 1 || c.port > 65535) throw bad("port", "must be 1..65535, got " + std::to_string(c.port));
+  if (c.stream.empty()) throw bad("stream", "is empty");
+  if (c.group.empty()) throw bad("group", "is empty");
+  if (c.bound < 1) throw bad("bound", "must be at least 1");
+  if (c.batch_records < 1) throw bad("batch_records", "must be at least 1");
+  if (c.max_deliveries < 1) throw bad("max_deliveries", "must be at least 1");
+  if (c.claim_idle.count() < 1) throw bad("claim_idle", "must be at least 1 ms");
+  if (c.io_timeout.count() < 1) throw bad("io_timeout", "must be at least 1 ms");
+  if (c.connect_timeout.count() < 1) throw bad("connect_timeout", "must be at least 1 ms");
+}
+
+}  // namespace
+
+struct StreamQueue::Impl {
+  StreamConfig cfg;
+  std::string dead_stream;
+  Conn conn;
+  StreamStats stats;
+  std::string claim_cursor = "0-0";
+  Clock::time_point next_claim = Clock::now();
+  Millis claim_every;
+
+  explicit Impl(const StreamConfig& c)
+      : cfg(c), dead_stream(c.stream + ":dead"),
+        conn(c.host, c.port, c.user, c.password, c.connect_timeout, c.io_timeout) {
+    claim_every = cfg.claim_every.count() > 0 ? cfg.claim_every : std::max(Millis(10), cfg.claim_idle / 4);
+    ensure_group();
+  }
+
+  std::string where() const { return conn.where() + " stream " + cfg.stream; }
+
+  void ensure_group() {
+    Args a;
+    a.add("XGROUP").add("CREATE").add(cfg.stream).add(cfg.group).add("0").add("MKSTREAM");
+    Reply r = conn.call(a, "XGROUP CREATE", false);
+    if (r->type == REDIS_REPLY_ERROR) {
+      std::string e(r->str, r->len);
+      if (e.rfind("BUSYGROUP", 0) != 0)
+        throw Error(where() + ": creating consumer group '" + cfg.group + "' refused: " + e +
+                    (e.rfind("NOAUTH", 0) == 0 ? " (the server needs a password: set the config's password)" : "") +
+                    (e.rfind("NOPERM", 0) == 0 ? " (the ACL user lacks rights on this key or command)" : ""));
+    }
+  }
+
+  // Called first by every operation: after a lost connection, reconnect (AUTH, group).
+  void ready() {
+    if (!conn.broken()) return;
+    conn.reconnect();
+    ++stats.reconnects;
+    ensure_group();
+    log_warn("netqueue: ", where(), ": reconnected after a lost connection (", stats.reconnects, " so far)");
+  }
+
+  // Moves a message to <stream>:dead with a reason; fields = the entry's pairs.
+  void dead_letter(const std::string& id, const std::string& reason, const std::vector<std::string>& fields) {
+    Args a;
+    a.add("EVAL").add(kDeadScript).add("2").add(cfg.stream).add(dead_stream).add(cfg.group).add(id).add(reason);
+    for (const auto& f : fields) a.add(f);
+    Reply r = conn.call(a, "moving a record to the dead-letter stream");
+    if (detail::reply_integer(r.get(), where(), "dead-letter script") == 1) {
+      ++stats.dead_lettered;
+      log_error("netqueue: ", where(), ": record ", id, " moved to ", dead_stream, ": ", reason,
+                "; it will not be delivered again");
+    }
+  }
+
+  // Parses one entry [id, [f, v, ...]]; malformed entries are dead-lettered (false).
+  bool parse_entry(const redisReply* e, Message* m) {
+    if (!e || e->type != REDIS_REPLY_ARRAY || e->elements != 2 || e->element[0]->type != REDIS_REPLY_STRING)
+      throw Error(where() + ": unexpected entry shape in a stream reply: " + detail::describe(e));
+    m->id.assign(e->element[0]->str, e->element[0]->len);
+    const redisReply* f = e->element[1];
+    std::vector<std::string> fields;
+    if (f && f->type == REDIS_REPLY_ARRAY)
+      for (std::size_t i = 0; i < f->elements; ++i)
+        if (f->element[i]->type == REDIS_REPLY_STRING) fields.emplace_back(f->element[i]->str, f->element[i]->len);
+    std::string why;
+    if (!f || f->type != REDIS_REPLY_ARRAY) {
+      why = "entry has no fields";
+    } else if (f->elements != 4 || fields.size() != 4 || fields[0] != "t" || fields[2] != "d") {
+      why = "malformed record: expected fields [t, d], got " + std::to_string(f->elements / 2) + " field(s)" +
+            (fields.empty() ? std::string() : " starting with '" + fields[0].substr(0, 32) + "'");
+    } else if (!parse_u64(fields[1].data(), fields[1].size(), &m->tag)) {
+      why = "malformed record: tag '" + fields[1].substr(0, 32) + "' is not an unsigned integer";
+    }
+    if (!why.empty()) {
+      dead_letter(m->id, why, fields.size() % 2 == 0 ? fields : std::vector<std::string>{});
+      return false;
+    }
+    m->data = std::move(fields[3]);
+    m->deliveries = 1;
+    return true;
+  }
+
+  // XAUTOCLAIM: takes over records pending longer than claim_idle (a dead consumer's).
+  void claim(std::size_t max, std::vector<Message>* out) {
+    Args a;
+    a.add("XAUTOCLAIM").add(cfg.stream).add(cfg.group).add(cfg.consumer).add_copy(std::to_string(cfg.claim_idle.count()))
+        .add(claim_cursor).add("COUNT").add_copy(std::to_string(max));
+    Reply r = conn.call(a, "XAUTOCLAIM");
+    if (r->type != REDIS_REPLY_ARRAY || r->elements < 2)
+      throw Error(where() + ": XAUTOCLAIM: unexpected reply " + detail::describe(r.get()));
+    claim_cursor = detail::reply_string(r->element[0], where(), "XAUTOCLAIM cursor");
+    if (r->elements >= 3 && r->element[2]->type == REDIS_REPLY_ARRAY && r->element[2]->elements > 0) {
+      stats.vanished += r->element[2]->elements;
+      log_warn("netqueue: ", where(), ": ", r->element[2]->elements,
+               " pending record(s) were deleted by another client before acknowledgement; dropped from the group");
+    }
+    const redisReply* entries = r->element[1];
+    if (entries->type != REDIS_REPLY_ARRAY || entries->elements == 0) return;
+    std::vector<Message> got;
+    for (std::size_t i = 0; i < entries->elements; ++i) {
+      Message m;
+      if (parse_entry(entries->element[i], &m)) got.push_back(std::move(m));
+    }
+    if (got.empty()) return;
+    // Delivery counts of what we now own in [first, last].
+    Args p;
+    p.add("XPENDING").add(cfg.stream).add(cfg.group).add(got.front().id).add(got.back().id)
+        .add_copy(std::to_string(got.size() * 2 + 16)).add(cfg.consumer);
+    Reply pr = conn.call(p, "XPENDING");
+    std::vector<std::pair<std::string, uint32_t>> counts;
+    if (pr->type == REDIS_REPLY_ARRAY)
+      for (std::size_t i = 0; i < pr->elements; ++i) {
+        const redisReply* e = pr->element[i];
+        if (e->type == REDIS_REPLY_ARRAY && e->elements == 4 && e->element[3]->type == REDIS_REPLY_INTEGER)
+          counts.emplace_back(std::string(e->element[0]->str, e->element[0]->len),
+                              static_cast<uint32_t>(e->element[3]->integer));
+      }
+    for (Message& m : got) {
+      for (const auto& c : counts)
+        if (c.first == m.id) m.deliveries = c.second;
+      if (m.deliveries > cfg.max_deliveries) {
+        dead_letter(m.id,
+                    "delivered " + std::to_string(m.deliveries) + " times without acknowledgement (max_deliveries " +
+                        std::to_string(cfg.max_deliveries) + "): its consumers died or hung on it",
+                    {"t", std::to_string(m.tag), "d", m.data});
+        continue;
+      }
+      log_info("netqueue: ", where(), ": consumer ", cfg.consumer, " claimed record ", m.id, " (tag ", m.tag,
+               ", delivery ", m.deliveries, ") left pending by another consumer");
+      ++stats.claimed;
+      out->push_back(std::move(m));
+    }
+  }
+
+  // XREADGROUP > with BLOCK block_ms (0: do not block).
+  void read_new(std::size_t max, long long block_ms, std::vector<Message>* out) {
+    Args a;
+    a.add("XREADGROUP").add("GROUP").add(cfg.group).add(cfg.consumer).add("COUNT").add_copy(std::to_string(max));
+    if (block_ms > 0) a.add("BLOCK").add_copy(std::to_string(block_ms));
+    a.add("STREAMS").add(cfg.stream).add(">");
+    if (block_ms > 0) conn.set_read_timeout(Millis(block_ms) + cfg.io_timeout);
+    Reply r = conn.call(a, "XREADGROUP", false);
+    if (block_ms > 0) conn.reset_read_timeout();
+    if (r->type == REDIS_REPLY_ERROR) {
+      std::string e(r->str, r->len);
+      if (e.rfind("NOGROUP", 0) == 0) {  // the server lost the group (restarted without data)
+        log_warn("netqueue: ", where(), ": consumer group '", cfg.group, "' is gone (server restarted?); creating it again");
+        ensure_group();
+        return;
+      }
+      throw Error(where() + ": XREADGROUP refused: " + e);
+    }
+    if (r->type == REDIS_REPLY_NIL) return;
+    if (r->type != REDIS_REPLY_ARRAY || r->elements != 1 || r->element[0]->type != REDIS_REPLY_ARRAY ||
+        r->element[0]->elements != 2)
+      throw Error(where() + ": XREADGROUP: unexpected reply " + detail::describe(r.get()));
+    const redisReply* entries = r->element[0]->element[1];
+    for (std::size_t i = 0; entries->type == REDIS_REPLY_ARRAY && i < entries->elements; ++i) {
+      Message m;
+      if (parse_entry(entries->element[i], &m)) out->push_back(std::move(m));
+    }
+  }
+
+  std::size_t ack_impl(const std::vector<std::string>& ids, const std::vector<Outgoing>* outputs,
+                       const std::string& out_stream, std::vector<bool>* first) {
+    ready();
+    if (first) first->assign(ids.size(), false);
+    for (const auto& id : ids)
+      if (!valid_id(id)) throw Error(where() + ": ack: '" + id.substr(0, 64) + "' is not a stream entry id");
+    std::size_t total = 0;
+    for (std::size_t off = 0; off < ids.size(); off += cfg.batch_records) {
+      std::size_t n = std::min<std::size_t>(cfg.batch_records, ids.size() - off);
+      Args a;
+      a.add("EVAL").add(kAckScript).add("2").add(cfg.stream).add(outputs ? out_stream : cfg.stream).add(cfg.group)
+          .add_copy(std::to_string(n));
+      for (std::size_t i = 0; i < n; ++i) a.add(ids[off + i]);
+      if (outputs)
+        for (std::size_t i = 0; i < n; ++i) a.add_copy(std::to_string((*outputs)[off + i].tag)).add((*outputs)[off + i].data);
+      Reply r = conn.call(a, outputs ? "acknowledge and forward" : "acknowledge");
+      if (r->type != REDIS_REPLY_ARRAY || r->elements != n)
+        throw Error(where() + ": ack script: unexpected reply " + detail::describe(r.get()));
+      for (std::size_t i = 0; i < n; ++i) {
+        bool was = r->element[i]->type == REDIS_REPLY_INTEGER && r->element[i]->integer == 1;
+        if (first) (*first)[off + i] = was;
+        if (was) {
+          ++total;
+          ++stats.acked;
+          if (outputs) ++stats.forwarded;
+        } else {
+          ++stats.ack_late;
+        }
+      }
+    }
+    return total;
+  }
+};
+
+StreamQueue::StreamQueue(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+StreamQueue::StreamQueue(StreamQueue&&) noexcept = default;
+StreamQueue& StreamQueue::operator=(StreamQueue&&) noexcept = default;
+StreamQueue::~StreamQueue() = default;
+
+StreamQueue StreamQueue::open(const StreamConfig& cfg_in) {
+  StreamConfig cfg = cfg_in;
+  check_config(cfg);
+  if (cfg.consumer.empty()) cfg.consumer = default_consumer();
+  return StreamQueue(std::make_unique<Impl>(cfg));
+}
+
+std::size_t StreamQueue::push_batch(const std::vector<Outgoing>& records, Millis timeout) {
+  Impl& q = *impl_;
+  q.ready();
+  const auto deadline = Clock::now() + timeout;
+  std::size_t done = 0;
+  Millis backoff(1);
+  const std::size_t max_bytes = 8u << 20;  // one script call carries at most ~8 MiB
+  while (done < records.size()) {
+    Args a;
+    a.add("EVAL").add(kPushScript).add("1").add(q.cfg.stream).add_copy(std::to_string(q.cfg.bound));
+    std::size_t n = 0, bytes = 0;
+    while (done + n < records.size() && n < q.cfg.batch_records && (n == 0 || bytes < max_bytes)) {
+      const Outgoing& r = records[done + n];
+      a.add_copy(std::to_string(r.tag)).add(r.data);
+      bytes += r.data.size();
+      ++n;
+    }
+    Reply rep = q.conn.call(a, "XADD (push script)");
+    long long added = detail::reply_integer(rep.get(), q.where(), "push script");
+    done += static_cast<std::size_t>(added);
+    q.stats.pushed += static_cast<uint64_t>(added);
+    if (added > 0) {
+      backoff = Millis(1);
+      continue;
+    }
+    ++q.stats.push_waits;
+    auto now = Clock::now();
+    if (now >= deadline) {
+      std::size_t left = records.size() - done;
+      q.stats.push_timeouts += left;
+      log_warn("netqueue: ", q.where(), ": stream full (bound ", q.cfg.bound, " unacknowledged records) for ",
+               std::chrono::duration_cast<Millis>(timeout).count(), " ms; pushed ", done, " of ", records.size(),
+               ", the caller decides about the other ", left);
+      return done;
+    }
+    std::this_thread::sleep_for(std::min<Clock::duration>(backoff, deadline - now));
+    backoff = std::min(backoff * 2, Millis(50));
+  }
+  return done;
+}
+
+bool StreamQueue::push(uint64_t tag, const std::string& data, Millis timeout) {
+  return push_batch({Outgoing{tag, data}}, timeout) == 1;
+}
+
+std::vector<Message> StreamQueue::take(std::size_t max, Millis timeout) {
+  Impl& q = *impl_;
+  q.ready();
+  std::vector<Message> out;
+  if (max == 0) return out;
+  const auto deadline = Clock::now() + timeout;
+  for (;;) {
+    auto now = Clock::now();
+    if (now >= q.next_claim) {
+      q.claim(max, &out);
+      q.next_claim = Clock::now() + q.claim_every;
+      if (!out.empty()) break;
+    }
+    now = Clock::now();
+    auto until = std::min(deadline, q.next_claim);
+    long long block_ms = std::chrono::duration_cast<Millis>(until - now).count();
+    q.read_new(max, std::max(0LL, block_ms), &out);
+    if (!out.empty() || Clock::now() >= deadline) break;
+  }
+  q.stats.taken += out.size();
+  return out;
+}
+
+std::size_t StreamQueue::ack(const std::vector<std::string>& ids, std::vector<bool>* first) {
+  return impl_->ack_impl(ids, nullptr, "", first);
+}
+
+std::size_t StreamQueue::ack_forward(const std::vector<std::string>& ids, const std::vector<Outgoing>& outputs,
+                                     const std::string& out_stream, std::vector<bool>* first) {
+  if (outputs.size() != ids.size())
+    throw Error(where() + ": ack_forward: " + std::to_string(ids.size()) + " ids but " + std::to_string(outputs.size()) +
+                " outputs");
+  if (out_stream.empty() || out_stream == impl_->cfg.stream)
+    throw Error(where() + ": ack_forward: the output stream must be another stream, got '" + out_stream + "'");
+  return impl_->ack_impl(ids, &outputs, out_stream, first);
+}
+
+std::size_t StreamQueue::keep_alive(const std::vector<std::string>& ids) {
+  Impl& q = *impl_;
+  q.ready();
+  if (ids.empty()) return 0;
+  Args a;
+  a.add("EVAL").add(kKeepAliveScript).add("1").add(q.cfg.stream).add(q.cfg.group).add(q.cfg.consumer);
+  for (const auto& id : ids) {
+    if (!valid_id(id)) throw Error(where() + ": keep_alive: '" + id.substr(0, 64) + "' is not a stream entry id");
+    a.add(id);
+  }
+  Reply r = q.conn.call(a, "keep-alive script");
+  return static_cast<std::size_t>(detail::reply_integer(r.get(), q.where(), "keep-alive script"));
+}
+
+StreamDepth StreamQueue::depth() {
+  Impl& q = *impl_;
+  q.ready();
+  std::vector<Args> cmds(4);
+  cmds[0].add("XLEN").add(q.cfg.stream);
+  cmds[1].add("XPENDING").add(q.cfg.stream).add(q.cfg.group);
+  cmds[2].add("XLEN").add(q.dead_stream);
+  cmds[3].add("XINFO").add("GROUPS").add(q.cfg.stream);
+  auto r = q.conn.pipeline(cmds, "reading the stream depth");
+  StreamDepth d;
+  d.length = static_cast<uint64_t>(detail::reply_integer(r[0].get(), q.where(), "XLEN"));
+  if (r[1]->type == REDIS_REPLY_ARRAY && r[1]->elements >= 1)
+    d.pending = static_cast<uint64_t>(detail::reply_integer(r[1]->element[0], q.where(), "XPENDING count"));
+  d.dead = static_cast<uint64_t>(detail::reply_integer(r[2].get(), q.where(), "XLEN dead"));
+  for (std::size_t g = 0; r[3]->type == REDIS_REPLY_ARRAY && g < r[3]->elements; ++g) {
+    const redisReply* info = r[3]->element[g];
+    bool ours = false;
+    long long consumers = 0;
+    for (std::size_t i = 0; info->type == REDIS_REPLY_ARRAY && i + 1 < info->elements; i += 2) {
+      std::string k(info->element[i]->str ? info->element[i]->str : "", info->element[i]->len);
+      const redisReply* v = info->element[i + 1];
+      if (k == "name" && v->type == REDIS_REPLY_STRING) ours = std::string(v->str, v->len) == q.cfg.group;
+      if (k == "consumers" && v->type == REDIS_REPLY_INTEGER) consumers = v->integer;
+    }
+    if (ours) d.consumers = static_cast<uint64_t>(consumers);
+  }
+  return d;
+}
+
+std::vector<std::vector<std::string>> StreamQueue::dead_letters(std::size_t max) {
+  Impl& q = *impl_;
+  q.ready();
+  Args a;
+  a.add("XRANGE").add(q.dead_stream).add("-").add("+").add("COUNT").add_copy(std::to_string(max));
+  Reply r = q.conn.call(a, "XRANGE dead letters");
+  std::vector<std::vector<std::string>> out;
+  for (std::size_t i = 0; r->type == REDIS_REPLY_ARRAY && i < r->elements; ++i) {
+    const redisReply* e = r->element[i];
+    std::vector<std::string> fields;
+    if (e->type == REDIS_REPLY_ARRAY && e->elements == 2 && e->element[1]->type == REDIS_REPLY_ARRAY)
+      for (std::size_t j = 0; j < e->element[1]->elements; ++j)
+        fields.emplace_back(e->element[1]->element[j]->str, e->element[1]->element[j]->len);
+    out.push_back(std::move(fields));
+  }
+  return out;
+}
+
+const StreamStats& StreamQueue::stats() const { return impl_->stats; }
+const StreamConfig& StreamQueue::config() const { return impl_->cfg; }
+std::string StreamQueue::where() const { return impl_->where(); }
+
+}  // namespace kf::netqueue
