@@ -21,6 +21,8 @@ APT_PACKAGES=(
   libcli11-dev=2.1.2+ds-1
   libseccomp-dev=2.5.4-1+deb12u1
   libboost-dev=1.74.0.3
+  libhiredis-dev=0.14.1-3               # netqueue: the cross-node queue's Redis client
+  redis-server=5:7.0.15-1~deb12u10      # netqueue: XAUTOCLAIM needs redis >= 7.0; tests start their own
 )
 missing=()
 for spec in "${APT_PACKAGES[@]}"; do
