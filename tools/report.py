@@ -974,6 +974,8 @@ def write_html(out, run_dir, pngs, run, learner, kernels, sources, verdicts=None
 
 def main(argv):
     ap = argparse.ArgumentParser(prog=PROG, description="Plots and an HTML page for a KernelForge run directory.")
+    ap.add_argument("--version", action="version",
+                    version="KernelForge " + open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "VERSION")).read().strip())
     ap.add_argument("run_dir", metavar="RUN_DIR")
     ap.add_argument("--out", metavar="DIR", help="output folder (default RUN_DIR/report)")
     ap.add_argument("--min-window", metavar="N", type=int, default=5,

@@ -499,6 +499,8 @@ def main(argv):
     build = os.environ.get("KF_BUILD_DIR") or os.path.join(TREE, "build")
     ap = argparse.ArgumentParser(prog=PROG, description="A policy's per-level table on the built-in tasks: "
                                  "train and held-out split, via tools/optimize.")
+    ap.add_argument("--version", action="version",
+                    version="KernelForge " + open(os.path.join(TREE, "VERSION")).read().strip())
     ap.add_argument("--model", required=True, metavar="DIR", help="HF-format policy folder (tools/export, tools/sft)")
     ap.add_argument("--out", required=True, metavar="DIR", help="output folder")
     ap.add_argument("--tasks-dir", metavar="DIR", default=os.path.join(build, "tasks"),

@@ -5,7 +5,7 @@
 // 1 runtime error, 2 bad config or arguments, 3 the run's shared memory is not there.
 #include <signal.h>
 
-#include <CLI/CLI.hpp>
+#include "kf/common/cli.h"
 #include <atomic>
 #include <string>
 #include <vector>
@@ -36,7 +36,7 @@ int main(int argc, char** argv) {
   app.add_option("--max-groups", max_groups, "stop after this many groups (0: until the run stops)");
   app.add_option("--log", log_file, "log file (default: <run-dir>/logs/actor-<id>.log)");
   app.add_option("--attach-wait", attach_wait_s, "seconds to wait for the run's shared memory");
-  CLI11_PARSE(app, argc, argv);
+  KF_CLI_PARSE(app, argc, argv);
 
   if (log_file.empty() && !run_dir.empty()) log_file = run_dir + "/logs/actor-" + std::to_string(id) + ".log";
   kf::log_init("actor", id, log_file);

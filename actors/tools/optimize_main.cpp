@@ -11,7 +11,7 @@
 
 #include <sys/stat.h>
 
-#include <CLI/CLI.hpp>
+#include "kf/common/cli.h"
 #include <cerrno>
 #include <cstring>
 #include <algorithm>
@@ -162,12 +162,7 @@ int main(int argc, char** argv) {
   app.add_option("--max-new-tokens", max_new_tokens, "most completion tokens (default: actors.sampling.max_new_tokens)")
       ->check(CLI::PositiveNumber);
   app.add_option("--device", device, "where the policy samples: cpu, cuda, cuda:N (default: actors.device)");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    const int rc = app.exit(e);
-    return rc == 0 ? 0 : 2;
-  }
+  KF_CLI_PARSE(app, argc, argv);
   kf::log_init("optimize", 0);
   auto usage_error = [](const std::string& msg) {
     kf::log_error("kf-optimize: ", msg, "; nothing sampled (exit 2)");

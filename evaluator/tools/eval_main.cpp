@@ -8,7 +8,7 @@
 // Exit: 0 ok, 1 kernel rejected (any other verdict), 2 usage error, 3 evaluator error.
 #include <ATen/Parallel.h>
 
-#include <CLI/CLI.hpp>
+#include "kf/common/cli.h"
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -17,6 +17,7 @@
 #include "kf/common/log.h"
 #include "kf/evaluator/evaluator.h"
 #include "kf/evaluator/fsutil.h"
+#include "modelnew.h"  // ModelNew (KernelBench-style .py) candidates: evaluator/modelnew/
 #include "kf/tasks/timing.h"
 
 using namespace kf::evaluator;
@@ -44,12 +45,10 @@ int main(int argc, char** argv) {
                  "spread (p90-p10)/median of the trials above this after --max-trials: the timing is flagged "
                  "unstable and the speedup is its 95 % interval's lower bound");
   app.add_option("--max-trials", o.max_trials, "most timed trials while the spread is too wide");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    const int rc = app.exit(e);
-    return rc == 0 ? 0 : 2;
-  }
+  int kb_trials = 100;  // ModelNew candidates only
+  app.add_option("--kb-trials", kb_trials, ".py (ModelNew) candidates: KernelBench-protocol timed trials")
+      ->check(CLI::PositiveNumber);
+  KF_CLI_PARSE(app, argc, argv);
   kf::log_init("evaluator", 0);
   kf::log_set_level(kf::LogLevel::Warn);
   o.compile.cuda_arch = arch;
@@ -63,6 +62,9 @@ int main(int argc, char** argv) {
     if (!fsutil::is_file(kernel_path)) throw kf::Error("kernel file '" + kernel_path + "' not found");
     std::ifstream f(kernel_path);
     source.assign(std::istreambuf_iterator<char>(f), {});
+    // A .py (ModelNew) candidate runs on the GPU when there is one.
+    if (backend_s.empty() && kf::evaluator::modelnew::is_modelnew_candidate(kernel_path))
+      backend_s = kf::tasks::cuda_available() ? "cuda" : "cpu";
     if (backend_s.empty()) backend_s = fsutil::extension(kernel_path) == ".cu" ? "cuda" : "cpu";
     backend = kf::tasks::parse_backend(backend_s);
     std::string dir = task_arg;
@@ -83,6 +85,14 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
+    if (kf::evaluator::modelnew::is_modelnew_candidate(kernel_path)) {  // hook: evaluator/modelnew/
+      kf::evaluator::modelnew::Options mo;
+      mo.eval = o;
+      mo.kb_perf_trials = kb_trials;
+      auto out = kf::evaluator::modelnew::evaluate(*task, backend, source, mo, 0);
+      std::cout << (json ? kf::evaluator::modelnew::to_json(out, 2) + "\n" : kf::evaluator::modelnew::to_text(out));
+      return out.result.ok() ? 0 : 1;
+    }
     Evaluator ev(o);
     Result r = ev.evaluate(*task, backend, source, 0);
     if (json) std::cout << to_json(r, 2) << "\n";

@@ -10,7 +10,7 @@
 #include <ATen/Parallel.h>
 #include <signal.h>
 
-#include <CLI/CLI.hpp>
+#include "kf/common/cli.h"
 #include <atomic>
 #include <cstdio>
 
@@ -41,11 +41,7 @@ int main(int argc, char** argv) {
   app.add_option("--id", id, "evaluator id (log lines, counters)");
   app.add_option("--device", device, "CUDA device (after CUDA_VISIBLE_DEVICES)");
   app.add_option("--run-dir", run_dir, "the run folder: verdicts go to <dir>/metrics/verdicts-<id>.jsonl");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
-  }
+  KF_CLI_PARSE(app, argc, argv);
   kf::log_init("evaluator", id);
   signal(SIGINT, on_signal);
   signal(SIGTERM, on_signal);

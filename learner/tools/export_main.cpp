@@ -1,6 +1,6 @@
 // kf-export (tools/export CHECKPOINT OUT): writes an HF-format folder from a learner
 // checkpoint (or a run folder: its newest valid checkpoint). Exit 0 ok, 1 error, 2 usage.
-#include <CLI/CLI.hpp>
+#include "kf/common/cli.h"
 
 #include "kf/common/error.h"
 #include "kf/common/log.h"
@@ -18,11 +18,7 @@ int main(int argc, char** argv) {
   app.add_option("--base-model", opt.base_model,
                  "model folder the run started from (its tokenizer_config.json / chat template); "
                  "default: the checkpoint's copy, else the run's learner.policy");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
-  }
+  KF_CLI_PARSE(app, argc, argv);
   kf::log_init("export", 0);
   try {
     const auto used = kf::learner::export_checkpoint(ckpt, out, opt);

@@ -14,7 +14,7 @@
 // loop (agreed by all ranks) with a final checkpoint. Exit 0 ok, 1 error, 2 usage.
 #include <sys/stat.h>
 
-#include <CLI/CLI.hpp>
+#include "kf/common/cli.h"
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -62,11 +62,7 @@ int main(int argc, char** argv) {
                "with --resume: leave the run's replay and kernel DB as they are (a restarted rank of a live run)");
   app.add_flag("--print-steps", print_steps, "print one STEP json line per step");
   app.add_flag("--final-checkpoint", final_ckpt, "checkpoint when the loop ends");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
-  }
+  KF_CLI_PARSE(app, argc, argv);
   try {
     const auto cfg = kf::Config::load(config_file, sets);
     auto lc = kf::learner::learner_config_from(cfg);

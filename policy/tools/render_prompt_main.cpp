@@ -7,7 +7,7 @@
 // Exit: 0 ok, 1 bad input or template error (message names the file and field), 2 usage.
 #include <sys/stat.h>
 
-#include <CLI/CLI.hpp>
+#include "kf/common/cli.h"
 #include <cstdio>
 #include <iostream>
 
@@ -60,11 +60,7 @@ int main(int argc, char** argv) {
   app.add_option("--model", model, "HF model folder (tokenizer_config.json / chat_template.jinja)")->required();
   app.add_option("--messages", messages, "JSON file: a list of {\"role\", \"content\"}")->required();
   app.add_flag("--tokens", tokens, "also print the token count on stderr (needs the folder's tokenizer.json)");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
-  }
+  KF_CLI_PARSE(app, argc, argv);
   if (!is_dir(model)) {
     std::fprintf(stderr, "render-prompt: --model %s: not a folder\n", model.c_str());
     return 2;

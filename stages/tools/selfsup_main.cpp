@@ -4,7 +4,7 @@
 // Exit codes: 0 done, 1 error (logged with the reason), 2 bad arguments.
 #include <sys/stat.h>
 
-#include <CLI/CLI.hpp>
+#include "kf/common/cli.h"
 #include <cstdio>
 
 #include "kf/common/error.h"
@@ -51,7 +51,7 @@ int main(int argc, char** argv) {
   app.add_option("--device", device, "where the policy samples and retrains: cpu, cuda or cuda:N (fp32)");
   app.add_option("--threads", threads, "torch and evaluator CPU threads");
   app.add_option("--heldout", heldout, "file of held-out task names (tasks/heldout.txt): never sampled nor trained on");
-  CLI11_PARSE(app, argc, argv);
+  KF_CLI_PARSE(app, argc, argv);
   o.train.lr = app.count("--lr") ? o.train.lr : 3e-4;
   o.train.warmup_steps = std::min<int64_t>(10, o.train.steps / 5);
   o.train.threads = threads;

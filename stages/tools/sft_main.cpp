@@ -4,7 +4,7 @@
 // Exit codes: 0 done, 1 error (logged with the reason), 2 bad arguments.
 #include <sys/stat.h>
 
-#include <CLI/CLI.hpp>
+#include "kf/common/cli.h"
 #include <algorithm>
 #include <chrono>
 #include <fstream>
@@ -74,7 +74,7 @@ int main(int argc, char** argv) {
   app.add_option("--device", device, "where to train: cpu, cuda or cuda:N (fp32 weights, TF32 matmuls on a GPU)");
   app.add_option("--time-limit", so.time_limit_s, "stop training after this many seconds (0: off)");
   app.add_option("--heldout", heldout, "file of held-out task names (tasks/heldout.txt) left out of training");
-  CLI11_PARSE(app, argc, argv);
+  KF_CLI_PARSE(app, argc, argv);
 
   ::mkdir(out.c_str(), 0755);
   log_init("sft", 0, out + "/sft.log");

@@ -730,6 +730,8 @@ def refusal_line(f: Path, e: BaseException) -> str:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="import-tasks", description=__doc__.splitlines()[0])
+    ap.add_argument("--version", action="version",
+                    version="KernelForge " + open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "VERSION")).read().strip())
     ap.add_argument("paths", nargs="+", help="problem files or folders (searched recursively for *.py)")
     ap.add_argument("--out", required=True, help="artifact folder (one subfolder per task)")
     ap.add_argument("--backends", default="cpu", help="comma list of cpu,cuda (default: cpu)")

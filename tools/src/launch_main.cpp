@@ -19,7 +19,7 @@
 #include <signal.h>
 #include <unistd.h>
 
-#include <CLI/CLI.hpp>
+#include "kf/common/cli.h"
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
@@ -108,11 +108,7 @@ int main(int argc, char** argv) {
   app.add_flag("--check", check_only, "validate the config and task selection, start nothing, exit 0 or 2");
   std::string clean;
   app.add_option("--clean", clean, "remove the shared memory and scratch folders a dead launcher of RUN left");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
-  }
+  KF_CLI_PARSE(app, argc, argv);
   kf::log_init("launch", 0);
   if (!clean.empty()) {
     if (!config_file.empty() || !resume.empty()) {

@@ -5,7 +5,7 @@
 // Exit: 0 all good, 1 a task failed (error or golden mismatch), 2 usage error.
 #include <ATen/Parallel.h>
 
-#include <CLI/CLI.hpp>
+#include "kf/common/cli.h"
 #include <cstdio>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -32,7 +32,7 @@ int main(int argc, char** argv) {
   app.add_flag("--check-golden", golden, "compare with Python eager outputs (cpu artifacts)");
   app.add_option("--golden-tol", golden_tol, "max relative error allowed by --check-golden");
   app.add_flag("--json", json_out, "one JSON object per task on stdout");
-  CLI11_PARSE(app, argc, argv);
+  KF_CLI_PARSE(app, argc, argv);
   kf::log_init("reference", 0);
   if (threads > 0) at::set_num_threads(threads);
 
