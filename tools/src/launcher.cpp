@@ -445,6 +445,7 @@ Status Launcher::Impl::status() {
   s.elapsed_s = elapsed();
   s.step = learner_step;
   s.step_budget = cfg.get_int("learner.steps");
+  s.time_budget_s = cfg.get_float("launch.max_minutes") * 60;
   monitor.sample_rates(s.elapsed_s, s);
   const auto cq = shm->candidates().raw().stats();
   const auto rq = shm->results().raw().stats();

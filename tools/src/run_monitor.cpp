@@ -149,6 +149,41 @@ void RunMonitor::sample_rates(double elapsed_s, Status& s) {
   const uint64_t pushed = now.samples - old.samples;
   s.policy_lag = pushed ? static_cast<double>(now.lag_sum - old.lag_sum) / static_cast<double>(pushed) : 0.0;
   s.results = results();
+  fill_eta(elapsed_s, s);
+}
+
+void RunMonitor::fill_eta(double elapsed_s, Status& s) {
+  // The pace is measured from the first step this launcher saw, not from the start: start-up
+  // (model load, first compiles) would otherwise stretch every estimate.
+  if (first_step_t_ < 0 && s.step > 0) {
+    first_step_t_ = elapsed_s;
+    first_step_ = s.step;
+  }
+  s.eta_s = -1;
+  s.eta_reason.clear();
+  if (s.step_budget > 0 && first_step_t_ >= 0 && s.step > first_step_) {
+    const double per_step = (elapsed_s - first_step_t_) / static_cast<double>(s.step - first_step_);
+    s.eta_s = std::max(0.0, per_step * static_cast<double>(s.step_budget - s.step));
+    s.eta_reason = "step budget";
+  }
+  if (s.time_budget_s > 0) {
+    const double left = std::max(0.0, s.time_budget_s - elapsed_s);
+    if (s.eta_s < 0 || left < s.eta_s) {
+      s.eta_s = left;
+      s.eta_reason = "time cap";
+    }
+  }
+}
+
+std::string format_duration(double seconds) {
+  const auto t = static_cast<int64_t>(std::llround(std::max(0.0, seconds)));
+  if (t >= 3600) return fmt("%.0fh", double(t / 3600)) + fmt("%02.0fm", double((t % 3600) / 60));
+  if (t >= 60) return fmt("%.0fm", double(t / 60)) + fmt("%02.0fs", double(t % 60));
+  return fmt("%.0fs", double(t));
+}
+
+std::string eta_text(const Status& s) {
+  return s.eta_s < 0 ? std::string("ETA n/a") : "ETA " + format_duration(s.eta_s) + " (" + s.eta_reason + ")";
 }
 
 nlohmann::json RunMonitor::to_json() const {
@@ -173,7 +208,8 @@ std::string render_status(const Status& s) {
   const int fill = static_cast<int>(std::lround(frac * width));
   o += "[" + std::string(fill, '#') + std::string(width - fill, '.') + "] step " + std::to_string(s.step);
   if (s.step_budget > 0) o += "/" + std::to_string(s.step_budget);
-  o += "  " + s.phase + "  " + fmt("%.0f s", s.elapsed_s) + "  policy v" + std::to_string(s.policy_version) + "\n";
+  o += "  " + s.phase + "  " + fmt("%.0f s", s.elapsed_s) + "  " + eta_text(s) + "  policy v" +
+       std::to_string(s.policy_version) + "\n";
   const auto& r = s.results;
   auto pct = [&](const char* v) { return fmt("%.0f%%", 100.0 * r.frac(v)); };
   o += "samples " + fmt("%.2f/s", s.samples_per_s) + "  verified " + fmt("%.1f/min", s.verified_per_min) +
@@ -203,7 +239,7 @@ std::string render_status_line(const Status& s) {
   auto frac = [&](const char* v) { return 100.0 * r.frac(v); };
   std::string o = "status: " + s.phase + " step " + std::to_string(s.step);
   if (s.step_budget > 0) o += "/" + std::to_string(s.step_budget);
-  o += fmt(", %.0f s", s.elapsed_s) + fmt(", samples %.2f/s", s.samples_per_s) +
+  o += fmt(", %.0f s", s.elapsed_s) + ", " + eta_text(s) + fmt(", samples %.2f/s", s.samples_per_s) +
        fmt(", verified %.1f/min", s.verified_per_min) + " (" + std::to_string(s.verified) + ")" +
        fmt(", correct %.0f%%", frac("ok")) + fmt(", cheat %.0f%%", frac("rejected_cheat")) +
        fmt(", speedup mean %.2fx", r.mean_speedup) + fmt(" median %.2fx", r.median_speedup) +
@@ -246,6 +282,7 @@ std::vector<std::pair<std::string, double>> status_scalars(const Status& s) {
       {"gpu_wait_s", s.gpu_wait_s},
   };
   if (s.gpu_busy >= 0) v.push_back({"gpu_busy_frac", s.gpu_busy});
+  if (s.eta_s >= 0) v.push_back({"eta_s", s.eta_s});
   return v;
 }
 

@@ -60,6 +60,11 @@ class CounterTotals {
 struct Status {
   double elapsed_s = 0;
   int64_t step = 0, step_budget = 0;        // learner steps (budget 0: none)
+  double time_budget_s = 0;                 // launch.max_minutes in seconds (0: none)
+  // Seconds until the run stops: the earlier of the step budget at the learner's pace since
+  // this launcher saw its first step, and the time cap. -1: unknown (no budget, or no pace yet).
+  double eta_s = -1;
+  std::string eta_reason;                   // "step budget" or "time cap"
   double samples_per_s = 0, verified_per_min = 0;
   uint64_t samples = 0, verified = 0, extraction_failures = 0;
   ResultSummary results;
@@ -88,6 +93,9 @@ class RunMonitor {
   void sample_rates(double elapsed_s, Status& s);
 
   nlohmann::json to_json() const;            // the resume state (totals, not windows)
+  // Fills s.eta_s / s.eta_reason from s.step, s.step_budget and s.time_budget_s (sample_rates
+  // calls it; public for tests).
+  void fill_eta(double elapsed_s, Status& s);
   void from_json(const nlohmann::json& j);
 
  private:
@@ -107,11 +115,16 @@ class RunMonitor {
     uint64_t samples, verified, lag_sum;
   };
   std::deque<RateSample> rate_;
+  double first_step_t_ = -1;                // when this launcher first saw a learner step
+  int64_t first_step_ = 0;
 };
 
 // The terminal view (several lines, fixed width) and the one-line log view.
 std::string render_status(const Status& s);
 std::string render_status_line(const Status& s);
+// "1h05m", "4m07s", "12s"; and "ETA 4m07s (step budget)" / "ETA n/a" for a status.
+std::string format_duration(double seconds);
+std::string eta_text(const Status& s);
 // The numeric fields of a status for metrics/run.jsonl and TensorBoard.
 std::vector<std::pair<std::string, double>> status_scalars(const Status& s);
 
