@@ -1,7 +1,8 @@
 // NCCL communicator: one rank per GPU. Collectives run on a dedicated stream of this
 // rank's device; all_reduce_async() orders them after the caller's current stream (an
 // event), so gradient buckets reduce while backward keeps computing; synchronize()
-// makes the caller's stream wait for the communicator's stream.
+// makes the caller's stream wait for the communicator's stream. reduce_scatter and
+// all_gather are NCCL's in-place forms (this rank's slice at rank * numel / world).
 #include <cstring>
 
 #include "kf/common/error.h"
@@ -87,6 +88,37 @@ class NcclComm : public Communicator {
     done.record(*stream_);
     done.block(c10::cuda::getCurrentCUDAStream(device_));
   }
+  void reduce_scatter_sum(torch::Tensor& t) override {
+    reduce_scatter_async(t);
+    synchronize();
+  }
+  void reduce_scatter_async(torch::Tensor t) override {
+    check(t, "reduce_scatter");
+    check_sliced(t, "reduce_scatter");
+    c10::cuda::CUDAGuard guard(device_);
+    synchronize_into_comm();
+    const std::size_t m = t.numel() / world_;
+    auto* base = static_cast<char*>(t.data_ptr());
+    nccl_check(ncclReduceScatter(base, base + rank_ * m * t.element_size(), m, nccl_type(t, name()), ncclSum, comm_,
+                                 *stream_),
+               name() + ": ncclReduceScatter");
+    t.record_stream(*stream_);
+  }
+  void all_gather(torch::Tensor& t) override {
+    all_gather_async(t);
+    synchronize();
+  }
+  void all_gather_async(torch::Tensor t) override {
+    check(t, "all_gather");
+    check_sliced(t, "all_gather");
+    c10::cuda::CUDAGuard guard(device_);
+    synchronize_into_comm();
+    const std::size_t m = t.numel() / world_;
+    auto* base = static_cast<char*>(t.data_ptr());
+    nccl_check(ncclAllGather(base + rank_ * m * t.element_size(), base, m, nccl_type(t, name()), comm_, *stream_),
+               name() + ": ncclAllGather");
+    t.record_stream(*stream_);
+  }
   void broadcast(torch::Tensor& t, int root) override {
     check(t, "broadcast");
     c10::cuda::CUDAGuard guard(device_);
@@ -106,6 +138,11 @@ class NcclComm : public Communicator {
     at::cuda::CUDAEvent ready;
     ready.record(c10::cuda::getCurrentCUDAStream(device_));
     ready.block(*stream_);
+  }
+  void check_sliced(const torch::Tensor& t, const char* op) const {
+    if (t.numel() % world_ != 0)
+      throw Error(name() + ": " + op + " of " + std::to_string(t.numel()) + " elements: not a multiple of world " +
+                  std::to_string(world_) + " (pad the buffer)");
   }
   void check(const torch::Tensor& t, const char* op) const {
     if (!t.is_cuda() || t.get_device() != device_ || !t.is_contiguous())

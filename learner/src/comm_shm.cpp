@@ -138,6 +138,29 @@ class ShmComm : public Communicator {
     else reduce<double>(t);
   }
 
+  void reduce_scatter_sum(torch::Tensor& t) override {
+    check_sliced(t, "reduce_scatter", /*any_dtype=*/false);
+    if (world_ == 1) return;
+    if (t.scalar_type() == torch::kFloat32) scatter<float, float>(t);
+    else if (t.scalar_type() == torch::kFloat64) scatter<double, double>(t);
+    else scatter<c10::BFloat16, float>(t);
+  }
+
+  void all_gather(torch::Tensor& t) override {
+    check_sliced(t, "all_gather", /*any_dtype=*/true);
+    if (world_ == 1) return;
+    auto* p = static_cast<unsigned char*>(t.data_ptr());
+    const std::size_t slice = t.numel() / world_ * t.element_size();
+    for (std::size_t off = 0; off < slice; off += chunk_) {
+      const std::size_t len = std::min(chunk_, slice - off);
+      std::memcpy(slot(rank_), p + rank_ * slice + off, len);
+      barrier_named("all_gather");
+      for (int r = 0; r < world_; ++r)
+        if (r != rank_) std::memcpy(p + r * slice + off, slot(r), len);
+      barrier_named("all_gather");
+    }
+  }
+
   void broadcast(torch::Tensor& t, int root) override {
     check(t, "broadcast");
     if (world_ == 1) return;
@@ -171,6 +194,37 @@ class ShmComm : public Communicator {
     if (!t.device().is_cpu() || !t.is_contiguous() ||
         (t.scalar_type() != torch::kFloat32 && t.scalar_type() != torch::kFloat64))
       throw Error(name() + ": " + op + " needs a contiguous fp32/fp64 CPU tensor");
+  }
+
+  void check_sliced(const torch::Tensor& t, const char* op, bool any_dtype) const {
+    const auto st = t.scalar_type();
+    if (!t.device().is_cpu() || !t.is_contiguous() ||
+        (!any_dtype && st != torch::kFloat32 && st != torch::kFloat64 && st != torch::kBFloat16))
+      throw Error(name() + ": " + op + " needs a contiguous " + (any_dtype ? "" : "fp32/fp64/bf16 ") + "CPU tensor");
+    if (t.numel() % world_ != 0)
+      throw Error(name() + ": " + op + " of " + std::to_string(t.numel()) + " elements: not a multiple of world " +
+                  std::to_string(world_) + " (pad the buffer)");
+  }
+
+  // T: element type, A: accumulator (bf16 sums in fp32, rounded once).
+  template <typename T, typename A>
+  void scatter(torch::Tensor& t) {
+    T* p = t.data_ptr<T>();
+    const std::size_t m = t.numel() / world_;                     // slice length
+    const std::size_t per = std::max<std::size_t>(1, chunk_ / sizeof(T) / world_);  // window per slice
+    for (std::size_t off = 0; off < m; off += per) {
+      const std::size_t len = std::min(per, m - off);
+      T* mine = reinterpret_cast<T*>(slot(rank_));
+      for (int r = 0; r < world_; ++r) std::memcpy(mine + r * len, p + r * m + off, len * sizeof(T));
+      barrier_named("reduce_scatter");
+      T* out = p + rank_ * m + off;
+      for (std::size_t i = 0; i < len; ++i) {
+        A s = static_cast<A>(reinterpret_cast<const T*>(slot(0))[rank_ * len + i]);
+        for (int r = 1; r < world_; ++r) s += static_cast<A>(reinterpret_cast<const T*>(slot(r))[rank_ * len + i]);
+        out[i] = static_cast<T>(s);
+      }
+      barrier_named("reduce_scatter");
+    }
   }
 
   template <typename T>
@@ -241,11 +295,27 @@ class LocalComm : public Communicator {
   int world() const override { return 1; }
   std::string name() const override { return "learner comm local"; }
   void all_reduce_sum(torch::Tensor&) override {}
+  void reduce_scatter_sum(torch::Tensor&) override {}
+  void all_gather(torch::Tensor&) override {}
   void broadcast(torch::Tensor&, int) override {}
   void barrier() override {}
 };
 
 }  // namespace
+
+void Communicator::all_gather(torch::Tensor& t) {
+  const int w = world();
+  if (w == 1) return;
+  if (!t.is_contiguous() || t.numel() % w != 0)
+    throw Error(name() + ": all_gather needs a contiguous tensor whose numel is a multiple of world " +
+                std::to_string(w));
+  const int64_t m = t.numel() / w;
+  auto flat = t.view({-1});
+  for (int r = 0; r < w; ++r) {
+    auto slice = flat.narrow(0, r * m, m);
+    broadcast(slice, r);
+  }
+}
 
 std::unique_ptr<Communicator> make_local_comm() { return std::make_unique<LocalComm>(); }
 

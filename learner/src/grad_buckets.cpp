@@ -3,6 +3,8 @@
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include "kf/common/error.h"
+
 namespace kf::learner {
 namespace {
 
@@ -16,12 +18,25 @@ struct ReadyHook : torch::autograd::PostAccumulateGradHook {
 }  // namespace
 
 GradBuckets::GradBuckets(const std::vector<std::pair<std::string, torch::Tensor>>& params, std::size_t bucket_bytes,
-                         Communicator* comm)
-    : comm_(comm) {
+                         Communicator* comm, bool sharded)
+    : comm_(comm), sharded_(sharded) {
   torch::NoGradGuard ng;
   const int64_t n = static_cast<int64_t>(params.size());
   bucket_of_.assign(n, -1);
+  offset_of_.assign(n, 0);
   for (const auto& p : params) params_.push_back(p.second);
+  if (sharded_) {
+    if (!comm_) throw Error("learner gradient buckets: sharded mode needs a communicator");
+    rank_ = comm_->rank();
+    world_ = comm_->world();
+    for (const auto& p : params)
+      if (p.second.scalar_type() != params_[0].scalar_type() || p.second.device() != params_[0].device())
+        throw Error("learner gradient buckets (" + comm_->name() + "): parameter '" + p.first + "' is " +
+                    std::string(c10::toString(p.second.scalar_type())) + " on " + p.second.device().str() +
+                    ", the first one " + std::string(c10::toString(params_[0].scalar_type())) + " on " +
+                    params_[0].device().str() + ": sharding needs one dtype and device");
+  }
+  const auto gdtype = sharded_ && n > 0 ? params_[0].scalar_type() : torch::kFloat32;
   // Reverse order: the last layers' gradients come first in backward.
   std::vector<std::vector<int64_t>> members;
   std::vector<int64_t> elems;
@@ -35,15 +50,27 @@ GradBuckets::GradBuckets(const std::vector<std::pair<std::string, torch::Tensor>
     bucket_of_[i] = static_cast<int64_t>(members.size()) - 1;
     elems.back() += numel;
   }
+  // Sharded: world equal slices per bucket, each a multiple of 64 elements (aligned).
+  const int64_t align = sharded_ ? world_ * 64 : 1;
   for (std::size_t b = 0; b < members.size(); ++b) {
-    auto flat = torch::zeros({elems[b]}, params_[0].options().dtype(torch::kFloat32));
+    const int64_t len = (elems[b] + align - 1) / align * align;
+    auto flat = torch::zeros({len}, params_[0].options().dtype(gdtype));
+    torch::Tensor pflat;
+    if (sharded_) pflat = torch::zeros({len}, params_[0].options());
     int64_t off = 0;
     for (int64_t i : members[b]) {
       auto& p = params_[i];
+      offset_of_[i] = off;
+      if (sharded_) {
+        auto view = pflat.narrow(0, off, p.numel()).view(p.sizes());
+        view.copy_(p.detach());
+        p.set_data(view);  // every handle to this parameter (the model's too) now uses the bucket
+      }
       p.mutable_grad() = flat.narrow(0, off, p.numel()).view(p.sizes());
       off += p.numel();
     }
     flat_.push_back(flat);
+    if (sharded_) param_flat_.push_back(pflat);
     bucket_size_.push_back(static_cast<int64_t>(members[b].size()));
   }
   pending_ = bucket_size_;
@@ -53,6 +80,12 @@ GradBuckets::GradBuckets(const std::vector<std::pair<std::string, torch::Tensor>
 
 GradBuckets::~GradBuckets() {
   for (auto& p : params_) torch::autograd::impl::set_post_acc_grad_hooks(p, nullptr);
+}
+
+int64_t GradBuckets::padded_numel() const {
+  int64_t n = 0;
+  for (const auto& f : flat_) n += f.numel();
+  return n;
 }
 
 void GradBuckets::zero() {
@@ -75,7 +108,8 @@ void GradBuckets::on_grad_ready(int64_t param) {
 
 void GradBuckets::launch_ready_in_order(bool in_backward) {
   while (next_launch_ < static_cast<int64_t>(flat_.size()) && (!in_backward || pending_[next_launch_] == 0)) {
-    if (comm_) comm_->all_reduce_async(flat_[next_launch_]);
+    if (comm_ && sharded_) comm_->reduce_scatter_async(flat_[next_launch_]);
+    else if (comm_) comm_->all_reduce_async(flat_[next_launch_]);
     if (in_backward) ++launched_in_backward_;
     ++next_launch_;
   }

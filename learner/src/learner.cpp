@@ -151,9 +151,13 @@ Learner::Learner(LearnerConfig cfg, LearnerDeps deps) : cfg_(std::move(cfg)), de
     for (auto& p : impl_->reference->parameters()) p.set_requires_grad(false);
     impl_->reference->eval();
   }
-  impl_->opt = std::make_unique<AdamW>(impl_->params, cfg_.optim);
+  // Sharded training state (learner.dist.shard, docs/learner.md "Sharded state"; optimizer.h,
+  // grad_buckets.h): with "optimizer" the buckets reduce-scatter and own the parameters'
+  // storage, and AdamW keeps fp32 state for this rank's slice only. Its clip_grad_norm and
+  // state() are then collective (every rank calls them, as below).
   impl_->buckets = std::make_unique<GradBuckets>(impl_->params, static_cast<std::size_t>(cfg_.bucket_mb) << 20,
-                                                 deps_.comm);
+                                                 deps_.comm, cfg_.shard == ShardMode::optimizer);
+  impl_->opt = std::make_unique<AdamW>(impl_->params, cfg_.optim, impl_->buckets.get());
   if (deps_.snapshots && deps_.comm->rank() == 0 && cfg_.snapshot_every > 0)
     impl_->publisher = std::make_unique<SnapshotPublisher>(
         model_, deps_.snapshots, cfg_.snapshot_dtype == "fp32" ? torch::kFloat32 : torch::kBFloat16);
@@ -334,9 +338,7 @@ StepStats Learner::step() {
   impl_->buckets->finish();
   st.buckets_in_backward = impl_->buckets->launched_in_backward();
   comm.all_reduce_sum(stats);
-  std::vector<torch::Tensor> ps;
-  for (auto& p : impl_->params) ps.push_back(p.second);
-  st.grad_norm = clip_grad_norm(ps, cfg_.optim.grad_clip);
+  st.grad_norm = impl_->opt->clip_grad_norm(cfg_.optim.grad_clip);  // sharded: over all ranks' slices
   st.lr = schedule_lr(cfg_.optim, cfg_.schedule, step_);
   impl_->opt->step(st.lr);
   ++step_;
@@ -387,13 +389,14 @@ std::string Learner::checkpoint() {
   auto& comm = *deps_.comm;
   std::string path;
   if (deps_.checkpoint_dir.empty()) throw Error("learner: checkpoint() without a checkpoint_dir");
+  auto opt_state = impl_->opt->state();  // sharded: gathers the slices to rank 0 (all ranks call)
   if (comm.rank() == 0) {
     if (impl_->publisher) impl_->publisher->wait();
     ++counters_["checkpoints"];
     CheckpointData d;
     d.step = step_;
     d.model = impl_->params;
-    d.optimizer = impl_->opt->state();
+    d.optimizer = std::move(opt_state);
     if (impl_->reference)
       for (const auto& p : impl_->reference->named_parameters()) d.reference.emplace_back(p.key(), p.value());
     nlohmann::json state;

@@ -3,6 +3,8 @@
 #include <cmath>
 
 #include "kf/common/error.h"
+#include "kf/common/log.h"
+#include "kf/learner/grad_buckets.h"
 
 namespace kf::learner {
 
@@ -16,17 +18,122 @@ double schedule_lr(const OptimConfig& o, const ScheduleConfig& s, int64_t step) 
   return lo + 0.5 * (o.lr - lo) * (1.0 + std::cos(M_PI * p));
 }
 
-AdamW::AdamW(std::vector<std::pair<std::string, torch::Tensor>> params, OptimConfig cfg)
+namespace {
+
+// Sum of squares in fp64 (a 0-dim fp64 tensor on g's device), in chunks so a large
+// embedding never has a whole fp64 copy.
+torch::Tensor sum_squares(const torch::Tensor& g) {
+  const auto flat = g.reshape({-1});
+  const int64_t n = flat.numel(), chunk = int64_t{1} << 24;
+  auto total = torch::zeros({}, g.options().dtype(torch::kFloat64));
+  for (int64_t off = 0; off < n; off += chunk)
+    total += flat.narrow(0, off, std::min(chunk, n - off)).to(torch::kFloat64).pow(2).sum();
+  return total;
+}
+
+std::string mib(int64_t bytes) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.1f MiB (%lld bytes)", static_cast<double>(bytes) / (1 << 20),
+                static_cast<long long>(bytes));
+  return buf;
+}
+
+}  // namespace
+
+AdamW::AdamW(std::vector<std::pair<std::string, torch::Tensor>> params, OptimConfig cfg, GradBuckets* sharded)
     : params_(std::move(params)), cfg_(cfg) {
   torch::NoGradGuard ng;
+  int64_t numel = 0;
+  for (const auto& p : params_) numel += p.second.numel();
+  if (sharded && sharded->sharded()) {
+    shard_ = sharded;
+    if (shard_->params().size() != params_.size())
+      throw Error("learner optimizer: the sharded gradient buckets hold " + std::to_string(shard_->params().size()) +
+                  " parameters, the optimizer " + std::to_string(params_.size()));
+    master_is_param_ = params_.empty() || params_[0].second.scalar_type() == torch::kFloat32;
+    for (std::size_t b = 0; b < shard_->buckets(); ++b) {
+      const auto slice = shard_->param_shard(b);
+      master_.push_back(master_is_param_ ? slice : slice.to(torch::kFloat32).clone());
+      exp_avg_.push_back(torch::zeros({slice.numel()}, slice.options().dtype(torch::kFloat32)));
+      exp_avg_sq_.push_back(torch::zeros({slice.numel()}, slice.options().dtype(torch::kFloat32)));
+    }
+    auto* comm = shard_->comm();
+    log_info("learner optimizer (", comm->name(), "): AdamW state ", mib(state_bytes()), " on this rank: fp32 moments",
+             master_is_param_ ? " (fp32 parameters are their own master)" : " + fp32 master", " for ",
+             shard_->padded_numel() / comm->world(), " of ", numel, " parameters (padded to ", shard_->padded_numel(),
+             ", sharded over ", comm->world(), " ranks)");
+    return;
+  }
   for (const auto& p : params_) {
     exp_avg_.push_back(torch::zeros_like(p.second, p.second.options().dtype(torch::kFloat32)));
     exp_avg_sq_.push_back(torch::zeros_like(p.second, p.second.options().dtype(torch::kFloat32)));
   }
+  log_info("learner optimizer: AdamW state ", mib(state_bytes()), " on this rank: fp32 moments for all ", numel,
+           " parameters (not sharded)");
+}
+
+int64_t AdamW::state_bytes() const {
+  int64_t n = 0;
+  for (const auto& t : exp_avg_) n += t.numel();
+  for (const auto& t : exp_avg_sq_) n += t.numel();
+  if (!master_is_param_)
+    for (const auto& t : master_) n += t.numel();
+  return n * 4;
+}
+
+double AdamW::clip_grad_norm(double max_norm) {
+  if (!shard_) {
+    std::vector<torch::Tensor> ps;
+    for (const auto& p : params_) ps.push_back(p.second);
+    return kf::learner::clip_grad_norm(ps, max_norm);
+  }
+  torch::NoGradGuard ng;
+  torch::Tensor total;
+  for (std::size_t b = 0; b < shard_->buckets(); ++b) {
+    const auto s = sum_squares(shard_->grad_shard(b));
+    total = total.defined() ? total + s : s;
+  }
+  if (!total.defined()) total = torch::zeros({}, torch::kFloat64);
+  auto t = total.reshape({1}).contiguous();
+  shard_->comm()->all_reduce_sum(t);
+  const double norm = std::sqrt(t.item<double>());
+  if (max_norm > 0 && norm > max_norm) {
+    const double scale = max_norm / (norm + 1e-6);
+    for (std::size_t b = 0; b < shard_->buckets(); ++b) shard_->grad_shard(b).mul_(scale);
+  }
+  return norm;
+}
+
+void AdamW::step_sharded(double lr) {
+  const double bc1 = 1.0 - std::pow(cfg_.beta1, static_cast<double>(steps_));
+  const double bc2 = 1.0 - std::pow(cfg_.beta2, static_cast<double>(steps_));
+  const double step_size = lr / bc1;
+  const double bc2_sqrt = std::sqrt(bc2);
+  auto* comm = shard_->comm();
+  // The same operations, in the same order, as the unsharded update below: per element
+  // the result is the same.
+  for (std::size_t b = 0; b < shard_->buckets(); ++b) {
+    auto& p = master_[b];
+    const auto g = shard_->grad_shard(b).to(torch::kFloat32);
+    if (cfg_.weight_decay != 0.0) p.mul_(1.0 - lr * cfg_.weight_decay);
+    exp_avg_[b].lerp_(g, 1.0 - cfg_.beta1);
+    exp_avg_sq_[b].mul_(cfg_.beta2).addcmul_(g, g, 1.0 - cfg_.beta2);
+    const auto denom = (exp_avg_sq_[b].sqrt() / bc2_sqrt).add_(cfg_.eps);
+    p.addcdiv_(exp_avg_[b], denom, -step_size);
+    if (!master_is_param_) shard_->param_shard(b).copy_(p);
+    // NCCL: bucket b's gather overlaps bucket b+1's update.
+    comm->all_gather_async(shard_->param_flat(b));
+  }
+  comm->synchronize();
 }
 
 void AdamW::step(double lr) {
   torch::NoGradGuard ng;
+  if (shard_) {
+    ++steps_;
+    step_sharded(lr);
+    return;
+  }
   ++steps_;
   const double bc1 = 1.0 - std::pow(cfg_.beta1, static_cast<double>(steps_));
   const double bc2 = 1.0 - std::pow(cfg_.beta2, static_cast<double>(steps_));
@@ -51,6 +158,40 @@ void AdamW::step(double lr) {
 
 std::vector<std::pair<std::string, torch::Tensor>> AdamW::state() const {
   std::vector<std::pair<std::string, torch::Tensor>> out;
+  if (shard_) {
+    // Bucket by bucket: all-gather each slice tensor into a whole bucket (device memory:
+    // one bucket), rank 0 keeps the per-parameter pieces on CPU.
+    torch::NoGradGuard ng;
+    auto* comm = shard_->comm();
+    const bool keep = comm->rank() == 0;
+    const std::size_t n = params_.size();
+    std::vector<torch::Tensor> m(n), v(n), w(n);
+    for (std::size_t b = 0; b < shard_->buckets(); ++b) {
+      const auto& flat = shard_->flat()[b];
+      auto gather = [&](const torch::Tensor& slice, std::vector<torch::Tensor>& into) {
+        auto buf = torch::zeros({flat.numel()}, slice.options());
+        buf.narrow(0, shard_->shard_offset(b), shard_->shard_numel(b)).copy_(slice);
+        comm->all_gather(buf);
+        if (!keep) return;
+        const auto cpu = buf.to(torch::kCPU);
+        for (std::size_t i = 0; i < n; ++i) {
+          if (shard_->bucket_of(static_cast<int64_t>(i)) != static_cast<int64_t>(b)) continue;
+          const auto& p = params_[i].second;
+          into[i] = cpu.narrow(0, shard_->offset_in_bucket(static_cast<int64_t>(i)), p.numel()).view(p.sizes()).clone();
+        }
+      };
+      gather(exp_avg_[b], m);
+      gather(exp_avg_sq_[b], v);
+      if (!master_is_param_) gather(master_[b], w);
+    }
+    if (!keep) return out;
+    for (std::size_t i = 0; i < n; ++i) {
+      out.emplace_back(params_[i].first + ".exp_avg", m[i]);
+      out.emplace_back(params_[i].first + ".exp_avg_sq", v[i]);
+      if (!master_is_param_) out.emplace_back(params_[i].first + ".master", w[i]);
+    }
+    return out;
+  }
   for (std::size_t i = 0; i < params_.size(); ++i) {
     out.emplace_back(params_[i].first + ".exp_avg", exp_avg_[i]);
     out.emplace_back(params_[i].first + ".exp_avg_sq", exp_avg_sq_[i]);
@@ -62,6 +203,29 @@ void AdamW::load_state_tensor(const std::string& name, const torch::Tensor& valu
   torch::NoGradGuard ng;
   for (std::size_t i = 0; i < params_.size(); ++i) {
     const auto& pn = params_[i].first;
+    if (shard_) {
+      // Sharded: this rank's slice of the whole tensor. A checkpoint written at any world
+      // size (or unsharded) holds whole tensors, so this is also the re-shard.
+      const bool is_m = name == pn + ".exp_avg", is_v = name == pn + ".exp_avg_sq", is_w = name == pn + ".master";
+      if (!is_m && !is_v && !is_w) continue;
+      const auto& p = params_[i].second;
+      if (value.sizes() != p.sizes())
+        throw Error("optimizer state '" + name + "': shape mismatch with its parameter");
+      if (is_w && master_is_param_) return;  // fp32 parameters come from model.safetensors
+      const int64_t b = shard_->bucket_of(static_cast<int64_t>(i)), off = shard_->offset_in_bucket(static_cast<int64_t>(i));
+      const int64_t lo = shard_->shard_offset(b), hi = lo + shard_->shard_numel(b);
+      const int64_t a = std::max(off, lo), e = std::min(off + p.numel(), hi);
+      if (a >= e) return;  // no part of this parameter is in this rank's slice
+      const auto src = value.reshape({-1}).narrow(0, a - off, e - a);
+      auto& dst = is_m ? exp_avg_[b] : is_v ? exp_avg_sq_[b] : master_[b];
+      dst.narrow(0, a - lo, e - a).copy_(src);
+      // A separate master starts from the loaded parameter; "<name>.master" (read after
+      // the moments: names sort) then replaces it with the exact fp32 value.
+      if (is_m && !master_is_param_)
+        master_[b].narrow(0, a - lo, e - a).copy_(shard_->param_shard(b).narrow(0, a - lo, e - a));
+      return;
+    }
+    if (name == pn + ".master") return;  // a sharded bf16 run's master: the parameter is loaded
     torch::Tensor* dst = nullptr;
     if (name == pn + ".exp_avg") dst = &exp_avg_[i];
     else if (name == pn + ".exp_avg_sq") dst = &exp_avg_sq_[i];
@@ -79,7 +243,7 @@ double clip_grad_norm(const std::vector<torch::Tensor>& params, double max_norm)
   torch::Tensor total;
   for (const auto& p : params) {
     if (!p.grad().defined()) continue;
-    const auto s = p.grad().to(torch::kFloat32).pow(2).sum();
+    const auto s = sum_squares(p.grad());
     total = total.defined() ? total + s : s;
   }
   if (!total.defined()) return 0.0;

@@ -1,5 +1,5 @@
 // Checkpoint files: atomic folders, keep-last-K, and the fallback past corrupt or
-// partial checkpoints.
+// partial checkpoints; sharded optimizer state through a checkpoint (exact resume, re-shard).
 #include <gtest/gtest.h>
 #include <dirent.h>
 #include <sys/stat.h>
@@ -10,6 +10,7 @@
 #include "kf/common/error.h"
 
 #include "kf/learner/checkpoint.h"
+#include "shard_util.h"
 #include "test_util.h"
 
 using namespace kf::learner;
@@ -136,4 +137,52 @@ TEST(LearnerCheckpointTest, FallbackRenamesCorruptFoldersAndARewriteNeverOverwri
   EXPECT_NO_THROW(verify_checkpoint(dir + "/" + checkpoint_name(3)));
   EXPECT_EQ(names_with(dir, checkpoint_name(3) + ".corrupt-").size(), 1u);
   EXPECT_EQ(list_checkpoints(dir).size(), 2u);  // 1 and 3; the .corrupt-* folders are not checkpoints
+}
+
+// Sharded training state through a checkpoint (kf-learner processes on CPU ranks): rank 0
+// gathers the optimizer slices into whole per-parameter tensors, so the checkpoint has the
+// unsharded format; resuming at the same world size continues bitwise like the straight
+// run, and resuming at another world size re-shards (each rank takes its slice of the
+// whole tensors): bitwise what an unsharded run resumed from that checkpoint does.
+TEST(LearnerShardTest, ShardedResumeIsExactAndReshardsAtAnotherWorldSize) {
+  namespace lt = kf::learner::test;
+  TempDir tmp;
+  const std::string shard = "  dist:\n    shard: optimizer\n";
+  const std::string run = tmp.path + "/run";
+  const auto straight = lt::run_shard_ranks(tmp.path, "straight", 2, 4, shard);
+  ASSERT_EQ(straight.codes, (std::vector<int>{0, 0})) << straight.logs[0] << straight.logs[1];
+  const auto first = lt::run_shard_ranks(tmp.path, "first", 2, 2, shard, {"--final-checkpoint"}, run);
+  ASSERT_EQ(first.codes, (std::vector<int>{0, 0})) << first.logs[0] << first.logs[1];
+  const std::string ckpt = run + "/checkpoints/" + checkpoint_name(2);
+  verify_checkpoint(ckpt);
+  // Whole tensors, named as an unsharded checkpoint names them.
+  const auto opt = read_tensors(ckpt + "/optimizer.safetensors");
+  const auto model = read_tensors(ckpt + "/model.safetensors");
+  ASSERT_EQ(opt.size(), 2 * model.size());
+  for (const auto& [name, w] : model) {
+    ASSERT_TRUE(opt.count(name + ".exp_avg")) << name;
+    EXPECT_EQ(opt.at(name + ".exp_avg").sizes(), w.sizes()) << name;
+    EXPECT_GT(opt.at(name + ".exp_avg_sq").abs().sum().item<double>(), 0) << name << ": moments never gathered";
+  }
+  const auto resumed = lt::run_shard_ranks(tmp.path, "resumed", 2, 4, shard, {"--resume"}, run);
+  ASSERT_EQ(resumed.codes, (std::vector<int>{0, 0})) << resumed.logs[0] << resumed.logs[1];
+  EXPECT_NE(resumed.logs[1].find("resumed from " + ckpt), std::string::npos) << resumed.logs[1];
+  EXPECT_TRUE(lt::bitwise_equal(resumed.weights, straight.weights))
+      << "resumed sharded run differs from the straight one; max relative difference "
+      << lt::max_rel_diff(resumed.weights, straight.weights);
+  EXPECT_EQ(resumed.checksums, straight.checksums);
+  // Another world size: 4 sharded ranks from the 2-rank checkpoint against 4 unsharded ones.
+  const auto reshard = lt::run_shard_ranks(tmp.path, "reshard4", 4, 4, shard, {"--resume"}, run);
+  const auto plain = lt::run_shard_ranks(tmp.path, "plain4", 4, 4, "", {"--resume"}, run);
+  for (int k = 0; k < 4; ++k) {
+    ASSERT_EQ(reshard.codes[k], 0) << reshard.logs[k];
+    ASSERT_EQ(plain.codes[k], 0) << plain.logs[k];
+  }
+  EXPECT_NE(reshard.logs[3].find("resumed from " + ckpt), std::string::npos) << reshard.logs[3];
+  EXPECT_TRUE(lt::bitwise_equal(reshard.weights, plain.weights))
+      << "re-sharded resume differs from the unsharded one; max relative difference "
+      << lt::max_rel_diff(reshard.weights, plain.weights);
+  std::map<std::string, torch::Tensor> at_two(model.begin(), model.end());
+  EXPECT_FALSE(lt::bitwise_equal(reshard.weights, at_two)) << "the 4 ranks must have trained past step 2";
+  EXPECT_EQ(reshard.steps.size(), 2u);
 }

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstring>
 
 #include "kf/common/error.h"
@@ -78,6 +79,51 @@ TEST(LearnerCommTest, ShmAllReduceSumsOverFourProcessesAndAgreesBitwise) {
   ASSERT_EQ(hashes.size(), 4u);
   EXPECT_GT(hashes[0], 2u);
   for (int r = 1; r < 4; ++r) EXPECT_EQ(hashes[r], hashes[0]) << "rank " << r << " differs";
+}
+
+TEST(LearnerCommTest, ShmReduceScatterMatchesAllReduceBitwiseAndAllGatherAssembles) {
+  // 4 ranks, 3 * 40000 elements per slice: several 64 KiB rounds per slice.
+  const int world = 4;
+  const int64_t m = 120000, n = world * m;
+  const auto got = run_ranks(seg_name("rs"), world, [=](Communicator& c, int r) -> uint64_t {
+    std::vector<float> a(n), b(n);
+    for (int64_t i = 0; i < n; ++i) a[i] = b[i] = std::sin(0.001f * static_cast<float>(i) * (r + 1)) / (r + 3);
+    auto ta = torch::from_blob(a.data(), {n}, torch::kFloat32), tb = torch::from_blob(b.data(), {n}, torch::kFloat32);
+    c.all_reduce_sum(ta);
+    c.reduce_scatter_sum(tb);
+    // The owned slice is bitwise what the all-reduce gives (same rank-order sum).
+    if (std::memcmp(a.data() + r * m, b.data() + r * m, m * sizeof(float)) != 0) return 1;
+    // all_gather: every slice comes from its owner; here each rank writes its rank into
+    // its slice of an int buffer and garbage elsewhere.
+    std::vector<int32_t> g(n, -7);
+    for (int64_t i = 0; i < m; ++i) g[r * m + i] = r * 1000 + static_cast<int32_t>(i % 1000);
+    auto tg = torch::from_blob(g.data(), {n}, torch::kInt32);
+    c.all_gather(tg);
+    for (int q = 0; q < world; ++q)
+      for (int64_t i : {int64_t{0}, int64_t{999}, m - 1})
+        if (g[q * m + i] != q * 1000 + static_cast<int32_t>(i % 1000)) return 2;
+    // bf16 reduce-scatter (summed in fp32, rounded once).
+    std::vector<c10::BFloat16> h(n, c10::BFloat16(0.5f));
+    auto th = torch::from_blob(h.data(), {n}, torch::kBFloat16);
+    c.reduce_scatter_sum(th);
+    if (static_cast<float>(h[r * m]) != 2.0f || static_cast<float>(h[r * m + m - 1]) != 2.0f) return 3;
+    // A buffer that is not a multiple of the world is refused with the communicator's name.
+    std::vector<float> odd(n + 1);
+    auto to = torch::from_blob(odd.data(), {n + 1}, torch::kFloat32);
+    try {
+      c.reduce_scatter_sum(to);
+      return 4;
+    } catch (const kf::Error& e) {
+      if (std::string(e.what()).find("not a multiple of world 4") == std::string::npos) return 5;
+    }
+    // The gathered all-reduce result: every rank holds the same bits.
+    c.all_gather(tb);
+    if (std::memcmp(a.data(), b.data(), n * sizeof(float)) != 0) return 6;
+    return hash64(b.data(), n * sizeof(float));
+  });
+  ASSERT_EQ(got.size(), 4u);
+  EXPECT_GT(got[0], 6u) << "rank 0 failed check " << got[0];
+  for (int r = 1; r < world; ++r) EXPECT_EQ(got[r], got[0]) << "rank " << r;
 }
 
 TEST(LearnerCommTest, ShmBroadcastCopiesRootToAll) {

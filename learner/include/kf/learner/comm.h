@@ -1,5 +1,6 @@
 // Communicator: what data-parallel learner ranks need from each other. All-reduce (sum)
-// of flat fp32/fp64 buffers, broadcast and barrier, identical for every backend:
+// of flat fp32/fp64 buffers, reduce-scatter and all-gather (sharded training state),
+// broadcast and barrier, identical for every backend:
 //  - local: one rank, every call a no-op (serial mode);
 //  - shm:   ranks are processes of one host sharing a POSIX shared-memory segment; a
 //           chunked reduce-scatter + all-gather, each element summed in rank order, so
@@ -40,6 +41,19 @@ class Communicator {
   virtual void synchronize() {}
   virtual void broadcast(torch::Tensor& t, int root) = 0;
   virtual void barrier() = 0;
+
+  // Reduce-scatter (sum), in place. t: contiguous fp32/fp64 (shm also bf16, summed in
+  // fp32), numel a multiple of world(), seen as world() equal slices. Afterwards slice
+  // rank() of t holds the sum over ranks of that slice; the other slices are unspecified.
+  // shm sums each element in rank order exactly as all_reduce_sum does, so the owned
+  // slice is bitwise what an all-reduce would have left there.
+  // The defaults (all-reduce; one broadcast per rank) are correct for any backend.
+  virtual void reduce_scatter_sum(torch::Tensor& t) { all_reduce_sum(t); }
+  virtual void reduce_scatter_async(torch::Tensor t) { reduce_scatter_sum(t); }
+  // All-gather, in place: t (contiguous, any dtype, numel a multiple of world()) is seen as
+  // world() equal slices; afterwards slice r holds what rank r had in its slice r.
+  virtual void all_gather(torch::Tensor& t);
+  virtual void all_gather_async(torch::Tensor t) { all_gather(t); }
 };
 
 // Hand-over of small blobs (the NCCL unique id) from rank 0 to the others.

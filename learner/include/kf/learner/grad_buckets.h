@@ -10,6 +10,14 @@
 // NCCL the reductions run on the communicator's stream while backward continues; with
 // the shm communicator they run inline on the autograd thread. finish() reduces any
 // bucket not yet launched (a rank with no data, unused parameters) and synchronises.
+//
+// Sharded mode (learner.dist.shard: optimizer): every bucket is padded to a multiple of
+// world * 64 elements and split into world equal slices; rank r owns slice r of every
+// bucket (its "shard": 1/world of the padded flat parameter buffer). Buckets are
+// reduce-scattered instead of all-reduced, so after finish() only the owned slices hold
+// the summed gradient. The parameters themselves are rebound (set_data) to views into
+// flat parameter buckets of the same layout, so AdamW updates the owned slice in place
+// and one in-place all-gather per bucket gives every rank the whole model.
 // Threading: the learner thread, plus the autograd thread inside backward().
 #pragma once
 #include <torch/torch.h>
@@ -25,9 +33,10 @@ namespace kf::learner {
 
 class GradBuckets {
  public:
-  // params: (name, tensor) of the trainable parameters, all on one device, fp32.
+  // params: (name, tensor) of the trainable parameters, all on one device, fp32 (sharded:
+  // any one floating dtype; gradients then have that dtype too).
   GradBuckets(const std::vector<std::pair<std::string, torch::Tensor>>& params, std::size_t bucket_bytes,
-              Communicator* comm);
+              Communicator* comm, bool sharded = false);
   ~GradBuckets();
   GradBuckets(const GradBuckets&) = delete;
   GradBuckets& operator=(const GradBuckets&) = delete;
@@ -39,17 +48,35 @@ class GradBuckets {
   int64_t launched_in_backward() const { return launched_in_backward_; }  // last finish()
   const std::vector<torch::Tensor>& flat() const { return flat_; }
 
+  // Sharded layout (sharded() only).
+  bool sharded() const { return sharded_; }
+  Communicator* comm() const { return comm_; }
+  int64_t shard_numel(std::size_t b) const { return flat_[b].numel() / world_; }
+  int64_t shard_offset(std::size_t b) const { return rank_ * shard_numel(b); }  // in bucket b
+  torch::Tensor grad_shard(std::size_t b) const { return flat_[b].narrow(0, shard_offset(b), shard_numel(b)); }
+  torch::Tensor param_flat(std::size_t b) const { return param_flat_[b]; }
+  torch::Tensor param_shard(std::size_t b) const { return param_flat_[b].narrow(0, shard_offset(b), shard_numel(b)); }
+  // Where parameter i lives: its bucket and element offset in that bucket.
+  int64_t bucket_of(int64_t param) const { return bucket_of_[param]; }
+  int64_t offset_in_bucket(int64_t param) const { return offset_of_[param]; }
+  const std::vector<torch::Tensor>& params() const { return params_; }
+  int64_t padded_numel() const;  // sum of bucket sizes, padding included
+
   // Called by the hooks.
   void on_grad_ready(int64_t param);
 
  private:
   void launch_ready_in_order(bool in_backward);
   std::vector<torch::Tensor> flat_;
+  std::vector<torch::Tensor> param_flat_;  // sharded: parameter storage, same layout
   std::vector<int64_t> bucket_of_;     // per parameter
+  std::vector<int64_t> offset_of_;     // per parameter: element offset in its bucket
   std::vector<int64_t> bucket_size_;   // parameters per bucket
   std::vector<int64_t> pending_;
   std::vector<torch::Tensor> params_;
   Communicator* comm_;
+  bool sharded_ = false;
+  int64_t rank_ = 0, world_ = 1;
   bool armed_ = false;
   int64_t next_launch_ = 0;
   int64_t launched_in_backward_ = 0;
