@@ -12,6 +12,7 @@
 #include "kf/common/run_dir.h"
 #include "kf/learner/checkpoint.h"
 #include "kf/policy/checkpoint.h"
+#include "kf/policy/safetensors_format.h"
 
 namespace kf::learner {
 namespace {
@@ -57,6 +58,98 @@ std::string tokenizer_files_dir(const std::string& ckpt_path, const std::string&
   }
   return policy;
 }
+struct CheckpointLora {
+  policy::LoraConfig config;  // rank 0: not a LoRA checkpoint
+  std::string base_model;     // the run's learner.policy ("" for a random-init base)
+  bool base_in_checkpoint = false;
+};
+
+CheckpointLora checkpoint_lora(const std::string& ckpt) {
+  CheckpointLora out;
+  const std::string file = ckpt + "/state.json";
+  try {
+    const auto state = nlohmann::json::parse(read_file(file));
+    if (!state.contains("lora")) return out;
+    const auto& l = state.at("lora");
+    out.config.rank = l.at("rank").get<int64_t>();
+    out.config.alpha = l.at("alpha").get<double>();
+    out.config.targets = l.at("targets").get<std::vector<std::string>>();
+    out.base_model = l.value("base_model", std::string());
+    out.base_in_checkpoint = l.value("base_in_checkpoint", false);
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(file + ": field \"lora\": " + e.what());
+  }
+  return out;
+}
+
+// The checkpoint's LoRA model in fp32 on the CPU: base weights, adapters from `weights`.
+policy::CausalLM lora_model(const std::string& ckpt, const policy::ModelConfig& cfg, const CheckpointLora& lora,
+                            const std::map<std::string, torch::Tensor>& weights, const std::string& base_override) {
+  const auto f32 = torch::TensorOptions().dtype(torch::kFloat32);
+  policy::CausalLM m{nullptr};
+  if (lora.base_in_checkpoint) {
+    m = policy::CausalLM(cfg, f32);
+  } else {
+    const std::string base = base_override.empty() ? lora.base_model : base_override;
+    if (base.empty() || !exists(base + "/config.json"))
+      throw Error("export: " + ckpt + " holds LoRA adapters only and its base model folder '" + base +
+                  "' (state.json lora.base_model) has no config.json; pass --base-model");
+    m = policy::load_policy(base, torch::kCPU, torch::kFloat32).model;
+    if (m->config().hidden_size != cfg.hidden_size || m->config().num_hidden_layers != cfg.num_hidden_layers ||
+        m->config().vocab_size != cfg.vocab_size)
+      throw Error("export: base model " + base + " does not have the shape of " + ckpt + "/config.json");
+  }
+  m->enable_lora(lora.config, 0, torch::kFloat32);
+  torch::NoGradGuard ng;
+  auto params = m->named_parameters();
+  for (auto& item : params) {
+    const bool adapter = policy::is_lora_param(item.key());
+    if (!adapter && !lora.base_in_checkpoint) continue;  // from the base folder
+    auto it = weights.find(item.key());
+    if (it == weights.end()) throw Error(ckpt + "/model.safetensors: tensor '" + item.key() + "' is missing");
+    if (it->second.sizes() != item.value().sizes())
+      throw Error(ckpt + "/model.safetensors: tensor '" + item.key() + "': shape mismatch with config.json and state.json lora");
+    item.value().copy_(it->second);
+  }
+  return m;
+}
+
+// PEFT's folder: adapter_config.json + adapter_model.safetensors with PEFT's key names
+// (base_model.model.<our name>), which peft's PeftModel.from_pretrained loads onto the base.
+void write_peft_adapter(policy::CausalLM& m, const CheckpointLora& lora, const ExportOptions& opt,
+                        const std::string& out_dir) {
+  ::mkdir(out_dir.c_str(), 0755);
+  const auto dtype = opt.dtype == "bfloat16" ? torch::kBFloat16 : torch::kFloat32;
+  std::vector<policy::StWriteSpec> specs;
+  std::vector<torch::Tensor> data;
+  for (const auto& p : m->named_parameters()) {
+    if (!policy::is_lora_param(p.key())) continue;
+    specs.push_back({"base_model.model." + p.key(), policy::safetensors_dtype(dtype), p.value().sizes().vec()});
+    data.push_back(p.value().detach().to(torch::kCPU, dtype).contiguous());
+  }
+  policy::st_write(out_dir + "/adapter_model.safetensors", specs,
+                   [&](std::size_t i, std::string& bytes) {
+                     bytes.assign(static_cast<const char*>(data[i].data_ptr()), data[i].nbytes());
+                   },
+                   {{"format", "pt"}});
+  const std::string base = !opt.base_model.empty() ? opt.base_model : lora.base_model;
+  nlohmann::json cfg = {{"peft_type", "LORA"},
+                        {"task_type", "CAUSAL_LM"},
+                        {"r", lora.config.rank},
+                        {"lora_alpha", lora.config.alpha},
+                        {"target_modules", lora.config.targets},
+                        {"lora_dropout", 0.0},
+                        {"bias", "none"},
+                        {"fan_in_fan_out", false},
+                        {"use_rslora", false},
+                        {"use_dora", false},
+                        {"init_lora_weights", true},
+                        {"inference_mode", true},
+                        {"modules_to_save", nullptr},
+                        {"base_model_name_or_path", base.empty() ? nlohmann::json(nullptr) : nlohmann::json(base)}};
+  write_file_atomic(out_dir + "/adapter_config.json", cfg.dump(2) + "\n");
+}
+
 }  // namespace
 
 std::string export_checkpoint(const std::string& checkpoint, const std::string& out_dir, const ExportOptions& opt) {
@@ -75,9 +168,23 @@ std::string export_checkpoint(const std::string& checkpoint, const std::string& 
   policy::Policy p;
   p.config = cfg;
   p.model = policy::CausalLM(cfg, torch::TensorOptions().dtype(dtype));
+  const auto lora = checkpoint_lora(ckpt);
+  if (opt.peft && !lora.config.rank)
+    throw Error("export --peft: " + ckpt + " is not a LoRA checkpoint (state.json has no \"lora\" section)");
   {
     torch::NoGradGuard ng;
     auto weights = read_tensors(ckpt + "/model.safetensors");
+    if (lora.config.rank > 0) {
+      // Frozen base (from the checkpoint, or the model folder the run started from) plus
+      // the trained adapters, then merged: W + (alpha / rank) B A.
+      auto full = lora_model(ckpt, cfg, lora, weights, opt.base_model);
+      if (opt.peft) {
+        write_peft_adapter(full, lora, opt, out_dir);
+        log_info("export: ", ckpt, " -> ", out_dir, " (PEFT LoRA adapter, rank ", lora.config.rank, ", ", opt.dtype, ")");
+        return ckpt;
+      }
+      weights = full->merged_weights();
+    }
     auto params = p.model->named_parameters();
     for (auto& item : params) {
       auto it = weights.find(item.key());

@@ -70,14 +70,18 @@ torch::Tensor from_hex(const std::string& s) {
 }  // namespace
 
 std::vector<std::pair<std::string, double>> step_scalars(const StepStats& st) {
-  return {{"loss", st.loss},
+  std::vector<std::pair<std::string, double>> out = {{"loss", st.loss},
           {"grpo_loss", st.grpo_loss},
           {"pairwise_loss", st.pairwise_loss},
           {"kl", st.kl},
           {"clip_fraction", st.clip_fraction},
           {"mean_ratio", st.mean_ratio},
+          {"kl_behaviour", st.kl_behaviour},
+          {"entropy", st.entropy},
           {"grad_norm", st.grad_norm},
           {"lr", st.lr},
+          {"response_length_mean", st.response_length_mean},
+          {"response_length_max", double(st.response_length_max)},
           {"sequences", double(st.sequences)},
           {"tokens", double(st.tokens)},
           {"pairs", double(st.pairs)},
@@ -87,6 +91,9 @@ std::vector<std::pair<std::string, double>> step_scalars(const StepStats& st) {
           {"take_seconds", st.take_seconds},
           {"gpu_wait_seconds", st.gpu_wait_seconds},
           {"buckets_in_backward", double(st.buckets_in_backward)}};
+  // Truncation is known only when the model names its end-of-sequence ids.
+  if (st.truncated_fraction >= 0) out.emplace_back("truncated_fraction", st.truncated_fraction);
+  return out;
 }
 
 policy::ModelConfig model_shape(const std::string& name) { return policy::named_model_shape(name); }
@@ -99,6 +106,7 @@ struct Learner::Impl {
   policy::CausalLM reference{nullptr};
   policy::GpuShare gpu_share;  // shared hold of a GPU the run's evaluator may be timing on
   bool autocast = false;
+  bool reference_is_base = false;  // LoRA: reference log-probs from the model, adapters off
   std::string config_json;
 };
 
@@ -113,10 +121,18 @@ Learner::Learner(LearnerConfig cfg, LearnerDeps deps) : cfg_(std::move(cfg)), de
     at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/dev.is_cuda());
     torch::manual_seed(cfg_.seed);
   }
-  const auto opts = torch::TensorOptions().dtype(torch::kFloat32).device(dev);
+  if (cfg_.precision == "bf16" && !dev.is_cuda())
+    throw Error("learner.precision: bf16 autocast needs a CUDA device (this learner runs on CPU)");
+  impl_->autocast = dev.is_cuda() && cfg_.precision != "fp32";
+  const bool lora = cfg_.lora_rank > 0;
+  // Full fine-tuning keeps fp32 weights (the optimizer updates them); with LoRA the base
+  // is frozen, so it is held in the compute dtype (bf16 under autocast) and only the
+  // adapters are fp32.
+  const auto base_dtype = lora && impl_->autocast ? torch::kBFloat16 : torch::kFloat32;
+  const auto opts = torch::TensorOptions().dtype(base_dtype).device(dev);
   policy::ModelConfig mc;
   if (!cfg_.policy.empty()) {
-    auto p = policy::load_policy(cfg_.policy, dev, torch::kFloat32);
+    auto p = policy::load_policy(cfg_.policy, dev, base_dtype);
     model_ = p.model;
     mc = p.config;
     const std::string tok = cfg_.policy + "/tokenizer.json";
@@ -130,20 +146,31 @@ Learner::Learner(LearnerConfig cfg, LearnerDeps deps) : cfg_(std::move(cfg)), de
   model_->set_gradient_checkpointing(cfg_.gradient_checkpointing);
   model_->train();
   impl_->config_json = policy::model_config_to_json(mc);
-  if (cfg_.precision == "bf16" && !dev.is_cuda())
-    throw Error("learner.precision: bf16 autocast needs a CUDA device (this learner runs on CPU)");
-  impl_->autocast = dev.is_cuda() && cfg_.precision != "fp32";
-  for (const auto& p : model_->named_parameters()) impl_->params.emplace_back(p.key(), p.value());
   // Rank 0's weights are everyone's (random init or a checkpoint on a shared disk).
   {
     torch::NoGradGuard ng;
-    for (auto& [name, t] : impl_->params) {
+    for (auto& p : model_->named_parameters()) {
+      auto& t = p.value();
       auto flat = t.detach().contiguous().view({-1});
       deps_.comm->broadcast(flat, 0);
       if (flat.data_ptr() != t.data_ptr()) t.view({-1}).copy_(flat);
     }
   }
-  if (cfg_.needs_reference()) {
+  if (lora) {
+    policy::LoraConfig lc;
+    lc.rank = cfg_.lora_rank;
+    lc.alpha = cfg_.lora_alpha;
+    lc.targets = cfg_.lora_targets;
+    // Same seed on every rank: the same adapters everywhere (B = 0: the base's outputs).
+    model_->enable_lora(lc, cfg_.seed + 1, torch::kFloat32);
+  }
+  // The optimizer, the gradient buckets and checkpoints see the trainable parameters
+  // only: every weight, or with LoRA just the adapters.
+  for (const auto& p : model_->named_parameters())
+    if (p.value().requires_grad()) impl_->params.emplace_back(p.key(), p.value());
+  if (cfg_.needs_reference() && lora) {
+    impl_->reference_is_base = true;  // the frozen base itself: the model with adapters off
+  } else if (cfg_.needs_reference()) {
     impl_->reference = policy::CausalLM(mc, opts);
     torch::NoGradGuard ng;
     auto rp = impl_->reference->named_parameters();
@@ -165,8 +192,14 @@ Learner::Learner(LearnerConfig cfg, LearnerDeps deps) : cfg_(std::move(cfg)), de
                         "skipped_small", "candidates_missing", "candidates_malformed", "candidates_environment", "groups_excluded", "waiting_steps", "tokens", "sequences", "pairs",
                         "publishes", "checkpoints"})
     counters_[k] = 0;
+  int64_t trainable = 0;
+  for (const auto& [name, t] : impl_->params) trainable += t.numel();
   log_info("learner rank ", deps_.comm->rank(), "/", deps_.comm->world(), ": ", mc.num_hidden_layers, " layers, ",
-           impl_->params.size(), " tensors, ", impl_->buckets->buckets(), " gradient buckets on ", dev.str(),
+           impl_->params.size(), " trainable tensors (", trainable, " parameters",
+           lora ? ", LoRA rank " + std::to_string(cfg_.lora_rank) + " on a frozen " +
+                      (base_dtype == torch::kBFloat16 ? "bf16" : "fp32") + " base"
+                : std::string(),
+           "), ", impl_->buckets->buckets(), " gradient buckets on ", dev.str(),
            impl_->autocast ? " (bf16 autocast)" : " (fp32)", "; ", deps_.comm->name());
 }
 
@@ -258,10 +291,20 @@ StepStats Learner::step() {
   policy::GpuShare::Scope share(&impl_->gpu_share);
   // Global counts: the loss is normalised over every rank's batch.
   const auto dopts = torch::TensorOptions().dtype(torch::kFloat64).device(deps_.device);
-  auto counts = torch::tensor({static_cast<double>(batch.completion_tokens()), static_cast<double>(batch.seqs.size()),
-                               static_cast<double>(batch.pairs.size()), static_cast<double>(bc.groups_used)},
-                              torch::kFloat64)
-                    .to(deps_.device);
+  // Response lengths: truncated = not ending in an eos id; the longest per rank goes to
+  // its own slot of the sum, so the all-reduce yields every rank's maximum.
+  const auto& eos = model_->config().eos_token_ids;
+  int64_t truncated = 0, longest = 0;
+  for (const auto& sq : batch.seqs) {
+    longest = std::max<int64_t>(longest, static_cast<int64_t>(sq.tokens.size()) - sq.prompt_len);
+    if (std::find(eos.begin(), eos.end(), static_cast<int64_t>(sq.tokens.back())) == eos.end()) ++truncated;
+  }
+  std::vector<double> cv = {static_cast<double>(batch.completion_tokens()), static_cast<double>(batch.seqs.size()),
+                            static_cast<double>(batch.pairs.size()), static_cast<double>(bc.groups_used),
+                            static_cast<double>(truncated)};
+  cv.resize(5 + comm.world(), 0.0);
+  cv[5 + comm.rank()] = static_cast<double>(longest);
+  auto counts = torch::tensor(cv, torch::kFloat64).to(deps_.device);
   comm.all_reduce_sum(counts);
   const auto c = counts.to(torch::kCPU);
   const double n_tok = c[0].item<double>(), n_seq = c[1].item<double>(), n_pairs = c[2].item<double>();
@@ -269,6 +312,11 @@ StepStats Learner::step() {
   st.sequences = static_cast<int64_t>(n_seq);
   st.pairs = static_cast<int64_t>(n_pairs);
   st.groups = static_cast<int64_t>(c[3].item<double>());
+  if (n_seq > 0) {
+    st.response_length_mean = n_tok / n_seq;
+    st.response_length_max = static_cast<int64_t>(c.narrow(0, 5, comm.world()).max().item<double>());
+    if (!eos.empty()) st.truncated_fraction = c[4].item<double>() / n_seq;
+  }
   const bool any_grpo = cfg_.uses_grpo() && n_seq > 0;
   const bool any_pairs = cfg_.uses_pairwise() && n_pairs > 0;
   if (!any_grpo && !any_pairs) {
@@ -282,7 +330,9 @@ StepStats Learner::step() {
   impl_->buckets->zero();
   const auto mbs = pack_micro_batches(batch, cfg_.micro_batch_tokens);
   std::unordered_map<int64_t, int64_t> pair_of_win;  // not used: pairs mapped per micro-batch below
-  auto stats = torch::zeros({6}, dopts);  // grpo loss, pairwise loss, clipped, ratio, kl, micro-batches
+  // grpo loss, pairwise loss, clipped, ratio, kl, micro-batches, then token sums of the
+  // behaviour KL (k3) and of the entropy.
+  auto stats = torch::zeros({8}, dopts);
   for (std::size_t k = 0; k < mbs.size(); ++k) {
     if (k > 0) impl_->gpu_share.pause_point();
     if (k + 1 == mbs.size()) impl_->buckets->arm();
@@ -291,14 +341,32 @@ StepStats Learner::step() {
     // No padding: no mask, so attention can take the fused causal kernels.
     const auto attn = mb.attention.min().item<int64_t>() == 1 ? torch::Tensor() : mb.attention.to(deps_.device);
     const auto comp = mb.completion.to(deps_.device);
-    torch::Tensor logp, ref;
+    // Log-probs at completion positions only, the head in chunks (never [tokens x vocab]).
+    policy::TokenLogprobs cur;
+    torch::Tensor ref;
     {
       AutocastGuard ac(impl_->autocast);
-      logp = model_->token_logprobs(ids, attn, cfg_.temperature);
+      cur = model_->selected_logprobs(ids, attn, comp, cfg_.temperature, cfg_.logit_chunk_tokens);
       if (impl_->reference) {
         torch::NoGradGuard ng;
-        ref = impl_->reference->token_logprobs(ids, attn, cfg_.temperature);
+        ref = impl_->reference->selected_logprobs(ids, attn, comp, cfg_.temperature, cfg_.logit_chunk_tokens).logp;
+      } else if (impl_->reference_is_base) {
+        torch::NoGradGuard ng;
+        struct AdaptersOff {  // back on even if the forward throws
+          policy::CausalLMImpl* m;
+          ~AdaptersOff() { m->set_adapters_active(true); }
+        } off{model_.get()};
+        model_->set_adapters_active(false);
+        ref = model_->selected_logprobs(ids, attn, comp, cfg_.temperature, cfg_.logit_chunk_tokens).logp;
       }
+    }
+    const auto& logp = cur.logp;
+    {
+      torch::NoGradGuard ng;
+      const auto beh = mb.behaviour.to(deps_.device);
+      const auto d = logp.detach() - beh;  // log r, r = pi / pi_behaviour
+      stats[6] += ((torch::exp(d) - 1 - d) * comp).sum().to(torch::kFloat64);
+      stats[7] += (cur.entropy * comp).sum().to(torch::kFloat64);
     }
     torch::Tensor loss = torch::zeros({}, logp.options());
     if (any_grpo) {
@@ -350,6 +418,8 @@ StepStats Learner::step() {
   st.mean_ratio = s[3].item<double>();
   st.kl = s[4].item<double>();
   st.micro_batches = static_cast<int64_t>(s[5].item<double>());
+  st.kl_behaviour = s[6].item<double>() / n_tok;
+  st.entropy = s[7].item<double>() / n_tok;
   impl_->gpu_share.leave();
   if (cfg_.grpo.aggregation == Aggregation::sequence || !any_grpo) st.clip_fraction = st.mean_ratio = 0;
   st.updated = true;
@@ -372,7 +442,9 @@ StepStats Learner::step() {
   st.gpu_wait_seconds = impl_->gpu_share.wait_seconds() - wait0;
   st.seconds = now_s() - t0;
   log_debug("learner step ", step_, ": loss ", st.loss, " groups ", st.groups, " tokens ", st.tokens, " grad_norm ",
-            st.grad_norm, " lr ", st.lr, " ", st.seconds, " s");
+            st.grad_norm, " lr ", st.lr, " kl_behaviour ", st.kl_behaviour, " entropy ", st.entropy, " clip_fraction ",
+            st.clip_fraction, " response_length mean ", st.response_length_mean, " max ", st.response_length_max, " ",
+            st.seconds, " s");
   return st;
 }
 
@@ -396,6 +468,11 @@ std::string Learner::checkpoint() {
     CheckpointData d;
     d.step = step_;
     d.model = impl_->params;
+    // LoRA: the adapters, plus the frozen base when it is a random init (nothing on disk to
+    // rebuild it from); a base loaded from learner.policy is named in state.json instead.
+    if (cfg_.lora_rank > 0 && cfg_.policy.empty())
+      for (const auto& p : model_->named_parameters())
+        if (!p.value().requires_grad()) d.model.emplace_back(p.key(), p.value());
     d.optimizer = std::move(opt_state);
     if (impl_->reference)
       for (const auto& p : impl_->reference->named_parameters()) d.reference.emplace_back(p.key(), p.value());
@@ -406,6 +483,9 @@ std::string Learner::checkpoint() {
     state["next_lr"] = schedule_lr(cfg_.optim, cfg_.schedule, step_);
     state["world"] = comm.world();
     state["counters"] = counters_;
+    if (cfg_.lora_rank > 0)
+      state["lora"] = {{"rank", cfg_.lora_rank}, {"alpha", cfg_.lora_alpha}, {"targets", cfg_.lora_targets},
+                       {"base_model", cfg_.policy}, {"base_in_checkpoint", cfg_.policy.empty()}};
     state["rng"]["cpu"] = to_hex(at::detail::getDefaultCPUGenerator().get_state());
 #ifdef KF_HAVE_CUDA
     if (deps_.device.is_cuda())

@@ -1,6 +1,7 @@
 #include "kf/learner/snapshot_publisher.h"
 
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
@@ -16,6 +17,15 @@
 #endif
 
 namespace kf::learner {
+
+std::map<std::string, std::string> lora_metadata(const policy::LoraConfig& c) {
+  std::string targets;
+  for (const auto& t : c.targets) targets += (targets.empty() ? "" : ",") + t;
+  char alpha[32];
+  std::snprintf(alpha, sizeof alpha, "%.17g", c.alpha);
+  return {{"kf_lora_rank", std::to_string(c.rank)}, {"kf_lora_alpha", alpha}, {"kf_lora_targets", targets}};
+}
+
 namespace {
 double now_ms() {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -28,7 +38,10 @@ SnapshotPublisher::SnapshotPublisher(policy::CausalLM model, replay::SnapshotSto
   nlohmann::json header = nlohmann::json::object();
   uint64_t off = 0;
   std::vector<std::pair<std::string, torch::Tensor>> params;
-  for (const auto& p : model_->named_parameters()) params.emplace_back(p.key(), p.value());
+  // A LoRA model publishes its adapters only: the actors hold the same frozen base.
+  const auto& lora = model_->lora();
+  for (const auto& p : model_->named_parameters())
+    if (lora.rank == 0 || policy::is_lora_param(p.key())) params.emplace_back(p.key(), p.value());
   const std::size_t es = torch::elementSize(dtype);
   for (const auto& [name, t] : params) {
     const uint64_t n = static_cast<uint64_t>(t.numel()) * es;
@@ -36,6 +49,9 @@ SnapshotPublisher::SnapshotPublisher(policy::CausalLM model, replay::SnapshotSto
     off += n;
   }
   header["__metadata__"] = {{"format", "pt"}, {"kf_version", "-1"}};
+  if (lora.rank > 0) {
+    for (const auto& [k, v] : lora_metadata(lora)) header["__metadata__"][k] = v;
+  }
   std::string hs = header.dump();
   // The version is patched in place at publish time: reserve room for any int64.
   const std::string marker = "\"kf_version\":\"-1\"";
@@ -159,8 +175,14 @@ void SnapshotPublisher::background(int64_t version, double, double t0) {
 
 int64_t load_weights_blob(policy::CausalLM& model, const void* data, std::size_t bytes, const std::string& context) {
   const auto h = policy::st_parse(static_cast<const uint8_t*>(data), bytes, context);
+  const bool adapters = h.metadata.count("kf_lora_rank") > 0;
+  if (adapters && model->lora().rank == 0)
+    throw Error(context + ": an adapter-only (LoRA) blob, but the model has no adapters");
   torch::NoGradGuard ng;
   auto params = model->named_parameters();
+  std::size_t expected = 0;
+  for (const auto& p : params)
+    if (!adapters || policy::is_lora_param(p.key())) ++expected;
   std::size_t matched = 0;
   for (const auto& t : h.tensors) {
     auto* p = params.find(t.name);
@@ -173,9 +195,9 @@ int64_t load_weights_blob(policy::CausalLM& model, const void* data, std::size_t
     p->copy_(src);
     ++matched;
   }
-  if (matched != params.size())
-    throw Error(context + ": blob has " + std::to_string(matched) + " of the model's " + std::to_string(params.size()) +
-                " parameters");
+  if (matched != expected)
+    throw Error(context + ": blob has " + std::to_string(matched) + " of the model's " + std::to_string(expected) +
+                (adapters ? " adapter" : "") + " parameters");
   auto it = h.metadata.find("kf_version");
   if (it == h.metadata.end()) return -1;
   return std::stoll(it->second);

@@ -1,5 +1,8 @@
 #include "kf/policy/model.h"
 
+#include <ATen/autocast_mode.h>
+
+#include <algorithm>
 #include <cmath>
 
 #include "kf/common/error.h"
@@ -11,7 +14,35 @@ LinearImpl::LinearImpl(int64_t in, int64_t out, bool has_bias, torch::TensorOpti
   if (has_bias) bias = register_parameter("bias", torch::zeros({out}, opts));
 }
 
-torch::Tensor LinearImpl::forward(const torch::Tensor& x) { return torch::nn::functional::linear(x, weight, bias); }
+torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
+  auto y = torch::nn::functional::linear(x, weight, bias);
+  if (!lora_A || !lora_active) return y;
+  // Unmerged: the adapter path runs beside the frozen projection (fp32 adapters on a bf16
+  // base cast the input to theirs; under autocast both matmuls run in bf16 anyway).
+  const auto xa = x.scalar_type() == lora_A->weight.scalar_type() ? x : x.to(lora_A->weight.scalar_type());
+  const auto d = torch::nn::functional::linear(torch::nn::functional::linear(xa, lora_A->weight), lora_B->weight);
+  return y + (d * lora_scale).to(y.scalar_type());
+}
+
+void LinearImpl::add_lora(int64_t rank, double scale, torch::TensorOptions opts, at::Generator& gen) {
+  TORCH_CHECK(!lora_A, "add_lora: this projection already has adapters");
+  const int64_t in = weight.size(1), out = weight.size(0);
+  lora_A = register_module("lora_A", std::make_shared<LinearImpl>(in, rank, false, opts));
+  lora_B = register_module("lora_B", std::make_shared<LinearImpl>(rank, out, false, opts));
+  torch::NoGradGuard ng;
+  // PEFT's default: kaiming_uniform_(a=sqrt(5)) on A, i.e. U(-1/sqrt(in), 1/sqrt(in)); B = 0.
+  // Drawn on the CPU from `gen`, so every device gets the same adapters.
+  const double bound = 1.0 / std::sqrt(static_cast<double>(in));
+  lora_A->weight.copy_(torch::empty({rank, in}, torch::kFloat32).uniform_(-bound, bound, gen));
+  lora_B->weight.zero_();
+  lora_scale = scale;
+  weight.set_requires_grad(false);
+  if (bias.defined()) bias.set_requires_grad(false);
+}
+
+bool is_lora_param(const std::string& name) {
+  return name.find(".lora_A.") != std::string::npos || name.find(".lora_B.") != std::string::npos;
+}
 
 EmbeddingImpl::EmbeddingImpl(int64_t vocab, int64_t dim, torch::TensorOptions opts) {
   weight = register_parameter("weight", torch::empty({vocab, dim}, opts));
@@ -286,6 +317,167 @@ torch::Tensor CausalLMImpl::token_logprobs(const torch::Tensor& ids, const torch
   auto lp = z.gather(-1, target).squeeze(-1) - torch::logsumexp(z, -1);
   if (attention_mask.defined()) lp = lp * attention_mask.to(lp.device()).narrow(1, 1, T - 1).to(lp.scalar_type());
   return lp;
+}
+
+namespace {
+
+// The dtype the head's matmul runs in: autocast's when autocast is on for this device
+// (as the unchunked logits(h) would), else the weight's.
+torch::ScalarType head_compute_dtype(const torch::Tensor& h, const torch::Tensor& w) {
+  const auto dt = h.device().type();
+  if ((dt == c10::DeviceType::CUDA || dt == c10::DeviceType::CPU) && at::autocast::is_autocast_enabled(dt))
+    return at::autocast::get_autocast_dtype(dt);
+  return w.scalar_type();
+}
+
+// Chunked log-softmax at the targets. Forward saves h, the weight, the targets and one fp32
+// log-sum-exp per row; backward recomputes each chunk's logits:
+//   d logp_i / d z_ij = [j == target_i] - softmax(z_i)_j   (z = h W^T / temperature).
+struct ChunkedLogprobs : public torch::autograd::Function<ChunkedLogprobs> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, torch::Tensor h,
+                                                torch::Tensor w, torch::Tensor targets, double temperature,
+                                                int64_t chunk) {
+    const auto cd = head_compute_dtype(h, w);
+    const int64_t n = h.size(0);
+    const auto f32 = h.options().dtype(torch::kFloat32);
+    auto logp = torch::empty({n}, f32), ent = torch::empty({n}, f32), lse = torch::empty({n}, f32);
+    const auto wc = w.to(cd);
+    for (int64_t s = 0; s < n; s += chunk) {
+      const int64_t c = std::min(chunk, n - s);
+      auto z = torch::matmul(h.narrow(0, s, c).to(cd), wc.t()).to(torch::kFloat32);
+      if (temperature != 1.0) z = z / temperature;
+      const auto l = torch::logsumexp(z, -1);
+      const auto tgt = targets.narrow(0, s, c).unsqueeze(1);
+      logp.narrow(0, s, c).copy_(z.gather(1, tgt).squeeze(1) - l);
+      // Entropy = lse - sum_j p_j z_j, from the same chunk (no second pass).
+      const auto p = torch::exp(z - l.unsqueeze(1));
+      ent.narrow(0, s, c).copy_(l - (p * z).sum(-1));
+      lse.narrow(0, s, c).copy_(l);
+    }
+    ctx->save_for_backward({h, w, targets, lse});
+    ctx->saved_data["temperature"] = temperature;
+    ctx->saved_data["chunk"] = chunk;
+    ctx->saved_data["cd"] = static_cast<int64_t>(cd);
+    ctx->mark_non_differentiable({ent});
+    return {logp, ent};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &h = saved[0], &w = saved[1], &targets = saved[2], &lse = saved[3];
+    const double temperature = ctx->saved_data["temperature"].toDouble();
+    const int64_t chunk = ctx->saved_data["chunk"].toInt();
+    const auto cd = static_cast<torch::ScalarType>(ctx->saved_data["cd"].toInt());
+    const bool need_h = ctx->needs_input_grad(0), need_w = ctx->needs_input_grad(1);
+    torch::Tensor gh, gw;
+    if (!grads[0].defined() || (!need_h && !need_w)) return {gh, gw, {}, {}, {}};
+    const auto g = grads[0].to(torch::kFloat32);
+    const int64_t n = h.size(0);
+    const auto wc = w.to(cd);
+    if (need_h) gh = torch::empty_like(h);
+    if (need_w) gw = torch::zeros(w.sizes(), w.options().dtype(torch::kFloat32));
+    for (int64_t s = 0; s < n; s += chunk) {
+      const int64_t c = std::min(chunk, n - s);
+      const auto hc = h.narrow(0, s, c).to(cd);
+      auto z = torch::matmul(hc, wc.t()).to(torch::kFloat32);
+      if (temperature != 1.0) z = z / temperature;
+      const auto gc = g.narrow(0, s, c).unsqueeze(1);
+      auto dz = torch::exp(z - lse.narrow(0, s, c).unsqueeze(1)).mul_(-gc);
+      dz.scatter_add_(1, targets.narrow(0, s, c).unsqueeze(1), gc);
+      if (temperature != 1.0) dz.div_(temperature);
+      const auto dzc = dz.to(cd);
+      if (need_h) gh.narrow(0, s, c).copy_(torch::matmul(dzc, wc));
+      if (need_w) gw.add_(torch::matmul(dzc.t(), hc).to(torch::kFloat32));
+    }
+    if (need_w && gw.scalar_type() != w.scalar_type()) gw = gw.to(w.scalar_type());
+    return {gh, gw, {}, {}, {}};
+  }
+};
+
+}  // namespace
+
+TokenLogprobs chunked_logprobs(const torch::Tensor& h, const torch::Tensor& weight, const torch::Tensor& targets,
+                               double temperature, int64_t chunk) {
+  TORCH_CHECK(h.dim() == 2 && weight.dim() == 2 && h.size(1) == weight.size(1), "chunked_logprobs: h [N, H], weight [V, H]");
+  TORCH_CHECK(targets.dim() == 1 && targets.size(0) == h.size(0), "chunked_logprobs: targets [N]");
+  TORCH_CHECK(temperature > 0, "temperature must be positive");
+  TORCH_CHECK(chunk >= 1, "chunked_logprobs: chunk must be >= 1");
+  if (h.size(0) == 0) {
+    const auto e = torch::zeros({0}, h.options().dtype(torch::kFloat32));
+    return {e + h.sum().to(torch::kFloat32) * 0, e};  // keeps the graph connected
+  }
+  auto out = ChunkedLogprobs::apply(h, weight, targets.to(h.device(), torch::kInt64), temperature, chunk);
+  return {out[0], out[1]};
+}
+
+const torch::Tensor& CausalLMImpl::head_weight() { return lm_head ? lm_head->weight : model->embed_tokens->weight; }
+
+TokenLogprobs CausalLMImpl::selected_logprobs(const torch::Tensor& ids, const torch::Tensor& attention_mask,
+                                              const torch::Tensor& wanted, double temperature, int64_t chunk) {
+  TORCH_CHECK(ids.size(1) >= 2, "selected_logprobs needs at least two tokens per row");
+  const int64_t B = ids.size(0), T = ids.size(1);
+  TORCH_CHECK(wanted.dim() == 2 && wanted.size(0) == B && wanted.size(1) == T - 1, "selected_logprobs: wanted [B, T-1]");
+  const auto h = hidden(ids, attention_mask, nullptr);
+  const auto dev = h.device();
+  const auto idx = (wanted.to(dev).reshape({-1}) != 0).nonzero().squeeze(1);  // flat (b, t) of wanted rows
+  const auto hs = h.narrow(1, 0, T - 1).reshape({B * (T - 1), h.size(2)}).index_select(0, idx);
+  const auto tgt = ids.to(dev, torch::kInt64).narrow(1, 1, T - 1).reshape({-1}).index_select(0, idx);
+  const auto r = chunked_logprobs(hs, head_weight(), tgt, temperature, chunk);
+  const auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(dev);
+  TokenLogprobs out;
+  out.logp = torch::zeros({B * (T - 1)}, f32).index_copy(0, idx, r.logp).view({B, T - 1});
+  out.entropy = torch::zeros({B * (T - 1)}, f32).index_copy(0, idx, r.entropy).view({B, T - 1});
+  return out;
+}
+
+void CausalLMImpl::enable_lora(const LoraConfig& cfg, uint64_t seed, torch::ScalarType adapter_dtype) {
+  if (lora_.rank > 0) throw Error("LoRA: adapters are already enabled on this model");
+  if (cfg.rank < 1) throw Error("LoRA: rank must be >= 1 (got " + std::to_string(cfg.rank) + ")");
+  if (cfg.targets.empty()) throw Error("LoRA: no target projections given");
+  static const std::vector<std::string> known = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+  for (const auto& t : cfg.targets)
+    if (std::find(known.begin(), known.end(), t) == known.end())
+      throw Error("LoRA: unknown target projection '" + t + "' (known: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)");
+  for (auto& p : parameters()) p.set_requires_grad(false);
+  auto gen = at::globalContext().defaultGenerator(torch::kCPU).clone();
+  gen.set_current_seed(seed);
+  // Adapters are drawn in layer/target order from one seeded CPU generator.
+  const auto aopts = opts_.dtype(adapter_dtype);
+  for (std::size_t l = 0; l < model->layers->size(); ++l) {
+    auto* layer = model->layers[l]->as<DecoderLayerImpl>();
+    for (const auto& t : cfg.targets) {
+      LinearImpl* lin = t == "q_proj" ? layer->self_attn->q_proj.get()
+                        : t == "k_proj" ? layer->self_attn->k_proj.get()
+                        : t == "v_proj" ? layer->self_attn->v_proj.get()
+                        : t == "o_proj" ? layer->self_attn->o_proj.get()
+                        : t == "gate_proj" ? layer->mlp->gate_proj.get()
+                        : t == "up_proj" ? layer->mlp->up_proj.get()
+                                         : layer->mlp->down_proj.get();
+      lin->add_lora(cfg.rank, cfg.scale(), aopts, gen);
+    }
+  }
+  lora_ = cfg;
+}
+
+void CausalLMImpl::set_adapters_active(bool on) {
+  for (auto& m : modules(/*include_self=*/false))
+    if (auto* lin = m->as<LinearImpl>()) lin->lora_active = on;
+}
+
+std::map<std::string, torch::Tensor> CausalLMImpl::merged_weights() {
+  torch::NoGradGuard ng;
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& p : named_parameters())
+    if (!is_lora_param(p.key())) out[p.key()] = p.value().detach();
+  for (const auto& m : named_modules("", /*include_self=*/false)) {
+    auto* lin = m.value()->as<LinearImpl>();
+    if (!lin || !lin->lora_A) continue;
+    const auto delta = torch::matmul(lin->lora_B->weight.to(torch::kFloat32), lin->lora_A->weight.to(torch::kFloat32));
+    auto& w = out[m.key() + ".weight"];
+    w = (w.to(torch::kFloat32) + lin->lora_scale * delta.to(w.device())).to(w.scalar_type());
+  }
+  return out;
 }
 
 void CausalLMImpl::init_random(uint64_t seed, double std) {

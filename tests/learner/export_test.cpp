@@ -6,6 +6,7 @@
 
 #include "kf/common/safetensors.h"
 #include "kf/learner/checkpoint.h"
+#include "kf/learner/export.h"
 #include "kf/learner/learner.h"
 #include "kf/policy/checkpoint.h"
 #include "test_util.h"
@@ -110,4 +111,85 @@ TEST(LearnerExportTest, ExportedFolderLoadsInTransformersWithMatchingLogits) {
     EXPECT_EQ(lt::read_text(ck + "/" + f), lt::read_text(out + "/" + f)) << f;
   }
   kf::learner::verify_checkpoint(ck);  // the copies are in its manifest
+}
+
+TEST(LearnerExportTest, LoraCheckpointsExportMergedWeightsOrAPeftAdapterFolder) {
+  lt::TempDir tmp;
+  LearnerConfig cfg;
+  cfg.init_shape = "tiny";
+  cfg.seed = 3;
+  cfg.optim.lr = 2e-2;
+  cfg.schedule.warmup_steps = 0;
+  cfg.groups_per_step = 2;
+  cfg.lora_rank = 4;
+  cfg.lora_alpha = 8;
+  cfg.lora_targets = {"q_proj", "v_proj", "up_proj"};
+  auto comm = make_local_comm();
+  SyntheticSource src(SyntheticConfig{});
+  src.groups_per_step_total = 2;
+  LearnerDeps d;
+  d.comm = comm.get();
+  d.source = &src;
+  const auto ids = torch::randint(0, 256, {2, 12}, torch::TensorOptions().dtype(torch::kInt64));
+
+  // 1. A random-init base: the checkpoint carries base and adapters.
+  d.checkpoint_dir = tmp.path + "/run/checkpoints";
+  Learner l(cfg, d);
+  for (int s = 0; s < 2; ++s) ASSERT_TRUE(l.step().updated);
+  const std::string ck = l.checkpoint();
+  export_checkpoint(tmp.path + "/run", tmp.path + "/merged");
+  {
+    auto p = kf::policy::load_policy(tmp.path + "/merged");
+    for (const auto& q : p.model->named_parameters()) EXPECT_FALSE(kf::policy::is_lora_param(q.key())) << q.key();
+    torch::NoGradGuard ng;
+    const double diff = (l.model()->forward(ids) - p.model->forward(ids)).abs().max().item<double>();
+    EXPECT_LT(diff, 1e-5) << "merged export vs the learner's unmerged forward";
+    l.model()->set_adapters_active(false);
+    EXPECT_GT((l.model()->forward(ids) - p.model->forward(ids)).abs().max().item<double>(), 1e-4)
+        << "the trained adapters made no difference: the test proves nothing";
+    l.model()->set_adapters_active(true);
+  }
+  ExportOptions po;
+  po.peft = true;
+  po.base_model = "Qwen/Qwen2.5-Coder-7B-Instruct";  // recorded as given
+  export_checkpoint(ck, tmp.path + "/peft", po);
+  const auto ac = nlohmann::json::parse(lt::read_text(tmp.path + "/peft/adapter_config.json"));
+  EXPECT_EQ(ac.at("peft_type"), "LORA");
+  EXPECT_EQ(ac.at("r"), 4);
+  EXPECT_DOUBLE_EQ(ac.at("lora_alpha").get<double>(), 8.0);
+  EXPECT_EQ(ac.at("target_modules"), nlohmann::json({"q_proj", "v_proj", "up_proj"}));
+  EXPECT_EQ(ac.at("base_model_name_or_path"), "Qwen/Qwen2.5-Coder-7B-Instruct");
+  const auto peft = read_tensors(tmp.path + "/peft/adapter_model.safetensors");
+  EXPECT_EQ(peft.size(), 2u * 2 * 3) << "2 layers x 3 targets x (A, B)";
+  auto lp = l.model()->named_parameters();
+  for (const auto& [name, t] : peft) {
+    ASSERT_EQ(name.rfind("base_model.model.model.layers.", 0), 0u) << name;
+    const auto ours = name.substr(std::string("base_model.model.").size());
+    ASSERT_TRUE(lp.contains(ours)) << name;
+    EXPECT_TRUE(torch::equal(t, lp[ours].detach())) << name;
+  }
+  EXPECT_TRUE(peft.count("base_model.model.model.layers.1.self_attn.q_proj.lora_A.weight"));
+
+  // 2. A base from a model folder: the checkpoint holds the adapters only, and export
+  // finds the base through state.json.
+  const std::string base_dir = tmp.path + "/base";
+  {
+    kf::policy::Policy bp;
+    bp.config = model_shape("tiny");
+    bp.model = kf::policy::CausalLM(bp.config, torch::TensorOptions().dtype(torch::kFloat32));
+    bp.model->init_random(21);
+    kf::policy::save_policy(bp, base_dir);
+  }
+  auto cfg2 = cfg;
+  cfg2.policy = base_dir;
+  d.checkpoint_dir = tmp.path + "/run2/checkpoints";
+  Learner l2(cfg2, d);
+  for (int s = 0; s < 2; ++s) ASSERT_TRUE(l2.step().updated);
+  const std::string ck2 = l2.checkpoint();
+  for (const auto& [name, t] : read_tensors(ck2 + "/model.safetensors"))
+    EXPECT_TRUE(kf::policy::is_lora_param(name)) << "base tensor " << name << " in an adapter-only checkpoint";
+  export_checkpoint(ck2, tmp.path + "/merged2");
+  auto p2 = kf::policy::load_policy(tmp.path + "/merged2");
+  torch::NoGradGuard ng;
+  EXPECT_LT((l2.model()->forward(ids) - p2.model->forward(ids)).abs().max().item<double>(), 1e-5);
 }

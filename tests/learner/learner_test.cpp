@@ -15,6 +15,7 @@
 #include "kf/learner/learner.h"
 #include "kf/learner/loss.h"
 #include "kf/learner/snapshot_publisher.h"
+#include "kf/policy/safetensors_format.h"
 #include "test_util.h"
 
 using namespace kf::learner;
@@ -78,10 +79,21 @@ torch::Tensor completion_logprob(kf::policy::CausalLM& m, const kf::replay::Scor
   return lp.narrow(1, g.prompt_tokens.size() - 1, g.candidates[i].completion_tokens.size()).sum();
 }
 
-double margin_after_training(Objective obj) {
-  auto cfg = tiny_config();
+// The fixed two-candidate group of margin_after_training: behaviour log-probs are `m`'s.
+void score_with(kf::policy::CausalLM& m, kf::replay::ScoredGroup& g) {
+  torch::NoGradGuard ng;
+  for (auto& c : g.candidates) {
+    std::vector<int64_t> ids(g.prompt_tokens.begin(), g.prompt_tokens.end());
+    for (auto t : c.completion_tokens) ids.push_back(t);
+    const auto lp = m->token_logprobs(torch::tensor(ids).view({1, -1})).narrow(1, g.prompt_tokens.size() - 1,
+                                                                               c.completion_tokens.size());
+    for (std::size_t j = 0; j < c.completion_tokens.size(); ++j) c.behaviour_logprobs[j] = lp[0][j].item<float>();
+  }
+}
+
+double margin_after_training(Objective obj, LearnerConfig cfg = tiny_config(), int steps = 5) {
   cfg.objective = obj;
-  cfg.optim.lr = 3e-3;
+  if (cfg.lora_rank == 0) cfg.optim.lr = 3e-3;
   cfg.pairwise.beta = 0.5;
   FixedSource src;
   src.g = SyntheticSource(synth()).make_group(0, 0, 0, 4);
@@ -107,10 +119,10 @@ double margin_after_training(Objective obj) {
     for (std::size_t j = 0; j < c.completion_tokens.size(); ++j) c.behaviour_logprobs[j] = lp[0][j].item<float>();
   }
   const double before = (completion_logprob(m, src.g, 0) - completion_logprob(m, src.g, 1)).item<double>();
-  for (int s = 0; s < 5; ++s) EXPECT_TRUE(l.step().updated);
+  for (int s = 0; s < steps; ++s) EXPECT_TRUE(l.step().updated);
   const double after = (completion_logprob(m, src.g, 0) - completion_logprob(m, src.g, 1)).item<double>();
-  std::printf("objective %d: log-prob margin (better - worse) %.4f -> %.4f after 5 steps\n", static_cast<int>(obj),
-              before, after);
+  std::printf("objective %d (LoRA rank %lld): log-prob margin (better - worse) %.4f -> %.4f after %d steps\n",
+              static_cast<int>(obj), static_cast<long long>(cfg.lora_rank), before, after, steps);
   return after - before;
 }
 
@@ -439,4 +451,248 @@ TEST(LearnerToolTest, KfLearnerAttachedToARunTrainsPublishesAndCounts) {
   EXPECT_TRUE(found) << "kf-learner's control-block entry (counters stay readable after it exits)";
   EXPECT_TRUE(find_latest_valid(tmp.path + "/" + run + "/checkpoints").has_value());
   shm->shutdown();
+}
+
+// ---- per-step metrics ----
+
+TEST(LearnerMetricsTest, StepReportsBehaviourKlEntropyGradNormLrAndResponseLengths) {
+  auto cfg = tiny_config();
+  cfg.optim.lr = 3e-3;
+  FixedSource src;
+  src.g = SyntheticSource(synth()).make_group(0, 0, 0, 4);
+  src.g.candidates.resize(3);
+  src.g.results.resize(3);
+  src.g.missing.resize(3);
+  src.g.results[0].reward = 1.0;
+  src.g.results[1].reward = 0.0;
+  src.g.results[2].reward = 0.5;
+  // Candidate 0 ends in the tiny model's eos id (0); the others do not: 2 of 3 truncated.
+  src.g.candidates[0].completion_tokens.back() = 0;
+  for (std::size_t i = 1; i < 3; ++i)
+    if (src.g.candidates[i].completion_tokens.back() == 0) src.g.candidates[i].completion_tokens.back() = 1;
+  auto comm = make_local_comm();
+  LearnerDeps d;
+  d.comm = comm.get();
+  d.source = &src;
+  Learner l(cfg, d);
+  auto m = l.model();
+  score_with(m, src.g);  // behaviour = the current policy: KL to it is 0 at the first step
+  // Independent references from the full logits of the initial model.
+  double ent_sum = 0, n_tok = 0;
+  int64_t longest = 0;
+  {
+    torch::NoGradGuard ng;
+    for (const auto& c : src.g.candidates) {
+      std::vector<int64_t> ids(src.g.prompt_tokens.begin(), src.g.prompt_tokens.end());
+      for (auto t : c.completion_tokens) ids.push_back(t);
+      const auto z = m->forward(torch::tensor(ids).view({1, -1}));
+      const auto ls = torch::log_softmax(z, -1).narrow(1, src.g.prompt_tokens.size() - 1, c.completion_tokens.size());
+      ent_sum += (-(ls.exp() * ls).sum(-1)).sum().item<double>();
+      n_tok += static_cast<double>(c.completion_tokens.size());
+      longest = std::max<int64_t>(longest, c.completion_tokens.size());
+    }
+  }
+  const auto st = l.step();
+  ASSERT_TRUE(st.updated);
+  std::map<std::string, double> got;
+  for (const auto& [k, v] : step_scalars(st)) got[k] = v;
+  for (const char* k : {"kl_behaviour", "entropy", "clip_fraction", "grad_norm", "lr", "response_length_mean",
+                        "response_length_max", "truncated_fraction", "kl"})
+    EXPECT_TRUE(got.count(k)) << "metric " << k << " missing";
+  EXPECT_NEAR(got["kl_behaviour"], 0.0, 1e-5) << "behaviour = policy, yet KL";
+  EXPECT_NEAR(got["entropy"], ent_sum / n_tok, 1e-4);
+  EXPECT_LE(got["entropy"], std::log(256.0) + 1e-6);
+  EXPECT_GT(got["grad_norm"], 0.0);
+  EXPECT_DOUBLE_EQ(got["lr"], cfg.optim.lr);
+  EXPECT_DOUBLE_EQ(got["response_length_mean"], n_tok / 3);
+  EXPECT_DOUBLE_EQ(got["response_length_max"], static_cast<double>(longest));
+  EXPECT_NEAR(got["truncated_fraction"], 2.0 / 3.0, 1e-12);
+  EXPECT_DOUBLE_EQ(got["clip_fraction"], 0.0) << "ratios are 1 at the first step";
+  // The update moved the policy away from the behaviour: KL > 0, some ratios clipped later.
+  const auto st2 = l.step();
+  ASSERT_TRUE(st2.updated);
+  EXPECT_GT(st2.kl_behaviour, 1e-6);
+  EXPECT_GE(st2.clip_fraction, 0.0);
+  EXPECT_LE(st2.clip_fraction, 1.0);
+}
+
+// ---- LoRA ----
+
+namespace {
+
+LearnerConfig lora_config(int64_t rank = 4) {
+  auto c = tiny_config();
+  c.lora_rank = rank;
+  c.lora_alpha = 8;
+  c.optim.lr = 2e-2;
+  return c;
+}
+
+std::map<std::string, torch::Tensor> base_copy(kf::policy::CausalLM& m) {
+  std::map<std::string, torch::Tensor> out;
+  for (const auto& p : m->named_parameters())
+    if (!kf::policy::is_lora_param(p.key())) out[p.key()] = p.value().detach().clone();
+  return out;
+}
+
+}  // namespace
+
+TEST(LearnerLoraTest, AdaptersTrainTheBaseStaysBitwiseAndTheOptimizerSeesAdaptersOnly) {
+  EXPECT_GT(margin_after_training(Objective::grpo, lora_config(), 8), 0.05);
+  auto comm = make_local_comm();
+  SyntheticSource src(synth());
+  src.groups_per_step_total = 4;
+  LearnerDeps d;
+  d.comm = comm.get();
+  d.source = &src;
+  Learner l(lora_config(), d);
+  auto m = l.model();
+  const auto base = base_copy(m);
+  // Step 0 equals the base model (B = 0).
+  const auto ids = torch::randint(0, 256, {2, 9}, torch::kInt64);
+  {
+    torch::NoGradGuard ng;
+    const auto with = m->forward(ids);
+    m->set_adapters_active(false);
+    const auto without = m->forward(ids);
+    m->set_adapters_active(true);
+    EXPECT_TRUE(torch::equal(with, without)) << "fresh adapters changed the model";
+  }
+  int64_t adapters = 0;
+  for (const auto& p : m->named_parameters()) {
+    EXPECT_EQ(p.value().requires_grad(), kf::policy::is_lora_param(p.key())) << p.key();
+    if (kf::policy::is_lora_param(p.key())) ++adapters;
+  }
+  EXPECT_EQ(adapters, 2 * 2 * 7) << "2 layers x 7 projections x (A, B)";
+  for (int s = 0; s < 3; ++s) l.step();
+  for (const auto& p : m->named_parameters()) {
+    if (kf::policy::is_lora_param(p.key())) continue;
+    EXPECT_TRUE(torch::equal(p.value(), base.at(p.key()))) << p.key() << " changed under LoRA";
+  }
+  double moved = 0;
+  for (const auto& p : m->named_parameters())
+    if (p.key().find("lora_B") != std::string::npos) moved = std::max(moved, p.value().abs().max().item<double>());
+  EXPECT_GT(moved, 0.0) << "lora_B did not move";
+}
+
+TEST(LearnerLoraTest, UnmergedForwardEqualsTheMergedWeightsForward) {
+  auto mc = model_shape("tiny");
+  const auto f32 = torch::TensorOptions().dtype(torch::kFloat32);
+  auto m = kf::policy::CausalLM(mc, f32);
+  m->init_random(3);
+  kf::policy::LoraConfig lc;
+  lc.rank = 3;
+  lc.alpha = 6;
+  lc.targets = {"q_proj", "v_proj", "down_proj"};
+  m->enable_lora(lc, 1, torch::kFloat32);
+  {
+    torch::NoGradGuard ng;
+    for (auto& p : m->named_parameters())
+      if (p.key().find("lora_B") != std::string::npos) p.value().normal_(0, 0.2);
+  }
+  auto plain = kf::policy::CausalLM(mc, f32);
+  {
+    torch::NoGradGuard ng;
+    const auto merged = m->merged_weights();
+    EXPECT_EQ(merged.size(), plain->named_parameters().size());
+    for (auto& p : plain->named_parameters()) p.value().copy_(merged.at(p.key()));
+  }
+  torch::NoGradGuard ng;
+  const auto ids = torch::randint(0, mc.vocab_size, {2, 11}, torch::kInt64);
+  const auto a = m->forward(ids), b = plain->forward(ids);
+  EXPECT_TRUE(torch::allclose(a, b, 1e-4, 1e-5)) << (a - b).abs().max().item<double>();
+  m->set_adapters_active(false);
+  EXPECT_FALSE(torch::allclose(m->forward(ids), b, 1e-4, 1e-5)) << "the adapters did nothing";
+  kf::policy::LoraConfig bad = lc;
+  bad.targets = {"qkv_proj"};
+  auto other = kf::policy::CausalLM(mc, f32);
+  try {
+    other->enable_lora(bad, 1, torch::kFloat32);
+    FAIL() << "an unknown target was accepted";
+  } catch (const kf::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("qkv_proj"), std::string::npos) << e.what();
+  }
+}
+
+TEST(LearnerLoraTest, SnapshotsCarryOnlyTheAdaptersAndLoadIntoAnAdaptedModel) {
+  auto comm = make_local_comm();
+  SyntheticSource src(synth());
+  src.groups_per_step_total = 4;
+  LearnerDeps d;
+  d.comm = comm.get();
+  d.source = &src;
+  Learner l(lora_config(), d);
+  l.step();
+  auto m = l.model();
+  int64_t adapter_bytes = 0, all_bytes = 0;
+  for (const auto& p : m->named_parameters()) {
+    all_bytes += p.value().numel() * 2;
+    if (kf::policy::is_lora_param(p.key())) adapter_bytes += p.value().numel() * 2;
+  }
+  SnapshotPublisher pub(m, nullptr, torch::kBFloat16);
+  pub.publish(1);
+  pub.wait();
+  std::printf("LoRA snapshot: %llu bytes (adapters %lld bf16, whole model %lld)\n",
+              static_cast<unsigned long long>(pub.blob_bytes()), static_cast<long long>(adapter_bytes),
+              static_cast<long long>(all_bytes));
+  EXPECT_GE(pub.blob_bytes(), static_cast<uint64_t>(adapter_bytes));
+  EXPECT_LT(pub.blob_bytes(), static_cast<uint64_t>(adapter_bytes) + 16384) << "more than adapters + header";
+  const auto h = kf::policy::st_parse(pub.blob(), pub.blob_bytes(), "snapshot");
+  for (const auto& t : h.tensors) EXPECT_TRUE(kf::policy::is_lora_param(t.name)) << t.name;
+  EXPECT_EQ(h.metadata.at("kf_lora_rank"), "4");
+  EXPECT_EQ(h.metadata.at("kf_lora_targets"), "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj");
+  // A reader with the same base and adapters takes them; one without adapters refuses.
+  auto fresh = kf::policy::CausalLM(model_shape("tiny"), torch::TensorOptions().dtype(torch::kFloat32));
+  fresh->init_random(tiny_config().seed);
+  EXPECT_THROW(load_weights_blob(fresh, pub.blob(), pub.blob_bytes(), "snapshot"), kf::Error);
+  kf::policy::LoraConfig lc;
+  lc.rank = 4;
+  lc.alpha = 8;
+  lc.targets = lora_config().lora_targets;
+  fresh->enable_lora(lc, 0, torch::kFloat32);
+  EXPECT_EQ(load_weights_blob(fresh, pub.blob(), pub.blob_bytes(), "snapshot"), 1);
+  auto fp = fresh->named_parameters();
+  torch::NoGradGuard ng;
+  for (const auto& p : m->named_parameters()) {
+    const auto want = kf::policy::is_lora_param(p.key()) ? p.value().to(torch::kBFloat16).to(torch::kFloat32) : p.value();
+    EXPECT_TRUE(torch::equal(fp[p.key()], want)) << p.key();
+  }
+  const auto ids = torch::randint(0, 256, {1, 10}, torch::kInt64);
+  EXPECT_TRUE(torch::allclose(fresh->forward(ids), m->forward(ids), 1e-2, 1e-3)) << "bf16 adapters, unmerged";
+}
+
+TEST(LearnerLoraTest, ExactResumeOfLoraStateIsBitwise) {
+  lt::TempDir tmp;
+  auto cfg = lora_config();
+  cfg.grpo.kl_coef = 0.05;  // the reference is the base itself: adapters off
+  cfg.schedule.kind = ScheduleKind::cosine;
+  cfg.schedule.warmup_steps = 1;
+  cfg.schedule.total_steps = 6;
+  uint64_t straight;
+  std::map<std::string, torch::Tensor> base;
+  {
+    Fixture f(cfg);
+    auto m = f.learner->model();
+    base = base_copy(m);
+    for (int i = 0; i < 6; ++i) EXPECT_TRUE(f.learner->step().updated);
+    straight = f.learner->weights_checksum();
+  }
+  std::string ckpt;
+  {
+    Fixture f(cfg, tmp.path + "/checkpoints");
+    for (int i = 0; i < 3; ++i) f.learner->step();
+    ckpt = f.learner->checkpoint();
+  }
+  const auto state = nlohmann::json::parse(lt::read_text(ckpt + "/state.json"));
+  EXPECT_EQ(state.at("lora").at("rank"), 4);
+  const auto saved = read_tensors(ckpt + "/optimizer.safetensors");
+  for (const auto& [name, t] : saved)
+    EXPECT_NE(name.find("lora_"), std::string::npos) << "optimizer state for a frozen tensor: " << name;
+  Fixture f(cfg, tmp.path + "/checkpoints");
+  ASSERT_EQ(f.learner->resume().value_or(-1), 3);
+  for (int i = 0; i < 3; ++i) f.learner->step();
+  EXPECT_EQ(f.learner->weights_checksum(), straight) << "resumed LoRA run differs from the straight run";
+  auto m = f.learner->model();
+  for (const auto& p : m->named_parameters())
+    if (!kf::policy::is_lora_param(p.key())) EXPECT_TRUE(torch::equal(p.value(), base.at(p.key()))) << p.key();
 }

@@ -1,12 +1,16 @@
 // The objectives on hand-computed cases: advantages, clipping (symmetric and
 // clip-higher), masks, token vs sequence aggregation, KL, decoupled weights, pairwise,
-// and the batch builder (staleness drop, no-signal skip, missing results, alignment).
+// and the batch builder (staleness drop, no-signal skip, missing results, alignment);
+// the chunked head (log-probs and gradients equal to the full softmax, less peak memory).
 #include <gtest/gtest.h>
+#include <c10/core/CPUAllocator.h>
 
+#include <atomic>
 #include <cmath>
 
 #include "kf/learner/batch.h"
 #include "kf/learner/loss.h"
+#include "kf/policy/model.h"
 
 using namespace kf::learner;
 
@@ -221,4 +225,145 @@ TEST(LearnerBatchTest, PacksGroupsWithinTheTokenBudget) {
   EXPECT_EQ(mbs[0].size(), 4u);
   EXPECT_EQ(mbs[2].size(), 2u);
   EXPECT_EQ(pack_micro_batches(b, 1).size(), 5u);  // a group over budget is its own micro-batch
+}
+
+// ---- chunked head: log-probs only where wanted, the vocabulary projection in chunks ----
+
+namespace {
+
+// Full-softmax reference: log p(target) and the exact entropy, fp32.
+std::pair<torch::Tensor, torch::Tensor> full_softmax(const torch::Tensor& h, const torch::Tensor& w,
+                                                     const torch::Tensor& tgt, double temperature) {
+  const auto z = torch::matmul(h, w.t()) / temperature;
+  const auto ls = torch::log_softmax(z, -1);
+  return {ls.gather(1, tgt.unsqueeze(1)).squeeze(1), -(ls.exp() * ls).sum(-1)};
+}
+
+}  // namespace
+
+TEST(LearnerChunkedHeadTest, LogprobsEntropyAndGradientsEqualTheFullSoftmaxForAnyChunk) {
+  torch::manual_seed(3);
+  const int64_t N = 37, H = 16, V = 50;
+  const auto h0 = torch::randn({N, H}), w0 = torch::randn({V, H}) * 0.5;
+  const auto tgt = torch::randint(0, V, {N}, torch::kInt64);
+  const auto coef = torch::randn({N});  // a loss that weighs every row differently
+  for (double temperature : {1.0, 0.7}) {
+    auto hr = h0.clone().requires_grad_(true), wr = w0.clone().requires_grad_(true);
+    const auto [lp_ref, ent_ref] = full_softmax(hr, wr, tgt, temperature);
+    (lp_ref * coef).sum().backward();
+    for (int64_t chunk : {1, 5, 8, 36, 37, 100}) {  // 5 and 8 do not divide 37
+      auto h = h0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
+      const auto r = kf::policy::chunked_logprobs(h, w, tgt, temperature, chunk);
+      EXPECT_TRUE(torch::allclose(r.logp, lp_ref, 1e-5, 1e-6)) << "chunk " << chunk << " T " << temperature;
+      // Entropy = lse - sum p z: fp32 rounding of two terms of size ~log V.
+      EXPECT_TRUE(torch::allclose(r.entropy, ent_ref, 1e-5, 2e-5))
+          << "chunk " << chunk << " max diff " << (r.entropy - ent_ref).abs().max().item<double>();
+      EXPECT_FALSE(r.entropy.requires_grad());
+      (r.logp * coef).sum().backward();
+      EXPECT_TRUE(torch::allclose(h.grad(), hr.grad(), 1e-5, 1e-6)) << "d/dh, chunk " << chunk << " T " << temperature;
+      EXPECT_TRUE(torch::allclose(w.grad(), wr.grad(), 1e-5, 1e-6)) << "d/dW, chunk " << chunk << " T " << temperature;
+    }
+  }
+  // A frozen weight (LoRA base) gets no gradient and h still does.
+  auto h = h0.clone().requires_grad_(true);
+  const auto r = kf::policy::chunked_logprobs(h, w0, tgt, 1.0, 4);
+  r.logp.sum().backward();
+  EXPECT_TRUE(h.grad().defined());
+}
+
+TEST(LearnerChunkedHeadTest, SelectedLogprobsEqualTokenLogprobsAtTheWantedPositionsWithTheSameGradients) {
+  auto mc = kf::policy::named_model_shape("tiny");
+  const auto f32 = torch::TensorOptions().dtype(torch::kFloat32);
+  auto a = kf::policy::CausalLM(mc, f32), b = kf::policy::CausalLM(mc, f32);
+  a->init_random(9);
+  b->init_random(9);
+  torch::manual_seed(4);
+  const int64_t B = 3, T = 14;
+  const auto ids = torch::randint(0, mc.vocab_size, {B, T}, torch::kInt64);
+  auto attn = torch::ones({B, T}, torch::kInt64);
+  attn[2].narrow(0, 10, 4).zero_();  // right padding on one row
+  // Completion positions: from each row's prompt end to its last real token.
+  auto wanted = torch::zeros({B, T - 1});
+  wanted[0].narrow(0, 5, 8).fill_(1);
+  wanted[1].narrow(0, 9, 4).fill_(1);
+  wanted[2].narrow(0, 3, 6).fill_(1);
+  const auto coef = torch::randn({B, T - 1});
+  const auto full = a->token_logprobs(ids, attn, 0.8);
+  (full * wanted * coef).sum().backward();
+  for (int64_t chunk : {1, 3, 7, 64}) {
+    b->zero_grad();
+    const auto r = b->selected_logprobs(ids, attn, wanted, 0.8, chunk);
+    EXPECT_TRUE(torch::allclose(r.logp, full * wanted, 1e-5, 1e-6)) << "chunk " << chunk;
+    EXPECT_EQ((r.logp * (1 - wanted)).abs().sum().item<double>(), 0.0) << "values outside the wanted positions";
+    EXPECT_GT((r.entropy * wanted).min().item<double>() + 1e-3, 0.0);
+    (r.logp * coef).sum().backward();
+    auto pa = a->named_parameters();
+    for (const auto& p : b->named_parameters())
+      EXPECT_TRUE(torch::allclose(p.value().grad(), pa[p.key()].grad(), 1e-4, 1e-5))
+          << p.key() << " chunk " << chunk << " max diff " << (p.value().grad() - pa[p.key()].grad()).abs().max().item<double>()
+          << " of max " << pa[p.key()].grad().abs().max().item<double>();
+  }
+}
+
+namespace {
+
+// Counts the bytes the CPU allocator hands out (current and peak), around the default one.
+struct CountingCpuAllocator final : c10::Allocator {
+  c10::Allocator* base = nullptr;
+  std::atomic<int64_t> current{0}, peak{0};
+  struct Ctx {
+    c10::DataPtr inner;
+    int64_t bytes;
+    CountingCpuAllocator* self;
+  };
+  static void release(void* p) {
+    auto* c = static_cast<Ctx*>(p);
+    c->self->current -= c->bytes;
+    delete c;
+  }
+  c10::DataPtr allocate(size_t n) override {
+    auto dp = base->allocate(n);
+    void* data = dp.get();
+    const auto dev = dp.device();
+    auto* ctx = new Ctx{std::move(dp), static_cast<int64_t>(n), this};
+    const int64_t now = (current += static_cast<int64_t>(n));
+    int64_t pk = peak.load();
+    while (now > pk && !peak.compare_exchange_weak(pk, now)) {
+    }
+    return {data, ctx, &release, dev};
+  }
+  void copy_data(void* dest, const void* src, std::size_t count) const override { default_copy_data(dest, src, count); }
+};
+
+}  // namespace
+
+TEST(LearnerChunkedHeadTest, ChunkedHeadPeaksLowerThanFullLogitsInAForwardBackward) {
+  auto mc = kf::policy::named_model_shape("tiny");
+  mc.vocab_size = 8192;  // the head dominates, as with a real vocabulary
+  mc.num_hidden_layers = 1;
+  auto m = kf::policy::CausalLM(mc, torch::TensorOptions().dtype(torch::kFloat32));
+  m->init_random(2);
+  const int64_t T = 256, prompt = 192;
+  torch::manual_seed(6);
+  const auto ids = torch::randint(0, mc.vocab_size, {1, T}, torch::kInt64);
+  auto wanted = torch::zeros({1, T - 1});
+  wanted[0].narrow(0, prompt - 1, T - prompt).fill_(1);
+  static CountingCpuAllocator counter;  // static: tensors it made may outlive the test
+  counter.base = c10::GetDefaultCPUAllocator();
+  c10::SetCPUAllocator(&counter, /*priority=*/100);
+  auto peak_of = [&](auto&& step) {
+    m->zero_grad();
+    counter.peak = counter.current.load();
+    const int64_t before = counter.current.load();
+    step();
+    return counter.peak.load() - before;
+  };
+  const int64_t full = peak_of([&] { (m->token_logprobs(ids) * wanted).sum().backward(); });
+  const int64_t chunked = peak_of([&] { m->selected_logprobs(ids, {}, wanted, 1.0, 16).logp.sum().backward(); });
+  c10::SetCPUAllocator(counter.base, /*priority=*/100);
+  const int64_t logits_bytes = (T - 1) * mc.vocab_size * 4;
+  std::printf("peak bytes above the start: full logits %lld, chunked %lld ([T x V] fp32 = %lld)\n",
+              static_cast<long long>(full), static_cast<long long>(chunked), static_cast<long long>(logits_bytes));
+  EXPECT_GT(full, logits_bytes) << "the counter did not see the full logits";
+  EXPECT_LT(chunked + logits_bytes / 2, full) << "chunking did not lower the peak by half the full logits";
 }

@@ -7,7 +7,12 @@
 // parses the header and matches every tensor against the model (names, shapes, known
 // dtypes, none missing or extra) without touching it; load() copies only after check()
 // passed. Actors log and ignore a blob that fails check() and keep their old weights.
-// make_weights_blob() writes the same format (tests, serial mode).
+// An adapter-only blob (LoRA: metadata kf_lora_rank, kf_lora_alpha, kf_lora_targets) holds
+// just the adapter tensors: check() matches them against the adapters the model has or
+// would get, and the first load() adds those adapters to the model (its dtype, applied
+// unmerged: y = W x + (alpha / rank) B A x); the base weights stay as they are.
+// make_weights_blob() writes the same format (tests, serial mode); adapter-only for a
+// model with adapters.
 // Threading: the model must not be in use by another thread during load().
 #pragma once
 #include <cstdint>

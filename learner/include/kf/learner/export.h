@@ -2,6 +2,10 @@
 // (config.json, model.safetensors, tokenizer.json when the checkpoint has one,
 // generation_config.json, and the starting model's tokenizer_config.json with its chat
 // template and named special tokens, chat_template.jinja and special_tokens_map.json).
+// A LoRA checkpoint (state.json "lora") exports merged weights (W + alpha/r B A) by
+// default, or with `peft` a PEFT adapter folder; the base comes from the checkpoint (a
+// random-init base is saved there) or from the model folder the run started from
+// (state.json lora.base_model, or base_model below).
 // Used by tools/export.
 // Plain function; any thread.
 #pragma once
@@ -18,6 +22,9 @@ struct ExportOptions {
   // eos/pad/bos tokens), chat_template.jinja and special_tokens_map.json. Empty: the
   // checkpoint's own copies, else the folder the run's config.yaml names in learner.policy.
   std::string base_model;
+  // LoRA checkpoints only: write a PEFT adapter folder (adapter_config.json +
+  // adapter_model.safetensors, PEFT's tensor names) instead of merged weights.
+  bool peft = false;
 };
 
 // `checkpoint` is a checkpoint folder, a run's checkpoints/ folder or a run folder (then

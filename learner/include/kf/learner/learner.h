@@ -45,7 +45,15 @@ struct StepStats {
   bool updated = false;
   int64_t step = 0;              // steps done after this one
   double loss = 0, grpo_loss = 0, pairwise_loss = 0, kl = 0, clip_fraction = 0, mean_ratio = 0;
-  double grad_norm = 0, lr = 0;
+  double grad_norm = 0, lr = 0;  // grad_norm: global L2 norm before clipping
+  // Over all ranks' completion tokens: k3 estimate of KL(behaviour || current policy), with
+  // r = exp(logp - behaviour): mean of (r - 1) - log r; and the mean exact entropy of the
+  // current policy's next-token distribution (from the chunked logits, at no extra cost).
+  double kl_behaviour = 0, entropy = 0;
+  // Completion lengths in tokens over all ranks; truncated_fraction: share of completions
+  // that do not end in one of the model's eos ids (-1 when the model names none).
+  double response_length_mean = 0, truncated_fraction = -1;
+  int64_t response_length_max = 0;
   int64_t groups = 0, sequences = 0, tokens = 0, pairs = 0, micro_batches = 0;  // all ranks
   double seconds = 0, publish_stall_ms = 0, checkpoint_seconds = 0;
   double take_seconds = 0;      // of seconds: waiting for groups from the source

@@ -4,6 +4,10 @@
 // Blob format: a safetensors image in memory (u64 header length, JSON header with HF
 // parameter names, dtype and offsets, then the data), so a reader needs nothing but
 // kf::policy::st_parse; metadata carries "kf_version" (the policy version).
+// A model with LoRA adapters publishes only the adapter tensors (megabytes, not the
+// gigabytes of the frozen base), with metadata kf_lora_rank, kf_lora_alpha and
+// kf_lora_targets (comma-separated): readers add the same adapters to their own copy of
+// the base and apply them unmerged.
 //
 // publish(version): the learner thread only snapshots the weights: on CUDA a
 // device-to-device cast into a staging buffer (the model may change right after), on
@@ -15,6 +19,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -67,9 +72,13 @@ class SnapshotPublisher {
   PublishStats stats_;
 };
 
+// The blob metadata of a LoRA configuration (kf_lora_rank, kf_lora_alpha, kf_lora_targets).
+std::map<std::string, std::string> lora_metadata(const policy::LoraConfig& c);
+
 // Reader side: copies a blob published above into `model`'s parameters by name (any
 // dtype conversion in the copy). Throws kf::Error naming `context` and the tensor on a
-// missing or extra tensor or a shape mismatch. Returns the blob's kf_version (-1 if absent).
+// missing or extra tensor or a shape mismatch. An adapter-only blob needs a model with
+// the same adapters and fills only them. Returns the blob's kf_version (-1 if absent).
 int64_t load_weights_blob(policy::CausalLM& model, const void* data, std::size_t bytes, const std::string& context);
 
 }  // namespace kf::learner

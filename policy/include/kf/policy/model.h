@@ -6,6 +6,8 @@
 #pragma once
 #include <torch/torch.h>
 
+#include <map>
+#include <string>
 #include <vector>
 
 #include "kf/policy/config.h"
@@ -26,13 +28,33 @@ struct KVCache {
   static KVCache create(const ModelConfig& c, int64_t batch, int64_t capacity, torch::TensorOptions opts);
 };
 
+// LoRA (Hu et al. 2021) on chosen projections: y = W x + b + (alpha / rank) * B (A x), with
+// the base W frozen, A [rank, in] small random and B [out, rank] zero, so a fresh adapter
+// leaves the model's output unchanged. Adapter tensors are ordinary parameters named
+// "<projection>.lora_A.weight" / "<projection>.lora_B.weight" (PEFT's names without its
+// "base_model.model." prefix), so checkpoints and snapshots carry them by name.
+struct LoraConfig {
+  int64_t rank = 0;  // 0: no adapters
+  double alpha = 16.0;
+  std::vector<std::string> targets;  // projection names: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj
+  double scale() const { return rank > 0 ? alpha / static_cast<double>(rank) : 0.0; }
+};
+// True for a LoRA adapter parameter name (".lora_A." or ".lora_B." inside it).
+bool is_lora_param(const std::string& name);
+
 // Linear and Embedding that allocate uninitialised storage in the target dtype/device, so a
 // multi-GB model is never materialised in fp32 on the host first.
 class LinearImpl : public torch::nn::Module {
  public:
   LinearImpl(int64_t in, int64_t out, bool bias, torch::TensorOptions opts);
   torch::Tensor forward(const torch::Tensor& x);
+  // Adds trainable adapters of `rank` (A ~ U(-1/sqrt(in), 1/sqrt(in)) from gen, B = 0) in
+  // `opts` and freezes weight and bias.
+  void add_lora(int64_t rank, double scale, torch::TensorOptions opts, at::Generator& gen);
   torch::Tensor weight, bias;
+  std::shared_ptr<LinearImpl> lora_A, lora_B;  // null without adapters
+  double lora_scale = 0.0;
+  bool lora_active = true;  // false: the base projection alone (reference log-probs)
 };
 TORCH_MODULE(Linear);
 
@@ -52,6 +74,18 @@ class RMSNormImpl : public torch::nn::Module {
   double eps;
 };
 TORCH_MODULE(RMSNorm);
+
+// Log-probs of `targets` under softmax(h W^T / temperature), computed over `chunk` rows at a
+// time so [N, vocab] is never held whole (forward keeps only h and one fp32 log-sum-exp per
+// row; backward recomputes each chunk's logits). h [N, H], weight [V, H], targets int64 [N].
+// The matmul runs in the autocast dtype when autocast is on for h's device, else in the
+// weight's dtype; softmax in fp32. logp is differentiable in h and weight; entropy (the
+// exact entropy of each row's distribution, fp32 [N]) is not.
+struct TokenLogprobs {
+  torch::Tensor logp, entropy;
+};
+TokenLogprobs chunked_logprobs(const torch::Tensor& h, const torch::Tensor& weight, const torch::Tensor& targets,
+                               double temperature, int64_t chunk);
 
 struct RopeTables {
   torch::Tensor cos, sin;  // [B, T, head_dim] in the compute dtype
@@ -119,6 +153,23 @@ class CausalLMImpl : public torch::nn::Module {
   // [B, T-1], differentiable. Positions where attention_mask is 0 get 0.
   torch::Tensor token_logprobs(const torch::Tensor& ids, const torch::Tensor& attention_mask = {},
                                double temperature = 1.0);
+  // token_logprobs at the positions where `wanted` ([B, T-1], nonzero: e.g. completion
+  // tokens) is set, through chunked_logprobs over `chunk` positions at a time: the
+  // [positions x vocab] logits of the prompt are never built. Dense [B, T-1] fp32 results,
+  // 0 elsewhere; logp differentiable, entropy not.
+  TokenLogprobs selected_logprobs(const torch::Tensor& ids, const torch::Tensor& attention_mask,
+                                  const torch::Tensor& wanted, double temperature, int64_t chunk);
+  const torch::Tensor& head_weight();  // lm_head.weight, or the tied embeddings
+
+  // LoRA: adds adapters to cfg.targets of every layer and freezes all base parameters.
+  // Adapter dtype: fp32 for training (the base may be bf16), the model's for actors.
+  // Throws kf::Error naming an unknown target. Once per model.
+  void enable_lora(const LoraConfig& cfg, uint64_t seed, torch::ScalarType adapter_dtype);
+  const LoraConfig& lora() const { return lora_; }
+  void set_adapters_active(bool on);  // off: the frozen base model
+  // The HF weights with every adapter merged (W + scale * B A, computed in fp32, cast back
+  // to W's dtype) and without adapter tensors; the model itself is unchanged.
+  std::map<std::string, torch::Tensor> merged_weights();
 
   // Recompute each layer in backward instead of keeping its activations.
   void set_gradient_checkpointing(bool on) { checkpointing_ = on; }
@@ -137,6 +188,7 @@ class CausalLMImpl : public torch::nn::Module {
   torch::TensorOptions opts_;
   torch::Tensor inv_freq_;  // fp32 [head_dim / 2] on the model's device
   bool checkpointing_ = false;
+  LoraConfig lora_;
 };
 TORCH_MODULE(CausalLM);
 
