@@ -134,11 +134,15 @@ struct StreamQueue::Impl {
   std::string claim_cursor = "0-0";
   Clock::time_point next_claim = Clock::now();
   Millis claim_every;
+  Millis prune_after;  // forget consumers idle this long with nothing pending
+  Clock::time_point next_prune;
 
   explicit Impl(const StreamConfig& c)
       : cfg(c), dead_stream(c.stream + ":dead"),
         conn(c.host, c.port, c.user, c.password, c.connect_timeout, c.io_timeout) {
     claim_every = cfg.claim_every.count() > 0 ? cfg.claim_every : std::max(Millis(10), cfg.claim_idle / 4);
+    prune_after = cfg.claim_idle * 10;
+    next_prune = Clock::now() + prune_after;
     ensure_group();
   }
 
@@ -222,13 +226,13 @@ struct StreamQueue::Impl {
                " pending record(s) were deleted by another client before acknowledgement; dropped from the group");
     }
     const redisReply* entries = r->element[1];
-    if (entries->type != REDIS_REPLY_ARRAY || entries->elements == 0) return;
+    if (entries->type != REDIS_REPLY_ARRAY || entries->elements == 0) return prune_consumers();
     std::vector<Message> got;
     for (std::size_t i = 0; i < entries->elements; ++i) {
       Message m;
       if (parse_entry(entries->element[i], &m)) got.push_back(std::move(m));
     }
-    if (got.empty()) return;
+    if (got.empty()) return prune_consumers();
     // Delivery counts of what we now own in [first, last].
     Args p;
     p.add("XPENDING").add(cfg.stream).add(cfg.group).add(got.front().id).add(got.back().id)
@@ -242,6 +246,8 @@ struct StreamQueue::Impl {
           counts.emplace_back(std::string(e->element[0]->str, e->element[0]->len),
                               static_cast<uint32_t>(e->element[3]->integer));
       }
+    std::size_t n_claimed = 0;
+    std::string tags;
     for (Message& m : got) {
       for (const auto& c : counts)
         if (c.first == m.id) m.deliveries = c.second;
@@ -252,10 +258,42 @@ struct StreamQueue::Impl {
                     {"t", std::to_string(m.tag), "d", m.data});
         continue;
       }
-      log_info("netqueue: ", where(), ": consumer ", cfg.consumer, " claimed record ", m.id, " (tag ", m.tag,
-               ", delivery ", m.deliveries, ") left pending by another consumer");
       ++stats.claimed;
+      ++n_claimed;
+      tags += (n_claimed <= 8 ? (n_claimed > 1 ? ", " : "") + std::to_string(m.tag) : n_claimed == 9 ? ", ..." : "");
       out->push_back(std::move(m));
+    }
+    if (n_claimed > 0)
+      log_info("netqueue: ", where(), ": consumer ", cfg.consumer, " claimed ", n_claimed, " record(s) idle over ",
+               cfg.claim_idle.count(), " ms (tags ", tags, "): their consumer died or stalled; they are delivered again");
+    prune_consumers();
+  }
+
+  // Forgets consumers with nothing pending that have been idle for long (dead evaluators'
+  // names); a live one that reads again is re-created by XREADGROUP. Every prune_after.
+  void prune_consumers() {
+    auto now = Clock::now();
+    if (now < next_prune) return;
+    next_prune = now + prune_after;
+    Args a;
+    a.add("XINFO").add("CONSUMERS").add(cfg.stream).add(cfg.group);
+    Reply r = conn.call(a, "XINFO CONSUMERS");
+    for (std::size_t i = 0; r->type == REDIS_REPLY_ARRAY && i < r->elements; ++i) {
+      const redisReply* c = r->element[i];
+      std::string name;
+      long long pending = -1, idle = -1;
+      for (std::size_t j = 0; c->type == REDIS_REPLY_ARRAY && j + 1 < c->elements; j += 2) {
+        std::string k(c->element[j]->str ? c->element[j]->str : "", c->element[j]->len);
+        const redisReply* v = c->element[j + 1];
+        if (k == "name" && v->type == REDIS_REPLY_STRING) name.assign(v->str, v->len);
+        if (k == "pending" && v->type == REDIS_REPLY_INTEGER) pending = v->integer;
+        if (k == "idle" && v->type == REDIS_REPLY_INTEGER) idle = v->integer;
+      }
+      if (name.empty() || name == cfg.consumer || pending != 0 || idle < prune_after.count()) continue;
+      Args d;
+      d.add("XGROUP").add("DELCONSUMER").add(cfg.stream).add(cfg.group).add(name);
+      conn.call(d, "XGROUP DELCONSUMER");
+      log_info("netqueue: ", where(), ": forgot consumer ", name, " (nothing pending, idle ", idle, " ms)");
     }
   }
 

@@ -3,6 +3,7 @@
 // records written by another client. Each must be a kf::Error naming host:port (or the
 // record), quickly, never a crash or a hang.
 #include <hiredis/hiredis.h>
+#include <signal.h>
 
 #include <functional>
 #include <future>
@@ -129,4 +130,27 @@ TEST(NetqueueFailureTest, MalformedRecordsAreDeadLetteredNotDelivered) {
   EXPECT_EQ(d.length, 0u);
   EXPECT_EQ(d.pending, 0u);
   EXPECT_EQ(d.dead, 3u);
+}
+
+// A server that stops answering (SIGSTOP: a hung host or a silent network) gives an
+// error after io_timeout, not a hang.
+TEST(NetqueueFailureTest, SilentServerTimesOutWithClearError) {
+  RedisServer srv = start_server();
+  StreamConfig cfg = srv.client_config();
+  cfg.io_timeout = Millis(500);
+  StreamQueue q = StreamQueue::open(cfg);
+  ASSERT_TRUE(q.push(1, "one", Millis(1000)));
+  ASSERT_EQ(kill(srv.pid(), SIGSTOP), 0);
+  auto t0 = Clock::now();
+  std::string e = error_of([&] { q.push(2, "two", Millis(1000)); });
+  double waited = seconds_since(t0);
+  kill(srv.pid(), SIGCONT);
+  EXPECT_GE(waited, 0.4);
+  EXPECT_LT(waited, 3.0);
+  EXPECT_NE(e.find("redis at " + hostport(srv) + ": XADD (push script) failed: no reply within the timeout"),
+            std::string::npos)
+      << e;
+  // Once it answers again, the next call reconnects and works.
+  EXPECT_TRUE(q.push(3, "three", Millis(1000)));
+  EXPECT_EQ(q.stats().reconnects, 1u);
 }

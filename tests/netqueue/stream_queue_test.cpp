@@ -336,3 +336,40 @@ TEST(NetqueueTest, PoisonRecordDeadLetteredAfterMaxDeliveries) {
   EXPECT_EQ(dead[0][7], "poison");
   EXPECT_EQ(q.depth().dead, 1u);
 }
+
+// Names of consumers gone for 10 x claim_idle with nothing pending are forgotten.
+TEST(NetqueueTest, IdleConsumersWithNothingPendingAreForgotten) {
+  RedisServer srv = start_server();
+  StreamConfig cfg = srv.client_config();
+  cfg.claim_idle = Millis(40);  // forget after 400 ms
+  cfg.claim_every = Millis(10);
+  StreamQueue prod = StreamQueue::open(cfg);
+  ASSERT_TRUE(prod.push(1, "a", Millis(1000)));
+  ASSERT_TRUE(prod.push(2, "b", Millis(1000)));
+  StreamConfig ca = cfg, cb = cfg, cc = cfg;
+  ca.consumer = "gone-empty";
+  cb.consumer = "gone-holding";
+  cc.consumer = "survivor";
+  {
+    StreamQueue a = StreamQueue::open(ca);
+    auto m = a.take(1, Millis(1000));
+    ASSERT_EQ(m.size(), 1u);
+    EXPECT_EQ(a.ack({m[0].id}), 1u);
+  }
+  StreamConfig cb_long = cb;
+  cb_long.claim_idle = Millis(60000);
+  {
+    StreamQueue b = StreamQueue::open(cb_long);
+    ASSERT_EQ(b.take(1, Millis(1000)).size(), 1u);  // never acknowledged
+  }
+  StreamQueue c = StreamQueue::open(cc);
+  EXPECT_EQ(c.depth().consumers, 2u);
+  std::this_thread::sleep_for(Millis(450));
+  // The survivor claims b's record (idle > 40 ms), then prunes.
+  auto got = c.take(1, Millis(1000));
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].tag, 2u);
+  // Both gone consumers have nothing pending now and were idle over 400 ms: forgotten.
+  EXPECT_EQ(c.depth().consumers, 1u);
+  EXPECT_EQ(c.ack({got[0].id}), 1u);
+}
