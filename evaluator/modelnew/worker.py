@@ -168,6 +168,7 @@ def main():
     host_base = ctypes.addressof(ctypes.c_char.from_buffer(mm))
     host_u8 = torch.frombuffer(mm, dtype=torch.uint8)
 
+    torch.randn(64).half().float().bfloat16().sum().item()  # cpuinfo and the half/bf16 CPU kernels, unconfined
     dev = torch.device("cuda", args["device"]) if cuda else torch.device("cpu")
     cudart = None
     if cuda:
@@ -292,6 +293,9 @@ def main():
     if err:
         die("confinement failed: " + err.decode())
 
+    memmove = ctypes.memmove  # bound here: the candidate's module cannot rebind what the copy uses
+    cuda_memcpy = cudart.cudaMemcpy if cuda else None
+    cuda_sync = cudart.cudaDeviceSynchronize if cuda else None
     model = None
     params = []
     call_no = 0
@@ -347,6 +351,12 @@ def main():
                 res = model(*args_s)
                 got = list(res) if isinstance(res, (tuple, list)) else [res]
                 rc, why = check_outputs(got, L, n_task_out, dtypes, dev, torch)
+                if probe and rc in (RC_PRECISION, RC_OUTPUT) and len(got) == n_task_out:
+                    # KernelBench's view compares values whatever the dtype: convert, and the
+                    # verdict of our protocol (the first sandbox run) has named the downgrade.
+                    got = [g.to(dtypes[L.out[i].dtype]) if isinstance(g, torch.Tensor) else g
+                           for i, g in enumerate(got)]
+                    rc, why = check_outputs(got, L, n_task_out, dtypes, dev, torch)
                 if rc == 0:
                     got = [g.contiguous() for g in got]
             if cuda:
@@ -363,7 +373,7 @@ def main():
                 except BaseException:
                     pass
         t1 = time.monotonic_ns()
-        if rc == 0 and cuda and side_ns > max(100_000, (t1 - t0) // 20):
+        if rc == 0 and cuda and not probe and side_ns > max(100_000, (t1 - t0) // 20):
             rc = RC_SIDE_STREAM
             why = ("unsynchronised side stream: the GPU was still busy %.3f ms after forward returned and its "
                    "current stream was synchronised (work on another stream the output does not wait for)"
@@ -374,12 +384,11 @@ def main():
                 if n == 0:
                     continue
                 if cuda:
-                    cudart.cudaMemcpy(ctypes.c_void_p(out_addr[s][t]), ctypes.c_void_p(got[t].data_ptr()),
-                                      ctypes.c_size_t(n), 3)
+                    cuda_memcpy(out_addr[s][t], got[t].data_ptr(), n, 3)  # device to device
                 else:
-                    ctypes.memmove(out_addr[s][t], got[t].data_ptr(), n)
+                    memmove(out_addr[s][t], got[t].data_ptr(), n)
             if cuda:
-                cudart.cudaDeviceSynchronize()
+                cuda_sync()
         if rc != 0:
             log("rc=%d: %s" % (rc, why))
         res = got = None
