@@ -129,11 +129,39 @@ std::string table(const std::string& task, const std::string& backend, const std
     if (r.ok() && r.timing_unstable) add("timing unstable: conservative estimate");
     if (r.ok() && r.task_degenerate) add("task degenerate: no speed reward");
     if (long(i) == best) note = note.empty() ? "<- best" : "<- best; " + note;
-    std::snprintf(buf, sizeof buf, "%3zu  %-14s %9s %-15s %11s %11s %7zu  %s\n", i, ev::verdict_name(r.verdict), sp.c_str(),
-                  ci.c_str(), km.c_str(), rm.c_str(), c.tokens, note.c_str());
+    // A completion with no usable code block is scored as a compile error (as the actors
+    // score it), but the table names it for what it is: nothing reached the compiler.
+    const char* label = c.ex.ok ? ev::verdict_name(r.verdict) : "no_code_block";
+    std::snprintf(buf, sizeof buf, "%3zu  %-14s %9s %-15s %11s %11s %7zu  %s\n", i, label, sp.c_str(), ci.c_str(),
+                  km.c_str(), rm.c_str(), c.tokens, note.c_str());
     o << buf;
   }
   return o.str();
+}
+
+// The compiler's own lines for every candidate that failed to compile (the first lines of
+// its diagnostics, which put errors first), so report.txt says why without opening the JSON.
+std::string compiler_errors(const std::vector<Candidate>& cands, std::size_t max_lines) {
+  std::ostringstream o;
+  for (std::size_t i = 0; i < cands.size(); ++i) {
+    const auto& c = cands[i];
+    if (!c.ex.ok || c.duplicate_of >= 0 || c.result.verdict != ev::Verdict::CompileError) continue;
+    o << "\n#" << i << " " << c.result.reason << ":\n";
+    std::istringstream in(c.result.diagnostics);
+    std::string line;
+    std::size_t n = 0;
+    while (std::getline(in, line)) {
+      if (line.empty()) continue;
+      if (n++ == max_lines) {
+        o << "    ... (all of it: report.json, candidates[" << i << "].result.diagnostics)\n";
+        break;
+      }
+      o << "    " << line << "\n";
+    }
+    if (n == 0) o << "    (the compiler printed nothing)\n";
+  }
+  const auto body = o.str();
+  return body.empty() ? body : "\ncompiler errors:" + body;
 }
 
 }  // namespace
@@ -384,7 +412,7 @@ int main(int argc, char** argv) {
                           {"best_speedup_hi", best >= 0 ? cands[best].result.speedup_hi : 0.0},
                           {"candidates", jc}};
     kf::write_file_atomic(out_dir + "/prompt.txt", prompt.text);
-    std::string txt = text;
+    std::string txt = text + compiler_errors(cands, 12);
     if (best >= 0) {
       kf::write_file_atomic(out_dir + "/best" + ext, cands[best].ex.source);
       txt += "\nbest: candidate " + std::to_string(best) + " -> best" + ext + "\n" + ev::to_text(cands[best].result);
