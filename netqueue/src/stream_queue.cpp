@@ -233,15 +233,16 @@ struct StreamQueue::Impl {
       if (parse_entry(entries->element[i], &m)) got.push_back(std::move(m));
     }
     if (got.empty()) return prune_consumers();
-    // Delivery counts of what we now own in [first, last].
-    Args p;
-    p.add("XPENDING").add(cfg.stream).add(cfg.group).add(got.front().id).add(got.back().id)
-        .add_copy(std::to_string(got.size() * 2 + 16)).add(cfg.consumer);
-    Reply pr = conn.call(p, "XPENDING");
+    // Delivery counts of the claimed ids (one pipelined XPENDING per id: a range query
+    // could be filled by this consumer's own records between them).
+    std::vector<Args> cmds(got.size());
+    for (std::size_t i = 0; i < got.size(); ++i)
+      cmds[i].add("XPENDING").add(cfg.stream).add(cfg.group).add(got[i].id).add(got[i].id).add("1");
+    auto replies = conn.pipeline(cmds, "XPENDING");
     std::vector<std::pair<std::string, uint32_t>> counts;
-    if (pr->type == REDIS_REPLY_ARRAY)
-      for (std::size_t i = 0; i < pr->elements; ++i) {
-        const redisReply* e = pr->element[i];
+    for (const Reply& pr : replies)
+      if (pr->type == REDIS_REPLY_ARRAY && pr->elements == 1) {
+        const redisReply* e = pr->element[0];
         if (e->type == REDIS_REPLY_ARRAY && e->elements == 4 && e->element[3]->type == REDIS_REPLY_INTEGER)
           counts.emplace_back(std::string(e->element[0]->str, e->element[0]->len),
                               static_cast<uint32_t>(e->element[3]->integer));
