@@ -140,9 +140,8 @@ class StreamQueue {
 };
 
 // A redis-server child process: ACL user with a password (the default user is off),
-// bound to the given addresses, no persistence (queues are transient: a resumed run
-// re-derives them from the replay checkpoint). Its config file (0600, so the password
-// is not on a command line) and log live in `dir`.
+// bound to the given addresses, no persistence (the queues live in its memory only).
+// Its config file (0600, so the password is not on a command line) and log live in `dir`.
 struct ServerOptions {
   std::string executable = "redis-server";
   std::vector<std::string> bind = {"127.0.0.1"};
