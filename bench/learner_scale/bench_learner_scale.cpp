@@ -1,0 +1,237 @@
+// bench_learner_scale: one learner step of a real model shape, phase by phase.
+//
+// The step is the learner's own components in the learner's order: the policy's
+// token_logprobs over [seqs x (prompt + completion)] tokens and the GRPO loss on the
+// completion positions (forward), backward into the gradient buckets (backward), the
+// buckets' all-reduce or reduce-scatter (sync), the global-norm clip and AdamW, plus the
+// all-gather when sharded (optimizer). The device is synchronised between phases so each
+// phase's time is its own (this removes the learner's overlap of sync with backward).
+//
+// Shape: a named one (tiny, qwen2.5-0.5b) or an HF config.json path (configs/shapes/*.json),
+// random init, no download. Weights fp32 with bf16 autocast on CUDA (the learner's default),
+// or --weights bf16 (bf16 parameters; needs --shard, whose optimizer keeps the fp32 master).
+//
+// MFU = model FLOPs / time / peak, model FLOPs = 6 x matmul parameters x tokens (lm_head
+// over every position, as token_logprobs computes it) + causal attention 6 x L x S^2 x
+// heads x head_dim per sequence; recomputation (--checkpointing) is not counted as work.
+// Prints a table and "BENCH|learner_scale|<case>|<metric>|<value>|<unit>" rows.
+#include <CLI/CLI.hpp>
+#include <sys/resource.h>
+
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "kf/common/error.h"
+#include "kf/learner/comm.h"
+#include "kf/learner/grad_buckets.h"
+#include "kf/learner/loss.h"
+#include "kf/learner/optimizer.h"
+#include "kf/policy/config.h"
+#include "kf/policy/model.h"
+
+#ifdef KF_HAVE_CUDA
+#include <ATen/autocast_mode.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
+
+using namespace kf::learner;
+
+namespace {
+
+double matmul_params(const kf::policy::ModelConfig& c) {
+  const double d = c.hidden_size, q = c.num_attention_heads * c.head_dim, kv = c.num_key_value_heads * c.head_dim;
+  return c.num_hidden_layers * (d * q + 2 * d * kv + q * d + 3 * d * c.intermediate_size) + d * c.vocab_size;
+}
+
+kf::policy::ModelConfig shape_of(const std::string& s) {
+  if (s.size() > 5 && s.compare(s.size() - 5, 5, ".json") == 0) return kf::policy::load_model_config(s);
+  return kf::policy::named_model_shape(s);
+}
+
+void sync(const torch::Device& d) {
+#ifdef KF_HAVE_CUDA
+  if (d.is_cuda()) torch::cuda::synchronize(d.index());
+#endif
+  (void)d;
+}
+
+double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+struct Autocast {
+  bool on;
+  explicit Autocast(bool enable) : on(enable) {
+#ifdef KF_HAVE_CUDA
+    if (!on) return;
+    at::autocast::set_autocast_enabled(at::kCUDA, true);
+    at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
+    at::autocast::increment_nesting();
+#endif
+  }
+  ~Autocast() {
+#ifdef KF_HAVE_CUDA
+    if (!on) return;
+    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+    at::autocast::set_autocast_enabled(at::kCUDA, false);
+#endif
+  }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"bench_learner_scale: one learner step of a model shape, split into phases"};
+  std::string shape = "tiny", device = "auto", weights = "fp32";
+  int64_t prompt = 32, completion = 64, seqs = 2, micro = 1, steps = 2, warmup = 1;
+  double peak_tflops = 0;
+  bool shard = false, checkpointing = false;
+  app.add_option("--shape", shape, "tiny, qwen2.5-0.5b or an HF config.json path");
+  app.add_option("--prompt", prompt, "prompt tokens per sequence");
+  app.add_option("--completion", completion, "completion tokens per sequence");
+  app.add_option("--seqs", seqs, "sequences per step");
+  app.add_option("--micro-seqs", micro, "sequences per micro-batch (gradient accumulation)");
+  app.add_option("--steps", steps, "timed steps (the table shows their mean)");
+  app.add_option("--warmup", warmup, "untimed steps first");
+  app.add_option("--device", device, "auto, cpu, cuda or cuda:N");
+  app.add_option("--weights", weights, "fp32 (bf16 autocast on CUDA) or bf16 (needs --shard)");
+  app.add_option("--peak-tflops", peak_tflops, "peak dense TFLOP/s of the device for MFU (0: no MFU)");
+  app.add_flag("--shard", shard, "sharded optimizer state (learner.dist.shard: optimizer; 1 rank here)");
+  app.add_flag("--checkpointing", checkpointing, "recompute decoder layers in backward");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    torch::Device dev(torch::kCPU);
+    if (device == "auto") {
+      if (torch::cuda::is_available()) dev = torch::Device(torch::kCUDA, 0);
+    } else {
+      dev = torch::Device(device);
+    }
+    if (dev.is_cuda() && !dev.has_index()) dev = torch::Device(torch::kCUDA, 0);
+    if (weights != "fp32" && weights != "bf16") throw kf::Error("--weights: '" + weights + "' (fp32 or bf16)");
+    if (weights == "bf16" && !shard) throw kf::Error("--weights bf16 needs --shard (the fp32 master lives in the sharded optimizer)");
+    if (seqs < 1 || micro < 1 || prompt < 1 || completion < 1 || steps < 1)
+      throw kf::Error("--seqs, --micro-seqs, --prompt, --completion and --steps must be >= 1");
+    const auto mc = shape_of(shape);
+    const auto wdtype = weights == "bf16" ? torch::kBFloat16 : torch::kFloat32;
+    const bool autocast = dev.is_cuda() && wdtype == torch::kFloat32;
+    torch::manual_seed(1);
+    kf::policy::CausalLM model(mc, torch::TensorOptions().dtype(wdtype).device(dev));
+    model->init_random(1);
+    model->set_gradient_checkpointing(checkpointing);
+    model->train();
+    std::vector<std::pair<std::string, torch::Tensor>> params;
+    for (const auto& p : model->named_parameters()) params.emplace_back(p.key(), p.value());
+    auto comm = make_local_comm();
+    GradBuckets buckets(params, 25u << 20, comm.get(), shard);
+    OptimConfig oc;
+    oc.lr = 1e-6;
+    AdamW opt(params, oc, &buckets);
+    GrpoConfig gc;
+
+    const int64_t T = prompt + completion;
+    const auto ids = torch::randint(0, mc.vocab_size, {seqs, T}, torch::TensorOptions().dtype(torch::kInt64)).to(dev);
+    auto comp = torch::zeros({seqs, T - 1}, torch::TensorOptions().dtype(torch::kFloat32));
+    comp.narrow(1, prompt - 1, completion).fill_(1.0);
+    comp = comp.to(dev);
+    const auto adv = torch::randn({seqs}, torch::kFloat32).to(dev);
+    const double n_tok = static_cast<double>(seqs * completion);
+
+    double t_fwd = 0, t_bwd = 0, t_sync = 0, t_opt = 0;
+    for (int64_t s = 0; s < warmup + steps; ++s) {
+      const bool timed = s >= warmup;
+      buckets.zero();
+      for (int64_t m0 = 0; m0 < seqs; m0 += micro) {
+        const int64_t n = std::min(micro, seqs - m0);
+        if (m0 + n >= seqs) buckets.arm();
+        sync(dev);
+        double t0 = now();
+        torch::Tensor loss;
+        {
+          Autocast ac(autocast);
+          const auto logp = model->token_logprobs(ids.narrow(0, m0, n));
+          const auto behaviour = logp.detach();
+          const auto w = comp.narrow(0, m0, n) / n_tok;
+          loss = grpo_loss(logp, behaviour, torch::Tensor(), adv.narrow(0, m0, n), w, gc).loss;
+        }
+        sync(dev);
+        double t1 = now();
+        loss.backward();
+        sync(dev);
+        double t2 = now();
+        if (timed) {
+          t_fwd += t1 - t0;
+          t_bwd += t2 - t1;
+        }
+      }
+      double t2 = now();
+      buckets.finish();
+      sync(dev);
+      double t3 = now();
+      opt.clip_grad_norm(1.0);
+      opt.step(oc.lr);
+      sync(dev);
+      double t4 = now();
+      if (timed) {
+        t_sync += t3 - t2;
+        t_opt += t4 - t3;
+      }
+    }
+    t_fwd /= steps;
+    t_bwd /= steps;
+    t_sync /= steps;
+    t_opt /= steps;
+    const double step_s = t_fwd + t_bwd + t_sync + t_opt;
+    const double tokens = static_cast<double>(seqs * T);
+    const double flops = 6.0 * matmul_params(mc) * tokens +
+                         seqs * 6.0 * mc.num_hidden_layers * static_cast<double>(T) * T * mc.num_attention_heads * mc.head_dim / 2.0;
+    double peak_mem = 0;
+#ifdef KF_HAVE_CUDA
+    if (dev.is_cuda()) {
+      const auto st = c10::cuda::CUDACachingAllocator::getDeviceStats(dev.index());
+      peak_mem = static_cast<double>(st.allocated_bytes[0].peak);
+    }
+#endif
+    if (!dev.is_cuda()) {
+      rusage ru {};
+      ::getrusage(RUSAGE_SELF, &ru);
+      peak_mem = ru.ru_maxrss * 1024.0;  // host peak RSS
+    }
+    int64_t n_params = 0;
+    for (const auto& p : params) n_params += p.second.numel();
+    const std::string cs = shape.substr(shape.rfind('/') + 1) + "/p" + std::to_string(prompt) + "c" +
+                           std::to_string(completion) + "x" + std::to_string(seqs) + (shard ? "/shard" : "") +
+                           "/" + weights;
+    std::printf("bench_learner_scale: %s on %s, %lld parameters, %s weights%s%s, %lld seqs x %lld tokens "
+                "(micro-batch %lld seqs)\n",
+                shape.c_str(), dev.str().c_str(), static_cast<long long>(n_params), weights.c_str(),
+                autocast ? " + bf16 autocast" : "", checkpointing ? ", recompute" : "", static_cast<long long>(seqs),
+                static_cast<long long>(T), static_cast<long long>(micro));
+    std::printf("%-26s %12s\n", "metric", "value");
+    std::vector<std::string> bench_rows;
+    auto row = [&](const char* metric, double v, const char* unit) {
+      std::printf("%-26s %12.4g %s\n", metric, v, unit);
+      char line[512];
+      std::snprintf(line, sizeof line, "BENCH|learner_scale|%s|%s|%.6g|%s", cs.c_str(), metric, v, unit);
+      bench_rows.push_back(line);
+    };
+    row("forward", t_fwd, "s");
+    row("backward", t_bwd, "s");
+    row("sync", t_sync, "s");
+    row("optimizer", t_opt, "s");
+    row("step", step_s, "s");
+    row("tokens_per_s", tokens / step_s, "tok/s");
+    row("fwd_bwd_tokens_per_s", tokens / (t_fwd + t_bwd), "tok/s");
+    row("model_tflop_per_step", flops / 1e12, "TFLOP");
+    if (peak_tflops > 0) {
+      row("mfu_step", 100.0 * flops / step_s / (peak_tflops * 1e12), "%");
+      row("mfu_fwd_bwd", 100.0 * flops / (t_fwd + t_bwd) / (peak_tflops * 1e12), "%");
+    }
+    row("peak_memory", peak_mem / (1 << 30), dev.is_cuda() ? "GiB (device)" : "GiB (host RSS)");
+    row("optimizer_state", static_cast<double>(opt.state_bytes()) / (1 << 30), "GiB");
+    for (const auto& l : bench_rows) std::printf("%s\n", l.c_str());
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_learner_scale: %s\n", e.what());
+    return 1;
+  }
+}
