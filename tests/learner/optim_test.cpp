@@ -8,6 +8,7 @@
 #include "kf/learner/comm.h"
 #include "kf/learner/grad_buckets.h"
 #include "kf/learner/optimizer.h"
+#include "kf/policy/config.h"
 #include "shard_util.h"
 
 using namespace kf::learner;
@@ -139,6 +140,40 @@ TEST(LearnerOptimTest, ShardedAdamWUpdatesItsSliceBitwiseLikeAdamWAndRoundTripsS
   EXPECT_THROW(sharded.load_state_tensor("zz.exp_avg", torch::zeros({1})), kf::Error);
 }
 
+// bf16 parameters: the sharded optimizer keeps an fp32 master for its slice, updates it
+// exactly as fp32 AdamW would, writes the rounded value into the bf16 parameter, and
+// checkpoints the master ("<name>.master").
+TEST(LearnerOptimTest, ShardedAdamWKeepsAnFp32MasterForBf16Parameters) {
+  torch::manual_seed(6);
+  const auto init = torch::randn({40, 9}).to(torch::kBFloat16);
+  std::vector<std::pair<std::string, torch::Tensor>> ps = {{"w", init.clone().requires_grad_(true)}};
+  std::vector<std::pair<std::string, torch::Tensor>> ref = {{"w", init.to(torch::kFloat32).requires_grad_(true)}};
+  LoneRankComm comm;
+  GradBuckets gb(ps, 1 << 20, &comm, /*sharded=*/true);
+  EXPECT_EQ(gb.flat()[0].scalar_type(), torch::kBFloat16) << "gradients in the parameters' dtype";
+  OptimConfig oc;
+  oc.weight_decay = 0.05;
+  AdamW sharded(ps, oc, &gb), plain(ref, oc);
+  EXPECT_EQ(sharded.state_bytes(), 3 * 4 * gb.shard_numel(0)) << "moments + master for the slice";
+  for (int s = 0; s < 3; ++s) {
+    gb.zero();
+    const auto g = torch::randn({40, 9}).to(torch::kBFloat16);
+    ps[0].second.mutable_grad().copy_(g);
+    ref[0].second.mutable_grad() = g.to(torch::kFloat32);
+    sharded.step(1e-2);
+    plain.step(1e-2);
+  }
+  const int64_t own = gb.shard_numel(0);  // rank 0 owns the first half of the padded bucket
+  const auto st = sharded.state();
+  ASSERT_EQ(st.size(), 3u);
+  EXPECT_EQ(st[2].first, "w.master");
+  const auto master = st[2].second.reshape(-1).narrow(0, 0, own);
+  const auto want = ref[0].second.detach().reshape(-1).narrow(0, 0, own);
+  EXPECT_TRUE(torch::equal(master, want)) << "master differs from fp32 AdamW";
+  EXPECT_TRUE(torch::equal(ps[0].second.detach().reshape(-1).narrow(0, 0, own), want.to(torch::kBFloat16)));
+  EXPECT_FALSE(torch::equal(master.to(torch::kBFloat16).to(torch::kFloat32), master)) << "the master must hold more than bf16";
+}
+
 // The whole learner, 2 and 4 CPU ranks (processes), same synthetic data: sharded state
 // gives the unsharded run's weights bitwise (the shm reduce-scatter sums each element in
 // the rank order the all-reduce uses, the slice update runs AdamW's operations, and the
@@ -180,4 +215,30 @@ TEST(LearnerShardTest, ShardedEqualsUnshardedForTwoAndFourRanks) {
       EXPECT_LT(mine, full / ranks * 1.1) << "rank " << k << " of " << ranks << " (padding stays small)";
     }
   }
+}
+
+// configs/shapes: the Qwen2.5-Coder config.json files parse to the published sizes
+// (1.54 B and 7.61 B parameters) that the memory table in docs/learner.md uses.
+TEST(LearnerShapeTest, QwenCoderShapeFilesParseToTheirPublishedSizes) {
+  const std::string dir = kf::learner::test::source_dir() + "/configs/shapes/";
+  auto count = [](const kf::policy::ModelConfig& c) {
+    const int64_t h = c.hidden_size, q = c.num_attention_heads * c.head_dim, kv = c.num_key_value_heads * c.head_dim;
+    const int64_t layer = (h * q + q) + 2 * (h * kv + kv) + q * h + 3 * h * c.intermediate_size + 2 * h;
+    return c.num_hidden_layers * layer + c.vocab_size * h * (c.tie_word_embeddings ? 1 : 2) + h;
+  };
+  const auto small = kf::policy::load_model_config(dir + "qwen2.5-coder-1.5b.json");
+  EXPECT_EQ(small.hidden_size, 1536);
+  EXPECT_EQ(small.num_key_value_heads, 2);
+  EXPECT_TRUE(small.tie_word_embeddings);
+  EXPECT_EQ(small.vocab_size, 151936);
+  EXPECT_EQ(count(small), 1543714304);
+  const auto big = kf::policy::load_model_config(dir + "qwen2.5-coder-7b.json");
+  EXPECT_EQ(big.hidden_size, 3584);
+  EXPECT_EQ(big.intermediate_size, 18944);
+  EXPECT_EQ(big.num_attention_heads, 28);
+  EXPECT_EQ(big.num_key_value_heads, 4);
+  EXPECT_FALSE(big.tie_word_embeddings);
+  EXPECT_EQ(big.vocab_size, 152064);
+  EXPECT_DOUBLE_EQ(big.rope.theta, 1e6);
+  EXPECT_EQ(count(big), 7615616512);
 }
