@@ -91,6 +91,8 @@ std::vector<Entry> entries() {
   return v;
 }
 
+void PrintTo(const Entry& e, std::ostream* os) { *os << e.file << " on " << e.task << (e.cuda ? " (cuda)" : " (cpu)"); }
+
 class ModelNewTest : public ::testing::TestWithParam<Entry> {};
 
 TEST_P(ModelNewTest, VerdictReasonAndCustomCodeFlag) {
