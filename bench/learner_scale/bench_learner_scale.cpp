@@ -16,6 +16,7 @@
 // heads x head_dim per sequence; recomputation (--checkpointing) is not counted as work.
 // Prints a table and "BENCH|learner_scale|<case>|<metric>|<value>|<unit>" rows.
 #include <CLI/CLI.hpp>
+#include <stdlib.h>
 #include <sys/resource.h>
 
 #include <chrono>
@@ -82,7 +83,7 @@ struct Autocast {
 
 int main(int argc, char** argv) {
   CLI::App app{"bench_learner_scale: one learner step of a model shape, split into phases"};
-  std::string shape = "tiny", device = "auto", weights = "fp32";
+  std::string shape = "tiny", device = "auto", weights = "fp32", comm_kind = "local";
   int64_t prompt = 32, completion = 64, seqs = 2, micro = 1, steps = 2, warmup = 1;
   double peak_tflops = 0;
   bool shard = false, checkpointing = false;
@@ -96,6 +97,7 @@ int main(int argc, char** argv) {
   app.add_option("--device", device, "auto, cpu, cuda or cuda:N");
   app.add_option("--weights", weights, "fp32 (bf16 autocast on CUDA) or bf16 (needs --shard)");
   app.add_option("--peak-tflops", peak_tflops, "peak dense TFLOP/s of the device for MFU (0: no MFU)");
+  app.add_option("--comm", comm_kind, "local, or nccl (a 1-rank NCCL communicator: its collectives run for real)");
   app.add_flag("--shard", shard, "sharded optimizer state (learner.dist.shard: optimizer; 1 rank here)");
   app.add_flag("--checkpointing", checkpointing, "recompute decoder layers in backward");
   CLI11_PARSE(app, argc, argv);
@@ -121,7 +123,20 @@ int main(int argc, char** argv) {
     model->train();
     std::vector<std::pair<std::string, torch::Tensor>> params;
     for (const auto& p : model->named_parameters()) params.emplace_back(p.key(), p.value());
-    auto comm = make_local_comm();
+    std::unique_ptr<Rendezvous> rdv;
+    std::unique_ptr<Communicator> comm;
+    if (comm_kind == "nccl") {
+      if (!dev.is_cuda()) throw kf::Error("--comm nccl needs a CUDA device");
+      char tmpl[] = "/tmp/kf-bench-nccl-XXXXXX";
+      const char* dir = ::mkdtemp(tmpl);
+      if (!dir) throw kf::Error("--comm nccl: mkdtemp for the rendezvous failed");
+      rdv = file_rendezvous(dir);
+      comm = make_nccl_comm(0, 1, dev.index(), *rdv);
+    } else if (comm_kind == "local") {
+      comm = make_local_comm();
+    } else {
+      throw kf::Error("--comm: '" + comm_kind + "' (local or nccl)");
+    }
     GradBuckets buckets(params, 25u << 20, comm.get(), shard);
     OptimConfig oc;
     oc.lr = 1e-6;
@@ -200,7 +215,7 @@ int main(int argc, char** argv) {
     for (const auto& p : params) n_params += p.second.numel();
     const std::string cs = shape.substr(shape.rfind('/') + 1) + "/p" + std::to_string(prompt) + "c" +
                            std::to_string(completion) + "x" + std::to_string(seqs) + (shard ? "/shard" : "") +
-                           "/" + weights;
+                           "/" + weights + (comm_kind == "nccl" ? "/nccl" : "");
     std::printf("bench_learner_scale: %s on %s, %lld parameters, %s weights%s%s, %lld seqs x %lld tokens "
                 "(micro-batch %lld seqs)\n",
                 shape.c_str(), dev.str().c_str(), static_cast<long long>(n_params), weights.c_str(),

@@ -93,7 +93,9 @@ double AdamW::clip_grad_norm(double max_norm) {
     const auto s = sum_squares(shard_->grad_shard(b));
     total = total.defined() ? total + s : s;
   }
-  if (!total.defined()) total = torch::zeros({}, torch::kFloat64);
+  if (!total.defined())  // no parameters: a zero on the parameters' device
+    total = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(
+                                 params_.empty() ? torch::Device(torch::kCPU) : params_[0].second.device()));
   auto t = total.reshape({1}).contiguous();
   shard_->comm()->all_reduce_sum(t);
   const double norm = std::sqrt(t.item<double>());
