@@ -2,6 +2,7 @@
 # The verifier's GPU half, in `device` calls (experiment choreography, not a product tool).
 #   dev/gpu_verify_check.sh tests   build this tree's evaluator tests; run the sandbox and
 #                                   compile tests and the CUDA corpus (every cheat kernel)
+#   dev/gpu_verify_check.sh all     tests, then cost (one device call)
 #   dev/gpu_verify_check.sh cost    build this tree and the base tree in .base/ (a `git archive`
 #                                   of the commit to compare with, carried), import the cost
 #                                   tasks into each, then run kf-eval of both builds on the same
@@ -38,7 +39,22 @@ import() {  # import SRC BUILD TASK...
   done
 }
 
-case "${1:-}" in
+mode=${1:-}
+if [ "$mode" = all ]; then
+  # tests, then cost; the base tree builds meanwhile (the tests that time CPU work run after it)
+  [ -d .base ] || { echo "no .base/ tree (carry it)"; exit 2; }
+  J=6 build .base build-base kf-eval kf-sandbox-worker > "$OUTDIR/b2.txt" 2>&1 &
+  pb=$!
+  "$0" tests-only-build || exit 1
+  wait $pb || { cat "$OUTDIR/b2.txt"; exit 1; }
+  "$0" tests; rt=$?
+  "$0" cost; rc=$?
+  exit $(( rt || rc ))
+fi
+case "$mode" in
+tests-only-build)
+  build . build-gpu evaluator_core_test evaluator_test kf-eval kf-sandbox-worker
+  ;;
 tests)
   tasks=$("$PY" -c "import json;print(' '.join(sorted({k['task'] for k in json.load(open('tests/evaluator/kernels/corpus.json'))['kernels']})))")
   import . build-gpu $tasks &

@@ -288,6 +288,15 @@ struct CompileService::Impl {
 
   std::string compiler(Backend b) const { return b == KF_BACKEND_CUDA ? o.nvcc : o.cxx; }
 
+  // The compiler's file as run inside the view: its real path. A named path may pass through
+  // links the view does not show (/usr/local/cuda -> /etc/alternatives/cuda -> ...: no /etc
+  // inside), while the real file lies under a bound root (compiler_roots binds it).
+  std::string executable(Backend b) const {
+    const std::string named = resolve(compiler(b));
+    char real[PATH_MAX];
+    return ::realpath(named.c_str(), real) ? std::string(real) : named;
+  }
+
   std::string ident(Backend b) {
     {
       std::lock_guard<std::mutex> lk(mu);
@@ -295,7 +304,7 @@ struct CompileService::Impl {
       if (it != identity.end()) return it->second;
     }
     SpawnSpec s;
-    s.argv = {resolve(compiler(b)), "--version"};
+    s.argv = {executable(b), "--version"};
     s.env = pick_env({"PATH", "LD_LIBRARY_PATH"});
     s.env.push_back("HOME=/tmp");
     s.cwd = "/tmp";
@@ -387,7 +396,7 @@ struct CompileService::Impl {
     // The commands. g++ compiles and links in one run. nvcc compiles (-c), then links: its
     // device-link stub runs the assembler again, which would overwrite the assembler's
     // dependency output (--MD, the files .incbin read) of the candidate's own code.
-    const std::string cc = resolve(compiler(b)), vo = kViewWork + "/kernel.o";
+    const std::string cc = executable(b), vo = kViewWork + "/kernel.o";
     std::vector<std::vector<std::string>> steps;
     std::vector<std::string> a = {cc};
     for (const auto& x : fl)

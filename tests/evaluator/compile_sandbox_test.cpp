@@ -11,7 +11,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <random>
 #include <sstream>
@@ -25,6 +27,7 @@
 
 using namespace kf::evaluator;
 using namespace kf;
+namespace fs = std::filesystem;
 
 namespace {
 
@@ -245,6 +248,42 @@ extern "C" int kf_forward(kf::Context* ctx, const kf::Tensor* in, int, kf::Tenso
   void* h = dlopen(r.so_path.c_str(), RTLD_LAZY | RTLD_LOCAL);
   if (!h) GTEST_SKIP() << "compiled; not loadable here (" << dlerror() << ")";
   EXPECT_NE(dlsym(h, "kf_forward"), nullptr);
+}
+
+// A compiler named through links the view does not show still runs: NVIDIA's packages
+// install /usr/local/cuda -> /etc/alternatives/cuda -> /usr/local/cuda-X, and the view has
+// no /etc. Here the chain goes through a folder outside every bound root.
+TEST(CompileSandboxTest, CompilerNamedThroughLinksOutsideTheViewRuns) {
+  CompileOptions o;
+  const std::string real_nvcc = o.nvcc;
+  const std::string dir = test::temp_dir("linked");
+  const std::string tk = dir + "/toolkit/bin", alt = dir + "/alternatives";
+  fs::create_directories(tk);
+  fs::create_directories(alt);
+  char real_cxx[PATH_MAX];
+  ASSERT_NE(::realpath(("/usr/bin/" + o.cxx).c_str(), real_cxx), nullptr) << "/usr/bin/" << o.cxx;
+  fs::create_symlink(real_cxx, alt + "/cxx");
+  fs::create_symlink(alt + "/cxx", tk + "/cxx");
+  o.cxx = tk + "/cxx";
+  std::vector<Backend> backends = {KF_BACKEND_CPU};
+  if (access(real_nvcc.c_str(), X_OK) == 0) {
+    char r[PATH_MAX];
+    ASSERT_NE(::realpath(real_nvcc.c_str(), r), nullptr);
+    fs::create_symlink(r, alt + "/nvcc");
+    fs::create_symlink(alt + "/nvcc", tk + "/nvcc");
+    o.nvcc = tk + "/nvcc";
+    backends.push_back(KF_BACKEND_CUDA);
+  } else {
+    std::printf("nvcc not found at %s: the CUDA half is skipped\n", real_nvcc.c_str());
+  }
+  o.cache_dir = dir + "/cache";
+  CompileService cs(o);
+  for (Backend b : backends) {
+    CompileResult r = cs.compile(R"(#include <kf/kernel.h>
+extern "C" int kf_forward(kf::Context*, const kf::Tensor*, int, kf::Tensor*, int) { return 0; })",
+                                 b);
+    EXPECT_TRUE(r.ok) << (b == KF_BACKEND_CUDA ? "nvcc: " : "c++: ") << r.diagnostics;
+  }
 }
 
 // The compiler's view from inside: a probe "compiler" (bash) reports its identity, its
