@@ -484,6 +484,10 @@ std::vector<std::string> global_functions(const std::string& source) {
 
 bool is_modelnew_candidate(const std::string& path) { return fsutil::extension(path) == ".py"; }
 
+CompileResult compile(const tasks::Task& task, tasks::Backend b, const std::string& source, const Options& opts) {
+  return build(task, b, source, opts).cr;
+}
+
 Outcome evaluate(const tasks::Task& task, tasks::Backend b, const std::string& source, const Options& opts,
                  uint64_t candidate_seed) {
   Outcome out;

@@ -56,6 +56,11 @@ bool is_modelnew_candidate(const std::string& path);
 Outcome evaluate(const tasks::Task& task, tasks::Backend backend, const std::string& source, const Options& opts,
                  uint64_t candidate_seed = 0);
 
+// The compile step alone (evaluate() runs it first): ok when every load_inline call the
+// module makes at import, in ModelNew.__init__ or on its way through forward was built.
+// so_path is the path the worker loads inside its view; diagnostics hold the build's output.
+CompileResult compile(const tasks::Task& task, tasks::Backend backend, const std::string& source, const Options& opts);
+
 std::string to_json(const Outcome& o, int indent = -1);  // Result's JSON plus "torch_only" and "modelnew"
 std::string to_text(const Outcome& o);
 

@@ -6,6 +6,8 @@
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -121,6 +123,16 @@ TEST_P(ModelNewTest, VerdictReasonAndCustomCodeFlag) {
 
 INSTANTIATE_TEST_SUITE_P(Candidates, ModelNewTest, ::testing::ValuesIn(entries()),
                          [](const ::testing::TestParamInfo<Entry>& i) { return i.param.name; });
+
+// A CUDA extension (nvcc through torch's load_inline) builds in the confined compile step,
+// where no GPU is needed: the riskiest part of the CUDA path that a CPU machine can check.
+TEST(ModelNewTest, CudaExtensionBuildsInTheConfinedCompileStep) {
+  if (access("/usr/local/cuda/bin/nvcc", X_OK) != 0) GTEST_SKIP() << "no nvcc at /usr/local/cuda/bin";
+  modelnew::Options o = options(false);
+  CompileResult cr = modelnew::compile(*task("001_relu"), kf::tasks::Backend::CPU, read("cuda/good_relu_cuda.py"), o);
+  EXPECT_TRUE(cr.ok) << cr.diagnostics;
+  EXPECT_FALSE(cr.environment_failure) << cr.diagnostics;
+}
 
 // The JSON of tools/eval for a .py candidate: Result's fields plus torch_only and modelnew.
 TEST(ModelNewTest, JsonCarriesTheFlagAndKernelBenchFields) {
