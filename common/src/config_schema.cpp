@@ -51,7 +51,7 @@ const Bound kBounds[] = {
     {"learner.schedule.warmup_steps", 0, GE}, {"learner.schedule.total_steps", 1, GE},
     {"learner.schedule.min_lr_ratio", 0, GE, 1}, {"learner.dist.ranks", 1, GE}, {"learner.dist.bucket_mb", 1, GE},
     {"learner.snapshot.every", 0, GE}, {"learner.checkpoint.every", 0, GE}, {"learner.checkpoint.keep", 1, GE},
-    {"learner.logit_chunk_tokens", 1, GE}, {"learner.lora.rank", 0, GE}, {"learner.lora.alpha", 0, GT},
+    {"learner.logit_chunk_tokens", 1, GE}, {"learner.recompute_min_params", 0, GE}, {"learner.lora.rank", 0, GE}, {"learner.lora.alpha", 0, GT},
 };
 
 std::vector<ConfigKey> with_bounds(std::vector<ConfigKey> keys) {
@@ -209,6 +209,7 @@ const std::vector<ConfigKey>& config_schema() {
       {"learner.checkpoint.every", T::Int, "100", false, {}, "checkpoint every N steps (0: only at stop; tools/launch needs >= 1)"},
       {"learner.checkpoint.keep", T::Int, "3", false, {}, "keep the last K checkpoints"},
       // learner: chunked head and LoRA (docs/learner.md "Memory")
+      {"learner.recompute_min_params", T::Int, "3000000000", false, {}, "recompute decoder layers in backward (as learner.gradient_checkpointing) for models of at least this many parameters (0: only by learner.gradient_checkpointing)"},
       {"learner.logit_chunk_tokens", T::Int, "1024", false, {}, "completion positions per chunk of the vocabulary projection + log-softmax (the [tokens x vocab] logits are never built whole)"},
       {"learner.lora.rank", T::Int, "0", false, {}, "LoRA adapter rank (0: full fine-tuning); the base stays frozen"},
       {"learner.lora.alpha", T::Float, "16.0", false, {}, "LoRA scale alpha (the adapter output is multiplied by alpha / rank)"},

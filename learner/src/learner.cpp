@@ -143,7 +143,13 @@ Learner::Learner(LearnerConfig cfg, LearnerDeps deps) : cfg_(std::move(cfg)), de
     model_ = policy::CausalLM(mc, opts);
     model_->init_random(cfg_.seed);
   }
-  model_->set_gradient_checkpointing(cfg_.gradient_checkpointing);
+  int64_t model_params = 0;
+  for (const auto& p : model_->parameters()) model_params += p.numel();
+  // Large models recompute decoder layers in backward by default: their activations at
+  // thousands of tokens per sequence outgrow the memory the weights leave.
+  const bool recompute = cfg_.gradient_checkpointing ||
+                         (cfg_.recompute_min_params > 0 && model_params >= cfg_.recompute_min_params);
+  model_->set_gradient_checkpointing(recompute);
   model_->train();
   impl_->config_json = policy::model_config_to_json(mc);
   // Rank 0's weights are everyone's (random init or a checkpoint on a shared disk).
@@ -200,7 +206,8 @@ Learner::Learner(LearnerConfig cfg, LearnerDeps deps) : cfg_(std::move(cfg)), de
                       (base_dtype == torch::kBFloat16 ? "bf16" : "fp32") + " base"
                 : std::string(),
            "), ", impl_->buckets->buckets(), " gradient buckets on ", dev.str(),
-           impl_->autocast ? " (bf16 autocast)" : " (fp32)", "; ", deps_.comm->name());
+           impl_->autocast ? " (bf16 autocast)" : " (fp32)", recompute ? ", layers recomputed in backward" : "",
+           "; ", deps_.comm->name());
 }
 
 Learner::~Learner() {

@@ -60,6 +60,7 @@ LearnerConfig learner_config_from(const kf::Config& c) {
   l.checkpoint_every = c.get_int("learner.checkpoint.every");
   l.checkpoint_keep = c.get_int("learner.checkpoint.keep");
   l.logit_chunk_tokens = c.get_int("learner.logit_chunk_tokens");
+  l.recompute_min_params = c.get_int("learner.recompute_min_params");
   l.lora_rank = c.get_int("learner.lora.rank");
   l.lora_alpha = c.get_float("learner.lora.alpha");
   l.lora_targets = c.get_strings("learner.lora.targets");
@@ -90,6 +91,7 @@ LearnerConfig learner_config_from(const kf::Config& c) {
   }
   require(l.checkpoint_keep >= 1, src + "learner.checkpoint.keep", "must be >= 1");
   require(l.logit_chunk_tokens >= 1, src + "learner.logit_chunk_tokens", "must be >= 1");
+  require(l.recompute_min_params >= 0, src + "learner.recompute_min_params", "must be >= 0 (0: off)");
   require(l.lora_rank >= 0, src + "learner.lora.rank", "must be >= 0 (0: no LoRA)");
   require(l.lora_alpha > 0, src + "learner.lora.alpha", "must be > 0");
   if (l.lora_rank > 0) {

@@ -208,8 +208,18 @@ namespace {
 struct LayerCheckpoint : public torch::autograd::Function<LayerCheckpoint> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor x, torch::Tensor cos,
                                torch::Tensor sin, torch::Tensor mask, int64_t layer_ptr) {
+    // An empty mask stands for "no mask": autograd records every tensor argument of
+    // apply(), and an undefined one has no device to record.
+    if (mask.numel() == 0) mask = torch::Tensor();
     ctx->saved_data["layer"] = layer_ptr;
     ctx->saved_data["mask"] = mask;
+    // Autocast is thread-local and backward runs on the autograd engine's thread: the
+    // recompute must run under the forward's autocast state, or it would recompute in
+    // another precision (slower, and not the activations the forward used).
+    const auto dt = x.device().type();
+    const bool ac = (dt == c10::DeviceType::CUDA || dt == c10::DeviceType::CPU) && at::autocast::is_autocast_enabled(dt);
+    ctx->saved_data["autocast"] = ac;
+    ctx->saved_data["autocast_dtype"] = static_cast<int64_t>(ac ? at::autocast::get_autocast_dtype(dt) : at::kFloat);
     ctx->save_for_backward({x, cos, sin});
     auto* layer = reinterpret_cast<DecoderLayerImpl*>(layer_ptr);
     return layer->forward(x, RopeTables{cos, sin}, mask, nullptr, 0);
@@ -223,6 +233,26 @@ struct LayerCheckpoint : public torch::autograd::Function<LayerCheckpoint> {
     torch::Tensor out;
     {
       torch::AutoGradMode enable(true);
+      const auto dt = x.device().type();
+      const bool ac = ctx->saved_data["autocast"].toBool();
+      const bool was = ac && at::autocast::is_autocast_enabled(dt);
+      const auto was_dtype = ac ? at::autocast::get_autocast_dtype(dt) : at::kFloat;
+      if (ac) {
+        at::autocast::set_autocast_enabled(dt, true);
+        at::autocast::set_autocast_dtype(dt, static_cast<at::ScalarType>(ctx->saved_data["autocast_dtype"].toInt()));
+        at::autocast::increment_nesting();
+      }
+      struct Restore {  // the engine thread's own autocast state, even if forward throws
+        bool ac, was;
+        c10::DeviceType dt;
+        at::ScalarType dtype;
+        ~Restore() {
+          if (!ac) return;
+          if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+          at::autocast::set_autocast_enabled(dt, was);
+          at::autocast::set_autocast_dtype(dt, dtype);
+        }
+      } restore{ac, was, dt, was_dtype};
       out = layer->forward(x, RopeTables{saved[1], saved[2]}, mask, nullptr, 0);
     }
     torch::autograd::backward({out}, {grads[0]});
@@ -275,7 +305,9 @@ torch::Tensor CausalLMImpl::hidden(const torch::Tensor& ids, const torch::Tensor
   const bool ckpt = checkpointing_ && !cache && torch::GradMode::is_enabled();
   for (int64_t l = 0; l < static_cast<int64_t>(model->layers->size()); ++l) {
     auto* layer = model->layers[l]->as<DecoderLayerImpl>();
-    if (ckpt) x = LayerCheckpoint::apply(x, r.cos, r.sin, mask, reinterpret_cast<int64_t>(layer));
+    if (ckpt)
+      x = LayerCheckpoint::apply(x, r.cos, r.sin, mask.defined() ? mask : torch::empty({0}, i64.dtype(torch::kBool)),
+                                 reinterpret_cast<int64_t>(layer));
     else x = layer->forward(x, r, mask, cache, l);
   }
   if (cache) cache->length += T;

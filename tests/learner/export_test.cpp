@@ -191,5 +191,24 @@ TEST(LearnerExportTest, LoraCheckpointsExportMergedWeightsOrAPeftAdapterFolder) 
   export_checkpoint(ck2, tmp.path + "/merged2");
   auto p2 = kf::policy::load_policy(tmp.path + "/merged2");
   torch::NoGradGuard ng;
-  EXPECT_LT((l2.model()->forward(ids) - p2.model->forward(ids)).abs().max().item<double>(), 1e-5);
+  const auto ours = l2.model()->forward(ids).to(torch::kFloat32).contiguous();
+  EXPECT_LT((ours - p2.model->forward(ids)).abs().max().item<double>(), 1e-5);
+
+  // 3. peft itself loads the PEFT folder onto the base and gives our unmerged logits.
+  ExportOptions po2;
+  po2.peft = true;
+  export_checkpoint(ck2, tmp.path + "/peft2", po2);
+  EXPECT_EQ(nlohmann::json::parse(lt::read_text(tmp.path + "/peft2/adapter_config.json")).at("base_model_name_or_path"),
+            base_dir);
+  const std::string ref = tmp.path + "/lora_ref.safetensors";
+  kf::safetensors_write(ref, {{"ids", "I64", ids.sizes().vec(), ids.data_ptr(), static_cast<std::size_t>(ids.numel() * 8)},
+                              {"logits", "F32", ours.sizes().vec(), ours.data_ptr(),
+                               static_cast<std::size_t>(ours.numel() * 4)}});
+  const std::string log = tmp.path + "/peft.log";
+  const int rc = lt::run({lt::python(), lt::source_dir() + "/tests/learner/peft_adapter_check.py", base_dir,
+                          tmp.path + "/peft2", ref},
+                         log);
+  if (rc == 3) GTEST_SKIP() << "peft is not importable by " << lt::python() << ": " << lt::read_text(log);
+  EXPECT_EQ(rc, 0) << lt::read_text(log);
+  std::printf("%s", lt::read_text(log).c_str());
 }

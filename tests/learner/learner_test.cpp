@@ -696,3 +696,24 @@ TEST(LearnerLoraTest, ExactResumeOfLoraStateIsBitwise) {
   for (const auto& p : m->named_parameters())
     if (!kf::policy::is_lora_param(p.key())) EXPECT_TRUE(torch::equal(p.value(), base.at(p.key()))) << p.key();
 }
+
+TEST(LearnerLoraTest, ConfigNamesTheKeyOfABadTargetRankOrAlpha) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"learner:\n  lora:\n    rank: 4\n    targets: [q_proj, qkv]\n", "'qkv' is not a projection"},
+      {"learner:\n  lora:\n    rank: 4\n    targets: [q_proj, q_proj]\n", "listed twice"},
+      {"learner:\n  lora:\n    rank: -1\n", "learner.lora.rank"},
+      {"learner:\n  lora:\n    rank: 2\n    alpha: 0\n", "learner.lora.alpha"},
+      {"learner:\n  logit_chunk_tokens: 0\n", "learner.logit_chunk_tokens"}};
+  for (const auto& [yaml, want] : cases) {
+    try {
+      (void)learner_config_from(kf::Config::parse(yaml, "run.yaml"));
+      ADD_FAILURE() << "accepted:\n" << yaml;
+    } catch (const kf::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  }
+  const auto ok = learner_config_from(kf::Config::parse("learner:\n  lora:\n    rank: 8\n    targets: [q_proj, v_proj]\n", "run.yaml"));
+  EXPECT_EQ(ok.lora_rank, 8);
+  EXPECT_EQ(ok.lora_targets, (std::vector<std::string>{"q_proj", "v_proj"}));
+  EXPECT_EQ(ok.recompute_min_params, 3000000000LL);
+}

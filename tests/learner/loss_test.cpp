@@ -1,14 +1,22 @@
 // The objectives on hand-computed cases: advantages, clipping (symmetric and
 // clip-higher), masks, token vs sequence aggregation, KL, decoupled weights, pairwise,
 // and the batch builder (staleness drop, no-signal skip, missing results, alignment);
-// the chunked head (log-probs and gradients equal to the full softmax, less peak memory).
+// the chunked head (log-probs and gradients equal to the full softmax, less peak memory);
+// layer recomputation (under the forward's autocast; on by size, same update, less memory).
 #include <gtest/gtest.h>
 #include <c10/core/CPUAllocator.h>
+#include <c10/core/impl/alloc_cpu.h>
 
 #include <atomic>
+#include <mutex>
+#include <unordered_map>
 #include <cmath>
 
+#include <ATen/autocast_mode.h>
+
 #include "kf/learner/batch.h"
+#include "kf/learner/group_source.h"
+#include "kf/learner/learner.h"
 #include "kf/learner/loss.h"
 #include "kf/policy/model.h"
 
@@ -307,32 +315,59 @@ TEST(LearnerChunkedHeadTest, SelectedLogprobsEqualTokenLogprobsAtTheWantedPositi
 
 namespace {
 
-// Counts the bytes the CPU allocator hands out (current and peak), around the default one.
+// Counts the bytes the CPU allocator hands out (current and peak). Data pointer and
+// context are the same pointer, as raw_allocate() requires; sizes are looked up by it.
 struct CountingCpuAllocator final : c10::Allocator {
-  c10::Allocator* base = nullptr;
-  std::atomic<int64_t> current{0}, peak{0};
-  struct Ctx {
-    c10::DataPtr inner;
-    int64_t bytes;
-    CountingCpuAllocator* self;
-  };
+  std::mutex mu;
+  std::unordered_map<void*, int64_t> sizes;
+  int64_t current = 0, peak = 0;
+  static CountingCpuAllocator& get() {
+    static CountingCpuAllocator a;  // never destroyed: tensors it made may outlive a test
+    return a;
+  }
   static void release(void* p) {
-    auto* c = static_cast<Ctx*>(p);
-    c->self->current -= c->bytes;
-    delete c;
+    auto& a = get();
+    {
+      std::lock_guard<std::mutex> g(a.mu);
+      auto it = a.sizes.find(p);
+      if (it != a.sizes.end()) {
+        a.current -= it->second;
+        a.sizes.erase(it);
+      }
+    }
+    c10::free_cpu(p);
   }
   c10::DataPtr allocate(size_t n) override {
-    auto dp = base->allocate(n);
-    void* data = dp.get();
-    const auto dev = dp.device();
-    auto* ctx = new Ctx{std::move(dp), static_cast<int64_t>(n), this};
-    const int64_t now = (current += static_cast<int64_t>(n));
-    int64_t pk = peak.load();
-    while (now > pk && !peak.compare_exchange_weak(pk, now)) {
+    void* p = c10::alloc_cpu(n);
+    {
+      std::lock_guard<std::mutex> g(mu);
+      sizes[p] = static_cast<int64_t>(n);
+      current += static_cast<int64_t>(n);
+      peak = std::max(peak, current);
     }
-    return {data, ctx, &release, dev};
+    return {p, p, &release, c10::Device(c10::DeviceType::CPU)};
   }
+  c10::DeleterFnPtr raw_deleter() const override { return &release; }
   void copy_data(void* dest, const void* src, std::size_t count) const override { default_copy_data(dest, src, count); }
+  // Peak bytes above the level at the start of fn(), with this allocator installed.
+  template <class F>
+  int64_t peak_during(F&& fn) {
+    c10::Allocator* before = c10::GetCPUAllocator();
+    c10::SetCPUAllocator(this, /*priority=*/100);
+    struct Restore {
+      c10::Allocator* a;
+      ~Restore() { c10::SetCPUAllocator(a, /*priority=*/100); }
+    } restore{before};
+    int64_t start;
+    {
+      std::lock_guard<std::mutex> g(mu);
+      start = current;
+      peak = current;
+    }
+    fn();
+    std::lock_guard<std::mutex> g(mu);
+    return peak - start;
+  }
 };
 
 }  // namespace
@@ -348,22 +383,101 @@ TEST(LearnerChunkedHeadTest, ChunkedHeadPeaksLowerThanFullLogitsInAForwardBackwa
   const auto ids = torch::randint(0, mc.vocab_size, {1, T}, torch::kInt64);
   auto wanted = torch::zeros({1, T - 1});
   wanted[0].narrow(0, prompt - 1, T - prompt).fill_(1);
-  static CountingCpuAllocator counter;  // static: tensors it made may outlive the test
-  counter.base = c10::GetDefaultCPUAllocator();
-  c10::SetCPUAllocator(&counter, /*priority=*/100);
-  auto peak_of = [&](auto&& step) {
+  auto& counter = CountingCpuAllocator::get();
+  const int64_t full = counter.peak_during([&] {
     m->zero_grad();
-    counter.peak = counter.current.load();
-    const int64_t before = counter.current.load();
-    step();
-    return counter.peak.load() - before;
-  };
-  const int64_t full = peak_of([&] { (m->token_logprobs(ids) * wanted).sum().backward(); });
-  const int64_t chunked = peak_of([&] { m->selected_logprobs(ids, {}, wanted, 1.0, 16).logp.sum().backward(); });
-  c10::SetCPUAllocator(counter.base, /*priority=*/100);
+    (m->token_logprobs(ids) * wanted).sum().backward();
+  });
+  const int64_t chunked = counter.peak_during([&] {
+    m->zero_grad();
+    m->selected_logprobs(ids, {}, wanted, 1.0, 16).logp.sum().backward();
+  });
   const int64_t logits_bytes = (T - 1) * mc.vocab_size * 4;
   std::printf("peak bytes above the start: full logits %lld, chunked %lld ([T x V] fp32 = %lld)\n",
               static_cast<long long>(full), static_cast<long long>(chunked), static_cast<long long>(logits_bytes));
   EXPECT_GT(full, logits_bytes) << "the counter did not see the full logits";
   EXPECT_LT(chunked + logits_bytes / 2, full) << "chunking did not lower the peak by half the full logits";
+}
+
+// ---- layer recomputation ----
+
+TEST(LearnerMemoryTest, RecomputedLayersRunUnderTheForwardsAutocastState) {
+  // CPU autocast stands in for CUDA's: the forward runs in bf16, backward is called
+  // outside the autocast region (as the learner does), so a recompute that ignored the
+  // forward's state would rebuild the activations in fp32 and give other gradients.
+  auto mc = kf::policy::named_model_shape("tiny");
+  const auto f32 = torch::TensorOptions().dtype(torch::kFloat32);
+  auto plain = kf::policy::CausalLM(mc, f32), ckpt = kf::policy::CausalLM(mc, f32);
+  plain->init_random(5);
+  ckpt->init_random(5);
+  ckpt->set_gradient_checkpointing(true);
+  torch::manual_seed(8);
+  const auto ids = torch::randint(0, mc.vocab_size, {2, 16}, torch::kInt64);
+  const auto coef = torch::randn({2, 15});
+  for (auto* m : {&plain, &ckpt}) {
+    torch::Tensor loss;
+    {
+      struct CpuAutocast {  // off again even if the forward throws (later tests run in fp32)
+        CpuAutocast() {
+          at::autocast::set_autocast_enabled(at::kCPU, true);
+          at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+          at::autocast::increment_nesting();
+        }
+        ~CpuAutocast() {
+          if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+          at::autocast::set_autocast_enabled(at::kCPU, false);
+        }
+      } on;
+      loss = ((*m)->token_logprobs(ids) * coef).sum();
+    }
+    loss.backward();
+  }
+  auto pp = plain->named_parameters();
+  double worst = 0;
+  for (const auto& p : ckpt->named_parameters()) {
+    ASSERT_TRUE(p.value().grad().defined() && pp[p.key()].grad().defined()) << p.key() << " has no gradient";
+    const auto d = (p.value().grad() - pp[p.key()].grad()).abs().max().item<double>();
+    const auto scale = pp[p.key()].grad().abs().max().item<double>();
+    worst = std::max(worst, d / std::max(scale, 1e-12));
+  }
+  // bf16 activations recomputed in fp32 differ by ~1e-2 relative; the same ops, not at all.
+  EXPECT_LT(worst, 1e-5) << "recomputed layers did not run under the forward's autocast";
+}
+
+TEST(LearnerMemoryTest, ModelsAboveTheSizeThresholdRecomputeLayersWithTheSameUpdateAndLessMemory) {
+  auto& counter = CountingCpuAllocator::get();
+  SyntheticConfig sc;
+  sc.seed = 4;
+  sc.prompt_min = sc.prompt_max = 160;  // long rows: activations dominate the tiny weights
+  sc.completion_min = sc.completion_max = 96;
+  sc.equal_reward_every = 0;
+  auto run = [&](int64_t min_params, int64_t* peak) {
+    LearnerConfig c;
+    c.init_shape = "tiny";
+    c.seed = 2;
+    c.groups_per_step = 2;
+    c.micro_batch_tokens = 4096;
+    c.optim.lr = 1e-3;
+    c.schedule.warmup_steps = 0;
+    c.snapshot_every = c.checkpoint_every = 0;
+    c.deterministic = true;
+    c.recompute_min_params = min_params;  // the tiny model has ~110 k parameters
+    auto comm = make_local_comm();
+    SyntheticSource src(sc);
+    src.groups_per_step_total = 2;
+    LearnerDeps d;
+    d.comm = comm.get();
+    d.source = &src;
+    Learner l(c, d);
+    *peak = counter.peak_during([&] { EXPECT_TRUE(l.step().updated); });
+    EXPECT_TRUE(l.step().updated);
+    return l.weights_checksum();
+  };
+  int64_t peak_keep = 0, peak_recompute = 0;
+  const auto keep = run(0, &peak_keep);
+  const auto recompute = run(1, &peak_recompute);
+  std::printf("step peak bytes: activations kept %lld, layers recomputed %lld\n", static_cast<long long>(peak_keep),
+              static_cast<long long>(peak_recompute));
+  EXPECT_EQ(recompute, keep) << "recomputation changed the update";
+  EXPECT_LT(peak_recompute, peak_keep) << "a model above learner.recompute_min_params kept its activations";
 }

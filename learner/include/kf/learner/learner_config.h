@@ -78,6 +78,9 @@ struct LearnerConfig {
   std::string snapshot_dtype = "bf16";
   int64_t checkpoint_every = 100;
   int64_t checkpoint_keep = 3;
+  // Activation recomputation is on for models of at least this many parameters even when
+  // gradient_checkpointing is false (0: never automatically).
+  int64_t recompute_min_params = 3000000000;
   // Completion positions per chunk of the vocabulary projection + log-softmax.
   int64_t logit_chunk_tokens = 1024;
   // LoRA: rank 0 trains every weight; rank > 0 freezes the base and trains adapters on
