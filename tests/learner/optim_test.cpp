@@ -200,6 +200,7 @@ TEST(LearnerShardTest, ShardedEqualsUnshardedForTwoAndFourRanks) {
     EXPECT_EQ(shard.checksums[0], plain.checksums[0]);
     ASSERT_EQ(shard.steps.size(), 3u);
     for (std::size_t s = 0; s < 3; ++s) {
+      EXPECT_GT(plain.steps[s]["grad_norm"].get<double>(), 0.1) << "step " << s << ": the clip (0.1) must bind";
       EXPECT_DOUBLE_EQ(shard.steps[s]["loss"].get<double>(), plain.steps[s]["loss"].get<double>()) << "step " << s;
       EXPECT_NEAR(shard.steps[s]["grad_norm"].get<double>(), plain.steps[s]["grad_norm"].get<double>(),
                   1e-12 * plain.steps[s]["grad_norm"].get<double>())
