@@ -717,3 +717,37 @@ TEST(LearnerLoraTest, ConfigNamesTheKeyOfABadTargetRankOrAlpha) {
   EXPECT_EQ(ok.lora_targets, (std::vector<std::string>{"q_proj", "v_proj"}));
   EXPECT_EQ(ok.recompute_min_params, 3000000000LL);
 }
+
+TEST(LearnerLoraTest, CudaBf16BaseWithFp32AdaptersTrainsAndPublishesAdaptersOnly) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device: the bf16 LoRA base runs only on a GPU";
+  auto cfg = lora_config();
+  cfg.deterministic = false;
+  cfg.grpo.kl_coef = 0.05;  // reference = the bf16 base with adapters off
+  cfg.gradient_checkpointing = true;
+  auto comm = make_local_comm();
+  SyntheticSource src(synth());
+  src.groups_per_step_total = 4;
+  LearnerDeps d;
+  d.comm = comm.get();
+  d.source = &src;
+  d.device = torch::Device(torch::kCUDA);
+  Learner l(cfg, d);
+  auto m = l.model();
+  const auto base = base_copy(m);
+  for (const auto& p : m->named_parameters())
+    EXPECT_EQ(p.value().scalar_type(), kf::policy::is_lora_param(p.key()) ? torch::kFloat32 : torch::kBFloat16)
+        << p.key();
+  for (int s = 0; s < 3; ++s) {
+    const auto st = l.step();
+    ASSERT_TRUE(st.updated);
+    EXPECT_TRUE(std::isfinite(st.loss) && std::isfinite(st.grad_norm) && std::isfinite(st.entropy));
+  }
+  for (const auto& p : m->named_parameters())
+    if (!kf::policy::is_lora_param(p.key())) EXPECT_TRUE(torch::equal(p.value(), base.at(p.key()))) << p.key();
+  SnapshotPublisher pub(m, nullptr, torch::kBFloat16);
+  pub.publish(3);
+  pub.wait();
+  const auto h = kf::policy::st_parse(pub.blob(), pub.blob_bytes(), "snapshot");
+  EXPECT_EQ(h.tensors.size(), 2u * 2 * 7);
+  for (const auto& t : h.tensors) EXPECT_TRUE(kf::policy::is_lora_param(t.name)) << t.name;
+}

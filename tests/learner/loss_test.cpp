@@ -481,3 +481,44 @@ TEST(LearnerMemoryTest, ModelsAboveTheSizeThresholdRecomputeLayersWithTheSameUpd
   EXPECT_EQ(recompute, keep) << "recomputation changed the update";
   EXPECT_LT(peak_recompute, peak_keep) << "a model above learner.recompute_min_params kept its activations";
 }
+
+TEST(LearnerChunkedHeadTest, CudaBf16AutocastMatchesTheFullSoftmax) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device: the bf16 chunked head runs only on a GPU";
+  torch::manual_seed(12);
+  const auto cuda = torch::TensorOptions().device(torch::kCUDA);
+  const int64_t N = 1000, H = 128, V = 5000;
+  const auto h0 = torch::randn({N, H}, cuda), w0 = torch::randn({V, H}, cuda) * 0.1;
+  const auto tgt = torch::randint(0, V, {N}, cuda.dtype(torch::kInt64));
+  struct CudaAutocast {
+    CudaAutocast() {
+      at::autocast::set_autocast_enabled(at::kCUDA, true);
+      at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
+      at::autocast::increment_nesting();
+    }
+    ~CudaAutocast() {
+      if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+      at::autocast::set_autocast_enabled(at::kCUDA, false);
+    }
+  };
+  auto hr = h0.clone().requires_grad_(true), wr = w0.clone().requires_grad_(true);
+  torch::Tensor lp_ref;
+  {
+    CudaAutocast on;
+    lp_ref = torch::log_softmax(torch::matmul(hr, wr.t()).to(torch::kFloat32), -1).gather(1, tgt.unsqueeze(1)).squeeze(1);
+  }
+  lp_ref.sum().backward();
+  auto h = h0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
+  kf::policy::TokenLogprobs r;
+  {
+    CudaAutocast on;
+    r = kf::policy::chunked_logprobs(h, w, tgt, 1.0, 96);
+  }
+  r.logp.sum().backward();
+  const double d_lp = (r.logp - lp_ref).abs().max().item<double>();
+  const double d_h = ((h.grad() - hr.grad()).abs().max() / hr.grad().abs().max()).item<double>();
+  const double d_w = ((w.grad() - wr.grad()).abs().max() / wr.grad().abs().max()).item<double>();
+  std::printf("CUDA bf16 chunked head vs full: |dlogp| %.3g, rel |dh| %.3g, rel |dW| %.3g\n", d_lp, d_h, d_w);
+  EXPECT_LT(d_lp, 1e-2);
+  EXPECT_LT(d_h, 2e-2);
+  EXPECT_LT(d_w, 2e-2);
+}
