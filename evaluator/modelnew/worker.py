@@ -208,7 +208,7 @@ def main():
 
         class CAI:
             __cuda_array_interface__ = {"shape": (int(d.nbytes),), "typestr": "|u1", "data": (addr, False),
-                                        "version": 3, "strides": None, "stream": None}
+                                        "version": 2, "strides": None}
         return torch.as_tensor(CAI(), device=dev).view(dtypes[d.dtype]).view(desc_shape(d))
 
     # Per slot: what the model sees (ins/outs) and where outputs go (out_addr).
@@ -293,9 +293,15 @@ def main():
     if err:
         die("confinement failed: " + err.decode())
 
-    memmove = ctypes.memmove  # bound here: the candidate's module cannot rebind what the copy uses
+    # Bound here, before the candidate's module exists: rebinding torch.cuda.synchronize,
+    # time.monotonic_ns or ctypes.memmove in its module does not change what the clock and
+    # the copy use.
+    memmove = ctypes.memmove
+    now = time.monotonic_ns
     cuda_memcpy = cudart.cudaMemcpy if cuda else None
     cuda_sync = cudart.cudaDeviceSynchronize if cuda else None
+    current_stream = torch.cuda.current_stream if cuda else None
+    no_grad = torch.no_grad
     model = None
     params = []
     call_no = 0
@@ -337,17 +343,17 @@ def main():
             b.data = b.data.clone()
         args_s = ins[s][:n_inputs]
 
-        ps0 = time.monotonic_ns()
+        ps0 = now()
         if cuda:
-            torch.cuda.synchronize()
-        mark = Reply(kind=K_MARK_START, presync_ns=time.monotonic_ns() - ps0)
+            cuda_sync()
+        mark = Reply(kind=K_MARK_START, presync_ns=now() - ps0)
         send(mark)
         freeze()  # freeze 0
 
         rc, why, side_ns = 0, "", 0
-        t0 = time.monotonic_ns()
+        t0 = now()
         try:
-            with torch.no_grad():
+            with no_grad():
                 res = model(*args_s)
                 got = list(res) if isinstance(res, (tuple, list)) else [res]
                 rc, why = check_outputs(got, L, n_task_out, dtypes, dev, torch)
@@ -360,19 +366,16 @@ def main():
                 if rc == 0:
                     got = [g.contiguous() for g in got]
             if cuda:
-                torch.cuda.current_stream().synchronize()
-                tc = time.monotonic_ns()
-                torch.cuda.synchronize()
-                side_ns = time.monotonic_ns() - tc
+                current_stream().synchronize()
+                tc = now()
+                cuda_sync()
+                side_ns = now() - tc
         except BaseException as e:
             rc, why = RC_RAISED, "forward raised " + one_line(e)
             traceback.print_exc()
             if cuda:
-                try:
-                    torch.cuda.synchronize()
-                except BaseException:
-                    pass
-        t1 = time.monotonic_ns()
+                cuda_sync()
+        t1 = now()
         if rc == 0 and cuda and not probe and side_ns > max(100_000, (t1 - t0) // 20):
             rc = RC_SIDE_STREAM
             why = ("unsynchronised side stream: the GPU was still busy %.3f ms after forward returned and its "
