@@ -4,9 +4,11 @@
 
 #include <cmath>
 
+#include "kf/common/config.h"
 #include "kf/common/error.h"
 #include "kf/learner/comm.h"
 #include "kf/learner/grad_buckets.h"
+#include "kf/learner/learner_config.h"
 #include "kf/learner/optimizer.h"
 #include "kf/policy/config.h"
 #include "shard_util.h"
@@ -242,4 +244,26 @@ TEST(LearnerShapeTest, QwenCoderShapeFilesParseToTheirPublishedSizes) {
   EXPECT_EQ(big.vocab_size, 152064);
   EXPECT_DOUBLE_EQ(big.rope.theta, 1e6);
   EXPECT_EQ(count(big), 7615616512);
+}
+
+// learner.dist.shard and learner.init_shape as read from a run config: a shape that is
+// neither named nor a readable config.json is refused naming the file and key.
+TEST(LearnerShapeTest, ConfigReadsShardAndRefusesAnUnknownShape) {
+  using kf::Config;
+  EXPECT_EQ(learner_config_from(Config::parse("", "run.yaml")).shard, ShardMode::none);
+  EXPECT_EQ(learner_config_from(Config::parse("learner:\n  dist:\n    shard: optimizer\n", "run.yaml")).shard,
+            ShardMode::optimizer);
+  EXPECT_THROW(Config::parse("learner:\n  dist:\n    shard: params\n", "run.yaml"), kf::Error);
+  const std::string shape = kf::learner::test::source_dir() + "/configs/shapes/qwen2.5-coder-7b.json";
+  EXPECT_EQ(learner_config_from(Config::parse("learner:\n  init_shape: " + shape + "\n", "run.yaml")).init_shape, shape);
+  for (const std::string bad : {"qwen9", "/nonexistent/config.json"}) {
+    try {
+      (void)learner_config_from(Config::parse("learner:\n  init_shape: " + bad + "\n", "run.yaml"));
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const kf::Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("run.yaml: learner.init_shape"), std::string::npos) << what;
+      EXPECT_NE(what.find(bad), std::string::npos) << what;
+    }
+  }
 }
