@@ -169,6 +169,10 @@ Learner::Learner(LearnerConfig cfg, LearnerDeps deps) : cfg_(std::move(cfg)), de
     lc.targets = cfg_.lora_targets;
     // Same seed on every rank: the same adapters everywhere (B = 0: the base's outputs).
     model_->enable_lora(lc, cfg_.seed + 1, torch::kFloat32);
+    if (cfg_.policy.empty() && deps_.comm->rank() == 0)
+      log_warn("learner: LoRA on a random-init base (learner.policy is empty): snapshots carry only the adapters, ",
+               "so the actors' base is their own random init from run.seed, the same weights only when they run on ",
+               "the same kind of device as this learner; set learner.policy to a model folder for a real run");
   }
   // The optimizer, the gradient buckets and checkpoints see the trainable parameters
   // only: every weight, or with LoRA just the adapters.

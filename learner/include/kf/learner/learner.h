@@ -8,6 +8,10 @@
 //      step count;
 //   6. publish a snapshot every snapshot.every steps and checkpoint every
 //      checkpoint.every steps (rank 0 writes; all ranks call).
+// Log-probs are computed only at completion positions, the vocabulary head in chunks of
+// learner.logit_chunk_tokens (policy::chunked_logprobs). With learner.lora.rank > 0 the
+// base is frozen (bf16 under autocast) and only the adapters are trainable parameters:
+// the optimizer, the gradient all-reduce, weights_checksum() and snapshots see adapters.
 // A step in which no rank has usable data changes nothing and returns updated=false.
 // Every rank keeps identical weights: rank 0's initial weights are broadcast, and the
 // all-reduced gradients are bitwise identical on every rank (weights_checksum()).
