@@ -715,6 +715,44 @@ def plot_reward(plt, learner, run, out):
     return save(fig, out, "reward.png")
 
 
+def plot_learner(plt, learner, run, out):
+    """The learner's per-step health on the learner-step axis: the numbers veRL and OpenRLHF
+    users read first (reward, KL, clipping, entropy, gradient norm, learning rate, lengths)."""
+    fig, axes = plt.subplots(4, 2, figsize=(12, 14))
+    (a, b), (c, d), (e, f), (g, h) = axes
+    rm = series(learner, "step", "reward_mean")
+    if not rm[0]:  # learners that do not log it: the evaluated candidates' mean by step
+        rm = series(run, "step", "mean_reward")
+    plot_lines(a, [("reward mean", *rm), ("reward std", *series(learner, "step", "reward_std"))],
+               "learner step", "reward", "reward by step")
+    a.set_title("Reward")
+    plot_lines(b, [("KL to the reference (k3)", *series(learner, "step", "kl")),
+                   ("KL to the behaviour policy", *series(learner, "step", "kl_behaviour"))],
+               "learner step", "KL", "KL (metrics/learner.jsonl)")
+    b.set_title("KL")
+    plot_lines(c, [("clip fraction", *series(learner, "step", "clip_fraction"))],
+               "learner step", "fraction of completion tokens", "clip_fraction (metrics/learner.jsonl)")
+    c.set_title("Clipped tokens")
+    plot_lines(d, [("entropy (estimate)", *series(learner, "step", "entropy"))],
+               "learner step", "nats / token", "entropy (metrics/learner.jsonl)")
+    d.set_title("Entropy")
+    plot_lines(e, [("gradient norm (before clipping)", *series(learner, "step", "grad_norm"))],
+               "learner step", "norm", "grad_norm (metrics/learner.jsonl)")
+    e.set_title("Gradient norm")
+    plot_lines(f, [("learning rate", *series(learner, "step", "lr"))],
+               "learner step", "lr", "lr (metrics/learner.jsonl)")
+    f.set_title("Learning rate")
+    plot_lines(g, [("mean", *series(learner, "step", "response_length_mean")),
+                   ("max", *series(learner, "step", "response_length_max"))],
+               "learner step", "completion tokens", "response lengths (metrics/learner.jsonl)")
+    g.set_title("Response length")
+    plot_lines(h, [("truncated (no end-of-sequence token)", *series(learner, "step", "truncated_fraction"))],
+               "learner step", "fraction of completions", "truncated_fraction (metrics/learner.jsonl)")
+    h.set_title("Truncation")
+    fig.tight_layout()
+    return save(fig, out, "learner.png")
+
+
 def plot_speedup(plt, run, out):
     fig, ax = plt.subplots(figsize=(9, 5))
     plot_lines(ax, [("mean", *series(run, "_min", "mean_speedup")),
@@ -1070,6 +1108,7 @@ def main(argv):
               "no per-minute windows, level table or cheat list")
     try:
         pngs = [("Reward and loss", plot_reward(plt, learner, run, out)),
+                ("Learner health", plot_learner(plt, learner, run, out)),
                 ("Speedup", plot_speedup(plt, run, out)),
                 ("Verdict mix", plot_verdicts(plt, run, out)),
                 ("Throughput, queues and lag", plot_throughput(plt, run, actors, learner, out))]

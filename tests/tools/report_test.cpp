@@ -59,7 +59,7 @@ void expect_png(const std::string& path) {
   EXPECT_EQ(b.substr(b.size() - 8, 4), "IEND") << path;
 }
 
-const char* const kPlots[] = {"reward.png", "speedup.png", "verdicts.png", "throughput.png"};
+const char* const kPlots[] = {"reward.png", "learner.png", "speedup.png", "verdicts.png", "throughput.png"};
 
 bool exists(const std::string& path) {
   struct stat st;
@@ -649,7 +649,8 @@ TEST(ReportTest, LearnerRunWritesStepMetrics) {
     EXPECT_EQ(l["step"], i + 1) << l;
     EXPECT_EQ(l["updated"], 1) << l;
     for (const char* key : {"time", "loss", "grad_norm", "lr", "groups", "tokens", "seconds", "clip_fraction",
-                            "publish_stall_ms"})
+                            "publish_stall_ms", "kl_behaviour", "entropy", "response_length_mean",
+                            "response_length_max"})
       EXPECT_TRUE(l.contains(key) && l[key].is_number()) << key << " in " << l;
     EXPECT_GT(l["tokens"].get<int64_t>(), 0) << l;
     EXPECT_GT(l["grad_norm"].get<double>(), 0.0) << l;
@@ -667,6 +668,7 @@ TEST(ReportTest, LearnerRunWritesStepMetrics) {
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_TRUE(contains(r.err, run + "/metrics/run.jsonl: not found")) << r.err;
   expect_png(run + "/report/reward.png");
+  expect_png(run + "/report/learner.png");  // the per-step health plot from the real learner's lines
   EXPECT_TRUE(contains(kf::test::read_file(run + "/report/index.html"), "Latest learner step</h2><p>step 3,"));
 #endif
 }
