@@ -336,11 +336,14 @@ struct RankRun {
 };
 
 // min_groups > 1 adds the ranks' "is any rank short" all-reduce to every step.
-RankRun run_ranks(const std::string& dir, int ranks, int steps = 3, int min_groups = 1) {
-  const std::string tag = std::to_string(ranks) + "r" + std::to_string(steps) + "s" + std::to_string(min_groups) + "m";
+// extra: more `learner:` keys (two-space indented YAML lines), tagged by extra_tag.
+RankRun run_ranks(const std::string& dir, int ranks, int steps = 3, int min_groups = 1, const std::string& extra = "",
+                  const std::string& extra_tag = "") {
+  const std::string tag =
+      std::to_string(ranks) + "r" + std::to_string(steps) + "s" + std::to_string(min_groups) + "m" + extra_tag;
   const std::string cfg = dir + "/dp" + tag + ".yaml";
   lt::write_text(cfg, "run:\n  name: dp" + tag + "\n  root: " + dir + "\n  seed: 5\nlearner:\n  groups_per_step: 8\n  micro_batch_tokens: 96\n"
-                          "  min_groups_per_step: " + std::to_string(min_groups) + "\n"
+                          "  min_groups_per_step: " + std::to_string(min_groups) + "\n" + extra +
                           "  deterministic: true\n  optim:\n    lr: 1.0e-3\n  schedule:\n    warmup_steps: 0\n"
                           "  snapshot:\n    every: 0\n  checkpoint:\n    every: 0\n  dist:\n    ranks: " +
                           std::to_string(ranks) + "\n");
@@ -450,6 +453,22 @@ TEST(LearnerToolTest, KfLearnerAttachedToARunTrainsPublishesAndCounts) {
     }
   EXPECT_TRUE(found) << "kf-learner's control-block entry (counters stay readable after it exits)";
   EXPECT_TRUE(find_latest_valid(tmp.path + "/" + run + "/checkpoints").has_value());
+  // The step's line in metrics/learner.jsonl carries the per-step metrics.
+  std::istringstream lines(lt::read_text(tmp.path + "/" + run + "/metrics/learner.jsonl"));
+  nlohmann::json trained;
+  for (std::string line; std::getline(lines, line);)
+    if (!line.empty() && nlohmann::json::parse(line).value("updated", 0.0) == 1.0) trained = nlohmann::json::parse(line);
+  ASSERT_TRUE(trained.is_object()) << "no line of a step that trained in metrics/learner.jsonl";
+  for (const char* k : {"kl_behaviour", "entropy", "clip_fraction", "grad_norm", "lr", "response_length_mean",
+                        "response_length_max", "truncated_fraction"})
+    ASSERT_TRUE(trained.contains(k) && trained[k].is_number()) << k << " missing: " << trained.dump();
+  EXPECT_GE(trained["kl_behaviour"].get<double>(), 0.0);
+  EXPECT_GT(trained["entropy"].get<double>(), 0.0);
+  EXPECT_LE(trained["entropy"].get<double>(), std::log(256.0) + 1e-6);
+  EXPECT_GT(trained["grad_norm"].get<double>(), 0.0);
+  EXPECT_GE(trained["response_length_max"].get<double>(), trained["response_length_mean"].get<double>());
+  EXPECT_GE(trained["truncated_fraction"].get<double>(), 0.0);
+  EXPECT_LE(trained["truncated_fraction"].get<double>(), 1.0);
   shm->shutdown();
 }
 
@@ -750,4 +769,41 @@ TEST(LearnerLoraTest, CudaBf16BaseWithFp32AdaptersTrainsAndPublishesAdaptersOnly
   const auto h = kf::policy::st_parse(pub.blob(), pub.blob_bytes(), "snapshot");
   EXPECT_EQ(h.tensors.size(), 2u * 2 * 7);
   for (const auto& t : h.tensors) EXPECT_TRUE(kf::policy::is_lora_param(t.name)) << t.name;
+}
+
+TEST(LearnerDataParallelTest, LoraSyncsOnlyAdaptersAndTwoRanksMatchOneRank) {
+  lt::TempDir tmp;
+  const std::string lora = "  lora:\n    rank: 4\n    alpha: 8\n";
+  const auto init = run_ranks(tmp.path, 1, 0, 1, lora, "lora");
+  const auto one = run_ranks(tmp.path, 1, 3, 1, lora, "lora");
+  const auto two = run_ranks(tmp.path, 2, 3, 1, lora, "lora");
+  const auto sharded = run_ranks(tmp.path, 2, 3, 1, lora + "  dist:\n    shard: optimizer\n", "lorashard");
+  ASSERT_FALSE(one.weights.empty());
+  for (const auto* r : {&two, &sharded}) {
+    ASSERT_EQ(r->checksums.size(), 2u);
+    EXPECT_EQ(r->checksums[0], r->checksums[1]) << "ranks hold different adapters";
+    ASSERT_EQ(r->weights.size(), one.weights.size());
+  }
+  double moved = 0, worst = 0, worst_sharded = 0;
+  for (const auto& [name, w] : one.weights) {
+    const double step = (w - init.weights.at(name)).abs().max().item<double>();
+    if (!kf::policy::is_lora_param(name)) {
+      EXPECT_EQ(step, 0.0) << "frozen " << name << " moved";
+      EXPECT_TRUE(torch::equal(two.weights.at(name), w)) << name;
+      continue;
+    }
+    moved = std::max(moved, step);
+    worst = std::max(worst, (two.weights.at(name) - w).abs().max().item<double>());
+    worst_sharded = std::max(worst_sharded, (sharded.weights.at(name) - w).abs().max().item<double>());
+  }
+  std::printf("LoRA: adapters moved %.3g; 2 ranks differ by %.3g, 2 sharded ranks by %.3g\n", moved, worst,
+              worst_sharded);
+  EXPECT_GT(moved, 1e-4) << "the adapters did not train";
+  EXPECT_LT(worst, 0.02 * moved);
+  EXPECT_LT(worst_sharded, 0.02 * moved);
+  ASSERT_EQ(two.steps.size(), one.steps.size());
+  for (std::size_t s = 0; s < one.steps.size(); ++s)
+    EXPECT_NEAR(one.steps[s]["grad_norm"].get<double>(), two.steps[s]["grad_norm"].get<double>(),
+                1e-5 * one.steps[s]["grad_norm"].get<double>())
+        << "step " << s;
 }
