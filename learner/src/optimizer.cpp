@@ -50,6 +50,11 @@ AdamW::AdamW(std::vector<std::pair<std::string, torch::Tensor>> params, OptimCon
     if (shard_->params().size() != params_.size())
       throw Error("learner optimizer: the sharded gradient buckets hold " + std::to_string(shard_->params().size()) +
                   " parameters, the optimizer " + std::to_string(params_.size()));
+    for (std::size_t i = 0; i < params_.size(); ++i)
+      if (shard_->params()[i].unsafeGetTensorImpl() != params_[i].second.unsafeGetTensorImpl())
+        throw Error("learner optimizer: parameter " + std::to_string(i) + " ('" + params_[i].first +
+                    "') is not the sharded gradient buckets' parameter " + std::to_string(i) +
+                    " (both must be built from one list, in one order)");
     master_is_param_ = params_.empty() || params_[0].second.scalar_type() == torch::kFloat32;
     for (std::size_t b = 0; b < shard_->buckets(); ++b) {
       const auto slice = shard_->param_shard(b);
