@@ -1,8 +1,12 @@
 #include "kf/common/config.h"
 
+#include <limits.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <yaml-cpp/yaml.h>
 
 #include <charconv>
+#include <cstdlib>
 #include <cmath>
 #include <fstream>
 #include <set>
@@ -12,6 +16,35 @@
 
 namespace kf {
 namespace {
+
+// Keys that name files or folders. A relative value is resolved when the config is loaded,
+// so a run works from any working directory and its saved config.yaml holds absolute paths:
+// defaults and values in a config file inside the repository against the repository, a
+// config file elsewhere against its own folder, --set values against the working directory.
+const char* const kPathKeys[] = {"run.root", "tasks.dir", "tasks.heldout", "actors.prompt.template",
+                                 "actors.prompt.abi_header", "learner.policy", "learner.init_shape"};
+
+std::string source_tree() {
+  if (const char* e = std::getenv("KF_SOURCE_DIR"); e && *e) return e;
+  return KF_SOURCE_DIR_BUILT;
+}
+
+std::string absolute_dir(const std::string& p) {
+  char buf[PATH_MAX];
+  return ::realpath(p.c_str(), buf) ? std::string(buf) : p;
+}
+
+std::string cwd() {
+  char buf[PATH_MAX];
+  return ::getcwd(buf, sizeof buf) ? std::string(buf) : std::string(".");
+}
+
+// learner.init_shape is a shape name ("tiny") or a config.json path.
+bool names_a_path(const std::string& key, const std::string& v) {
+  if (v.empty() || v[0] == '/') return false;
+  if (key == "learner.init_shape") return v.find('/') != std::string::npos || v.size() > 5 && v.substr(v.size() - 5) == ".json";
+  return true;
+}
 
 const char* type_name(ConfigType t) {
   switch (t) {
@@ -181,6 +214,7 @@ Config Config::parse(const std::string& yaml_text, const std::string& source_nam
   Config cfg;
   cfg.source_ = source_name;
   cfg.schema_ = &schema;
+  std::set<std::string> from_set, from_default;
   YAML::Node root;
   try {
     root = YAML::Load(yaml_text);
@@ -205,11 +239,29 @@ Config Config::parse(const std::string& yaml_text, const std::string& source_nam
       throw error_at("--set " + ov, std::string("value is not valid YAML: ") + e.what());
     }
     cfg.values_[path] = validate_value(*key, value, "--set " + ov);
+    from_set.insert(path);
   }
   for (const ConfigKey& k : schema) {
     if (cfg.values_.count(k.path)) continue;
     if (k.required) throw error_at(source_name, "missing required key '" + k.path + "'");
     cfg.values_[k.path] = validate_value(k, YAML::Load(k.fallback), "schema default");
+    from_default.insert(k.path);
+  }
+  // Relative paths become absolute (kPathKeys says against what).
+  struct stat st;
+  const bool is_file = ::stat(source_name.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+  std::string file_base = cwd();
+  if (is_file) {
+    const std::string f = absolute_dir(source_name), tree = absolute_dir(source_tree());
+    file_base = f.rfind(tree + "/", 0) == 0 ? tree : f.substr(0, f.rfind('/'));
+  }
+  for (const char* path : kPathKeys) {
+    const ConfigKey* key = find_key(schema, path);
+    if (!key || key->type != ConfigType::String) continue;
+    const std::string v = YAML::Load(cfg.values_.at(path)).as<std::string>();
+    if (!names_a_path(path, v)) continue;
+    const std::string base = from_set.count(path) ? cwd() : from_default.count(path) ? source_tree() : file_base;
+    cfg.values_[path] = validate_value(*key, YAML::Node(base + "/" + v), source_name);
   }
   return cfg;
 }

@@ -194,3 +194,51 @@ TEST(ConfigTest, FileKeysCountsOnlyWhatTheFileSets) {
 }
 
 }  // namespace
+
+namespace {
+// A real config file in `dir`, loaded against the real schema.
+Config load_at(const std::string& dir, const std::string& yaml, const std::vector<std::string>& sets = {}) {
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/c.yaml") << yaml;
+  return Config::load(dir + "/c.yaml", sets);
+}
+struct ScopedEnv {
+  std::string name;
+  ScopedEnv(const char* n, const std::string& v) : name(n) { ::setenv(n, v.c_str(), 1); }
+  ~ScopedEnv() { ::unsetenv(name.c_str()); }
+};
+}  // namespace
+
+// Relative paths do not depend on the working directory: defaults and a config inside the
+// tree resolve against the tree, a config elsewhere against its folder, --set against the
+// working directory; absolute paths and shape names stay as written.
+TEST(ConfigTest, RelativePathsResolveAgainstTheTreeOrTheConfigFile) {
+  const std::string tmp = std::filesystem::temp_directory_path().string() + "/kf-cfgpaths-" + std::to_string(::getpid());
+  const std::string tree = tmp + "/tree", outside = tmp + "/elsewhere";
+  std::filesystem::create_directories(tree + "/configs");
+  ScopedEnv src("KF_SOURCE_DIR", tree);
+
+  Config in_tree = load_at(tree + "/configs", "tasks: {dir: my/tasks, heldout: tasks/heldout.txt}\n"
+                                              "learner: {policy: policies/default, init_shape: configs/shapes/x.json}\n");
+  EXPECT_EQ(in_tree.get_string("tasks.dir"), tree + "/my/tasks");
+  EXPECT_EQ(in_tree.get_string("tasks.heldout"), tree + "/tasks/heldout.txt");
+  EXPECT_EQ(in_tree.get_string("learner.policy"), tree + "/policies/default");
+  EXPECT_EQ(in_tree.get_string("learner.init_shape"), tree + "/configs/shapes/x.json");
+  EXPECT_EQ(in_tree.get_string("run.root"), tree + "/runs");  // a default
+  EXPECT_EQ(in_tree.get_string("actors.prompt.template"), tree + "/configs/prompts/contrastive.txt");
+
+  Config other = load_at(outside, "tasks: {dir: my/tasks}\nlearner: {policy: /abs/model, init_shape: tiny}\n");
+  EXPECT_EQ(other.get_string("tasks.dir"), outside + "/my/tasks");
+  EXPECT_EQ(other.get_string("learner.policy"), "/abs/model");
+  EXPECT_EQ(other.get_string("learner.init_shape"), "tiny");
+  EXPECT_EQ(other.get_string("tasks.heldout"), "");  // empty means none, not a folder
+  EXPECT_EQ(other.get_string("run.root"), tree + "/runs");
+
+  Config set = load_at(outside, "run: {name: x}\n", {"tasks.dir=cli/tasks"});
+  EXPECT_EQ(set.get_string("tasks.dir"), std::filesystem::current_path().string() + "/cli/tasks");
+
+  // The saved config holds the absolute paths, so a resumed run finds the same folders.
+  Config again = Config::parse(in_tree.to_yaml(), "resolved.yaml");
+  EXPECT_EQ(again.get_string("tasks.dir"), tree + "/my/tasks");
+  std::filesystem::remove_all(tmp);
+}
