@@ -4,6 +4,12 @@
 //   tools/launch CONFIG --check        validate only
 //   tools/launch --clean RUN           remove what a dead launcher of RUN left (shared
 //                                      memory, sandbox scratch folders); refuses while it runs
+//   tools/launch CONFIG --slurm [--print-srun]   inside a Slurm allocation: execs (or prints)
+//                                      the srun line that starts one launcher per node; each
+//                                      of those maps SLURM_NODEID to cluster.role (node 0 head)
+// cluster.role evaluators: no shared memory; N `kf-evaluator --remote` processes take
+// candidates from the head's Redis server (cluster.h, run_evaluator_node), in the run
+// folder <run.root>/<run.name>.<node name>.
 // Validates the config and the task selection before anything starts, creates the run
 // directory and the run's shared memory, spawns the evaluators (one per GPU, pinned),
 // the actors and the learner ranks, moves results from the result queue into the
@@ -21,6 +27,9 @@
 
 #include "kf/common/cli.h"
 #include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
 #include <atomic>
 #include <cstdio>
 #include <fstream>
@@ -32,6 +41,7 @@
 #include "kf/common/log.h"
 #include "kf/common/run_dir.h"
 #include "kf/learner/checkpoint.h"
+#include "cluster.h"
 #include "launch_common.h"
 #include "launcher.h"
 
@@ -108,6 +118,9 @@ int main(int argc, char** argv) {
   app.add_flag("--check", check_only, "validate the config and task selection, start nothing, exit 0 or 2");
   std::string clean;
   app.add_option("--clean", clean, "remove the shared memory and scratch folders a dead launcher of RUN left");
+  bool slurm = false, print_srun = false;
+  app.add_flag("--slurm", slurm, "inside a Slurm allocation: one launcher per node (node 0 head, the rest evaluators)");
+  app.add_flag("--print-srun", print_srun, "with --slurm: print the srun line instead of running it");
   KF_CLI_PARSE(app, argc, argv);
   kf::log_init("launch", 0);
   if (!clean.empty()) {
@@ -137,8 +150,53 @@ int main(int argc, char** argv) {
     cfg = kf::Config::load(config_file, sets);
     if (cfg.file_keys() == 0)
       throw kf::Error(config_file + ": the config sets no keys (an empty file); start from configs/default.yaml");
-    kf::launch::preflight(cfg);
-    if (!resume.empty()) check_resumable(run_path);
+    if (slurm) {
+      const auto plan = kf::launch::slurm_plan(
+          [](const std::string& k) {
+            const char* v = std::getenv(k.c_str());
+            return std::string(v ? v : "");
+          },
+          cfg.get_strings("cluster.nodes"));
+      if (!plan.in_step) {
+        // The batch script's launcher: one launcher per node through srun. Every node
+        // needs the same Redis password: made here when the environment has none.
+        const std::string pw_env = cfg.get_string("cluster.redis.password_env");
+        if (plan.nodes > 1 && !pw_env.empty() && !std::getenv(pw_env.c_str())) {
+          std::string pw;
+          std::ifstream rnd("/dev/urandom", std::ios::binary);
+          for (int i = 0; i < 24 && rnd; ++i) pw += "0123456789abcdefghijklmnopqrstuvwxyz"[static_cast<unsigned char>(rnd.get()) % 36];
+          if (pw.size() != 24) throw kf::Error("--slurm: cannot read /dev/urandom for the Redis password");
+          setenv(pw_env.c_str(), pw.c_str(), 1);
+          kf::log_info("--slurm: made a Redis password in $", pw_env, " for this job's nodes");
+        }
+        std::vector<std::string> self = {kf::launch::binary_dir(argv[0]) + "/tools/kf-launch"};
+        for (int i = 1; i < argc; ++i)
+          if (std::string(argv[i]) != "--print-srun") self.push_back(argv[i]);
+        const auto line = kf::launch::srun_argv(plan, self);
+        std::string text;
+        for (const auto& a : line) text += (text.empty() ? "" : " ") + a;
+        if (print_srun) {
+          std::printf("%s\n", text.c_str());
+          return 0;
+        }
+        kf::log_info("--slurm: job ", plan.job_id, ", ", plan.nodes, " node(s), head ", plan.head_host, ": ", text);
+        std::vector<char*> av;
+        for (auto& a : const_cast<std::vector<std::string>&>(line)) av.push_back(a.data());
+        av.push_back(nullptr);
+        execvp("srun", av.data());
+        throw kf::Error(std::string("--slurm: cannot run srun: ") + std::strerror(errno) + " (is Slurm's srun on PATH?)");
+      }
+      kf::log_info("--slurm: job ", plan.job_id, " node ", plan.node_id, " of ", plan.nodes, " (",
+                   plan.hosts[static_cast<std::size_t>(plan.node_id)], "): role ", plan.role, ", head ", plan.head_host);
+      sets.insert(sets.end(), plan.sets.begin(), plan.sets.end());
+      cfg = kf::Config::load(config_file, sets);
+    }
+    if (cfg.get_string("cluster.role") == "evaluators") {
+      kf::launch::preflight_evaluator_node(cfg);
+    } else {
+      kf::launch::preflight(cfg);
+      if (!resume.empty()) check_resumable(run_path);
+    }
     if (check_only) {
       kf::log_info("config ", config_file, " is valid: nothing started (--check)");
       return 0;
@@ -156,10 +214,15 @@ int main(int argc, char** argv) {
   signal(SIGPIPE, SIG_IGN);
 
   try {
-    kf::RunDir run = resume.empty() ? kf::RunDir::create(cfg.get_string("run.root"), cfg.get_string("run.name"))
-                                    : kf::RunDir::open(run_path);
+    const bool evaluator_node = cfg.get_string("cluster.role") == "evaluators";
+    // An evaluator node keeps its logs in a folder of its own beside the head's run.
+    kf::RunDir run = evaluator_node ? kf::RunDir::create(cfg.get_string("run.root"),
+                                                         cfg.get_string("run.name") + "." +
+                                                             kf::launch::cluster_options(cfg).node_name)
+                     : resume.empty() ? kf::RunDir::create(cfg.get_string("run.root"), cfg.get_string("run.name"))
+                                      : kf::RunDir::open(run_path);
     // The snapshot names the run as it is on disk (a taken name got a -2 suffix).
-    sets.push_back("run.name=" + run.name());
+    if (!evaluator_node) sets.push_back("run.name=" + run.name());
     cfg = kf::Config::load(config_file, sets);
     kf::write_file_atomic(run.path() + "/config.yaml", cfg.to_yaml());  // on resume: --set changes persist
     kf::log_init("launch", 0, run.log_file("launch", 0));
@@ -171,6 +234,7 @@ int main(int argc, char** argv) {
     lo.binary_dir = kf::launch::binary_dir(argv[0]);
     lo.resumed = !resume.empty();
     lo.signals = &g_signals;
+    if (evaluator_node) return kf::launch::run_evaluator_node(cfg, run, lo.binary_dir, &g_signals);
     if (cfg.get_string("launch.mode") == "serial") return kf::launch::run_serial(cfg, run, lo);
     kf::launch::Launcher launcher(cfg, run, lo);
     return launcher.run();

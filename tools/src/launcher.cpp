@@ -12,6 +12,7 @@
 #include <set>
 #include <thread>
 
+#include "cluster.h"
 #include "gpu_util.h"
 #include "kf/actors/actor.h"
 #include "kf/actors/actor_options.h"
@@ -96,6 +97,7 @@ void preflight(const Config& cfg) {
   if (!file_readable(actors::resolve_tree_path(ao.template_path)))
     throw Error("actors.prompt.template: cannot read " + ao.template_path);
   if (!lc.policy.empty()) check_policy_folder(lc.policy);
+  (void)cluster_options(cfg);  // role, addresses, the password's environment variable
   check_run_name(cfg.get_string("run.name"), "run.name");
   // Without periodic checkpoints a crash of the learner or the launcher loses the run.
   if (cfg.get_int("learner.checkpoint.every") < 1)
@@ -140,6 +142,9 @@ struct Launcher::Impl {
   LaunchOptions opts;
   tasks::Backend backend;
   std::unique_ptr<replay::RunShm> shm;
+  ClusterOptions cluster;                 // role head: the Redis server and the bridge
+  std::unique_ptr<HeadServer> redis;
+  std::unique_ptr<RemoteBridge> bridge;
   Supervisor sup;
   RunMonitor monitor;
   std::unique_ptr<MetricsWriter> metrics;
@@ -162,7 +167,7 @@ struct Launcher::Impl {
 
   Impl(const Config& c, const RunDir& r, const LaunchOptions& o)
       : cfg(c), run(r), opts(o), backend(tasks::resolve_backend(c.get_string("run.backend"))),
-        monitor(static_cast<std::size_t>(c.get_int("launch.stats_window"))) {}
+        cluster(cluster_options(c)), monitor(static_cast<std::size_t>(c.get_int("launch.stats_window"))) {}
 
   double elapsed() const { return elapsed_base + std::chrono::duration<double>(Clock::now() - t0).count(); }
   std::string bin(const std::string& rel) const {
@@ -182,6 +187,7 @@ struct Launcher::Impl {
   void advance_phase();
   void save_state(const char* when);
   void save_clock();  // checkpoints/launch_state.json only (every few seconds)
+  void stop_network();  // head: the bridge, then the Redis server (evaluator nodes then end)
   Status status();
   void show(const Status& s, bool force_line);
 };
@@ -192,13 +198,16 @@ void Launcher::Impl::plan_workers() {
   const int gpus = backend == tasks::Backend::CUDA ? cuda_device_count() : 0;
   int evaluators = static_cast<int>(cfg.get_int("launch.evaluators"));
   if (evaluators == 0) evaluators = gpus > 0 ? gpus : 1;
+  // A head node's evaluators are the remote ones; it runs cluster.head_evaluators itself.
+  if (cluster.role == "head") evaluators = cluster.head_evaluators;
   const auto gpu_ids = visible_gpus(gpus);
   const auto cpus = allowed_cpus();
   const bool pin = cfg.get_bool("launch.cpu_affinity") && cpus.size() > 1;
   // Evaluator cores: on CPU half of them (kernels and references run there); on CUDA a few
   // per evaluator (compiles and the host side of timing). The rest: actors and learners.
   const std::size_t per_eval =
-      backend == tasks::Backend::CPU ? std::max<std::size_t>(1, cpus.size() / 2 / evaluators)
+      evaluators == 0 ? 0
+      : backend == tasks::Backend::CPU ? std::max<std::size_t>(1, cpus.size() / 2 / evaluators)
                                      : std::max<std::size_t>(1, std::min<std::size_t>(4, cpus.size() / 2 / evaluators));
   std::size_t next = 0;
   for (int i = 0; i < evaluators; ++i) {
@@ -380,8 +389,11 @@ void Launcher::Impl::advance_phase() {
     return;
   }
   if (phase == Phase::draining) {
-    const bool drained = sup.running("actor") == 0 && sup.running("evaluator") == 0;
     const double limit = cfg.get_float("launch.drain_timeout_s");
+    // Remote evaluators score what is on the network too; after the drain's SIGKILL the
+    // rest stays counted in flight.
+    const bool remote_done = !bridge || bridge->idle() || escalation >= 2;
+    const bool drained = sup.running("actor") == 0 && sup.running("evaluator") == 0 && remote_done;
     if (!drained && in_phase > limit && escalation == 0) {
       escalation = 1;
       log_warn("launch: actors/evaluators still running ", limit, " s after the drain began; sending SIGTERM");
@@ -395,6 +407,7 @@ void Launcher::Impl::advance_phase() {
       sup.signal_role("evaluator", SIGKILL);
     }
     if (drained) {
+      stop_network();
       phase = Phase::stopping;
       phase_since = Clock::now();
       escalation = 0;
@@ -419,6 +432,24 @@ void Launcher::Impl::advance_phase() {
       log_error("launch: learners ignored SIGTERM for 30 s; killing them (the previous checkpoint stays)");
       sup.signal_role("", SIGKILL);
     }
+  }
+}
+
+void Launcher::Impl::stop_network() {
+  if (bridge) {
+    bridge->stop();
+    const BridgeCounters c = bridge->counters();
+    log_info("launch: redis bridge: sent ", c.sent, " candidate(s) to remote evaluators, ", c.results,
+             " result(s) back, ", c.duplicates, " duplicate result(s) dropped, ", c.unstored,
+             " result(s) not stored, ", c.on_network, " still on the network (counted in flight), ", c.errors,
+             " redis error(s)");
+    bridge.reset();
+  }
+  if (redis) {
+    redis->stop();
+    redis.reset();
+    log_info("launch: the Redis server stopped; evaluator nodes end after cluster.redis.gone_after_s (",
+             cfg.get_float("cluster.redis.gone_after_s"), " s)");
   }
 }
 
@@ -456,6 +487,12 @@ Status Launcher::Impl::status() {
   s.open_groups = rp.open_now;
   s.policy_version = shm->snapshots().latest().version;
   s.gpu_busy = gpu.busy();
+  if (bridge) {
+    const BridgeCounters c = bridge->counters();
+    s.workers.push_back("redis bridge: " + std::to_string(c.on_network) + " on the network, " +
+                        std::to_string(c.sent) + " sent, " + std::to_string(c.results) + " back, " +
+                        std::to_string(c.duplicates) + " duplicates");
+  }
   for (const auto& w : sup.workers()) {
     std::string st = w.running() ? "up" : w.restart_pending ? "restarting" : w.given_up ? "gave up"
                                                            : w.finished ? "done" : "down";
@@ -518,6 +555,12 @@ Launcher::Launcher(const Config& cfg, const RunDir& run, const LaunchOptions& op
     log_warn("launch: removed ", n, " scratch folder(s) of sandbox workers left by an earlier launcher of this run");
   m.plan_workers();  // checks the binaries before shared memory exists
   m.shm = replay::RunShm::create(run.shm_key(), replay::run_shm_config(cfg));
+  if (m.cluster.role == "head") {
+    m.redis = std::make_unique<HeadServer>(m.cluster, run);
+    log_info("launch: head node ", m.cluster.node_name, ": ", m.redis->where(), " (user kf, password from $",
+             m.cluster.password_env, "); evaluator nodes connect to ", m.cluster.host, ":", m.cluster.port);
+    m.bridge = std::make_unique<RemoteBridge>(*m.shm, m.cluster, cfg.get_bool("evaluator.train_on_degenerate_tasks"));
+  }
   if (opts.resumed) {
     m.elapsed_base = load_launch_state(run, m.monitor);
     // kernels/kernel_db.json may be newer than the checkpoint the learner resumes from:
@@ -564,6 +607,7 @@ int Launcher::run() {
         m.sup.wait_role("", 5s, nullptr);
         m.stop_ingest = true;
         m.ingest_thread.join();
+        m.stop_network();
         m.save_clock();
         m.shm->shutdown();
         try {
@@ -580,6 +624,12 @@ int Launcher::run() {
     const auto now = Clock::now();
     if (now >= next_check) {
       m.check_hangs();
+      if (m.redis && !m.redis->alive() && m.phase == Phase::running) {
+        log_error("launch: the Redis server (", m.redis->where(), ") died; log ", m.run.sub("redis"),
+                  "/redis.log; stopping the run (candidates on the network stay counted in flight)");
+        m.failed = true;
+        m.begin_drain("the Redis server died");
+      }
       next_check = now + 1s;
       const uint64_t ckpts = m.monitor.counters().sum("learner", 7);
       if (ckpts > m.checkpoints_seen) {
@@ -610,6 +660,7 @@ int Launcher::run() {
     std::this_thread::sleep_for(100ms);
   }
   // Every worker is gone: the last results, then the outputs.
+  m.stop_network();
   m.stop_ingest = true;
   m.ingest_thread.join();
   std::vector<replay::Result> rest;

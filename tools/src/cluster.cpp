@@ -1,0 +1,520 @@
+// Several nodes (see cluster.h).
+#include "cluster.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <mutex>
+#include <thread>
+
+#include "kf/common/error.h"
+#include "kf/common/log.h"
+#include "kf/evaluator/evaluator.h"
+#include "kf/evaluator/service.h"
+#include "kf/replay/run_shm.h"
+#include "launch_common.h"
+#include "supervisor.h"
+
+#ifdef KF_HAVE_NETQUEUE
+#include "kf/netqueue/stream_queue.h"
+#endif
+
+namespace kf::launch {
+namespace {
+using namespace std::chrono_literals;
+
+std::string host_name() {
+  char buf[256] = {0};
+  if (::gethostname(buf, sizeof buf - 1) != 0 || !buf[0]) return "node";
+  return buf;
+}
+
+// A numeric IPv4/IPv6 address for `host` (redis-server's bind takes addresses).
+std::string numeric_address(const std::string& host, const std::string& key) {
+  in6_addr a6;
+  in_addr a4;
+  if (inet_pton(AF_INET, host.c_str(), &a4) == 1 || inet_pton(AF_INET6, host.c_str(), &a6) == 1) return host;
+  addrinfo hints{}, *res = nullptr;
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  if (getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0 || !res)
+    throw Error(key + ": cannot resolve '" + host + "' to an address (give an IP address, or a name this node resolves)");
+  char buf[INET_ADDRSTRLEN] = {0};
+  inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(res->ai_addr)->sin_addr, buf, sizeof buf);
+  freeaddrinfo(res);
+  return buf;
+}
+}  // namespace
+
+bool cluster_supported() {
+#ifdef KF_HAVE_NETQUEUE
+  return true;
+#else
+  return false;
+#endif
+}
+
+ClusterOptions cluster_options(const Config& cfg) {
+  ClusterOptions o;
+  o.role = cfg.get_string("cluster.role");
+  o.node_name = cfg.get_string("cluster.node_name");
+  if (o.node_name.empty()) o.node_name = host_name();
+  for (char c : o.node_name)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.'))
+      throw error_at(cfg.source(), "cluster.node_name: '" + o.node_name +
+                                       "' may hold only letters, digits, '-', '_' and '.' (it names folders)");
+  o.head_evaluators = static_cast<int>(cfg.get_int("cluster.head_evaluators"));
+  o.host = cfg.get_string("cluster.redis.host");
+  o.port = static_cast<int>(cfg.get_int("cluster.redis.port"));
+  o.bound = static_cast<uint64_t>(cfg.get_int("cluster.redis.bound"));
+  o.claim_idle = std::chrono::milliseconds(static_cast<long long>(cfg.get_float("cluster.redis.claim_idle_s") * 1000));
+  o.gone_after = std::chrono::milliseconds(static_cast<long long>(cfg.get_float("cluster.redis.gone_after_s") * 1000));
+  o.password_env = cfg.get_string("cluster.redis.password_env");
+  if (!o.remote()) return o;
+  if (!cluster_supported())
+    throw error_at(cfg.source(), "cluster.role: " + o.role + " needs the Redis queue, and this build has none "
+                                 "(hiredis was not found at configure time; run ./setup.sh)");
+  if (o.host.empty()) throw error_at(cfg.source(), "cluster.redis.host: empty");
+  const char* pw = o.password_env.empty() ? nullptr : std::getenv(o.password_env.c_str());
+  if (!pw || !*pw)
+    throw error_at(cfg.source(), "cluster.redis.password_env: the environment variable '" + o.password_env +
+                                     "' is unset or empty; every node of the run needs the same Redis password there "
+                                     "(tools/launch --slurm makes one when it is unset)");
+  o.password = pw;
+  if (o.password.find_first_of(" \t\r\n") != std::string::npos)
+    throw error_at(cfg.source(), "cluster.redis.password_env: the password in $" + o.password_env +
+                                     " holds whitespace, which redis-server's config cannot take");
+  if (o.role == "head") {
+    for (const auto& b : cfg.get_strings("cluster.redis.bind")) o.bind.push_back(numeric_address(b, "cluster.redis.bind"));
+    if (o.bind.empty()) o.bind.push_back(numeric_address(o.host, "cluster.redis.host"));
+  }
+  return o;
+}
+
+// ---------------------------------------------------------------- Slurm
+
+std::vector<std::string> expand_nodelist(const std::string& list) {
+  std::vector<std::string> out;
+  auto bad = [&](const std::string& why) {
+    return Error("SLURM_JOB_NODELIST '" + list + "': " + why);
+  };
+  std::size_t i = 0;
+  while (i < list.size()) {
+    // one entry: prefix [ranges] suffix, up to a ',' outside brackets
+    std::string prefix;
+    while (i < list.size() && list[i] != ',' && list[i] != '[') prefix += list[i++];
+    if (i < list.size() && list[i] == '[') {
+      const std::size_t close = list.find(']', i);
+      if (close == std::string::npos) throw bad("'[' without ']'");
+      const std::string ranges = list.substr(i + 1, close - i - 1);
+      i = close + 1;
+      std::string suffix;
+      while (i < list.size() && list[i] != ',') suffix += list[i++];
+      if (ranges.empty()) throw bad("empty brackets");
+      std::size_t a = 0;
+      while (a <= ranges.size()) {
+        std::size_t b = ranges.find(',', a);
+        if (b == std::string::npos) b = ranges.size();
+        const std::string r = ranges.substr(a, b - a);
+        const std::size_t dash = r.find('-');
+        const std::string lo = r.substr(0, dash), hi = dash == std::string::npos ? lo : r.substr(dash + 1);
+        if (lo.empty() || hi.empty() || lo.find_first_not_of("0123456789") != std::string::npos ||
+            hi.find_first_not_of("0123456789") != std::string::npos)
+          throw bad("range '" + r + "' is not N or N-M");
+        const long from = std::stol(lo), to = std::stol(hi);
+        if (to < from || to - from > 100000) throw bad("range '" + r + "' runs backwards or is too long");
+        for (long n = from; n <= to; ++n) {
+          std::string num = std::to_string(n);
+          if (num.size() < lo.size()) num.insert(0, lo.size() - num.size(), '0');  // node[01-03]
+          out.push_back(prefix + num + suffix);
+        }
+        a = b + 1;
+      }
+    } else if (!prefix.empty()) {
+      out.push_back(prefix);
+    }
+    if (i < list.size() && list[i] == ',') ++i;
+  }
+  if (out.empty()) throw bad("no node names");
+  return out;
+}
+
+SlurmPlan slurm_plan(const std::function<std::string(const std::string&)>& env,
+                     const std::vector<std::string>& node_roles) {
+  SlurmPlan p;
+  p.job_id = env("SLURM_JOB_ID");
+  if (p.job_id.empty())
+    throw Error("--slurm: SLURM_JOB_ID is not set; run inside an allocation (sbatch or salloc), or drop --slurm");
+  const std::string list = env("SLURM_JOB_NODELIST").empty() ? env("SLURM_NODELIST") : env("SLURM_JOB_NODELIST");
+  if (list.empty()) throw Error("--slurm: SLURM_JOB_NODELIST is not set (job " + p.job_id + ")");
+  p.hosts = expand_nodelist(list);
+  p.nodes = static_cast<int>(p.hosts.size());
+  p.in_step = env("KF_SLURM_STEP") == "1";
+  if (p.in_step) {
+    const std::string id = env("SLURM_NODEID");
+    if (id.empty() || id.find_first_not_of("0123456789") != std::string::npos)
+      throw Error("--slurm: SLURM_NODEID '" + id + "' is not a node number (job " + p.job_id + ")");
+    p.node_id = std::stoi(id);
+    if (p.node_id >= p.nodes)
+      throw Error("--slurm: SLURM_NODEID " + id + " but SLURM_JOB_NODELIST names " + std::to_string(p.nodes) +
+                  " node(s)");
+  }
+  std::vector<std::string> roles = node_roles;
+  if (roles.empty()) {
+    roles.assign(static_cast<std::size_t>(p.nodes), "evaluators");
+    roles[0] = p.nodes == 1 ? "all" : "head";
+  }
+  if (static_cast<int>(roles.size()) != p.nodes)
+    throw Error("cluster.nodes: " + std::to_string(roles.size()) + " role(s) for the allocation's " +
+                std::to_string(p.nodes) + " node(s) (" + list + "); give one per node or leave it empty");
+  int heads = 0, head_at = 0;
+  for (std::size_t i = 0; i < roles.size(); ++i) {
+    if (roles[i] != "head" && roles[i] != "evaluators" && roles[i] != "all")
+      throw Error("cluster.nodes: entry " + std::to_string(i) + " is '" + roles[i] + "'; each is head or evaluators");
+    if (roles[i] == "head" || roles[i] == "all") ++heads, head_at = static_cast<int>(i);
+  }
+  if (heads != 1 || (roles.size() > 1 && roles[static_cast<std::size_t>(head_at)] == "all"))
+    throw Error("cluster.nodes: exactly one node must be the head (got " + std::to_string(heads) + ")");
+  p.head_host = p.hosts[static_cast<std::size_t>(head_at)];
+  p.role = roles[static_cast<std::size_t>(p.node_id)];
+  if (p.in_step) {
+    p.sets = {"cluster.role=" + p.role, "cluster.redis.host=" + p.head_host,
+              "cluster.node_name=" + p.hosts[static_cast<std::size_t>(p.node_id)]};
+  }
+  return p;
+}
+
+std::vector<std::string> srun_argv(const SlurmPlan& plan, const std::vector<std::string>& launch_argv) {
+  const std::string n = std::to_string(plan.nodes);
+  std::vector<std::string> a = {"srun", "--nodes=" + n, "--ntasks=" + n, "--ntasks-per-node=1",
+                                // a launcher may exit 1 (its run failed); the others still finish
+                                "--kill-on-bad-exit=0", "--export=ALL,KF_SLURM_STEP=1"};
+  a.insert(a.end(), launch_argv.begin(), launch_argv.end());
+  return a;
+}
+
+// ---------------------------------------------------------------- head: the server
+
+#ifdef KF_HAVE_NETQUEUE
+struct HeadServer::Impl {
+  netqueue::RedisServer server;
+  std::string bind;
+};
+HeadServer::HeadServer(const ClusterOptions& co, const RunDir& run) {
+  netqueue::ServerOptions so;
+  so.bind = co.bind;
+  so.port = co.port;
+  so.user = "kf";
+  so.password = co.password;
+  so.dir = run.sub("redis");
+  std::string bind;
+  for (const auto& b : co.bind) bind += (bind.empty() ? "" : ",") + b;
+  impl_ = std::make_unique<Impl>(Impl{netqueue::RedisServer::start(so), bind});
+}
+HeadServer::~HeadServer() { stop(); }
+void HeadServer::stop() {
+  if (impl_) impl_->server.stop();
+}
+bool HeadServer::alive() const { return impl_ && impl_->server.pid() > 0 && ::kill(impl_->server.pid(), 0) == 0; }
+std::string HeadServer::where() const {
+  return "redis-server pid " + std::to_string(impl_->server.pid()) + " on " + impl_->bind + ":" +
+         std::to_string(impl_->server.port());
+}
+#else
+struct HeadServer::Impl {};
+HeadServer::HeadServer(const ClusterOptions&, const RunDir&) {
+  throw Error("cluster.role: head needs the Redis queue, which this build lacks (no hiredis)");
+}
+HeadServer::~HeadServer() = default;
+void HeadServer::stop() {}
+bool HeadServer::alive() const { return false; }
+std::string HeadServer::where() const { return "none"; }
+#endif
+
+// ---------------------------------------------------------------- head: the bridge
+
+#ifdef KF_HAVE_NETQUEUE
+struct RemoteBridge::Impl {
+  replay::RunShm& shm;
+  ClusterOptions co;
+  bool train_on_degenerate = false;
+  netqueue::StreamQueue out, in;
+  struct Held {
+    replay::ShmQueue::Slot claim;
+    std::string task, source;
+    int64_t policy_version = 0;
+    uint64_t group_id = 0;
+    uint32_t index_in_group = 0;
+  };
+  std::map<uint64_t, Held> held;  // candidate id -> its claim in the shm queue (thread only)
+  mutable std::mutex mu;
+  BridgeCounters c;
+  std::atomic<bool> stop{false};
+  std::thread thread;
+  bool failing = false;
+
+  Impl(replay::RunShm& s, const ClusterOptions& o, bool tod, netqueue::StreamQueue q_out, netqueue::StreamQueue q_in)
+      : shm(s), co(o), train_on_degenerate(tod), out(std::move(q_out)), in(std::move(q_in)) {}
+
+  void results_back();
+  void candidates_out(bool wait);
+  void loop();
+};
+
+void RemoteBridge::Impl::results_back() {
+  const auto msgs = in.take(256, 50ms);
+  if (msgs.empty()) return;
+  std::vector<std::string> ids;
+  for (const auto& m : msgs) {
+    ids.push_back(m.id);
+    auto it = held.find(m.tag);
+    if (it == held.end()) {
+      std::lock_guard<std::mutex> g(mu);
+      ++c.duplicates;
+      log_warn("launch: redis bridge: a second result for candidate ", m.tag,
+               " (it was already scored, or its claim is gone); dropped and counted as a duplicate");
+      continue;
+    }
+    Held& h = it->second;
+    replay::Result r;
+    try {
+      r = replay::decode_result(reinterpret_cast<const unsigned char*>(m.data.data()), m.data.size(),
+                                "kf:results entry " + m.id);
+    } catch (const std::exception& e) {
+      r = replay::Result{};
+      r.verdict = replay::Verdict::runtime_error;
+      r.reason = std::string(replay::kEnvironmentPrefix) + "the result did not decode: " + e.what();
+      log_error("launch: redis bridge: result of candidate ", m.tag, " did not decode (", e.what(),
+                "); scored runtime_error (environment) so that its group completes");
+    }
+    // Routing comes from the candidate this node holds, not from the network.
+    r.candidate_id = m.tag;
+    r.group_id = h.group_id;
+    r.index_in_group = h.index_in_group;
+    if (shm.results().push(r, 5000ms)) {
+      shm.candidates().raw().release(&h.claim, 1);
+      if (r.verdict == replay::Verdict::ok) {
+        const double db_speedup = r.task_degenerate ? 1.0 : r.speedup;
+        (void)shm.kernels().insert({h.task, db_speedup, h.policy_version, h.source, 0});
+      }
+      std::lock_guard<std::mutex> g(mu);
+      ++c.results;
+    } else {
+      shm.candidates().raw().drop(&h.claim, 1);
+      std::lock_guard<std::mutex> g(mu);
+      ++c.unstored;
+      log_error("launch: redis bridge: result queue full for 5 s; the result of candidate ", m.tag,
+                " is dropped and the candidate counted lost (dropped); its group will hit its deadline");
+    }
+    held.erase(it);
+    std::lock_guard<std::mutex> g(mu);
+    c.on_network = held.size();
+  }
+  in.ack(ids);
+}
+
+void RemoteBridge::Impl::candidates_out(bool wait) {
+  if (held.size() >= co.bound) return;
+  const std::size_t room = std::min<std::size_t>(64, co.bound - held.size());
+  std::vector<replay::Candidate> batch;
+  std::vector<replay::ShmQueue::Slot> claims;
+  if (shm.candidates().claim(batch, claims, room, wait ? 50ms : 0ms) == 0) return;
+  std::vector<netqueue::Outgoing> recs;
+  for (std::size_t i = 0; i < batch.size(); ++i)
+    recs.push_back({batch[i].id, std::string(reinterpret_cast<const char*>(claims[i].data), claims[i].len)});
+  std::size_t n = 0;
+  try {
+    n = out.push_batch(recs, 1000ms);
+  } catch (...) {
+    // Some may have gone in: they come back (if ever) as duplicates of the re-sent ones.
+    shm.candidates().raw().give_back(claims.data(), claims.size());
+    throw;
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto& b = batch[i];
+    held[b.id] = Held{claims[i], b.task, b.source, b.policy_version, b.group_id, b.index_in_group};
+  }
+  if (n < batch.size()) shm.candidates().raw().give_back(claims.data() + n, batch.size() - n);
+  std::lock_guard<std::mutex> g(mu);
+  c.sent += n;
+  c.on_network = held.size();
+}
+
+void RemoteBridge::Impl::loop() {
+  while (!stop.load()) {
+    try {
+      results_back();
+      candidates_out(held.empty());
+      if (failing) log_info("launch: redis bridge: the server at ", co.host, ":", co.port, " answers again");
+      failing = false;
+    } catch (const std::exception& e) {
+      {
+        std::lock_guard<std::mutex> g(mu);
+        ++c.errors;
+      }
+      if (!failing)
+        log_error("launch: redis bridge: ", e.what(), "; candidates on the network keep their claims, retrying every 1 s");
+      failing = true;
+      std::this_thread::sleep_for(1s);
+    }
+  }
+}
+
+RemoteBridge::RemoteBridge(replay::RunShm& shm, const ClusterOptions& co, bool train_on_degenerate_tasks) {
+  netqueue::StreamConfig sc;
+  sc.host = co.bind.empty() ? co.host : co.bind.front();  // the head reaches its own server where it listens
+  if (sc.host == "0.0.0.0") sc.host = "127.0.0.1";
+  sc.port = co.port;
+  sc.password = co.password;
+  sc.bound = co.bound;
+  sc.consumer = "bridge-" + co.node_name;
+  netqueue::StreamConfig rc = sc;
+  rc.stream = "kf:results";
+  rc.group = "replay";
+  rc.consumer = "replay-" + co.node_name;
+  rc.bound = 1u << 30;  // results are appended by ack_forward; the candidates' bound limits them
+  impl_ = std::make_unique<Impl>(shm, co, train_on_degenerate_tasks, netqueue::StreamQueue::open(sc),
+                                 netqueue::StreamQueue::open(rc));
+  Impl* m = impl_.get();
+  m->thread = std::thread([m] { m->loop(); });
+}
+
+RemoteBridge::~RemoteBridge() { stop(); }
+
+void RemoteBridge::stop() {
+  if (!impl_ || !impl_->thread.joinable()) return;
+  impl_->stop = true;
+  impl_->thread.join();
+  if (!impl_->held.empty())
+    log_warn("launch: redis bridge stopped with ", impl_->held.size(),
+             " candidate(s) still on the network (no result came back); the candidate account counts them in flight");
+}
+
+BridgeCounters RemoteBridge::counters() const {
+  std::lock_guard<std::mutex> g(impl_->mu);
+  return impl_->c;
+}
+
+bool RemoteBridge::idle() const {
+  return counters().on_network == 0 && impl_->shm.candidates().raw().stats().queued == 0;
+}
+#else
+struct RemoteBridge::Impl {};
+RemoteBridge::RemoteBridge(replay::RunShm&, const ClusterOptions&, bool) {
+  throw Error("cluster.role: head needs the Redis queue, which this build lacks (no hiredis)");
+}
+RemoteBridge::~RemoteBridge() = default;
+void RemoteBridge::stop() {}
+BridgeCounters RemoteBridge::counters() const { return {}; }
+bool RemoteBridge::idle() const { return true; }
+#endif
+
+// ---------------------------------------------------------------- evaluator node
+
+void preflight_evaluator_node(const Config& cfg) {
+  (void)evaluator::eval_options(cfg);
+  const auto so = evaluator::service_options(cfg);
+  if (access(so.tasks_dir.c_str(), R_OK | X_OK) != 0)
+    throw error_at(cfg.source(), "tasks.dir: cannot read " + so.tasks_dir + " on this node (evaluators load tasks from it)");
+  check_run_name(cfg.get_string("run.name"), "run.name");
+  if (cfg.get_int("launch.evaluators") < 0) throw Error("launch.evaluators: must be >= 0");
+  (void)cluster_options(cfg);
+}
+
+
+int run_evaluator_node(const Config& cfg, const RunDir& run, const std::string& binary_dir,
+                       const std::atomic<int>* signals) {
+  const ClusterOptions co = cluster_options(cfg);
+  const int gpus = tasks::resolve_backend(cfg.get_string("run.backend")) == tasks::Backend::CUDA ? cuda_device_count() : 0;
+  int n = static_cast<int>(cfg.get_int("launch.evaluators"));
+  if (n == 0) n = gpus > 0 ? gpus : 1;
+  const std::string bin = binary_dir + "/evaluator/kf-evaluator";
+  if (access(bin.c_str(), X_OK) != 0) throw Error("launch: " + bin + " is not built (run ./setup.sh)");
+  Supervisor sup;
+  for (int i = 0; i < n; ++i) {
+    WorkerSpec w;
+    w.role = "evaluator";
+    w.id = i;
+    w.argv = {bin, "--remote", "--config", run.path() + "/config.yaml", "--id", std::to_string(i), "--device", "0",
+              "--run-dir", run.path()};
+    if (gpus > 0) w.env.push_back("CUDA_VISIBLE_DEVICES=" + std::to_string(i % gpus));
+    w.env.push_back("TMPDIR=" + scratch_dir(run, "evaluator", i));
+    w.log_path = run.sub("logs") + "/evaluator-" + std::to_string(i) + ".out";
+    sup.add(w);
+  }
+  log_info("launch: evaluator node ", co.node_name, ": ", n, " remote evaluator(s) taking candidates from redis at ",
+           co.host, ":", co.port, "; logs in ", run.sub("logs"), "; the node ends when the head's server has been "
+           "gone for ", co.gone_after.count() / 1000.0, " s");
+  for (int i = 0; i < n; ++i) {
+    sup.start(static_cast<std::size_t>(i));
+    log_info("launch: started ", sup.workers()[static_cast<std::size_t>(i)].name(), " pid ",
+             sup.workers()[static_cast<std::size_t>(i)].pid);
+  }
+  const int max_restarts = static_cast<int>(cfg.get_int("launch.max_restarts"));
+  const double backoff = cfg.get_float("launch.restart_backoff_s");
+  const double status_every = cfg.get_float("launch.status_every_s");
+  auto next_status = Clock::now() + std::chrono::milliseconds(static_cast<long long>(status_every * 1000));
+  int handled = 0;
+  bool failed = false;
+  for (;;) {
+    const int sig = signals ? signals->load() : 0;
+    if (sig > handled) {
+      handled = sig;
+      for (auto& w : sup.workers()) w.restart_pending = false;
+      if (sig >= 2) {
+        log_error("launch: second stop signal: killing the evaluators now");
+        sup.signal_role("", SIGKILL);
+      } else {
+        log_info("launch: stop signal: evaluators finish the candidate in hand and exit; what they hold "
+                 "unfinished goes to other evaluators after cluster.redis.claim_idle_s");
+        sup.signal_role("", SIGTERM);
+      }
+    }
+    for (const auto& e : sup.reap()) {
+      Worker& w = sup.workers()[e.index];
+      if (e.ok()) {
+        log_info("launch: ", w.name(), " exited normally");
+        continue;
+      }
+      if (handled > 0) {
+        log_warn("launch: ", w.name(), " ", describe_exit(e), " while stopping");
+        continue;
+      }
+      if (sup.schedule_restart(e.index, max_restarts, backoff)) {
+        log_error("launch: ", w.name(), " ", w.last_exit, " (log ", w.spec.log_path, "); restart ", w.deaths, " of ",
+                  max_restarts, "; what it held goes to other evaluators after cluster.redis.claim_idle_s");
+      } else {
+        failed = true;
+        log_error("launch: ", w.name(), " died ", w.deaths, " times (last: ", w.last_exit, ", log ", w.spec.log_path,
+                  "); giving up on it, the node's other evaluators go on");
+      }
+    }
+    for (std::size_t i : sup.start_due()) log_info("launch: restarted ", sup.workers()[i].name(), " as pid ", sup.workers()[i].pid);
+    bool pending = false;
+    for (const auto& w : sup.workers()) pending = pending || w.restart_pending;
+    if (sup.running() == 0 && !pending) break;
+    if (Clock::now() >= next_status) {
+      std::string st;
+      for (const auto& w : sup.workers())
+        st += (st.empty() ? "" : ", ") + w.name() + (w.running() ? " up" : w.finished ? " done" : " down") +
+              (w.deaths ? " (" + std::to_string(w.deaths) + " restarts)" : "");
+      log_info("launch: evaluator node ", co.node_name, ": ", st);
+      next_status = Clock::now() + std::chrono::milliseconds(static_cast<long long>(status_every * 1000));
+    }
+    std::this_thread::sleep_for(100ms);
+  }
+  try {
+    clear_scratch(run);
+  } catch (const std::exception& e) {
+    log_warn("launch: clearing the scratch folders failed: ", e.what());
+  }
+  log_info("launch: evaluator node ", co.node_name, " finished", failed ? " (an evaluator kept dying)" : "",
+           "; logs in ", run.sub("logs"));
+  return failed ? 1 : 0;
+}
+
+}  // namespace kf::launch

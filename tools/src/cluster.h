@@ -1,0 +1,128 @@
+// Several nodes: the head node (replay, learner, actors, a Redis server) and evaluator
+// nodes fed from it over Redis Streams (kf::netqueue; docs/operations.md, "Several nodes").
+//
+//   cluster.role = all        one node, shared memory only (the default; nothing here runs)
+//   cluster.role = head       the launcher starts redis-server (password, bound addresses)
+//                             and a RemoteBridge thread; cluster.head_evaluators local evaluators
+//   cluster.role = evaluators the launcher starts N `kf-evaluator --remote` processes
+//                             (run_evaluator_node) and restarts them; no shared memory
+//   tools/launch CONFIG --slurm  maps SLURM_NODEID to a role (slurm_plan) and, outside a job
+//                             step, execs the srun line that starts one launcher per node
+//
+// Threading: ClusterOptions / slurm_* are plain functions (any thread). A RemoteBridge
+// owns one thread; start/stop/counters from the launcher's main thread.
+#pragma once
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kf/common/config.h"
+#include "kf/common/run_dir.h"
+
+namespace kf::replay {
+class RunShm;
+}
+
+namespace kf::launch {
+
+struct ClusterOptions {
+  std::string role = "all";          // all | head | evaluators
+  std::string node_name;             // cluster.node_name, else the host name
+  int head_evaluators = 0;
+  std::string host = "127.0.0.1";    // where evaluator nodes reach the head's server
+  int port = 6390;
+  std::vector<std::string> bind;     // head: listen addresses (numeric)
+  std::string password_env;
+  std::string password;              // read from $password_env (never from the config file)
+  uint64_t bound = 512;
+  std::chrono::milliseconds claim_idle{120000};
+  std::chrono::milliseconds gone_after{60000};
+  bool remote() const { return role != "all"; }
+};
+
+// From cluster.* (throws kf::Error naming the key, or the environment variable of
+// cluster.redis.password_env when a head or evaluator node finds it unset or empty).
+ClusterOptions cluster_options(const Config& cfg);
+// Whether this build can run role head/evaluators (kf_netqueue was built: hiredis found).
+bool cluster_supported();
+
+// --- Slurm
+// "node[01-03,07],gpu5,x[1-2]" -> node01 node02 node03 node07 gpu5 x1 x2 (zero padding kept).
+// Throws kf::Error on a malformed list.
+std::vector<std::string> expand_nodelist(const std::string& list);
+
+struct SlurmPlan {
+  bool in_step = false;             // SLURM_STEP_ID set: this process is one srun task
+  std::string job_id;
+  int node_id = 0;                  // SLURM_NODEID
+  int nodes = 1;                    // entries of SLURM_JOB_NODELIST
+  std::vector<std::string> hosts;   // the expanded node list
+  std::string role;                 // this node's role (in_step), from cluster.nodes or 0 = head
+  std::string head_host;            // the node whose role is head
+  std::vector<std::string> sets;    // --set overrides a node's launcher gets (role, host, node name)
+};
+// env: the variable's value or "" (tests pass a map; tools/launch passes getenv).
+SlurmPlan slurm_plan(const std::function<std::string(const std::string&)>& env,
+                     const std::vector<std::string>& node_roles);
+// The srun command line that starts one `kf-launch ARGS --slurm` per node of the
+// allocation (argv[0] = "srun"). launch_argv: this launcher's own argv (binary first).
+std::vector<std::string> srun_argv(const SlurmPlan& plan, const std::vector<std::string>& launch_argv);
+
+// --- head: the Redis server, a child of the thread that constructs this (it gets SIGKILL
+// when that thread exits). Binds co.bind on co.port, ACL user kf with co.password, its
+// config and log in <run>/redis/. Throws kf::Error with the server's log tail.
+class HeadServer {
+ public:
+  HeadServer(const ClusterOptions& co, const RunDir& run);
+  ~HeadServer();  // stop()
+  void stop();
+  bool alive() const;     // the process still runs
+  std::string where() const;  // "redis-server pid N on ADDR:PORT"
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// --- head: candidates to the network, results back
+struct BridgeCounters {
+  uint64_t sent = 0;          // candidates pushed to kf:candidates
+  uint64_t on_network = 0;    // sent, result not yet back (their shm claims are held)
+  uint64_t results = 0;       // results written into the replay (through the result queue)
+  uint64_t duplicates = 0;    // a second result for a candidate: dropped
+  uint64_t unstored = 0;      // result queue full: dropped, candidate counted lost
+  uint64_t errors = 0;        // Redis errors (each logged; the bridge retries)
+};
+
+class RemoteBridge {
+ public:
+  // Opens both streams (throws kf::Error naming the server on failure) and starts the thread.
+  RemoteBridge(replay::RunShm& shm, const ClusterOptions& co, bool train_on_degenerate_tasks);
+  ~RemoteBridge();  // stop()
+  // Stops the thread; candidates still on the network keep their claims (counted in
+  // flight by the candidate ledger).
+  void stop();
+  BridgeCounters counters() const;
+  // No candidate queued in shared memory and none on the network.
+  bool idle() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// What an evaluator node needs before it starts (evaluator keys, tasks.dir, run name,
+// cluster keys and the password); throws kf::Error naming the key.
+void preflight_evaluator_node(const Config& cfg);
+
+// --- evaluator node: supervise `kf-evaluator --remote` processes until they have all
+// exited 0 (the head's server gone for cluster.redis.gone_after_s) or a stop signal.
+int run_evaluator_node(const Config& cfg, const RunDir& run, const std::string& binary_dir,
+                       const std::atomic<int>* signals);
+
+}  // namespace kf::launch
