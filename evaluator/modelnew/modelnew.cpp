@@ -13,12 +13,14 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
 #include <sstream>
 
 #include "kf/common/error.h"
+#include "kf/common/gpu_lock.h"
 #include "kf/common/log.h"
 #include "kf/evaluator/fsutil.h"
 #include "kf/evaluator/sandbox.h"
@@ -433,6 +435,8 @@ Probe run_probe(const tasks::Task& task, tasks::Backend b, const Build& bd, cons
     return p;
   }
   const at::Device slot_dev = sb->device_resident() ? dev : at::Device(at::kCPU);
+  std::unique_ptr<GpuTimingLock> lock;
+  if (cuda && o.eval.gpu_lock) lock = std::make_unique<GpuTimingLock>(o.eval.gpu_lock_dir, gpu_lock_key(o.eval.device));
   std::vector<at::Tensor> last;
   for (int i = 0; i < o.kb_correct_trials; ++i) {
     auto x = task.make_inputs(b, seed * 1000003ull + 7919ull * uint64_t(i + 1), dev);
@@ -443,7 +447,12 @@ Probe run_probe(const tasks::Task& task, tasks::Backend b, const Build& bd, cons
 #endif
     const bool evidence_call = i + 1 == o.kb_correct_trials;
     const double timeout = evidence_call ? 60 + 200.0 * o.eval.min_call_timeout_s : 10 * o.eval.min_call_timeout_s;
+    // The evidence call times forward KernelBench's way: alone on the GPU, as a timed trial.
+    std::optional<GpuTimingLock::Hold> hold;
+    if (cuda && evidence_call && lock) hold.emplace(lock.get(), /*exclusive=*/true,
+                                                    std::chrono::milliseconds(int64_t(o.eval.gpu_lock_timeout_s * 1000)));
     CallOutcome c = sb->run(0, uint32_t(i & 1), false, 0, timeout);
+    hold.reset();
     ++p.trials;
     if (!c.ok()) {
       p.error = std::string(outcome_name(c.kind)) + ": " + c.message;
@@ -469,7 +478,11 @@ Probe run_probe(const tasks::Task& task, tasks::Backend b, const Build& bd, cons
       last = x;
     }
   }
-  if (!last.empty()) p.ref_ms = time_reference_kb(*ref, last, cuda, o.kb_perf_trials);
+  if (!last.empty()) {
+    std::optional<GpuTimingLock::Hold> hold;
+    if (cuda && lock) hold.emplace(lock.get(), true, std::chrono::milliseconds(int64_t(o.eval.gpu_lock_timeout_s * 1000)));
+    p.ref_ms = time_reference_kb(*ref, last, cuda, o.kb_perf_trials);
+  }
   return p;
 }
 
