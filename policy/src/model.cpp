@@ -303,6 +303,10 @@ torch::Tensor CausalLMImpl::hidden(const torch::Tensor& ids, const torch::Tensor
   const RopeTables r = rope(positions);
   auto x = model->embed_tokens(ids_d);
   const bool ckpt = checkpointing_ && !cache && torch::GradMode::is_enabled();
+  // A frozen embedding (LoRA) gives an input that needs no gradient; a checkpointed layer
+  // whose inputs need none would cut its adapters off from the loss. As HF's
+  // enable_input_require_grads does, the input then becomes a leaf that asks for one.
+  if (ckpt && !x.requires_grad()) x = x.detach().requires_grad_(true);
   for (int64_t l = 0; l < static_cast<int64_t>(model->layers->size()); ++l) {
     auto* layer = model->layers[l]->as<DecoderLayerImpl>();
     if (ckpt)

@@ -807,3 +807,24 @@ TEST(LearnerDataParallelTest, LoraSyncsOnlyAdaptersAndTwoRanksMatchOneRank) {
                 1e-5 * one.steps[s]["grad_norm"].get<double>())
         << "step " << s;
 }
+
+TEST(LearnerLoraTest, RecomputedLayersTrainTheAdaptersLikeKeptActivations) {
+  // The frozen embedding's output needs no gradient; the checkpointed layers must still
+  // reach their adapters (the 7 B LoRA shape recomputes layers by default).
+  auto cfg = lora_config();
+  uint64_t kept, recomputed;
+  {
+    Fixture f(cfg);
+    for (int i = 0; i < 2; ++i) ASSERT_TRUE(f.learner->step().updated);
+    kept = f.learner->weights_checksum();
+  }
+  cfg.gradient_checkpointing = true;
+  {
+    Fixture f(cfg);
+    const auto before = f.learner->weights_checksum();
+    for (int i = 0; i < 2; ++i) ASSERT_TRUE(f.learner->step().updated);
+    recomputed = f.learner->weights_checksum();
+    EXPECT_NE(recomputed, before) << "no adapter trained with recomputed layers";
+  }
+  EXPECT_EQ(recomputed, kept);
+}
