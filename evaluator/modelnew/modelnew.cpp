@@ -197,8 +197,11 @@ Build build(const tasks::Task& task, tasks::Backend b, const std::string& source
   const std::string cache = cache_dir(o.eval);
   const std::string spec = task_spec_json(task, b);
   const PythonInstall& py = python_install();
+  // The build scripts are part of the key: a changed compile step builds (and fails) afresh.
+  static const std::string scripts = sha256_hex(read_text(std::string(KF_MN_DIR) + "/build_ext.py") +
+                                                read_text(std::string(KF_MN_DIR) + "/mn_common.py"));
   out.cr.key = sha256_hex("modelnew\n" + std::string(tasks::backend_name(b)) + "\n" + o.eval.compile.cuda_arch + "\n" +
-                          py.exe + "\n" + spec + "\n" + source);
+                          py.exe + "\n" + scripts + "\n" + spec + "\n" + source);
   const std::string root = cache + "/modelnew";
   if (!fsutil::make_dirs(root, 0755)) throw error_at(root, std::string("cannot create: ") + std::strerror(errno));
   ::chmod(cache.c_str(), 0755);
