@@ -123,8 +123,9 @@ int run_remote(const kf::Config& cfg, const kf::evaluator::EvalOptions& eo, cons
   } join{done, keeper};
 
   std::unique_ptr<nq::StreamQueue> q;
-  auto last_answer = SteadyClock::now();
-  bool failing = false;
+  // Since when the server has not answered (from the start: the head may come up later).
+  auto quiet_since = SteadyClock::now();
+  bool failing = true;
   uint64_t scored = 0, ok = 0, late = 0;
   kf::log_info("evaluator ", id, ": remote mode, consumer ", sc.consumer, " of ", where, " stream ", sc.stream,
                ", backend ", kf::tasks::backend_name(so.backend), ", tasks from ", so.tasks_dir);
@@ -133,18 +134,18 @@ int run_remote(const kf::Config& cfg, const kf::evaluator::EvalOptions& eo, cons
     try {
       if (!q) q = std::make_unique<nq::StreamQueue>(nq::StreamQueue::open(sc));
       msgs = q->take(1, 1000ms);
-      if (failing) kf::log_info("evaluator ", id, ": ", where, " answers again");
+      if (failing) kf::log_info("evaluator ", id, ": ", where, " answers");
       failing = false;
-      last_answer = SteadyClock::now();
     } catch (const std::exception& e) {
-      const double quiet = std::chrono::duration<double>(SteadyClock::now() - last_answer).count();
-      if (SteadyClock::now() - last_answer > gone_after) {
+      if (!failing) quiet_since = SteadyClock::now();
+      const double quiet = std::chrono::duration<double>(SteadyClock::now() - quiet_since).count();
+      if (SteadyClock::now() - quiet_since > gone_after) {
         kf::log_info("evaluator ", id, ": ", where, " has not answered for ", quiet,
                      " s (cluster.redis.gone_after_s): the run has ended or its head is gone; exiting after ",
                      scored, " candidate(s) scored");
         return 0;
       }
-      if (!failing)
+      if (!failing || quiet < 1.5)
         kf::log_warn("evaluator ", id, ": ", e.what(), "; retrying every 1 s (gives up after cluster.redis.gone_after_s)");
       failing = true;
       q.reset();
@@ -166,6 +167,9 @@ int run_remote(const kf::Config& cfg, const kf::evaluator::EvalOptions& eo, cons
         r.reason = std::string(kf::replay::kEnvironmentPrefix) + "the candidate record did not decode";
         r.reward = ev.reward_model().failure_reward(r.verdict);
       }
+      if (m.deliveries > 1)
+        kf::log_warn("evaluator ", id, ": candidate ", m.tag, " (entry ", m.id, ") was claimed from a dead or stalled "
+                     "evaluator (delivery ", m.deliveries, "); scoring it here");
       if (c.id == m.tag && !c.task.empty()) {
         {
           std::lock_guard<std::mutex> g(mu);

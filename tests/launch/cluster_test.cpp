@@ -1,0 +1,117 @@
+// tools/launch --slurm without Slurm: the node list from SLURM_JOB_NODELIST, the role of
+// each node (node 0 head, or cluster.nodes), the --set lines a node's launcher gets, the
+// srun line; and cluster.* config errors (no password, a role this build cannot run).
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <map>
+
+#include "cluster.h"
+#include "kf/common/config.h"
+#include "kf/common/error.h"
+
+namespace {
+using kf::launch::expand_nodelist;
+using kf::launch::slurm_plan;
+using Env = std::map<std::string, std::string>;
+
+std::function<std::string(const std::string&)> env_of(const Env& e) {
+  return [e](const std::string& k) {
+    auto it = e.find(k);
+    return it == e.end() ? std::string() : it->second;
+  };
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const kf::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+}  // namespace
+
+TEST(LaunchClusterTest, NodeListsExpandAsSlurmWritesThem) {
+  EXPECT_EQ(expand_nodelist("gpu7"), std::vector<std::string>({"gpu7"}));
+  EXPECT_EQ(expand_nodelist("node[01-03,07]"), std::vector<std::string>({"node01", "node02", "node03", "node07"}));
+  EXPECT_EQ(expand_nodelist("a[1-2],b5,c[9-10]-ib"),
+            std::vector<std::string>({"a1", "a2", "b5", "c9-ib", "c10-ib"}));
+  EXPECT_EQ(expand_nodelist("x[8-11]"), std::vector<std::string>({"x8", "x9", "x10", "x11"}));
+  EXPECT_NE(error_of([] { expand_nodelist("node[1-3"); }).find("'[' without ']'"), std::string::npos);
+  EXPECT_NE(error_of([] { expand_nodelist("node[3-1]"); }).find("backwards"), std::string::npos);
+  EXPECT_NE(error_of([] { expand_nodelist("node[a-b]"); }).find("not N or N-M"), std::string::npos);
+  EXPECT_NE(error_of([] { expand_nodelist(""); }).find("no node names"), std::string::npos);
+}
+
+TEST(LaunchClusterTest, SlurmNodeZeroIsTheHeadAndTheRestEvaluate) {
+  Env e = {{"SLURM_JOB_ID", "4242"}, {"SLURM_JOB_NODELIST", "gn[03-05]"}};
+  // The batch script's launcher (no KF_SLURM_STEP): the srun line, no roles applied yet.
+  auto outer = slurm_plan(env_of(e), {});
+  EXPECT_FALSE(outer.in_step);
+  EXPECT_EQ(outer.nodes, 3);
+  EXPECT_EQ(outer.head_host, "gn03");
+  EXPECT_TRUE(outer.sets.empty());
+  const auto line = kf::launch::srun_argv(outer, {"/b/tools/kf-launch", "run.yaml", "--slurm"});
+  EXPECT_EQ(line, std::vector<std::string>({"srun", "--nodes=3", "--ntasks=3", "--ntasks-per-node=1",
+                                             "--kill-on-bad-exit=0", "--export=ALL,KF_SLURM_STEP=1",
+                                             "/b/tools/kf-launch", "run.yaml", "--slurm"}));
+  // One launcher per node inside the step.
+  e["KF_SLURM_STEP"] = "1";
+  e["SLURM_NODEID"] = "0";
+  auto n0 = slurm_plan(env_of(e), {});
+  EXPECT_TRUE(n0.in_step);
+  EXPECT_EQ(n0.role, "head");
+  EXPECT_EQ(n0.sets, std::vector<std::string>({"cluster.role=head", "cluster.redis.host=gn03", "cluster.node_name=gn03"}));
+  e["SLURM_NODEID"] = "2";
+  auto n2 = slurm_plan(env_of(e), {});
+  EXPECT_EQ(n2.role, "evaluators");
+  EXPECT_EQ(n2.sets,
+            std::vector<std::string>({"cluster.role=evaluators", "cluster.redis.host=gn03", "cluster.node_name=gn05"}));
+  // cluster.nodes moves the head.
+  auto moved = slurm_plan(env_of(e), {"evaluators", "evaluators", "head"});
+  EXPECT_EQ(moved.role, "head");
+  EXPECT_EQ(moved.head_host, "gn05");
+  // One node: the single-node run, unchanged.
+  Env one = {{"SLURM_JOB_ID", "1"}, {"SLURM_JOB_NODELIST", "solo"}, {"KF_SLURM_STEP", "1"}, {"SLURM_NODEID", "0"}};
+  EXPECT_EQ(slurm_plan(env_of(one), {}).role, "all");
+}
+
+TEST(LaunchClusterTest, SlurmMistakesAreNamed) {
+  EXPECT_NE(error_of([] { slurm_plan(env_of({}), {}); }).find("SLURM_JOB_ID is not set"), std::string::npos);
+  EXPECT_NE(error_of([] { slurm_plan(env_of({{"SLURM_JOB_ID", "7"}}), {}); }).find("SLURM_JOB_NODELIST is not set"),
+            std::string::npos);
+  const Env e = {{"SLURM_JOB_ID", "7"}, {"SLURM_JOB_NODELIST", "n[1-2]"}};
+  EXPECT_NE(error_of([&] { slurm_plan(env_of(e), {"head"}); }).find("cluster.nodes: 1 role(s) for the allocation's 2"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { slurm_plan(env_of(e), {"head", "head"}); }).find("exactly one node must be the head"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { slurm_plan(env_of(e), {"head", "actors"}); }).find("entry 1 is 'actors'"), std::string::npos);
+  Env bad = e;
+  bad["KF_SLURM_STEP"] = "1";
+  bad["SLURM_NODEID"] = "5";
+  EXPECT_NE(error_of([&] { slurm_plan(env_of(bad), {}); }).find("SLURM_NODEID 5 but SLURM_JOB_NODELIST names 2"),
+            std::string::npos);
+}
+
+TEST(LaunchClusterTest, RemoteRolesNeedThePasswordInTheEnvironment) {
+  ::unsetenv("KF_TEST_NO_SUCH_PW");
+  const auto cfg = kf::Config::parse("cluster: {role: head, redis: {password_env: KF_TEST_NO_SUCH_PW}}\n", "c.yaml");
+  const std::string err = error_of([&] { kf::launch::cluster_options(cfg); });
+  if (!kf::launch::cluster_supported()) {
+    EXPECT_NE(err.find("hiredis"), std::string::npos) << err;
+    return;
+  }
+  EXPECT_NE(err.find("c.yaml"), std::string::npos) << err;
+  EXPECT_NE(err.find("KF_TEST_NO_SUCH_PW"), std::string::npos) << err;
+  ::setenv("KF_TEST_NO_SUCH_PW", "s3cret", 1);
+  const auto o = kf::launch::cluster_options(cfg);
+  EXPECT_EQ(o.password, "s3cret");
+  EXPECT_EQ(o.bind, std::vector<std::string>({"127.0.0.1"}));  // cluster.redis.host when bind is empty
+  ::setenv("KF_TEST_NO_SUCH_PW", "has space", 1);
+  EXPECT_NE(error_of([&] { kf::launch::cluster_options(cfg); }).find("whitespace"), std::string::npos);
+  // The single-node default needs nothing of this.
+  EXPECT_FALSE(kf::launch::cluster_options(kf::Config::parse("run: {seed: 1}\n", "d.yaml")).remote());
+  const auto badname = kf::Config::parse("cluster: {node_name: 'a/b'}\n", "n.yaml");
+  EXPECT_NE(error_of([&] { kf::launch::cluster_options(badname); }).find("cluster.node_name"), std::string::npos);
+}
