@@ -16,7 +16,7 @@
 #include <thread>
 
 #include "kf/actors/extract.h"
-#include "kf/actors/group_sampler.h"
+#include "kf/actors/rollout.h"
 #include "kf/actors/weights_blob.h"
 #include "kf/common/error.h"
 #include "kf/common/log.h"
@@ -297,8 +297,8 @@ StepResult Actor::step() {
   sp.seed = opts_.seed ^ group_id;
   sp.gpu_share = &gpu_share_;
   const auto s0 = Clock::now();
-  const auto completions =
-      sample_group(policy_.model, prompt.tokens, opts_.group_size, sp, policy_.valid_vocab, opts_.shared_prefill);
+  auto samples = rollout_group(policy_.model, policy_.codec, prompt.tokens, opts_.group_size, sp, policy_.valid_vocab,
+                               opts_.extract, opts_.shared_prefill);
   const double sampled_s = secs(s0, Clock::now());
   m_.sample_s += sampled_s;
   shm_.control().add_counter(slot_, replay::ControlBlock::kWorkMs, static_cast<uint64_t>(sampled_s * 1e3));
@@ -308,13 +308,13 @@ StepResult Actor::step() {
   const int64_t t_sampled = mono_ns();
 
   // Extract and build the candidates.
-  std::vector<replay::Candidate> cands(completions.size());
-  std::vector<bool> extracted(completions.size());
+  std::vector<replay::Candidate> cands(samples.size());
+  std::vector<bool> extracted(samples.size());
   std::map<std::string, uint64_t> group_codes;  // this group's extraction failures, by code
   uint64_t tokens = 0;
-  for (std::size_t i = 0; i < completions.size(); ++i) {
+  for (std::size_t i = 0; i < samples.size(); ++i) {
     auto& c = cands[i];
-    const auto& comp = completions[i];
+    const auto& comp = samples[i].completion;
     c.id = splitmix(group_id ^ (uint64_t(i) + 1) * 0x9E3779B97F4A7C15ULL);
     c.task = task->name();
     c.group_id = group_id;
@@ -327,7 +327,7 @@ StepResult Actor::step() {
     c.t_sampled_ns = t_sampled;
     tokens += comp.tokens.size();
     ++m_.finish_reasons[comp.finish_reason];
-    auto ex = extract_kernel(policy_.codec.decode(comp.tokens), opts_.extract);
+    auto& ex = samples[i].kernel;
     extracted[i] = ex.ok;
     if (ex.ok) {
       c.source = std::move(ex.source);

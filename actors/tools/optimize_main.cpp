@@ -25,7 +25,7 @@
 #include "kf/actors/actor_options.h"
 #include "kf/actors/actor_policy.h"
 #include "kf/actors/extract.h"
-#include "kf/actors/group_sampler.h"
+#include "kf/actors/rollout.h"
 #include "kf/actors/optimize.h"
 #include "kf/common/config.h"
 #include "kf/common/error.h"
@@ -291,16 +291,13 @@ int main(int argc, char** argv) {
     sp.loop_min_span = o.loop_min_span;
     sp.eos_ids = pol.eos_ids;
     sp.seed = o.seed;
-    const auto comps = sample_group(pol.model, prompt.tokens, n, sp, pol.valid_vocab, o.shared_prefill);
-    for (const auto& c : comps) {
+    for (auto& r : rollout_group(pol.model, pol.codec, prompt.tokens, n, sp, pol.valid_vocab, o.extract,
+                                 o.shared_prefill)) {
       Candidate k;
-      k.tokens = c.tokens.size();
-      k.finish_reason = c.finish_reason;
-      // The stopping EOS token is not text (a byte model's EOS would decode to a NUL).
-      auto toks = c.tokens;
-      if (c.finish_reason == "eos" && !toks.empty()) toks.pop_back();
-      k.completion = pol.codec.decode(toks);
-      k.ex = extract_kernel(k.completion, o.extract);
+      k.tokens = r.completion.tokens.size();
+      k.finish_reason = r.completion.finish_reason;
+      k.completion = std::move(r.text);
+      k.ex = std::move(r.kernel);
       cands.push_back(std::move(k));
     }
   } catch (const std::exception& e) {

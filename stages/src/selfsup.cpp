@@ -9,7 +9,7 @@
 #include <set>
 
 #include "kf/actors/extract.h"
-#include "kf/actors/group_sampler.h"
+#include "kf/actors/rollout.h"
 #include "kf/common/error.h"
 #include "kf/common/log.h"
 #include "kf/evaluator/out_of_memory.h"
@@ -167,6 +167,7 @@ std::vector<RoundStats> run_selfsup(policy::Policy& pol, const Corpus& corpus, c
       policy::SamplingParams sp;
       sp.temperature = o.temperature;
       sp.top_p = o.top_p;
+      sp.top_k = o.top_k;
       sp.max_new_tokens = o.max_new_tokens;
       sp.loop_repeats = o.loop_repeats;
       sp.loop_max_period = o.loop_max_period;
@@ -176,11 +177,9 @@ std::vector<RoundStats> run_selfsup(policy::Policy& pol, const Corpus& corpus, c
       sp.gpu_share = &gpu_share;
       const int64_t valid = std::min<int64_t>(pol.tokenizer->vocab_size(), pol.config.vocab_size);
       auto t0 = Clock::now();
-      std::vector<policy::Completion> comps;
-      {
-        torch::NoGradGuard g;
-        comps = actors::sample_group(pol.model, tp.prompt.tokens, o.samples, sp, valid, true);
-      }
+      actors::ExtractOptions extract;
+      extract.marker = o.data.marker;  // the fence the SFT examples taught
+      auto comps = actors::rollout_group(pol.model, codec, tp.prompt.tokens, o.samples, sp, valid, extract);
       rs.sample_s += secs(t0);
       t0 = Clock::now();
       std::map<std::string, evaluator::Result> evaluated;  // identical samples are verified once
@@ -190,10 +189,8 @@ std::vector<RoundStats> run_selfsup(policy::Policy& pol, const Corpus& corpus, c
           continue;
         }
         ++rs.samples;
-        std::vector<int32_t> toks = c.tokens;
-        if (c.finish_reason == "eos" && !toks.empty()) toks.pop_back();
-        const std::string text = codec.decode(toks);
-        const auto ex = actors::extract_kernel(text);
+        const std::string& text = c.text;
+        const auto& ex = c.kernel;
         if (!ex.ok) {
           ++rs.extract_failures[ex.code];
           continue;

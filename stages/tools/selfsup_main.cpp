@@ -36,6 +36,7 @@ int main(int argc, char** argv) {
   app.add_option("--loop-repeats", o.loop_repeats, "stop a sample once a block repeats this often (0: off)");
   app.add_option("--temperature", o.temperature, "sampling temperature");
   app.add_option("--top-p", o.top_p, "nucleus sampling p");
+  app.add_option("--top-k", o.top_k, "sample from the k most likely tokens (0: off)");
   app.add_option("--exemplars", o.data.exemplars, "K exemplars per prompt");
   app.add_option("--min-exemplar-tokens", o.data.min_exemplar_tokens,
                  "an exemplar is dropped rather than cut below this many tokens (actors.prompt.min_exemplar_tokens; "

@@ -27,6 +27,7 @@ struct SelfsupOptions {
   int64_t max_tasks = 0;         // 0: every corpus task of the backend
   std::vector<std::string> include;  // sample only these corpus tasks (empty: all); retraining uses every task
   double temperature = 0.8, top_p = 0.95;
+  int64_t top_k = 0;              // 0: off
   int64_t max_new_tokens = 1024;
   int64_t loop_repeats = 4, loop_max_period = 128, loop_min_span = 64;  // loop stop; 0 repeats: off
   uint64_t seed = 0;

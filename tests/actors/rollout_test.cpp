@@ -1,0 +1,53 @@
+// rollout_group: the one sample -> text -> kernel path of actors, tools/optimize and
+// tools/selfsup. A memorised completion comes back as its text (no end-of-sequence byte)
+// with its kernel extracted under the caller's fence marker.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "kf/actors/rollout.h"
+#include "test_util.h"
+
+using namespace kf::actors;
+
+TEST(RolloutTest, CompletionTextDropsOnlyTheStoppingEndOfSequence) {
+  const auto codec = TextCodec::bytes();
+  kf::policy::Completion c;
+  c.tokens = {'o', 'k', 0};
+  c.finish_reason = "eos";
+  EXPECT_EQ(completion_text(codec, c), "ok");
+  c.tokens = {'o', 'k'};
+  c.finish_reason = "length";  // cut by the token budget: every token is text
+  EXPECT_EQ(completion_text(codec, c), "ok");
+}
+
+TEST(RolloutTest, MemorisedKernelIsSampledDecodedAndExtractedWithTheCallersMarker) {
+  auto pol = test::tiny_policy(11);
+  const std::vector<int32_t> prompt = {'w', 'r', 'i', 't', 'e', ':'};
+  const std::string body = "extern \"C\" int kf_forward(){return 0;}";
+  const std::string completion = "```cpp kernel\n" + body + "\n```\n";
+  ASSERT_GE(test::memorise(pol.model, prompt, completion, 1.0f), 0) << "the tiny model did not memorise the text";
+  kf::policy::SamplingParams sp;
+  sp.temperature = 0.05;
+  sp.top_k = 4;  // top-k is honoured on every caller's path
+  sp.max_new_tokens = 64;
+  sp.eos_ids = pol.eos_ids;
+  sp.seed = 3;
+  ExtractOptions marked;
+  marked.marker = "kernel";
+  const auto got = rollout_group(pol.model, pol.codec, prompt, 3, sp, pol.valid_vocab, marked);
+  ASSERT_EQ(got.size(), 3u);
+  for (const auto& r : got) {
+    EXPECT_EQ(r.completion.finish_reason, "eos");
+    EXPECT_EQ(r.text, completion) << "the stopping end-of-sequence token is not part of the text";
+    EXPECT_EQ(r.completion.tokens.size(), completion.size() + 1);
+    ASSERT_TRUE(r.kernel.ok) << r.kernel.error;
+    EXPECT_EQ(r.kernel.source, body + "\n");
+  }
+  ExtractOptions other;
+  other.marker = "cuda_only";
+  other.allow_unmarked = false;
+  const auto refused = rollout_group(pol.model, pol.codec, prompt, 1, sp, pol.valid_vocab, other);
+  ASSERT_EQ(refused.size(), 1u);
+  EXPECT_FALSE(refused[0].kernel.ok);
+  EXPECT_EQ(refused[0].kernel.error.rfind("extract: ", 0), 0u) << refused[0].kernel.error;
+}
