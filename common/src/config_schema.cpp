@@ -217,7 +217,7 @@ const std::vector<ConfigKey>& config_schema() {
       {"learner.dist.ranks", T::Int, "1", false, {}, "data-parallel learner ranks (one per GPU)"},
       {"learner.dist.comm", T::String, "auto", false, {"auto", "cpu", "nccl"}, "gradient all-reduce: NCCL on GPU, shared memory on CPU"},
       {"learner.dist.bucket_mb", T::Int, "25", false, {}, "gradient all-reduce bucket size (MiB)"},
-      {"learner.dist.shard", T::String, "none", false, {"none", "optimizer"}, "optimizer: each rank keeps fp32 master weights and Adam moments for 1/ranks of the parameters (ZeRO); gradients reduce-scattered, parameters all-gathered"},
+      {"learner.dist.shard", T::String, "none", false, {"none", "optimizer", "gradients"}, "optimizer: each rank keeps fp32 master weights and Adam moments for 1/ranks of the parameters (ZeRO-1, gradients reduce-scattered, parameters all-gathered); gradients: and only its slice of the gradients (ZeRO-2, every micro-batch reduced)"},
       {"learner.snapshot.every", T::Int, "1", false, {}, "publish weights to the snapshot store every N steps (0: never)"},
       {"learner.snapshot.dtype", T::String, "bf16", false, {"bf16", "fp32"}, "dtype of published weights"},
       {"learner.checkpoint.every", T::Int, "100", false, {}, "checkpoint every N steps (0: only at stop; tools/launch needs >= 1)"},

@@ -3,7 +3,10 @@
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <cstdio>
+
 #include "kf/common/error.h"
+#include "kf/common/log.h"
 
 namespace kf::learner {
 namespace {
@@ -15,15 +18,18 @@ struct ReadyHook : torch::autograd::PostAccumulateGradHook {
   int64_t index;
 };
 
+constexpr std::size_t kMaxInFlight = 3;  // sharded gradients: reductions not yet accumulated
+
 }  // namespace
 
 GradBuckets::GradBuckets(const std::vector<std::pair<std::string, torch::Tensor>>& params, std::size_t bucket_bytes,
-                         Communicator* comm, bool sharded)
-    : comm_(comm), sharded_(sharded) {
+                         Communicator* comm, ShardMode mode)
+    : comm_(comm), sharded_(mode != ShardMode::none), grads_sharded_(mode == ShardMode::gradients) {
   torch::NoGradGuard ng;
   const int64_t n = static_cast<int64_t>(params.size());
   bucket_of_.assign(n, -1);
   offset_of_.assign(n, 0);
+  seen_.assign(n, 0);
   for (const auto& p : params) params_.push_back(p.second);
   if (sharded_) {
     if (!comm_) throw Error("learner gradient buckets: sharded mode needs a communicator");
@@ -54,8 +60,9 @@ GradBuckets::GradBuckets(const std::vector<std::pair<std::string, torch::Tensor>
   const int64_t align = sharded_ ? world_ * 64 : 1;
   for (std::size_t b = 0; b < members.size(); ++b) {
     const int64_t len = (elems[b] + align - 1) / align * align;
-    auto flat = torch::zeros({len}, params_[0].options().dtype(gdtype));
-    torch::Tensor pflat;
+    bucket_len_.push_back(len);
+    torch::Tensor flat, pflat;
+    if (!grads_sharded_) flat = torch::zeros({len}, params_[0].options().dtype(gdtype));
     if (sharded_) pflat = torch::zeros({len}, params_[0].options());
     int64_t off = 0;
     for (int64_t i : members[b]) {
@@ -66,16 +73,28 @@ GradBuckets::GradBuckets(const std::vector<std::pair<std::string, torch::Tensor>
         view.copy_(p.detach());
         p.set_data(view);  // every handle to this parameter (the model's too) now uses the bucket
       }
-      p.mutable_grad() = flat.narrow(0, off, p.numel()).view(p.sizes());
+      if (!grads_sharded_) p.mutable_grad() = flat.narrow(0, off, p.numel()).view(p.sizes());
       off += p.numel();
     }
-    flat_.push_back(flat);
+    if (!grads_sharded_) flat_.push_back(flat);
     if (sharded_) param_flat_.push_back(pflat);
+    if (grads_sharded_) {
+      acc_.push_back(torch::zeros({len / world_}, params_[0].options().dtype(torch::kFloat32)));
+      staging_.emplace_back();
+    }
     bucket_size_.push_back(static_cast<int64_t>(members[b].size()));
   }
   pending_ = bucket_size_;
   for (int64_t i = 0; i < n; ++i)
     torch::autograd::impl::set_post_acc_grad_hooks(params_[i], std::make_unique<ReadyHook>(this, i));
+  if (sharded_) {
+    char mib[32];
+    std::snprintf(mib, sizeof mib, "%.1f MiB", static_cast<double>(gradient_bytes()) / (1 << 20));
+    log_info("learner gradient buckets (", comm_->name(), "): ", members.size(), " buckets, gradient memory ", mib,
+             " (", gradient_bytes(), " bytes) on this rank: ",
+             grads_sharded_ ? "fp32 accumulators for this rank's slices (sharded gradients), plus the buckets in flight"
+                            : "full buckets (gradients not sharded)");
+  }
 }
 
 GradBuckets::~GradBuckets() {
@@ -84,15 +103,25 @@ GradBuckets::~GradBuckets() {
 
 int64_t GradBuckets::padded_numel() const {
   int64_t n = 0;
-  for (const auto& f : flat_) n += f.numel();
+  for (int64_t l : bucket_len_) n += l;
+  return n;
+}
+
+int64_t GradBuckets::gradient_bytes() const {
+  int64_t n = 0;
+  for (const auto& f : flat_) n += f.numel() * f.element_size();
+  for (const auto& a : acc_) n += a.numel() * a.element_size();
   return n;
 }
 
 void GradBuckets::zero() {
   for (auto& f : flat_) f.zero_();
+  for (auto& a : acc_) a.zero_();
+  if (grads_sharded_) launched_in_backward_ = 0;
 }
 
 void GradBuckets::arm() {
+  if (grads_sharded_) return;  // every backward reduces; rounds keep their own state
   armed_ = true;
   next_launch_ = 0;
   launched_in_backward_ = 0;
@@ -100,6 +129,10 @@ void GradBuckets::arm() {
 }
 
 void GradBuckets::on_grad_ready(int64_t param) {
+  if (grads_sharded_) {
+    stage(param);
+    return;
+  }
   if (!armed_) return;
   const int64_t b = bucket_of_[param];
   if (pending_[b] > 0) --pending_[b];
@@ -107,8 +140,9 @@ void GradBuckets::on_grad_ready(int64_t param) {
 }
 
 void GradBuckets::launch_ready_in_order(bool in_backward) {
-  while (next_launch_ < static_cast<int64_t>(flat_.size()) && (!in_backward || pending_[next_launch_] == 0)) {
-    if (comm_ && sharded_) comm_->reduce_scatter_async(flat_[next_launch_]);
+  while (next_launch_ < static_cast<int64_t>(bucket_len_.size()) && (!in_backward || pending_[next_launch_] == 0)) {
+    if (grads_sharded_) launch(next_launch_);
+    else if (comm_ && sharded_) comm_->reduce_scatter_async(flat_[next_launch_]);
     else if (comm_) comm_->all_reduce_async(flat_[next_launch_]);
     if (in_backward) ++launched_in_backward_;
     ++next_launch_;
@@ -116,10 +150,76 @@ void GradBuckets::launch_ready_in_order(bool in_backward) {
 }
 
 void GradBuckets::finish() {
+  if (grads_sharded_) {
+    if (round_open_) flush_round();
+    while (open_round(false)) flush_round();  // the others' remaining rounds, with zeros
+    drain();
+    if (comm_) comm_->synchronize();
+    return;
+  }
   if (!armed_) arm();
   launch_ready_in_order(false);
   if (comm_) comm_->synchronize();
   armed_ = false;
+}
+
+// ---- sharded gradients ----
+
+void GradBuckets::stage(int64_t param) {
+  torch::NoGradGuard ng;
+  if (round_open_ && seen_[param]) flush_round();  // a second backward: the open round is over
+  if (!round_open_ && !open_round(true))
+    throw Error("learner gradient buckets (" + comm_->name() + "): a round opened by this rank reports no rank working");
+  auto& p = params_[param];
+  const int64_t b = bucket_of_[param];
+  if (!staging_[b].defined()) staging_[b] = torch::zeros({bucket_len_[b]}, p.options());
+  const auto g = p.grad();
+  if (g.defined()) {
+    staging_[b].narrow(0, offset_of_[param], p.numel()).view(p.sizes()).add_(g);
+    p.mutable_grad() = torch::Tensor();  // freed: the staging buffer holds it now
+  }
+  seen_[param] = 1;
+  if (pending_[b] > 0) --pending_[b];
+  launch_ready_in_order(true);
+}
+
+void GradBuckets::launch(int64_t b) {
+  if (!staging_[b].defined()) staging_[b] = torch::zeros({bucket_len_[b]}, params_[0].options());
+  comm_->reduce_scatter_async(staging_[b]);
+  in_flight_.push_back(b);
+  if (in_flight_.size() >= kMaxInFlight) drain();
+}
+
+void GradBuckets::drain() {
+  if (in_flight_.empty()) return;
+  torch::NoGradGuard ng;
+  comm_->synchronize();  // NCCL: this stream waits for the reductions; shm and local: done already
+  for (int64_t b : in_flight_) {
+    acc_[b].add_(staging_[b].narrow(0, shard_offset(b), shard_numel(b)));
+    staging_[b] = torch::Tensor();
+  }
+  in_flight_.clear();
+}
+
+bool GradBuckets::open_round(bool working) {
+  drain();  // a bucket is staged again in the new round: its last reduction must be accumulated first
+  auto opts = torch::TensorOptions().dtype(torch::kFloat64);
+  if (!params_.empty()) opts = opts.device(params_[0].device());
+  auto flag = torch::full({1}, working ? 1.0 : 0.0, opts);
+  comm_->all_reduce_sum(flag);
+  const bool any = flag.to(torch::kCPU).item<double>() > 0;
+  round_open_ = any;
+  if (any) {
+    next_launch_ = 0;
+    pending_ = bucket_size_;
+    std::fill(seen_.begin(), seen_.end(), 0);
+  }
+  return any;
+}
+
+void GradBuckets::flush_round() {
+  launch_ready_in_order(false);
+  round_open_ = false;
 }
 
 }  // namespace kf::learner

@@ -193,7 +193,7 @@ Learner::Learner(LearnerConfig cfg, LearnerDeps deps) : cfg_(std::move(cfg)), de
   // storage, and AdamW keeps fp32 state for this rank's slice only. Its clip_grad_norm and
   // state() are then collective (every rank calls them, as below).
   impl_->buckets = std::make_unique<GradBuckets>(impl_->params, static_cast<std::size_t>(cfg_.bucket_mb) << 20,
-                                                 deps_.comm, cfg_.shard == ShardMode::optimizer);
+                                                 deps_.comm, cfg_.shard);
   impl_->opt = std::make_unique<AdamW>(impl_->params, cfg_.optim, impl_->buckets.get());
   if (deps_.snapshots && deps_.comm->rank() == 0 && cfg_.snapshot_every > 0)
     impl_->publisher = std::make_unique<SnapshotPublisher>(

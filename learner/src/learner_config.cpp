@@ -54,7 +54,8 @@ LearnerConfig learner_config_from(const kf::Config& c) {
   l.ranks = c.get_int("learner.dist.ranks");
   l.comm = c.get_string("learner.dist.comm");
   l.bucket_mb = c.get_int("learner.dist.bucket_mb");
-  l.shard = c.get_string("learner.dist.shard") == "optimizer" ? ShardMode::optimizer : ShardMode::none;
+  const auto shard = c.get_string("learner.dist.shard");
+  l.shard = shard == "optimizer" ? ShardMode::optimizer : shard == "gradients" ? ShardMode::gradients : ShardMode::none;
   l.snapshot_every = c.get_int("learner.snapshot.every");
   l.snapshot_dtype = c.get_string("learner.snapshot.dtype");
   l.checkpoint_every = c.get_int("learner.checkpoint.every");

@@ -174,9 +174,8 @@ std::vector<std::pair<std::string, torch::Tensor>> AdamW::state() const {
     const std::size_t n = params_.size();
     std::vector<torch::Tensor> m(n), v(n), w(n);
     for (std::size_t b = 0; b < shard_->buckets(); ++b) {
-      const auto& flat = shard_->flat()[b];
       auto gather = [&](const torch::Tensor& slice, std::vector<torch::Tensor>& into) {
-        auto buf = torch::zeros({flat.numel()}, slice.options());
+        auto buf = torch::zeros({shard_->bucket_numel(b)}, slice.options());
         buf.narrow(0, shard_->shard_offset(b), shard_->shard_numel(b)).copy_(slice);
         comm->all_gather(buf);
         if (!keep) return;

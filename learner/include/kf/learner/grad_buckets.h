@@ -18,6 +18,18 @@
 // the summed gradient. The parameters themselves are rebound (set_data) to views into
 // flat parameter buckets of the same layout, so AdamW updates the owned slice in place
 // and one in-place all-gather per bucket gives every rank the whole model.
+//
+// Sharded gradients (learner.dist.shard: gradients, ZeRO-2): no rank keeps a full
+// gradient. Each rank has an fp32 accumulator for its slices only; a parameter's .grad is
+// copied into its bucket's staging buffer by the hook and freed at once; a complete
+// bucket is reduce-scattered and its owned slice added to the accumulator, then the
+// staging buffer is freed (with NCCL, at most 3 reductions stay in flight). So every
+// micro-batch is reduced, in "rounds": a rank opens a round (a one-number all-reduce,
+// "is anyone still computing") when its first bucket of a backward completes, and
+// finish() keeps answering "done" and joining the others' rounds with zero buffers until
+// every rank is done. Ranks with fewer micro-batches therefore issue the same collectives
+// in the same order as the others. A round's buckets that did not complete (a parameter
+// unused in that backward) are launched when the next backward starts or at finish().
 // Threading: the learner thread, plus the autograd thread inside backward().
 #pragma once
 #include <torch/torch.h>
@@ -28,6 +40,7 @@
 #include <vector>
 
 #include "kf/learner/comm.h"
+#include "kf/learner/learner_config.h"
 
 namespace kf::learner {
 
@@ -36,24 +49,34 @@ class GradBuckets {
   // params: (name, tensor) of the trainable parameters, all on one device, fp32 (sharded:
   // any one floating dtype; gradients then have that dtype too).
   GradBuckets(const std::vector<std::pair<std::string, torch::Tensor>>& params, std::size_t bucket_bytes,
-              Communicator* comm, bool sharded = false);
+              Communicator* comm, ShardMode mode);
+  GradBuckets(const std::vector<std::pair<std::string, torch::Tensor>>& params, std::size_t bucket_bytes,
+              Communicator* comm, bool sharded = false)
+      : GradBuckets(params, bucket_bytes, comm, sharded ? ShardMode::optimizer : ShardMode::none) {}
   ~GradBuckets();
   GradBuckets(const GradBuckets&) = delete;
   GradBuckets& operator=(const GradBuckets&) = delete;
 
-  void zero();            // zeroes every bucket (grads stay views)
-  void arm();             // the next backward launches buckets as they complete
+  void zero();            // zeroes every bucket (grads stay views) or gradient accumulator
+  void arm();             // the next backward launches buckets as they complete (sharded gradients: always)
   void finish();          // launches the rest, waits; disarms
-  std::size_t buckets() const { return flat_.size(); }
+  std::size_t buckets() const { return bucket_len_.size(); }
   int64_t launched_in_backward() const { return launched_in_backward_; }  // last finish()
-  const std::vector<torch::Tensor>& flat() const { return flat_; }
+  const std::vector<torch::Tensor>& flat() const { return flat_; }  // empty with sharded gradients
 
   // Sharded layout (sharded() only).
   bool sharded() const { return sharded_; }
+  bool grads_sharded() const { return grads_sharded_; }
   Communicator* comm() const { return comm_; }
-  int64_t shard_numel(std::size_t b) const { return flat_[b].numel() / world_; }
+  int64_t bucket_numel(std::size_t b) const { return bucket_len_[b]; }  // padding included
+  int64_t shard_numel(std::size_t b) const { return bucket_len_[b] / world_; }
   int64_t shard_offset(std::size_t b) const { return rank_ * shard_numel(b); }  // in bucket b
-  torch::Tensor grad_shard(std::size_t b) const { return flat_[b].narrow(0, shard_offset(b), shard_numel(b)); }
+  // The summed gradient of this rank's slice of bucket b (after finish()): a view into
+  // the bucket, or (sharded gradients) the fp32 accumulator.
+  torch::Tensor grad_shard(std::size_t b) const {
+    return grads_sharded_ ? acc_[b] : flat_[b].narrow(0, shard_offset(b), shard_numel(b));
+  }
+  int64_t gradient_bytes() const;  // gradient memory this rank keeps between steps
   torch::Tensor param_flat(std::size_t b) const { return param_flat_[b]; }
   torch::Tensor param_shard(std::size_t b) const { return param_flat_[b].narrow(0, shard_offset(b), shard_numel(b)); }
   // Where parameter i lives: its bucket and element offset in that bucket.
@@ -67,7 +90,18 @@ class GradBuckets {
 
  private:
   void launch_ready_in_order(bool in_backward);
+  // Sharded gradients.
+  void stage(int64_t param);
+  void launch(int64_t b);
+  void drain();                 // waits for launched reductions, adds them to acc_
+  bool open_round(bool working);  // false: every rank is done (no round opened)
+  void flush_round();           // launches the round's remaining buckets, closes it
   std::vector<torch::Tensor> flat_;
+  std::vector<int64_t> bucket_len_;    // padded elements per bucket
+  std::vector<torch::Tensor> acc_, staging_;
+  std::vector<int64_t> in_flight_;     // buckets reduced, not yet added to acc_
+  std::vector<char> seen_;             // per parameter: staged in the open round
+  bool round_open_ = false;
   std::vector<torch::Tensor> param_flat_;  // sharded: parameter storage, same layout
   std::vector<int64_t> bucket_of_;     // per parameter
   std::vector<int64_t> offset_of_;     // per parameter: element offset in its bucket
@@ -75,7 +109,7 @@ class GradBuckets {
   std::vector<int64_t> pending_;
   std::vector<torch::Tensor> params_;
   Communicator* comm_;
-  bool sharded_ = false;
+  bool sharded_ = false, grads_sharded_ = false;
   int64_t rank_ = 0, world_ = 1;
   bool armed_ = false;
   int64_t next_launch_ = 0;

@@ -15,7 +15,7 @@ enum class Objective { grpo, pairwise, grpo_pairwise };
 enum class RatioMode { behaviour, decoupled };
 enum class Aggregation { token, sequence };
 enum class ScheduleKind { constant, linear, cosine };
-enum class ShardMode { none, optimizer };
+enum class ShardMode { none, optimizer, gradients };
 
 struct GrpoConfig {
   bool std_normalize = false;   // A = (r - mean) / (std + adv_eps) instead of r - mean
@@ -71,8 +71,9 @@ struct LearnerConfig {
   int64_t ranks = 1;
   std::string comm = "auto";        // auto | cpu | nccl
   int64_t bucket_mb = 25;
-  // Sharded training state (docs/learner.md "Sharded state"): none, or optimizer (fp32
-  // master weights and Adam moments split over the ranks, ZeRO style).
+  // Sharded training state (docs/learner.md "Sharded state"): none; optimizer (fp32
+  // master weights and Adam moments split over the ranks, ZeRO-1); gradients (and the
+  // gradients too, ZeRO-2).
   ShardMode shard = ShardMode::none;
   int64_t snapshot_every = 1;
   std::string snapshot_dtype = "bf16";
