@@ -25,12 +25,14 @@ struct ShardRun {
 
 // A run folder <dir>/<tag> with config <dir>/<tag>.yaml (weight decay on, and a gradient clip
 // of 0.1 that binds: the norms are ~0.5); `learner_yaml` is appended to
-// the learner section (two-space indented keys). args: extra kf-learner arguments.
+// the learner section (two-space indented keys). args: extra kf-learner arguments;
+// groups: learner.groups_per_step over all ranks.
 inline ShardRun run_shard_ranks(const std::string& dir, const std::string& tag, int ranks, int steps,
                                 const std::string& learner_yaml, const std::vector<std::string>& args = {},
-                                const std::string& run_dir = "") {
+                                const std::string& run_dir = "", int groups = 8) {
   const std::string cfg = dir + "/" + tag + ".yaml";
-  write_text(cfg, "run:\n  name: " + tag + "\n  root: " + dir + "\n  seed: 5\nlearner:\n  groups_per_step: 8\n"
+  write_text(cfg, "run:\n  name: " + tag + "\n  root: " + dir + "\n  seed: 5\nlearner:\n  groups_per_step: " +
+                  std::to_string(groups) + "\n"
                   "  micro_batch_tokens: 96\n  deterministic: true\n  optim:\n    lr: 1.0e-3\n    weight_decay: 0.01\n    grad_clip: 0.1\n"
                   "  schedule:\n    warmup_steps: 0\n  snapshot:\n    every: 0\n  checkpoint:\n    every: 0\n" +
                   learner_yaml + "  dist:\n    ranks: " + std::to_string(ranks) + "\n");
