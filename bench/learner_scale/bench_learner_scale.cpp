@@ -86,7 +86,7 @@ int main(int argc, char** argv) {
   std::string shape = "tiny", device = "auto", weights = "fp32", comm_kind = "local";
   int64_t prompt = 32, completion = 64, seqs = 2, micro = 1, steps = 2, warmup = 1;
   double peak_tflops = 0;
-  bool shard = false, checkpointing = false;
+  bool shard = false, shard_grads = false, checkpointing = false;
   app.add_option("--shape", shape, "tiny, qwen2.5-0.5b or an HF config.json path");
   app.add_option("--prompt", prompt, "prompt tokens per sequence");
   app.add_option("--completion", completion, "completion tokens per sequence");
@@ -99,6 +99,7 @@ int main(int argc, char** argv) {
   app.add_option("--peak-tflops", peak_tflops, "peak dense TFLOP/s of the device for MFU (0: no MFU)");
   app.add_option("--comm", comm_kind, "local, or nccl (a 1-rank NCCL communicator: its collectives run for real)");
   app.add_flag("--shard", shard, "sharded optimizer state (learner.dist.shard: optimizer; 1 rank here)");
+  app.add_flag("--shard-grads", shard_grads, "sharded gradients too (learner.dist.shard: gradients; implies --shard)");
   app.add_flag("--checkpointing", checkpointing, "recompute decoder layers in backward");
   CLI11_PARSE(app, argc, argv);
   try {
@@ -109,6 +110,7 @@ int main(int argc, char** argv) {
       dev = torch::Device(device);
     }
     if (dev.is_cuda() && !dev.has_index()) dev = torch::Device(torch::kCUDA, 0);
+    if (shard_grads) shard = true;
     if (weights != "fp32" && weights != "bf16") throw kf::Error("--weights: '" + weights + "' (fp32 or bf16)");
     if (weights == "bf16" && !shard) throw kf::Error("--weights bf16 needs --shard (the fp32 master lives in the sharded optimizer)");
     if (seqs < 1 || micro < 1 || prompt < 1 || completion < 1 || steps < 1)
@@ -137,7 +139,8 @@ int main(int argc, char** argv) {
     } else {
       throw kf::Error("--comm: '" + comm_kind + "' (local or nccl)");
     }
-    GradBuckets buckets(params, 25u << 20, comm.get(), shard);
+    GradBuckets buckets(params, 25u << 20, comm.get(),
+                        shard_grads ? ShardMode::gradients : shard ? ShardMode::optimizer : ShardMode::none);
     OptimConfig oc;
     oc.lr = 1e-6;
     AdamW opt(params, oc, &buckets);
@@ -214,7 +217,7 @@ int main(int argc, char** argv) {
     int64_t n_params = 0;
     for (const auto& p : params) n_params += p.second.numel();
     const std::string cs = shape.substr(shape.rfind('/') + 1) + "/p" + std::to_string(prompt) + "c" +
-                           std::to_string(completion) + "x" + std::to_string(seqs) + (shard ? "/shard" : "") +
+                           std::to_string(completion) + "x" + std::to_string(seqs) + (shard_grads ? "/shardgrads" : shard ? "/shard" : "") +
                            "/" + weights + (comm_kind == "nccl" ? "/nccl" : "");
     std::printf("bench_learner_scale: %s on %s, %lld parameters, %s weights%s%s, %lld seqs x %lld tokens "
                 "(micro-batch %lld seqs)\n",
@@ -243,6 +246,7 @@ int main(int argc, char** argv) {
     }
     row("peak_memory", peak_mem / (1 << 30), dev.is_cuda() ? "GiB (device)" : "GiB (host RSS)");
     row("optimizer_state", static_cast<double>(opt.state_bytes()) / (1 << 30), "GiB");
+    row("gradient_buffers", static_cast<double>(buckets.gradient_bytes()) / (1 << 30), "GiB");
     for (const auto& l : bench_rows) std::printf("%s\n", l.c_str());
     return 0;
   } catch (const std::exception& e) {

@@ -5,9 +5,10 @@
 # 2. Qwen2.5-Coder-1.5B shape, full fine-tuning, prompt 2k + completion 4k, bf16 autocast:
 #    phase split, tokens/s, MFU against PEAK_TFLOPS, peak memory; with and without
 #    recomputation; then the sharded optimizer at one rank (fp32 weights; bf16 weights with
-#    the fp32 master) and through a 1-rank NCCL communicator (reduce-scatter/all-gather run);
+#    the fp32 master) and through a 1-rank NCCL communicator (reduce-scatter/all-gather run),
+#    and sharded gradients through it;
 # 3. with 2 or more GPUs: kf-learner over NCCL on 2 ranks, learner.dist.shard none against
-#    optimizer on the same synthetic data (3 steps): every rank's checksum must agree within a
+#    optimizer and gradients on the same synthetic data (3 steps): every rank's checksum must agree within a
 #    run, and the two runs' weights within 2e-4 absolute, under a tenth of the 3-step update
 #    (NCCL's reduce-scatter and all-reduce may sum in different orders, and Adam enlarges that
 #    for near-zero gradients, so not bitwise on GPU).
@@ -45,10 +46,11 @@ run 1p5b_full_recompute --shape $S15 --prompt 2048 --completion 4096 --seqs "$SE
 run 1p5b_shard      --shape $S15 --prompt 2048 --completion 4096 --seqs "$SEQS" --steps 3 --warmup 1 --shard
 run 1p5b_shard_bf16 --shape $S15 --prompt 2048 --completion 4096 --seqs "$SEQS" --steps 3 --warmup 1 --shard --weights bf16
 run 1p5b_shard_nccl --shape $S15 --prompt 2048 --completion 4096 --seqs "$SEQS" --steps 3 --warmup 1 --shard --comm nccl
+run 1p5b_shardgrads_nccl --shape $S15 --prompt 2048 --completion 4096 --seqs "$SEQS" --steps 3 --warmup 1 --shard-grads --comm nccl
 
 if [ "$NGPU" -ge 2 ]; then
-  echo "== 2 ranks over NCCL: learner.dist.shard none vs optimizer (kf-learner, synthetic, 3 steps)"
-  for mode in none optimizer; do
+  echo "== 2 ranks over NCCL: learner.dist.shard none vs optimizer vs gradients (kf-learner, synthetic, 3 steps)"
+  for mode in none optimizer gradients; do
     d="$OUTDIR/shard_$mode"; rm -rf "$d"; mkdir -p "$d"
     printf 'run:\n  name: shard-%s\n  root: %s\n  seed: 5\nlearner:\n  groups_per_step: 8\n  micro_batch_tokens: 96\n  optim:\n    lr: 1.0e-3\n  schedule:\n    warmup_steps: 0\n  snapshot:\n    every: 0\n  checkpoint:\n    every: 0\n  dist:\n    ranks: 2\n    comm: nccl\n    shard: %s\n' \
       "$mode" "$d" "$mode" > "$d/c.yaml"
@@ -61,16 +63,18 @@ if [ "$NGPU" -ge 2 ]; then
     echo "   $mode: rank0 $c0, rank1 $c1; $(grep -o 'AdamW state [^;]*' "$d/rank0.log" | head -1)"
     [ -n "$c0" ] && [ "$c0" = "$c1" ] || { rc=1; echo "   $mode: ranks disagree"; }
   done
-  "$PY" - "$OUTDIR/shard_none/weights.safetensors" "$OUTDIR/shard_optimizer/weights.safetensors" <<'PYEOF' || rc=1
+  for mode in optimizer gradients; do
+  "$PY" - "$OUTDIR/shard_none/weights.safetensors" "$OUTDIR/shard_$mode/weights.safetensors" "$mode" <<'PYEOF' || rc=1
 import sys
 from safetensors.torch import load_file
 a, b = load_file(sys.argv[1]), load_file(sys.argv[2])
 assert a.keys() == b.keys(), "tensor names differ"
 worst = max((a[k].float() - b[k].float()).abs().max().item() for k in a)
 bitwise = all(a[k].equal(b[k]) for k in a)
-print(f"   sharded vs unsharded over NCCL: max |difference| {worst:.3g} (3 steps of lr 1e-3 move weights ~3e-3; bitwise: {bitwise})")
+print(f"   shard {sys.argv[3]} vs none over NCCL: max |difference| {worst:.3g} (3 steps of lr 1e-3 move weights ~3e-3; bitwise: {bitwise})")
 sys.exit(0 if worst < 2e-4 else 1)
 PYEOF
+  done
 else
   echo "== one GPU: the 2-rank NCCL comparison needs 2 GPUs (skipped)"
 fi
