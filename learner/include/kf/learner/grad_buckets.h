@@ -25,11 +25,12 @@
 // bucket is reduce-scattered and its owned slice added to the accumulator, then the
 // staging buffer is freed (with NCCL, at most 3 reductions stay in flight). So every
 // micro-batch is reduced, in "rounds": a rank opens a round (a one-number all-reduce,
-// "is anyone still computing") when its first bucket of a backward completes, and
+// "is anyone still computing") when the first gradient of a backward arrives, and
 // finish() keeps answering "done" and joining the others' rounds with zero buffers until
 // every rank is done. Ranks with fewer micro-batches therefore issue the same collectives
 // in the same order as the others. A round's buckets that did not complete (a parameter
 // unused in that backward) are launched when the next backward starts or at finish().
+// So no other collective may run between the first backward of a step and finish().
 // Threading: the learner thread, plus the autograd thread inside backward().
 #pragma once
 #include <torch/torch.h>
