@@ -752,3 +752,181 @@ TEST(LaunchTest, LearnerKilledBeforeItsFirstCheckpointKeepsVersionsMonotonic) {
   }
   EXPECT_GT(lines, 3);
 }
+
+// ---- Several nodes: a head (learner, actor, Redis server, bridge) and two evaluator
+// nodes, each its own tools/launch process; one evaluator node is SIGKILLed mid-run with
+// its evaluators. In network namespaces joined by veth pairs when the test may make
+// them (CAP_NET_ADMIN, iproute2), else on loopback (a printed note says so).
+
+namespace {
+bool has_cap_net_admin() {
+  std::ifstream in("/proc/self/status");
+  for (std::string l; std::getline(in, l);)
+    if (l.rfind("CapEff:", 0) == 0) return (std::stoull(l.substr(7), nullptr, 16) >> 12) & 1;  // CAP_NET_ADMIN = 12
+  return false;
+}
+
+bool sh_ok(const std::string& cmd, std::string* out = nullptr) {
+  std::string text;
+  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
+  if (!p) return false;
+  char buf[512];
+  while (std::fgets(buf, sizeof buf, p)) text += buf;
+  if (out) *out = text;
+  return ::pclose(p) == 0;
+}
+
+// Namespaces <p>h (head) and <p>1, <p>2 (evaluator nodes); veth head<->node k on 10.79.k.0/24,
+// the head at 10.79.k.1.
+struct Nodes {
+  std::string p = "kfl" + std::to_string(getpid());
+  std::vector<std::string> made;
+  std::string error;
+  bool setup() {
+    std::vector<std::string> cmds = {"ip netns add " + p + "h", "ip -n " + p + "h link set lo up"};
+    for (int k = 1; k <= 2; ++k) {
+      const std::string ns = p + std::to_string(k), a = p + "a" + std::to_string(k), b = p + "b" + std::to_string(k),
+                        net = "10.79." + std::to_string(k);
+      for (const std::string& c :
+           {"ip netns add " + ns, "ip -n " + ns + " link set lo up", "ip link add " + a + " type veth peer name " + b,
+            "ip link set " + a + " netns " + p + "h", "ip link set " + b + " netns " + ns,
+            "ip -n " + p + "h addr add " + net + ".1/24 dev " + a, "ip -n " + ns + " addr add " + net + ".2/24 dev " + b,
+            "ip -n " + p + "h link set " + a + " up", "ip -n " + ns + " link set " + b + " up"})
+        cmds.push_back(c);
+    }
+    for (const auto& c : cmds) {
+      std::string out;
+      const bool ok = sh_ok(c, &out);
+      if (c.rfind("ip netns add ", 0) == 0 && ok) made.push_back(c.substr(13));
+      if (!ok) {
+        error = "'" + c + "' failed: " + out;
+        return false;
+      }
+    }
+    return true;
+  }
+  ~Nodes() {
+    for (const auto& n : made) sh_ok("ip netns del " + n);  // removes the veth pairs too
+  }
+};
+
+// The launcher, optionally inside a network namespace (ip netns exec execs in place: same pid).
+Launch start_in(const std::string& ns, const std::vector<std::string>& args, const std::string& out) {
+  if (ns.empty()) return start(args, out);
+  Launch l;
+  l.out = out;
+  l.pid = ::fork();
+  if (l.pid == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    const int fd = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(fd, 1);
+    ::dup2(fd, 2);
+    std::vector<std::string> a = {"/usr/sbin/ip", "netns", "exec", ns, t::build_dir() + "/tools/kf-launch"};
+    if (::access(a[0].c_str(), X_OK) != 0) a[0] = "/sbin/ip";
+    a.insert(a.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (auto& s : a) argv.push_back(s.data());
+    argv.push_back(nullptr);
+    ::execv(argv[0], argv.data());
+    _exit(127);
+  }
+  return l;
+}
+
+std::vector<pid_t> children_of(pid_t parent) {
+  std::vector<pid_t> out;
+  for (const auto& n : kf::list_dir("/proc")) {
+    if (n.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::istringstream in(slurp("/proc/" + n + "/stat"));
+    std::string pid, comm, state;
+    pid_t ppid = 0;
+    // comm may hold spaces; it ends at the last ')'
+    const std::string s = in.str();
+    const auto close = s.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(s.substr(close + 2));
+    rest >> state >> ppid;
+    if (ppid == parent) out.push_back(std::stoi(n));
+  }
+  return out;
+}
+
+std::size_t count_of(const std::string& text, const std::string& what) {
+  std::size_t n = 0;
+  for (auto p = text.find(what); p != std::string::npos; p = text.find(what, p + 1)) ++n;
+  return n;
+}
+}  // namespace
+
+TEST(LaunchClusterTest, HeadAndTwoEvaluatorNodesOneKilledLosesNoCandidate) {
+  NEED_LAUNCH();
+  if (::access("/usr/bin/redis-server", X_OK) != 0 && !sh_ok("command -v redis-server"))
+    GTEST_SKIP() << "redis-server is not installed (setup.sh installs it)";
+  t::TempDir tmp("launch-cluster");
+  Nodes nodes;
+  bool netns = has_cap_net_admin() && nodes.setup();
+  if (!netns)
+    std::printf("note: %s; the three nodes run on loopback instead of in network namespaces\n",
+                has_cap_net_admin() ? ("cannot make network namespaces: " + nodes.error).c_str()
+                                    : "no CAP_NET_ADMIN");
+  const std::string head_ns = netns ? nodes.p + "h" : "", ns1 = netns ? nodes.p + "1" : "", ns2 = netns ? nodes.p + "2" : "";
+  const std::string addr1 = netns ? "10.79.1.1" : "127.0.0.1", addr2 = netns ? "10.79.2.1" : "127.0.0.1";
+  const int port = 20000 + getpid() % 20000;
+  const std::string name = "cl" + std::to_string(getpid());
+  const int steps = 4;
+  const std::string cfg = write_config(
+      tmp.path, steps,
+      "cluster:\n  redis: {port: " + std::to_string(port) + ", bind: [" + addr1 + (netns ? ", " + addr2 : "") +
+          "], claim_idle_s: 4, gone_after_s: 4}\n");
+  ::setenv("KF_REDIS_PASSWORD", ("pw" + std::to_string(getpid()) + "x7Q").c_str(), 1);
+  const std::string run = tmp.path + "/runs/" + name;
+  // The drain waits for what is on the network: the queue's 8 candidates, one node left.
+  auto head = start_in(head_ns, {cfg, "--name", name, "--set", "cluster.role=head", "--set", "cluster.redis.host=" + addr1,
+                                 "--set", "launch.drain_timeout_s=120"},
+                       tmp.path + "/head.txt");
+  auto ev1 = start_in(ns1, {cfg, "--name", name, "--set", "cluster.role=evaluators", "--set", "cluster.node_name=n1",
+                            "--set", "cluster.redis.host=" + addr1},
+                      tmp.path + "/n1.txt");
+  auto ev2 = start_in(ns2, {cfg, "--name", name, "--set", "cluster.role=evaluators", "--set", "cluster.node_name=n2",
+                            "--set", "cluster.redis.host=" + addr2},
+                      tmp.path + "/n2.txt");
+  const std::string n2_log = run + ".n2/logs/evaluator-0.out";
+  // Node 2 scored a candidate and took its next one: kill it and its evaluator mid-run.
+  ASSERT_TRUE(wait_until([&] { return count_of(slurp(n2_log), " of 001_relu (level") >= 2; }, 150))
+      << slurp(tmp.path + "/head.txt") << slurp(n2_log);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  for (pid_t c : children_of(ev2.pid)) ::kill(c, SIGKILL);
+  ::kill(ev2.pid, SIGKILL);
+  EXPECT_EQ(wait_for(ev2, 10), -SIGKILL);
+
+  ASSERT_EQ(wait_for(head, 240), 0) << slurp(tmp.path + "/head.txt");
+  EXPECT_EQ(wait_for(ev1, 60), 0) << slurp(tmp.path + "/n1.txt");
+  EXPECT_GE(learner_step(run), steps);
+  const std::string log = slurp(run + "/logs/launch-0.log");
+  // The closing account: everything created was scored, nothing lost, nothing left over.
+  std::smatch m;
+  const std::regex ledger("candidates of this session: created ([0-9]+) = scored ([0-9]+) \\+ lost ([0-9]+) \\([^)]*\\) "
+                          "\\+ queued ([0-9]+) \\+ in flight ([0-9]+)");
+  ASSERT_TRUE(std::regex_search(log, m, ledger)) << log;
+  EXPECT_GT(std::stoll(m[1]), 0) << m[0];
+  EXPECT_EQ(std::stoll(m[1]), std::stoll(m[2])) << log;
+  EXPECT_EQ(std::stoll(m[3]), 0) << m[0];
+  EXPECT_EQ(std::stoll(m[4]) + std::stoll(m[5]), 0) << m[0];
+  // Every candidate went over the network and came back once.
+  const std::regex bridge("redis bridge: sent ([0-9]+) candidate\\(s\\) to remote evaluators, ([0-9]+) result\\(s\\) back, "
+                          "([0-9]+) duplicate result\\(s\\) dropped, ([0-9]+) result\\(s\\) not stored, ([0-9]+) still");
+  ASSERT_TRUE(std::regex_search(log, m, bridge)) << log;
+  EXPECT_EQ(m[1], m[2]) << m[0];
+  EXPECT_EQ(std::stoll(m[4]) + std::stoll(m[5]), 0) << m[0];
+  // Node 1 took over what node 2's evaluator held when it died.
+  const std::string n1 = slurp(run + ".n1/logs/evaluator-0.out");
+  EXPECT_NE(n1.find("was claimed from a dead or stalled evaluator"), std::string::npos) << n1;
+  EXPECT_GT(count_of(n1, " of 001_relu (level"), 0u);
+  // The server required the password and listened only where told.
+  const std::string conf = slurp(run + "/redis/redis.conf");
+  EXPECT_NE(conf.find("bind " + addr1), std::string::npos) << conf;
+  EXPECT_EQ(conf.find("0.0.0.0"), std::string::npos) << conf;
+  struct stat st {};
+  ASSERT_EQ(::stat((run + "/redis/redis.conf").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 077, 0u) << "the server's config (with the password) is readable by others";
+}
