@@ -18,6 +18,9 @@ int main(int argc, char** argv) {
   app.add_option("--base-model", opt.base_model,
                  "model folder the run started from (its tokenizer_config.json / chat template); "
                  "default: the checkpoint's copy, else the run's learner.policy");
+  app.add_flag("--peft", opt.peft,
+               "LoRA checkpoints: write a PEFT adapter folder (adapter_config.json + adapter_model.safetensors) "
+               "instead of merged weights");
   KF_CLI_PARSE(app, argc, argv);
   kf::log_init("export", 0);
   try {
