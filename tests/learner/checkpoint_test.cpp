@@ -144,6 +144,7 @@ TEST(LearnerCheckpointTest, FallbackRenamesCorruptFoldersAndARewriteNeverOverwri
 // unsharded format; resuming at the same world size continues bitwise like the straight
 // run, and resuming at another world size re-shards (each rank takes its slice of the
 // whole tensors): bitwise what an unsharded run resumed from that checkpoint does.
+// learner.dist.shard: gradients resumes bitwise as well.
 TEST(LearnerShardTest, ShardedResumeIsExactAndReshardsAtAnotherWorldSize) {
   namespace lt = kf::learner::test;
   TempDir tmp;
@@ -182,6 +183,17 @@ TEST(LearnerShardTest, ShardedResumeIsExactAndReshardsAtAnotherWorldSize) {
   EXPECT_TRUE(lt::bitwise_equal(reshard.weights, plain.weights))
       << "re-sharded resume differs from the unsharded one; max relative difference "
       << lt::max_rel_diff(reshard.weights, plain.weights);
+  // Sharded gradients (ZeRO-2) resume exactly too.
+  const std::string grads = "  dist:\n    shard: gradients\n", grun = tmp.path + "/grun";
+  const auto gstraight = lt::run_shard_ranks(tmp.path, "gstraight", 2, 4, grads);
+  const auto gfirst = lt::run_shard_ranks(tmp.path, "gfirst", 2, 2, grads, {"--final-checkpoint"}, grun);
+  const auto gresumed = lt::run_shard_ranks(tmp.path, "gresumed", 2, 4, grads, {"--resume"}, grun);
+  for (const auto* r : {&gstraight, &gfirst, &gresumed})
+    ASSERT_EQ(r->codes, (std::vector<int>{0, 0})) << r->logs[0] << r->logs[1];
+  EXPECT_TRUE(lt::bitwise_equal(gresumed.weights, gstraight.weights))
+      << "resumed sharded-gradients run differs from the straight one; max relative difference "
+      << lt::max_rel_diff(gresumed.weights, gstraight.weights);
+  EXPECT_EQ(gresumed.checksums, gstraight.checksums);
   std::map<std::string, torch::Tensor> at_two(model.begin(), model.end());
   EXPECT_FALSE(lt::bitwise_equal(reshard.weights, at_two)) << "the 4 ranks must have trained past step 2";
   EXPECT_EQ(reshard.steps.size(), 2u);
