@@ -71,6 +71,46 @@ TEST(WeightsBlobTest, RoundTripAndMismatchLeavesTheModelUntouched) {
   EXPECT_FALSE(check_weights_blob(a.model, junk.data(), junk.size(), "junk").ok);
 }
 
+// LoRA snapshots carry only the adapters. An actor's model without adapters takes them on
+// the first such blob and applies them unmerged, so its forward equals the learner's model;
+// a blob of another rank is refused and changes nothing.
+TEST(WeightsBlobTest, AdapterOnlyBlobAddsTheAdaptersAndMatchesTheSourceModel) {
+  auto src = test::tiny_policy(5), dst = test::tiny_policy(5);  // same base weights
+  kf::policy::LoraConfig lc;
+  lc.rank = 4;
+  lc.alpha = 8;
+  lc.targets = {"q_proj", "v_proj"};
+  src.model->enable_lora(lc, 9, torch::kFloat32);
+  {
+    torch::NoGradGuard g;
+    for (auto& p : src.model->named_parameters())
+      if (p.key().find(".lora_B.") != std::string::npos) p.value().uniform_(-0.5, 0.5);  // a trained adapter
+  }
+  const auto blob = make_weights_blob(src.model, 7);
+  auto plain = test::tiny_policy(5);
+  const auto full = make_weights_blob(plain.model, 7);
+  EXPECT_LT(blob.size() * 4, full.size()) << "an adapter-only blob must be much smaller than the model";
+  ASSERT_TRUE(check_weights_blob(dst.model, blob.data(), blob.size(), "lora v7").ok);
+  const auto base_before = dst.model->named_parameters()["model.norm.weight"].clone();
+  EXPECT_EQ(load_weights_blob(dst.model, blob.data(), blob.size(), "lora v7"), 7);
+  EXPECT_TRUE(torch::equal(dst.model->named_parameters()["model.norm.weight"], base_before));
+  int adapters = 0;
+  for (const auto& p : dst.model->named_parameters()) adapters += kf::policy::is_lora_param(p.key());
+  EXPECT_EQ(adapters, 2 * 2 * static_cast<int>(src.model->config().num_hidden_layers));
+  torch::NoGradGuard g;
+  const auto ids = torch::tensor(std::vector<int64_t>{'a', 'b', 'c', 'd'}).unsqueeze(0);
+  EXPECT_TRUE(torch::allclose(src.model->forward(ids), dst.model->forward(ids), 1e-5, 1e-6));
+  // Another rank: refused by check, the model unchanged.
+  auto other = test::tiny_policy(5);
+  lc.rank = 2;
+  other.model->enable_lora(lc, 9, torch::kFloat32);
+  const auto bad = make_weights_blob(other.model, 8);
+  const auto c = check_weights_blob(dst.model, bad.data(), bad.size(), "lora v8");
+  EXPECT_FALSE(c.ok);
+  EXPECT_NE(c.error.find("lora v8"), std::string::npos) << c.error;
+  EXPECT_TRUE(torch::allclose(src.model->forward(ids), dst.model->forward(ids), 1e-5, 1e-6));
+}
+
 namespace {
 
 struct RunFixture {
