@@ -260,8 +260,11 @@ struct RemoteBridge::Impl {
   Impl(replay::RunShm& s, const ClusterOptions& o, bool tod, netqueue::StreamQueue q_out, netqueue::StreamQueue q_in)
       : shm(s), co(o), train_on_degenerate(tod), out(std::move(q_out)), in(std::move(q_in)) {}
 
+  std::size_t dead_seen = 0;  // entries of kf:candidates:dead already handled
+  std::chrono::steady_clock::time_point next_dead_check{};
   void results_back();
   void candidates_out(bool wait);
+  void dead_letters();
   void loop();
 };
 
@@ -344,10 +347,47 @@ void RemoteBridge::Impl::candidates_out(bool wait) {
   c.on_network = held.size();
 }
 
+// A candidate that killed or hung cluster.redis max deliveries' evaluators is moved to
+// kf:candidates:dead by the queue and never comes back: its claim here is dropped
+// (counted lost, "dropped", in the candidate account), one line each.
+void RemoteBridge::Impl::dead_letters() {
+  const auto now = std::chrono::steady_clock::now();
+  if (now < next_dead_check) return;
+  next_dead_check = now + 2s;
+  const uint64_t dead = out.depth().dead;
+  if (dead <= dead_seen) return;
+  const auto entries = out.dead_letters(static_cast<std::size_t>(dead));
+  for (std::size_t i = dead_seen; i < entries.size(); ++i) {
+    const auto& f = entries[i];
+    std::string reason, tag;
+    for (std::size_t k = 0; k + 1 < f.size(); k += 2) {
+      if (f[k] == "reason") reason = f[k + 1];
+      if (f[k] == "t") tag = f[k + 1];
+    }
+    uint64_t id = 0;
+    try {
+      id = std::stoull(tag);
+    } catch (...) {
+      continue;
+    }
+    auto it = held.find(id);
+    if (it == held.end()) continue;
+    shm.candidates().raw().drop(&it->second.claim, 1);
+    log_error("launch: redis bridge: candidate ", id, " of ", it->second.task, " was moved to kf:candidates:dead (",
+              reason, "); counted lost (dropped), its group completes at its deadline");
+    held.erase(it);
+    std::lock_guard<std::mutex> g(mu);
+    ++c.dead;
+    c.on_network = held.size();
+  }
+  dead_seen = entries.size();
+}
+
 void RemoteBridge::Impl::loop() {
   while (!stop.load()) {
     try {
       results_back();
+      dead_letters();
       candidates_out(held.empty());
       if (failing) log_info("launch: redis bridge: the server at ", co.host, ":", co.port, " answers again");
       failing = false;

@@ -441,7 +441,7 @@ void Launcher::Impl::stop_network() {
     const BridgeCounters c = bridge->counters();
     log_info("launch: redis bridge: sent ", c.sent, " candidate(s) to remote evaluators, ", c.results,
              " result(s) back, ", c.duplicates, " duplicate result(s) dropped, ", c.unstored,
-             " result(s) not stored, ", c.on_network, " still on the network (counted in flight), ", c.errors,
+             " result(s) not stored, ", c.dead, " dead-lettered, ", c.on_network, " still on the network (counted in flight), ", c.errors,
              " redis error(s)");
     bridge.reset();
   }
