@@ -227,6 +227,8 @@ void save_model_config(const ModelConfig& c, const std::string& path) {
 }
 
 ModelConfig named_model_shape(const std::string& name) {
+  // A config.json path (configs/shapes/): the exact shape of a Hugging Face model, random init.
+  if (name.size() > 5 && name.compare(name.size() - 5, 5, ".json") == 0) return load_model_config(name);
   ModelConfig c;
   c.model_type = "qwen2";
   c.qkv_bias = true;
@@ -255,7 +257,7 @@ ModelConfig named_model_shape(const std::string& name) {
     c.tie_word_embeddings = true;
     c.eos_token_ids = {151643, 151645};
   } else {
-    throw Error("learner.init_shape: unknown model shape '" + name + "' (tiny, qwen2.5-0.5b)");
+    throw Error("learner.init_shape: unknown model shape '" + name + "' (tiny, qwen2.5-0.5b, or a config.json path)");
   }
   c.validate("learner.init_shape " + name);
   return c;

@@ -1,4 +1,8 @@
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
 
 #include "kf/common/error.h"
 #include "kf/policy/config.h"
@@ -74,4 +78,24 @@ TEST(PolicyConfigTest, WrittenConfigReadsBack) {
   EXPECT_EQ(back.num_key_value_heads, c.num_key_value_heads);
   EXPECT_DOUBLE_EQ(back.rope.theta, c.rope.theta);
   EXPECT_EQ(back.eos_token_ids, c.eos_token_ids);
+}
+
+// learner.init_shape: a built-in name or a config.json path (configs/shapes/), for a random
+// init of a real model's exact shape.
+TEST(PolicyConfigTest, NamedShapeTakesAConfigJsonPath) {
+  const std::string dir = ::testing::TempDir() + "/kf-shape-" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  { std::ofstream(dir + "/shape.json") << kQwen; }
+  const auto c = kf::policy::named_model_shape(dir + "/shape.json");
+  EXPECT_EQ(c.hidden_size, 64);
+  EXPECT_EQ(c.vocab_size, 100);
+  EXPECT_EQ(kf::policy::named_model_shape("tiny").vocab_size, 256);
+  try {
+    kf::policy::named_model_shape("huge");
+    FAIL() << "an unknown name must be refused";
+  } catch (const kf::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("or a config.json path"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(kf::policy::named_model_shape(dir + "/missing.json"), kf::Error);
+  std::filesystem::remove_all(dir);
 }
