@@ -64,7 +64,7 @@ tests)
   wait $ip
   stamp imported
   export KF_BUILD_DIR=$PWD/build-gpu KF_SOURCE_DIR=$PWD KF_PYTHON="$PY"
-  timeout 200 build-gpu/tests/evaluator/evaluator_core_test --gtest_filter='Sandbox*:Compile*' > "$OUTDIR/core_test.log" 2>&1; rc1=$?
+  timeout 200 build-gpu/tests/evaluator/evaluator_core_test --gtest_filter="${KF_CORE_FILTER:-Sandbox*:Compile*}" > "$OUTDIR/core_test.log" 2>&1; rc1=$?
   grep -E "FAILED|PASSED|ms of CPU|call [0-9]|Failure|Which is" "$OUTDIR/core_test.log" | head -60
   stamp "core tests rc $rc1"
   timeout "${KF_TEST_TIMEOUT:-300}" build-gpu/tests/evaluator/evaluator_test --gtest_filter="${KF_EVAL_FILTER:-*cuda*:*Cuda*}" > "$OUTDIR/evaluator_test.log" 2>&1; rc2=$?
