@@ -474,6 +474,22 @@ int run_evaluator_node(const Config& cfg, const RunDir& run, const std::string& 
   if (n == 0) n = gpus > 0 ? gpus : 1;
   const std::string bin = binary_dir + "/evaluator/kf-evaluator";
   if (access(bin.c_str(), X_OK) != 0) throw Error("launch: " + bin + " is not built (run ./setup.sh)");
+  // The GPUs this node may use: the launcher's CUDA_VISIBLE_DEVICES (Slurm's --gres sets
+  // it), else 0..gpus-1. Evaluator i gets entry i mod their count.
+  std::vector<std::string> gpu_ids;
+  if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES"); v && *v) {
+    std::string cur;
+    for (char ch : std::string(v) + ",") {
+      if (ch == ',') {
+        if (!cur.empty()) gpu_ids.push_back(cur);
+        cur.clear();
+      } else if (ch != ' ') {
+        cur += ch;
+      }
+    }
+  }
+  if (gpu_ids.empty())
+    for (int g = 0; g < gpus; ++g) gpu_ids.push_back(std::to_string(g));
   Supervisor sup;
   for (int i = 0; i < n; ++i) {
     WorkerSpec w;
@@ -481,7 +497,7 @@ int run_evaluator_node(const Config& cfg, const RunDir& run, const std::string& 
     w.id = i;
     w.argv = {bin, "--remote", "--config", run.path() + "/config.yaml", "--id", std::to_string(i), "--device", "0",
               "--run-dir", run.path()};
-    if (gpus > 0) w.env.push_back("CUDA_VISIBLE_DEVICES=" + std::to_string(i % gpus));
+    if (gpus > 0) w.env.push_back("CUDA_VISIBLE_DEVICES=" + gpu_ids[static_cast<std::size_t>(i) % gpu_ids.size()]);
     w.env.push_back("TMPDIR=" + scratch_dir(run, "evaluator", i));
     w.log_path = run.sub("logs") + "/evaluator-" + std::to_string(i) + ".out";
     sup.add(w);

@@ -161,7 +161,9 @@ int main(int argc, char** argv) {
         // The batch script's launcher: one launcher per node through srun. Every node
         // needs the same Redis password: made here when the environment has none.
         const std::string pw_env = cfg.get_string("cluster.redis.password_env");
-        if (plan.nodes > 1 && !pw_env.empty() && !std::getenv(pw_env.c_str())) {
+        if (print_srun && plan.nodes > 1 && !std::getenv(pw_env.c_str()))
+          kf::log_warn("--slurm: $", pw_env, " is unset: export the same Redis password before running this line");
+        if (!print_srun && plan.nodes > 1 && !pw_env.empty() && !std::getenv(pw_env.c_str())) {
           std::string pw;
           std::ifstream rnd("/dev/urandom", std::ios::binary);
           for (int i = 0; i < 24 && rnd; ++i) pw += "0123456789abcdefghijklmnopqrstuvwxyz"[static_cast<unsigned char>(rnd.get()) % 36];

@@ -97,7 +97,9 @@ void preflight(const Config& cfg) {
   if (!file_readable(actors::resolve_tree_path(ao.template_path)))
     throw Error("actors.prompt.template: cannot read " + ao.template_path);
   if (!lc.policy.empty()) check_policy_folder(lc.policy);
-  (void)cluster_options(cfg);  // role, addresses, the password's environment variable
+  // role, addresses, the password's environment variable
+  if (cluster_options(cfg).remote() && cfg.get_string("launch.mode") != "cluster")
+    throw Error("cluster.role: " + cfg.get_string("cluster.role") + " needs launch.mode: cluster (serial runs one process)");
   check_run_name(cfg.get_string("run.name"), "run.name");
   // Without periodic checkpoints a crash of the learner or the launcher loses the run.
   if (cfg.get_int("learner.checkpoint.every") < 1)
@@ -477,6 +479,7 @@ Status Launcher::Impl::status() {
   s.step = learner_step;
   s.step_budget = cfg.get_int("learner.steps");
   s.time_budget_s = cfg.get_float("launch.max_minutes") * 60;
+  if (bridge) monitor.set_remote_verified(bridge->counters().results);
   monitor.sample_rates(s.elapsed_s, s);
   const auto cq = shm->candidates().raw().stats();
   const auto rq = shm->results().raw().stats();

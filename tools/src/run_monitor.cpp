@@ -126,7 +126,7 @@ ResultSummary RunMonitor::results() const {
 }
 
 void RunMonitor::sample_rates(double elapsed_s, Status& s) {
-  RateSample now{elapsed_s, counters_.sum("actor", kActorPushed), counters_.sum("evaluator", kEvalScored),
+  RateSample now{elapsed_s, counters_.sum("actor", kActorPushed), counters_.sum("evaluator", kEvalScored) + remote_verified_,
                  counters_.sum("actor", kActorLagSum)};
   rate_.push_back(now);
   while (rate_.size() > 2 && rate_.front().t < elapsed_s - 10.0) rate_.pop_front();

@@ -91,6 +91,9 @@ class RunMonitor {
   // Records one sample of the cumulative counts (call about once a second) and fills
   // the rates of `s` over the last ~10 s.
   void sample_rates(double elapsed_s, Status& s);
+  // Candidates verified on evaluator nodes (the head's bridge counts their results; their
+  // processes are not in this node's control block): added to `verified`.
+  void set_remote_verified(uint64_t n) { remote_verified_ = n; }
 
   nlohmann::json to_json() const;            // the resume state (totals, not windows)
   // Fills s.eta_s / s.eta_reason from s.step, s.step_budget and s.time_budget_s (sample_rates
@@ -115,6 +118,7 @@ class RunMonitor {
     uint64_t samples, verified, lag_sum;
   };
   std::deque<RateSample> rate_;
+  uint64_t remote_verified_ = 0;            // results from evaluator nodes (set_remote_verified)
   double first_step_t_ = -1;                // when this launcher first saw a learner step
   int64_t first_step_ = 0;
 };
