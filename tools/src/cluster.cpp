@@ -211,6 +211,10 @@ HeadServer::HeadServer(const ClusterOptions& co, const RunDir& run) {
   so.user = "kf";
   so.password = co.password;
   so.dir = run.sub("redis");
+  if (so.dir[0] != '/') {  // redis-server resolves its log file against its own folder
+    char cwd[4096];
+    if (::getcwd(cwd, sizeof cwd)) so.dir = std::string(cwd) + "/" + so.dir;
+  }
   std::string bind;
   for (const auto& b : co.bind) bind += (bind.empty() ? "" : ",") + b;
   impl_ = std::make_unique<Impl>(Impl{netqueue::RedisServer::start(so), bind});
