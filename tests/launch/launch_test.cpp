@@ -931,3 +931,54 @@ TEST(LaunchClusterTest, HeadAndTwoEvaluatorNodesOneKilledLosesNoCandidate) {
   ASSERT_EQ(::stat((run + "/redis/redis.conf").c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 077, 0u) << "the server's config (with the password) is readable by others";
 }
+
+// The whole allocation dies (head and evaluator node SIGKILLed with every child); --resume
+// on both nodes finishes the run. The candidates the dead head had on the network are
+// counted lost (launcher died) by the resumed head; the new session loses none.
+TEST(LaunchClusterTest, WholeAllocationKilledThenResumedFinishes) {
+  NEED_LAUNCH();
+  if (::access("/usr/bin/redis-server", X_OK) != 0 && !sh_ok("command -v redis-server"))
+    GTEST_SKIP() << "redis-server is not installed (setup.sh installs it)";
+  t::TempDir tmp("launch-cluster");
+  const int port = 20000 + (getpid() + 7919) % 20000;
+  const std::string name = "cr" + std::to_string(getpid());
+  const int steps = 4;
+  const std::string cfg = write_config(tmp.path, steps,
+                                       "cluster:\n  redis: {port: " + std::to_string(port) +
+                                           ", claim_idle_s: 4, gone_after_s: 3}\n");
+  ::setenv("KF_REDIS_PASSWORD", ("pw" + std::to_string(getpid()) + "r2Z").c_str(), 1);
+  const std::string run = tmp.path + "/runs/" + name;
+  const std::vector<std::string> node = {"--set", "cluster.role=evaluators", "--set", "cluster.node_name=n1"};
+  auto head = start({cfg, "--name", name, "--set", "cluster.role=head"}, tmp.path + "/head.txt");
+  std::vector<std::string> a = {cfg, "--name", name};
+  a.insert(a.end(), node.begin(), node.end());
+  auto ev = start(a, tmp.path + "/n1.txt");
+  ASSERT_TRUE(wait_until([&] { return learner_step(run) >= 2 && !checkpoints(run).empty(); }, 180))
+      << slurp(tmp.path + "/head.txt");
+  for (const Launch* l : {&head, &ev}) {
+    for (pid_t c : children_of(l->pid)) ::kill(c, SIGKILL);
+    ::kill(l->pid, SIGKILL);
+    EXPECT_EQ(wait_for(*l, 10), -SIGKILL);
+  }
+  std::vector<std::string> r = {"--resume", run};
+  auto head2 = start({"--resume", run}, tmp.path + "/head2.txt");
+  r.insert(r.end(), node.begin(), node.end());
+  auto ev2 = start(r, tmp.path + "/n1b.txt");
+  ASSERT_EQ(wait_for(head2, 240), 0) << slurp(tmp.path + "/head2.txt");
+  EXPECT_EQ(wait_for(ev2, 60), 0) << slurp(tmp.path + "/n1b.txt");
+  EXPECT_GE(learner_step(run), steps);
+  const std::string log = slurp(run + "/logs/launch-0.log");
+  std::smatch m;
+  // The dead session's account, closed by the resumed head: what it had out is lost.
+  const std::regex dead("candidates of the dead launcher's session: created ([0-9]+) = scored ([0-9]+) \\+ lost ([0-9]+) "
+                        "\\([^)]*launcher died ([0-9]+)\\) \\+ queued 0 \\+ in flight 0");
+  ASSERT_TRUE(std::regex_search(log, m, dead)) << log;
+  EXPECT_EQ(std::stoll(m[1]), std::stoll(m[2]) + std::stoll(m[3])) << m[0];
+  EXPECT_EQ(m[3], m[4]) << m[0];
+  const std::regex now("candidates of this session: created ([0-9]+) = scored ([0-9]+) \\+ lost ([0-9]+) \\([^)]*\\) "
+                       "\\+ queued ([0-9]+) \\+ in flight ([0-9]+)");
+  ASSERT_TRUE(std::regex_search(log, m, now)) << log;
+  EXPECT_GT(std::stoll(m[1]), 0) << m[0];
+  EXPECT_EQ(std::stoll(m[1]), std::stoll(m[2])) << m[0];
+  EXPECT_EQ(std::stoll(m[3]) + std::stoll(m[4]) + std::stoll(m[5]), 0) << m[0];
+}
