@@ -104,11 +104,10 @@ void EvaluatorService::give_back(replay::ShmQueue::Slot claim, uint64_t id, cons
            "); another evaluator scores it");
 }
 
-void EvaluatorService::log_verdict(const replay::Candidate& c, const Result& r, int level) {
-  if (!verdicts_.is_open()) return;
+std::string verdict_json_line(const replay::Candidate& c, const Result& r, int level, int evaluator_id) {
   const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   const nlohmann::json j = {{"t", now},
-                            {"evaluator", o_.evaluator_id},
+                            {"evaluator", evaluator_id},
                             {"candidate", c.id},
                             {"group", c.group_id},
                             {"task", c.task},
@@ -134,7 +133,12 @@ void EvaluatorService::log_verdict(const replay::Candidate& c, const Result& r, 
                             {"reason", r.reason.substr(0, 300)},
                             {"diagnostic", r.verdict == Verdict::CompileError ? first_diagnostic(r.diagnostics) : ""}};
   // A cut multi-byte character is replaced, not thrown on.
-  verdicts_ << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << '\n' << std::flush;
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+void EvaluatorService::log_verdict(const replay::Candidate& c, const Result& r, int level) {
+  if (!verdicts_.is_open()) return;
+  verdicts_ << verdict_json_line(c, r, level, o_.evaluator_id) << '\n' << std::flush;
   if (!verdicts_) {
     log_error("evaluator ", o_.evaluator_id, ": writing ", o_.verdict_log,
               " failed; the verdict log stops here, scoring goes on");

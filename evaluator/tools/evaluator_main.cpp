@@ -38,6 +38,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -86,6 +87,14 @@ int run_remote(const kf::Config& cfg, const kf::evaluator::EvalOptions& eo, cons
 
   kf::evaluator::Evaluator ev(eo);
   std::map<std::string, std::shared_ptr<const kf::tasks::Task>> tasks;
+  // The node's verdict log (--run-dir: <node folder>/metrics/verdicts-<id>.jsonl), the same
+  // lines as on one node, so tools/report reads an evaluator node's folder too.
+  std::ofstream verdicts;
+  if (!so.verdict_log.empty()) {
+    verdicts.open(so.verdict_log, std::ios::app);
+    if (!verdicts)
+      kf::log_error("evaluator ", id, ": cannot open ", so.verdict_log, " for append; scoring goes on without it");
+  }
   // The entry being verified, kept claimed by the keep-alive thread.
   std::mutex mu;
   std::string in_hand;
@@ -240,6 +249,13 @@ int run_remote(const kf::Config& cfg, const kf::evaluator::EvalOptions& eo, cons
       {
         std::lock_guard<std::mutex> g(mu);
         in_hand.clear();
+      }
+      if (verdicts.is_open()) {
+        verdicts << kf::evaluator::verdict_json_line(c, r, level, id) << '\n' << std::flush;
+        if (!verdicts) {
+          kf::log_error("evaluator ", id, ": writing ", so.verdict_log, " failed; the verdict log stops here");
+          verdicts.close();
+        }
       }
       kf::log_info("evaluator ", id, ": candidate ", c.id, " of ", c.task, " (level ", level, "): ",
                    kf::evaluator::verdict_name(r.verdict), r.reason.empty() ? "" : " (" + r.reason.substr(0, 300) + ")",

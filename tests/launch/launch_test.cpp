@@ -919,6 +919,14 @@ TEST(LaunchClusterTest, HeadAndTwoEvaluatorNodesOneKilledLosesNoCandidate) {
   ASSERT_TRUE(std::regex_search(log, m, bridge)) << log;
   EXPECT_EQ(m[1], m[2]) << m[0];
   EXPECT_EQ(std::stoll(m[4]) + std::stoll(m[5]) + std::stoll(m[6]), 0) << m[0];
+  // Each node's verdict log: together one line per scored candidate id.
+  std::set<uint64_t> ids;
+  for (const char* n : {".n1", ".n2"}) {
+    std::istringstream in(slurp(run + n + "/metrics/verdicts-0.jsonl"));
+    for (std::string line; std::getline(in, line);)
+      if (!line.empty()) ids.insert(nlohmann::json::parse(line).at("candidate").get<uint64_t>());
+  }
+  EXPECT_EQ(static_cast<int64_t>(ids.size()), std::stoll(m[2])) << m[0];
   // Node 1 took over what node 2's evaluator held when it died.
   const std::string n1 = slurp(run + ".n1/logs/evaluator-0.out");
   EXPECT_NE(n1.find("was claimed from a dead or stalled evaluator"), std::string::npos) << n1;
@@ -949,7 +957,9 @@ TEST(LaunchClusterTest, WholeAllocationKilledThenResumedFinishes) {
   ::setenv("KF_REDIS_PASSWORD", ("pw" + std::to_string(getpid()) + "r2Z").c_str(), 1);
   const std::string run = tmp.path + "/runs/" + name;
   const std::vector<std::string> node = {"--set", "cluster.role=evaluators", "--set", "cluster.node_name=n1"};
-  auto head = start({cfg, "--name", name, "--set", "cluster.role=head"}, tmp.path + "/head.txt");
+  // The drain waits for what is on the network (kept by the resumed run's config.yaml).
+  auto head = start({cfg, "--name", name, "--set", "cluster.role=head", "--set", "launch.drain_timeout_s=120"},
+                    tmp.path + "/head.txt");
   std::vector<std::string> a = {cfg, "--name", name};
   a.insert(a.end(), node.begin(), node.end());
   auto ev = start(a, tmp.path + "/n1.txt");
@@ -979,6 +989,6 @@ TEST(LaunchClusterTest, WholeAllocationKilledThenResumedFinishes) {
                        "\\+ queued ([0-9]+) \\+ in flight ([0-9]+)");
   ASSERT_TRUE(std::regex_search(log, m, now)) << log;
   EXPECT_GT(std::stoll(m[1]), 0) << m[0];
-  EXPECT_EQ(std::stoll(m[1]), std::stoll(m[2])) << m[0];
+  EXPECT_EQ(std::stoll(m[1]), std::stoll(m[2])) << log;
   EXPECT_EQ(std::stoll(m[3]) + std::stoll(m[4]) + std::stoll(m[5]), 0) << m[0];
 }

@@ -100,6 +100,12 @@ struct ServiceStats {
 replay::Result to_record(const Result& r, const replay::Candidate& c, int evaluator_id,
                          bool train_on_degenerate_tasks = false);
 
+// One line of a verdict log (metrics/verdicts-<id>.jsonl; JSON, no newline): time, task,
+// level, policy version, verdict, speedup, reward, compile/verify seconds, the reason's
+// first 300 bytes. EvaluatorService writes it per scored candidate; kf-evaluator --remote
+// writes the same lines on an evaluator node.
+std::string verdict_json_line(const replay::Candidate& c, const Result& r, int level, int evaluator_id);
+
 class EvaluatorService {
  public:
   // Registers with the control block and reaps the candidate queue, so that claims of a
