@@ -728,10 +728,18 @@ def refusal_line(f: Path, e: BaseException) -> str:
     return msg if msg.startswith(str(f)) else f"{f}: {msg}"
 
 
+def tree_version():
+    """The repository's VERSION; a copy of the importer outside the tree has none."""
+    try:
+        with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "VERSION")) as f:
+            return f.read().strip()
+    except OSError:
+        return "(unknown version: no VERSION file beside this copy)"
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="import-tasks", description=__doc__.splitlines()[0])
-    ap.add_argument("--version", action="version",
-                    version="KernelForge " + open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "VERSION")).read().strip())
+    ap.add_argument("--version", action="version", version="KernelForge " + tree_version())
     ap.add_argument("paths", nargs="+", help="problem files or folders (searched recursively for *.py)")
     ap.add_argument("--out", required=True, help="artifact folder (one subfolder per task)")
     ap.add_argument("--backends", default="cpu", help="comma list of cpu,cuda (default: cpu)")
