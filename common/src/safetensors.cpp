@@ -12,16 +12,14 @@
 #include <nlohmann/json.hpp>
 
 #include "kf/common/error.h"
+#include "kf/common/safetensors_header.h"
 
 namespace kf {
 
 std::size_t safetensors_dtype_size(const std::string& dtype) {
-  static const std::map<std::string, std::size_t> sizes = {
-      {"F64", 8}, {"F32", 4}, {"F16", 2}, {"BF16", 2}, {"I64", 8}, {"I32", 4},
-      {"I16", 2}, {"I8", 1},  {"U8", 1},  {"BOOL", 1}};
-  auto it = sizes.find(dtype);
-  if (it == sizes.end()) throw Error("unknown safetensors dtype '" + dtype + "'");
-  return it->second;
+  const std::size_t n = safetensors_element_bytes(dtype);
+  if (n == 0) throw Error("unknown safetensors dtype '" + dtype + "'");
+  return n;
 }
 
 std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
@@ -45,70 +43,19 @@ std::shared_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) 
     f->map_ = nullptr;
     throw error_at(path, "mmap failed");
   }
-  const auto* bytes = static_cast<const unsigned char*>(f->map_);
-  uint64_t header_len = 0;
-  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | bytes[i];
-  if (header_len > f->size_ - 8)
-    throw error_at(path, "header length " + std::to_string(header_len) + " exceeds file size " + std::to_string(f->size_));
-  const std::size_t data_begin = 8 + header_len;
-  const std::size_t data_size = f->size_ - data_begin;
-  nlohmann::json header;
-  try {
-    header = nlohmann::json::parse(reinterpret_cast<const char*>(bytes + 8), reinterpret_cast<const char*>(bytes + data_begin));
-  } catch (const std::exception& e) {
-    throw error_at(path, std::string("header is not valid JSON: ") + e.what());
-  }
-  if (!header.is_object()) throw error_at(path, "header is not a JSON object");
-  for (auto it = header.begin(); it != header.end(); ++it) {
-    const std::string ctx = path + ": tensor '" + it.key() + "'";
-    if (it.key() == "__metadata__") {
-      if (!it->is_object()) throw Error(ctx + ": __metadata__ must be an object");
-      for (auto m = it->begin(); m != it->end(); ++m) {
-        if (!m->is_string()) throw Error(ctx + ": metadata value '" + m.key() + "' must be a string");
-        f->metadata_[m.key()] = m->get<std::string>();
-      }
-      continue;
-    }
-    const auto& e = *it;
-    if (!e.is_object() || !e.contains("dtype") || !e.contains("shape") || !e.contains("data_offsets"))
-      throw Error(ctx + ": needs dtype, shape and data_offsets");
+  const auto* bytes = static_cast<const uint8_t*>(f->map_);
+  SafetensorsHeader h = safetensors_parse(bytes, f->size_, path);  // the one parser
+  f->metadata_ = std::move(h.metadata);
+  f->tensors_.reserve(h.tensors.size());
+  for (auto& t : h.tensors) {
     TensorView v;
-    v.name = it.key();
-    if (!e["dtype"].is_string()) throw Error(ctx + ": field 'dtype' must be a string");
-    v.dtype = e["dtype"].get<std::string>();
-    std::size_t elem = 0;
-    try {
-      elem = safetensors_dtype_size(v.dtype);
-    } catch (const Error& err) {
-      throw Error(ctx + ": field 'dtype': " + err.what());
-    }
-    if (!e["shape"].is_array()) throw Error(ctx + ": field 'shape' must be a list");
-    std::size_t numel = 1;
-    for (const auto& d : e["shape"]) {
-      if (!d.is_number_integer() || d.get<int64_t>() < 0) throw Error(ctx + ": field 'shape' has a bad dimension");
-      v.shape.push_back(d.get<int64_t>());
-      // Overflow-checked: a shape whose element count wraps must not pass the size check.
-      if (__builtin_mul_overflow(numel, static_cast<std::size_t>(v.shape.back()), &numel))
-        throw Error(ctx + ": field 'shape' is too large (element count overflows)");
-    }
-    const auto& off = e["data_offsets"];
-    if (!off.is_array() || off.size() != 2 || !off[0].is_number_unsigned() || !off[1].is_number_unsigned())
-      throw Error(ctx + ": field 'data_offsets' must be [begin, end]");
-    const uint64_t b = off[0].get<uint64_t>(), en = off[1].get<uint64_t>();
-    if (b > en || en > data_size)
-      throw Error(ctx + ": data_offsets [" + std::to_string(b) + ", " + std::to_string(en) + "] outside the data (" +
-                  std::to_string(data_size) + " bytes)");
-    std::size_t need = 0;
-    if (__builtin_mul_overflow(numel, elem, &need)) throw Error(ctx + ": field 'shape' is too large (byte count overflows)");
-    if (en - b != need)
-      throw Error(ctx + ": data_offsets span " + std::to_string(en - b) + " bytes but shape and dtype need " +
-                  std::to_string(numel * elem));
-    v.data = bytes + data_begin + b;
-    v.nbytes = en - b;
+    v.name = std::move(t.name);
+    v.dtype = std::move(t.dtype);
+    v.shape = std::move(t.shape);
+    v.data = bytes + t.offset;
+    v.nbytes = static_cast<std::size_t>(t.nbytes);
     f->tensors_.push_back(std::move(v));
   }
-  std::sort(f->tensors_.begin(), f->tensors_.end(),
-            [](const TensorView& a, const TensorView& b) { return a.data < b.data; });
   return f;
 }
 

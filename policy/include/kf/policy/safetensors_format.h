@@ -1,9 +1,7 @@
-// Safetensors for checkpoints: a torch-free header parser over bytes in memory (fuzzed:
-// policy/fuzz/), a read-only mmap of one file, a sharded-checkpoint reader
-// (model.safetensors.index.json) and a streaming writer.
-// Why not kf/common/safetensors.h: checkpoints need overflow-checked shapes, F8/U16..U64
-// dtypes, a parser over memory for fuzzing, and a writer that streams one tensor at a
-// time so a multi-GB model never sits in host memory twice.
+// Safetensors for checkpoints: the header parser (st_parse: the one parser of
+// kf/common/safetensors_header.h, fuzzed in policy/fuzz/), a read-only mmap of one file, a
+// sharded-checkpoint reader (model.safetensors.index.json) and a streaming writer that
+// writes one tensor at a time, so a multi-GB model never sits in host memory twice.
 // Format: u64 LE header length N, N bytes of JSON {"name": {"dtype", "shape",
 // "data_offsets": [b, e]}, "__metadata__": {...}}, then the data.
 // Objects are immutable after open; views stay valid while the owner lives.
