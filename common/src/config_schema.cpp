@@ -222,7 +222,7 @@ const std::vector<ConfigKey>& config_schema() {
       {"learner.snapshot.dtype", T::String, "bf16", false, {"bf16", "fp32"}, "dtype of published weights"},
       {"learner.checkpoint.every", T::Int, "100", false, {}, "checkpoint every N steps (0: only at stop; tools/launch needs >= 1)"},
       {"learner.checkpoint.keep", T::Int, "3", false, {}, "keep the last K checkpoints"},
-      // learner: chunked head and LoRA (docs/learner.md "Memory")
+      // learner: chunked head (docs/learner.md "Optimisation") and LoRA (docs/learner-scale.md)
       {"learner.recompute_min_params", T::Int, "3000000000", false, {}, "recompute decoder layers in backward (as learner.gradient_checkpointing) for models of at least this many parameters (0: only by learner.gradient_checkpointing)"},
       {"learner.logit_chunk_tokens", T::Int, "1024", false, {}, "completion positions per chunk of the vocabulary projection + log-softmax (the [tokens x vocab] logits are never built whole)"},
       {"learner.lora.rank", T::Int, "0", false, {}, "LoRA adapter rank (0: full fine-tuning); the base stays frozen"},

@@ -188,7 +188,7 @@ Learner::Learner(LearnerConfig cfg, LearnerDeps deps) : cfg_(std::move(cfg)), de
     for (auto& p : impl_->reference->parameters()) p.set_requires_grad(false);
     impl_->reference->eval();
   }
-  // Sharded training state (learner.dist.shard, docs/learner.md "Sharded state"; optimizer.h,
+  // Sharded training state (learner.dist.shard, docs/learner-scale.md "Sharded state"; optimizer.h,
   // grad_buckets.h): with "optimizer" the buckets reduce-scatter and own the parameters'
   // storage, and AdamW keeps fp32 state for this rank's slice only. Its clip_grad_norm and
   // state() are then collective (every rank calls them, as below).

@@ -71,7 +71,7 @@ struct LearnerConfig {
   int64_t ranks = 1;
   std::string comm = "auto";        // auto | cpu | nccl
   int64_t bucket_mb = 25;
-  // Sharded training state (docs/learner.md "Sharded state"): none; optimizer (fp32
+  // Sharded training state (docs/learner-scale.md "Sharded state"): none; optimizer (fp32
   // master weights and Adam moments split over the ranks, ZeRO-1); gradients (and the
   // gradients too, ZeRO-2).
   ShardMode shard = ShardMode::none;
