@@ -26,6 +26,8 @@
 #include "kf/actors/actor_policy.h"
 #include "kf/actors/extract.h"
 #include "kf/actors/rollout.h"
+#include "kf/evaluator/out_of_memory.h"
+#include "kf/evaluator/service.h"
 #include "kf/actors/optimize.h"
 #include "kf/common/config.h"
 #include "kf/common/error.h"
@@ -331,7 +333,11 @@ int main(int argc, char** argv) {
       }
       seen.emplace(c.ex.source, i);
       kf::log_info("kf-optimize: verifying candidate ", i, " of ", cands.size());
-      c.result = evaluator.evaluate(*task, o.backend, c.ex.source, 0);
+      // Out of GPU memory is the GPU's state (another process holds it), not the kernel's:
+      // tried again as tools/selfsup and the evaluators do (the service's default tries).
+      const ev::ServiceOptions retry;
+      c.result = ev::evaluate_retrying_oom(evaluator, *task, o.backend, c.ex.source, 0, retry.oom_attempts,
+                                           retry.oom_retry_delay);
       c.evaluated = true;
     }
   } catch (const std::exception& e) {
