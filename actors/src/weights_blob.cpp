@@ -61,6 +61,24 @@ std::map<std::string, std::vector<int64_t>> adapter_shapes(policy::CausalLM& mod
   }
   return out;
 }
+// Every tensor of the blob is one the model has (`what` of it), with a known dtype and the
+// model's shape, and none of the model's is missing.
+void match_tensors(const policy::StHeader& h, const std::map<std::string, std::vector<int64_t>>& want,
+                   const std::string& what, const std::string& plural, const std::string& context) {
+  std::size_t matched = 0;
+  for (const auto& t : h.tensors) {
+    auto it = want.find(t.name);
+    if (it == want.end()) throw Error(context + ": tensor '" + t.name + "' is not " + what + " of the model");
+    policy::dtype_from_name(t.dtype, context + ": tensor '" + t.name + "'");
+    if (it->second != t.shape)
+      throw Error(context + ": tensor '" + t.name + "': shape " + shape_str(t.shape) + " in the blob, " +
+                  shape_str(it->second) + " in the model");
+    ++matched;
+  }
+  if (matched != want.size())
+    throw Error(context + ": blob has " + std::to_string(matched) + " of the model's " + std::to_string(want.size()) +
+                " " + plural);
+}
 }  // namespace
 
 BlobCheck check_weights_blob(policy::CausalLM& model, const void* data, std::size_t bytes, const std::string& context) {
@@ -76,44 +94,12 @@ BlobCheck check_weights_blob(policy::CausalLM& model, const void* data, std::siz
                     "the adapters loaded before (rank " + std::to_string(own.rank) + ")");
       const auto want = adapter_shapes(model, lora);
       if (want.empty()) throw Error(context + ": the model has none of the LoRA target projections");
-      std::size_t matched = 0;
-      for (const auto& t : h.tensors) {
-        auto it = want.find(t.name);
-        if (it == want.end()) throw Error(context + ": tensor '" + t.name + "' is not an adapter of the model");
-        policy::dtype_from_name(t.dtype, context + ": tensor '" + t.name + "'");
-        if (it->second != t.shape)
-          throw Error(context + ": tensor '" + t.name + "': shape " + shape_str(t.shape) + " in the blob, " +
-                      shape_str(it->second) + " in the model");
-        ++matched;
-      }
-      if (matched != want.size())
-        throw Error(context + ": blob has " + std::to_string(matched) + " of the model's " +
-                    std::to_string(want.size()) + " adapter tensors");
-      auto it = h.metadata.find("kf_version");
-      if (it != h.metadata.end()) {
-        try {
-          r.version = std::stoll(it->second);
-        } catch (const std::exception&) {
-          throw Error(context + ": metadata kf_version '" + it->second + "' is not an integer");
-        }
-      }
-      r.ok = true;
-      return r;
+      match_tensors(h, want, "an adapter", "adapter tensors", context);
+    } else {
+      std::map<std::string, std::vector<int64_t>> want;
+      for (const auto& p : model->named_parameters()) want[p.key()] = p.value().sizes().vec();
+      match_tensors(h, want, "a parameter", "parameters", context);
     }
-    auto params = model->named_parameters();
-    std::size_t matched = 0;
-    for (const auto& t : h.tensors) {
-      auto* p = params.find(t.name);
-      if (!p) throw Error(context + ": tensor '" + t.name + "' is not a parameter of the model");
-      policy::dtype_from_name(t.dtype, context + ": tensor '" + t.name + "'");
-      if (p->sizes().vec() != t.shape)
-        throw Error(context + ": tensor '" + t.name + "': shape " + shape_str(t.shape) + " in the blob, " +
-                    shape_str(p->sizes().vec()) + " in the model");
-      ++matched;
-    }
-    if (matched != params.size())
-      throw Error(context + ": blob has " + std::to_string(matched) + " of the model's " +
-                  std::to_string(params.size()) + " parameters");
     auto it = h.metadata.find("kf_version");
     if (it != h.metadata.end()) {
       try {
