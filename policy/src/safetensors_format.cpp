@@ -22,14 +22,7 @@ namespace kf::policy {
 std::size_t st_dtype_size(const std::string& d) { return safetensors_element_bytes(d); }
 
 StHeader st_parse(const uint8_t* bytes, std::size_t size, const std::string& ctx) {
-  SafetensorsHeader parsed = safetensors_parse(bytes, size, ctx);
-  StHeader h;
-  h.metadata = std::move(parsed.metadata);
-  h.data_begin = parsed.data_begin;
-  h.tensors.reserve(parsed.tensors.size());
-  for (auto& t : parsed.tensors)
-    h.tensors.push_back(StTensorInfo{std::move(t.name), std::move(t.dtype), std::move(t.shape), t.offset, t.nbytes});
-  return h;
+  return safetensors_parse(bytes, size, ctx);
 }
 
 std::shared_ptr<StFile> StFile::open(const std::string& path) {

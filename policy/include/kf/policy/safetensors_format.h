@@ -14,21 +14,13 @@
 #include <string>
 #include <vector>
 
+#include "kf/common/safetensors_header.h"
+
 namespace kf::policy {
 
-struct StTensorInfo {
-  std::string name;
-  std::string dtype;            // "F32", "BF16", ...
-  std::vector<int64_t> shape;
-  uint64_t offset = 0;          // absolute, from the start of the file
-  uint64_t nbytes = 0;
-};
-
-struct StHeader {
-  std::vector<StTensorInfo> tensors;  // sorted by offset
-  std::map<std::string, std::string> metadata;
-  uint64_t data_begin = 0;
-};
+// The checkpoint-side names of the one parser's types (kf/common/safetensors_header.h).
+using StTensorInfo = kf::SafetensorsEntry;
+using StHeader = kf::SafetensorsHeader;
 
 // Bytes per element; 0 for an unknown dtype.
 std::size_t st_dtype_size(const std::string& dtype);
