@@ -187,7 +187,7 @@ const std::vector<ConfigKey>& config_schema() {
       {"learner.min_groups_per_step", T::Int, "1", false, {}, "a step waits until it has this many groups (over all ranks)"},
       {"learner.take_timeout_ms", T::Int, "1000", false, {}, "how long a rank waits for ready groups per pull"},
       {"learner.max_staleness", T::Int, "4", false, {}, "drop groups whose policy version lags the learner's by more"},
-      {"learner.micro_batch_tokens", T::Int, "16384", false, {}, "padded tokens per micro-batch (gradient accumulation)"},
+      {"learner.micro_batch_tokens", T::Int, "16384", false, {}, "tokens per micro-batch (gradient accumulation): one packed row with learner.pack, else rows x longest sequence"},
       {"learner.temperature", T::Float, "1.0", false, {}, "sampling temperature the behaviour log-probs were taken at"},
       {"learner.precision", T::String, "auto", false, {"auto", "fp32", "bf16"}, "auto: bf16 autocast on CUDA, fp32 on CPU"},
       {"learner.gradient_checkpointing", T::Bool, "false", false, {}, "recompute decoder layers in backward"},
@@ -228,6 +228,9 @@ const std::vector<ConfigKey>& config_schema() {
       {"learner.lora.rank", T::Int, "0", false, {}, "LoRA adapter rank (0: full fine-tuning); the base stays frozen"},
       {"learner.lora.alpha", T::Float, "16.0", false, {}, "LoRA scale alpha (the adapter output is multiplied by alpha / rank)"},
       {"learner.lora.targets", T::StringList, "[q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj]", false, {}, "projections that get adapters"},
+      // learner: packed sequences and parameter dtype (docs/learner-scale.md "Memory")
+      {"learner.pack", T::Bool, "true", false, {}, "concatenate sequences into rows of learner.micro_batch_tokens tokens (positions restart and attention stays inside each sequence: no padding); false: rows right-padded to the longest sequence of their micro-batch"},
+      {"learner.param_dtype", T::String, "auto", false, {"auto", "fp32", "bf16"}, "dtype of the trained weights (full fine-tuning); bf16 keeps an fp32 master copy in the optimizer; auto: bf16 on CUDA when learner.dist.shard is not none, else fp32"},
   });
   return schema;
 }
