@@ -1,8 +1,9 @@
 // bench_learner_scale: one learner step of a real model shape, phase by phase.
 //
 // The step is the learner's own components in the learner's order: the policy's
-// token_logprobs over [seqs x (prompt + completion)] tokens and the GRPO loss on the
-// completion positions (forward), backward into the gradient buckets (backward), the
+// log-probs of the completion tokens (selected_logprobs: the vocabulary projection only at
+// completion positions, in chunks of --logit-chunk, as learner.logit_chunk_tokens; or
+// --logprobs dense: token_logprobs over every position) and the GRPO loss (forward), backward into the gradient buckets (backward), the
 // buckets' all-reduce or reduce-scatter (sync), the global-norm clip and AdamW, plus the
 // all-gather when sharded (optimizer). The device is synchronised between phases so each
 // phase's time is its own (this removes the learner's overlap of sync with backward).
@@ -10,10 +11,19 @@
 // Shape: a named one (tiny, qwen2.5-0.5b) or an HF config.json path (configs/shapes/*.json),
 // random init, no download. Weights fp32 with bf16 autocast on CUDA (the learner's default),
 // or --weights bf16 (bf16 parameters; needs --shard, whose optimizer keeps the fp32 master).
+// --lora-rank R: the learner's LoRA (learner.lora.*): a frozen base (bf16 on CUDA) with fp32
+// adapters on all seven projections; only the adapters are trained.
+// --bare: a bare forward + backward of the same shape instead of a learner step: full
+// logits over every position, mean cross-entropy, backward; no loss terms, buckets or
+// optimizer (the reference a learner step is compared with).
 //
-// MFU = model FLOPs / time / peak, model FLOPs = 6 x matmul parameters x tokens (lm_head
-// over every position, as token_logprobs computes it) + causal attention 6 x L x S^2 x
-// heads x head_dim per sequence; recomputation (--checkpointing) is not counted as work.
+// MFU = model FLOPs / time / peak. Model FLOPs per step, T = prompt + completion tokens per
+// sequence: 6 x (matmul parameters of the decoder) x tokens; the vocabulary projection
+// 6 x hidden x vocab x (completion tokens when chunked, every token when dense or bare);
+// causal attention 6 x L x T^2 x heads x head_dim per sequence (half of the 12 x ... of
+// full attention: forward QK^T and PV, backward twice that). With LoRA the frozen base
+// needs no weight gradients: 4 instead of 6 for the base and the vocabulary projection,
+// plus 6 x adapter parameters x tokens. Recomputation (--checkpointing) is not counted.
 // Prints a table and "BENCH|learner_scale|<case>|<metric>|<value>|<unit>" rows.
 #include <CLI/CLI.hpp>
 #include <stdlib.h>
@@ -41,9 +51,10 @@ using namespace kf::learner;
 
 namespace {
 
-double matmul_params(const kf::policy::ModelConfig& c) {
+// Matmul parameters of the decoder layers (the vocabulary projection is counted apart).
+double layer_matmul_params(const kf::policy::ModelConfig& c) {
   const double d = c.hidden_size, q = c.num_attention_heads * c.head_dim, kv = c.num_key_value_heads * c.head_dim;
-  return c.num_hidden_layers * (d * q + 2 * d * kv + q * d + 3 * d * c.intermediate_size) + d * c.vocab_size;
+  return c.num_hidden_layers * (d * q + 2 * d * kv + q * d + 3 * d * c.intermediate_size);
 }
 
 kf::policy::ModelConfig shape_of(const std::string& s) {
@@ -83,10 +94,10 @@ struct Autocast {
 
 int main(int argc, char** argv) {
   CLI::App app{"bench_learner_scale: one learner step of a model shape, split into phases"};
-  std::string shape = "tiny", device = "auto", weights = "fp32", comm_kind = "local";
-  int64_t prompt = 32, completion = 64, seqs = 2, micro = 1, steps = 2, warmup = 1;
-  double peak_tflops = 0;
-  bool shard = false, shard_grads = false, checkpointing = false;
+  std::string shape = "tiny", device = "auto", weights = "fp32", comm_kind = "local", logprobs = "chunked";
+  int64_t prompt = 32, completion = 64, seqs = 2, micro = 1, steps = 2, warmup = 1, logit_chunk = 1024, lora_rank = 0;
+  double peak_tflops = 0, lora_alpha = 16.0;
+  bool shard = false, shard_grads = false, checkpointing = false, bare = false;
   app.add_option("--shape", shape, "tiny, qwen2.5-0.5b or an HF config.json path");
   app.add_option("--prompt", prompt, "prompt tokens per sequence");
   app.add_option("--completion", completion, "completion tokens per sequence");
@@ -101,6 +112,11 @@ int main(int argc, char** argv) {
   app.add_flag("--shard", shard, "sharded optimizer state (learner.dist.shard: optimizer; 1 rank here)");
   app.add_flag("--shard-grads", shard_grads, "sharded gradients too (learner.dist.shard: gradients; implies --shard)");
   app.add_flag("--checkpointing", checkpointing, "recompute decoder layers in backward");
+  app.add_option("--logprobs", logprobs, "chunked (the learner's: completion positions only) or dense (every position)");
+  app.add_option("--logit-chunk", logit_chunk, "completion positions per vocabulary chunk (learner.logit_chunk_tokens)");
+  app.add_option("--lora-rank", lora_rank, "LoRA adapters of this rank on a frozen base (0: full fine-tuning)");
+  app.add_option("--lora-alpha", lora_alpha, "LoRA alpha (learner.lora.alpha)");
+  app.add_flag("--bare", bare, "a bare forward + backward (dense logits, cross-entropy) instead of a learner step");
   CLI11_PARSE(app, argc, argv);
   try {
     torch::Device dev(torch::kCPU);
@@ -113,18 +129,30 @@ int main(int argc, char** argv) {
     if (shard_grads) shard = true;
     if (weights != "fp32" && weights != "bf16") throw kf::Error("--weights: '" + weights + "' (fp32 or bf16)");
     if (weights == "bf16" && !shard) throw kf::Error("--weights bf16 needs --shard (the fp32 master lives in the sharded optimizer)");
-    if (seqs < 1 || micro < 1 || prompt < 1 || completion < 1 || steps < 1)
-      throw kf::Error("--seqs, --micro-seqs, --prompt, --completion and --steps must be >= 1");
+    if (seqs < 1 || micro < 1 || prompt < 1 || completion < 1 || steps < 1 || logit_chunk < 1 || lora_rank < 0)
+      throw kf::Error("--seqs, --micro-seqs, --prompt, --completion, --steps and --logit-chunk must be >= 1, --lora-rank >= 0");
+    if (logprobs != "chunked" && logprobs != "dense") throw kf::Error("--logprobs: '" + logprobs + "' (chunked or dense)");
+    if (lora_rank > 0 && (weights != "fp32" || shard))
+      throw kf::Error("--lora-rank: the base is frozen (bf16 on CUDA) and the adapters fp32; no --weights bf16 or --shard");
     const auto mc = shape_of(shape);
-    const auto wdtype = weights == "bf16" ? torch::kBFloat16 : torch::kFloat32;
-    const bool autocast = dev.is_cuda() && wdtype == torch::kFloat32;
+    // LoRA holds the frozen base in the compute dtype, as the learner does.
+    const auto wdtype = weights == "bf16" || (lora_rank > 0 && dev.is_cuda()) ? torch::kBFloat16 : torch::kFloat32;
+    const bool autocast = dev.is_cuda() && (wdtype == torch::kFloat32 || lora_rank > 0);
     torch::manual_seed(1);
     kf::policy::CausalLM model(mc, torch::TensorOptions().dtype(wdtype).device(dev));
     model->init_random(1);
     model->set_gradient_checkpointing(checkpointing);
     model->train();
+    if (lora_rank > 0) {
+      kf::policy::LoraConfig lc;
+      lc.rank = lora_rank;
+      lc.alpha = lora_alpha;
+      lc.targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+      model->enable_lora(lc, 2, torch::kFloat32);
+    }
     std::vector<std::pair<std::string, torch::Tensor>> params;
-    for (const auto& p : model->named_parameters()) params.emplace_back(p.key(), p.value());
+    for (const auto& p : model->named_parameters())
+      if (p.value().requires_grad()) params.emplace_back(p.key(), p.value());
     std::unique_ptr<Rendezvous> rdv;
     std::unique_ptr<Communicator> comm;
     if (comm_kind == "nccl") {
@@ -166,10 +194,18 @@ int main(int argc, char** argv) {
         torch::Tensor loss;
         {
           Autocast ac(autocast);
-          const auto logp = model->token_logprobs(ids.narrow(0, m0, n));
-          const auto behaviour = logp.detach();
-          const auto w = comp.narrow(0, m0, n) / n_tok;
-          loss = grpo_loss(logp, behaviour, torch::Tensor(), adv.narrow(0, m0, n), w, gc).loss;
+          const auto x = ids.narrow(0, m0, n);
+          if (bare) {
+            const auto logits = model->forward(x).narrow(1, 0, T - 1);
+            loss = torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(2)}).to(torch::kFloat32),
+                                                        x.narrow(1, 1, T - 1).reshape({-1}));
+          } else {
+            const auto w = comp.narrow(0, m0, n) / n_tok;
+            const auto logp = logprobs == "dense"
+                                  ? model->token_logprobs(x)
+                                  : model->selected_logprobs(x, torch::Tensor(), comp.narrow(0, m0, n), 1.0, logit_chunk).logp;
+            loss = grpo_loss(logp, logp.detach(), torch::Tensor(), adv.narrow(0, m0, n), w, gc).loss;
+          }
         }
         sync(dev);
         double t1 = now();
@@ -182,11 +218,13 @@ int main(int argc, char** argv) {
         }
       }
       double t2 = now();
-      buckets.finish();
+      if (!bare) buckets.finish();
       sync(dev);
       double t3 = now();
-      opt.clip_grad_norm(1.0);
-      opt.step(oc.lr);
+      if (!bare) {
+        opt.clip_grad_norm(1.0);
+        opt.step(oc.lr);
+      }
       sync(dev);
       double t4 = now();
       if (timed) {
@@ -200,8 +238,15 @@ int main(int argc, char** argv) {
     t_opt /= steps;
     const double step_s = t_fwd + t_bwd + t_sync + t_opt;
     const double tokens = static_cast<double>(seqs * T);
-    const double flops = 6.0 * matmul_params(mc) * tokens +
-                         seqs * 6.0 * mc.num_hidden_layers * static_cast<double>(T) * T * mc.num_attention_heads * mc.head_dim / 2.0;
+    int64_t n_adapter = 0;
+    for (const auto& p : params)
+      if (kf::policy::is_lora_param(p.first)) n_adapter += p.second.numel();
+    const double base_factor = lora_rank > 0 ? 4.0 : 6.0;  // a frozen base needs no weight gradients
+    const double head_tokens = bare || logprobs == "dense" ? tokens : static_cast<double>(seqs * completion);
+    const double flops = base_factor * layer_matmul_params(mc) * tokens +
+                         base_factor * static_cast<double>(mc.hidden_size) * mc.vocab_size * head_tokens +
+                         6.0 * n_adapter * tokens +
+                         seqs * 6.0 * mc.num_hidden_layers * static_cast<double>(T) * T * mc.num_attention_heads * mc.head_dim;
     double peak_mem = 0;
 #ifdef KF_HAVE_CUDA
     if (dev.is_cuda()) {
@@ -214,15 +259,20 @@ int main(int argc, char** argv) {
       ::getrusage(RUSAGE_SELF, &ru);
       peak_mem = ru.ru_maxrss * 1024.0;  // host peak RSS
     }
-    int64_t n_params = 0;
-    for (const auto& p : params) n_params += p.second.numel();
+    int64_t n_params = 0, n_trainable = 0;
+    for (const auto& p : model->parameters()) n_params += p.numel();
+    for (const auto& p : params) n_trainable += p.second.numel();
     const std::string cs = shape.substr(shape.rfind('/') + 1) + "/p" + std::to_string(prompt) + "c" +
                            std::to_string(completion) + "x" + std::to_string(seqs) + (shard_grads ? "/shardgrads" : shard ? "/shard" : "") +
-                           "/" + weights + (comm_kind == "nccl" ? "/nccl" : "");
-    std::printf("bench_learner_scale: %s on %s, %lld parameters, %s weights%s%s, %lld seqs x %lld tokens "
+                           "/" + weights + (comm_kind == "nccl" ? "/nccl" : "") +
+                           (lora_rank > 0 ? "/lora" + std::to_string(lora_rank) : "") + (checkpointing ? "/recompute" : "") +
+                           (bare ? "/bare" : "/" + logprobs);
+    std::printf("bench_learner_scale: %s on %s, %lld parameters (%lld trained), %s%s%s%s, %lld seqs x %lld tokens "
                 "(micro-batch %lld seqs)\n",
-                shape.c_str(), dev.str().c_str(), static_cast<long long>(n_params), weights.c_str(),
-                autocast ? " + bf16 autocast" : "", checkpointing ? ", recompute" : "", static_cast<long long>(seqs),
+                shape.c_str(), dev.str().c_str(), static_cast<long long>(n_params), static_cast<long long>(n_trainable),
+                lora_rank > 0 ? "frozen base + fp32 LoRA adapters" : (weights + " weights").c_str(),
+                autocast ? " + bf16 autocast" : "", checkpointing ? ", recompute" : "",
+                bare ? ", bare forward + backward" : (", " + logprobs + " log-probs").c_str(), static_cast<long long>(seqs),
                 static_cast<long long>(T), static_cast<long long>(micro));
     std::printf("%-26s %12s\n", "metric", "value");
     std::vector<std::string> bench_rows;

@@ -12,14 +12,15 @@
 #    run, and the two runs' weights within 2e-4 absolute, under a tenth of the 3-step update
 #    (NCCL's reduce-scatter and all-reduce may sum in different orders, and Adam enlarges that
 #    for near-zero gradients, so not bitwise on GPU).
-# Env: PEAK_TFLOPS (measured dense bf16 peak of the card; default 989), SEQS (2), KF_PYTHON.
+# 4. 7B shape with LoRA (rank 16 and 64, bare forward+backward beside it, with and without recomputation).
+# Env: PEAK_TFLOPS (default: measured here with an 8192^3 bf16 matmul), SEQS (2), KF_PYTHON.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUTDIR=${OUT:-$PWD/gpu-learner-scale-out}; mkdir -p "$OUTDIR"
 PY=${KF_PYTHON:-/opt/torch/.venv/bin/python3}; [ -x "$PY" ] || PY=$(command -v python3)
 export PATH=/usr/local/cuda/bin:$(dirname "$PY"):$PATH NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 B=build-gpu-learner-scale
-PEAK=${PEAK_TFLOPS:-989}; SEQS=${SEQS:-2}
+SEQS=${SEQS:-2}
 DEPS=(); [ -d .deps/usr ] && DEPS=(-DKF_DEPS_PREFIX="$PWD/.deps/usr") && export LD_LIBRARY_PATH="$PWD/.deps/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUTDIR/gpus.txt"
 NGPU=$(nvidia-smi -L | wc -l)
@@ -30,6 +31,28 @@ timeout 120 cmake -S . -B $B -G Ninja -DKF_PYTHON="$PY" -DCMAKE_CUDA_ARCHITECTUR
 timeout 400 cmake --build $B -j "$(nproc)" --target bench_learner_scale kf-learner > "$OUTDIR/build.log" 2>&1 \
   || { grep -m20 -B2 -A5 "error" "$OUTDIR/build.log"; exit 1; }
 BENCH=$B/bench/learner_scale/bench_learner_scale
+# MFU is against the card's measured dense bf16 peak (PEAK_TFLOPS overrides): the median of
+# 20 timed 8192^3 bf16 matmuls after a warm-up, through torch.
+if [ -z "${PEAK_TFLOPS:-}" ]; then
+  PEAK=$("$PY" - <<'PYEOF' 2>"$OUTDIR/peak.log"
+import torch, statistics
+n = 8192
+a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16); b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+for _ in range(10): a @ b
+torch.cuda.synchronize()
+ts = []
+for _ in range(20):
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record(); [a @ b for _ in range(10)]; e.record(); torch.cuda.synchronize()
+    ts.append(s.elapsed_time(e) / 10 / 1e3)
+print(f"{2 * n**3 / statistics.median(ts) / 1e12:.1f}")
+PYEOF
+)
+  [ -n "$PEAK" ] || { echo "peak measurement failed:"; tail -5 "$OUTDIR/peak.log"; PEAK=989; }
+  echo "== measured dense bf16 peak: $PEAK TFLOP/s (8192^3 matmul, median of 20)" | tee "$OUTDIR/peak.txt"
+else
+  PEAK=$PEAK_TFLOPS
+fi
 rows="$OUTDIR/rows.txt"; : > "$rows"
 rc=0
 run() {  # name, args...
@@ -41,13 +64,21 @@ run() {  # name, args...
   [ $r -eq 0 ] || { rc=1; echo "   failed ($r):"; tail -5 "$OUTDIR/$name.log"; }
 }
 S15=configs/shapes/qwen2.5-coder-1.5b.json
-run 1p5b_full       --shape $S15 --prompt 2048 --completion 4096 --seqs "$SEQS" --steps 3 --warmup 1
-run 1p5b_full_recompute --shape $S15 --prompt 2048 --completion 4096 --seqs "$SEQS" --steps 3 --warmup 1 --checkpointing
-run 1p5b_shard      --shape $S15 --prompt 2048 --completion 4096 --seqs "$SEQS" --steps 3 --warmup 1 --shard
-run 1p5b_shard_bf16 --shape $S15 --prompt 2048 --completion 4096 --seqs "$SEQS" --steps 3 --warmup 1 --shard --weights bf16
-run 1p5b_shard_nccl --shape $S15 --prompt 2048 --completion 4096 --seqs "$SEQS" --steps 3 --warmup 1 --shard --comm nccl
-run 1p5b_shardgrads_nccl --shape $S15 --prompt 2048 --completion 4096 --seqs "$SEQS" --steps 3 --warmup 1 --shard-grads --comm nccl
-
+S7=configs/shapes/qwen2.5-coder-7b.json
+L="--prompt 2048 --completion 4096 --seqs $SEQS --steps 3 --warmup 1"
+# The bars first (1.5B full fine-tuning and 7B LoRA, each beside a bare forward+backward of
+# its shape), then the variants: recomputation, dense log-probs, the sharded paths, rank 64.
+run 1p5b_bare            --shape $S15 $L --bare
+run 1p5b_full            --shape $S15 $L
+run 7b_lora16_bare       --shape $S7 $L --lora-rank 16 --checkpointing --bare
+run 7b_lora16            --shape $S7 $L --lora-rank 16 --checkpointing
+run 1p5b_full_recompute  --shape $S15 $L --checkpointing
+run 1p5b_full_dense      --shape $S15 $L --logprobs dense
+run 7b_lora64            --shape $S7 $L --lora-rank 64 --checkpointing
+run 1p5b_shard_bf16      --shape $S15 $L --shard --weights bf16
+run 1p5b_shard_nccl      --shape $S15 $L --shard --comm nccl
+run 1p5b_shardgrads_nccl --shape $S15 $L --shard-grads --comm nccl
+run 7b_lora16_norecompute --shape $S7 $L --lora-rank 16
 if [ "$NGPU" -ge 2 ]; then
   echo "== 2 ranks over NCCL: learner.dist.shard none vs optimizer vs gradients (kf-learner, synthetic, 3 steps)"
   for mode in none optimizer gradients; do
