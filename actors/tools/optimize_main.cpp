@@ -147,7 +147,7 @@ std::string compiler_errors(const std::vector<Candidate>& cands, std::size_t max
   std::ostringstream o;
   for (std::size_t i = 0; i < cands.size(); ++i) {
     const auto& c = cands[i];
-    if (!c.ex.ok || c.duplicate_of >= 0 || c.result.verdict != ev::Verdict::CompileError) continue;
+    if (!c.ex.ok || c.duplicate_of >= 0 || c.result.verdict != ev::Verdict::compile_error) continue;
     o << "\n#" << i << " " << c.result.reason << ":\n";
     std::istringstream in(c.result.diagnostics);
     std::string line;
@@ -321,7 +321,7 @@ int main(int argc, char** argv) {
         // Scored as the actors score it: a compile error whose reason is the extraction error.
         c.result.task = task->name();
         c.result.backend = backend;
-        c.result.verdict = ev::Verdict::CompileError;
+        c.result.verdict = ev::Verdict::compile_error;
         c.result.reason = c.ex.error;
         c.result.reward = eo.reward.compile_error;
         continue;

@@ -338,7 +338,7 @@ std::function<void(SpawnSpec&)> worker_spawn(const std::string& job, const std::
 
 // --- the verdict: the worker's named failures (worker.py, rc 101..105)
 void name_worker_failure(Result& r) {
-  if (r.verdict != Verdict::RuntimeError || r.reason.rfind("kf_forward returned 10", 0) != 0) return;
+  if (r.verdict != Verdict::runtime_error || r.reason.rfind("kf_forward returned 10", 0) != 0) return;
   const int rc = std::atoi(r.reason.c_str() + std::strlen("kf_forward returned "));
   // The worker's own line; the last one wins (the log tail is the worker's stderr).
   const std::string tag = "[modelnew] rc=" + std::to_string(rc) + ": ";
@@ -348,10 +348,10 @@ void name_worker_failure(Result& r) {
   if (why.empty()) why = "forward failed (rc " + std::to_string(rc) + ")";
   r.reason = why;
   switch (rc) {
-    case 101: r.verdict = Verdict::RejectedCheat; break;   // side stream
-    case 102: r.verdict = Verdict::RejectedCheat; break;   // fp16/bf16 output
-    case 103: r.verdict = Verdict::Incorrect; break;       // output count/shape/dtype
-    case 105: if (why.find("plain torch.Tensor") != std::string::npos) r.verdict = Verdict::RejectedCheat; break;
+    case 101: r.verdict = Verdict::rejected_cheat; break;   // side stream
+    case 102: r.verdict = Verdict::rejected_cheat; break;   // fp16/bf16 output
+    case 103: r.verdict = Verdict::incorrect; break;       // output count/shape/dtype
+    case 105: if (why.find("plain torch.Tensor") != std::string::npos) r.verdict = Verdict::rejected_cheat; break;
     default: break;                                        // 104: forward raised
   }
 }
@@ -522,11 +522,11 @@ Outcome evaluate(const tasks::Task& task, tasks::Backend b, const std::string& s
   Evaluator ev(eo);
   Result& r = out.result;
   r = ev.evaluate_compiled(task, b, bd.cr, candidate_seed);
-  if (r.verdict == Verdict::CompileError && r.reason == "compile error") r.reason = "compile error (ModelNew compile step)";
+  if (r.verdict == Verdict::compile_error && r.reason == "compile error") r.reason = "compile error (ModelNew compile step)";
   name_worker_failure(r);
 
-  const bool loaded = r.verdict == Verdict::Ok || r.verdict == Verdict::Incorrect || r.verdict == Verdict::RejectedCheat ||
-                      (r.verdict == Verdict::RuntimeError && r.reason.rfind("forward raised", 0) == 0);
+  const bool loaded = r.verdict == Verdict::ok || r.verdict == Verdict::incorrect || r.verdict == Verdict::rejected_cheat ||
+                      (r.verdict == Verdict::runtime_error && r.reason.rfind("forward raised", 0) == 0);
   if (opts.probe && loaded) {
     Probe p;
     try {
@@ -584,11 +584,11 @@ Outcome evaluate(const tasks::Task& task, tasks::Backend b, const std::string& s
       r.checks.push_back({"modelnew.custom_code", true, (out.torch_only ? "torch_only: " : "") + out.custom_detail});
       if (!out.low_precision_ops.empty()) {
         const std::string ops = join(out.low_precision_ops);
-        if (r.verdict == Verdict::Incorrect) {
-          r.verdict = Verdict::RejectedCheat;
+        if (r.verdict == Verdict::incorrect) {
+          r.verdict = Verdict::rejected_cheat;
           r.reason = "precision downgrade: computes in a narrower float type (" + ops + ") and misses the tolerance: " + r.reason;
         }
-        r.checks.push_back({"modelnew.precision", r.verdict != Verdict::RejectedCheat, "ops in fp16/bf16: " + ops});
+        r.checks.push_back({"modelnew.precision", r.verdict != Verdict::rejected_cheat, "ops in fp16/bf16: " + ops});
       }
     } else if (!p.error.empty()) {
       r.checks.push_back({"modelnew.custom_code", true, "unknown: the probe failed: " + p.error});

@@ -10,7 +10,7 @@
 namespace kf::evaluator {
 
 bool worker_out_of_memory(const Result& r) {
-  if (r.verdict != Verdict::RuntimeError) return false;
+  if (r.verdict != Verdict::runtime_error) return false;
   // The worker's harness sets up (device, buffers, cuBLAS) before it loads the kernel, so
   // these are the GPU's state; cuBLAS fails to create its handle when memory is short.
   return (r.reason.find("fatal: cuda") != std::string::npos && r.reason.find("out of memory") != std::string::npos) ||
@@ -30,9 +30,9 @@ Attempt evaluate_once(Evaluator& ev, const tasks::Task& task, tasks::Backend bac
     a.result.backend = tasks::backend_name(backend);
     a.result.candidate_key = compiled.key;
     a.result.compile_s = compiled.seconds;
-    a.result.verdict = Verdict::RuntimeError;
+    a.result.verdict = Verdict::runtime_error;
     a.result.reason = "evaluator: out of GPU memory: " + a.out_of_memory.substr(0, a.out_of_memory.find('\n'));
-    a.result.reward = ev.reward_model().failure_reward(Verdict::RuntimeError);
+    a.result.reward = ev.reward_model().failure_reward(Verdict::runtime_error);
   }
   return a;
 }

@@ -6,18 +6,6 @@
 
 namespace kf::evaluator {
 
-const char* verdict_name(Verdict v) {
-  switch (v) {
-    case Verdict::Ok: return "ok";
-    case Verdict::CompileError: return "compile_error";
-    case Verdict::RuntimeError: return "runtime_error";
-    case Verdict::Timeout: return "timeout";
-    case Verdict::Incorrect: return "incorrect";
-    case Verdict::RejectedCheat: return "rejected_cheat";
-  }
-  return "?";
-}
-
 int Result::checks_passed() const {
   int n = 0;
   for (const auto& c : checks) n += c.passed;
@@ -46,6 +34,7 @@ std::string to_json(const Result& r, int indent) {
                       {"backend", r.backend},
                       {"candidate_key", r.candidate_key},
                       {"verdict", verdict_name(r.verdict)},
+                      {"cause", cause_name(r.cause)},
                       {"reason", r.reason},
                       {"diagnostics", r.diagnostics},
                       {"reference", times(r.ref_ms)},
@@ -82,7 +71,8 @@ std::string to_text(const Result& r) {
   std::ostringstream o;
   char buf[256];
   o << "task       " << r.task << " (" << r.backend << ")\n";
-  o << "verdict    " << verdict_name(r.verdict) << "\n";
+  o << "verdict    " << verdict_name(r.verdict)
+    << (r.cause == Cause::environment ? " (caused by the machine, not the kernel)" : "") << "\n";
   if (!r.reason.empty()) o << "reason     " << r.reason << "\n";
   if (r.ref_ms.n) {
     std::snprintf(buf, sizeof buf, "reference  median %.4f ms  [p10 %.4f, p90 %.4f]  n=%d\n", r.ref_ms.median, r.ref_ms.p10,
@@ -94,7 +84,7 @@ std::string to_text(const Result& r) {
                   r.cand_ms.p10, r.cand_ms.p90, r.cand_ms.n);
     o << buf;
   }
-  if (r.verdict == Verdict::Ok) {
+  if (r.verdict == Verdict::ok) {
     o << "speedup    " << speedup_text(r) << "\n";
     if (r.timing_unstable) o << "           timing unstable: conservative estimate (the interval's lower bound)\n";
   }

@@ -15,20 +15,20 @@ RewardModel::RewardModel(RewardOptions o) : o_(std::move(o)) {
 
 double RewardModel::failure_reward(Verdict v) const {
   switch (v) {
-    case Verdict::CompileError: return o_.compile_error;
-    case Verdict::RuntimeError: return o_.runtime_error;
-    case Verdict::Timeout: return o_.timeout;
-    case Verdict::Incorrect: return o_.incorrect;
-    case Verdict::RejectedCheat: return o_.rejected_cheat;
-    case Verdict::Ok: return 0;
+    case Verdict::compile_error: return o_.compile_error;
+    case Verdict::runtime_error: return o_.runtime_error;
+    case Verdict::timeout: return o_.timeout;
+    case Verdict::incorrect: return o_.incorrect;
+    case Verdict::rejected_cheat: return o_.rejected_cheat;
+    case Verdict::ok: return 0;
   }
   return 0;
 }
 
 double RewardModel::score(Verdict v, double speedup) {
-  if (v != Verdict::Ok) return failure_reward(v);
+  if (v != Verdict::ok) return failure_reward(v);
   const double c = o_.clip;
-  if (!(speedup > 0) || !std::isfinite(speedup)) return failure_reward(Verdict::RuntimeError);
+  if (!(speedup > 0) || !std::isfinite(speedup)) return failure_reward(Verdict::runtime_error);
   if (o_.kind == "speedup") return std::clamp(speedup - 1.0, -c, c);
   if (o_.kind == "log_speedup") return std::clamp(std::log(speedup), -c, c);
   std::lock_guard<std::mutex> lk(mu_);
@@ -54,7 +54,7 @@ double RewardModel::score(Verdict v, double speedup) {
 }
 
 double RewardModel::score(const Result& r) {
-  if (r.verdict == Verdict::Ok && r.task_degenerate) return neutral_reward();
+  if (r.verdict == Verdict::ok && r.task_degenerate) return neutral_reward();
   return score(r.verdict, r.speedup);
 }
 

@@ -16,18 +16,6 @@
 namespace kf::evaluator {
 namespace {
 
-replay::Verdict record_verdict(Verdict v) {
-  switch (v) {
-    case Verdict::Ok: return replay::Verdict::ok;
-    case Verdict::CompileError: return replay::Verdict::compile_error;
-    case Verdict::RuntimeError: return replay::Verdict::runtime_error;
-    case Verdict::Timeout: return replay::Verdict::timeout;
-    case Verdict::Incorrect: return replay::Verdict::incorrect;
-    case Verdict::RejectedCheat: return replay::Verdict::rejected_cheat;
-  }
-  return replay::Verdict::runtime_error;
-}
-
 int64_t monotonic_ns() {
   timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -52,7 +40,8 @@ replay::Result to_record(const Result& r, const replay::Candidate& c, int evalua
   o.candidate_id = c.id;
   o.group_id = c.group_id;
   o.index_in_group = c.index_in_group;
-  o.verdict = record_verdict(r.verdict);
+  o.verdict = r.verdict;
+  o.cause = r.cause;
   o.reason = r.reason;
   o.ref_time_median_us = r.ref_ms.median * 1e3;
   o.ref_time_spread_us = (r.ref_ms.p90 - r.ref_ms.p10) * 1e3;
@@ -120,7 +109,7 @@ std::string verdict_json_line(const replay::Candidate& c, const Result& r, int l
                             {"speedup_hi", r.ok() ? r.speedup_hi : 0.0},
                             {"timing_unstable", r.timing_unstable},
                             {"task_degenerate", r.task_degenerate},
-                            {"environment", r.reason.rfind(replay::kEnvironmentPrefix, 0) == 0},
+                            {"environment", r.cause == Cause::environment},
                             {"reward", r.reward},
                             {"compile_s", r.compile_s},
                             {"verify_s", r.verify_s},
@@ -131,7 +120,7 @@ std::string verdict_json_line(const replay::Candidate& c, const Result& r, int l
                             {"timing_s", r.timing_s},
                             {"timed_trials", r.timed_trials},
                             {"reason", r.reason.substr(0, 300)},
-                            {"diagnostic", r.verdict == Verdict::CompileError ? first_diagnostic(r.diagnostics) : ""}};
+                            {"diagnostic", r.verdict == Verdict::compile_error ? first_diagnostic(r.diagnostics) : ""}};
   // A cut multi-byte character is replaced, not thrown on.
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
@@ -178,23 +167,25 @@ std::shared_ptr<const tasks::Task> EvaluatorService::task(const std::string& nam
 }
 
 Result EvaluatorService::score(const replay::Candidate& c) {
-  auto fail = [&](Verdict v, const std::string& reason) {
+  auto fail = [&](Verdict v, const std::string& reason, Cause cause) {
     Result r;
     r.task = c.task;
     r.backend = tasks::backend_name(o_.backend);
     r.verdict = v;
+    r.cause = cause;
     r.reason = reason;
     r.reward = ev_.reward_model().failure_reward(v);
     return r;
   };
   if (c.source.empty())
-    return fail(Verdict::CompileError, c.extraction_error.empty() ? "no kernel source" : c.extraction_error);
+    return fail(Verdict::compile_error, c.extraction_error.empty() ? "no kernel source" : c.extraction_error,
+                Cause::kernel);
   std::string err;
   auto t = task(c.task, &err);
   if (!t) {
     log_error("evaluator ", o_.evaluator_id, ": cannot score candidate ", c.id, ": ", err,
               "; it is scored runtime_error and the evaluator goes on");
-    return fail(Verdict::RuntimeError, std::string(replay::kEnvironmentPrefix) + "evaluator: " + err);
+    return fail(Verdict::runtime_error, "evaluator: " + err, Cause::environment);
   }
   return ev_.evaluate(*t, o_.backend, c.source, c.id);
 }
@@ -205,9 +196,9 @@ void EvaluatorService::account(const Result& r, const replay::Candidate& c) {
   ctl.add_counter(slot_, kScored, 1);
   ctl.add_counter(slot_, replay::ControlBlock::kWorkMs, static_cast<uint64_t>(r.verify_s * 1e3));
   ctl.add_counter(slot_, replay::ControlBlock::kCompileMs, static_cast<uint64_t>(r.compile_s * 1e3));
-  if (r.verdict == Verdict::RejectedCheat) ++stats_.rejected_cheat, ctl.add_counter(slot_, kCheat, 1);
-  if (r.verdict == Verdict::CompileError) ++stats_.compile_error, ctl.add_counter(slot_, kCompileError, 1);
-  if (r.reason.rfind(replay::kEnvironmentPrefix, 0) == 0) ++stats_.environment, ctl.add_counter(slot_, kEnvironment, 1);
+  if (r.verdict == Verdict::rejected_cheat) ++stats_.rejected_cheat, ctl.add_counter(slot_, kCheat, 1);
+  if (r.verdict == Verdict::compile_error) ++stats_.compile_error, ctl.add_counter(slot_, kCompileError, 1);
+  if (r.cause == Cause::environment) ++stats_.environment, ctl.add_counter(slot_, kEnvironment, 1);
   if (r.task_degenerate) {
     ++stats_.degenerate;
     ctl.add_counter(slot_, kDegenerate, 1);
@@ -289,21 +280,23 @@ std::size_t EvaluatorService::step() {
         // The task or the installation, not the candidate: say so, score it, go on.
         log_error("evaluator ", o_.evaluator_id, ": verifying candidate ", c.id, " failed: ", e.what(),
                   "; scored runtime_error, the evaluator goes on");
-        r.verdict = Verdict::RuntimeError;
-        r.reason = std::string(replay::kEnvironmentPrefix) + "evaluator error: " + e.what();
-        r.reward = ev_.reward_model().failure_reward(Verdict::RuntimeError);
+        r.verdict = Verdict::runtime_error;
+        r.cause = Cause::environment;
+        r.reason = std::string("evaluator error: ") + e.what();
+        r.reward = ev_.reward_model().failure_reward(Verdict::runtime_error);
       }
       if (!oom.empty() && retry_out_of_memory(c, claims[i], attempts[i], oom)) continue;
-      if (!oom.empty())
-        r.reason = std::string(replay::kEnvironmentPrefix) + "out of GPU memory on " + std::to_string(o_.oom_attempts) +
-                   " tries: " + r.reason;
+      if (!oom.empty()) {
+        r.cause = Cause::environment;
+        r.reason = "out of GPU memory on " + std::to_string(o_.oom_attempts) + " tries: " + r.reason;
+      }
     }
     ++done;
     account(r, c);
     log_verdict(c, r, t ? t->level() : 0);
     const replay::Result rec = to_record(r, c, o_.evaluator_id, o_.train_on_degenerate_tasks);
     log_info("evaluator ", o_.evaluator_id, ": candidate ", c.id, " of ", c.task, ": ", verdict_name(r.verdict),
-             r.reason.empty() ? "" : " (" + r.reason + ")", r.ok() ? ", speedup " + std::to_string(r.speedup) : "");
+             r.cause == Cause::environment ? " [environment]" : "", r.reason.empty() ? "" : " (" + r.reason + ")", r.ok() ? ", speedup " + std::to_string(r.speedup) : "");
     // The claim is acknowledged only once the result is stored in the result queue (a
     // kill before this line puts the candidate back in the queue).
     if (shm_.results().push(rec, o_.push_timeout)) {

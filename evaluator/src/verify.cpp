@@ -41,6 +41,7 @@ using TensorList = std::vector<at::Tensor>;
 struct Stop {
   Verdict verdict;
   std::string reason;
+  Cause cause = Cause::kernel;
 };
 
 double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
@@ -231,12 +232,12 @@ struct Session {
     const std::string log = sb->log_tail();
     if (!log.empty()) res.diagnostics = log;
     switch (c.kind) {
-      case CallOutcome::Timeout: throw Stop{Verdict::Timeout, msg};
-      case CallOutcome::Forbidden: throw Stop{Verdict::RejectedCheat, "sandbox violation: " + msg};
-      case CallOutcome::KernelError: throw Stop{Verdict::RuntimeError, msg};
+      case CallOutcome::Timeout: throw Stop{Verdict::timeout, msg};
+      case CallOutcome::Forbidden: throw Stop{Verdict::rejected_cheat, "sandbox violation: " + msg};
+      case CallOutcome::KernelError: throw Stop{Verdict::runtime_error, msg};
       // Killed from outside, or the harness failed: not the candidate's doing (no reward).
-      case CallOutcome::Environment: throw Stop{Verdict::RuntimeError, "environment: " + msg};
-      default: throw Stop{Verdict::RuntimeError, std::string(outcome_name(c.kind)) + ": " + msg};
+      case CallOutcome::Environment: throw Stop{Verdict::runtime_error, msg, Cause::environment};
+      default: throw Stop{Verdict::runtime_error, std::string(outcome_name(c.kind)) + ": " + msg};
     }
   }
 
@@ -245,9 +246,9 @@ struct Session {
   // host puts an honest call over a line now and then, work that buys time shows in most.
   void expect_clean(const CandOut& c, const std::string& where) {
     if (!c.inputs_changed.empty())
-      throw Stop{Verdict::RejectedCheat, "modifies its inputs: '" + c.inputs_changed + "' changed during the call (" + where + ")"};
+      throw Stop{Verdict::rejected_cheat, "modifies its inputs: '" + c.inputs_changed + "' changed during the call (" + where + ")"};
     if (c.late_changed)
-      throw Stop{Verdict::RejectedCheat, "work escaping the timed region: outputs changed after kf_forward returned (deferred work on host threads, or GPU work after return) (" + where + ")"};
+      throw Stop{Verdict::rejected_cheat, "work escaping the timed region: outputs changed after kf_forward returned (deferred work on host threads, or GPU work after return) (" + where + ")"};
   }
 
   static std::string fmt(double v) {
@@ -331,30 +332,30 @@ struct Session {
                                     const TensorList& params, uint32_t poison, const std::string& where) {
     const TensorList cs = sampled(c.outs);
     if (replays_earlier_call(cs, r))
-      throw Stop{Verdict::RejectedCheat, "results cached across calls: the outputs are those of an earlier call's inputs (" + where + ")"};
+      throw Stop{Verdict::rejected_cheat, "results cached across calls: the outputs are those of an earlier call's inputs (" + where + ")"};
     // Same inputs, other poison in outputs and scratch: does the answer follow the garbage?
     CandOut again = cand(in, params, poison ^ 1u, o.probe_ms, o.flush_cache);
     Match m2 = match(again.outs, r, poison ^ 1u);
     if (m2.ok)
-      throw Stop{Verdict::RejectedCheat, "reads uninitialised memory: the result depends on the garbage in output/scratch memory (correct with one poison pattern, wrong with the other) (" + where + ")"};
+      throw Stop{Verdict::rejected_cheat, "reads uninitialised memory: the result depends on the garbage in output/scratch memory (correct with one poison pattern, wrong with the other) (" + where + ")"};
     // Unfinished at return (the worker is frozen there) while each of the two calls left a
     // thread it started alive (a pool made once, as OpenMP's, grows only the first call):
     // the rest of the work was meant to happen after the clock stopped.
     if (m.unwritten > 0 && m2.unwritten > 0 && c.call.threads_after > c.call.threads_before &&
         again.call.threads_after > again.call.threads_before)
-      throw Stop{Verdict::RejectedCheat, "work escaping the timed region: " + std::to_string(m.unwritten) +
+      throw Stop{Verdict::rejected_cheat, "work escaping the timed region: " + std::to_string(m.unwritten) +
                                              " output elements unfinished at return while a thread started in the call was still running (" +
                                              where + ")"};
     if (m.unwritten > 0 && m2.unwritten > 0)
-      throw Stop{Verdict::RejectedCheat, "outputs not fully written: " + std::to_string(m.unwritten) +
+      throw Stop{Verdict::rejected_cheat, "outputs not fully written: " + std::to_string(m.unwritten) +
                                              " elements still hold the poison pattern (problem-size tampering or partial computation) (" + where + ")"};
     // Other inputs: an unchanged answer means the output does not depend on the inputs.
     TensorList other = inputs_for(9000 + uint64_t(calls));
     TensorList r_other = ref_run(other);
     CandOut c_other = cand(other, params, poison, o.probe_ms, o.flush_cache);
     if (same_bits(sampled(c_other.outs), cs) && !refs_close(r_other, r))
-      throw Stop{Verdict::RejectedCheat, "constant or input-independent output: identical outputs for different inputs (" + where + ")"};
-    throw Stop{Verdict::Incorrect, m.detail + " (" + where + ")"};
+      throw Stop{Verdict::rejected_cheat, "constant or input-independent output: identical outputs for different inputs (" + where + ")"};
+    throw Stop{Verdict::incorrect, m.detail + " (" + where + ")"};
   }
 
   // Wrong after having been right on the distribution: caching, garbage, or a change of
@@ -363,13 +364,13 @@ struct Session {
   [[noreturn]] void call_order_failure(const Match& m, const TensorList& cs, const TensorList& r, const TensorList& in,
                                        const TensorList& params, uint32_t poison, const std::string& where) {
     if (replays_earlier_call(cs, r))
-      throw Stop{Verdict::RejectedCheat, "results cached across calls: the outputs are those of an earlier call's inputs (" + where + ")"};
+      throw Stop{Verdict::rejected_cheat, "results cached across calls: the outputs are those of an earlier call's inputs (" + where + ")"};
     CandOut again = cand(in, params, poison ^ 1u, o.probe_ms, o.flush_cache);
     if (match(again.outs, r, poison ^ 1u).ok)
-      throw Stop{Verdict::RejectedCheat, "reads uninitialised memory: the result depends on the garbage in output/scratch memory (" + where + ")"};
+      throw Stop{Verdict::rejected_cheat, "reads uninitialised memory: the result depends on the garbage in output/scratch memory (" + where + ")"};
     if (m.unwritten > 0)
-      throw Stop{Verdict::RejectedCheat, "outputs not fully written: " + std::to_string(m.unwritten) + " poisoned elements after " + std::to_string(calls) + " calls (" + where + ")"};
-    throw Stop{Verdict::RejectedCheat, "results depend on call order: correct in earlier calls, wrong after " + std::to_string(calls) +
+      throw Stop{Verdict::rejected_cheat, "outputs not fully written: " + std::to_string(m.unwritten) + " poisoned elements after " + std::to_string(calls) + " calls (" + where + ")"};
+    throw Stop{Verdict::rejected_cheat, "results depend on call order: correct in earlier calls, wrong after " + std::to_string(calls) +
                                            " calls (run-time switch of precision or algorithm, e.g. by timing itself): " + m.detail + " (" + where + ")"};
   }
 
@@ -789,7 +790,7 @@ struct Session {
                                  const std::string& where) {
     const TensorList cs = sampled(c.outs);  // before any later call reuses the slot
     if (replays_earlier_call(cs, k.r))
-      throw Stop{Verdict::RejectedCheat, "results cached across calls: the outputs are those of an earlier call's inputs (" + where + ")"};
+      throw Stop{Verdict::rejected_cheat, "results cached across calls: the outputs are those of an earlier call's inputs (" + where + ")"};
     // Near-duplicates: are the outputs those of the unchanged inputs / parameters?
     if (it.step == Step::NearDup || it.step == Step::ParamsPart) {
       TensorList rb;
@@ -802,7 +803,7 @@ struct Session {
       }
       if (!refs_close(rb, k.r) && match(c.outs, rb, poison).ok) {
         if (it.step == Step::NearDup)
-          throw Stop{Verdict::RejectedCheat, "results cached across calls: on a near-duplicate of the previous call's inputs the outputs are the previous call's (stale rows: a cache keyed on a sparse fingerprint of the inputs) (" + where + ")"};
+          throw Stop{Verdict::rejected_cheat, "results cached across calls: on a near-duplicate of the previous call's inputs the outputs are the previous call's (stale rows: a cache keyed on a sparse fingerprint of the inputs) (" + where + ")"};
         // Stale parameters: cached, or never read? A kernel that reads them gets all of
         // them re-drawn right.
         bool reads_params = false;
@@ -818,8 +819,8 @@ struct Session {
           }
         }
         if (!reads_params)
-          throw Stop{Verdict::RejectedCheat, "matches only the default parameters: wrong with re-drawn parameters, and with a few elements re-drawn the outputs are the unchanged parameters' (parameters ignored or hard-coded) (" + where + ")"};
-        throw Stop{Verdict::RejectedCheat, "results cached across calls: with a few parameter elements re-drawn the outputs are those of the unchanged parameters, while all of them re-drawn are right (a cache keyed on a fingerprint of the parameters) (" + where + ")"};
+          throw Stop{Verdict::rejected_cheat, "matches only the default parameters: wrong with re-drawn parameters, and with a few elements re-drawn the outputs are the unchanged parameters' (parameters ignored or hard-coded) (" + where + ")"};
+        throw Stop{Verdict::rejected_cheat, "results cached across calls: with a few parameter elements re-drawn the outputs are those of the unchanged parameters, while all of them re-drawn are right (a cache keyed on a fingerprint of the parameters) (" + where + ")"};
       }
     }
     // Checks that passed earlier, asked again (the same kind first, then the same family,
@@ -841,7 +842,7 @@ struct Session {
       const uint32_t p2 = next_poison();
       CandOut c2 = cand(k2.in, k2.p, p2, o.probe_ms, o.flush_cache);
       if (!match(c2.outs, k2.r, p2, k2.atol_scale).ok)
-        throw Stop{Verdict::RejectedCheat, "results depend on call order: correct on " + pc->name + " at call " + std::to_string(pc->call) +
+        throw Stop{Verdict::rejected_cheat, "results depend on call order: correct on " + pc->name + " at call " + std::to_string(pc->call) +
                                                ", wrong on the same inputs at call " + std::to_string(calls) +
                                                " (a switch of behaviour after a number of calls: checks counted, or the kernel timing itself); then " +
                                                m.detail + " (" + where + ")"};
@@ -853,16 +854,16 @@ struct Session {
       if (!match(c0.outs, first_r, p0).ok) call_order_failure(m, cs, k.r, k.in, k.p, poison, where);
     }
     if (m.unwritten)
-      throw Stop{Verdict::RejectedCheat, "outputs not fully written on " + k.name + " (" + std::to_string(m.unwritten) +
+      throw Stop{Verdict::rejected_cheat, "outputs not fully written on " + k.name + " (" + std::to_string(m.unwritten) +
                                              " poisoned elements; problem-size or range tampering) (" + where + ")"};
     switch (it.step) {
       case Step::Params:
       case Step::ParamsPart:
-        throw Stop{Verdict::RejectedCheat, "matches only the default parameters: wrong with " + k.name +
+        throw Stop{Verdict::rejected_cheat, "matches only the default parameters: wrong with " + k.name +
                                                " (parameters ignored, hard-coded or cached): " + m.detail + " (" + where + ")"};
-      case Step::NearDup: throw Stop{Verdict::Incorrect, m.detail + " (" + where + ")"};
+      case Step::NearDup: throw Stop{Verdict::incorrect, m.detail + " (" + where + ")"};
       default:
-        throw Stop{Verdict::RejectedCheat, "input-specific shortcut: correct on the task's input distribution, wrong on " + k.name + ": " +
+        throw Stop{Verdict::rejected_cheat, "input-specific shortcut: correct on the task's input distribution, wrong on " + k.name + ": " +
                                                m.detail + " (" + where + ")"};
     }
   }
@@ -899,7 +900,7 @@ struct Session {
     const TensorList cs = sampled(c.outs), rs = sampled(r);
     remember(rs);
     if (!prev_cs.empty() && same_bits(cs, prev_cs) && !refs_close(rs, prev_rs))
-      throw Stop{Verdict::RejectedCheat, "constant or input-independent output: identical outputs for different inputs (" + where + ")"};
+      throw Stop{Verdict::rejected_cheat, "constant or input-independent output: identical outputs for different inputs (" + where + ")"};
     if (i == 0) {
       first_cs = cs;
       first_r = r;
@@ -945,7 +946,7 @@ struct Session {
     expect_clean(c, where);
     Match m = match(c.outs, first_r, poison);
     if (!m.ok || m.unwritten)
-      throw Stop{Verdict::RejectedCheat, "reads uninitialised memory or is nondeterministic: an identical call with different poison gave a wrong result (" + m.detail + ") (" + where + ")"};
+      throw Stop{Verdict::rejected_cheat, "reads uninitialised memory or is nondeterministic: an identical call with different poison gave a wrong result (" + m.detail + ") (" + where + ")"};
     res.nondeterministic = !same_bits(sampled(c.outs), first_cs);
     check("anti.nondeterminism", true, (res.nondeterministic ? "bits differ across identical calls (within tolerance)" : "bitwise identical") +
                                            std::string(" (call ") + std::to_string(calls) + ")");
@@ -1001,7 +1002,7 @@ void Session::run() {
   {
     CallOutcome lc = sb->load(so_path);
     if (!lc.ok()) {
-      if (lc.kind == CallOutcome::LoadFailed) throw Stop{Verdict::RuntimeError, "load failed: " + lc.message};
+      if (lc.kind == CallOutcome::LoadFailed) throw Stop{Verdict::runtime_error, "load failed: " + lc.message};
       fail_call(lc);
     }
   }
@@ -1110,18 +1111,18 @@ void Session::run() {
 
   auto of_timed = [&](int n) { return std::to_string(n) + " of " + std::to_string(n_timed) + " timed calls"; };
   if (new_threads_trials > 0)
-    throw Stop{Verdict::RejectedCheat, "work escaping the timed region: " + std::to_string(new_threads_trials) + " timed calls left new host threads running after return"};
+    throw Stop{Verdict::rejected_cheat, "work escaping the timed region: " + std::to_string(new_threads_trials) + " timed calls left new host threads running after return"};
   check("anti.threads_left", true, "no thread outlives a call");
   // Work that buys time has to run around every timed call it speeds up, so it shows in
   // most of them; a few over a line are the loaded machine's (CUDA driver threads, a busy
   // host), which flagged correct kernels as cheats when a GPU was shared by several runs.
   // Work in at most a quarter of the calls cannot move the median.
   if (4 * idle_trials > n_timed)
-    throw Stop{Verdict::RejectedCheat, "work outside the timed region: other threads used more than " + fmt(o.idle_cpu_ms) +
+    throw Stop{Verdict::rejected_cheat, "work outside the timed region: other threads used more than " + fmt(o.idle_cpu_ms) +
                                            " ms of CPU between calls in " + of_timed(idle_trials) + " (max " + fmt(max_idle) +
                                            " ms" + max_idle_who + "; background computation)"};
   if (4 * outside_trials > n_timed)
-    throw Stop{Verdict::RejectedCheat, "work outside the timed region: threads other than the worker's main one kept working "
+    throw Stop{Verdict::rejected_cheat, "work outside the timed region: threads other than the worker's main one kept working "
                                            "outside kf_forward in " + of_timed(outside_trials) + " (max " + fmt(max_outside) +
                                            " ms of CPU in the worker's " + fmt(max_outside_wall) +
                                            " ms before the clock and after return; a background thread)"};
@@ -1133,13 +1134,13 @@ void Session::run() {
   check("anti.before_clock", true, "start mark " + fmt(max_resume) + " ms after the resume at most (" +
                                        of_timed(resume_trials) + " over " + fmt(o.resume_ms) + " ms)");
   if (b == Backend::CUDA && max_presync > o.presync_ms)
-    throw Stop{Verdict::RejectedCheat, "work outside the timed region: the GPU was busy for " + fmt(max_presync) + " ms before the clock started (work launched outside kf_forward)"};
+    throw Stop{Verdict::rejected_cheat, "work outside the timed region: the GPU was busy for " + fmt(max_presync) + " ms before the clock started (work launched outside kf_forward)"};
   check("anti.gpu_idle_before_call", true, b == Backend::CUDA ? "device idle at start" : "n/a on CPU");
   if (4 * late_trials > n_timed)
-    throw Stop{Verdict::RejectedCheat, "work escaping the timed region: other threads used more than " + fmt(o.late_cpu_ms) +
+    throw Stop{Verdict::rejected_cheat, "work escaping the timed region: other threads used more than " + fmt(o.late_cpu_ms) +
                                            " ms of CPU after kf_forward returned in " + of_timed(late_trials) + " (max " + fmt(max_late) + " ms)"};
   if (b == Backend::CUDA && 4 * settle_trials > n_timed)
-    throw Stop{Verdict::RejectedCheat, "work escaping the timed region: GPU work after kf_forward returned (the device was busy up to " +
+    throw Stop{Verdict::rejected_cheat, "work escaping the timed region: GPU work after kf_forward returned (the device was busy up to " +
                                            fmt(max_settle) + " ms after the worker stopped, over " + fmt(o.gpu_settle_ms) + " ms in " +
                                            of_timed(settle_trials) + ")"};
   check("anti.after_return", true, "outputs unchanged after return; CPU after return max " + fmt(max_late) + " ms" +
@@ -1249,14 +1250,15 @@ Result Evaluator::evaluate_compiled(const tasks::Task& task, tasks::Backend back
   if (!cr.ok && cr.environment_failure) {
     // The compiler did not run (its confinement or the service failed): not the source's
     // fault, so an environment failure the learner leaves out, never the candidate's error.
-    res.verdict = Verdict::RuntimeError;
-    res.reason = "environment: compile service failure (the compiler did not run)";
+    res.verdict = Verdict::runtime_error;
+    res.cause = Cause::environment;
+    res.reason = "compile service failure (the compiler did not run)";
     res.diagnostics = cr.diagnostics;
     res.reward = impl_->reward.score(res);
     return res;
   }
   if (!cr.ok) {
-    res.verdict = Verdict::CompileError;
+    res.verdict = Verdict::compile_error;
     res.reason = cr.rejected_source ? "source rejected" : (cr.timed_out ? "compile timed out" : "compile error");
     res.diagnostics = cr.diagnostics;
     res.reward = impl_->reward.score(res);
@@ -1290,9 +1292,10 @@ Result Evaluator::evaluate_compiled(const tasks::Task& task, tasks::Backend back
   }
   try {
     s.run();
-    res.verdict = Verdict::Ok;
+    res.verdict = Verdict::ok;
   } catch (const Stop& st) {
     res.verdict = st.verdict;
+    res.cause = st.cause;
     res.reason = st.reason;
     res.checks.push_back({"verdict", false, st.reason});
   }

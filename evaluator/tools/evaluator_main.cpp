@@ -172,8 +172,9 @@ int run_remote(const kf::Config& cfg, const kf::evaluator::EvalOptions& eo, cons
         kf::log_error("evaluator ", id, ": ", e.what(), "; scored runtime_error (environment)");
         c = kf::replay::Candidate{};
         c.id = m.tag;
-        r.verdict = kf::evaluator::Verdict::RuntimeError;
-        r.reason = std::string(kf::replay::kEnvironmentPrefix) + "the candidate record did not decode";
+        r.verdict = kf::evaluator::Verdict::runtime_error;
+        r.cause = kf::evaluator::Cause::environment;
+        r.reason = "the candidate record did not decode";
         r.reward = ev.reward_model().failure_reward(r.verdict);
       }
       if (m.deliveries > 1)
@@ -184,15 +185,17 @@ int run_remote(const kf::Config& cfg, const kf::evaluator::EvalOptions& eo, cons
           std::lock_guard<std::mutex> g(mu);
           in_hand = m.id;
         }
-        auto fail = [&](kf::evaluator::Verdict v, const std::string& why) {
+        auto fail = [&](kf::evaluator::Verdict v, const std::string& why, kf::evaluator::Cause cause) {
           r = kf::evaluator::Result{};
           r.task = c.task;
           r.verdict = v;
+          r.cause = cause;
           r.reason = why;
           r.reward = ev.reward_model().failure_reward(v);
         };
         if (c.source.empty()) {
-          fail(kf::evaluator::Verdict::CompileError, c.extraction_error.empty() ? "no kernel source" : c.extraction_error);
+          fail(kf::evaluator::Verdict::compile_error, c.extraction_error.empty() ? "no kernel source" : c.extraction_error,
+               kf::evaluator::Cause::kernel);
         } else {
           std::shared_ptr<const kf::tasks::Task> t;
           try {
@@ -211,8 +214,8 @@ int run_remote(const kf::Config& cfg, const kf::evaluator::EvalOptions& eo, cons
           } catch (const std::exception& e) {
             kf::log_error("evaluator ", id, ": verifying candidate ", c.id, " failed: ", e.what(),
                           "; scored runtime_error (environment), the evaluator goes on");
-            fail(kf::evaluator::Verdict::RuntimeError,
-                 std::string(kf::replay::kEnvironmentPrefix) + "evaluator error: " + e.what());
+            fail(kf::evaluator::Verdict::runtime_error, std::string("evaluator error: ") + e.what(),
+                 kf::evaluator::Cause::environment);
           }
         }
       }

@@ -37,7 +37,7 @@ StepBatch build_step_batch(const std::vector<replay::ScoredGroup>& groups, int64
         ++out.counts.candidates_missing;
         continue;
       }
-      if (replay::environment_failure(g.results[i])) {  // says nothing about the completion
+      if (g.results[i].cause == replay::Cause::environment) {  // says nothing about the completion
         ++out.counts.candidates_environment;
         continue;
       }
@@ -105,39 +105,107 @@ std::vector<std::vector<int64_t>> pack_micro_batches(const StepBatch& b, int64_t
   return out;
 }
 
-MicroBatch make_micro_batch(const StepBatch& b, const std::vector<int64_t>& seq_index) {
-  const int64_t B = static_cast<int64_t>(seq_index.size());
-  int64_t T = 2;
-  for (int64_t i : seq_index) T = std::max<int64_t>(T, b.seqs[i].tokens.size());
+namespace {
+
+// The [B, T-1] tensors of a micro-batch from each sequence's row and start column.
+MicroBatch fill_micro_batch(const StepBatch& b, const std::vector<int64_t>& seq_index, int64_t B, int64_t T,
+                            const std::vector<std::pair<int64_t, int64_t>>& row_col) {
   auto ids = torch::zeros({B, T}, torch::kInt64);
   auto attn = torch::zeros({B, T}, torch::kInt64);
   auto beh = torch::zeros({B, T - 1}, torch::kFloat32);
   auto comp = torch::zeros({B, T - 1}, torch::kFloat32);
-  auto adv = torch::zeros({B}, torch::kFloat32);
+  auto adv = torch::zeros({B, T - 1}, torch::kFloat32);
+  auto inv = torch::zeros({B, T - 1}, torch::kFloat32);
+  auto slot = torch::zeros({B, T - 1}, torch::kInt64);
   auto ia = ids.accessor<int64_t, 2>();
   auto aa = attn.accessor<int64_t, 2>();
   auto ba = beh.accessor<float, 2>();
   auto ca = comp.accessor<float, 2>();
-  for (int64_t r = 0; r < B; ++r) {
-    const auto& s = b.seqs[seq_index[r]];
-    for (std::size_t t = 0; t < s.tokens.size(); ++t) {
-      ia[r][t] = s.tokens[t];
-      aa[r][t] = 1;
-    }
-    // token_logprobs position t predicts token t+1: completion token j sits at P+j.
-    for (std::size_t j = 0; j < s.behaviour.size(); ++j) {
-      ba[r][s.prompt_len - 1 + j] = s.behaviour[j];
-      ca[r][s.prompt_len - 1 + j] = 1.0f;
-    }
-    adv[r] = static_cast<float>(s.advantage);
-  }
+  auto va = adv.accessor<float, 2>();
+  auto na = inv.accessor<float, 2>();
+  auto sa = slot.accessor<int64_t, 2>();
   MicroBatch m;
+  for (std::size_t k = 0; k < seq_index.size(); ++k) {
+    const auto& s = b.seqs[seq_index[k]];
+    const auto [r, c0] = row_col[k];
+    for (std::size_t t = 0; t < s.tokens.size(); ++t) {
+      ia[r][c0 + t] = s.tokens[t];
+      aa[r][c0 + t] = 1;
+    }
+    // Position t predicts token t+1: completion token j (at P+j) is predicted at P-1+j.
+    const float n = static_cast<float>(s.behaviour.size());
+    for (std::size_t j = 0; j < s.behaviour.size(); ++j) {
+      const int64_t t = c0 + s.prompt_len - 1 + static_cast<int64_t>(j);
+      ba[r][t] = s.behaviour[j];
+      ca[r][t] = 1.0f;
+      va[r][t] = static_cast<float>(s.advantage);
+      na[r][t] = 1.0f / n;
+      sa[r][t] = static_cast<int64_t>(k);
+    }
+    m.real_tokens += static_cast<int64_t>(s.tokens.size());
+  }
   m.ids = ids;
   m.attention = attn;
   m.behaviour = beh;
   m.completion = comp;
   m.advantages = adv;
+  m.inv_len = inv;
+  m.seq_slot = slot;
   m.seq_index = seq_index;
+  return m;
+}
+
+}  // namespace
+
+MicroBatch make_micro_batch(const StepBatch& b, const std::vector<int64_t>& seq_index) {
+  const int64_t B = static_cast<int64_t>(seq_index.size());
+  int64_t T = 2;
+  for (int64_t i : seq_index) T = std::max<int64_t>(T, b.seqs[i].tokens.size());
+  std::vector<std::pair<int64_t, int64_t>> row_col;
+  for (int64_t r = 0; r < B; ++r) row_col.emplace_back(r, 0);
+  return fill_micro_batch(b, seq_index, B, T, row_col);
+}
+
+std::vector<std::vector<int64_t>> pack_sequences(const StepBatch& b, int64_t max_tokens, bool whole_groups) {
+  struct Unit {
+    std::vector<int64_t> seqs;
+    int64_t len = 0;
+  };
+  std::vector<Unit> units;
+  for (const auto& members : b.groups) {
+    if (whole_groups) units.push_back({members, 0});
+    else
+      for (int64_t i : members) units.push_back({{i}, 0});
+  }
+  for (auto& u : units)
+    for (int64_t i : u.seqs) u.len += static_cast<int64_t>(b.seqs[i].tokens.size());
+  std::stable_sort(units.begin(), units.end(), [](const Unit& x, const Unit& y) { return x.len > y.len; });
+  std::vector<std::vector<int64_t>> rows;
+  std::vector<int64_t> used;
+  for (const auto& u : units) {
+    std::size_t r = 0;
+    while (r < rows.size() && used[r] + u.len > max_tokens) ++r;
+    if (r == rows.size()) {
+      rows.emplace_back();
+      used.push_back(0);
+    }
+    rows[r].insert(rows[r].end(), u.seqs.begin(), u.seqs.end());
+    used[r] += u.len;
+  }
+  return rows;
+}
+
+MicroBatch make_packed_micro_batch(const StepBatch& b, const std::vector<int64_t>& seq_index) {
+  std::vector<std::pair<int64_t, int64_t>> row_col;
+  std::vector<int64_t> segments;
+  int64_t T = 0;
+  for (int64_t i : seq_index) {
+    row_col.emplace_back(0, T);
+    segments.push_back(static_cast<int64_t>(b.seqs[i].tokens.size()));
+    T += segments.back();
+  }
+  auto m = fill_micro_batch(b, seq_index, 1, std::max<int64_t>(T, 2), row_col);
+  m.segments = std::move(segments);
   return m;
 }
 

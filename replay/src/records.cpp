@@ -10,11 +10,11 @@ namespace {
 constexpr uint32_t kCandidateTag = 0x444E4143;  // "CAND"
 constexpr uint32_t kResultTag = 0x53455252;     // "RRES"
 constexpr uint32_t kRecordVersion = 1;        // candidates
-constexpr uint32_t kResultVersion = 2;        // 2 added speedup_lo/hi and the flags; 1 still decodes
+// Results: 2 added speedup_lo/hi and the flags, 3 the cause byte after the verdict.
+// 1 and 2 still decode, with cause kernel.
+constexpr uint32_t kResultVersion = 3;
 constexpr uint8_t kTimingUnstable = 1, kTaskDegenerate = 2, kExcludeFromTraining = 4;
 }  // namespace
-
-bool environment_failure(const Result& r) { return r.reason.rfind(kEnvironmentPrefix, 0) == 0; }
 
 const char* verdict_name(Verdict v) {
   switch (v) {
@@ -24,6 +24,14 @@ const char* verdict_name(Verdict v) {
     case Verdict::incorrect: return "incorrect";
     case Verdict::rejected_cheat: return "rejected_cheat";
     case Verdict::ok: return "ok";
+  }
+  return "unknown";
+}
+
+const char* cause_name(Cause c) {
+  switch (c) {
+    case Cause::kernel: return "kernel";
+    case Cause::environment: return "environment";
   }
   return "unknown";
 }
@@ -77,7 +85,7 @@ Candidate decode_candidate(const unsigned char* src, std::size_t n, const std::s
 }
 
 std::size_t encoded_size(const Result& x) {
-  return 8 + 8 + 8 + 4 + 1 + (4 + x.reason.size()) + 8 * 6 + 4 + 8 + 4 + 8 + 8 + 8 + 1;
+  return 8 + 8 + 8 + 4 + 1 + 1 + (4 + x.reason.size()) + 8 * 6 + 4 + 8 + 4 + 8 + 8 + 8 + 1;
 }
 
 void encode(const Result& x, unsigned char* dst) {
@@ -88,6 +96,7 @@ void encode(const Result& x, unsigned char* dst) {
   w.put(x.group_id);
   w.put(x.index_in_group);
   w.put(static_cast<uint8_t>(x.verdict));
+  w.put(static_cast<uint8_t>(x.cause));
   w.str(x.reason);
   w.put(x.ref_time_median_us);
   w.put(x.ref_time_spread_us);
@@ -109,8 +118,8 @@ Result decode_result(const unsigned char* src, std::size_t n, const std::string&
   ByteReader r(src, n, context + ": result record");
   if (r.get<uint32_t>("tag") != kResultTag) r.fail("tag", "not a result record");
   uint32_t v = r.get<uint32_t>("version");
-  if (v != 1 && v != kResultVersion)
-    r.fail("version", std::to_string(v) + ", expected 1 or " + std::to_string(kResultVersion));
+  if (v < 1 || v > kResultVersion)
+    r.fail("version", std::to_string(v) + ", expected 1 to " + std::to_string(kResultVersion));
   Result x;
   x.candidate_id = r.get<uint64_t>("candidate_id");
   x.group_id = r.get<uint64_t>("group_id");
@@ -118,6 +127,11 @@ Result decode_result(const unsigned char* src, std::size_t n, const std::string&
   uint8_t verdict = r.get<uint8_t>("verdict");
   if (verdict > static_cast<uint8_t>(Verdict::ok)) r.fail("verdict", "value " + std::to_string(verdict) + " unknown");
   x.verdict = static_cast<Verdict>(verdict);
+  if (v >= 3) {
+    const uint8_t cause = r.get<uint8_t>("cause");
+    if (cause > static_cast<uint8_t>(Cause::environment)) r.fail("cause", "value " + std::to_string(cause) + " unknown");
+    x.cause = static_cast<Cause>(cause);
+  }
   x.reason = r.str("reason");
   x.ref_time_median_us = r.get<double>("ref_time_median_us");
   x.ref_time_spread_us = r.get<double>("ref_time_spread_us");

@@ -210,7 +210,7 @@ std::vector<RoundStats> run_selfsup(policy::Policy& pol, const Corpus& corpus, c
           it = evaluated.emplace(ex.source, std::move(res)).first;
         }
         const auto& res = it->second;
-        if (res.verdict != evaluator::Verdict::CompileError) ++rs.compiled;
+        if (res.verdict != evaluator::Verdict::compile_error) ++rs.compiled;
         if (!res.ok()) continue;
         ++rs.correct;
         speedup_sum += res.speedup;

@@ -42,11 +42,11 @@ TEST(TimingStatsTest, SpreadOfNoisyTrialsIsWide) {
 
 TEST(RewardTest, FailuresAreFixedAndBelowEveryOkScore) {
   RewardModel m;
-  for (Verdict v : {Verdict::CompileError, Verdict::RuntimeError, Verdict::Timeout, Verdict::Incorrect, Verdict::RejectedCheat})
+  for (Verdict v : {Verdict::compile_error, Verdict::runtime_error, Verdict::timeout, Verdict::incorrect, Verdict::rejected_cheat})
     EXPECT_LT(m.score(v, 10.0), -2.0) << verdict_name(v);
-  EXPECT_LT(m.score(Verdict::RejectedCheat, 0), m.score(Verdict::Incorrect, 0));
+  EXPECT_LT(m.score(Verdict::rejected_cheat, 0), m.score(Verdict::incorrect, 0));
   // An ok result, however slow, scores above any failure.
-  EXPECT_GE(m.score(Verdict::Ok, 0.01), -2.0);
+  EXPECT_GE(m.score(Verdict::ok, 0.01), -2.0);
 }
 
 TEST(RewardTest, CudaL1NormalisesWithRunningStatsAndClips) {
@@ -55,16 +55,16 @@ TEST(RewardTest, CudaL1NormalisesWithRunningStatsAndClips) {
   o.clip = 2;
   RewardModel m(o);
   // Warm-up: clip(speedup - 1).
-  EXPECT_NEAR(m.score(Verdict::Ok, 1.5), 0.5, 1e-12);
-  m.score(Verdict::Ok, 1.0);
-  m.score(Verdict::Ok, 2.0);
-  m.score(Verdict::Ok, 1.5);
+  EXPECT_NEAR(m.score(Verdict::ok, 1.5), 0.5, 1e-12);
+  m.score(Verdict::ok, 1.0);
+  m.score(Verdict::ok, 2.0);
+  m.score(Verdict::ok, 1.5);
   EXPECT_EQ(m.samples(), 4);
   const double mean = 1.5, sd = std::sqrt(0.125);
   EXPECT_NEAR(m.running_mean(), mean, 1e-12);
-  EXPECT_NEAR(m.score(Verdict::Ok, 1.6), (1.6 - mean) / sd, 1e-9);
-  EXPECT_DOUBLE_EQ(m.score(Verdict::Ok, 0.001), -2.0);  // clipped
-  EXPECT_DOUBLE_EQ(m.score(Verdict::Ok, 100.0), 2.0);   // clipped
+  EXPECT_NEAR(m.score(Verdict::ok, 1.6), (1.6 - mean) / sd, 1e-9);
+  EXPECT_DOUBLE_EQ(m.score(Verdict::ok, 0.001), -2.0);  // clipped
+  EXPECT_DOUBLE_EQ(m.score(Verdict::ok, 100.0), 2.0);   // clipped
 }
 
 TEST(RewardTest, WindowForgetsOldSamples) {
@@ -72,7 +72,7 @@ TEST(RewardTest, WindowForgetsOldSamples) {
   o.window = 3;
   o.min_samples = 1;
   RewardModel m(o);
-  for (double s : {10.0, 10.0, 10.0, 1.0, 1.0, 1.0}) m.score(Verdict::Ok, s);
+  for (double s : {10.0, 10.0, 10.0, 1.0, 1.0, 1.0}) m.score(Verdict::ok, s);
   EXPECT_NEAR(m.running_mean(), 1.0, 1e-12);
   EXPECT_EQ(m.samples(), 3);
 }
@@ -80,9 +80,9 @@ TEST(RewardTest, WindowForgetsOldSamples) {
 TEST(RewardTest, OtherKindsAndBadConfig) {
   RewardOptions o;
   o.kind = "log_speedup";
-  EXPECT_NEAR(RewardModel(o).score(Verdict::Ok, std::exp(1.0)), 1.0, 1e-12);
+  EXPECT_NEAR(RewardModel(o).score(Verdict::ok, std::exp(1.0)), 1.0, 1e-12);
   o.kind = "speedup";
-  EXPECT_NEAR(RewardModel(o).score(Verdict::Ok, 2.0), 1.0, 1e-12);
+  EXPECT_NEAR(RewardModel(o).score(Verdict::ok, 2.0), 1.0, 1e-12);
   o.kind = "bogus";
   EXPECT_THROW(RewardModel{o}, kf::Error);
 }
@@ -91,7 +91,7 @@ TEST(RewardTest, OtherKindsAndBadConfig) {
 // kind, and does not move cuda_l1's running statistics.
 TEST(RewardTest, DegenerateTaskGivesNoSpeedReward) {
   Result r;
-  r.verdict = Verdict::Ok;
+  r.verdict = Verdict::ok;
   r.speedup = 10.1;
   r.task_degenerate = true;
   r.degenerate_reason = "reference output is (nearly) the same for different inputs";
@@ -100,7 +100,7 @@ TEST(RewardTest, DegenerateTaskGivesNoSpeedReward) {
     o.kind = kind;
     RewardModel m(o);
     EXPECT_DOUBLE_EQ(m.score(r), 0.0) << kind;
-    EXPECT_DOUBLE_EQ(m.score(r), m.score(Verdict::Ok, 1.0)) << kind;
+    EXPECT_DOUBLE_EQ(m.score(r), m.score(Verdict::ok, 1.0)) << kind;
     Result honest = r;
     honest.task_degenerate = false;
     EXPECT_GT(RewardModel(o).score(honest), 1.0) << kind;  // the same speedup on a sound task pays
@@ -109,7 +109,7 @@ TEST(RewardTest, DegenerateTaskGivesNoSpeedReward) {
   RewardOptions o;
   o.min_samples = 4;
   RewardModel m(o);
-  for (double s : {1.5, 2.0, 2.5, 2.0}) m.score(Verdict::Ok, s);
+  for (double s : {1.5, 2.0, 2.5, 2.0}) m.score(Verdict::ok, s);
   const double mean = m.running_mean(), sd = m.running_std();
   const double got = m.score(r);
   EXPECT_NEAR(got, std::max(-2.0, (1.0 - mean) / sd), 1e-9);
@@ -118,14 +118,14 @@ TEST(RewardTest, DegenerateTaskGivesNoSpeedReward) {
   EXPECT_DOUBLE_EQ(m.running_mean(), mean);
   EXPECT_DOUBLE_EQ(m.neutral_reward(), got);
   // Failures on a degenerate task keep their failure reward.
-  r.verdict = Verdict::Incorrect;
-  EXPECT_DOUBLE_EQ(m.score(r), m.failure_reward(Verdict::Incorrect));
+  r.verdict = Verdict::incorrect;
+  EXPECT_DOUBLE_EQ(m.score(r), m.failure_reward(Verdict::incorrect));
 }
 
 TEST(ResultTest, ReportsTheSpeedupIntervalAndTheUnstableFlag) {
   Result r;
   r.task = "t";
-  r.verdict = Verdict::Ok;
+  r.verdict = Verdict::ok;
   r.speedup = 1.234;
   r.speedup_lo = 1.18;
   r.speedup_hi = 1.29;
@@ -153,14 +153,14 @@ TEST(ResultTest, ReportsTheSpeedupIntervalAndTheUnstableFlag) {
   r.timing_unstable = false;
   EXPECT_NE(to_text(r).find("speedup    1.180x\n"), std::string::npos) << to_text(r);
   // Not ok: no speedup line at all.
-  r.verdict = Verdict::Incorrect;
+  r.verdict = Verdict::incorrect;
   EXPECT_EQ(to_text(r).find("speedup "), std::string::npos) << to_text(r);
 }
 
 TEST(ResultTest, DegenerateTaskSaysNoSpeedReward) {
   Result r;
   r.task = "041_mse_loss";
-  r.verdict = Verdict::Ok;
+  r.verdict = Verdict::ok;
   r.speedup = 10.1;
   r.task_degenerate = true;
   r.degenerate_reason = "reference output is (nearly) the same for different inputs";
@@ -178,7 +178,7 @@ TEST(ResultTest, DegenerateTaskSaysNoSpeedReward) {
 TEST(ResultTest, JsonAndTextNameTheVerdict) {
   Result r;
   r.task = "t";
-  r.verdict = Verdict::RejectedCheat;
+  r.verdict = Verdict::rejected_cheat;
   r.reason = "results cached across calls";
   r.checks.push_back({"correct.distribution", true, ""});
   const std::string j = to_json(r);

@@ -104,9 +104,10 @@ TEST(EvaluatorServiceTest, ScoresQueuedCandidatesPushesResultsAndStoresOkKernels
   EXPECT_NE(by_id[103].reason.find("no_code"), std::string::npos) << by_id[103].reason;
   EXPECT_EQ(by_id[104].verdict, replay::Verdict::runtime_error);
   EXPECT_NE(by_id[104].reason.find("no_such_task"), std::string::npos) << by_id[104].reason;
-  EXPECT_TRUE(replay::environment_failure(by_id[104])) << "an unknown task is the setup's fault, not the kernel's";
+  EXPECT_EQ(by_id[104].cause, replay::Cause::environment) << "an unknown task is the setup's fault, not the kernel's";
   EXPECT_EQ(by_id[105].verdict, replay::Verdict::compile_error);
   for (uint64_t id : {102, 103, 104, 105}) EXPECT_LT(by_id[id].reward, 0) << id;
+  for (uint64_t id : {101, 102, 103, 105}) EXPECT_EQ(by_id[id].cause, replay::Cause::kernel) << id;
 
   // Only the verified kernel entered the database, with its speedup and policy version.
   auto entries = shm->kernels().entries("001_relu");
@@ -231,11 +232,11 @@ TEST(EvaluatorServiceTest, OutOfGpuMemoryIsRetriedThenScoredAndNeverKillsTheServ
   EXPECT_EQ(results[0].candidate_id, 201u);
   EXPECT_EQ(results[0].verdict, replay::Verdict::runtime_error);
   EXPECT_NE(results[0].reason.find("out of GPU memory on 3 tries"), std::string::npos) << results[0].reason;
-  EXPECT_TRUE(replay::environment_failure(results[0])) << "the learner must leave it out: " << results[0].reason;
+  EXPECT_EQ(results[0].cause, replay::Cause::environment) << "the learner must leave it out: " << results[0].reason;
   EXPECT_EQ(service.stats().scored, 1u);
   // The classifier: only the harness's allocation failure counts, not any runtime error.
   Result r;
-  r.verdict = Verdict::RuntimeError;
+  r.verdict = Verdict::runtime_error;
   r.reason = "crashed: worker exit 3: fatal: cudaMalloc output: out of memory";
   EXPECT_TRUE(worker_out_of_memory(r));
   r.reason = "crashed: worker exit 3: fatal: cudaSetDevice: out of memory";
@@ -245,7 +246,7 @@ TEST(EvaluatorServiceTest, OutOfGpuMemoryIsRetriedThenScoredAndNeverKillsTheServ
   r.reason = "cuda_error: CUDA error after kf_forward: cudaErrorMemoryAllocation (out of memory)";
   EXPECT_FALSE(worker_out_of_memory(r));
   r.reason = "crashed: worker exit 3: fatal: cudaMalloc output: out of memory";
-  r.verdict = Verdict::Incorrect;
+  r.verdict = Verdict::incorrect;
   EXPECT_FALSE(worker_out_of_memory(r));
   shm->shutdown();
 }
@@ -262,7 +263,7 @@ TEST(EvaluatorServiceTest, InPlaceRetryTriesAgainThenGivesUpAndPassesGoodKernels
                                            401, 3, std::chrono::milliseconds(100), &gave_up);
   const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_TRUE(gave_up);
-  EXPECT_EQ(oom.verdict, Verdict::RuntimeError);
+  EXPECT_EQ(oom.verdict, Verdict::runtime_error);
   EXPECT_TRUE(worker_out_of_memory(oom)) << oom.reason;
   EXPECT_GE(waited, 0.3) << "three tries wait 100 + 200 ms between them";
   gave_up = true;

@@ -207,7 +207,7 @@ TEST(EvaluatorTest, ScalarLossTaskIsNotFlaggedDegenerate) {
 TEST(EvaluatorTest, RealTaskIsNotDegenerateAndOkResultIsComplete) {
   at::set_num_threads(2);
   Result r = evaluator().evaluate(*task("001_relu"), kf::tasks::Backend::CPU, test::read_kernel("cpu/good_relu.cpp"), 7);
-  ASSERT_EQ(r.verdict, Verdict::Ok) << to_text(r);
+  ASSERT_EQ(r.verdict, Verdict::ok) << to_text(r);
   EXPECT_FALSE(r.task_degenerate);
   EXPECT_EQ(r.max_abs_error, 0);  // relu is exact
   EXPECT_GE(r.cand_ms.n, 5);
@@ -220,7 +220,30 @@ TEST(EvaluatorTest, RealTaskIsNotDegenerateAndOkResultIsComplete) {
   EXPECT_GE(r.checks.size(), 10u);
   const auto j = nlohmann::json::parse(to_json(r));
   EXPECT_EQ(j["verdict"], "ok");
+  EXPECT_EQ(j["cause"], "kernel");
   EXPECT_EQ(j["checks_total"], r.checks.size());
+}
+
+// A compiler that could not run is the machine's doing: runtime_error with cause
+// environment (the learner leaves it out), the reason plain text; a compile error is the
+// source's doing.
+TEST(EvaluatorTest, CompilerThatDidNotRunIsAnEnvironmentVerdict) {
+  CompileResult cr;
+  cr.environment_failure = true;
+  cr.diagnostics = "compile service: the compiler did not run: confinement failed at mount /tmp: EPERM";
+  Result r = evaluator().evaluate_compiled(*task("001_relu"), kf::tasks::Backend::CPU, cr, 1);
+  EXPECT_EQ(r.verdict, Verdict::runtime_error) << to_text(r);
+  EXPECT_EQ(r.cause, Cause::environment) << to_text(r);
+  EXPECT_EQ(r.reason, "compile service failure (the compiler did not run)");
+  EXPECT_EQ(nlohmann::json::parse(to_json(r))["cause"], "environment");
+  EXPECT_NE(to_text(r).find("caused by the machine"), std::string::npos) << to_text(r);
+
+  cr.environment_failure = false;
+  cr.diagnostics = "k.cpp:1:1: error: expected unqualified-id";
+  r = evaluator().evaluate_compiled(*task("001_relu"), kf::tasks::Backend::CPU, cr, 1);
+  EXPECT_EQ(r.verdict, Verdict::compile_error) << to_text(r);
+  EXPECT_EQ(r.cause, Cause::kernel) << to_text(r);
+  EXPECT_EQ(nlohmann::json::parse(to_json(r))["cause"], "kernel");
 }
 
 // The output checks work through chunks (their temporaries stay small on a shared GPU):
@@ -347,7 +370,7 @@ TEST_P(CountingKernelTest, IsRejectedForEverySwitchPoint) {
     s.replace(s.find(line), line.size(), "#define KF_SWITCH_AFTER " + std::to_string(n));
     Result r = counted_evaluator(cuda).evaluate(*task("001_relu"), cuda ? kf::tasks::Backend::CUDA : kf::tasks::Backend::CPU, s, 3);
     std::printf("switch after %d calls: %s %s\n", n, verdict_name(r.verdict), r.reason.c_str());
-    EXPECT_EQ(r.verdict, Verdict::RejectedCheat) << "N = " << n << ": " << to_text(r);
+    EXPECT_EQ(r.verdict, Verdict::rejected_cheat) << "N = " << n << ": " << to_text(r);
     EXPECT_NE(r.reason.find("call order"), std::string::npos) << "N = " << n << ": " << r.reason;
   }
 }
@@ -360,13 +383,13 @@ TEST(EvaluatorTest, CallOrderIsDrawnPerCandidateWithChecksAmongAndAfterTiming) {
   const std::string src = test::read_kernel("cpu/good_relu.cpp");
   auto run = [&](uint64_t seed) { return evaluator().evaluate(*task("001_relu"), kf::tasks::Backend::CPU, src, seed); };
   const Result a = run(11), a2 = run(11);
-  ASSERT_EQ(a.verdict, Verdict::Ok) << to_text(a);
-  ASSERT_EQ(a2.verdict, Verdict::Ok) << to_text(a2);
+  ASSERT_EQ(a.verdict, Verdict::ok) << to_text(a);
+  ASSERT_EQ(a2.verdict, Verdict::ok) << to_text(a2);
   EXPECT_EQ(check_sequence(a), check_sequence(a2)) << "same candidate, same seed: the same order";
   bool differs = false;
   for (uint64_t seed : {12, 13, 14}) {
     const Result b = run(seed);
-    ASSERT_EQ(b.verdict, Verdict::Ok) << to_text(b);
+    ASSERT_EQ(b.verdict, Verdict::ok) << to_text(b);
     differs = differs || check_sequence(b) != check_sequence(a);
   }
   EXPECT_TRUE(differs) << "four candidates, one order";
@@ -404,7 +427,7 @@ TEST(EvaluatorTest, UnstableTimingIsOkWithTheConservativeSpeedup) {
     return o;
   }());
   Result r = ev.evaluate(*task("001_relu"), kf::tasks::Backend::CPU, test::read_kernel("cpu/good_relu.cpp"), 5);
-  ASSERT_EQ(r.verdict, Verdict::Ok) << to_text(r);
+  ASSERT_EQ(r.verdict, Verdict::ok) << to_text(r);
   EXPECT_TRUE(r.timing_unstable);
   EXPECT_EQ(r.cand_ms.n, 6);
   EXPECT_GT(r.speedup_lo, 0);

@@ -188,7 +188,8 @@ TEST(LearnerBatchTest, VerdictsTheMachineCausedAreLeftOut) {
   LearnerConfig cfg;
   auto g = group(0, {1, 0, -3});
   g.results[2].verdict = kf::replay::Verdict::runtime_error;
-  g.results[2].reason = std::string(kf::replay::kEnvironmentPrefix) + "out of GPU memory on 3 tries: ...";
+  g.results[2].cause = kf::replay::Cause::environment;
+  g.results[2].reason = "out of GPU memory on 3 tries: ...";
   auto crash = group(0, {1, 0, -3});
   crash.results[2].verdict = kf::replay::Verdict::runtime_error;
   crash.results[2].reason = "crashed: worker killed by signal 11";  // the kernel's doing: it counts
@@ -198,7 +199,7 @@ TEST(LearnerBatchTest, VerdictsTheMachineCausedAreLeftOut) {
   EXPECT_DOUBLE_EQ(b.seqs[0].advantage, 0.5);  // the out-of-memory -3 does not pull the mean down
   EXPECT_DOUBLE_EQ(b.seqs[1].advantage, -0.5);
   EXPECT_DOUBLE_EQ(b.seqs[4].reward, -3);
-  EXPECT_FALSE(kf::replay::environment_failure(crash.results[2]));
+  EXPECT_EQ(crash.results[2].cause, kf::replay::Cause::kernel);
 }
 
 TEST(LearnerBatchTest, TokenIdsOutsideTheVocabAreMalformedNotFatal) {

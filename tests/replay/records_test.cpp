@@ -84,11 +84,81 @@ TEST(ReplayRecordsTest, ResultCarriesSpeedupIntervalAndFlags) {
   } catch (const kf::Error& e) {
     EXPECT_NE(std::string(e.what()).find("flags"), std::string::npos) << e.what();
   }
-  // A version-1 record (saved replay files of older runs) still decodes, without the new fields.
+  // A version-1 record (saved replay files of older runs) still decodes, without the new
+  // fields: no cause byte (offset 29, after the verdict), no interval and flags (the last 17).
   std::vector<unsigned char> v1(b.begin(), b.end() - 17);
+  v1.erase(v1.begin() + 29);
   v1[4] = 1;
   s = decode_result(v1.data(), v1.size());
   EXPECT_EQ(s.candidate_id, 9u);
   EXPECT_DOUBLE_EQ(s.speedup_hi, 0.0);
   EXPECT_FALSE(s.task_degenerate);
+}
+
+// Offset of the cause byte in a version-3 result: tag, version, candidate_id, group_id,
+// index_in_group, verdict.
+constexpr std::size_t kCauseAt = 4 + 4 + 8 + 8 + 4 + 1;
+
+TEST(ReplayRecordsTest, ResultCarriesItsCause) {
+  Result r;
+  r.candidate_id = 5;
+  r.verdict = Verdict::runtime_error;
+  r.reason = "out of GPU memory on 3 tries: cudaMalloc failed";
+  EXPECT_EQ(r.cause, Cause::kernel) << "a result is the kernel's doing unless the evaluator says otherwise";
+  for (Cause c : {Cause::environment, Cause::kernel}) {
+    r.cause = c;
+    std::vector<unsigned char> b(encoded_size(r));
+    encode(r, b.data());
+    ASSERT_EQ(b[kCauseAt], static_cast<unsigned char>(c));
+    const Result s = decode_result(b.data(), b.size());
+    EXPECT_EQ(s.cause, c) << cause_name(c);
+    EXPECT_EQ(s.verdict, Verdict::runtime_error);
+    EXPECT_EQ(s.reason, r.reason) << "the reason is kept as written, with no prefix";
+  }
+  EXPECT_STREQ(cause_name(Cause::environment), "environment");
+  EXPECT_STREQ(cause_name(Cause::kernel), "kernel");
+}
+
+TEST(ReplayRecordsTest, UnknownCauseIsRejectedWithTheField) {
+  Result r;
+  r.cause = Cause::environment;
+  std::vector<unsigned char> b(encoded_size(r));
+  encode(r, b.data());
+  b[kCauseAt] = 7;
+  try {
+    (void)decode_result(b.data(), b.size(), "kf.run.res");
+    FAIL() << "unknown cause accepted";
+  } catch (const kf::Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("kf.run.res: result record: field cause"), std::string::npos) << m;
+    EXPECT_NE(m.find("7 unknown"), std::string::npos) << m;
+  }
+}
+
+TEST(ReplayRecordsTest, VersionTwoResultDecodesAsTheKernelsCause) {
+  Result r;
+  r.candidate_id = 11;
+  r.verdict = Verdict::timeout;
+  r.reason = "timed out";
+  r.speedup_hi = 2.5;
+  r.cause = Cause::environment;
+  std::vector<unsigned char> b(encoded_size(r));
+  encode(r, b.data());
+  std::vector<unsigned char> v2(b);
+  v2.erase(v2.begin() + kCauseAt);
+  v2[4] = 2;
+  const Result s = decode_result(v2.data(), v2.size());
+  EXPECT_EQ(s.candidate_id, 11u);
+  EXPECT_EQ(s.verdict, Verdict::timeout);
+  EXPECT_EQ(s.reason, "timed out");
+  EXPECT_DOUBLE_EQ(s.speedup_hi, 2.5);
+  EXPECT_EQ(s.cause, Cause::kernel);
+  // A version this build does not know is an error naming the field.
+  b[4] = 4;
+  try {
+    (void)decode_result(b.data(), b.size());
+    FAIL() << "version 4 accepted";
+  } catch (const kf::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("field version"), std::string::npos) << e.what();
+  }
 }

@@ -294,7 +294,8 @@ void RemoteBridge::Impl::results_back() {
     } catch (const std::exception& e) {
       r = replay::Result{};
       r.verdict = replay::Verdict::runtime_error;
-      r.reason = std::string(replay::kEnvironmentPrefix) + "the result did not decode: " + e.what();
+      r.cause = replay::Cause::environment;
+      r.reason = std::string("the result did not decode: ") + e.what();
       log_error("launch: redis bridge: result of candidate ", m.tag, " did not decode (", e.what(),
                 "); scored runtime_error (environment) so that its group completes");
     }

@@ -1,15 +1,19 @@
 // The evaluator's verdict on one candidate: plain data (no torch), with JSON and text
-// renderings. replay/ copies these fields into its shared-memory Result record.
+// renderings. The verdict and its cause are the record layer's own types (replay/
+// records.h), so the shared-memory Result record carries them as they are.
 #pragma once
 #include <string>
 #include <vector>
 
 #include "kf/evaluator/stats.h"
+#include "kf/replay/records.h"  // defines: Verdict, Cause, verdict_name, cause_name
 
 namespace kf::evaluator {
 
-enum class Verdict { Ok, CompileError, RuntimeError, Timeout, Incorrect, RejectedCheat };
-const char* verdict_name(Verdict v);  // "ok", "compile_error", ... (ARCHITECTURE.md names)
+using replay::Cause;
+using replay::Verdict;
+using replay::cause_name;
+using replay::verdict_name;
 
 // One named check and how it went, in the order the evaluator ran them.
 struct Check {
@@ -20,7 +24,8 @@ struct Check {
 
 struct Result {
   std::string task, backend, candidate_key;
-  Verdict verdict = Verdict::Ok;
+  Verdict verdict = Verdict::ok;
+  Cause cause = Cause::kernel;         // environment: the machine caused the verdict (the learner leaves it out)
   std::string reason;                  // empty when ok; names the trick for rejected_cheat
   std::string diagnostics;             // compiler errors or worker log tail (truncated)
   TimeSummary ref_ms, cand_ms;         // timed trials
@@ -47,7 +52,7 @@ struct Result {
   // with their warm-ups, lock waits included; and how many timed trials ran.
   double claim_wait_s = 0, lock_wait_s = 0, timing_s = 0;
   int timed_trials = 0;
-  bool ok() const { return verdict == Verdict::Ok; }
+  bool ok() const { return verdict == Verdict::ok; }
   int checks_passed() const;
 };
 

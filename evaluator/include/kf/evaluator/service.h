@@ -51,7 +51,7 @@
 namespace kf::evaluator {
 
 // Control-block counters of an evaluator process.
-// kEnvironment: verdicts the machine caused (replay::environment_failure, e.g. the sandbox
+// kEnvironment: verdicts the machine caused (Result::cause environment, e.g. the sandbox
 // worker killed from outside); kLostUnstored: results that could not be stored (their
 // candidates counted lost); kDegenerate: results of tasks flagged degenerate.
 enum ServiceCounter : int {

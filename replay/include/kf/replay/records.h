@@ -29,22 +29,28 @@ struct Candidate {
   int64_t t_pushed_ns = 0;
 };
 
+// The one verdict type of the system: the evaluator produces it, the records carry it,
+// the learner and the live status read it. Names as in ARCHITECTURE.md "Records".
 enum class Verdict : uint8_t { compile_error, runtime_error, timeout, incorrect, rejected_cheat, ok };
-const char* verdict_name(Verdict v);
+const char* verdict_name(Verdict v);  // "compile_error", ..., "ok"
 
-// A verdict the machine caused, not the kernel (still out of GPU memory after the
-// evaluator's retries, an evaluator-side error): its reason starts with this prefix, and
-// the learner leaves the candidate out of the update, as if unscored. Scored -3 like a
-// crash, such results taught the policy noise: in H200 runs of 2026-12-03, 60 % of the
-// rewards were out-of-memory verdicts of correct and incorrect kernels alike.
-inline constexpr const char kEnvironmentPrefix[] = "environment: ";
+// Who caused a verdict. `kernel`: the candidate's own doing (every ok, and most failures).
+// `environment`: the machine, not the kernel (still out of GPU memory after the
+// evaluator's retries, the sandbox worker killed from outside, the compiler could not
+// run, an unknown task, an evaluator-side error). The learner leaves environment verdicts
+// out of the update, as if unscored: scored -3 like a crash, such results taught the
+// policy noise (in H200 runs of 2026-12-03, 60 % of the rewards were out-of-memory
+// verdicts of correct and incorrect kernels alike).
+enum class Cause : uint8_t { kernel, environment };
+const char* cause_name(Cause c);  // "kernel", "environment"
 
 struct Result {
   uint64_t candidate_id = 0;
   uint64_t group_id = 0;        // routing: copied from the candidate
   uint32_t index_in_group = 0;  // routing: copied from the candidate
   Verdict verdict = Verdict::compile_error;
-  std::string reason;
+  Cause cause = Cause::kernel;
+  std::string reason;           // human text; says what happened, never parsed
   double ref_time_median_us = 0, ref_time_spread_us = 0;
   double cand_time_median_us = 0, cand_time_spread_us = 0;
   double speedup = 0;
@@ -62,9 +68,6 @@ struct Result {
   // evaluator for degenerate tasks unless evaluator.train_on_degenerate_tasks.
   bool exclude_from_training = false;
 };
-
-// True when r.reason starts with kEnvironmentPrefix.
-bool environment_failure(const Result& r);
 
 std::size_t encoded_size(const Candidate& c);
 std::size_t encoded_size(const Result& r);
