@@ -397,4 +397,21 @@ void Tokenizer::save(const std::string& path) const {
   if (!out) throw Error(path + ": write failed");
 }
 
+std::vector<std::string> pretokenize(const std::string& text, const std::string& split_regex) {
+  SplitPattern pattern;
+  if (!split_pattern_from_regex(split_regex, pattern))
+    throw Error("pre-tokeniser: split regex '" + split_regex + "' is not supported (GPT-2, Qwen2, Llama 3)");
+  const auto cps = unicode::utf8_decode(text);
+  std::vector<std::string> out;
+  for (const auto& [b, e] : split_pieces(cps, pattern))
+    out.push_back(unicode::utf8_encode(std::vector<uint32_t>(cps.begin() + b, cps.begin() + e)));
+  return out;
+}
+
+std::vector<std::string> byte_level_symbols() {
+  std::vector<std::string> out(256);
+  for (int b = 0; b < 256; ++b) unicode::utf8_append(out[b], byte_map().byte_to_cp[b]);
+  return out;
+}
+
 }  // namespace kf::policy

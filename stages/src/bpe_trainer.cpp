@@ -8,10 +8,9 @@
 #include <unordered_set>
 
 #include "kf/common/error.h"
+#include "kf/policy/tokenizer.h"
 // The policy's pre-tokeniser and UTF-8 helpers (policy/src, linked from kf_policy_text):
 // training must split words exactly as the encoder will.
-#include "pretokenize.h"
-#include "unicode.h"
 
 namespace kf::stages {
 namespace {
@@ -19,20 +18,6 @@ namespace {
 // The pattern string must be byte-identical to the one the policy recognises as Qwen2.
 const char* const kQwen2Regex =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
-
-// GPT-2's byte -> printable character table: printable Latin-1 bytes stand for themselves,
-// the rest get 256, 257, ... in byte order.
-std::vector<std::string> byte_symbols() {
-  std::vector<std::string> out(256);
-  uint32_t next = 256;
-  for (uint32_t b = 0; b < 256; ++b) {
-    const bool printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174);
-    std::string s;
-    policy::unicode::utf8_append(s, printable ? b : next++);
-    out[b] = s;
-  }
-  return out;
-}
 
 uint64_t key(int32_t a, int32_t b) { return (uint64_t(uint32_t(a)) << 32) | uint32_t(b); }
 
@@ -49,9 +34,6 @@ std::string train_bpe_tokenizer(const std::vector<std::string>& texts, const Bpe
   if (opts.vocab_size < n_special + 256)
     throw Error("bpe trainer: vocab_size " + std::to_string(opts.vocab_size) + " is below the " +
                 std::to_string(n_special + 256) + " special and byte tokens");
-  policy::SplitPattern pattern;
-  if (!policy::split_pattern_from_regex(kQwen2Regex, pattern))
-    throw Error("bpe trainer: the policy tokenizer does not recognise the Qwen2 split regex");
 
   // Vocabulary: specials, then bytes.
   std::vector<std::string> tok;  // id -> byte-level string
@@ -60,7 +42,7 @@ std::string train_bpe_tokenizer(const std::vector<std::string>& texts, const Bpe
     ids.emplace(s, static_cast<int32_t>(tok.size()));
     tok.push_back(s);
   }
-  const auto bytes = byte_symbols();
+  const auto bytes = policy::byte_level_symbols();
   for (int b = 0; b < 256; ++b) {
     ids.emplace(bytes[b], static_cast<int32_t>(tok.size()));
     tok.push_back(bytes[b]);
@@ -70,9 +52,8 @@ std::string train_bpe_tokenizer(const std::vector<std::string>& texts, const Bpe
   std::unordered_map<std::string, int64_t> counts;
   int64_t n_words = 0;
   for (const auto& text : texts) {
-    const auto cps = policy::unicode::utf8_decode(text);
-    for (const auto& [b, e] : policy::split_pieces(cps, pattern)) {
-      ++counts[policy::unicode::utf8_encode(std::vector<uint32_t>(cps.begin() + b, cps.begin() + e))];
+    for (auto& piece : policy::pretokenize(text, kQwen2Regex)) {
+      ++counts[std::move(piece)];
       ++n_words;
     }
   }

@@ -38,4 +38,14 @@ class Tokenizer {
   std::shared_ptr<const Impl> impl_;
 };
 
+// For training a vocabulary that this tokenizer encodes exactly as it was trained
+// (stages/ bpe trainer):
+// The pieces the pre-tokeniser splits UTF-8 `text` into, in order, under `split_regex`
+// (a Split pre-tokenizer's regex as written in tokenizer.json; GPT-2, Qwen2 and Llama 3
+// are supported). Throws kf::Error naming the regex when it is not supported.
+std::vector<std::string> pretokenize(const std::string& text, const std::string& split_regex);
+// Byte-level BPE's byte -> printable character table (GPT-2): the UTF-8 string that
+// stands for each of the 256 bytes.
+std::vector<std::string> byte_level_symbols();
+
 }  // namespace kf::policy
