@@ -1,4 +1,5 @@
-// Rendezvous over a folder (multi-node later: a shared filesystem) or the run's control block.
+// Rendezvous over a folder (a shared filesystem), the run's control block (one node) or
+// the run's Redis server (several nodes; kf::netqueue::StoreRendezvous).
 #include <sys/stat.h>
 
 #include <fstream>
@@ -9,6 +10,9 @@
 #include "kf/common/run_dir.h"
 #include "kf/learner/comm.h"
 #include "kf/replay/control.h"
+#ifdef KF_HAVE_NETQUEUE
+#include "kf/netqueue/rendezvous.h"
+#endif
 
 namespace kf::learner {
 namespace {
@@ -54,7 +58,40 @@ class ControlRendezvous : public Rendezvous {
   replay::ControlBlock& ctl_;
 };
 
+#ifdef KF_HAVE_NETQUEUE
+class RedisRendezvous : public Rendezvous {
+ public:
+  explicit RedisRendezvous(const netqueue::RendezvousConfig& c) : rdv_(c) {}
+  void put(const std::string& key, const std::string& bytes) override { rdv_.publish(key, bytes); }
+  std::string get(const std::string& key, std::chrono::milliseconds timeout) override { return rdv_.fetch(key, timeout); }
+
+ private:
+  netqueue::StoreRendezvous rdv_;
+};
+#endif
+
 }  // namespace
+
+#ifdef KF_HAVE_NETQUEUE
+bool redis_rendezvous_available() { return true; }
+std::unique_ptr<Rendezvous> redis_rendezvous(const RedisRendezvousOptions& o) {
+  netqueue::RendezvousConfig c;
+  c.server.host = o.host;
+  c.server.port = o.port;
+  c.server.user = o.user;
+  c.server.password = o.password;
+  c.scope = o.scope;
+  c.rank = o.rank;
+  c.world = o.world;
+  c.timeout = o.timeout;
+  return std::make_unique<RedisRendezvous>(c);
+}
+#else
+bool redis_rendezvous_available() { return false; }
+std::unique_ptr<Rendezvous> redis_rendezvous(const RedisRendezvousOptions&) {
+  throw Error("redis rendezvous: this build has no Redis queue (hiredis was not found at configure time; run ./setup.sh)");
+}
+#endif
 
 std::unique_ptr<Rendezvous> file_rendezvous(const std::string& dir) { return std::make_unique<FileRendezvous>(dir); }
 std::unique_ptr<Rendezvous> control_rendezvous(replay::ControlBlock& ctl) {

@@ -69,6 +69,24 @@ std::unique_ptr<Rendezvous> file_rendezvous(const std::string& dir);
 // The run's control block (replay/control.h rendezvous slots).
 std::unique_ptr<Rendezvous> control_rendezvous(replay::ControlBlock& ctl);
 
+// Ranks on several nodes: the run's Redis server (cluster.redis.*; kf::netqueue
+// StoreRendezvous). Keys kf:rdv:<scope>:<key>[:rank:<r>]. put() (rank 0) announces and
+// waits up to `timeout` until every other rank has announced itself, then publishes;
+// get() (rank r) announces and waits for the publication carrying its own token. A
+// timeout throws kf::Error naming the server, the run and the ranks that never came.
+struct RedisRendezvousOptions {
+  std::string host = "127.0.0.1";
+  int port = 6390;
+  std::string user = "kf";
+  std::string password;
+  std::string scope;  // the run name
+  int rank = 0, world = 1;
+  std::chrono::milliseconds timeout{120000};
+};
+// True when this build has the Redis queue (hiredis found); redis_rendezvous throws otherwise.
+bool redis_rendezvous_available();
+std::unique_ptr<Rendezvous> redis_rendezvous(const RedisRendezvousOptions& opt);
+
 std::unique_ptr<Communicator> make_local_comm();
 
 // Rank 0 creates /dev/shm/<segment> (replacing a stale one), the others attach; it is
