@@ -5,8 +5,10 @@
 //   kf-learner CONFIG --synthetic [--run-dir DIR] ...
 //       the deterministic synthetic group stream instead of the replay (tests, benchmarks).
 // Ranks: learner.dist.ranks processes with --rank 0..R-1. The communicator is NCCL on
-// CUDA (the unique id goes through the control block, or --rendezvous DIR), shared
-// memory on CPU. Rank 0 writes metrics/learner.jsonl + a TensorBoard event file in the
+// CUDA (the unique id goes through the control block, or --rendezvous DIR, or with
+// --rendezvous redis through the run's Redis server: cluster.redis.host/port, password
+// in $cluster.redis.password_env, for ranks on several nodes), shared memory on CPU
+// (one host only: --rendezvous redis with more than one rank and no NCCL is refused). Rank 0 writes metrics/learner.jsonl + a TensorBoard event file in the
 // run folder (attached to a run, or given --run-dir): one line per updated step, and one
 // per 30 s of empty steps so a starved learner shows. Prints "STEP {json}" per step with
 // --print-steps, and
@@ -18,6 +20,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <utility>
@@ -53,7 +56,9 @@ int main(int argc, char** argv) {
   app.add_option("--rank", rank, "this rank (0..learner.dist.ranks-1)");
   app.add_option("--device", device, "auto, cpu, cuda or cuda:N (auto: cuda:<rank> when a GPU is visible)");
   app.add_option("--comm-name", comm_name, "shared-memory communicator segment (default kf.<run>.learn)");
-  app.add_option("--rendezvous", rendezvous, "folder for the NCCL unique id when no run is attached");
+  app.add_option("--rendezvous", rendezvous,
+                 "NCCL unique id hand-over: a folder (default when no run is attached: the run folder), or "
+                 "'redis': the run's Redis server (cluster.redis.*), for ranks on several nodes");
   app.add_option("--steps", steps, "steps to run (overrides learner.steps; 0 runs none)");
   app.add_option("--dump-weights", dump, "rank 0 writes the final weights here (safetensors)");
   app.add_flag("--synthetic", synthetic, "train on the synthetic group stream");
@@ -89,12 +94,38 @@ int main(int argc, char** argv) {
     if (!run.empty()) shm = kf::replay::RunShm::attach(run);
     std::string comm_kind = lc.comm;
     if (comm_kind == "auto") comm_kind = dev.is_cuda() && kf::learner::nccl_available() ? "nccl" : "cpu";
+    const bool via_redis = rendezvous == "redis";
+    // The shared-memory communicator is one host's /dev/shm segment: ranks that meet
+    // through Redis (several nodes) can only talk over NCCL.
+    if (via_redis && lc.ranks > 1 && comm_kind != "nccl")
+      throw kf::Error("learner.dist.comm: '" + lc.comm + "' means the cpu (shared-memory) communicator here (device " +
+                      dev.str() + "), which works only among the ranks of one host; ranks on several nodes "
+                      "(--rendezvous redis) need learner.dist.comm nccl (or auto) and a CUDA device per rank");
     std::unique_ptr<kf::learner::Communicator> comm;
     std::unique_ptr<kf::learner::Rendezvous> rdv;
     if (comm_kind == "nccl") {
       if (!dev.is_cuda()) throw kf::Error("learner.dist.comm: nccl needs a CUDA device (--device)");
-      if (shm) rdv = kf::learner::control_rendezvous(shm->control());
-      else rdv = kf::learner::file_rendezvous(rendezvous.empty() ? run_dir : rendezvous);
+      if (via_redis) {
+        kf::learner::RedisRendezvousOptions ro;
+        ro.host = cfg.get_string("cluster.redis.host");
+        ro.port = static_cast<int>(cfg.get_int("cluster.redis.port"));
+        const std::string env = cfg.get_string("cluster.redis.password_env");
+        const char* pw = env.empty() ? nullptr : std::getenv(env.c_str());
+        if (!pw || !*pw)
+          throw kf::Error("cluster.redis.password_env: --rendezvous redis needs the run's Redis password in $" + env +
+                          ", which is unset or empty");
+        ro.password = pw;
+        ro.scope = name;
+        ro.rank = rank;
+        ro.world = static_cast<int>(lc.ranks);
+        rdv = kf::learner::redis_rendezvous(ro);
+        kf::log_info("learner rank ", rank, ": NCCL rendezvous through redis at ", ro.host, ":", ro.port, " (run '",
+                     name, "', ", ro.world, " ranks)");
+      } else if (shm) {
+        rdv = kf::learner::control_rendezvous(shm->control());
+      } else {
+        rdv = kf::learner::file_rendezvous(rendezvous.empty() ? run_dir : rendezvous);
+      }
       comm = kf::learner::make_nccl_comm(rank, static_cast<int>(lc.ranks), dev.index(), *rdv);
     } else if (lc.ranks == 1) {
       comm = kf::learner::make_local_comm();

@@ -1,0 +1,119 @@
+// Learner ranks on several nodes: kf-learner --rendezvous redis. The NCCL unique id goes
+// through the run's Redis server (a real redis-server with a password), and a CPU run
+// that asks for it is refused at start, naming the key, because the cpu communicator is
+// one host's shared memory. The GPU test needs two CUDA devices and skips without them.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "../test_support.h"
+#include "kf/netqueue/stream_queue.h"
+
+extern char** environ;
+
+namespace {
+
+std::string learner_bin() { return kf::test::build_dir() + "/learner/kf-learner"; }
+
+pid_t spawn(const std::vector<std::string>& args, const std::string& log) {
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  std::vector<char*> argv;
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  pid_t pid = -1;
+  if (posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ) != 0) pid = -1;
+  posix_spawn_file_actions_destroy(&fa);
+  return pid;
+}
+
+int wait_exit(pid_t pid) {
+  int st = 0;
+  ::waitpid(pid, &st, 0);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+// A tiny synthetic-data learner config; ranks meet at the given Redis port.
+std::string write_config(const std::string& dir, const std::string& name, int ranks, int redis_port) {
+  const std::string path = dir + "/" + name + ".yaml";
+  kf::test::write_file(path, "run:\n  name: " + name + "\n  root: " + dir + "\n  seed: 5\nlearner:\n  groups_per_step: 8\n"
+                       "  micro_batch_tokens: 96\n  deterministic: true\n  optim:\n    lr: 1.0e-3\n  schedule:\n"
+                       "    warmup_steps: 0\n  snapshot:\n    every: 0\n  checkpoint:\n    every: 0\n  dist:\n    ranks: " +
+                       std::to_string(ranks) + "\n    comm: auto\ncluster:\n  redis:\n    host: 127.0.0.1\n    port: " +
+                       std::to_string(redis_port) + "\n    password_env: KF_TEST_REDIS_PASSWORD\n");
+  return path;
+}
+
+}  // namespace
+
+TEST(LaunchLearnerNodesTest, CpuRanksOnSeveralNodesAreRefusedAtStartNamingTheKey) {
+  kf::test::TempDir tmp("learner-nodes");
+  const auto cfg = write_config(tmp.path, "cpunodes", 2, 6390);
+  const std::string log = tmp.path + "/rank0.log";
+  const auto t0 = std::chrono::steady_clock::now();
+  const int code = wait_exit(spawn({learner_bin(), cfg, "--synthetic", "--device", "cpu", "--steps", "1", "--rank", "0",
+                                    "--rendezvous", "redis"},
+                                   log));
+  const std::string out = kf::test::read_file(log);
+  EXPECT_EQ(code, 1) << out;
+  EXPECT_NE(out.find("learner.dist.comm: 'auto' means the cpu (shared-memory) communicator here (device cpu), which "
+                     "works only among the ranks of one host"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("--rendezvous redis"), std::string::npos) << out;
+  EXPECT_NE(out.find("exiting with status 1"), std::string::npos) << out;
+  // Refused before any rendezvous wait (nothing listens on 6390 here).
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 30.0);
+}
+
+// Two ranks on two GPUs meet through Redis (as ranks on two nodes would) and train
+// exactly as the same two ranks meeting through a folder: the same weights checksum on
+// every rank of both runs.
+TEST(LaunchLearnerNodesTest, TwoGpuRanksMeetThroughRedisAndTrainAsThroughAFolder) {
+  if (!torch::cuda::is_available() || torch::cuda::device_count() < 2)
+    GTEST_SKIP() << "needs 2 CUDA devices (found " << (torch::cuda::is_available() ? torch::cuda::device_count() : 0)
+                 << ")";
+  kf::test::TempDir tmp("learner-nodes");
+  kf::netqueue::ServerOptions so;
+  so.password = "learnerNodesTestPw42";
+  auto srv = kf::netqueue::RedisServer::start(so);
+  ::setenv("KF_TEST_REDIS_PASSWORD", so.password.c_str(), 1);
+  auto run2 = [&](const std::string& name, const std::string& rendezvous) {
+    const auto cfg = write_config(tmp.path, name, 2, srv.port());
+    std::vector<pid_t> pids;
+    // Rank 1 first: it waits for rank 0's publication.
+    for (int r : {1, 0})
+      pids.push_back(spawn({learner_bin(), cfg, "--synthetic", "--device", "cuda:" + std::to_string(r), "--steps", "3",
+                            "--rank", std::to_string(r), "--rendezvous", rendezvous},
+                           tmp.path + "/" + name + "-" + std::to_string(r) + ".log"));
+    std::vector<std::string> sums;
+    for (int i = 0; i < 2; ++i) {
+      const int r = i == 0 ? 1 : 0;
+      const int code = wait_exit(pids[i]);
+      const std::string out = kf::test::read_file(tmp.path + "/" + name + "-" + std::to_string(r) + ".log");
+      EXPECT_EQ(code, 0) << name << " rank " << r << ":\n" << out;
+      std::smatch m;
+      if (std::regex_search(out, m, std::regex("WEIGHTS_CHECKSUM ([0-9a-f]+)"))) sums.push_back(m[1]);
+      if (rendezvous == "redis")
+        EXPECT_NE(out.find("NCCL rendezvous through redis at 127.0.0.1:" + std::to_string(srv.port())), std::string::npos)
+            << out;
+    }
+    return sums;
+  };
+  const auto via_redis = run2("viaredis", "redis");
+  const auto via_dir = run2("viadir", tmp.path);
+  ASSERT_EQ(via_redis.size(), 2u);
+  ASSERT_EQ(via_dir.size(), 2u);
+  EXPECT_EQ(via_redis[0], via_redis[1]);
+  EXPECT_EQ(via_redis[0], via_dir[0]);
+  EXPECT_EQ(via_dir[0], via_dir[1]);
+}
