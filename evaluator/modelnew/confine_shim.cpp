@@ -1,8 +1,8 @@
-// libkf_modelnew_confine.so: the sandbox worker's confinement (evaluator/worker/confine.h)
+// libkf_modelnew_confine.so: the sandbox worker's confinement (evaluator/wire/confine.h)
 // for the Python ModelNew worker (worker.py), which loads it with ctypes after its trusted
 // set-up and before it imports the candidate. The same rlimits and seccomp filter as
 // kf-sandbox-worker; the identity (nobody) comes from the private view it was started in.
-#include "../worker/confine.h"
+#include "wire/confine.h"
 
 #include <string>
 

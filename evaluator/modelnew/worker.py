@@ -1,4 +1,4 @@
-"""The ModelNew sandbox worker: kf-sandbox-worker's protocol (evaluator/src/protocol.h) served
+"""The ModelNew sandbox worker: kf-sandbox-worker's protocol (evaluator/wire/protocol.h) served
 by a Python process that runs a KernelBench-style candidate (a module defining ModelNew).
 
 Started by the evaluator through Sandbox (evaluator/src/modelnew.cpp sets the interpreter,
@@ -7,7 +7,7 @@ SCRATCH/spec.json written by the evaluator (task source, sizes, parameter names,
 
 Order, as in the C++ worker: trusted set-up first (torch, CUDA context, cuBLAS/cuDNN, views
 of the shared tensors), then the confinement (rlimits, seccomp: no exec, no new processes, no
-sockets, no file writes, no signal handlers; evaluator/worker/confine.h through
+sockets, no file writes, no signal handlers; evaluator/wire/confine.h through
 libkf_modelnew_confine.so), then OP_LOAD imports the candidate (its load_inline calls are
 answered with what the confined compile step built: mn_common.py) and builds
 ModelNew(*get_init_inputs()), whose parameters and buffers must have the task's names,

@@ -26,9 +26,9 @@
 #include "kf/common/log.h"
 #include "kf/evaluator/fsutil.h"
 #include "process.h"
-#include "protocol.h"
-#include "../worker/confine.h"
-#include "../worker/poison.h"
+#include "wire/protocol.h"
+#include "wire/confine.h"
+#include "wire/poison.h"
 
 #ifdef KF_EVAL_CUDA
 #include <cuda_runtime.h>

@@ -6,7 +6,7 @@
 #include <limits>
 #include <cstdio>
 
-#include "../worker/poison.h"
+#include "wire/poison.h"
 #include "kf/common/error.h"
 #include "kf/kernel.h"
 

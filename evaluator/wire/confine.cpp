@@ -1,5 +1,5 @@
 // Confinement of the sandbox worker: rlimits, privilege drop, seccomp (see confine.h).
-#include "confine.h"
+#include "wire/confine.h"
 
 #include <fcntl.h>
 #include <grp.h>

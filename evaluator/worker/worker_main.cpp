@@ -33,10 +33,10 @@
 #include <thread>
 #include <vector>
 
-#include "../src/protocol.h"
-#include "confine.h"
+#include "wire/protocol.h"
+#include "wire/confine.h"
 #include "kf/kernel.h"
-#include "poison.h"
+#include "wire/poison.h"
 
 #ifdef KF_WORKER_CUDA
 #include <cublas_v2.h>

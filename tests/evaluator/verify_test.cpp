@@ -14,7 +14,7 @@
 #include "kf/evaluator/evaluator.h"
 #include "kf/evaluator/fsutil.h"
 #include "../../evaluator/src/tensor_check.h"
-#include "../../evaluator/worker/poison.h"
+#include "../../evaluator/wire/poison.h"
 #include "kf/tasks/timing.h"
 #include "../test_support.h"
 #include "test_util.h"

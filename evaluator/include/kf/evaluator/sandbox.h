@@ -2,13 +2,13 @@
 // which loads one untrusted candidate and runs it on tensors in shared memory.
 //
 // The worker confines itself before loading the candidate (seccomp, rlimits, privilege
-// drop, private scratch folder: see worker/confine.h); this side adds what a confined
+// drop, private scratch folder: see wire/confine.h); this side adds what a confined
 // process cannot be trusted to do for itself: a wall-clock limit per command, a memory
 // watchdog (RSS), a kill of the whole process group, and an exit classification that
 // names the cause (signal, forbidden system call, CUDA fault, limit, outside kill).
 //
 // The worker is stopped (SIGSTOP, every thread) whenever it is not inside a call
-// (src/protocol.h): none of the candidate's code runs while this side stages inputs, runs
+// (wire/protocol.h): none of the candidate's code runs while this side stages inputs, runs
 // the reference or reads the evidence. Outputs at return are copied into this side's own
 // memory while the worker is stopped; CPU time and thread counts come from the kernel's
 // accounting of the worker, read here.
