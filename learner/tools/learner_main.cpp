@@ -8,7 +8,10 @@
 // CUDA (the unique id goes through the control block, or --rendezvous DIR, or with
 // --rendezvous redis through the run's Redis server: cluster.redis.host/port, password
 // in $cluster.redis.password_env, for ranks on several nodes), shared memory on CPU
-// (one host only: --rendezvous redis with more than one rank and no NCCL is refused). Rank 0 writes metrics/learner.jsonl + a TensorBoard event file in the
+// (one host only: --rendezvous redis with more than one rank and no NCCL is refused).
+// With --remote-from K, ranks K..R-1 run on other nodes: they attach no shared memory and
+// take their groups from rank 0, which takes them from the replay on their behalf
+// (kf::netqueue::GroupRelay through the same Redis server). Rank 0 writes metrics/learner.jsonl + a TensorBoard event file in the
 // run folder (attached to a run, or given --run-dir): one line per updated step, and one
 // per 30 s of empty steps so a starved learner shows. Prints "STEP {json}" per step with
 // --print-steps, and
@@ -37,16 +40,92 @@
 #include "kf/policy/safetensors_format.h"
 #include "kf/policy/checkpoint.h"
 
+#ifdef KF_HAVE_NETQUEUE
+#include "kf/netqueue/group_relay.h"
+#endif
+
 namespace {
 volatile std::sig_atomic_t g_stop = 0;
 void on_signal(int) { g_stop = 1; }
+
+// The run's Redis server, as cluster.redis.* and $cluster.redis.password_env name it.
+struct RedisServerRef {
+  std::string host, password;
+  int port = 0;
+};
+RedisServerRef redis_server_of(const kf::Config& cfg, const char* why) {
+  RedisServerRef r;
+  r.host = cfg.get_string("cluster.redis.host");
+  r.port = static_cast<int>(cfg.get_int("cluster.redis.port"));
+  const std::string env = cfg.get_string("cluster.redis.password_env");
+  const char* pw = env.empty() ? nullptr : std::getenv(env.c_str());
+  if (!pw || !*pw)
+    throw kf::Error(std::string("cluster.redis.password_env: ") + why + " needs the run's Redis password in $" + env +
+                    ", which is unset or empty");
+  r.password = pw;
+  return r;
+}
+
+#ifdef KF_HAVE_NETQUEUE
+// A rank on another node waits this long for rank 0's reply (rank 0 may be checkpointing,
+// or waiting for ready groups for every remote rank in turn), and rank 0 as long for a
+// remote rank's request; the steps are in lockstep anyway (each ends in an all-reduce).
+constexpr std::chrono::milliseconds kRelayWait{1800 * 1000};
+
+// Rank 0 when ranks [remote_from, world) run on other nodes: at each take it also takes
+// each remote rank's share from the same source, for that rank's own request.
+class RelaySource : public kf::learner::GroupSource {
+ public:
+  RelaySource(kf::learner::GroupSource& inner, kf::netqueue::GroupRelay& relay, int remote_from)
+      : inner_(inner), relay_(relay), remote_from_(remote_from) {}
+  std::vector<kf::replay::ScoredGroup> take(const kf::learner::TakeRequest& r) override {
+    auto own = inner_.take(r);
+    for (int rank = remote_from_; rank < r.world; ++rank) {
+      const auto q = relay_.next_request(rank, kRelayWait);
+      if (q.step != r.step)
+        throw kf::Error(relay_.where() + ": rank " + std::to_string(rank) + " asks for step " + std::to_string(q.step) +
+                        " while rank 0 is at step " + std::to_string(r.step) + " (the ranks are out of step)");
+      auto tr = r;
+      tr.rank = rank;
+      tr.groups = q.groups;
+      tr.version = q.version;
+      tr.max_lag = q.max_lag;
+      relay_.reply(rank, q.step, inner_.take(tr));
+    }
+    return own;
+  }
+  uint64_t dropped_stale() const override { return inner_.dropped_stale(); }
+
+ private:
+  kf::learner::GroupSource& inner_;
+  kf::netqueue::GroupRelay& relay_;
+  int remote_from_;
+};
+
+// A rank on another node: its share comes from rank 0 through Redis (one request per take).
+class RemoteSource : public kf::learner::GroupSource {
+ public:
+  explicit RemoteSource(kf::netqueue::GroupRelay& relay) : relay_(relay) {}
+  std::vector<kf::replay::ScoredGroup> take(const kf::learner::TakeRequest& r) override {
+    kf::netqueue::GroupRequest q;
+    q.step = r.step;
+    q.groups = r.groups;
+    q.version = r.version;
+    q.max_lag = r.max_lag;
+    return relay_.request(r.rank, q, kRelayWait);
+  }
+
+ private:
+  kf::netqueue::GroupRelay& relay_;
+};
+#endif
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"KernelForge learner rank"};
   std::string config_file, run, run_dir, device = "auto", comm_name, rendezvous, dump;
   std::vector<std::string> sets;
-  int rank = 0;
+  int rank = 0, remote_from = 0;
   int64_t steps = -1;
   bool synthetic = false, resume = false, keep_shm = false, print_steps = false, final_ckpt = false;
   app.add_option("CONFIG", config_file, "run config (YAML)")->required();
@@ -59,6 +138,9 @@ int main(int argc, char** argv) {
   app.add_option("--rendezvous", rendezvous,
                  "NCCL unique id hand-over: a folder (default when no run is attached: the run folder), or "
                  "'redis': the run's Redis server (cluster.redis.*), for ranks on several nodes");
+  app.add_option("--remote-from", remote_from,
+                 "ranks >= this run on other nodes: they get their groups from rank 0 through the run's Redis "
+                 "server (cluster.redis.*), and attach no shared memory (0: every rank is on this node)");
   app.add_option("--steps", steps, "steps to run (overrides learner.steps; 0 runs none)");
   app.add_option("--dump-weights", dump, "rank 0 writes the final weights here (safetensors)");
   app.add_flag("--synthetic", synthetic, "train on the synthetic group stream");
@@ -90,8 +172,16 @@ int main(int argc, char** argv) {
     }
     if (dev.is_cuda() && !dev.has_index()) dev = torch::Device(torch::kCUDA, rank);
 
+    if (remote_from < 0 || (remote_from > 0 && remote_from >= lc.ranks))
+      throw kf::Error("--remote-from " + std::to_string(remote_from) + ": must be 1.." + std::to_string(lc.ranks - 1) +
+                      " (learner.dist.ranks " + std::to_string(lc.ranks) + "), or 0");
+    const bool remote_rank = remote_from > 0 && rank >= remote_from;
+#ifndef KF_HAVE_NETQUEUE
+    if (remote_from > 0)
+      throw kf::Error("--remote-from: this build has no Redis queue (hiredis was not found at configure time; run ./setup.sh)");
+#endif
     std::unique_ptr<kf::replay::RunShm> shm;
-    if (!run.empty()) shm = kf::replay::RunShm::attach(run);
+    if (!run.empty() && !remote_rank) shm = kf::replay::RunShm::attach(run);
     std::string comm_kind = lc.comm;
     if (comm_kind == "auto") comm_kind = dev.is_cuda() && kf::learner::nccl_available() ? "nccl" : "cpu";
     const bool via_redis = rendezvous == "redis";
@@ -106,15 +196,11 @@ int main(int argc, char** argv) {
     if (comm_kind == "nccl") {
       if (!dev.is_cuda()) throw kf::Error("learner.dist.comm: nccl needs a CUDA device (--device)");
       if (via_redis) {
+        const auto srv = redis_server_of(cfg, "--rendezvous redis");
         kf::learner::RedisRendezvousOptions ro;
-        ro.host = cfg.get_string("cluster.redis.host");
-        ro.port = static_cast<int>(cfg.get_int("cluster.redis.port"));
-        const std::string env = cfg.get_string("cluster.redis.password_env");
-        const char* pw = env.empty() ? nullptr : std::getenv(env.c_str());
-        if (!pw || !*pw)
-          throw kf::Error("cluster.redis.password_env: --rendezvous redis needs the run's Redis password in $" + env +
-                          ", which is unset or empty");
-        ro.password = pw;
+        ro.host = srv.host;
+        ro.port = srv.port;
+        ro.password = srv.password;
         ro.scope = name;
         ro.rank = rank;
         ro.world = static_cast<int>(lc.ranks);
@@ -135,7 +221,25 @@ int main(int argc, char** argv) {
     }
 
     std::unique_ptr<kf::learner::GroupSource> source;
-    if (synthetic) {
+#ifdef KF_HAVE_NETQUEUE
+    std::unique_ptr<kf::netqueue::GroupRelay> relay;
+    if (remote_from > 0 && (rank == 0 || remote_rank)) {
+      const auto srv = redis_server_of(cfg, "--remote-from");
+      kf::netqueue::StreamConfig sc;
+      sc.host = srv.host;
+      sc.port = srv.port;
+      sc.password = srv.password;
+      relay = std::make_unique<kf::netqueue::GroupRelay>(sc, name);
+      kf::log_info("learner rank ", rank, ": ", remote_rank ? "takes its groups from rank 0" : "serves the groups of ranks ",
+                   remote_rank ? std::string() : std::to_string(remote_from) + ".." + std::to_string(lc.ranks - 1),
+                   " through ", relay->where());
+    }
+#endif
+    if (remote_rank) {
+#ifdef KF_HAVE_NETQUEUE
+      source = std::make_unique<RemoteSource>(*relay);
+#endif
+    } else if (synthetic) {
       kf::learner::SyntheticConfig sc;
       sc.seed = lc.seed + 1;
       sc.vocab = lc.policy.empty() ? kf::learner::model_shape(lc.init_shape).vocab_size : 256;
@@ -146,6 +250,13 @@ int main(int argc, char** argv) {
       if (!shm) throw kf::Error("kf-learner: give --run NAME (attach a run) or --synthetic");
       source = std::make_unique<kf::learner::ReplaySource>(shm->replay(), lc.take_timeout_ms);
     }
+#ifdef KF_HAVE_NETQUEUE
+    std::unique_ptr<kf::learner::GroupSource> relayed;
+    if (relay && rank == 0) {
+      relayed = std::make_unique<RelaySource>(*source, *relay, remote_from);
+      std::swap(relayed, source);  // source: the relay; relayed: the inner source it takes from
+    }
+#endif
 
     kf::learner::LearnerDeps deps;
     deps.comm = comm.get();

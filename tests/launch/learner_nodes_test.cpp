@@ -75,6 +75,50 @@ TEST(LaunchLearnerNodesTest, CpuRanksOnSeveralNodesAreRefusedAtStartNamingTheKey
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 30.0);
 }
 
+// Rank 1 "on another node": it attaches no run and takes its groups from rank 0 through
+// Redis (--remote-from 1); the two ranks still meet over the CPU communicator here, as
+// only the groups' path is under test. The weights must be bit-identical to the same two
+// ranks each taking their own groups.
+TEST(LaunchLearnerNodesTest, RemoteRankTakesItsGroupsThroughRankZeroAndTrainsIdentically) {
+  kf::test::TempDir tmp("learner-nodes");
+  kf::netqueue::ServerOptions so;
+  so.password = "learnerNodesRelayPw7";
+  auto srv = kf::netqueue::RedisServer::start(so);
+  ::setenv("KF_TEST_REDIS_PASSWORD", so.password.c_str(), 1);
+  ::setenv("OMP_NUM_THREADS", "1", 1);
+  auto run2 = [&](const std::string& name, bool relay) {
+    const auto cfg = write_config(tmp.path, name, 2, srv.port());
+    std::vector<pid_t> pids;
+    for (int r : {0, 1}) {
+      std::vector<std::string> a = {learner_bin(), cfg, "--device", "cpu", "--steps", "3", "--rank", std::to_string(r),
+                                    "--comm-name", "kf.test.lnodes." + name + "." + std::to_string(::getpid())};
+      if (!relay || r == 0) a.push_back("--synthetic");
+      if (relay) a.insert(a.end(), {"--remote-from", "1"});
+      pids.push_back(spawn(a, tmp.path + "/" + name + "-" + std::to_string(r) + ".log"));
+    }
+    std::vector<std::string> sums, logs;
+    for (int r = 0; r < 2; ++r) {
+      const int code = wait_exit(pids[r]);
+      logs.push_back(kf::test::read_file(tmp.path + "/" + name + "-" + std::to_string(r) + ".log"));
+      EXPECT_EQ(code, 0) << name << " rank " << r << ":\n" << logs.back();
+      std::smatch m;
+      if (std::regex_search(logs.back(), m, std::regex("WEIGHTS_CHECKSUM ([0-9a-f]+)"))) sums.push_back(m[1]);
+    }
+    if (relay) {
+      EXPECT_NE(logs[0].find("serves the groups of ranks 1..1 through redis at 127.0.0.1:"), std::string::npos) << logs[0];
+      EXPECT_NE(logs[1].find("takes its groups from rank 0"), std::string::npos) << logs[1];
+    }
+    return sums;
+  };
+  const auto local = run2("local", false);
+  const auto relayed = run2("relayed", true);
+  ASSERT_EQ(local.size(), 2u);
+  ASSERT_EQ(relayed.size(), 2u);
+  EXPECT_EQ(local[0], local[1]);
+  EXPECT_EQ(relayed[0], relayed[1]);
+  EXPECT_EQ(relayed[0], local[0]) << "the relayed groups must be exactly the ones rank 1 takes itself";
+}
+
 // Two ranks on two GPUs meet through Redis (as ranks on two nodes would) and train
 // exactly as the same two ranks meeting through a folder: the same weights checksum on
 // every rank of both runs.
