@@ -295,20 +295,25 @@ std::size_t EvaluatorService::step() {
     account(r, c);
     log_verdict(c, r, t ? t->level() : 0);
     const replay::Result rec = to_record(r, c, o_.evaluator_id, o_.train_on_degenerate_tasks);
-    log_info("evaluator ", o_.evaluator_id, ": candidate ", c.id, " of ", c.task, ": ", verdict_name(r.verdict),
-             r.cause == Cause::environment ? " [environment]" : "", r.reason.empty() ? "" : " (" + r.reason + ")", r.ok() ? ", speedup " + std::to_string(r.speedup) : "");
-    // The claim is acknowledged only once the result is stored in the result queue (a
-    // kill before this line puts the candidate back in the queue).
-    if (shm_.results().push(rec, o_.push_timeout)) {
+    // The result goes into its group's empty slot; the claim is acknowledged only after
+    // that (a kill before the release puts the candidate back in the queue: scored again,
+    // the second result is counted duplicate and dropped by the replay).
+    bool joined = false;
+    try {
+      joined = shm_.replay().add_result(rec);
       shm_.candidates().raw().release(&claims[i], 1);
-    } else {
+    } catch (const std::exception& e) {
       ++stats_.results_dropped;
       shm_.candidates().raw().drop(&claims[i], 1);
       shm_.control().add_counter(slot_, kLostUnstored, 1);
-      log_error("evaluator ", o_.evaluator_id, ": result queue full for ", o_.push_timeout.count(),
-                " ms; the result of candidate ", c.id, " is dropped and the candidate counted lost "
-                "(candidate queue: dropped_by_consumer); its group will hit its deadline");
+      log_error("evaluator ", o_.evaluator_id, ": storing the result of candidate ", c.id, " in the replay failed (",
+                e.what(), "); the candidate is counted lost (candidate queue: dropped_by_consumer) and its group "
+                "will hit its deadline");
     }
+    log_info("evaluator ", o_.evaluator_id, ": candidate ", c.id, " of ", c.task, ": ", verdict_name(r.verdict),
+             r.cause == Cause::environment ? " [environment]" : "", r.reason.empty() ? "" : " (" + r.reason + ")",
+             r.ok() ? ", speedup " + std::to_string(r.speedup) : "",
+             joined ? "" : "; not joined: its group is gone (evicted, or taken at its deadline) or it was scored already");
     if (on_result_) on_result_(rec, r);
     if (o_.backend == tasks::Backend::CUDA && o_.cache_limit_bytes > 0 &&
         tasks::device_cache_reserved_bytes() > o_.cache_limit_bytes)

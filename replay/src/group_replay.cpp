@@ -25,6 +25,13 @@ constexpr uint32_t kHeadTag = 0x44414548;  // "HEAD"
 constexpr uint32_t kFileVersion = 1;
 const char kFileMagic[8] = {'K', 'F', 'R', 'E', 'P', 'L', 'A', 'Y'};
 
+struct NoteSlot {
+  uint64_t candidate_id;
+  double speedup, reward;
+  int32_t evaluator_id;
+  uint8_t verdict, cause, joined, pad;
+};
+
 struct GroupSlot {
   std::atomic<uint64_t> owner;
   uint64_t owner_start;
@@ -52,6 +59,11 @@ struct ReplayBuffer::Header {
   std::atomic<uint64_t> opened, taken, joined, orphan, duplicate, stale, evicted, dropped_full, lost_filling,
       lost_taking, cand_lost, recoveries;
   alignas(64) std::atomic<uint32_t> ready_futex;
+  // Result notes (guarded by mu): note i lives at notes[i % kResultNotes]; note_seq is the
+  // next one's number, advanced after the note is written (a writer killed mid-note
+  // leaves it unpublished).
+  uint64_t note_seq;
+  NoteSlot notes[ReplayBuffer::kResultNotes];
 
   GroupSlot* slot(uint32_t i) {
     return reinterpret_cast<GroupSlot*>(reinterpret_cast<char*>(this) - ShmSegment::kHeaderBytes + slots_off) + i;
@@ -236,6 +248,11 @@ bool ReplayBuffer::open_group(const std::vector<Candidate>& cands, Timeout deadl
   return true;
 }
 
+namespace {
+// Under the replay lock.
+void note_result(ReplayBuffer::Header* h, const Result& r, bool joined);
+}  // namespace
+
 bool ReplayBuffer::add_result(const Result& r) {
   Header* h = hdr();
   Result x = fit_result(r, h->result_bytes);
@@ -254,6 +271,7 @@ bool ReplayBuffer::add_result(const Result& r) {
     }
     if (!s || r.index_in_group >= s->g || s->cand_ids[r.index_in_group] != r.candidate_id) {
       h->orphan.fetch_add(1, std::memory_order_relaxed);
+      note_result(h, r, false);
       return false;
     }
     const uint64_t bit = 1ull << r.index_in_group;
@@ -270,6 +288,7 @@ bool ReplayBuffer::add_result(const Result& r) {
     s->scored_mask.store(m, std::memory_order_release);
     s->lost_mask.fetch_and(~bit, std::memory_order_relaxed);
     h->joined.fetch_add(1, std::memory_order_relaxed);
+    note_result(h, r, true);
     complete = ((m | s->lost_mask.load(std::memory_order_relaxed)) & full_mask(s->g)) == full_mask(s->g);
   }
   if (complete) {
@@ -279,21 +298,45 @@ bool ReplayBuffer::add_result(const Result& r) {
   return true;
 }
 
-std::size_t ReplayBuffer::ingest(ResultQueue& results, std::size_t max, Timeout timeout) {
-  // Zero-copy: join straight from the queue slot, release after. A kill in between
-  // leaves the slot READING(dead): the queue counts it lost and logs its candidate id.
-  ShmQueue& q = results.raw();
-  std::vector<ShmQueue::Slot> slots(std::max<std::size_t>(1, std::min<std::size_t>(max, 256)));
-  std::size_t k = q.take(slots.data(), slots.size(), timeout);
-  for (std::size_t i = 0; i < k; ++i) {
-    try {
-      add_result(decode_result(slots[i].data, slots[i].len, q.segment().name()));
-    } catch (const Error&) {
-      hdr()->orphan.fetch_add(1, std::memory_order_relaxed);
-    }
+namespace {
+void note_result(ReplayBuffer::Header* h, const Result& r, bool joined) {
+  NoteSlot& n = h->notes[h->note_seq % ReplayBuffer::kResultNotes];
+  n.candidate_id = r.candidate_id;
+  n.speedup = r.speedup;
+  n.reward = r.reward;
+  n.evaluator_id = r.evaluator_id;
+  n.verdict = static_cast<uint8_t>(r.verdict);
+  n.cause = static_cast<uint8_t>(r.cause);
+  n.joined = joined;
+  ++h->note_seq;
+}
+}  // namespace
+
+std::vector<ResultNote> ReplayBuffer::recent_results(uint64_t* cursor, uint64_t* missed) const {
+  Header* h = hdr();
+  std::vector<ResultNote> out;
+  KF_REPLAY_LOCK(h);
+  const uint64_t end = h->note_seq;
+  uint64_t from = std::min(*cursor, end);
+  if (end - from > kResultNotes) {
+    if (missed) *missed += end - from - kResultNotes;
+    from = end - kResultNotes;
   }
-  q.release(slots.data(), k);
-  return k;
+  out.reserve(end - from);
+  for (uint64_t i = from; i < end; ++i) {
+    const NoteSlot& n = h->notes[i % kResultNotes];
+    ResultNote x;
+    x.candidate_id = n.candidate_id;
+    x.verdict = n.verdict <= static_cast<uint8_t>(Verdict::ok) ? static_cast<Verdict>(n.verdict) : Verdict::runtime_error;
+    x.cause = n.cause ? Cause::environment : Cause::kernel;
+    x.joined = n.joined;
+    x.evaluator_id = n.evaluator_id;
+    x.speedup = n.speedup;
+    x.reward = n.reward;
+    out.push_back(x);
+  }
+  *cursor = end;
+  return out;
 }
 
 bool excluded_from_training(const ScoredGroup& g) {

@@ -686,6 +686,5 @@ std::size_t RecordQueue<T>::claim(std::vector<T>& out, std::vector<ShmQueue::Slo
 }
 
 template class RecordQueue<Candidate>;
-template class RecordQueue<Result>;
 
 }  // namespace kf::replay

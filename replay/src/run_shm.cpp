@@ -18,7 +18,9 @@ namespace kf::replay {
 using namespace detail;
 
 namespace {
-const char* const kParts[] = {"cand", "res", "replay", "kdb", "snap", "ctl"};
+const char* const kParts[] = {"cand", "replay", "kdb", "snap", "ctl"};
+// Parts of older builds (the result queue): removed with a run, never created.
+const char* const kOldParts[] = {"res"};
 
 std::string lock_path(const std::string& run) { return "/dev/shm/kf." + run + ".lock"; }
 
@@ -74,6 +76,7 @@ SegmentState RunShm::probe(const std::string& run, std::chrono::milliseconds sta
 void RunShm::remove(const std::string& run) {
   check_name(run, "run name");
   for (const char* p : kParts) ShmSegment::remove(segment_name(run, p));
+  for (const char* p : kOldParts) ShmSegment::remove(segment_name(run, p));
 }
 
 std::unique_ptr<RunShm> RunShm::create(const std::string& run, const RunShmConfig& cfg) {
@@ -97,7 +100,6 @@ std::unique_ptr<RunShm> RunShm::create(const std::string& run, const RunShmConfi
     ShmQueue probe_inc = ShmQueue::create(segment_name(run, "cand"), cfg.candidates, opt);
     opt.incarnation = probe_inc.segment().incarnation();
     r->candidates_ = std::make_unique<CandidateQueue>(std::move(probe_inc));
-    r->results_ = std::make_unique<ResultQueue>(ShmQueue::create(segment_name(run, "res"), cfg.results, opt));
     r->replay_ = std::make_unique<ReplayBuffer>(ReplayBuffer::create(segment_name(run, "replay"), cfg.replay, opt));
     r->kernels_ = std::make_unique<KernelDb>(KernelDb::create(segment_name(run, "kdb"), cfg.kernels, opt));
     r->snapshots_ = std::make_unique<SnapshotStore>(SnapshotStore::create(segment_name(run, "snap"), cfg.snapshot, opt));
@@ -118,8 +120,6 @@ std::unique_ptr<RunShm> RunShm::attach(const std::string& run, Timeout wait_read
   const uint64_t inc = r->control_->segment().incarnation();
   r->candidates_ = std::make_unique<CandidateQueue>(ShmQueue::attach(segment_name(run, "cand"), wait_ready));
   check_incarnation(run, "cand", r->candidates_->raw().segment(), inc);
-  r->results_ = std::make_unique<ResultQueue>(ShmQueue::attach(segment_name(run, "res"), wait_ready));
-  check_incarnation(run, "res", r->results_->raw().segment(), inc);
   r->replay_ = std::make_unique<ReplayBuffer>(ReplayBuffer::attach(segment_name(run, "replay"), wait_ready));
   check_incarnation(run, "replay", r->replay_->segment(), inc);
   r->kernels_ = std::make_unique<KernelDb>(KernelDb::attach(segment_name(run, "kdb"), wait_ready));

@@ -21,8 +21,6 @@ RunShmConfig run_shm_config(const Config& c) {
   r.candidates.capacity = u32(c, "replay.candidate_queue.capacity", 2, 1u << 20);
   r.candidates.slot_bytes = u32(c, "replay.candidate_queue.slot_bytes", 256, 64u << 20);
   r.candidates.max_claims = u32(c, "replay.candidate_queue.max_claims", 0, 1000);
-  r.results.capacity = u32(c, "replay.result_queue.capacity", 2, 1u << 20);
-  r.results.slot_bytes = u32(c, "replay.result_queue.slot_bytes", 256, 1u << 20);
   r.replay.capacity = u32(c, "replay.groups.capacity", 1, 1u << 16);
   r.replay.group_bytes = u32(c, "replay.groups.group_bytes", 4096, 1u << 30);
   r.kernels.capacity = u32(c, "replay.kernels.capacity", 1, 1u << 20);

@@ -119,7 +119,6 @@ struct RunFixture {
   RunFixture() {
     rp::RunShmConfig c;
     c.candidates = {64, 256 * 1024};
-    c.results = {256, 4096};
     c.replay.capacity = 16;
     c.replay.group_bytes = 4u << 20;
     c.kernels = {64, 64 * 1024, 16};

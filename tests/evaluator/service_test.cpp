@@ -59,9 +59,27 @@ EvalOptions light_options() {
   return o;
 }
 
+// As the actor does: opens the candidates' group in the replay, then queues them.
+void open_and_queue(replay::RunShm& shm, const std::vector<replay::Candidate>& cands) {
+  ASSERT_TRUE(shm.replay().open_group(cands, std::chrono::minutes(10)));
+  for (const auto& c : cands) ASSERT_TRUE(shm.candidates().push(c, std::chrono::seconds(1)));
+}
+
+// The results the evaluator wrote into the groups that are complete (the learner's view),
+// by candidate id.
+std::map<uint64_t, replay::Result> scored_results(replay::RunShm& shm) {
+  std::vector<replay::ScoredGroup> groups;
+  shm.replay().take_ready(groups, 16, 0, 1000, std::chrono::milliseconds(100));
+  std::map<uint64_t, replay::Result> out;
+  for (const auto& g : groups)
+    for (std::size_t i = 0; i < g.results.size(); ++i)
+      if (!g.missing[i]) out[g.results[i].candidate_id] = g.results[i];
+  return out;
+}
+
 }  // namespace
 
-TEST(EvaluatorServiceTest, ScoresQueuedCandidatesPushesResultsAndStoresOkKernels) {
+TEST(EvaluatorServiceTest, ScoresQueuedCandidatesWritesResultsIntoTheGroupAndStoresOkKernels) {
   const std::string run = "kft" + std::to_string(getpid()) + ".evsvc";
   auto shm = replay::RunShm::create(run);
   Evaluator ev(light_options());
@@ -77,22 +95,25 @@ TEST(EvaluatorServiceTest, ScoresQueuedCandidatesPushesResultsAndStoresOkKernels
   const std::string good = test::read_kernel("cpu/good_relu.cpp");
   replay::Candidate no_code = candidate(103, "001_relu", "", 2);
   no_code.extraction_error = "extract: no_code: the completion has no fenced code block";
-  ASSERT_TRUE(shm->candidates().push(candidate(101, "001_relu", good, 0), std::chrono::seconds(1)));
-  ASSERT_TRUE(shm->candidates().push(candidate(102, "001_relu", test::read_kernel("cpu/cheat_partial.cpp"), 1),
-                                     std::chrono::seconds(1)));
-  ASSERT_TRUE(shm->candidates().push(no_code, std::chrono::seconds(1)));
-  ASSERT_TRUE(shm->candidates().push(candidate(104, "no_such_task", good, 3), std::chrono::seconds(1)));
   const std::string broken = "#include \"kf/kernel.h\"\nint helper() { return undefined_name; }\n";
-  ASSERT_TRUE(shm->candidates().push(candidate(105, "001_relu", broken, 4), std::chrono::seconds(1)));
+  // A group of four for 001_relu, and one of one for a task the evaluator cannot load.
+  ASSERT_NO_FATAL_FAILURE(open_and_queue(
+      *shm, {candidate(101, "001_relu", good, 0), candidate(102, "001_relu", test::read_kernel("cpu/cheat_partial.cpp"), 1),
+             no_code, candidate(105, "001_relu", broken, 3)}));
+  replay::Candidate unknown = candidate(104, "no_such_task", good, 0);
+  unknown.group_id = 78;
+  ASSERT_NO_FATAL_FAILURE(open_and_queue(*shm, {unknown}));
 
   std::size_t scored = 0;
   for (int i = 0; i < 10 && scored < 5; ++i) scored += service.step();
   ASSERT_EQ(scored, 5u);
 
-  std::vector<replay::Result> results;
-  ASSERT_EQ(shm->results().pop_batch(results, 10, std::chrono::milliseconds(100)), 5u);
-  std::map<uint64_t, replay::Result> by_id;
-  for (const auto& r : results) by_id[r.candidate_id] = r;
+  // The results are in the group, which is complete; nothing went through another queue.
+  std::map<uint64_t, replay::Result> by_id = scored_results(*shm);
+  ASSERT_EQ(by_id.size(), 5u);
+  EXPECT_EQ(shm->replay().stats().results_joined, 5u);
+  EXPECT_EQ(shm->candidate_ledger().scored, 5u);
+  EXPECT_TRUE(shm->candidate_ledger().balanced());
   EXPECT_EQ(by_id[101].verdict, replay::Verdict::ok) << by_id[101].reason;
   EXPECT_GT(by_id[101].speedup, 0);
   EXPECT_GT(by_id[101].cand_time_median_us, 0);
@@ -182,25 +203,31 @@ TEST(EvaluatorServiceTest, StopFlagEndsTheBatchAfterTheCandidateInHand) {
   EvaluatorService service(ev, *shm, so);
   service.on_result([&](const replay::Result&, const Result&) { stop = true; });  // the signal arrives meanwhile
   const std::string good = test::read_kernel("cpu/good_relu.cpp");
-  for (uint64_t id = 301; id <= 303; ++id)
-    ASSERT_TRUE(shm->candidates().push(candidate(id, "001_relu", good, uint32_t(id - 301)), std::chrono::seconds(1)));
+  std::vector<replay::Candidate> first;
+  for (uint64_t id = 301; id <= 303; ++id) first.push_back(candidate(id, "001_relu", good, uint32_t(id - 301)));
+  ASSERT_NO_FATAL_FAILURE(open_and_queue(*shm, first));
   EXPECT_EQ(service.step(), 1u);
-  std::vector<replay::Result> results;
-  ASSERT_EQ(shm->results().pop_batch(results, 10, std::chrono::milliseconds(100)), 1u);
-  EXPECT_EQ(results[0].candidate_id, 301u);
+  EXPECT_EQ(shm->replay().stats().results_joined, 1u);
+  uint64_t cursor = 0;
+  const auto notes = shm->replay().recent_results(&cursor);
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_EQ(notes[0].candidate_id, 301u);
+  EXPECT_TRUE(notes[0].joined);
   EXPECT_EQ(service.stats().scored, 1u);
   // The rest of the stopped batch went back to the queue, not lost: without the flag the
   // next step scores those two and the two new ones.
   stop = false;
   EvaluatorService plain(ev, *shm, [&] { ServiceOptions o = so; o.stop = nullptr; return o; }());
-  for (uint64_t id = 304; id <= 305; ++id)
-    ASSERT_TRUE(shm->candidates().push(candidate(id, "001_relu", good, uint32_t(id - 304)), std::chrono::seconds(1)));
+  std::vector<replay::Candidate> second;
+  for (uint64_t id = 304; id <= 305; ++id) {
+    second.push_back(candidate(id, "001_relu", good, uint32_t(id - 304)));
+    second.back().group_id = 78;
+  }
+  ASSERT_NO_FATAL_FAILURE(open_and_queue(*shm, second));
   EXPECT_EQ(plain.step(), 4u);
-  results.clear();
-  ASSERT_EQ(shm->results().pop_batch(results, 10, std::chrono::milliseconds(100)), 4u);
   std::set<uint64_t> ids;
-  for (const auto& r : results) ids.insert(r.candidate_id);
-  EXPECT_EQ(ids, (std::set<uint64_t>{302, 303, 304, 305}));
+  for (const auto& [id, r] : scored_results(*shm)) ids.insert(id);
+  EXPECT_EQ(ids, (std::set<uint64_t>{301, 302, 303, 304, 305})) << "both groups complete, each result once";
   shm->shutdown();
 }
 
@@ -213,13 +240,11 @@ TEST(EvaluatorServiceTest, OutOfGpuMemoryIsRetriedThenScoredAndNeverKillsTheServ
   so.oom_attempts = 3;
   so.oom_retry_delay = std::chrono::milliseconds(20);
   EvaluatorService service(ev, *shm, so);
-  ASSERT_TRUE(shm->candidates().push(candidate(201, "001_relu", test::read_kernel("cpu/fake_worker_oom.cpp"), 0),
-                                     std::chrono::seconds(1)));
-  // First try: put back, nothing scored or pushed.
+  ASSERT_NO_FATAL_FAILURE(open_and_queue(*shm, {candidate(201, "001_relu", test::read_kernel("cpu/fake_worker_oom.cpp"), 0)}));
+  // First try: put back, nothing scored or written.
   EXPECT_EQ(service.step(), 0u);
   EXPECT_EQ(service.pending_retries(), 1u);
-  std::vector<replay::Result> results;
-  EXPECT_EQ(shm->results().pop_batch(results, 10, std::chrono::milliseconds(0)), 0u);
+  EXPECT_EQ(shm->replay().stats().results_joined, 0u);
   // Two more tries (after the delays), then it is scored once, as runtime_error.
   std::size_t scored = 0;
   for (int i = 0; i < 200 && scored == 0; ++i) {
@@ -228,11 +253,13 @@ TEST(EvaluatorServiceTest, OutOfGpuMemoryIsRetriedThenScoredAndNeverKillsTheServ
   }
   ASSERT_EQ(scored, 1u);
   EXPECT_EQ(service.pending_retries(), 0u);
-  ASSERT_EQ(shm->results().pop_batch(results, 10, std::chrono::milliseconds(100)), 1u);
-  EXPECT_EQ(results[0].candidate_id, 201u);
-  EXPECT_EQ(results[0].verdict, replay::Verdict::runtime_error);
-  EXPECT_NE(results[0].reason.find("out of GPU memory on 3 tries"), std::string::npos) << results[0].reason;
-  EXPECT_EQ(results[0].cause, replay::Cause::environment) << "the learner must leave it out: " << results[0].reason;
+  const auto results = scored_results(*shm);
+  ASSERT_EQ(results.size(), 1u);
+  const replay::Result& oom = results.begin()->second;
+  EXPECT_EQ(oom.candidate_id, 201u);
+  EXPECT_EQ(oom.verdict, replay::Verdict::runtime_error);
+  EXPECT_NE(oom.reason.find("out of GPU memory on 3 tries"), std::string::npos) << oom.reason;
+  EXPECT_EQ(oom.cause, replay::Cause::environment) << "the learner must leave it out: " << oom.reason;
   EXPECT_EQ(service.stats().scored, 1u);
   // The classifier: only the harness's allocation failure counts, not any runtime error.
   Result r;
@@ -294,14 +321,15 @@ TEST(EvaluatorServiceTest, CudaCacheAboveTheLimitIsGivenBackAfterACandidate) {
     so.tasks_dir = build_dir() + "/tasks";
     so.cache_limit_bytes = limit;
     EvaluatorService service(ev, *shm, so);
-    EXPECT_TRUE(shm->candidates().push(candidate(id, "001_relu", test::read_kernel("cuda/good_relu.cu"), 0),
-                                       std::chrono::seconds(1)));
+    replay::Candidate c = candidate(id, "001_relu", test::read_kernel("cuda/good_relu.cu"), 0);
+    c.group_id = id;
+    open_and_queue(*shm, {c});
     std::size_t scored = 0;
     for (int i = 0; i < 10 && scored == 0; ++i) scored += service.step();
     EXPECT_EQ(scored, 1u);
-    std::vector<replay::Result> results;
-    EXPECT_EQ(shm->results().pop_batch(results, 10, std::chrono::milliseconds(100)), 1u);
-    if (!results.empty()) EXPECT_EQ(results[0].verdict, replay::Verdict::ok) << results[0].reason;
+    const auto results = scored_results(*shm);
+    EXPECT_EQ(results.size(), 1u);
+    if (!results.empty()) EXPECT_EQ(results.begin()->second.verdict, replay::Verdict::ok) << results.begin()->second.reason;
     return kf::tasks::device_cache_reserved_bytes();
   };
   const std::size_t kept = reserved_after_one(0, 301, ev);          // 0: never given back

@@ -1,6 +1,9 @@
-// The launcher's status view: the ETA against the step budget and the time cap.
+// The launcher's status view: the ETA against the step budget and the time cap, and the
+// verdict mix read from the replay's result notes.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include "kf/replay/group_replay.h"
 #include "run_monitor.h"
 
 using kf::launch::RunMonitor;
@@ -58,4 +61,46 @@ TEST(RunMonitorEtaTest, StatusViewsShowTheEta) {
   EXPECT_TRUE(has);
   EXPECT_EQ(kf::launch::format_duration(12.4), "12s");
   EXPECT_EQ(kf::launch::format_duration(247), "4m07s");
+}
+
+// The evaluators write their results into the replay; the status reads each once from the
+// replay's result notes. Actor-scored extraction failures are the actors' count, not here.
+TEST(RunMonitorResultsTest, VerdictMixComesFromTheReplaysResultNotesEachOnce) {
+  namespace rp = kf::replay;
+  const std::string name = "kft" + std::to_string(getpid()) + ".monitor";
+  rp::ReplayBuffer rb = rp::ReplayBuffer::create(name, rp::ReplayConfig{4, 64 * 1024, 512});
+  std::vector<rp::Candidate> g(3);
+  for (uint32_t i = 0; i < 3; ++i) {
+    g[i].id = 50 + i;
+    g[i].task = "t";
+    g[i].group_id = 9;
+    g[i].index_in_group = i;
+  }
+  ASSERT_TRUE(rb.open_group(g, std::chrono::seconds(60)));
+  auto result = [&](uint32_t i, rp::Verdict v, double speedup, int32_t evaluator) {
+    rp::Result r;
+    r.candidate_id = g[i].id;
+    r.group_id = 9;
+    r.index_in_group = i;
+    r.verdict = v;
+    r.speedup = speedup;
+    r.reward = v == rp::Verdict::ok ? 1.0 : -1.0;
+    r.evaluator_id = evaluator;
+    return r;
+  };
+  ASSERT_TRUE(rb.add_result(result(0, rp::Verdict::ok, 2.0, 0)));
+  ASSERT_TRUE(rb.add_result(result(1, rp::Verdict::incorrect, 0, 1)));
+  ASSERT_TRUE(rb.add_result(result(2, rp::Verdict::compile_error, 0, -1)));  // the actor's
+  RunMonitor m(100);
+  EXPECT_EQ(m.read_results(rb), 0u);
+  EXPECT_EQ(m.read_results(rb), 0u);  // nothing new: nothing counted twice
+  const auto s = m.results();
+  EXPECT_EQ(s.total, 2u);
+  EXPECT_EQ(s.window_n, 2u);
+  EXPECT_DOUBLE_EQ(s.frac("ok"), 0.5);
+  EXPECT_DOUBLE_EQ(s.frac("incorrect"), 0.5);
+  EXPECT_DOUBLE_EQ(s.frac("compile_error"), 0.0);
+  EXPECT_DOUBLE_EQ(s.best_speedup_ever, 2.0);
+  EXPECT_DOUBLE_EQ(s.mean_reward, 0.0);
+  rp::ShmSegment::remove(name);
 }

@@ -12,6 +12,7 @@
 
 #include "kf/replay/group_replay.h"
 #include "kf/replay/queue.h"
+#include "kf/replay/run_shm.h"
 #include "proc_util.h"
 
 using namespace kf::replay;
@@ -238,4 +239,85 @@ TEST(ReplayExcludedGroupTest, AGroupWithAnExcludedResultIsLeftOutOfTraining) {
   EXPECT_FALSE(excluded_from_training(g));
   g.results[0].exclude_from_training = true;
   EXPECT_TRUE(excluded_from_training(g));
+}
+
+// The evaluator's protocol (EvaluatorService::step, the head's bridge): claim a candidate,
+// write its result into its group's empty slot, then acknowledge the claim. An evaluator
+// SIGKILLed between the write and the acknowledgement loses nothing: the claim goes back
+// to the queue, the next evaluator scores it again, its second result is counted duplicate
+// and dropped, the group holds the first, and the candidate is counted scored once.
+TEST(ReplayResultPathTest, EvaluatorKilledAfterWritingItsResultLosesNothingAndCountsOnce) {
+  const std::string run = unique_name("respath");
+  auto shm = RunShm::create(run);
+  std::vector<Candidate> g(2);
+  for (uint32_t i = 0; i < 2; ++i) {
+    g[i].id = 10 + i;
+    g[i].task = "t";
+    g[i].group_id = 5;
+    g[i].index_in_group = i;
+    g[i].prompt_tokens = {1, 2};
+    g[i].completion_tokens = {3};
+    g[i].behaviour_logprobs = {-0.5f};
+    g[i].source = "k";
+  }
+  ASSERT_TRUE(shm->replay().open_group(g, 60s));
+  for (const auto& c : g) ASSERT_TRUE(shm->candidates().push(c, 1s));
+  auto result = [](const Candidate& c, double reward) {
+    Result r;
+    r.candidate_id = c.id;
+    r.group_id = c.group_id;
+    r.index_in_group = c.index_in_group;
+    r.verdict = Verdict::ok;
+    r.reward = reward;
+    return r;
+  };
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  const pid_t p = spawn([&] {
+    auto mine = RunShm::attach(run);
+    std::vector<Candidate> got;
+    std::vector<ShmQueue::Slot> claims;
+    if (mine->candidates().claim(got, claims, 1, 1s) != 1) return 1;
+    if (!mine->replay().add_result(result(got[0], 1.5))) return 2;
+    char c = 'w';
+    (void)!::write(fds[1], &c, 1);
+    for (;;) ::pause();  // killed before it acknowledges
+    return 0;
+  });
+  char c = 0;
+  ASSERT_EQ(::read(fds[0], &c, 1), 1);
+  kill_and_wait(p);
+  ::close(fds[0]);
+  ::close(fds[1]);
+  EXPECT_EQ(shm->candidate_ledger().in_flight, 1u);
+  EXPECT_EQ(shm->candidates().raw().reap(), 1u);  // the dead evaluator's claim goes back
+
+  std::vector<Candidate> got;
+  std::vector<ShmQueue::Slot> claims;
+  ASSERT_EQ(shm->candidates().claim(got, claims, 4, 1s), 2u);
+  int joined = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    joined += shm->replay().add_result(result(got[i], 2.5));
+    shm->candidates().raw().release(&claims[i], 1);
+  }
+  EXPECT_EQ(joined, 1) << "the re-scored candidate's second result is a duplicate";
+  const ReplayStats st = shm->replay().stats();
+  EXPECT_EQ(st.results_joined, 2u);
+  EXPECT_EQ(st.results_duplicate, 1u);
+  const QueueLedger l = shm->candidate_ledger();
+  EXPECT_EQ(l.scored, 2u);
+  EXPECT_EQ(l.lost(), 0u);
+  EXPECT_EQ(l.requeued, 1u);
+  EXPECT_TRUE(l.balanced());
+  std::vector<ScoredGroup> ready;
+  ASSERT_EQ(shm->replay().take_ready(ready, 4, 0, 100, 1s), 1u);
+  ASSERT_EQ(ready[0].results.size(), 2u);
+  EXPECT_EQ(ready[0].missing, (std::vector<uint8_t>{0, 0}));
+  EXPECT_FALSE(ready[0].deadline_hit);
+  // The killed evaluator's result stays; the first claim's candidate was either one.
+  double rewards = ready[0].results[0].reward + ready[0].results[1].reward;
+  EXPECT_DOUBLE_EQ(rewards, 1.5 + 2.5);
+  uint64_t cursor = 0;
+  EXPECT_EQ(shm->replay().recent_results(&cursor).size(), 2u) << "the live status sees each candidate once";
+  shm->shutdown();
 }

@@ -131,6 +131,55 @@ TEST_F(ReplayBufferTest, StaleGroupsAreDroppedAndCounted) {
   EXPECT_EQ(rb.stats().dropped_stale, 1u);
 }
 
+// Every result add_result() sees leaves a note for the live status (joined or orphan; a
+// duplicate does not), read with a cursor; the ring keeps the newest kResultNotes and
+// counts the ones overwritten unread.
+TEST_F(ReplayBufferTest, ResultNotesTellTheLiveStatusEachResultOnce) {
+  ReplayBuffer rb = ReplayBuffer::create(name, ReplayConfig{4, 64 * 1024, 512});
+  const auto g = group(1, 2, 0);
+  ASSERT_TRUE(rb.open_group(g, 10s));
+  uint64_t cursor = 0, missed = 0;
+  EXPECT_TRUE(rb.recent_results(&cursor, &missed).empty());
+  Result a = result_for(g[0], 1.5);
+  a.evaluator_id = 2;
+  Result b = result_for(g[1], 0);
+  b.verdict = Verdict::runtime_error;
+  b.cause = Cause::environment;
+  b.reward = -3;
+  EXPECT_TRUE(rb.add_result(a));
+  EXPECT_FALSE(rb.add_result(a));                              // duplicate: no note
+  EXPECT_FALSE(rb.add_result(result_for(group(9, 1, 0)[0], 2)));  // orphan: noted, not joined
+  EXPECT_TRUE(rb.add_result(b));
+  auto notes = rb.recent_results(&cursor, &missed);
+  ASSERT_EQ(notes.size(), 3u);
+  EXPECT_EQ(notes[0].candidate_id, g[0].id);
+  EXPECT_EQ(notes[0].verdict, Verdict::ok);
+  EXPECT_DOUBLE_EQ(notes[0].speedup, 1.5);
+  EXPECT_DOUBLE_EQ(notes[0].reward, 0.5);
+  EXPECT_EQ(notes[0].evaluator_id, 2);
+  EXPECT_TRUE(notes[0].joined);
+  EXPECT_EQ(notes[1].candidate_id, 900u);
+  EXPECT_FALSE(notes[1].joined);
+  EXPECT_EQ(notes[2].verdict, Verdict::runtime_error);
+  EXPECT_EQ(notes[2].cause, Cause::environment);
+  EXPECT_DOUBLE_EQ(notes[2].reward, -3);
+  EXPECT_EQ(cursor, 3u);
+  EXPECT_TRUE(rb.recent_results(&cursor, &missed).empty()) << "each note is read once";
+  EXPECT_EQ(missed, 0u);
+  // A reader that falls behind by more than the ring gets the newest kResultNotes.
+  const uint64_t n = ReplayBuffer::kResultNotes + 5;
+  for (uint64_t i = 0; i < n; ++i) {
+    Result o = result_for(group(9, 1, 0)[0], 1);
+    o.candidate_id = 10000 + i;
+    rb.add_result(o);
+  }
+  notes = rb.recent_results(&cursor, &missed);
+  ASSERT_EQ(notes.size(), ReplayBuffer::kResultNotes);
+  EXPECT_EQ(missed, 5u);
+  EXPECT_EQ(notes.front().candidate_id, 10005u);
+  EXPECT_EQ(notes.back().candidate_id, 10000 + n - 1);
+}
+
 TEST_F(ReplayBufferTest, FullBufferEvictsTheOldestPolicyVersion) {
   ReplayBuffer rb = ReplayBuffer::create(name, ReplayConfig{2, 64 * 1024, 512});
   ASSERT_TRUE(rb.open_group(group(1, 2, 3), 10s));
@@ -148,23 +197,25 @@ TEST_F(ReplayBufferTest, FullBufferEvictsTheOldestPolicyVersion) {
   EXPECT_THROW(rb.open_group(too_big, 1s), kf::Error);
 }
 
-TEST_F(ReplayBufferTest, IngestJoinsResultsFromTheResultQueue) {
+// Evaluators are other processes: each writes its results into the group itself, and the
+// group is ready for a learner waiting in take_ready as soon as the last one is in.
+TEST_F(ReplayBufferTest, EvaluatorProcessesWriteResultsIntoTheGroup) {
   ReplayBuffer rb = ReplayBuffer::create(name, ReplayConfig{8, 64 * 1024, 512});
-  ResultQueue rq(ShmQueue::create(name + ".q", QueueConfig{16, 1024}));
   auto g = group(7, 3, 2);
-  ASSERT_TRUE(rb.open_group(g, 10s));
-  pid_t evaluator = spawn([&] {
-    ResultQueue mine(ShmQueue::attach(name + ".q"));
-    for (auto& c : g) mine.push(result_for(c, 1.5), 1s);
-    return 0;
-  });
-  std::size_t joined = 0;
-  for (int i = 0; i < 100 && joined < 3; ++i) joined += rb.ingest(rq, 8, 100ms);
-  EXPECT_EQ(wait_exit(evaluator), 0);
-  EXPECT_EQ(joined, 3u);
+  ASSERT_TRUE(rb.open_group(g, 60s));
+  std::vector<pid_t> evaluators;
+  for (const auto& c : g)
+    evaluators.push_back(spawn([&] {
+      ReplayBuffer mine = ReplayBuffer::attach(name);
+      return mine.add_result(result_for(c, 1.5)) ? 0 : 1;
+    }));
   std::vector<ScoredGroup> out;
-  ASSERT_EQ(rb.take_ready(out, 1, 2, 1, 0ms), 1u);
+  ASSERT_EQ(rb.take_ready(out, 1, 2, 1, 10s), 1u) << "woken when the last result is in, long before the deadline";
+  for (pid_t p : evaluators) EXPECT_EQ(wait_exit(p), 0);
+  EXPECT_FALSE(out[0].deadline_hit);
   EXPECT_EQ(out[0].missing, (std::vector<uint8_t>{0, 0, 0}));
+  for (const auto& r : out[0].results) EXPECT_DOUBLE_EQ(r.speedup, 1.5);
+  EXPECT_EQ(rb.stats().results_joined, 3u);
 }
 
 TEST_F(ReplayBufferTest, LearnerKilledWhileTakingLosesOnlyThoseGroups) {

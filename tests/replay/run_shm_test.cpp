@@ -27,7 +27,6 @@ using ReplayRunShmTest = ReplaySegmentTest;
 RunShmConfig small_config() {
   RunShmConfig c;
   c.candidates = QueueConfig{16, 4096};
-  c.results = QueueConfig{16, 1024};
   c.replay = ReplayConfig{8, 64 * 1024, 512};
   c.kernels = KernelDbConfig{16, 4096, 4};
   c.snapshot = SnapshotConfig{1 << 16};
@@ -109,10 +108,11 @@ TEST_F(ReplayRunShmTest, WorkersAttachByNameAndShutdownRemovesEverything) {
   EXPECT_EQ(run->candidates().pop_batch(got, 4, 1s), 1u);
   EXPECT_EQ(run->snapshots().latest().version, 3);
   EXPECT_THROW(RunShm::create(name, small_config()), kf::Error) << "a live run was replaced";
-  for (const char* p : {"ctl", "cand", "res", "replay", "kdb", "snap"})
+  for (const char* p : {"ctl", "cand", "replay", "kdb", "snap"})
     EXPECT_TRUE(shm_exists(RunShm::segment_name(name, p))) << p;
+  EXPECT_FALSE(shm_exists(RunShm::segment_name(name, "res"))) << "results have no queue: evaluators write into the groups";
   run->shutdown();
-  for (const char* p : {"ctl", "cand", "res", "replay", "kdb", "snap"})
+  for (const char* p : {"ctl", "cand", "replay", "kdb", "snap"})
     EXPECT_FALSE(shm_exists(RunShm::segment_name(name, p))) << p;
   EXPECT_EQ(RunShm::probe(name), SegmentState::Absent);
 }
@@ -197,7 +197,14 @@ TEST(RunShmConfigTest, ReplayKeysReachTheSegmentsAndBadValuesNameTheKey) {
   EXPECT_EQ(r.replay.capacity, 17u);
   EXPECT_EQ(r.candidates.slot_bytes, 65536u);
   EXPECT_EQ(r.kernels.max_per_task, 5u);
-  EXPECT_EQ(r.results.capacity, 4096u);  // schema default
+  EXPECT_EQ(r.candidates.max_claims, 3u);  // schema default
+  // Results have no queue: the old key is unknown, and the error names it.
+  try {
+    kf::Config::parse("replay:\n  result_queue:\n    capacity: 64\n", "old.yaml");
+    FAIL() << "expected kf::Error";
+  } catch (const kf::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown key 'replay.result_queue"), std::string::npos) << e.what();
+  }
   try {
     kf::replay::run_shm_config(kf::Config::parse("replay:\n  groups:\n    capacity: 0\n", "bad.yaml"));
     FAIL() << "expected kf::Error";

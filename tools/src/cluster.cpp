@@ -303,7 +303,20 @@ void RemoteBridge::Impl::results_back() {
     r.candidate_id = m.tag;
     r.group_id = h.group_id;
     r.index_in_group = h.index_in_group;
-    if (shm.results().push(r, 5000ms)) {
+    // Into the group's empty slot, as a local evaluator writes it (a result whose group is
+    // gone is counted orphan by the replay); then the claim is acknowledged.
+    bool stored = true;
+    try {
+      (void)shm.replay().add_result(r);
+    } catch (const std::exception& e) {
+      stored = false;
+      shm.candidates().raw().drop(&h.claim, 1);
+      std::lock_guard<std::mutex> g(mu);
+      ++c.unstored;
+      log_error("launch: redis bridge: storing the result of candidate ", m.tag, " in the replay failed (", e.what(),
+                "); the candidate is counted lost (dropped) and its group will hit its deadline");
+    }
+    if (stored) {
       shm.candidates().raw().release(&h.claim, 1);
       if (r.verdict == replay::Verdict::ok) {
         const double db_speedup = r.task_degenerate ? 1.0 : r.speedup;
@@ -311,12 +324,6 @@ void RemoteBridge::Impl::results_back() {
       }
       std::lock_guard<std::mutex> g(mu);
       ++c.results;
-    } else {
-      shm.candidates().raw().drop(&h.claim, 1);
-      std::lock_guard<std::mutex> g(mu);
-      ++c.unstored;
-      log_error("launch: redis bridge: result queue full for 5 s; the result of candidate ", m.tag,
-                " is dropped and the candidate counted lost (dropped); its group will hit its deadline");
     }
     held.erase(it);
     std::lock_guard<std::mutex> g(mu);

@@ -151,8 +151,7 @@ struct Launcher::Impl {
   RunMonitor monitor;
   std::unique_ptr<MetricsWriter> metrics;
   GpuUtilization gpu;
-  std::thread ingest_thread;
-  std::atomic<bool> stop_ingest{false};
+  uint64_t notes_missed = 0;  // replay result notes overwritten before the monitor read them
   Phase phase = Phase::running;
   int escalation = 0;  // within a stop phase: 1 SIGTERM sent, 2 SIGKILL sent
   bool failed = false;
@@ -182,7 +181,7 @@ struct Launcher::Impl {
   }
 
   void plan_workers();
-  void ingest_loop();
+  void read_results();  // the evaluators' new results (replay result notes) into the monitor
   void handle_exit(const Exit& e);
   void check_hangs();
   void begin_drain(const std::string& why);
@@ -262,20 +261,16 @@ void Launcher::Impl::plan_workers() {
   }
 }
 
-void Launcher::Impl::ingest_loop() {
-  std::vector<replay::Result> batch;
-  while (!stop_ingest.load()) {
-    batch.clear();
-    try {
-      shm->results().pop_batch(batch, 256, 200ms);
-      for (const auto& r : batch) {
-        monitor.add_result(r);
-        shm->replay().add_result(r);  // an orphan (its group evicted or taken) is counted there
-      }
-    } catch (const std::exception& e) {
-      log_error("launch: moving results into the replay failed: ", e.what(), "; retrying in 1 s");
-      std::this_thread::sleep_for(1s);
-    }
+void Launcher::Impl::read_results() {
+  try {
+    const uint64_t missed = monitor.read_results(shm->replay());
+    if (missed && notes_missed == 0)
+      log_warn("launch: ", missed, " result(s) went by before the live status read them (replay result notes "
+               "overwritten); the status's verdict counts leave them out, the replay has them");
+    notes_missed += missed;
+  } catch (const std::exception& e) {
+    log_error("launch: reading the replay's result notes failed: ", e.what(), "; the live status misses them, "
+              "the run goes on");
   }
 }
 
@@ -297,7 +292,7 @@ void Launcher::Impl::handle_exit(const Exit& e) {
   }
   // Free whatever it held mid-write or mid-read in the queues and the replay (counted as lost there).
   try {
-    const std::size_t freed = shm->candidates().raw().reap() + shm->results().raw().reap() + shm->replay().reap();
+    const std::size_t freed = shm->candidates().raw().reap() + shm->replay().reap();
     if (freed) log_warn("launch: freed ", freed, " queue slots / replay groups held by dead ", w.name());
   } catch (const std::exception& ex) {
     log_error("launch: reclaiming what ", w.name(), " held failed: ", ex.what(), "; the run goes on");
@@ -482,10 +477,8 @@ Status Launcher::Impl::status() {
   if (bridge) monitor.set_remote_verified(bridge->counters().results);
   monitor.sample_rates(s.elapsed_s, s);
   const auto cq = shm->candidates().raw().stats();
-  const auto rq = shm->results().raw().stats();
   const auto rp = shm->replay().stats();
   s.candidate_queue = cq.queued;
-  s.result_queue = rq.queued;
   s.ready_groups = rp.ready_now;
   s.open_groups = rp.open_now;
   s.policy_version = shm->snapshots().latest().version;
@@ -573,11 +566,7 @@ Launcher::Launcher(const Config& cfg, const RunDir& run, const LaunchOptions& op
   m.metrics = std::make_unique<MetricsWriter>(run.sub("metrics"), "run");
 }
 
-Launcher::~Launcher() {
-  Impl& m = *impl_;
-  m.stop_ingest = true;
-  if (m.ingest_thread.joinable()) m.ingest_thread.join();
-}
+Launcher::~Launcher() = default;
 
 int Launcher::run() {
   Impl& m = *impl_;
@@ -592,7 +581,6 @@ int Launcher::run() {
     log_info("launch: started ", w.name(), " pid ", w.pid, cpus.empty() ? "" : " on CPUs " + cpus);
   }
   ctl.set_state(replay::RunState::running);
-  m.ingest_thread = std::thread([&m] { m.ingest_loop(); });
 
   const double status_every = m.tty ? 1.0 : m.cfg.get_float("launch.status_every_s");
   const double metrics_every = m.cfg.get_float("launch.metrics_every_s");
@@ -608,8 +596,6 @@ int Launcher::run() {
         log_error("launch: second stop signal: killing every worker now (checkpoints already written stay)");
         m.sup.signal_role("", SIGKILL);
         m.sup.wait_role("", 5s, nullptr);
-        m.stop_ingest = true;
-        m.ingest_thread.join();
         m.stop_network();
         m.save_clock();
         m.shm->shutdown();
@@ -624,6 +610,7 @@ int Launcher::run() {
     for (const auto& e : m.sup.reap()) m.handle_exit(e);
     for (std::size_t i : m.sup.start_due())
       log_info("launch: restarted ", m.sup.workers()[i].name(), " as pid ", m.sup.workers()[i].pid);
+    m.read_results();
     const auto now = Clock::now();
     if (now >= next_check) {
       m.check_hangs();
@@ -664,13 +651,7 @@ int Launcher::run() {
   }
   // Every worker is gone: the last results, then the outputs.
   m.stop_network();
-  m.stop_ingest = true;
-  m.ingest_thread.join();
-  std::vector<replay::Result> rest;
-  while (m.shm->results().pop_batch(rest, 256, 0ms) > 0) {
-    for (const auto& r : rest) m.monitor.add_result(r), m.shm->replay().add_result(r);
-    rest.clear();
-  }
+  m.read_results();
   m.check_hangs();  // final counter read
   const Status s = m.status();
   m.show(s, true);

@@ -16,7 +16,11 @@
 // checkpoint and exit -> the replay, kernel database, best kernels and launcher state
 // are saved. A second Ctrl-C kills every worker at once (exit 130).
 //
-// Threading: run() is called once, from the main thread; it starts one ingest thread.
+// Data: the launcher carries none. Evaluators write their results into the replay groups
+// themselves; the live status reads the replay's result notes and the control block.
+//
+// Threading: run() is called once, from the main thread (a head node's Redis bridge runs
+// its own threads: cluster.h).
 #pragma once
 #include <atomic>
 #include <memory>

@@ -83,13 +83,26 @@ void CounterTotals::from_json(const nlohmann::json& j) {
   }
 }
 
+void RunMonitor::add(replay::Verdict v, double speedup, double reward) {
+  ++total_;
+  ++verdicts_[replay::verdict_name(v)];
+  if (v == replay::Verdict::ok) best_ever_ = std::max(best_ever_, speedup);
+  recent_.push_back({v, speedup, reward});
+  while (recent_.size() > window_) recent_.pop_front();
+}
+
 void RunMonitor::add_result(const replay::Result& r) {
   std::lock_guard<std::mutex> g(mu_);
-  ++total_;
-  ++verdicts_[replay::verdict_name(r.verdict)];
-  if (r.verdict == replay::Verdict::ok) best_ever_ = std::max(best_ever_, r.speedup);
-  recent_.push_back({r.verdict, r.speedup, r.reward});
-  while (recent_.size() > window_) recent_.pop_front();
+  add(r.verdict, r.speedup, r.reward);
+}
+
+uint64_t RunMonitor::read_results(const replay::ReplayBuffer& replay) {
+  uint64_t missed = 0;
+  const auto notes = replay.recent_results(&note_cursor_, &missed);
+  std::lock_guard<std::mutex> g(mu_);
+  for (const auto& n : notes)
+    if (n.evaluator_id >= 0) add(n.verdict, n.speedup, n.reward);
+  return missed;
 }
 
 ResultSummary RunMonitor::results() const {
@@ -221,8 +234,7 @@ std::string render_status(const Status& s) {
   o += "speedup mean " + fmt("%.2fx", r.mean_speedup) + "  median " + fmt("%.2fx", r.median_speedup) + "  best " +
        fmt("%.2fx", r.best_speedup) + " (ever " + fmt("%.2fx", r.best_speedup_ever) + ")  reward " +
        fmt("%.2f", r.mean_reward) + "\n";
-  o += "queues: candidates " + std::to_string(s.candidate_queue) + "  results " + std::to_string(s.result_queue) +
-       "  ready groups " + std::to_string(s.ready_groups) + "  open " + std::to_string(s.open_groups) + "  lag " +
+  o += "queue: candidates " + std::to_string(s.candidate_queue) + "  ready groups " + std::to_string(s.ready_groups) + "  open " + std::to_string(s.open_groups) + "  lag " +
        fmt("%.1f", s.policy_lag) + "  GPU busy " + (s.gpu_busy < 0 ? std::string("n/a") : fmt("%.0f%%", 100 * s.gpu_busy)) +
        "\n";
   o += "time: generate " + fmt("%.0f s", s.generate_s) + "  compile " + fmt("%.0f s", s.compile_s) + "  verify " +
@@ -243,8 +255,7 @@ std::string render_status_line(const Status& s) {
        fmt(", verified %.1f/min", s.verified_per_min) + " (" + std::to_string(s.verified) + ")" +
        fmt(", correct %.0f%%", frac("ok")) + fmt(", cheat %.0f%%", frac("rejected_cheat")) +
        fmt(", speedup mean %.2fx", r.mean_speedup) + fmt(" median %.2fx", r.median_speedup) +
-       fmt(" best %.2fx", r.best_speedup_ever) + ", queues " + std::to_string(s.candidate_queue) + "/" +
-       std::to_string(s.result_queue) + ", ready " + std::to_string(s.ready_groups) + fmt(", lag %.1f", s.policy_lag) +
+       fmt(" best %.2fx", r.best_speedup_ever) + ", queue " + std::to_string(s.candidate_queue) + ", ready " + std::to_string(s.ready_groups) + fmt(", lag %.1f", s.policy_lag) +
        (s.gpu_busy < 0 ? std::string(", GPU n/a") : fmt(", GPU %.0f%%", 100 * s.gpu_busy));
   return o;
 }
@@ -273,7 +284,6 @@ std::vector<std::pair<std::string, double>> status_scalars(const Status& s) {
       {"policy_lag", s.policy_lag},
       {"policy_version", static_cast<double>(s.policy_version)},
       {"candidate_queue_depth", static_cast<double>(s.candidate_queue)},
-      {"result_queue_depth", static_cast<double>(s.result_queue)},
       {"ready_groups", static_cast<double>(s.ready_groups)},
       {"generate_s", s.generate_s},
       {"compile_s", s.compile_s},

@@ -2,15 +2,16 @@
 // metrics/run.jsonl and the resume state.
 //
 // Two sources:
-//  - every Result the launcher moves from the result queue into the replay (add_result):
+//  - every result an evaluator (or the head's bridge) wrote into the replay, read from the
+//    replay's result notes (read_results; serial mode passes its results to add_result):
 //    verdict mix, speedups, rewards, over the last `window` results and in total;
 //  - the control block's per-process counters, summed per role over every process
 //    the run ever had: a worker that exits or is restarted keeps its counts (the
 //    monitor remembers the last value seen per (slot, pid)).
 // Rates (samples/s, verified/min) are taken over the last ~10 s of samples.
 //
-// Threading: add_result() may run on another thread than the rest (the launcher's
-// ingest thread); everything else is called by the main loop.
+// Threading: add_result() may run on another thread than the rest; everything else is
+// called by one thread (the launcher's main loop).
 #pragma once
 #include <cstdint>
 #include <deque>
@@ -22,6 +23,7 @@
 #include <vector>
 
 #include "kf/replay/control.h"
+#include "kf/replay/group_replay.h"
 #include "kf/replay/records.h"
 
 namespace kf::launch {
@@ -68,7 +70,7 @@ struct Status {
   double samples_per_s = 0, verified_per_min = 0;
   uint64_t samples = 0, verified = 0, extraction_failures = 0;
   ResultSummary results;
-  uint64_t candidate_queue = 0, result_queue = 0, ready_groups = 0, open_groups = 0;
+  uint64_t candidate_queue = 0, ready_groups = 0, open_groups = 0;
   double policy_lag = 0;                    // mean over the candidates pushed in the rate window
   int64_t policy_version = -1;
   double gpu_busy = -1;                     // 0..1, -1: unknown
@@ -85,6 +87,11 @@ class RunMonitor {
   explicit RunMonitor(std::size_t window) : window_(window) {}
 
   void add_result(const replay::Result& r);
+  // Adds the result notes the replay gained since the last call (the evaluators' results;
+  // actor-scored extraction failures are left out, as the actors count them). Returns how
+  // many notes were overwritten before this call could read them (0 when called often
+  // enough: the ring holds ReplayBuffer::kResultNotes).
+  uint64_t read_results(const replay::ReplayBuffer& replay);
   ResultSummary results() const;
   CounterTotals& counters() { return counters_; }
 
@@ -108,7 +115,9 @@ class RunMonitor {
     replay::Verdict verdict;
     double speedup, reward;
   };
+  void add(replay::Verdict v, double speedup, double reward);  // under mu_
   std::deque<Lite> recent_;
+  uint64_t note_cursor_ = 0;                // next replay result note to read
   uint64_t total_ = 0;
   std::map<std::string, uint64_t> verdicts_;
   double best_ever_ = 0;

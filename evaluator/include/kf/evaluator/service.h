@@ -2,15 +2,18 @@
 //
 // Each step claims a batch of candidates from the candidate queue, submits every compile
 // to the pool at once (compiles of the batch run while the first is verified), verifies
-// each candidate against its task, pushes a Result record per candidate to the result
-// queue, and inserts ok kernels into the kernel database with their speedup and policy
-// version. A claimed candidate stays in its queue slot until its result is committed to
-// the result queue; only then is the claim acknowledged (released). If the evaluator dies
-// first, the claim goes back to the queue (replay.candidate_queue.max_claims; see
-// docs/replay.md): whoever reaps it (the next evaluator at start-up, a waiting evaluator,
-// or the launcher when it sees the death) logs it. A result that cannot be stored (result
-// queue full for push_timeout) is counted lost (dropped_by_consumer) with a log line; a
-// stop signal gives the rest of the batch back to the queue.
+// each candidate against its task, writes a Result record per candidate into its replay
+// group (ReplayBuffer::add_result: into the candidate's empty result slot), and inserts
+// ok kernels into the kernel database with their speedup and policy version. A claimed
+// candidate stays in its queue slot until its result is in the group; only then is the
+// claim acknowledged (released). If the evaluator dies first, the claim goes back to the
+// queue (replay.candidate_queue.max_claims; see docs/replay.md): whoever reaps it (the
+// next evaluator at start-up, a waiting evaluator, or the launcher when it sees the
+// death) logs it, and if the result was already in the group, the second one is counted
+// duplicate. A result whose group is gone (evicted, or taken at its deadline) is counted
+// orphan by the replay and logged. A result that cannot be stored (the replay threw) is
+// counted lost (dropped_by_consumer) with a log line; a stop signal gives the rest of the
+// batch back to the queue.
 // Candidates the actor could not extract code from are scored compile_error
 // with the extraction error as reason, so the learner sees the negative example.
 // Counters go to the control block (role "evaluator"; counters below).
@@ -65,7 +68,6 @@ struct ServiceOptions {
   std::string tasks_dir;                          // imported task artifacts
   std::size_t batch = 8;                          // candidates popped per step
   std::chrono::milliseconds pop_timeout{200};
-  std::chrono::milliseconds push_timeout{5000};   // result queue full this long: dropped + logged
   // One JSON line per scored candidate is appended here (metrics/verdicts-<id>.jsonl of
   // the run; empty: none): time, task, level, policy version, verdict, speedup, reward,
   // compile/verify seconds and the reason's first 300 bytes. tools/report's per-minute
@@ -121,7 +123,7 @@ class EvaluatorService {
   Result score(const replay::Candidate& c);
   // A task already loaded (serial mode); others load from tasks_dir on first use.
   void add_task(std::shared_ptr<const tasks::Task> t);
-  // Called after each pushed (or dropped) result, e.g. to keep a log of verdicts.
+  // Called after each stored (or dropped) result, e.g. to keep a log of verdicts.
   void on_result(std::function<void(const replay::Result&, const Result&)> fn) { on_result_ = std::move(fn); }
   const ServiceStats& stats() const { return stats_; }
   // Candidates put back after running out of GPU memory, not yet verified again (a

@@ -1,8 +1,9 @@
 // ReplayBuffer: scored groups waiting for the learner.
 //
 // A group is one prompt plus G candidates sampled together (G <= 64). The actor
-// opens it with all G candidates; results (from the result queue, via ingest()) are
-// joined to it by group id and index. A group is READY when all G are scored, or
+// opens it with all G candidates; each evaluator (and the head's bridge, for evaluator
+// nodes) joins its result to it by group id and index (add_result), into an empty result
+// slot only: a second result for the same candidate is counted duplicate and dropped. A group is READY when all G are scored, or
 // when its deadline passes or its missing candidates were reported lost (those are
 // marked missing). The learner takes ready groups in batches, oldest policy version
 // first. Groups whose policy version lags the learner's by more than max_lag are
@@ -18,6 +19,11 @@
 // committed by setting its bit after its bytes are written. A process killed while
 // filling a group (actor) or copying one out (learner) loses that group only:
 // reap() frees it and counts it in lost_filling / lost_taking.
+//
+// Result notes: every result add_result() sees (joined or orphan, not duplicate) leaves a
+// short note (verdict, cause, speedup, reward, evaluator) in a ring of kResultNotes in
+// the segment, read with a cursor (recent_results) by the live status: results travel
+// from the evaluator into the group and nowhere else.
 //
 // Contract: any thread of any attached process.
 #pragma once
@@ -53,6 +59,16 @@ struct ScoredGroup {
 // drops the whole group, since every candidate of a group shares its task.
 bool excluded_from_training(const ScoredGroup& g);
 
+// What the live status learns of one result (ReplayBuffer::recent_results).
+struct ResultNote {
+  uint64_t candidate_id = 0;
+  Verdict verdict = Verdict::compile_error;
+  Cause cause = Cause::kernel;
+  bool joined = false;       // false: its group was gone (evicted, or taken at its deadline)
+  int32_t evaluator_id = 0;  // negative: scored by an actor (extraction failure)
+  double speedup = 0, reward = 0;
+};
+
 struct ReplayStats {
   uint64_t opened = 0, taken = 0, open_now = 0, ready_now = 0;
   uint64_t results_joined = 0, results_orphan = 0, results_duplicate = 0;
@@ -71,10 +87,10 @@ class ReplayBuffer {
   // false (counted dropped_full) if every slot stayed in use for `timeout`. Throws
   // kf::Error for a malformed group or one larger than group_bytes.
   bool open_group(const std::vector<Candidate>& candidates, Timeout deadline, Timeout timeout = Timeout(0));
-  // Joins one result to its group. False: no such open group (orphan) or duplicate.
+  // Joins one result to its group (into its empty slot; the group is ready once all G
+  // are in) and leaves a result note. False: no such open group (orphan, noted) or the
+  // slot already holds a result (duplicate, not noted).
   bool add_result(const Result& r);
-  // Pops up to max results from the queue and joins them; returns how many popped.
-  std::size_t ingest(ResultQueue& results, std::size_t max, Timeout timeout);
   // Marks candidates (by id, e.g. ShmQueue::lost_tags of the candidate queue) as lost,
   // so their groups need not wait for the deadline.
   std::size_t mark_lost(const std::vector<uint64_t>& candidate_ids);
@@ -83,6 +99,12 @@ class ReplayBuffer {
   // dropping groups with current_version - policy_version > max_lag (counted).
   std::size_t take_ready(std::vector<ScoredGroup>& out, std::size_t max, int64_t current_version, int64_t max_lag,
                          Timeout timeout);
+
+  // Result notes with sequence number >= *cursor (advances *cursor), oldest first. The
+  // ring keeps the newest kResultNotes; notes overwritten before they were read are
+  // counted in *missed (when given).
+  std::vector<ResultNote> recent_results(uint64_t* cursor, uint64_t* missed = nullptr) const;
+  static constexpr uint32_t kResultNotes = 4096;
 
   std::size_t reap();  // frees groups held by dead fillers/takers
   ReplayStats stats() const;

@@ -1,5 +1,5 @@
 // ShmQueue: a bounded many-producer many-consumer queue of variable-size records in
-// one shared-memory segment, and RecordQueue<T>: the typed candidate/result queues.
+// one shared-memory segment, and RecordQueue<T>: the typed candidate queue.
 //
 // Shape (Sample Factory style): a slab of `capacity` fixed-size slots is allocated
 // when the segment is created; the queue proper is a ring of 4-byte slot handles.
@@ -151,7 +151,7 @@ class ShmQueue {
 template <typename T> class RecordQueue {
  public:
   explicit RecordQueue(ShmQueue q) : q_(std::move(q)) {}
-  // Tag = record id (Candidate::id, Result::candidate_id). False: full (timeout) or too large.
+  // Tag = record id (Candidate::id). False: full (timeout) or too large.
   bool push(const T& rec, Timeout timeout);
   // Pops up to max records (decoded); blocks up to timeout for the first.
   std::size_t pop_batch(std::vector<T>& out, std::size_t max, Timeout timeout);
@@ -168,8 +168,6 @@ template <typename T> class RecordQueue {
 };
 
 using CandidateQueue = RecordQueue<Candidate>;
-using ResultQueue = RecordQueue<Result>;
 extern template class RecordQueue<Candidate>;
-extern template class RecordQueue<Result>;
 
 }  // namespace kf::replay

@@ -1,5 +1,6 @@
 // RunShm: all shared-memory segments of one run, named "kf.<run>.<part>"
-// (ctl, cand, res, replay, kdb, snap). The launcher creates them; workers attach by
+// (ctl, cand, replay, kdb, snap). Results have no queue: evaluators write them into
+// their replay groups (ReplayBuffer::add_result). The launcher creates them; workers attach by
 // run name. Parts share one random incarnation id, so a worker never mixes a stale
 // segment with a fresh one.
 //
@@ -32,7 +33,6 @@ namespace kf::replay {
 struct RunShmConfig {
   // Candidates are claims: an evaluator that dies holding one puts it back (3 tries).
   QueueConfig candidates{1024, 128 * 1024, std::chrono::milliseconds(100), 20, 3};
-  QueueConfig results{4096, 4096};
   ReplayConfig replay{};
   KernelDbConfig kernels{};
   SnapshotConfig snapshot{};
@@ -71,7 +71,6 @@ class RunShm {
 
   ControlBlock& control() { return *control_; }
   CandidateQueue& candidates() { return *candidates_; }
-  ResultQueue& results() { return *results_; }
   ReplayBuffer& replay() { return *replay_; }
   KernelDb& kernels() { return *kernels_; }
   SnapshotStore& snapshots() { return *snapshots_; }
@@ -98,7 +97,6 @@ class RunShm {
   bool shut_ = false;
   std::unique_ptr<ControlBlock> control_;
   std::unique_ptr<CandidateQueue> candidates_;
-  std::unique_ptr<ResultQueue> results_;
   std::unique_ptr<ReplayBuffer> replay_;
   std::unique_ptr<KernelDb> kernels_;
   std::unique_ptr<SnapshotStore> snapshots_;
