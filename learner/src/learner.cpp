@@ -90,7 +90,8 @@ std::vector<std::pair<std::string, double>> step_scalars(const StepStats& st) {
           {"checkpoint_seconds", st.checkpoint_seconds},
           {"take_seconds", st.take_seconds},
           {"gpu_wait_seconds", st.gpu_wait_seconds},
-          {"buckets_in_backward", double(st.buckets_in_backward)}};
+          {"buckets_in_backward", double(st.buckets_in_backward)},
+          {"padding_fraction", st.padding_fraction}};
   // Truncation is known only when the model names its end-of-sequence ids.
   if (st.truncated_fraction >= 0) out.emplace_back("truncated_fraction", st.truncated_fraction);
   return out;
@@ -125,10 +126,18 @@ Learner::Learner(LearnerConfig cfg, LearnerDeps deps) : cfg_(std::move(cfg)), de
     throw Error("learner.precision: bf16 autocast needs a CUDA device (this learner runs on CPU)");
   impl_->autocast = dev.is_cuda() && cfg_.precision != "fp32";
   const bool lora = cfg_.lora_rank > 0;
-  // Full fine-tuning keeps fp32 weights (the optimizer updates them); with LoRA the base
-  // is frozen, so it is held in the compute dtype (bf16 under autocast) and only the
-  // adapters are fp32.
-  const auto base_dtype = lora && impl_->autocast ? torch::kBFloat16 : torch::kFloat32;
+  // The weights' dtype (learner.param_dtype). bf16 weights keep an fp32 master copy in the
+  // optimizer. "auto": with LoRA the frozen base in the compute dtype (bf16 under autocast;
+  // the adapters are fp32 anyway); full fine-tuning bf16 only when sharded under autocast,
+  // where it cuts the per-rank state (unsharded, bf16 weights + grads + an fp32 master take
+  // as many bytes as fp32 weights + grads, and only cost the fp32 residual stream).
+  torch::ScalarType base_dtype;
+  if (cfg_.param_dtype == "fp32") base_dtype = torch::kFloat32;
+  else if (cfg_.param_dtype == "bf16") base_dtype = torch::kBFloat16;
+  else if (cfg_.param_dtype == "auto")
+    base_dtype = impl_->autocast && (lora || cfg_.shard != ShardMode::none) ? torch::kBFloat16 : torch::kFloat32;
+  else
+    throw Error("learner.param_dtype: '" + cfg_.param_dtype + "' is not one of auto, fp32, bf16");
   const auto opts = torch::TensorOptions().dtype(base_dtype).device(dev);
   policy::ModelConfig mc;
   if (!cfg_.policy.empty()) {
@@ -157,7 +166,9 @@ Learner::Learner(LearnerConfig cfg, LearnerDeps deps) : cfg_(std::move(cfg)), de
     torch::NoGradGuard ng;
     for (auto& p : model_->named_parameters()) {
       auto& t = p.value();
+      // The communicators broadcast fp32; bf16 goes through fp32 and back exactly.
       auto flat = t.detach().contiguous().view({-1});
+      if (flat.scalar_type() != torch::kFloat32) flat = flat.to(torch::kFloat32);
       deps_.comm->broadcast(flat, 0);
       if (flat.data_ptr() != t.data_ptr()) t.view({-1}).copy_(flat);
     }
@@ -209,9 +220,11 @@ Learner::Learner(LearnerConfig cfg, LearnerDeps deps) : cfg_(std::move(cfg)), de
            lora ? ", LoRA rank " + std::to_string(cfg_.lora_rank) + " on a frozen " +
                       (base_dtype == torch::kBFloat16 ? "bf16" : "fp32") + " base"
                 : std::string(),
+           lora ? "" : base_dtype == torch::kBFloat16 ? ", bf16 weights with an fp32 master in the optimizer" : ", fp32 weights",
            "), ", impl_->buckets->buckets(), " gradient buckets on ", dev.str(),
            impl_->autocast ? " (bf16 autocast)" : " (fp32)", recompute ? ", layers recomputed in backward" : "",
-           "; ", deps_.comm->name());
+           cfg_.pack ? ", sequences packed into rows of " : ", padded micro-batches of ", cfg_.micro_batch_tokens,
+           " tokens; ", deps_.comm->name());
 }
 
 Learner::~Learner() {
@@ -339,28 +352,33 @@ StepStats Learner::step() {
   }
 
   impl_->buckets->zero();
-  const auto mbs = pack_micro_batches(batch, cfg_.micro_batch_tokens);
-  std::unordered_map<int64_t, int64_t> pair_of_win;  // not used: pairs mapped per micro-batch below
+  // Packed: rows of whole sequences (pairwise: whole groups) back to back, no padding.
+  const auto mbs = cfg_.pack ? pack_sequences(batch, cfg_.micro_batch_tokens, cfg_.uses_pairwise())
+                             : pack_micro_batches(batch, cfg_.micro_batch_tokens);
   // grpo loss, pairwise loss, clipped, ratio, kl, micro-batches, then token sums of the
-  // behaviour KL (k3) and of the entropy.
-  auto stats = torch::zeros({8}, dopts);
+  // behaviour KL (k3) and of the entropy, then padding and all token slots of the rows.
+  auto stats = torch::zeros({10}, dopts);
   for (std::size_t k = 0; k < mbs.size(); ++k) {
     if (k > 0) impl_->gpu_share.pause_point();
     if (k + 1 == mbs.size()) impl_->buckets->arm();
-    const auto mb = make_micro_batch(batch, mbs[k]);
+    const auto mb = cfg_.pack ? make_packed_micro_batch(batch, mbs[k]) : make_micro_batch(batch, mbs[k]);
+    stats[8] += static_cast<double>(mb.padded_tokens() - mb.real_tokens);
+    stats[9] += static_cast<double>(mb.padded_tokens());
     const auto ids = mb.ids.to(deps_.device);
-    // No padding: no mask, so attention can take the fused causal kernels.
-    const auto attn = mb.attention.min().item<int64_t>() == 1 ? torch::Tensor() : mb.attention.to(deps_.device);
+    // No padding (or packed): no mask, so attention can take the fused causal kernels.
+    const auto attn = mb.packed() || mb.real_tokens == mb.padded_tokens() ? torch::Tensor()
+                                                                          : mb.attention.to(deps_.device);
     const auto comp = mb.completion.to(deps_.device);
     // Log-probs at completion positions only, the head in chunks (never [tokens x vocab]).
     policy::TokenLogprobs cur;
     torch::Tensor ref;
     {
       AutocastGuard ac(impl_->autocast);
-      cur = model_->selected_logprobs(ids, attn, comp, cfg_.temperature, cfg_.logit_chunk_tokens);
+      cur = model_->selected_logprobs(ids, attn, comp, cfg_.temperature, cfg_.logit_chunk_tokens, mb.segments);
       if (impl_->reference) {
         torch::NoGradGuard ng;
-        ref = impl_->reference->selected_logprobs(ids, attn, comp, cfg_.temperature, cfg_.logit_chunk_tokens).logp;
+        ref = impl_->reference->selected_logprobs(ids, attn, comp, cfg_.temperature, cfg_.logit_chunk_tokens,
+                                                  mb.segments).logp;
       } else if (impl_->reference_is_base) {
         torch::NoGradGuard ng;
         struct AdaptersOff {  // back on even if the forward throws
@@ -368,7 +386,7 @@ StepStats Learner::step() {
           ~AdaptersOff() { m->set_adapters_active(true); }
         } off{model_.get()};
         model_->set_adapters_active(false);
-        ref = model_->selected_logprobs(ids, attn, comp, cfg_.temperature, cfg_.logit_chunk_tokens).logp;
+        ref = model_->selected_logprobs(ids, attn, comp, cfg_.temperature, cfg_.logit_chunk_tokens, mb.segments).logp;
       }
     }
     const auto& logp = cur.logp;
@@ -385,7 +403,7 @@ StepStats Learner::step() {
       if (cfg_.grpo.aggregation == Aggregation::token) {
         weight = comp / n_tok;
       } else {
-        weight = comp / comp.sum(1, true).clamp_min(1.0) / n_seq;
+        weight = mb.inv_len.to(deps_.device) / n_seq;  // 1 / (its sequence's tokens * sequences)
       }
       const auto g = grpo_loss(logp, mb.behaviour.to(deps_.device), ref, mb.advantages.to(deps_.device), weight,
                                cfg_.grpo);
@@ -404,8 +422,11 @@ StepStats Learner::step() {
         if (a != row.end() && b != row.end()) local.emplace_back(a->second, b->second);
       }
       if (!local.empty()) {
-        const auto seq_logp = (logp * comp).sum(1);
-        const auto seq_ref = (ref * comp).sum(1);
+        // Completion log-prob sums per sequence (a packed row holds several).
+        const auto n_local = static_cast<int64_t>(mb.seq_index.size());
+        const auto slot = mb.seq_slot.to(deps_.device).reshape({-1});
+        const auto seq_logp = torch::zeros({n_local}, logp.options()).index_add(0, slot, (logp * comp).reshape({-1}));
+        const auto seq_ref = torch::zeros({n_local}, ref.options()).index_add(0, slot, (ref * comp).reshape({-1}));
         const auto pl = pairwise_loss(seq_logp, seq_ref, local, cfg_.pairwise.beta, 1.0 / n_pairs);
         loss = loss + cfg_.pairwise.coef * pl;
         stats[1] += pl.detach().to(torch::kFloat64);
@@ -431,6 +452,7 @@ StepStats Learner::step() {
   st.micro_batches = static_cast<int64_t>(s[5].item<double>());
   st.kl_behaviour = s[6].item<double>() / n_tok;
   st.entropy = s[7].item<double>() / n_tok;
+  st.padding_fraction = s[9].item<double>() > 0 ? s[8].item<double>() / s[9].item<double>() : 0.0;
   impl_->gpu_share.leave();
   if (cfg_.grpo.aggregation == Aggregation::sequence || !any_grpo) st.clip_fraction = st.mean_ratio = 0;
   st.updated = true;
@@ -552,6 +574,7 @@ void Learner::load_checkpoint(const std::string& path, bool restore_shm) {
     if (it == weights.end()) throw Error(path + "/model.safetensors: tensor '" + name + "' is missing");
     if (it->second.sizes() != t.sizes()) throw Error(path + "/model.safetensors: tensor '" + name + "': shape mismatch");
     t.copy_(it->second);
+    impl_->opt->load_param_value(name, it->second.to(deps_.device));  // a bf16 weight's fp32 master
   }
   for (const auto& [name, t] : read_tensors(path + "/optimizer.safetensors"))
     impl_->opt->load_state_tensor(name, t.to(deps_.device));

@@ -24,6 +24,8 @@ LearnerConfig learner_config_from(const kf::Config& c) {
   l.take_timeout_ms = c.get_int("learner.take_timeout_ms");
   l.max_staleness = c.get_int("learner.max_staleness");
   l.micro_batch_tokens = c.get_int("learner.micro_batch_tokens");
+  l.pack = c.get_bool("learner.pack");
+  l.param_dtype = c.get_string("learner.param_dtype");
   l.temperature = c.get_float("learner.temperature");
   l.precision = c.get_string("learner.precision");
   l.gradient_checkpointing = c.get_bool("learner.gradient_checkpointing");

@@ -28,7 +28,8 @@ bool rewards_all_equal(const std::vector<double>& rewards) {
 
 GrpoLoss grpo_loss(const torch::Tensor& logp, const torch::Tensor& behaviour, const torch::Tensor& ref,
                    const torch::Tensor& advantages, const torch::Tensor& weight, const GrpoConfig& cfg) {
-  const auto A = advantages.to(logp.dtype()).unsqueeze(1);  // [B, 1]
+  // [B]: one advantage per row; [B, T]: per position (packed rows hold several sequences).
+  const auto A = advantages.dim() == 1 ? advantages.to(logp.dtype()).unsqueeze(1) : advantages.to(logp.dtype());
   const auto beh = behaviour.to(logp.dtype());
   torch::Tensor prox, w;
   if (cfg.ratio == RatioMode::decoupled) {

@@ -69,12 +69,19 @@ AdamW::AdamW(std::vector<std::pair<std::string, torch::Tensor>> params, OptimCon
              ", sharded over ", comm->world(), " ranks)");
     return;
   }
+  int64_t masters = 0;
   for (const auto& p : params_) {
     exp_avg_.push_back(torch::zeros_like(p.second, p.second.options().dtype(torch::kFloat32)));
     exp_avg_sq_.push_back(torch::zeros_like(p.second, p.second.options().dtype(torch::kFloat32)));
+    // A non-fp32 (bf16) parameter gets an fp32 master: updates far below the parameter's
+    // own precision accumulate there instead of rounding away.
+    const bool own = p.second.scalar_type() == torch::kFloat32;
+    param_master_.push_back(own ? torch::Tensor() : p.second.detach().to(torch::kFloat32).clone());
+    if (!own) masters += p.second.numel();
   }
   log_info("learner optimizer: AdamW state ", mib(state_bytes()), " on this rank: fp32 moments for all ", numel,
-           " parameters (not sharded)");
+           " parameters", masters ? ", fp32 master copies of " + std::to_string(masters) + " non-fp32 ones" : "",
+           " (not sharded)");
 }
 
 int64_t AdamW::state_bytes() const {
@@ -83,6 +90,8 @@ int64_t AdamW::state_bytes() const {
   for (const auto& t : exp_avg_sq_) n += t.numel();
   if (!master_is_param_)
     for (const auto& t : master_) n += t.numel();
+  for (const auto& t : param_master_)
+    if (t.defined()) n += t.numel();
   return n * 4;
 }
 
@@ -151,15 +160,14 @@ void AdamW::step(double lr) {
     const auto& g0 = p.grad();
     if (!g0.defined()) continue;
     const auto g = g0.to(torch::kFloat32);
-    if (cfg_.weight_decay != 0.0) p.mul_(1.0 - lr * cfg_.weight_decay);
+    // fp32 parameters are their own master; others update the master and take its rounding.
+    auto& w = param_master_[i].defined() ? param_master_[i] : p;
+    if (cfg_.weight_decay != 0.0) w.mul_(1.0 - lr * cfg_.weight_decay);
     exp_avg_[i].lerp_(g, 1.0 - cfg_.beta1);
     exp_avg_sq_[i].mul_(cfg_.beta2).addcmul_(g, g, 1.0 - cfg_.beta2);
     const auto denom = (exp_avg_sq_[i].sqrt() / bc2_sqrt).add_(cfg_.eps);
-    if (p.scalar_type() == torch::kFloat32) {
-      p.addcdiv_(exp_avg_[i], denom, -step_size);
-    } else {
-      p.copy_(p.to(torch::kFloat32).addcdiv_(exp_avg_[i], denom, -step_size));
-    }
+    w.addcdiv_(exp_avg_[i], denom, -step_size);
+    if (param_master_[i].defined()) p.copy_(w);
   }
 }
 
@@ -201,6 +209,7 @@ std::vector<std::pair<std::string, torch::Tensor>> AdamW::state() const {
   for (std::size_t i = 0; i < params_.size(); ++i) {
     out.emplace_back(params_[i].first + ".exp_avg", exp_avg_[i]);
     out.emplace_back(params_[i].first + ".exp_avg_sq", exp_avg_sq_[i]);
+    if (param_master_[i].defined()) out.emplace_back(params_[i].first + ".master", param_master_[i]);
   }
   return out;
 }
@@ -225,13 +234,15 @@ void AdamW::load_state_tensor(const std::string& name, const torch::Tensor& valu
       const auto src = value.reshape({-1}).narrow(0, a - off, e - a);
       auto& dst = is_m ? exp_avg_[b] : is_v ? exp_avg_sq_[b] : master_[b];
       dst.narrow(0, a - lo, e - a).copy_(src);
-      // A separate master starts from the loaded parameter; "<name>.master" (read after
-      // the moments: names sort) then replaces it with the exact fp32 value.
-      if (is_m && !master_is_param_)
-        master_[b].narrow(0, a - lo, e - a).copy_(shard_->param_shard(b).narrow(0, a - lo, e - a));
       return;
     }
-    if (name == pn + ".master") return;  // a sharded bf16 run's master: the parameter is loaded
+    if (name == pn + ".master") {  // without a master of its own (fp32) the parameter is loaded
+      if (!param_master_[i].defined()) return;
+      if (value.sizes() != params_[i].second.sizes())
+        throw Error("optimizer state '" + name + "': shape mismatch with its parameter");
+      param_master_[i].copy_(value);
+      return;
+    }
     torch::Tensor* dst = nullptr;
     if (name == pn + ".exp_avg") dst = &exp_avg_[i];
     else if (name == pn + ".exp_avg_sq") dst = &exp_avg_sq_[i];
@@ -242,6 +253,26 @@ void AdamW::load_state_tensor(const std::string& name, const torch::Tensor& valu
     return;
   }
   throw Error("optimizer state '" + name + "': no such parameter");
+}
+
+void AdamW::load_param_value(const std::string& name, const torch::Tensor& value) {
+  torch::NoGradGuard ng;
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    if (params_[i].first != name) continue;
+    const auto& p = params_[i].second;
+    if (value.sizes() != p.sizes()) throw Error("parameter '" + name + "': shape mismatch with the optimizer's");
+    if (!shard_) {
+      if (param_master_[i].defined()) param_master_[i].copy_(value);
+      return;
+    }
+    if (master_is_param_) return;
+    const int64_t b = shard_->bucket_of(static_cast<int64_t>(i)), off = shard_->offset_in_bucket(static_cast<int64_t>(i));
+    const int64_t lo = shard_->shard_offset(b), hi = lo + shard_->shard_numel(b);
+    const int64_t a = std::max(off, lo), e = std::min(off + p.numel(), hi);
+    if (a < e) master_[b].narrow(0, a - lo, e - a).copy_(value.reshape({-1}).narrow(0, a - off, e - a));
+    return;
+  }
+  throw Error("parameter '" + name + "': not one the optimizer updates");
 }
 
 double clip_grad_norm(const std::vector<torch::Tensor>& params, double max_norm) {

@@ -125,8 +125,10 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const RopeTables& r
     k = cache->k[layer].narrow(2, 0, start + T);
     v = cache->v[layer].narrow(2, 0, start + T);
   }
+  // An int64 mask holds the sequence lengths of a packed row (hidden_packed).
+  const bool packed = mask.defined() && mask.scalar_type() == torch::kInt64;
   std::optional<torch::Tensor> m;
-  if (mask.defined()) m = mask;
+  if (mask.defined() && !packed) m = mask;
   const int64_t groups = heads / kv_heads;
   torch::Tensor o;
   if (T == 1 && groups > 1) {
@@ -141,7 +143,19 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const RopeTables& r
       k = k.repeat_interleave(groups, 1);
       v = v.repeat_interleave(groups, 1);
     }
-    o = at::scaled_dot_product_attention(q, k, v, m, 0.0, /*is_causal=*/!mask.defined());
+    if (packed) {
+      // Causal attention per packed sequence: exactly each sequence's own attention, at
+      // sum(len^2) cost instead of T^2, and no mask tensor.
+      const auto* len = mask.data_ptr<int64_t>();
+      std::vector<torch::Tensor> parts;
+      int64_t off = 0;
+      for (int64_t i = 0; i < mask.numel(); off += len[i++])
+        parts.push_back(at::scaled_dot_product_attention(q.narrow(2, off, len[i]), k.narrow(2, off, len[i]),
+                                                         v.narrow(2, off, len[i]), {}, 0.0, /*is_causal=*/true));
+      o = parts.size() == 1 ? parts[0] : torch::cat(parts, 2);
+    } else {
+      o = at::scaled_dot_product_attention(q, k, v, m, 0.0, /*is_causal=*/!mask.defined());
+    }
   }
   return o_proj(o.transpose(1, 2).reshape({B, T, heads * head_dim}));
 }
@@ -318,6 +332,32 @@ torch::Tensor CausalLMImpl::hidden(const torch::Tensor& ids, const torch::Tensor
   return model->norm(x);
 }
 
+torch::Tensor CausalLMImpl::hidden_packed(const torch::Tensor& ids, const std::vector<int64_t>& segments) {
+  TORCH_CHECK(ids.dim() == 2 && ids.size(0) == 1, "hidden_packed: ids must be one row [1, T]");
+  const int64_t T = ids.size(1);
+  int64_t total = 0;
+  std::vector<int64_t> pos;
+  pos.reserve(T);
+  for (int64_t n : segments) {
+    TORCH_CHECK(n >= 1, "hidden_packed: a packed sequence has length ", n);
+    for (int64_t t = 0; t < n; ++t) pos.push_back(t);
+    total += n;
+  }
+  TORCH_CHECK(total == T, "hidden_packed: the sequence lengths sum to ", total, ", the row has ", T, " tokens");
+  const auto dev = opts_.device();
+  const auto lens = torch::tensor(segments, torch::kInt64);  // stays on the CPU: read by the host
+  const RopeTables r = rope(torch::tensor(pos, torch::kInt64).to(dev).unsqueeze(0));
+  auto x = model->embed_tokens(ids.to(dev, torch::kInt64));
+  const bool ckpt = checkpointing_ && torch::GradMode::is_enabled();
+  if (ckpt && !x.requires_grad()) x = x.detach().requires_grad_(true);  // as in hidden()
+  for (int64_t l = 0; l < static_cast<int64_t>(model->layers->size()); ++l) {
+    auto* layer = model->layers[l]->as<DecoderLayerImpl>();
+    if (ckpt) x = LayerCheckpoint::apply(x, r.cos, r.sin, lens, reinterpret_cast<int64_t>(layer));
+    else x = layer->forward(x, r, lens, nullptr, l);
+  }
+  return model->norm(x);
+}
+
 torch::Tensor CausalLMImpl::decode_static(const torch::Tensor& tok, KVCache& cache) {
   TORCH_CHECK(cache.static_slot.defined(), "decode_static needs cache.static_slot");
   const int64_t B = tok.size(0), cap = cache.capacity;
@@ -450,11 +490,13 @@ TokenLogprobs chunked_logprobs(const torch::Tensor& h, const torch::Tensor& weig
 const torch::Tensor& CausalLMImpl::head_weight() { return lm_head ? lm_head->weight : model->embed_tokens->weight; }
 
 TokenLogprobs CausalLMImpl::selected_logprobs(const torch::Tensor& ids, const torch::Tensor& attention_mask,
-                                              const torch::Tensor& wanted, double temperature, int64_t chunk) {
+                                              const torch::Tensor& wanted, double temperature, int64_t chunk,
+                                              const std::vector<int64_t>& segments) {
   TORCH_CHECK(ids.size(1) >= 2, "selected_logprobs needs at least two tokens per row");
   const int64_t B = ids.size(0), T = ids.size(1);
   TORCH_CHECK(wanted.dim() == 2 && wanted.size(0) == B && wanted.size(1) == T - 1, "selected_logprobs: wanted [B, T-1]");
-  const auto h = hidden(ids, attention_mask, nullptr);
+  TORCH_CHECK(segments.empty() || !attention_mask.defined(), "selected_logprobs: packed rows take no attention mask");
+  const auto h = segments.empty() ? hidden(ids, attention_mask, nullptr) : hidden_packed(ids, segments);
   const auto dev = h.device();
   const auto idx = (wanted.to(dev).reshape({-1}) != 0).nonzero().squeeze(1);  // flat (b, t) of wanted rows
   const auto hs = h.narrow(1, 0, T - 1).reshape({B * (T - 1), h.size(2)}).index_select(0, idx);

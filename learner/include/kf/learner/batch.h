@@ -1,10 +1,14 @@
 // From scored groups to training tensors: filter the groups (staleness, no signal,
-// missing results), compute group-relative advantages and pairs, and pack the
-// sequences into micro-batches of at most `micro_batch_tokens` padded tokens.
+// missing results), compute group-relative advantages and pairs, and cut the sequences
+// into micro-batches of at most `micro_batch_tokens` tokens, either
+// - packed (learner.pack): one row of whole sequences back to back, no padding; the model
+//   restarts positions and confines attention per sequence (CausalLMImpl::hidden_packed);
+// - padded: rows right-padded to the micro-batch's longest sequence.
 //
-// Why groups stay whole in a micro-batch: the pairwise loss is non-linear in a pair's
-// two log-prob sums, so both must be in one forward; GRPO does not care. A group larger
-// than the budget becomes a micro-batch of its own (logged once per step by the learner).
+// Why a pairwise objective keeps groups whole in a micro-batch: its loss is non-linear in
+// a pair's two log-prob sums, so both must be in one forward; GRPO does not care, and
+// packs sequence by sequence. A unit (group or sequence) larger than the budget becomes a
+// micro-batch of its own.
 // Plain functions; any thread.
 #pragma once
 #include <torch/torch.h>
@@ -52,19 +56,33 @@ struct StepBatch {
 StepBatch build_step_batch(const std::vector<replay::ScoredGroup>& groups, int64_t current_version,
                            const LearnerConfig& cfg, int64_t vocab_size = 0);
 
+// Position t of the [B, T-1] tensors is token_logprobs' position t: it predicts token t+1.
 struct MicroBatch {
-  torch::Tensor ids;         // int64 [B, T], right-padded
+  torch::Tensor ids;         // int64 [B, T]: right-padded rows, or one packed row (B = 1)
   torch::Tensor attention;   // int64 [B, T], 1 = token
   torch::Tensor behaviour;   // fp32 [B, T-1], aligned with token_logprobs
   torch::Tensor completion;  // fp32 [B, T-1], 1 on completion tokens
-  torch::Tensor advantages;  // fp32 [B]
-  std::vector<int64_t> seq_index;  // which StepBatch sequences, in row order
+  torch::Tensor advantages;  // fp32 [B, T-1]: the sequence's advantage on its completion tokens, else 0
+  torch::Tensor inv_len;     // fp32 [B, T-1]: 1 / (the sequence's completion tokens) on them, else 0
+  torch::Tensor seq_slot;    // int64 [B, T-1]: index into seq_index of the sequence a completion
+                             // position belongs to, 0 elsewhere (per-sequence sums by index_add)
+  std::vector<int64_t> seq_index;  // which StepBatch sequences, in row (or packing) order
+  std::vector<int64_t> segments;   // packed: the sequences' lengths along the row; padded: empty
+  int64_t real_tokens = 0;         // tokens of the sequences, without padding
   int64_t padded_tokens() const { return ids.numel(); }
+  bool packed() const { return !segments.empty(); }
 };
 
-// Greedy packing, groups in order, each micro-batch at most max_tokens padded tokens
+// Padded: greedy, groups in order, each micro-batch at most max_tokens padded tokens
 // (B * longest) unless one group alone exceeds it. Returns sequence indices per batch.
 std::vector<std::vector<int64_t>> pack_micro_batches(const StepBatch& b, int64_t max_tokens);
 MicroBatch make_micro_batch(const StepBatch& b, const std::vector<int64_t>& seq_index);
+
+// Packed: first-fit decreasing of units (whole groups when whole_groups, else single
+// sequences) into rows of at most max_tokens tokens; a unit longer than max_tokens gets a
+// row of its own. Deterministic (ties keep batch order). Returns sequence indices per row.
+std::vector<std::vector<int64_t>> pack_sequences(const StepBatch& b, int64_t max_tokens, bool whole_groups);
+// One row [1, sum of lengths] of the sequences in order; segments holds their lengths.
+MicroBatch make_packed_micro_batch(const StepBatch& b, const std::vector<int64_t>& seq_index);
 
 }  // namespace kf::learner

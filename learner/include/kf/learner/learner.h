@@ -2,8 +2,9 @@
 //   1. take this rank's share of scored groups from the GroupSource;
 //   2. drop stale groups, skip groups without signal, compute advantages and pairs;
 //   3. all-reduce the batch counts, so the loss is normalised over all ranks' tokens;
-//   4. forward/backward over token-budgeted micro-batches (bf16 autocast on CUDA),
-//      the last one all-reducing gradient buckets as they complete;
+//   4. forward/backward over token-budgeted micro-batches (bf16 autocast on CUDA;
+//      learner.pack: sequences packed into rows without padding), the last one
+//      all-reducing gradient buckets as they complete;
 //   5. clip, AdamW with the scheduled learning rate; the policy version becomes the
 //      step count;
 //   6. publish a snapshot every snapshot.every steps and checkpoint every
@@ -63,6 +64,8 @@ struct StepStats {
   double take_seconds = 0;      // of seconds: waiting for groups from the source
   double gpu_wait_seconds = 0;  // of seconds: waiting for the GPU while an evaluator timed
   int64_t buckets_in_backward = 0;
+  // Share of the micro-batches' token slots that were padding, all ranks (0 when packed).
+  double padding_fraction = 0;
 };
 
 // The figures of a step that trained, by name (metrics/learner.jsonl, TensorBoard).

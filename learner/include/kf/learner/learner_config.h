@@ -60,6 +60,12 @@ struct LearnerConfig {
   int64_t take_timeout_ms = 1000;
   int64_t max_staleness = 4;
   int64_t micro_batch_tokens = 16384;
+  // Packed sequences: each micro-batch is one row of whole sequences back to back (no
+  // padding); false: rows right-padded to the micro-batch's longest sequence.
+  bool pack = true;
+  // Trained weights' dtype (full fine-tuning): "fp32", "bf16" (the optimizer keeps an fp32
+  // master copy), or "auto": bf16 on CUDA when shard != none, else fp32 (Learner resolves it).
+  std::string param_dtype = "auto";
   double temperature = 1.0;
   std::string precision = "auto";   // auto | fp32 | bf16
   bool gradient_checkpointing = false;

@@ -43,7 +43,7 @@ struct GrpoLoss {
 };
 
 // logp: [B, T] differentiable fp32; behaviour, weight: [B, T]; ref: [B, T] or undefined;
-// advantages: [B]. All on one device.
+// advantages: [B] (one per row) or [B, T] (per position). All on one device.
 GrpoLoss grpo_loss(const torch::Tensor& logp, const torch::Tensor& behaviour, const torch::Tensor& ref,
                    const torch::Tensor& advantages, const torch::Tensor& weight, const GrpoConfig& cfg);
 

@@ -4,7 +4,9 @@
 // Why our own AdamW and not torch::optim::AdamW: its state is keyed by tensor address,
 // which a checkpoint cannot name; ours keeps (exp_avg, exp_avg_sq) per parameter name in
 // fp32, so a checkpoint stores them bitwise and resume is exact. The update is
-// torch::optim::AdamW's (bias-corrected, eps outside the sqrt).
+// torch::optim::AdamW's (bias-corrected, eps outside the sqrt). A non-fp32 (bf16)
+// parameter gets an fp32 master copy that the update runs on; the parameter then takes
+// the master's rounded value (learner.param_dtype: bf16), sharded or not.
 //
 // Sharded (ZeRO style, learner.dist.shard: optimizer): built over sharded GradBuckets,
 // each rank keeps fp32 master weights and both moments only for its slice of every
@@ -50,12 +52,16 @@ class AdamW {
 
   // State for checkpoints: "<name>.exp_avg", "<name>.exp_avg_sq" (fp32, parameter
   // device; sharded: gathered, on CPU, rank 0 only, others get an empty list) and, for
-  // sharded non-fp32 parameters, "<name>.master".
+  // non-fp32 parameters (sharded or not), the fp32 "<name>.master".
   std::vector<std::pair<std::string, torch::Tensor>> state() const;
   void set_steps(int64_t n) { steps_ = n; }
   // Copies a state tensor (whole, as state() names it) in place; sharded: this rank's
   // slice of it. Throws kf::Error naming the tensor if unknown or of the wrong shape.
   void load_state_tensor(const std::string& name, const torch::Tensor& value);
+  // A parameter's value as a checkpoint stores it (any dtype, whole tensor): starts its fp32
+  // master, when it has one of its own, from that value at full precision. Call after
+  // loading the parameter and before load_state_tensor ("<name>.master" then wins).
+  void load_param_value(const std::string& name, const torch::Tensor& value);
 
   const std::vector<std::pair<std::string, torch::Tensor>>& params() const { return params_; }
   bool sharded() const { return shard_ != nullptr; }
@@ -67,6 +73,7 @@ class AdamW {
   std::vector<std::pair<std::string, torch::Tensor>> params_;
   std::vector<torch::Tensor> exp_avg_, exp_avg_sq_;  // per parameter, or per bucket slice
   std::vector<torch::Tensor> master_;                // sharded: per bucket slice
+  std::vector<torch::Tensor> param_master_;          // unsharded: fp32 master per non-fp32 parameter
   bool master_is_param_ = true;                      // sharded fp32: master_ views the parameters
   GradBuckets* shard_ = nullptr;
   OptimConfig cfg_;

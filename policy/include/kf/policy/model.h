@@ -94,7 +94,9 @@ struct RopeTables {
 class AttentionImpl : public torch::nn::Module {
  public:
   AttentionImpl(const ModelConfig& c, torch::TensorOptions opts);
-  // mask: bool [B, 1, T, keys] (true = attend) or undefined for plain causal attention.
+  // mask: bool [B, 1, T, keys] (true = attend); undefined for plain causal attention; or
+  // int64 [n] on the CPU, the lengths of the sequences packed into a row (see
+  // CausalLMImpl::hidden_packed): causal attention inside each, none across them.
   torch::Tensor forward(const torch::Tensor& x, const RopeTables& rope, const torch::Tensor& mask, KVCache* cache,
                         int64_t layer);
   Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
@@ -157,8 +159,16 @@ class CausalLMImpl : public torch::nn::Module {
   // tokens) is set, through chunked_logprobs over `chunk` positions at a time: the
   // [positions x vocab] logits of the prompt are never built. Dense [B, T-1] fp32 results,
   // 0 elsewhere; logp differentiable, entropy not.
+  // segments (packed sequences): the lengths of the sequences concatenated into the one
+  // row of ids (B = 1, summing to T); attention_mask must then be undefined. See hidden_packed.
   TokenLogprobs selected_logprobs(const torch::Tensor& ids, const torch::Tensor& attention_mask,
-                                  const torch::Tensor& wanted, double temperature, int64_t chunk);
+                                  const torch::Tensor& wanted, double temperature, int64_t chunk,
+                                  const std::vector<int64_t>& segments = {});
+  // Training forward of packed sequences: ids [1, T] holds sequences of the given lengths
+  // back to back. Each one's RoPE positions restart at 0 and it attends only to itself
+  // (causal SDPA per sequence: no [T, T] mask, the fused kernels still apply), so the
+  // hidden states equal those of each sequence run alone. Returns [1, T, H].
+  torch::Tensor hidden_packed(const torch::Tensor& ids, const std::vector<int64_t>& segments);
   const torch::Tensor& head_weight();  // lm_head.weight, or the tied embeddings
 
   // LoRA: adds adapters to cfg.targets of every layer and freezes all base parameters.
