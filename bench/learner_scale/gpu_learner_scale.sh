@@ -110,4 +110,7 @@ else
   echo "== one GPU: the 2-rank NCCL comparison needs 2 GPUs (skipped)"
 fi
 echo "rows: $rows"
+# One archive of every log (a device call returns only a few files), beside rows and peak.
+tar -czf "$OUTDIR/logs.tgz" -C "$OUTDIR" --exclude logs.tgz --exclude rows.txt --exclude peak.txt . 2>/dev/null &&
+  find "$OUTDIR" -type f ! -name logs.tgz ! -name rows.txt ! -name peak.txt ! -name gpus.txt -delete
 exit $rc
