@@ -2,10 +2,11 @@
 //
 // Layout: per layer, keys and values are one pool each, [blocks * block_size, kv_heads,
 // head_dim] (token-major), so a token's slot is block * block_size + offset and the write
-// of a decode step is one index_copy_. Attention gathers each row's blocks in logical order
-// ([B, blocks_bucket * block_size, kv_heads, head_dim]) and masks keys past the row's
-// position: key j is the row's position j, so the mask is arange <= position and needs no
-// host data. Block 0 is a scratch block that padding rows write to and read from.
+// of a decode step is one index_copy_. Once per chunk each row's blocks are gathered in
+// logical order into a working copy ([B * blocks_bucket * block_size, kv_heads, head_dim]);
+// steps append to it and mask keys past the row's position: key j is the row's position j,
+// so the mask is arange <= position and needs no host data. Block 0 is a scratch block
+// that padding rows write to and read from.
 #include "kf/policy/engine.h"
 
 #include <algorithm>
@@ -90,16 +91,56 @@ struct Engine::Impl {
   std::vector<Seq> running;
   std::vector<EngineResult> finished;
 
-#ifdef KF_POLICY_CUDA
-  struct Graph {
-    std::unique_ptr<at::cuda::CUDAGraph> g;
-    torch::Tensor tok, pos, table, logits;  // static inputs and output
+  // A decode batch: its inputs and the working copy of its rows' keys and values, gathered
+  // from the pool once per chunk (the chunk's steps append to it and to the pool), so a
+  // step's attention reads contiguous memory. With CUDA graphs one Work per (rows, blocks)
+  // bucket stays allocated as the graph's static memory (least recently used ones are
+  // dropped beyond the KV budget); otherwise a fresh one per chunk.
+  struct Work {
+    torch::Tensor tok, pos, table, logits;  // [B], [B], [B, NB]; [B, V]
+    std::vector<torch::Tensor> kb, vb;      // per layer [B * NB * bs, kv_heads, head_dim]
     int uses = 0;
+    int64_t last_used = 0, bytes = 0;
+#ifdef KF_POLICY_CUDA
+    std::unique_ptr<at::cuda::CUDAGraph> graph;
+#endif
   };
-  std::map<std::pair<int64_t, int64_t>, Graph> graphs;
+  std::map<std::pair<int64_t, int64_t>, Work> works;
+  int64_t work_clock = 0, work_bytes = 0;
+#ifdef KF_POLICY_CUDA
   std::optional<at::cuda::MempoolId_t> pool_id;
   std::optional<c10::cuda::CUDAStream> stream;
 #endif
+  bool use_graphs() const {
+#ifdef KF_POLICY_CUDA
+    return dev.is_cuda() && o.cuda_graph;
+#else
+    return false;
+#endif
+  }
+
+  Work& work_for(int64_t B, int64_t NB) {
+    const std::pair<int64_t, int64_t> key{B, NB};
+    auto it = works.find(key);
+    if (it == works.end()) {
+      const int64_t elem = static_cast<int64_t>(torch::elementSize(model->options().dtype().toScalarType()));
+      const int64_t bytes = 2 * cfg.num_hidden_layers * B * NB * bs * cfg.num_key_value_heads * cfg.head_dim * elem;
+      const int64_t cap = o.kv_budget_mb * 1024 * 1024;
+      while (work_bytes + bytes > cap && !works.empty()) {
+        auto lru = works.begin();
+        for (auto w = works.begin(); w != works.end(); ++w)
+          if (w->second.last_used < lru->second.last_used) lru = w;
+        work_bytes -= lru->second.bytes;
+        works.erase(lru);
+        ++st.graphs_dropped;
+      }
+      it = works.emplace(key, Work{}).first;
+      it->second.bytes = bytes;
+      work_bytes += bytes;
+    }
+    it->second.last_used = ++work_clock;
+    return it->second;
+  }
 
   int64_t used_blocks() const { return static_cast<int64_t>(refs.size()) - 1 - static_cast<int64_t>(free_list.size()); }
 
@@ -133,15 +174,17 @@ struct Engine::Impl {
     return torch::tensor(s, torch::kInt64).to(dev);
   }
 
-  // One decode step over the pool. tok, pos [B] int64; table [B, NB] int64. Fixed shapes
-  // and no host syncs: capturable.
-  torch::Tensor decode(const torch::Tensor& tok, const torch::Tensor& pos, const torch::Tensor& table) {
+  // One decode step of batch w: writes each row's new key/value to its pool slot and to
+  // its working copy, attends over the working copy (key j is the row's position j, so the
+  // mask is arange <= position). Fixed shapes and no host syncs: capturable.
+  torch::Tensor decode(Work& w) {
+    const auto &tok = w.tok, &pos = w.pos, &table = w.table;
     const int64_t B = tok.size(0), NB = table.size(1), L = NB * bs;
     const int64_t heads = cfg.num_attention_heads, kvh = cfg.num_key_value_heads, hd = cfg.head_dim;
     const int64_t groups = heads / kvh;
     const auto i64 = pos.options();
     const auto slot = table.gather(1, pos.div(bs, "floor").unsqueeze(1)).squeeze(1) * bs + pos.remainder(bs);
-    const auto gidx = (table.unsqueeze(2) * bs + torch::arange(bs, i64).view({1, 1, bs})).reshape({B * L});
+    const auto wslot = torch::arange(B, i64) * L + pos;
     const auto mask = (torch::arange(L, i64).unsqueeze(0) <= pos.unsqueeze(1)).view({B, 1, 1, L});
     const RopeTables r = model->rope(pos.unsqueeze(1));
     auto x = model->model->embed_tokens(tok.unsqueeze(1));  // [B, 1, H]
@@ -153,11 +196,13 @@ struct Engine::Impl {
       auto k = att.k_proj(a).view({B, 1, kvh, hd}).transpose(1, 2);
       const auto v = att.v_proj(a).view({B, kvh, hd});
       q = apply_rope(q, r);
-      k = apply_rope(k, r);
-      pk[l].index_copy_(0, slot, k.reshape({B, kvh, hd}));
+      const auto kr = apply_rope(k, r).reshape({B, kvh, hd});
+      pk[l].index_copy_(0, slot, kr);
       pv[l].index_copy_(0, slot, v);
-      const auto K = pk[l].index_select(0, gidx).view({B, L, kvh, hd}).transpose(1, 2);
-      const auto V = pv[l].index_select(0, gidx).view({B, L, kvh, hd}).transpose(1, 2);
+      w.kb[l].index_copy_(0, wslot, kr);
+      w.vb[l].index_copy_(0, wslot, v);
+      const auto K = w.kb[l].view({B, L, kvh, hd}).transpose(1, 2);
+      const auto V = w.vb[l].view({B, L, kvh, hd}).transpose(1, 2);
       // The G query heads of a KV head become G queries of one head (AttentionImpl's
       // decode path): the key mask broadcasts, no copy of K/V per query head.
       const auto qg = q.reshape({B, kvh, groups, hd});
@@ -168,36 +213,25 @@ struct Engine::Impl {
     return model->logits(model->model->norm(x)).squeeze(1);
   }
 
-  // The step through a CUDA graph when one applies, else eager.
-  torch::Tensor run_step(const torch::Tensor& tok, const torch::Tensor& pos, const torch::Tensor& table) {
+  // The step through batch w's CUDA graph when graphs are on (first use eager: warm-up of
+  // cuBLAS and the allocator for these shapes; second: capture; then replay), else eager.
+  torch::Tensor run_step(Work& w) {
 #ifdef KF_POLICY_CUDA
-    if (dev.is_cuda() && o.cuda_graph) {
-      auto& g = graphs[{tok.size(0), table.size(1)}];
-      if (!g.tok.defined()) {
-        g.tok = tok.clone();
-        g.pos = pos.clone();
-        g.table = table.clone();
-      } else {
-        g.tok.copy_(tok);
-        g.pos.copy_(pos);
-        g.table.copy_(table);
-      }
-      // First use: eager (warm-up of cuBLAS and the allocator for these shapes); second:
-      // capture; later: replay.
-      if (g.uses++ == 0) return decode(g.tok, g.pos, g.table);
-      if (!g.g) {
+    if (use_graphs()) {
+      if (w.uses++ == 0) return decode(w);
+      if (!w.graph) {
         if (!pool_id) pool_id = at::cuda::graph_pool_handle();
-        g.g = std::make_unique<at::cuda::CUDAGraph>();
-        g.g->capture_begin(*pool_id);
-        g.logits = decode(g.tok, g.pos, g.table);
-        g.g->capture_end();
+        w.graph = std::make_unique<at::cuda::CUDAGraph>();
+        w.graph->capture_begin(*pool_id);
+        w.logits = decode(w);
+        w.graph->capture_end();
         ++st.graphs_captured;
       }
-      g.g->replay();
-      return g.logits;
+      w.graph->replay();
+      return w.logits;
     }
 #endif
-    return decode(tok, pos, table);
+    return decode(w);
   }
 
   void validate(const EngineRequest& r) const {
@@ -370,9 +404,31 @@ struct Engine::Impl {
       for (std::size_t j = 0; j < s.table.size(); ++j) table[static_cast<std::size_t>(i * NB) + j] = s.table[j];
     }
     const auto i64 = torch::TensorOptions().dtype(torch::kInt64);
-    auto tok_d = torch::tensor(tok, i64).to(dev);
-    auto pos_d = torch::tensor(pos, i64).to(dev);
-    const auto table_d = torch::tensor(table, i64).view({Bb, NB}).to(dev);
+    const auto tok_h = torch::tensor(tok, i64), pos_h = torch::tensor(pos, i64);
+    const auto table_h = torch::tensor(table, i64).view({Bb, NB});
+    Work local;
+    Work& w = use_graphs() ? work_for(Bb, NB) : local;
+    if (!w.tok.defined()) {
+      w.tok = tok_h.to(dev);
+      w.pos = pos_h.to(dev);
+      w.table = table_h.to(dev);
+    } else {
+      w.tok.copy_(tok_h);
+      w.pos.copy_(pos_h);
+      w.table.copy_(table_h);
+    }
+    // The working copy: every row's blocks in logical order, gathered once per chunk.
+    const auto gidx = (w.table.unsqueeze(2) * bs + torch::arange(bs, w.table.options()).view({1, 1, bs})).reshape({-1});
+    const bool fresh = w.kb.empty();
+    for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
+      if (fresh) {
+        w.kb.push_back(pk[l].index_select(0, gidx));
+        w.vb.push_back(pv[l].index_select(0, gidx));
+      } else {
+        at::index_select_out(w.kb[l], pk[l], 0, gidx);
+        at::index_select_out(w.vb[l], pv[l], 0, gidx);
+      }
+    }
     auto out_tok = torch::empty({C, B}, i64.device(dev));
     auto out_lp = torch::empty({C, B}, torch::TensorOptions().dtype(torch::kFloat32).device(dev));
     // One sampling call per distinct sampling setting (usually one for the whole batch).
@@ -389,7 +445,7 @@ struct Engine::Impl {
     std::vector<torch::Tensor> part_idx;
     for (const auto& [p, rows] : parts) part_idx.push_back(torch::tensor(rows, i64).to(dev));
     for (int64_t c = 0; c < C; ++c) {
-      const auto logits = run_step(tok_d, pos_d, table_d).narrow(0, 0, B);
+      const auto logits = run_step(w).narrow(0, 0, B);
       if (parts.size() == 1) {
         const auto* p = parts[0].first;
         auto [t, lp] = sample_tokens(logits, *p, p->valid_vocab > 0 ? p->valid_vocab : cfg.vocab_size, gen);
@@ -404,8 +460,8 @@ struct Engine::Impl {
           out_lp[c].index_copy_(0, part_idx[k], lp);
         }
       }
-      tok_d.narrow(0, 0, B).copy_(out_tok[c]);
-      pos_d.add_(1);
+      w.tok.narrow(0, 0, B).copy_(out_tok[c]);
+      w.pos.add_(1);
       ++st.decode_steps;
       st.decode_rows += B;
       st.padded_rows += Bb - B;

@@ -10,6 +10,10 @@
 //   - the prompt prefilled once per request: its blocks are shared by the n samples by
 //     reference count; the last, partial block is copied on the first write of a sample
 //     that does not own it alone (copy-on-write);
+//   - attention reads a working copy of the batch's keys and values, gathered from the
+//     blocks into logical order once per chunk of check_every steps (each step appends its
+//     token to the copy and to the pool): one gather per chunk, contiguous reads per step,
+//     at the cost of holding that copy (about the running sequences' KV once more);
 //   - on CUDA, the decode step (model forward to logits) is captured as a CUDA graph per
 //     (batch bucket, KV-length bucket) and replayed; the batch is padded to its bucket with
 //     rows that write to a reserved scratch block. On the CPU the step runs eagerly
@@ -69,7 +73,7 @@ struct EngineStats {
   int64_t blocks_total = 0, blocks_free = 0, blocks_peak_used = 0;
   int64_t block_bytes = 0;              // one block, all layers, K and V
   int64_t decode_steps = 0, decode_rows = 0, padded_rows = 0;
-  int64_t prefill_tokens = 0, cow_copies = 0, graphs_captured = 0;
+  int64_t prefill_tokens = 0, cow_copies = 0, graphs_captured = 0, graphs_dropped = 0;
   int64_t waiting = 0, running_requests = 0, running_sequences = 0;
 };
 
