@@ -116,6 +116,20 @@ Actor::Actor(ActorOptions opts, ActorPolicy policy, std::vector<std::shared_ptr<
                                                                           : opts_.abi_header_path);
   abi_ = compact_abi(read_file(abi));
   gpu_share_ = policy::GpuShare(policy_.model->options().device());
+  if (opts_.engine_max_sequences > 0) {
+    policy::EngineOptions eo;
+    eo.max_sequences = opts_.engine_max_sequences;
+    eo.kv_budget_mb = opts_.engine_kv_budget_mb;
+    eo.block_size = opts_.engine_block_size;
+    eo.check_every = opts_.engine_check_every;
+    eo.cuda_graph = opts_.engine_cuda_graph;
+    eo.seed = opts_.seed ^ splitmix(uint64_t(opts_.id) + 0x5EED);
+    eo.gpu_share = &gpu_share_;
+    engine_ = std::make_unique<policy::Engine>(policy_.model, eo);
+    const auto es = engine_->stats();
+    log_info("actor ", opts_.id, ": rollout engine, up to ", eo.max_sequences, " sequences, KV pool ",
+             es.blocks_total, " blocks of ", eo.block_size, " tokens (", eo.kv_budget_mb, " MB)");
+  }
   slot_ = shm_.control().register_process("actor", opts_.id);
   if (opts_.context_tokens == 0) opts_.context_tokens = policy_.config.max_position_embeddings;
   if (opts_.context_tokens <= opts_.max_new_tokens)
@@ -229,16 +243,7 @@ Prompt Actor::build_task_prompt(const tasks::Task& task, uint64_t seed) {
   return build_prompt(tpl_, policy_.codec, it->second, ex, po);
 }
 
-StepResult Actor::step() {
-  const auto t0 = Clock::now();
-  auto& ctl = shm_.control();
-  ctl.heartbeat(slot_);
-  refresh_weights();
-  if (opts_.wait_for_snapshot && m_.snapshots_loaded == 0) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    return StepResult::no_task;
-  }
-
+std::optional<Actor::GroupJob> Actor::next_group() {
   // Task and prompt.
   if (picks_ % static_cast<uint64_t>(opts_.stats_refresh_every) == 0) {
     for (const auto& t : tasks_) {
@@ -254,37 +259,27 @@ StepResult Actor::step() {
   }
   if (!task) {
     if (unusable_.size() >= tasks_.size()) throw Error("actor: every task was left out (see the log lines above)");
-    return StepResult::no_task;
+    return std::nullopt;
   }
   ++counter_;
-  const uint64_t group_id = fresh_id(opts_.id, counter_);
-  Prompt prompt;
+  GroupJob job;
+  job.task = task;
+  job.group_id = fresh_id(opts_.id, counter_);
+  job.version = version_;
   try {
-    prompt = build_task_prompt(*task, opts_.seed ^ group_id);
+    job.prompt = build_task_prompt(*task, opts_.seed ^ job.group_id);
   } catch (const Error& e) {
     log_error("actor ", opts_.id, ": ", e.what(), "; task ", task->name(), " is left out of the schedule");
     unusable_.insert(task->name());
-    return StepResult::no_task;
+    return std::nullopt;
   }
-  m_.prompt_tokens += prompt.tokens.size();
-  if (prompt.truncated) ++m_.prompts_truncated;
-  m_.exemplars_dropped += prompt.dropped;
+  m_.prompt_tokens += job.prompt.tokens.size();
+  if (job.prompt.truncated) ++m_.prompts_truncated;
+  m_.exemplars_dropped += job.prompt.dropped;
+  return job;
+}
 
-  // Back-pressure: wait for room for the whole group before spending time sampling.
-  const auto G = static_cast<uint64_t>(opts_.group_size);
-  const uint64_t need = opts_.score_extraction_failures ? 1 : G;
-  auto& queue = shm_.candidates();
-  const auto bp0 = Clock::now();
-  while (queue.raw().stats().free_slots < std::min<uint64_t>(need, queue.raw().capacity())) {
-    const auto st = ctl.state();
-    if (stopping() || st == replay::RunState::stopped || st == replay::RunState::draining) return StepResult::stopped;
-    ctl.heartbeat(slot_);
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  m_.backpressure_s += secs(bp0, Clock::now());
-
-  // Sample.
-  const int64_t version = version_;
+policy::SamplingParams Actor::sampling_params(uint64_t group_id) {
   policy::SamplingParams sp;
   sp.temperature = opts_.temperature;
   sp.top_p = opts_.top_p;
@@ -295,16 +290,133 @@ StepResult Actor::step() {
   sp.loop_min_span = opts_.loop_min_span;
   sp.eos_ids = policy_.eos_ids;
   sp.seed = opts_.seed ^ group_id;
+  sp.valid_vocab = policy_.valid_vocab;
   sp.gpu_share = &gpu_share_;
+  return sp;
+}
+
+// Room in the candidate queue for `groups` groups (one slot each when the actor scores
+// extraction failures itself, else G), capped at the queue's capacity.
+bool Actor::queue_has_room(uint64_t groups) {
+  const auto G = static_cast<uint64_t>(opts_.group_size);
+  const uint64_t need = (opts_.score_extraction_failures ? 1 : G) * groups;
+  auto& queue = shm_.candidates();
+  return queue.raw().stats().free_slots >= std::min<uint64_t>(need, queue.raw().capacity());
+}
+
+StepResult Actor::step() {
+  const auto t0 = Clock::now();
+  auto& ctl = shm_.control();
+  ctl.heartbeat(slot_);
+  if (engine_) return step_engine(t0);
+  refresh_weights();
+  if (opts_.wait_for_snapshot && m_.snapshots_loaded == 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    return StepResult::no_task;
+  }
+  auto job = next_group();
+  if (!job) return StepResult::no_task;
+
+  // Back-pressure: wait for room for the whole group before spending time sampling.
+  const auto bp0 = Clock::now();
+  while (!queue_has_room(1)) {
+    const auto st = ctl.state();
+    if (stopping() || st == replay::RunState::stopped || st == replay::RunState::draining) return StepResult::stopped;
+    ctl.heartbeat(slot_);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  m_.backpressure_s += secs(bp0, Clock::now());
+
+  // Sample.
+  const auto sp = sampling_params(job->group_id);
   const auto s0 = Clock::now();
-  auto samples = rollout_group(policy_.model, policy_.codec, prompt.tokens, opts_.group_size, sp, policy_.valid_vocab,
-                               opts_.extract, opts_.shared_prefill);
+  auto samples = rollout_group(policy_.model, policy_.codec, job->prompt.tokens, opts_.group_size, sp,
+                               policy_.valid_vocab, opts_.extract, opts_.shared_prefill);
   const double sampled_s = secs(s0, Clock::now());
   m_.sample_s += sampled_s;
   shm_.control().add_counter(slot_, replay::ControlBlock::kWorkMs, static_cast<uint64_t>(sampled_s * 1e3));
   shm_.control().add_counter(slot_, replay::ControlBlock::kGpuWaitMs,
                              static_cast<uint64_t>((gpu_share_.wait_seconds() - m_.gpu_wait_s) * 1e3));
   m_.gpu_wait_s = gpu_share_.wait_seconds();
+  const auto res = finish_group(std::move(*job), std::move(samples));
+  m_.elapsed_s += secs(t0, Clock::now());
+  return res;
+}
+
+StepResult Actor::step_engine(Clock::time_point t0) {
+  auto& ctl = shm_.control();
+  // Weights change only while no group is in flight: a newer snapshot stops new groups
+  // until the engine drains, then loads.
+  const auto latest = shm_.snapshots().latest();
+  const bool snapshot_waiting =
+      latest.version >= 0 && latest.version > loaded_version_ && latest.version != rejected_version_;
+  if (engine_->idle()) refresh_weights();
+  const bool may_add = !(opts_.wait_for_snapshot && m_.snapshots_loaded == 0) && !(snapshot_waiting && !engine_->idle());
+  // Top up: enough groups to fill max_sequences, plus one waiting to join as rows end.
+  const auto G = static_cast<uint64_t>(opts_.group_size);
+  const uint64_t want = (static_cast<uint64_t>(opts_.engine_max_sequences) + G - 1) / G + 1;
+  const auto bp0 = Clock::now();
+  while (may_add && in_flight_.size() < want && !stopping()) {
+    if (!queue_has_room(in_flight_.size() + 1)) {
+      if (!in_flight_.empty()) break;  // the groups in flight make progress meanwhile
+      const auto st = ctl.state();
+      if (st == replay::RunState::stopped || st == replay::RunState::draining) return StepResult::stopped;
+      ctl.heartbeat(slot_);
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      continue;
+    }
+    auto job = next_group();
+    if (!job) break;
+    policy::EngineRequest r;
+    r.id = job->group_id;
+    r.prompt = job->prompt.tokens;
+    r.n = opts_.group_size;
+    r.sampling = sampling_params(job->group_id);
+    try {
+      engine_->submit(std::move(r));
+    } catch (const Error& e) {
+      log_error("actor ", opts_.id, ": ", e.what(), "; task ", job->task->name(), " is left out of the schedule");
+      unusable_.insert(job->task->name());
+      continue;
+    }
+    in_flight_.emplace(job->group_id, std::move(*job));
+  }
+  m_.backpressure_s += secs(bp0, Clock::now());
+  if (in_flight_.empty()) {
+    if (stopping()) return StepResult::stopped;
+    std::this_thread::sleep_for(std::chrono::milliseconds(opts_.wait_for_snapshot ? 50 : 1));
+    return StepResult::no_task;
+  }
+
+  const auto s0 = Clock::now();
+  auto done = engine_->step();
+  const double sampled_s = secs(s0, Clock::now());
+  m_.sample_s += sampled_s;
+  ctl.add_counter(slot_, replay::ControlBlock::kWorkMs, static_cast<uint64_t>(sampled_s * 1e3));
+  ctl.add_counter(slot_, replay::ControlBlock::kGpuWaitMs,
+                  static_cast<uint64_t>((gpu_share_.wait_seconds() - m_.gpu_wait_s) * 1e3));
+  m_.gpu_wait_s = gpu_share_.wait_seconds();
+  StepResult res = StepResult::no_task;
+  for (auto& r : done) {
+    auto it = in_flight_.find(r.id);
+    if (it == in_flight_.end()) continue;
+    auto job = std::move(it->second);
+    in_flight_.erase(it);
+    auto samples = rollout_samples(policy_.codec, std::move(r.completions), opts_.extract);
+    const auto got = finish_group(std::move(job), std::move(samples));
+    if (res == StepResult::no_task || got != StepResult::pushed) res = got;
+  }
+  m_.elapsed_s += secs(t0, Clock::now());
+  return res;
+}
+
+StepResult Actor::finish_group(GroupJob job, std::vector<RolloutSample> samples) {
+  auto& ctl = shm_.control();
+  auto& queue = shm_.candidates();
+  const tasks::Task* task = job.task;
+  const uint64_t group_id = job.group_id;
+  const int64_t version = job.version;
+  const Prompt& prompt = job.prompt;
   const int64_t t_sampled = mono_ns();
 
   // Extract and build the candidates.
@@ -403,7 +515,6 @@ StepResult Actor::step() {
     ctl.add_counter(slot_, 7, static_cast<uint64_t>(lag));
   }
   if (!unpushed.empty()) shm_.replay().mark_lost(unpushed);
-  m_.elapsed_s += secs(t0, Clock::now());
   return unpushed.empty() ? StepResult::pushed : StepResult::stopped;
 }
 

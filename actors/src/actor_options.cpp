@@ -78,6 +78,17 @@ ActorOptions actor_options(const Config& cfg, int actor_id) {
   o.loop_min_span = cfg.get_int("actors.sampling.loop_min_span");
   if (o.loop_min_span < 0) throw bad("actors.sampling.loop_min_span", "must be >= 0");
   o.shared_prefill = cfg.get_bool("actors.sampling.shared_prefill");
+  o.engine_max_sequences = cfg.get_int("actors.engine.max_sequences");
+  if (o.engine_max_sequences < 0) throw bad("actors.engine.max_sequences", "must be >= 0 (0: one group at a time)");
+  if (o.engine_max_sequences > 0 && o.engine_max_sequences < o.group_size)
+    throw bad("actors.engine.max_sequences", "must be 0 or at least actors.group_size (" + std::to_string(o.group_size) + ")");
+  o.engine_kv_budget_mb = cfg.get_int("actors.engine.kv_budget_mb");
+  if (o.engine_kv_budget_mb < 1) throw bad("actors.engine.kv_budget_mb", "must be >= 1");
+  o.engine_block_size = cfg.get_int("actors.engine.block_size");
+  if (o.engine_block_size < 1) throw bad("actors.engine.block_size", "must be >= 1");
+  o.engine_check_every = cfg.get_int("actors.engine.check_every");
+  if (o.engine_check_every < 1) throw bad("actors.engine.check_every", "must be >= 1");
+  o.engine_cuda_graph = cfg.get_bool("actors.engine.cuda_graph");
 
   o.schedule.policy = parse_schedule_policy(cfg.get_string("actors.schedule.policy"), src + ": actors.schedule.policy");
   o.schedule.min_share = cfg.get_float("actors.schedule.min_share");

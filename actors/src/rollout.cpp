@@ -21,6 +21,11 @@ std::vector<RolloutSample> rollout_group(policy::CausalLM& model, const TextCode
     torch::NoGradGuard no_grad;
     completions = sample_group(model, prompt, G, sampling, valid_vocab, shared_prefill);
   }
+  return rollout_samples(codec, std::move(completions), extract);
+}
+
+std::vector<RolloutSample> rollout_samples(const TextCodec& codec, std::vector<policy::Completion> completions,
+                                           const ExtractOptions& extract) {
   std::vector<RolloutSample> out(completions.size());
   for (std::size_t i = 0; i < completions.size(); ++i) {
     out[i].text = completion_text(codec, completions[i]);

@@ -11,6 +11,13 @@
 // itself (reward: evaluator.reward.compile_error) instead of sending them through the
 // candidate queue, so the learner sees the negative example without evaluator work.
 //
+// With actors.engine.max_sequences > 0 the actor samples through a rollout engine
+// (policy/engine.h): each step() tops the engine up with new groups (up to max_sequences
+// sequences running plus one group waiting), runs it until at least one group has finished,
+// and pushes the finished groups. New snapshots are loaded only while no group is in
+// flight (the actor stops adding groups until they finish), so a group's tokens and
+// behaviour log-probs all come from the weights of the version it carries.
+//
 // Back-pressure: before sampling, the actor waits until the candidate queue has room
 // for the group (time waited is reported); pushes then block while the queue is full.
 // A group the ReplayBuffer cannot take is dropped (logged, counted), never pushed.
@@ -35,10 +42,12 @@
 // (or a signal handler via the flag passed to run()).
 #pragma once
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -46,7 +55,9 @@
 #include "kf/actors/actor_options.h"
 #include "kf/actors/actor_policy.h"
 #include "kf/actors/prompt.h"
+#include "kf/actors/rollout.h"
 #include "kf/actors/scheduler.h"
+#include "kf/policy/engine.h"
 #include "kf/policy/gpu_share.h"
 #include "kf/replay/run_shm.h"
 #include "kf/tasks/task.h"
@@ -115,6 +126,20 @@ class Actor {
   std::vector<unsigned char> blob_;
   std::FILE* groups_log_ = nullptr;  // metrics_dir/groups-<id>.jsonl, opened at the first group
   bool groups_log_failed_ = false;   // logged once; sampling goes on without the file
+  // A group on its way: picked task, prompt, id and the policy version that samples it.
+  struct GroupJob {
+    const tasks::Task* task = nullptr;
+    uint64_t group_id = 0;
+    int64_t version = 0;
+    Prompt prompt;
+  };
+  std::unique_ptr<policy::Engine> engine_;  // null: one group at a time
+  std::map<uint64_t, GroupJob> in_flight_;  // engine requests by group id
+  std::optional<GroupJob> next_group();     // task + prompt, or none (no usable task now)
+  policy::SamplingParams sampling_params(uint64_t group_id);
+  bool queue_has_room(uint64_t groups);
+  StepResult step_engine(std::chrono::steady_clock::time_point t0);
+  StepResult finish_group(GroupJob job, std::vector<RolloutSample> samples);  // extract, open, push
   void log_group(const tasks::Task& task, uint64_t group_id, int64_t version, const Prompt& prompt,
                  std::size_t completions, const std::map<std::string, uint64_t>& codes);
 };

@@ -45,6 +45,13 @@ struct ActorOptions {
   int64_t loop_max_period = 128;
   int64_t loop_min_span = 64;
   bool shared_prefill = true;
+  // rollout engine (policy/engine.h): several groups in flight, continuous batching over a
+  // paged KV cache. engine_max_sequences 0: one group at a time through rollout_group.
+  int64_t engine_max_sequences = 0;
+  int64_t engine_kv_budget_mb = 1024;
+  int64_t engine_block_size = 16;
+  int64_t engine_check_every = 8;
+  bool engine_cuda_graph = true;
   // scheduling, extraction
   ScheduleOptions schedule;
   int64_t stats_refresh_every = 16;       // picks between KernelDb reads for the scheduler

@@ -28,6 +28,11 @@ std::vector<RolloutSample> rollout_group(policy::CausalLM& model, const TextCode
                                          const policy::SamplingParams& sampling, int64_t valid_vocab,
                                          const ExtractOptions& extract, bool shared_prefill = true);
 
+// The completions of one group as samples: text and extracted kernel (rollout_group's
+// second half; the actor's engine path, which samples many groups at once, uses it too).
+std::vector<RolloutSample> rollout_samples(const TextCodec& codec, std::vector<policy::Completion> completions,
+                                           const ExtractOptions& extract);
+
 // The text of a completion: its tokens decoded, less the end-of-sequence token that stopped
 // it (not text: a byte model's would decode to a NUL).
 std::string completion_text(const TextCodec& codec, const policy::Completion& c);

@@ -1,0 +1,149 @@
+// The actor on the rollout engine (actors.engine.max_sequences > 0): several groups in
+// flight, each pushed whole with the behaviour log-probs of the weights that sampled it; a
+// new snapshot is loaded only once the groups in flight have finished.
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "kf/actors/actor.h"
+#include "kf/actors/weights_blob.h"
+#include "kf/common/config.h"
+#include "kf/common/error.h"
+#include "test_util.h"
+
+using namespace kf::actors;
+namespace rp = kf::replay;
+
+namespace {
+
+struct EngineRun {
+  std::string name = test::run_name("e");
+  std::unique_ptr<rp::RunShm> shm;
+  EngineRun() {
+    rp::RunShmConfig c;
+    c.candidates = {64, 256 * 1024};
+    c.replay.capacity = 32;
+    c.replay.group_bytes = 4u << 20;
+    c.kernels = {64, 64 * 1024, 16};
+    c.snapshot.max_bytes = 8u << 20;
+    shm = rp::RunShm::create(name, c);
+    shm->control().set_state(rp::RunState::running);
+  }
+  ~EngineRun() { shm->shutdown(); }
+};
+
+ActorOptions engine_options() {
+  ActorOptions o;
+  o.tasks_dir = test::tasks_dir();
+  o.include = {"001_relu"};
+  o.group_size = 2;
+  o.max_new_tokens = 10;
+  o.context_tokens = 8192;
+  o.exemplars = 0;
+  o.template_path = test::source_dir() + "/configs/prompts/contrastive.txt";
+  o.abi_header_path = test::source_dir() + "/evaluator/include/kf/kernel.h";
+  o.score_extraction_failures = false;  // every candidate goes through the queue
+  o.temperature = 0.9;
+  o.top_k = 16;
+  o.engine_max_sequences = 4;  // two groups decode together, a third waits
+  o.engine_kv_budget_mb = 16;
+  o.engine_block_size = 16;
+  o.engine_check_every = 4;
+  return o;
+}
+
+std::vector<rp::Candidate> drain(rp::RunShm& shm) {
+  std::vector<rp::Candidate> all, batch;
+  while (shm.candidates().pop_batch(batch, 64, std::chrono::milliseconds(0)) > 0) {
+    all.insert(all.end(), batch.begin(), batch.end());
+    batch.clear();
+  }
+  return all;
+}
+
+// Largest |behaviour log-prob - the model's recomputed log-prob| over a candidate's tokens.
+double logprob_gap(kf::policy::CausalLM& m, const rp::Candidate& c, double temperature) {
+  std::vector<int64_t> ids(c.prompt_tokens.begin(), c.prompt_tokens.end());
+  ids.insert(ids.end(), c.completion_tokens.begin(), c.completion_tokens.end());
+  const int64_t T = static_cast<int64_t>(ids.size()), P = static_cast<int64_t>(c.prompt_tokens.size());
+  auto wanted = torch::zeros({1, T - 1}, torch::kBool);
+  wanted.narrow(1, P - 1, T - P).fill_(true);
+  torch::NoGradGuard g;
+  const auto lp = m->selected_logprobs(torch::tensor(ids).unsqueeze(0), torch::ones({1, T}, torch::kLong), wanted,
+                                       temperature, 64).logp;
+  double worst = 0;
+  for (int64_t t = 0; t < T - P; ++t)
+    worst = std::max(worst, std::abs(lp[0][P - 1 + t].item<double>() - c.behaviour_logprobs[static_cast<std::size_t>(t)]));
+  return worst;
+}
+
+}  // namespace
+
+TEST(ActorEngineTest, GroupsInFlightArePushedWholeAndSnapshotsWaitForThemToFinish) {
+  KF_NEED_TASKS();
+  EngineRun run;
+  const auto opts = engine_options();
+  auto v0 = test::tiny_policy(0);
+  auto v1 = test::tiny_policy(5);
+  Actor actor(opts, test::tiny_policy(0), load_actor_tasks(opts), *run.shm);
+  std::vector<rp::Candidate> all;
+  for (int i = 0; i < 6 && all.size() < 6; ++i) {
+    const auto r = actor.step();
+    EXPECT_TRUE(r == StepResult::pushed || r == StepResult::no_task);
+    for (auto& c : drain(*run.shm)) all.push_back(std::move(c));
+  }
+  ASSERT_GE(all.size(), 6u);
+  std::map<uint64_t, int> per_group;
+  for (const auto& c : all) {
+    ++per_group[c.group_id];
+    EXPECT_EQ(c.policy_version, 0);
+    ASSERT_EQ(c.behaviour_logprobs.size(), c.completion_tokens.size());
+  }
+  // One full forward per checked candidate (long contrastive prompts): the first and last.
+  for (const auto* c : {&all.front(), &all.back()})
+    EXPECT_LT(logprob_gap(v0.model, *c, opts.temperature), 1e-4) << "behaviour log-probs are the sampling model's";
+  for (const auto& [g, n] : per_group) EXPECT_EQ(n, 2) << "group " << g << " pushed whole";
+
+  // The learner publishes v1 while groups are in flight: they finish under v0, then v1
+  // loads and every later group is v1's.
+  const auto blob = make_weights_blob(v1.model, 1);
+  run.shm->snapshots().publish(1, blob.data(), blob.size());
+  std::vector<rp::Candidate> after;
+  for (int i = 0; i < 12; ++i) {
+    actor.step();
+    for (auto& c : drain(*run.shm)) after.push_back(std::move(c));
+    if (!after.empty() && after.back().policy_version == 1 && after.size() >= 4) break;
+  }
+  ASSERT_FALSE(after.empty());
+  EXPECT_EQ(actor.policy_version(), 1);
+  bool seen_v1 = false;
+  for (const auto& c : after) {
+    if (c.policy_version == 1) seen_v1 = true;
+    else EXPECT_FALSE(seen_v1) << "a v0 group was pushed after v1 loaded";
+  }
+  // The last candidate is v1's: its log-probs are v1's, not v0's (no mixed weights).
+  ASSERT_EQ(after.back().policy_version, 1);
+  EXPECT_LT(logprob_gap(v1.model, after.back(), opts.temperature), 1e-4);
+  EXPECT_GT(logprob_gap(v0.model, after.back(), opts.temperature), 1e-2);
+  EXPECT_TRUE(seen_v1);
+  EXPECT_EQ(actor.metrics().candidates, actor.metrics().pushed);
+}
+
+TEST(ActorEngineTest, EngineKeysAreReadAndCheckedFromTheConfig) {
+  auto cfg = kf::Config::parse("actors:\n  group_size: 4\n  engine:\n    max_sequences: 2\n", "engine.yaml");
+  try {
+    actor_options(cfg, 0);
+    FAIL() << "max_sequences below the group size was accepted";
+  } catch (const kf::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("actors.engine.max_sequences"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("engine.yaml"), std::string::npos) << e.what();
+  }
+  cfg = kf::Config::parse(
+      "actors:\n  engine:\n    max_sequences: 64\n    kv_budget_mb: 512\n    block_size: 32\n", "engine.yaml");
+  const auto o = actor_options(cfg, 0);
+  EXPECT_EQ(o.engine_max_sequences, 64);
+  EXPECT_EQ(o.engine_kv_budget_mb, 512);
+  EXPECT_EQ(o.engine_block_size, 32);
+  EXPECT_EQ(actor_options(kf::Config::parse("run:\n  seed: 1\n", "d.yaml"), 0).engine_max_sequences, 0)
+      << "off by default: one group at a time";
+}
