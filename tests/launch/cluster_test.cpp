@@ -9,6 +9,7 @@
 #include "cluster.h"
 #include "kf/common/config.h"
 #include "kf/common/error.h"
+#include "kf/learner/comm.h"
 
 namespace {
 using kf::launch::expand_nodelist;
@@ -114,4 +115,77 @@ TEST(LaunchClusterTest, RemoteRolesNeedThePasswordInTheEnvironment) {
   EXPECT_FALSE(kf::launch::cluster_options(kf::Config::parse("run: {seed: 1}\n", "d.yaml")).remote());
   const auto badname = kf::Config::parse("cluster: {node_name: 'a/b'}\n", "n.yaml");
   EXPECT_NE(error_of([&] { kf::launch::cluster_options(badname); }).find("cluster.node_name"), std::string::npos);
+}
+
+// Learner ranks on several nodes (cluster.head_learner_ranks, role learners): the layout
+// must fit learner.dist.ranks, and the ranks must be able to talk across nodes (NCCL on
+// CUDA: the cpu communicator is one host's shared memory). Refused at start, naming the key.
+TEST(LaunchClusterTest, LearnerRanksOnSeveralNodesNeedNcclAndAFittingLayout) {
+  if (!kf::launch::cluster_supported()) GTEST_SKIP() << "no hiredis in this build";
+  ::setenv("KF_TEST_LN_PW", "s3cret", 1);
+  auto cfg = [](const std::string& cluster, const std::string& more = "") {
+    return kf::Config::parse("run: {backend: cpu}\nlearner: {dist: {ranks: 3" + more +
+                                 "}}\ncluster: {redis: {password_env: KF_TEST_LN_PW}, " + cluster + "}\n",
+                             "l.yaml");
+  };
+  auto err = [&](const std::string& cluster, const std::string& more = "") {
+    return error_of([&] { kf::launch::cluster_options(cfg(cluster, more)); });
+  };
+  // The CPU backend: refused for the head and for a learners node.
+  for (const char* role : {"head", "learners"}) {
+    const std::string e = err(std::string("role: ") + role + ", head_learner_ranks: 1");
+    EXPECT_NE(e.find("l.yaml"), std::string::npos) << e;
+    EXPECT_NE(e.find("cluster.head_learner_ranks: 1 of learner.dist.ranks 3 on the head puts learner ranks on several "
+                     "nodes, which needs NCCL on CUDA (here run.backend cpu resolves to cpu, learner.dist.comm auto"),
+              std::string::npos)
+        << e;
+    EXPECT_NE(e.find("the cpu communicator is one host's shared memory and cannot cross nodes"), std::string::npos) << e;
+  }
+  // The layout.
+  EXPECT_NE(err("role: head, head_learner_ranks: 4").find("cluster.head_learner_ranks: 4 is more than learner.dist.ranks (3)"),
+            std::string::npos);
+  EXPECT_NE(err("role: learners").find("cluster.role: learners, but cluster.head_learner_ranks (0) leaves no learner "
+                                       "rank off the head: set it to 1..2"),
+            std::string::npos);
+  EXPECT_NE(err("role: all, head_learner_ranks: 2").find("but cluster.role is all (one node)"), std::string::npos);
+  EXPECT_NE(err("role: learners, head_learner_ranks: 1, learner_ranks: 2, learner_node_index: 1")
+                .find("cluster.learner_node_index: learners node 1 would run ranks 3..4, beyond learner.dist.ranks 3"),
+            std::string::npos);
+  // All ranks on the head (the default): nothing of this applies, CPU or not.
+  const auto all_on_head = kf::launch::cluster_options(cfg("role: head"));
+  EXPECT_FALSE(all_on_head.learners_split());
+  EXPECT_EQ(all_on_head.head_ranks(), 3);
+  // CUDA with the cpu communicator is refused too; with NCCL the layout is accepted.
+  const std::string cuda_cpu = error_of([&] {
+    kf::launch::cluster_options(kf::Config::parse(
+        "run: {backend: cuda}\nlearner: {dist: {ranks: 3, comm: cpu}}\ncluster: {role: head, head_learner_ranks: 1, "
+        "redis: {password_env: KF_TEST_LN_PW}}\n",
+        "c.yaml"));
+  });
+  EXPECT_NE(cuda_cpu.find("learner.dist.comm cpu"), std::string::npos) << cuda_cpu;
+  const auto nccl_cfg = kf::Config::parse(
+      "run: {backend: cuda}\nlearner: {dist: {ranks: 3, comm: nccl}}\ncluster: {role: learners, head_learner_ranks: 1, "
+      "learner_ranks: 1, learner_node_index: 1, redis: {password_env: KF_TEST_LN_PW}}\n",
+      "n.yaml");
+  if (kf::learner::nccl_available()) {
+    const auto o = kf::launch::cluster_options(nccl_cfg);
+    EXPECT_TRUE(o.learners_split());
+    EXPECT_EQ(o.first_learner_rank(), 2);
+  } else {
+    const std::string e = error_of([&] { kf::launch::cluster_options(nccl_cfg); });
+    EXPECT_NE(e.find("and this build has no NCCL"), std::string::npos) << e;
+  }
+}
+
+TEST(LaunchClusterTest, SlurmLearnersNodesGetTheirPlaceInOrder) {
+  Env e = {{"SLURM_JOB_ID", "9"}, {"SLURM_JOB_NODELIST", "g[1-4]"}, {"KF_SLURM_STEP", "1"}};
+  const std::vector<std::string> roles = {"learners", "head", "evaluators", "learners"};
+  e["SLURM_NODEID"] = "0";
+  EXPECT_EQ(slurm_plan(env_of(e), roles).sets,
+            std::vector<std::string>({"cluster.role=learners", "cluster.redis.host=g2", "cluster.node_name=g1",
+                                      "cluster.learner_node_index=0"}));
+  e["SLURM_NODEID"] = "3";
+  EXPECT_EQ(slurm_plan(env_of(e), roles).sets.back(), "cluster.learner_node_index=1");
+  e["SLURM_NODEID"] = "2";
+  EXPECT_EQ(slurm_plan(env_of(e), roles).sets.size(), 3u);  // not a learners node
 }

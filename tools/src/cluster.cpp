@@ -15,6 +15,8 @@
 #include "kf/common/log.h"
 #include "kf/evaluator/evaluator.h"
 #include "kf/evaluator/service.h"
+#include "kf/learner/comm.h"
+#include "kf/learner/learner_config.h"
 #include "kf/replay/run_shm.h"
 #include "launch_common.h"
 #include "supervisor.h"
@@ -58,6 +60,42 @@ bool cluster_supported() {
 #endif
 }
 
+namespace {
+// Where the learner ranks run, and whether that can work: ranks on several nodes talk only
+// over NCCL (the cpu communicator is one host's /dev/shm segment).
+void check_learner_layout(const Config& cfg, const ClusterOptions& o) {
+  const std::string R = std::to_string(o.learner_world), k = std::to_string(o.head_learner_ranks);
+  if (o.head_learner_ranks > o.learner_world)
+    throw error_at(cfg.source(), "cluster.head_learner_ranks: " + k + " is more than learner.dist.ranks (" + R + ")");
+  if (o.role == "learners" && !o.learners_split())
+    throw error_at(cfg.source(), "cluster.role: learners, but cluster.head_learner_ranks (" + k +
+                                     ") leaves no learner rank off the head: " +
+                                     (o.learner_world < 2 ? "learner.dist.ranks must be at least 2 (it is " + R + ")"
+                                                          : "set it to 1.." + std::to_string(o.learner_world - 1) +
+                                                                " (learner.dist.ranks " + R + ")"));
+  if (!o.learners_split()) return;
+  if (o.role == "all")
+    throw error_at(cfg.source(), "cluster.head_learner_ranks: " + k + " of learner.dist.ranks " + R +
+                                     " puts learner ranks on other nodes, but cluster.role is all (one node): use "
+                                     "cluster.role head with learners nodes, or set it to 0");
+  if (o.role == "learners" && o.first_learner_rank() + o.learner_ranks > o.learner_world)
+    throw error_at(cfg.source(), "cluster.learner_node_index: learners node " + std::to_string(o.learner_node_index) +
+                                     " would run ranks " + std::to_string(o.first_learner_rank()) + ".." +
+                                     std::to_string(o.first_learner_rank() + o.learner_ranks - 1) +
+                                     ", beyond learner.dist.ranks " + R + " (cluster.head_learner_ranks " + k +
+                                     ", cluster.learner_ranks " + std::to_string(o.learner_ranks) + " per node)");
+  const std::string backend = cfg.get_string("run.backend"), comm = cfg.get_string("learner.dist.comm");
+  const bool cuda = tasks::resolve_backend(backend) == tasks::Backend::CUDA;
+  if (!cuda || comm == "cpu" || !learner::nccl_available())
+    throw error_at(cfg.source(),
+                   "cluster.head_learner_ranks: " + k + " of learner.dist.ranks " + R +
+                       " on the head puts learner ranks on several nodes, which needs NCCL on CUDA (here run.backend " +
+                       backend + (cuda ? "" : " resolves to cpu") + ", learner.dist.comm " + comm +
+                       (learner::nccl_available() ? "" : ", and this build has no NCCL") +
+                       "): the cpu communicator is one host's shared memory and cannot cross nodes");
+}
+}  // namespace
+
 ClusterOptions cluster_options(const Config& cfg) {
   ClusterOptions o;
   o.role = cfg.get_string("cluster.role");
@@ -74,6 +112,11 @@ ClusterOptions cluster_options(const Config& cfg) {
   o.claim_idle = std::chrono::milliseconds(static_cast<long long>(cfg.get_float("cluster.redis.claim_idle_s") * 1000));
   o.gone_after = std::chrono::milliseconds(static_cast<long long>(cfg.get_float("cluster.redis.gone_after_s") * 1000));
   o.password_env = cfg.get_string("cluster.redis.password_env");
+  o.learner_world = static_cast<int>(cfg.get_int("learner.dist.ranks"));
+  o.head_learner_ranks = static_cast<int>(cfg.get_int("cluster.head_learner_ranks"));
+  o.learner_ranks = static_cast<int>(cfg.get_int("cluster.learner_ranks"));
+  o.learner_node_index = static_cast<int>(cfg.get_int("cluster.learner_node_index"));
+  check_learner_layout(cfg, o);
   if (!o.remote()) return o;
   if (!cluster_supported())
     throw error_at(cfg.source(), "cluster.role: " + o.role + " needs the Redis queue, and this build has none "
@@ -173,8 +216,9 @@ SlurmPlan slurm_plan(const std::function<std::string(const std::string&)>& env,
                 std::to_string(p.nodes) + " node(s) (" + list + "); give one per node or leave it empty");
   int heads = 0, head_at = 0;
   for (std::size_t i = 0; i < roles.size(); ++i) {
-    if (roles[i] != "head" && roles[i] != "evaluators" && roles[i] != "all")
-      throw Error("cluster.nodes: entry " + std::to_string(i) + " is '" + roles[i] + "'; each is head or evaluators");
+    if (roles[i] != "head" && roles[i] != "evaluators" && roles[i] != "learners" && roles[i] != "all")
+      throw Error("cluster.nodes: entry " + std::to_string(i) + " is '" + roles[i] +
+                  "'; each is head, evaluators or learners");
     if (roles[i] == "head" || roles[i] == "all") ++heads, head_at = static_cast<int>(i);
   }
   if (heads != 1 || (roles.size() > 1 && roles[static_cast<std::size_t>(head_at)] == "all"))
@@ -184,6 +228,9 @@ SlurmPlan slurm_plan(const std::function<std::string(const std::string&)>& env,
   if (p.in_step) {
     p.sets = {"cluster.role=" + p.role, "cluster.redis.host=" + p.head_host,
               "cluster.node_name=" + p.hosts[static_cast<std::size_t>(p.node_id)]};
+    if (p.role == "learners")  // its place among the learners nodes picks its ranks
+      p.sets.push_back("cluster.learner_node_index=" +
+                       std::to_string(std::count(roles.begin(), roles.begin() + p.node_id, "learners")));
   }
   return p;
 }
@@ -477,6 +524,98 @@ void preflight_evaluator_node(const Config& cfg) {
   (void)cluster_options(cfg);
 }
 
+
+void preflight_learner_node(const Config& cfg) {
+  (void)learner::learner_config_from(cfg);
+  check_run_name(cfg.get_string("run.name"), "run.name");
+  const auto co = cluster_options(cfg);  // the layout, NCCL on CUDA, the password
+  const int gpus = cuda_device_count();
+  if (co.learner_ranks > gpus)
+    throw error_at(cfg.source(), "cluster.learner_ranks: " + std::to_string(co.learner_ranks) + " ranks but " +
+                                     std::to_string(gpus) + " visible GPU(s) on this node (one rank per GPU)");
+}
+
+int run_learner_node(const Config& cfg, const RunDir& run, const std::string& binary_dir, bool resumed,
+                     const std::atomic<int>* signals) {
+  const ClusterOptions co = cluster_options(cfg);
+  const std::string bin = binary_dir + "/learner/kf-learner";
+  if (access(bin.c_str(), X_OK) != 0) throw Error("launch: " + bin + " is not built (run ./setup.sh)");
+  // Checkpoint shards go to the head's run folder, which this node must see (a shared file
+  // system): wait for the head to create it rather than write shards nobody will read.
+  const std::string name = cfg.get_string("run.name");
+  const std::string head_dir = cfg.get_string("run.root") + "/" + name;
+  const auto deadline = Clock::now() + co.gone_after;
+  while (access((head_dir + "/config.yaml").c_str(), R_OK) != 0) {
+    if (Clock::now() > deadline)
+      throw Error("launch: learners node " + co.node_name + ": the head's run folder " + head_dir +
+                  " (its config.yaml) is not visible here after " + std::to_string(co.gone_after.count() / 1000) +
+                  " s; learner ranks keep their checkpoint shards there, so the nodes need a shared file system "
+                  "(and the head must be started with the same run.name)");
+    if (signals && signals->load() > 0) return 1;
+    std::this_thread::sleep_for(200ms);
+  }
+  std::vector<std::string> gpu_ids;
+  if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES"); v && *v) {
+    std::string cur;
+    for (char ch : std::string(v) + ",") {
+      if (ch == ',') {
+        if (!cur.empty()) gpu_ids.push_back(cur);
+        cur.clear();
+      } else if (ch != ' ') {
+        cur += ch;
+      }
+    }
+  }
+  for (int g = static_cast<int>(gpu_ids.size()); g < co.learner_ranks; ++g) gpu_ids.push_back(std::to_string(g));
+  Supervisor sup;
+  const int first = co.first_learner_rank();
+  for (int i = 0; i < co.learner_ranks; ++i) {
+    WorkerSpec w;
+    w.role = "learner";
+    w.id = first + i;
+    w.argv = {bin, run.path() + "/config.yaml", "--run", name, "--run-dir", head_dir, "--rank", std::to_string(first + i),
+              "--device", "cuda:0", "--rendezvous", "redis", "--remote-from", std::to_string(co.head_ranks()),
+              "--final-checkpoint"};
+    if (resumed) w.argv.push_back("--resume");
+    w.env.push_back("CUDA_VISIBLE_DEVICES=" + gpu_ids[static_cast<std::size_t>(i)]);
+    w.env.push_back("NCCL_NVLS_ENABLE=0");
+    w.log_path = run.sub("logs") + "/learner-" + std::to_string(first + i) + ".out";
+    sup.add(w);
+  }
+  log_info("launch: learners node ", co.node_name, ": learner ranks ", first, "..", first + co.learner_ranks - 1, " of ",
+           co.learner_world, " (NCCL; rendezvous and groups through redis at ", co.host, ":", co.port,
+           "), checkpoints in ", head_dir, "; logs in ", run.sub("logs"));
+  for (std::size_t i = 0; i < sup.workers().size(); ++i) {
+    sup.start(i);
+    log_info("launch: started ", sup.workers()[i].name(), " pid ", sup.workers()[i].pid);
+  }
+  int handled = 0;
+  bool failed = false;
+  for (;;) {
+    const int sig = signals ? signals->load() : 0;
+    if (sig > handled) {
+      handled = sig;
+      log_info("launch: stop signal: ", sig >= 2 ? "killing the learner ranks now" : "the learner ranks checkpoint and exit");
+      sup.signal_role("", sig >= 2 ? SIGKILL : SIGTERM);
+    }
+    for (const auto& e : sup.reap()) {
+      Worker& w = sup.workers()[e.index];
+      if (e.ok()) {
+        log_info("launch: ", w.name(), " exited normally");
+        continue;
+      }
+      failed = true;
+      log_error("launch: ", w.name(), " ", describe_exit(e), " (log ", w.spec.log_path,
+                "); not restarted: the run's other ranks cannot go on without it, so the head stops the run "
+                "(resume every node with --resume)");
+    }
+    if (sup.running() == 0) break;
+    std::this_thread::sleep_for(100ms);
+  }
+  log_info("launch: learners node ", co.node_name, " finished", failed ? " (a learner rank failed)" : "", "; logs in ",
+           run.sub("logs"));
+  return failed ? 1 : 0;
+}
 
 int run_evaluator_node(const Config& cfg, const RunDir& run, const std::string& binary_dir,
                        const std::atomic<int>* signals) {

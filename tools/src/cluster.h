@@ -6,6 +6,8 @@
 //                             and a RemoteBridge thread; cluster.head_evaluators local evaluators
 //   cluster.role = evaluators the launcher starts N `kf-evaluator --remote` processes
 //                             (run_evaluator_node) and restarts them; no shared memory
+//   cluster.role = learners   the launcher starts learner ranks whose groups come from the
+//                             head's rank 0 through Redis (run_learner_node); NCCL only
 //   tools/launch CONFIG --slurm  maps SLURM_NODEID to a role (slurm_plan) and, outside a job
 //                             step, execs the srun line that starts one launcher per node
 //
@@ -42,7 +44,16 @@ struct ClusterOptions {
   uint64_t bound = 512;
   std::chrono::milliseconds claim_idle{120000};
   std::chrono::milliseconds gone_after{60000};
+  // Learner ranks on several nodes: the head runs ranks [0, head_learner_ranks) (0: all of
+  // learner.dist.ranks), learners node i runs learner_ranks ranks from first_learner_rank().
+  int learner_world = 1;             // learner.dist.ranks
+  int head_learner_ranks = 0;
+  int learner_ranks = 1;
+  int learner_node_index = 0;
   bool remote() const { return role != "all"; }
+  int head_ranks() const { return head_learner_ranks > 0 ? head_learner_ranks : learner_world; }
+  bool learners_split() const { return head_ranks() < learner_world; }
+  int first_learner_rank() const { return head_ranks() + learner_node_index * learner_ranks; }
 };
 
 // From cluster.* (throws kf::Error naming the key, or the environment variable of
@@ -120,6 +131,18 @@ class RemoteBridge {
 // What an evaluator node needs before it starts (evaluator keys, tasks.dir, run name,
 // cluster keys and the password); throws kf::Error naming the key.
 void preflight_evaluator_node(const Config& cfg);
+
+// What a learners node needs before it starts (the layout of ranks, NCCL on CUDA, the
+// password); throws kf::Error naming the key.
+void preflight_learner_node(const Config& cfg);
+
+// --- learners node: run its learner ranks (`kf-learner --rendezvous redis --remote-from K`,
+// checkpoints in the head's run folder <run.root>/<run.name>, which must be shared) until
+// they have all exited (the head's run stopped) or a stop signal. A rank that dies is not
+// restarted: the other ranks cannot go on without it (the head stops the run; resume
+// every node with --resume). Exit 0 when every rank exited 0, else 1.
+int run_learner_node(const Config& cfg, const RunDir& run, const std::string& binary_dir, bool resumed,
+                     const std::atomic<int>* signals);
 
 // --- evaluator node: supervise `kf-evaluator --remote` processes until they have all
 // exited 0 (the head's server gone for cluster.redis.gone_after_s) or a stop signal.

@@ -9,7 +9,9 @@
 //                                      of those maps SLURM_NODEID to cluster.role (node 0 head)
 // cluster.role evaluators: no shared memory; N `kf-evaluator --remote` processes take
 // candidates from the head's Redis server (cluster.h, run_evaluator_node), in the run
-// folder <run.root>/<run.name>.<node name>.
+// folder <run.root>/<run.name>.<node name>. cluster.role learners: learner ranks that meet
+// the head's over NCCL and get their groups from its rank 0 (run_learner_node); the
+// launcher's logs in <run.root>/<run.name>.<node name>, checkpoints in the head's folder.
 // Validates the config and the task selection before anything starts, creates the run
 // directory and the run's shared memory, spawns the evaluators (one per GPU, pinned),
 // the actors and the learner ranks, moves results from the result queue into the
@@ -195,6 +197,8 @@ int main(int argc, char** argv) {
     }
     if (cfg.get_string("cluster.role") == "evaluators") {
       kf::launch::preflight_evaluator_node(cfg);
+    } else if (cfg.get_string("cluster.role") == "learners") {
+      kf::launch::preflight_learner_node(cfg);
     } else {
       kf::launch::preflight(cfg);
       if (!resume.empty()) check_resumable(run_path);
@@ -216,8 +220,9 @@ int main(int argc, char** argv) {
   signal(SIGPIPE, SIG_IGN);
 
   try {
-    const bool evaluator_node = cfg.get_string("cluster.role") == "evaluators";
-    // An evaluator node keeps its logs in a folder of its own beside the head's run.
+    const bool learner_node = cfg.get_string("cluster.role") == "learners";
+    const bool evaluator_node = cfg.get_string("cluster.role") == "evaluators" || learner_node;
+    // An evaluator (or learners) node keeps its logs in a folder of its own beside the head's run.
     kf::RunDir run = evaluator_node ? kf::RunDir::create(cfg.get_string("run.root"),
                                                          cfg.get_string("run.name") + "." +
                                                              kf::launch::cluster_options(cfg).node_name)
@@ -236,6 +241,7 @@ int main(int argc, char** argv) {
     lo.binary_dir = kf::launch::binary_dir(argv[0]);
     lo.resumed = !resume.empty();
     lo.signals = &g_signals;
+    if (learner_node) return kf::launch::run_learner_node(cfg, run, lo.binary_dir, lo.resumed, &g_signals);
     if (evaluator_node) return kf::launch::run_evaluator_node(cfg, run, lo.binary_dir, &g_signals);
     if (cfg.get_string("launch.mode") == "serial") return kf::launch::run_serial(cfg, run, lo);
     kf::launch::Launcher launcher(cfg, run, lo);

@@ -113,9 +113,11 @@ void preflight(const Config& cfg) {
     if (cfg.get_float(k) <= 0) throw Error(std::string(k) + ": must be > 0");
   if (cfg.get_int("launch.stats_window") < 1) throw Error("launch.stats_window: must be >= 1");
   const int gpus = cuda_device_count();
-  if (lc.ranks > 1 && gpus > 0 && lc.ranks > gpus)
-    throw Error("learner.dist.ranks: " + std::to_string(lc.ranks) + " ranks but " + std::to_string(gpus) +
-                " visible GPUs");
+  // The ranks this node runs (cluster.head_learner_ranks puts the rest on learners nodes).
+  const int local_ranks = cluster_options(cfg).head_ranks();
+  if (local_ranks > 1 && gpus > 0 && local_ranks > gpus)
+    throw Error((local_ranks < lc.ranks ? "cluster.head_learner_ranks: " : "learner.dist.ranks: ") +
+                std::to_string(local_ranks) + " ranks on this node but " + std::to_string(gpus) + " visible GPUs");
   if (ao.device.rfind("cuda", 0) == 0 && gpus == 0)
     throw Error("actors.device: " + ao.device + " but no GPU is visible (use cpu)");
 }
@@ -247,12 +249,16 @@ void Launcher::Impl::plan_workers() {
     w.log_path = out_log("actor", i);
     sup.add(w);
   }
-  for (int r = 0; r < learner_ranks; ++r) {
+  // Ranks [head_ranks, learner_ranks) run on learners nodes: these meet them through the
+  // Redis server and rank 0 takes their groups for them (kf-learner --remote-from).
+  for (int r = 0; r < cluster.head_ranks(); ++r) {
     WorkerSpec w;
     w.role = "learner";
     w.id = r;
     w.argv = {bin("learner/kf-learner"), config, "--run", name, "--run-dir", run.path(), "--rank", std::to_string(r),
               "--final-checkpoint"};
+    if (cluster.learners_split())
+      w.argv.insert(w.argv.end(), {"--rendezvous", "redis", "--remote-from", std::to_string(cluster.head_ranks())});
     if (opts.resumed) w.argv.push_back("--resume");  // weights, optimizer, replay and kernel DB
     if (pin) w.cpus = rest, w.env.push_back("OMP_NUM_THREADS=" + std::to_string(share));
     if (backend == tasks::Backend::CUDA) w.env.push_back("NCCL_NVLS_ENABLE=0");
