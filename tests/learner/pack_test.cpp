@@ -213,7 +213,7 @@ struct StepRun {
   std::unique_ptr<Learner> learner;
 };
 
-StepRun one_step(const LearnerConfig& c) {
+StepRun one_step(const LearnerConfig& c, torch::Device dev = torch::kCPU) {
   StepRun r;
   r.comm = make_local_comm();
   r.src = std::make_unique<SyntheticSource>(varied_lengths());
@@ -221,6 +221,7 @@ StepRun one_step(const LearnerConfig& c) {
   LearnerDeps d;
   d.comm = r.comm.get();
   d.source = r.src.get();
+  d.device = dev;
   r.learner = std::make_unique<Learner>(c, d);
   r.st = r.learner->step();
   r.model = r.learner->model();
@@ -265,6 +266,39 @@ TEST(LearnerPackTest, PackedStepEqualsPaddedStep) {
     std::printf("%s: %lld micro-batches packed, %lld padded (padding %.1f %%); loss %.9g vs %.9g\n", k.name,
                 static_cast<long long>(p.st.micro_batches), static_cast<long long>(u.st.micro_batches),
                 100 * u.st.padding_fraction, p.st.loss, u.st.loss);
+  }
+}
+
+// On a GPU under bf16 autocast: the per-sequence causal attention (flash kernels on narrowed
+// views) against the padded rows' masked attention. bf16 rounding differs between the two
+// layouts, so the bars are bf16's: losses to 1e-2 relative, gradients by cosine > 0.99.
+TEST(LearnerPackTest, CudaPackedStepMatchesPaddedUnderBf16Autocast) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device: packed attention under autocast runs only on a GPU";
+  for (bool recompute : {false, true}) {
+    SCOPED_TRACE(recompute ? "layers recomputed" : "activations kept");
+    auto cp = step_config(true), cu = step_config(false);
+    for (auto* c : {&cp, &cu}) {
+      c->deterministic = false;
+      c->optim.grad_clip = 0;
+      c->gradient_checkpointing = recompute;
+      c->grpo.aggregation = Aggregation::sequence;
+    }
+    auto p = one_step(cp, torch::kCUDA), u = one_step(cu, torch::kCUDA);
+    ASSERT_TRUE(p.st.updated && u.st.updated);
+    EXPECT_EQ(p.st.padding_fraction, 0.0);
+    EXPECT_NEAR(p.st.loss, u.st.loss, 1e-2 * std::max(1e-2, std::abs(u.st.loss)));
+    double dot = 0, na = 0, nb = 0;
+    auto pu = u.model->named_parameters();
+    for (const auto& q : p.model->named_parameters()) {
+      const auto a = q.value().grad().to(torch::kFloat64), b = pu[q.key()].grad().to(torch::kFloat64);
+      dot += (a * b).sum().item<double>();
+      na += a.pow(2).sum().item<double>();
+      nb += b.pow(2).sum().item<double>();
+    }
+    const double cosine = dot / std::sqrt(na * nb);
+    std::printf("CUDA bf16 autocast, packed vs padded: loss %.6g vs %.6g, gradient cosine %.5f\n", p.st.loss, u.st.loss,
+                cosine);
+    EXPECT_GT(cosine, 0.99);
   }
 }
 
@@ -450,4 +484,42 @@ TEST(LearnerBf16Test, ParamDtypeIsCheckedAndNamed) {
   } catch (const kf::Error& e) {
     EXPECT_NE(std::string(e.what()).find("learner.param_dtype"), std::string::npos) << e.what();
   }
+}
+
+// On a GPU: param_dtype auto with a sharded optimizer holds bf16 weights (fp32 masters in
+// the optimizer) and trains like fp32 weights under the same bf16 autocast: the forward
+// matmuls are bf16 either way, so the losses agree closely.
+TEST(LearnerBf16Test, CudaShardedAutoHoldsBf16WeightsAndTracksFp32) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device: bf16 weights under autocast run only on a GPU";
+  lt::TempDir tmp;
+  save_bf16_exact_base(tmp.path + "/base");
+  auto run = [&](const std::string& dtype, ShardMode shard, std::vector<double>* losses) {
+    auto comm = make_local_comm();
+    FixedBatchSource src(varied_lengths());
+    LearnerDeps d;
+    d.comm = comm.get();
+    d.source = &src;
+    d.device = torch::Device(torch::kCUDA);
+    auto c = bf16_config(dtype);
+    c.policy = tmp.path + "/base";
+    c.deterministic = false;
+    c.shard = shard;
+    Learner l(c, d);
+    for (const auto& p : l.model()->parameters())
+      EXPECT_EQ(p.scalar_type(), dtype == "fp32" ? torch::kFloat32 : torch::kBFloat16);
+    for (int i = 0; i < 8; ++i) {
+      const auto st = l.step();
+      ASSERT_TRUE(st.updated);
+      ASSERT_TRUE(std::isfinite(st.loss) && std::isfinite(st.grad_norm));
+      losses->push_back(st.loss);
+    }
+  };
+  std::vector<double> l32, l16;
+  run("fp32", ShardMode::none, &l32);
+  run("auto", ShardMode::optimizer, &l16);
+  const double drop32 = l32.front() - l32.back(), drop16 = l16.front() - l16.back();
+  std::printf("CUDA: loss %.5f -> %.5f (fp32 weights), %.5f -> %.5f (bf16 weights, sharded optimizer)\n", l32.front(),
+              l32.back(), l16.front(), l16.back());
+  EXPECT_GT(drop32, 0);
+  EXPECT_NEAR(drop16, drop32, 0.2 * drop32);
 }
