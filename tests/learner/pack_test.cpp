@@ -462,6 +462,40 @@ TEST(LearnerBf16Test, ExactResumeWithBf16WeightsIsBitwise) {
   }
 }
 
+// A checkpoint written with fp32 weights resumes into bf16 weights whose masters are the
+// fp32 weights exactly (not their bf16 rounding).
+TEST(LearnerBf16Test, Fp32CheckpointResumesIntoBf16WeightsWithExactMasters) {
+  lt::TempDir tmp;
+  auto make = [&](const std::string& dtype, std::unique_ptr<Communicator>& comm, SyntheticSource& src) {
+    comm = make_local_comm();
+    LearnerDeps d;
+    d.comm = comm.get();
+    d.source = &src;
+    d.checkpoint_dir = tmp.path + "/" + dtype;
+    return std::make_unique<Learner>(bf16_config(dtype), d);
+  };
+  std::string ck32;
+  {
+    std::unique_ptr<Communicator> comm;
+    SyntheticSource src(varied_lengths());
+    auto l = make("fp32", comm, src);
+    for (int i = 0; i < 2; ++i) l->step();
+    ck32 = l->checkpoint();
+  }
+  std::unique_ptr<Communicator> comm;
+  SyntheticSource src(varied_lengths());
+  auto l = make("bf16", comm, src);
+  l->load_checkpoint(ck32, false);
+  const auto ck16 = l->checkpoint();
+  const auto w32 = read_tensors(ck32 + "/model.safetensors");
+  const auto opt16 = read_tensors(ck16 + "/optimizer.safetensors");
+  for (const auto& [name, w] : w32) {
+    ASSERT_EQ(w.scalar_type(), torch::kFloat32);
+    ASSERT_TRUE(opt16.count(name + ".master")) << name;
+    EXPECT_TRUE(torch::equal(opt16.at(name + ".master"), w)) << name << ": master is not the fp32 weight";
+  }
+}
+
 TEST(LearnerBf16Test, ParamDtypeIsCheckedAndNamed) {
   try {
     (void)learner_config_from(kf::Config::parse("learner:\n  param_dtype: fp16\n", "run.yaml"));
