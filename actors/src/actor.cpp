@@ -542,6 +542,13 @@ std::string Actor::metrics_json() const {
   j["prompts_truncated"] = m_.prompts_truncated;
   j["exemplars_dropped"] = m_.exemplars_dropped;
   j["no_exemplar_prompts"] = m_.no_exemplar_prompts;
+  if (engine_) {
+    const auto es = engine_->stats();
+    j["engine_groups_in_flight"] = in_flight_.size();
+    j["engine_kv_blocks_peak"] = es.blocks_peak_used;
+    j["engine_kv_blocks_total"] = es.blocks_total;
+    j["engine_mean_batch"] = es.decode_steps ? double(es.decode_rows) / double(es.decode_steps) : 0.0;
+  }
   return j.dump();
 }
 
@@ -597,6 +604,9 @@ void Actor::run(const std::atomic<bool>* stop) {
       last = Clock::now();
     }
   }
+  if (!in_flight_.empty())
+    log_info("actor ", opts_.id, ": stopping with ", in_flight_.size(),
+             " group(s) still decoding in the engine; they were never opened in replay and are dropped");
   report();
 }
 

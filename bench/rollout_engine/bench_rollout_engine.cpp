@@ -52,15 +52,17 @@ void row(const std::string& c, const std::string& metric, double v, const std::s
 
 int main(int argc, char** argv) {
   CLI::App app{"rollout engine benchmark"};
-  std::string shape = "tiny", device = "auto", conc = "64,128,256", name;
-  int64_t prompt = 2048, completion = 4096, group = 8, block = 16, kv_mb = 0, check_every = 8, baseline_groups = 2;
+  // Defaults (bench/run_all runs it without flags): a quick smoke run of the tiny shape,
+  // larger on CUDA. The figures of docs/actors.md come from gpu_rollout_engine.sh.
+  std::string shape = "tiny", device = "auto", conc, name;
+  int64_t prompt = 0, completion = 0, group = 8, block = 16, kv_mb = 0, check_every = 8, baseline_groups = 2;
   int64_t baseline_completion = 0;
   bool no_baseline = false, no_graph = false;
   app.add_option("--shape", shape, "tiny, qwen2.5-0.5b or an HF config.json (configs/shapes/)");
   app.add_option("--device", device, "cpu, cuda (auto: cuda when available)");
-  app.add_option("--prompt", prompt, "prompt tokens");
-  app.add_option("--completion", completion, "completion tokens per sequence");
-  app.add_option("--concurrency", conc, "concurrent sequences, comma-separated");
+  app.add_option("--prompt", prompt, "prompt tokens (default: 64 on CPU, 2048 on CUDA)");
+  app.add_option("--completion", completion, "completion tokens per sequence (default: 32 on CPU, 512 on CUDA)");
+  app.add_option("--concurrency", conc, "concurrent sequences, comma-separated (default: 16,32 on CPU, 64,128,256 on CUDA)");
   app.add_option("--group", group, "samples per prompt (G)");
   app.add_option("--block-size", block, "KV block size, tokens");
   app.add_option("--kv-budget-mb", kv_mb, "engine KV pool (0: every sequence at full length, + 5%)");
@@ -73,6 +75,9 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
 
   const torch::Device dev(device == "auto" ? (torch::cuda::is_available() ? "cuda" : "cpu") : device);
+  if (prompt <= 0) prompt = dev.is_cuda() ? 2048 : 64;
+  if (completion <= 0) completion = dev.is_cuda() ? 512 : 32;
+  if (conc.empty()) conc = dev.is_cuda() ? "64,128,256" : "16,32";
   const auto cfg = named_model_shape(shape);
   if (name.empty()) {
     name = shape.substr(shape.find_last_of('/') + 1);

@@ -9,14 +9,16 @@
 # Completion lengths are chosen so that the runs (build excluded) finish in < 500 s on one
 # H200: C15 (default 1024) tokens for the 1.5B shape, C7 (default 512) for the 7B; plus one
 # engine-only run of the 1.5B shape at 128 sequences to the full 4096 (LONG=0 skips it).
-# Env: C15, C7, LONG, BASE_GROUPS (2), KF_PYTHON.
+# Memory: the 7B shape at 256 sequences needs about 100 GB (KV pool, the engine's working
+# copy, weights): an H200. On an 80 GB card set CONC7=64,128.
+# Env: C15, C7, CONC7 (64,128,256), LONG, BASE_GROUPS (2), KF_PYTHON.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUTDIR=${OUT:-$PWD/gpu-rollout-engine-out}; mkdir -p "$OUTDIR"
 PY=${KF_PYTHON:-/opt/torch/.venv/bin/python3}; [ -x "$PY" ] || PY=$(command -v python3)
 export PATH=/usr/local/cuda/bin:$(dirname "$PY"):$PATH PYTHONUNBUFFERED=1 TRANSFORMERS_VERBOSITY=error
 B=build-gpu-rollout-engine
-C15=${C15:-1024}; C7=${C7:-512}; LONG=${LONG:-1}; BG=${BASE_GROUPS:-2}
+C15=${C15:-1024}; C7=${C7:-512}; CONC7=${CONC7:-64,128,256}; LONG=${LONG:-1}; BG=${BASE_GROUPS:-2}
 DEPS=(); [ -d .deps/usr ] && DEPS=(-DKF_DEPS_PREFIX="$PWD/.deps/usr") && export LD_LIBRARY_PATH="$PWD/.deps/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUTDIR/gpus.txt"
 echo "== configure + build (bench_rollout_engine)"
@@ -41,8 +43,8 @@ S15=configs/shapes/qwen2.5-coder-1.5b.json
 S7=configs/shapes/qwen2.5-coder-7b.json
 run engine_1p5b 150 $BENCH --shape $S15 --device cuda --prompt 2048 --completion "$C15" --concurrency 64,128,256 --baseline-groups "$BG"
 run hf_1p5b     120 "$PY" bench/rollout_engine/hf_generate_bench.py --shape $S15 --prompt 2048 --completion "$C15" --concurrency 64,128,256
-run engine_7b   150 $BENCH --shape $S7 --device cuda --prompt 2048 --completion "$C7" --concurrency 64,128,256 --baseline-groups "$BG"
-run hf_7b       120 "$PY" bench/rollout_engine/hf_generate_bench.py --shape $S7 --prompt 2048 --completion "$C7" --concurrency 64,128,256
+run engine_7b   150 $BENCH --shape $S7 --device cuda --prompt 2048 --completion "$C7" --concurrency "$CONC7" --baseline-groups "$BG"
+run hf_7b       120 "$PY" bench/rollout_engine/hf_generate_bench.py --shape $S7 --prompt 2048 --completion "$C7" --concurrency "$CONC7"
 if [ "$LONG" = 1 ]; then
   run engine_1p5b_4k 120 $BENCH --shape $S15 --device cuda --prompt 2048 --completion 4096 --concurrency 128 --no-baseline --name qwen2.5-coder-1.5b-4k
 fi

@@ -32,7 +32,7 @@ def main():
     dtype = torch.bfloat16 if a.device.startswith("cuda") else torch.float32
     torch.manual_seed(1)
     with torch.device(a.device):
-        model = AutoModelForCausalLM.from_config(cfg, torch_dtype=dtype)
+        model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
     model.eval()
     kv_per_token = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * (cfg.hidden_size // cfg.num_attention_heads) * (2 if dtype == torch.bfloat16 else 4)
     g = torch.Generator().manual_seed(5)

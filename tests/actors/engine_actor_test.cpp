@@ -121,12 +121,17 @@ TEST(ActorEngineTest, GroupsInFlightArePushedWholeAndSnapshotsWaitForThemToFinis
     if (c.policy_version == 1) seen_v1 = true;
     else EXPECT_FALSE(seen_v1) << "a v0 group was pushed after v1 loaded";
   }
+  // Groups were in flight at the publish: the first pushed after it is v0's, sampled by
+  // v0's weights to its end (the snapshot waited for it).
+  ASSERT_EQ(after.front().policy_version, 0);
+  EXPECT_LT(logprob_gap(v0.model, after.front(), opts.temperature), 1e-4) << "an in-flight group saw new weights";
   // The last candidate is v1's: its log-probs are v1's, not v0's (no mixed weights).
   ASSERT_EQ(after.back().policy_version, 1);
   EXPECT_LT(logprob_gap(v1.model, after.back(), opts.temperature), 1e-4);
   EXPECT_GT(logprob_gap(v0.model, after.back(), opts.temperature), 1e-2);
   EXPECT_TRUE(seen_v1);
   EXPECT_EQ(actor.metrics().candidates, actor.metrics().pushed);
+  EXPECT_NE(actor.metrics_json().find("\"engine_kv_blocks_peak\""), std::string::npos) << actor.metrics_json();
 }
 
 TEST(ActorEngineTest, EngineKeysAreReadAndCheckedFromTheConfig) {
