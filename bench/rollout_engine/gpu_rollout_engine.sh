@@ -11,7 +11,9 @@
 # engine-only run of the 1.5B shape at 128 sequences to the full 4096 (LONG=0 skips it).
 # Memory: the 7B shape at 256 sequences needs about 100 GB (KV pool, the engine's working
 # copy, weights): an H200. On an 80 GB card set CONC7=64,128.
-# Env: C15, C7, CONC7 (64,128,256), LONG, BASE_GROUPS (2), KF_PYTHON.
+# The build (first call only; the build folder is reused) can take minutes: BUILD_ONLY=1
+# stops after it, so the timed runs get a device call of their own.
+# Env: C15, C7, CONC7 (64,128,256), LONG, BASE_GROUPS (2), BUILD_ONLY, KF_PYTHON.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUTDIR=${OUT:-$PWD/gpu-rollout-engine-out}; mkdir -p "$OUTDIR"
@@ -28,6 +30,7 @@ timeout 120 cmake -S . -B $B -G Ninja -DKF_PYTHON="$PY" -DCMAKE_CUDA_ARCHITECTUR
 timeout 400 cmake --build $B -j "$(nproc)" --target bench_rollout_engine > "$OUTDIR/build.log" 2>&1 \
   || { grep -m20 -B2 -A5 "error" "$OUTDIR/build.log"; exit 1; }
 BENCH=$B/bench/rollout_engine/bench_rollout_engine
+[ "${BUILD_ONLY:-0}" = 1 ] && { echo "== built $BENCH"; exit 0; }
 rows="$OUTDIR/rows.txt"; : > "$rows"
 rc=0
 T0=$(date +%s)
