@@ -13,6 +13,8 @@
 // learner.logit_chunk_tokens (policy::chunked_logprobs). With learner.lora.rank > 0 the
 // base is frozen (bf16 under autocast) and only the adapters are trainable parameters:
 // the optimizer, the gradient all-reduce, weights_checksum() and snapshots see adapters.
+// Full fine-tuning trains fp32 weights, or bf16 weights whose fp32 masters live in the
+// optimizer (learner.param_dtype).
 // A step in which no rank has usable data changes nothing and returns updated=false.
 // Every rank keeps identical weights: rank 0's initial weights are broadcast, and the
 // all-reduced gradients are bitwise identical on every rank (weights_checksum()).
