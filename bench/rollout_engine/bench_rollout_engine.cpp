@@ -73,6 +73,7 @@ int main(int argc, char** argv) {
   app.add_flag("--no-graph", no_graph, "engine: eager decode steps on CUDA");
   app.add_option("--name", name, "case name prefix (default: the shape's file name)");
   CLI11_PARSE(app, argc, argv);
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // rows survive a time limit's kill
 
   const torch::Device dev(device == "auto" ? (torch::cuda::is_available() ? "cuda" : "cpu") : device);
   if (prompt <= 0) prompt = dev.is_cuda() ? 2048 : 64;

@@ -9,6 +9,7 @@
 # Completion lengths are chosen so that the runs (build excluded) finish in < 500 s on one
 # H200: C15 (default 1024) tokens for the 1.5B shape, C7 (default 512) for the 7B; plus one
 # engine-only run of the 1.5B shape at 128 sequences to the full 4096 (LONG=0 skips it).
+# Each run has a time limit (100+140+100+100+60 = 500 s), so a slow one cannot overrun.
 # Memory: the 7B shape at 256 sequences needs about 100 GB (KV pool, the engine's working
 # copy, weights): an H200. On an 80 GB card set CONC7=64,128.
 # The build (first call only; the build folder is reused) can take minutes: BUILD_ONLY=1
@@ -44,12 +45,12 @@ run() {  # name, limit seconds, command...
 }
 S15=configs/shapes/qwen2.5-coder-1.5b.json
 S7=configs/shapes/qwen2.5-coder-7b.json
-run engine_1p5b 150 $BENCH --shape $S15 --device cuda --prompt 2048 --completion "$C15" --concurrency 64,128,256 --baseline-groups "$BG"
-run hf_1p5b     120 "$PY" bench/rollout_engine/hf_generate_bench.py --shape $S15 --prompt 2048 --completion "$C15" --concurrency 64,128,256
-run engine_7b   150 $BENCH --shape $S7 --device cuda --prompt 2048 --completion "$C7" --concurrency "$CONC7" --baseline-groups "$BG"
-run hf_7b       120 "$PY" bench/rollout_engine/hf_generate_bench.py --shape $S7 --prompt 2048 --completion "$C7" --concurrency "$CONC7"
+run engine_1p5b 100 $BENCH --shape $S15 --device cuda --prompt 2048 --completion "$C15" --concurrency 64,128,256 --baseline-groups "$BG"
+run hf_1p5b     140 "$PY" bench/rollout_engine/hf_generate_bench.py --shape $S15 --prompt 2048 --completion "$C15" --concurrency 64,128,256
+run engine_7b   100 $BENCH --shape $S7 --device cuda --prompt 2048 --completion "$C7" --concurrency "$CONC7" --baseline-groups "$BG"
+run hf_7b       100 "$PY" bench/rollout_engine/hf_generate_bench.py --shape $S7 --prompt 2048 --completion "$C7" --concurrency "$CONC7"
 if [ "$LONG" = 1 ]; then
-  run engine_1p5b_4k 120 $BENCH --shape $S15 --device cuda --prompt 2048 --completion 4096 --concurrency 128 --no-baseline --name qwen2.5-coder-1.5b-4k
+  run engine_1p5b_4k 60 $BENCH --shape $S15 --device cuda --prompt 2048 --completion 4096 --concurrency 128 --no-baseline --name qwen2.5-coder-1.5b-4k
 fi
 echo "== runs took $(( $(date +%s) - T0 )) s"
 echo "== speedups at equal completion length (tokens/s ratios)"
