@@ -248,6 +248,19 @@ TEST(LearnerPackTest, PackedStepEqualsPaddedStep) {
       c->grpo.kl_coef = k.obj == Objective::grpo ? 0.0 : 0.05;
       c->optim.grad_clip = 0;  // compare raw gradients
     }
+    {  // the step's data has a sequence longer than half the budget, and very short ones
+      SyntheticSource probe(varied_lengths());
+      std::size_t longest = 0, shortest = 1 << 20;
+      for (int64_t k = 0; k < cp.groups_per_step; ++k) {
+        const auto g = probe.make_group(0, k, 0, cp.max_staleness);
+        for (const auto& c : g.candidates) {
+          longest = std::max(longest, g.prompt_tokens.size() + c.completion_tokens.size());
+          shortest = std::min(shortest, g.prompt_tokens.size() + c.completion_tokens.size());
+        }
+      }
+      ASSERT_GT(longest, static_cast<std::size_t>(cp.micro_batch_tokens / 2));
+      ASSERT_LT(shortest * 5, longest);
+    }
     auto p = one_step(cp), u = one_step(cu);
     ASSERT_TRUE(p.st.updated && u.st.updated);
     EXPECT_EQ(p.st.tokens, u.st.tokens);
