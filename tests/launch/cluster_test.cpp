@@ -10,6 +10,7 @@
 #include "kf/common/config.h"
 #include "kf/common/error.h"
 #include "kf/learner/comm.h"
+#include <torch/torch.h>
 
 namespace {
 using kf::launch::expand_nodelist;
@@ -131,16 +132,23 @@ TEST(LaunchClusterTest, LearnerRanksOnSeveralNodesNeedNcclAndAFittingLayout) {
   auto err = [&](const std::string& cluster, const std::string& more = "") {
     return error_of([&] { kf::launch::cluster_options(cfg(cluster, more)); });
   };
-  // The CPU backend: refused for the head and for a learners node.
+  // The cpu communicator (asked for, or all there is without a GPU): refused for the head
+  // and for a learners node; an evaluator node runs no learner rank and does not care.
   for (const char* role : {"head", "learners"}) {
-    const std::string e = err(std::string("role: ") + role + ", head_learner_ranks: 1");
+    const std::string e = err(std::string("role: ") + role + ", head_learner_ranks: 1", ", comm: cpu");
     EXPECT_NE(e.find("l.yaml"), std::string::npos) << e;
     EXPECT_NE(e.find("cluster.head_learner_ranks: 1 of learner.dist.ranks 3 on the head puts learner ranks on several "
-                     "nodes, which needs NCCL on CUDA (here run.backend cpu resolves to cpu, learner.dist.comm auto"),
+                     "nodes, which needs NCCL on CUDA (here "),
               std::string::npos)
         << e;
+    EXPECT_NE(e.find("learner.dist.comm cpu"), std::string::npos) << e;
     EXPECT_NE(e.find("the cpu communicator is one host's shared memory and cannot cross nodes"), std::string::npos) << e;
+    if (torch::cuda::device_count() == 0 || !torch::cuda::is_available()) {
+      const std::string no_gpu = err(std::string("role: ") + role + ", head_learner_ranks: 1");
+      EXPECT_NE(no_gpu.find("(here no GPU is visible on this node, learner.dist.comm auto"), std::string::npos) << no_gpu;
+    }
   }
+  EXPECT_EQ(err("role: evaluators, head_learner_ranks: 1", ", comm: cpu"), "");
   // The layout.
   EXPECT_NE(err("role: head, head_learner_ranks: 4").find("cluster.head_learner_ranks: 4 is more than learner.dist.ranks (3)"),
             std::string::npos);
@@ -155,25 +163,20 @@ TEST(LaunchClusterTest, LearnerRanksOnSeveralNodesNeedNcclAndAFittingLayout) {
   const auto all_on_head = kf::launch::cluster_options(cfg("role: head"));
   EXPECT_FALSE(all_on_head.learners_split());
   EXPECT_EQ(all_on_head.head_ranks(), 3);
-  // CUDA with the cpu communicator is refused too; with NCCL the layout is accepted.
-  const std::string cuda_cpu = error_of([&] {
-    kf::launch::cluster_options(kf::Config::parse(
-        "run: {backend: cuda}\nlearner: {dist: {ranks: 3, comm: cpu}}\ncluster: {role: head, head_learner_ranks: 1, "
-        "redis: {password_env: KF_TEST_LN_PW}}\n",
-        "c.yaml"));
-  });
-  EXPECT_NE(cuda_cpu.find("learner.dist.comm cpu"), std::string::npos) << cuda_cpu;
+  // With NCCL and a GPU the layout is accepted.
   const auto nccl_cfg = kf::Config::parse(
       "run: {backend: cuda}\nlearner: {dist: {ranks: 3, comm: nccl}}\ncluster: {role: learners, head_learner_ranks: 1, "
       "learner_ranks: 1, learner_node_index: 1, redis: {password_env: KF_TEST_LN_PW}}\n",
       "n.yaml");
-  if (kf::learner::nccl_available()) {
+  if (kf::learner::nccl_available() && torch::cuda::is_available()) {
     const auto o = kf::launch::cluster_options(nccl_cfg);
     EXPECT_TRUE(o.learners_split());
     EXPECT_EQ(o.first_learner_rank(), 2);
   } else {
     const std::string e = error_of([&] { kf::launch::cluster_options(nccl_cfg); });
-    EXPECT_NE(e.find("and this build has no NCCL"), std::string::npos) << e;
+    EXPECT_NE(e.find(kf::learner::nccl_available() ? "no GPU is visible" : "and this build has no NCCL"),
+              std::string::npos)
+        << e;
   }
 }
 

@@ -84,13 +84,15 @@ void check_learner_layout(const Config& cfg, const ClusterOptions& o) {
                                      std::to_string(o.first_learner_rank() + o.learner_ranks - 1) +
                                      ", beyond learner.dist.ranks " + R + " (cluster.head_learner_ranks " + k +
                                      ", cluster.learner_ranks " + std::to_string(o.learner_ranks) + " per node)");
-  const std::string backend = cfg.get_string("run.backend"), comm = cfg.get_string("learner.dist.comm");
-  const bool cuda = tasks::resolve_backend(backend) == tasks::Backend::CUDA;
-  if (!cuda || comm == "cpu" || !learner::nccl_available())
+  if (o.role != "head" && o.role != "learners") return;  // evaluator nodes run no learner rank
+  // The learner ranks of this node pick a GPU when one is visible (kf-learner --device auto).
+  const std::string comm = cfg.get_string("learner.dist.comm");
+  const int gpus = cuda_device_count();
+  if (gpus == 0 || comm == "cpu" || !learner::nccl_available())
     throw error_at(cfg.source(),
                    "cluster.head_learner_ranks: " + k + " of learner.dist.ranks " + R +
-                       " on the head puts learner ranks on several nodes, which needs NCCL on CUDA (here run.backend " +
-                       backend + (cuda ? "" : " resolves to cpu") + ", learner.dist.comm " + comm +
+                       " on the head puts learner ranks on several nodes, which needs NCCL on CUDA (here " +
+                       (gpus == 0 ? "no GPU is visible on this node, " : "") + "learner.dist.comm " + comm +
                        (learner::nccl_available() ? "" : ", and this build has no NCCL") +
                        "): the cpu communicator is one host's shared memory and cannot cross nodes");
 }
