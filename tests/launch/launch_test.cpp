@@ -992,3 +992,46 @@ TEST(LaunchClusterTest, WholeAllocationKilledThenResumedFinishes) {
   EXPECT_EQ(std::stoll(m[1]), std::stoll(m[2])) << log;
   EXPECT_EQ(std::stoll(m[3]) + std::stoll(m[4]) + std::stoll(m[5]), 0) << m[0];
 }
+
+// Learner ranks on two nodes (here two launchers on one host, each seeing one GPU): the
+// head runs rank 0 with the actor, the CPU evaluators and the Redis server; a learners node
+// runs rank 1, which meets rank 0 over NCCL through the Redis rendezvous and gets its groups
+// from it. The run reaches its step budget and both launchers end cleanly. Needs 2 GPUs.
+TEST(LaunchClusterTest, HeadAndLearnersNodeTrainTogetherOverNccl) {
+  NEED_LAUNCH();
+  if (!torch::cuda::is_available() || torch::cuda::device_count() < 2)
+    GTEST_SKIP() << "needs 2 CUDA devices (learner ranks on two nodes talk over NCCL only)";
+  if (::access("/usr/bin/redis-server", X_OK) != 0 && !sh_ok("command -v redis-server"))
+    GTEST_SKIP() << "redis-server is not installed (setup.sh installs it)";
+  t::TempDir tmp("launch-learners");
+  const int port = 20000 + (getpid() + 4099) % 20000;
+  const std::string name = "ln" + std::to_string(getpid());
+  const int steps = 4;
+  const std::string cfg = write_config(tmp.path, steps,
+                                       "cluster:\n  head_learner_ranks: 1\n  learner_ranks: 1\n  redis: {port: " +
+                                           std::to_string(port) + ", gone_after_s: 60}\n");
+  ::setenv("KF_REDIS_PASSWORD", ("pw" + std::to_string(getpid()) + "L9").c_str(), 1);
+  const std::string run = tmp.path + "/runs/" + name;
+  const std::vector<std::string> common = {cfg, "--name", name, "--set", "learner.dist.ranks=2", "--set",
+                                           "learner.groups_per_step=2"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> a = common;
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  };
+  ::setenv("CUDA_VISIBLE_DEVICES", "0", 1);
+  auto head = start(with({"--set", "cluster.role=head"}), tmp.path + "/head.txt");
+  ::setenv("CUDA_VISIBLE_DEVICES", "1", 1);
+  auto node = start(with({"--set", "cluster.role=learners", "--set", "cluster.node_name=l1"}), tmp.path + "/l1.txt");
+  ::unsetenv("CUDA_VISIBLE_DEVICES");
+  const int head_exit = wait_for(head, 400);
+  const int node_exit = wait_for(node, 120);
+  const std::string rank1 = slurp(run + ".l1/logs/learner-1.out");
+  ASSERT_EQ(head_exit, 0) << slurp(tmp.path + "/head.txt") << slurp(run + "/logs/learner-0.out") << rank1;
+  EXPECT_EQ(node_exit, 0) << slurp(tmp.path + "/l1.txt") << rank1;
+  EXPECT_GE(learner_step(run), steps);
+  EXPECT_NE(slurp(run + "/logs/learner-0.out").find("serves the groups of ranks 1..1 through redis"), std::string::npos);
+  EXPECT_NE(rank1.find("NCCL rendezvous through redis at 127.0.0.1:" + std::to_string(port)), std::string::npos) << rank1;
+  EXPECT_NE(rank1.find("takes its groups from rank 0"), std::string::npos) << rank1;
+  EXPECT_NE(slurp(tmp.path + "/l1.txt").find("learner ranks 1..1 of 2"), std::string::npos) << slurp(tmp.path + "/l1.txt");
+}

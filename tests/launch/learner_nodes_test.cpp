@@ -131,6 +131,7 @@ TEST(LaunchLearnerNodesTest, TwoGpuRanksMeetThroughRedisAndTrainAsThroughAFolder
   so.password = "learnerNodesTestPw42";
   auto srv = kf::netqueue::RedisServer::start(so);
   ::setenv("KF_TEST_REDIS_PASSWORD", so.password.c_str(), 1);
+  ::setenv("NCCL_NVLS_ENABLE", "0", 1);  // NVLink multicast off, as tools/launch runs NCCL
   auto run2 = [&](const std::string& name, const std::string& rendezvous) {
     const auto cfg = write_config(tmp.path, name, 2, srv.port());
     std::vector<pid_t> pids;

@@ -257,8 +257,10 @@ void Launcher::Impl::plan_workers() {
     w.id = r;
     w.argv = {bin("learner/kf-learner"), config, "--run", name, "--run-dir", run.path(), "--rank", std::to_string(r),
               "--final-checkpoint"};
-    if (cluster.learners_split())
+    if (cluster.learners_split()) {
       w.argv.insert(w.argv.end(), {"--rendezvous", "redis", "--remote-from", std::to_string(cluster.head_ranks())});
+      if (backend != tasks::Backend::CUDA) w.env.push_back("NCCL_NVLS_ENABLE=0");  // NCCL even on a CPU-task run
+    }
     if (opts.resumed) w.argv.push_back("--resume");  // weights, optimizer, replay and kernel DB
     if (pin) w.cpus = rest, w.env.push_back("OMP_NUM_THREADS=" + std::to_string(share));
     if (backend == tasks::Backend::CUDA) w.env.push_back("NCCL_NVLS_ENABLE=0");
