@@ -31,6 +31,25 @@ torch::Tensor sum_squares(const torch::Tensor& g) {
   return total;
 }
 
+// The fused kernels (CUDA): torch's _fused_adamw_ does the loop's arithmetic per element in
+// one launch for a list of tensors (decoupled decay, lerp and addcmul moments, the
+// bias-corrected step); it reads, not increments, the step count.
+void fused_adamw(std::vector<torch::Tensor> w, std::vector<torch::Tensor> g, std::vector<torch::Tensor> m,
+                 std::vector<torch::Tensor> v, int64_t step, double lr, const OptimConfig& c) {
+  if (w.empty()) return;
+  const auto st = torch::full({}, static_cast<double>(step), w[0].options().dtype(torch::kFloat32));
+  const std::vector<torch::Tensor> steps(w.size(), st);
+  at::_fused_adamw_(w, g, m, v, {}, steps, lr, c.beta1, c.beta2, c.weight_decay, c.eps, /*amsgrad=*/false,
+                    /*maximize=*/false);
+}
+
+// Sum of the squares of every tensor's norm, fp64 (0-dim on the tensors' device), from one
+// _foreach_norm launch.
+torch::Tensor foreach_sum_squares(const std::vector<torch::Tensor>& gs) {
+  const auto norms = at::_foreach_norm(gs, 2);
+  return torch::stack(norms).to(torch::kFloat64).pow(2).sum();
+}
+
 std::string mib(int64_t bytes) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.1f MiB (%lld bytes)", static_cast<double>(bytes) / (1 << 20),
@@ -99,13 +118,19 @@ double AdamW::clip_grad_norm(double max_norm) {
   if (!shard_) {
     std::vector<torch::Tensor> ps;
     for (const auto& p : params_) ps.push_back(p.second);
-    return kf::learner::clip_grad_norm(ps, max_norm);
+    return kf::learner::clip_grad_norm(ps, max_norm, cfg_.fused_cuda);
   }
   torch::NoGradGuard ng;
   torch::Tensor total;
-  for (std::size_t b = 0; b < shard_->buckets(); ++b) {
-    const auto s = sum_squares(shard_->grad_shard(b));
-    total = total.defined() ? total + s : s;
+  if (fused() && shard_->buckets() > 0) {
+    std::vector<torch::Tensor> gs;
+    for (std::size_t b = 0; b < shard_->buckets(); ++b) gs.push_back(shard_->grad_shard(b));
+    total = foreach_sum_squares(gs);
+  } else {
+    for (std::size_t b = 0; b < shard_->buckets(); ++b) {
+      const auto s = sum_squares(shard_->grad_shard(b));
+      total = total.defined() ? total + s : s;
+    }
   }
   if (!total.defined())  // no parameters: a zero on the parameters' device
     total = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(
@@ -115,7 +140,13 @@ double AdamW::clip_grad_norm(double max_norm) {
   const double norm = std::sqrt(t.item<double>());
   if (max_norm > 0 && norm > max_norm) {
     const double scale = max_norm / (norm + 1e-6);
-    for (std::size_t b = 0; b < shard_->buckets(); ++b) shard_->grad_shard(b).mul_(scale);
+    if (fused()) {
+      std::vector<torch::Tensor> gs;
+      for (std::size_t b = 0; b < shard_->buckets(); ++b) gs.push_back(shard_->grad_shard(b));
+      at::_foreach_mul_(gs, scale);
+    } else {
+      for (std::size_t b = 0; b < shard_->buckets(); ++b) shard_->grad_shard(b).mul_(scale);
+    }
   }
   return norm;
 }
@@ -131,6 +162,12 @@ void AdamW::step_sharded(double lr) {
   for (std::size_t b = 0; b < shard_->buckets(); ++b) {
     auto& p = master_[b];
     const auto g = shard_->grad_shard(b).to(torch::kFloat32);
+    if (fused()) {  // one bucket per launch, so bucket b's gather still overlaps b+1's update
+      fused_adamw({p}, {g}, {exp_avg_[b]}, {exp_avg_sq_[b]}, steps_, lr, cfg_);
+      if (!master_is_param_) shard_->param_shard(b).copy_(p);
+      comm->all_gather_async(shard_->param_flat(b));
+      continue;
+    }
     if (cfg_.weight_decay != 0.0) p.mul_(1.0 - lr * cfg_.weight_decay);
     exp_avg_[b].lerp_(g, 1.0 - cfg_.beta1);
     exp_avg_sq_[b].mul_(cfg_.beta2).addcmul_(g, g, 1.0 - cfg_.beta2);
@@ -155,6 +192,27 @@ void AdamW::step(double lr) {
   const double bc2 = 1.0 - std::pow(cfg_.beta2, static_cast<double>(steps_));
   const double step_size = lr / bc1;
   const double bc2_sqrt = std::sqrt(bc2);
+  if (fused()) {
+    // fp32 gradients (fp32 parameters, or their masters' gradients in fp32 already) go to
+    // one launch; a bf16 gradient takes the loop, where its fp32 copy lives one tensor at a time.
+    std::vector<torch::Tensor> w, g, m, v;
+    bool all_fp32 = true;
+    for (std::size_t i = 0; i < params_.size() && all_fp32; ++i) {
+      const auto& g0 = params_[i].second.grad();
+      if (!g0.defined()) continue;
+      all_fp32 = g0.scalar_type() == torch::kFloat32;
+      w.push_back(param_master_[i].defined() ? param_master_[i] : params_[i].second);
+      g.push_back(g0);
+      m.push_back(exp_avg_[i]);
+      v.push_back(exp_avg_sq_[i]);
+    }
+    if (all_fp32) {
+      fused_adamw(w, g, m, v, steps_, lr, cfg_);
+      for (std::size_t i = 0; i < params_.size(); ++i)
+        if (param_master_[i].defined() && params_[i].second.grad().defined()) params_[i].second.copy_(param_master_[i]);
+      return;
+    }
+  }
   for (std::size_t i = 0; i < params_.size(); ++i) {
     auto& p = params_[i].second;
     const auto& g0 = p.grad();
@@ -275,20 +333,30 @@ void AdamW::load_param_value(const std::string& name, const torch::Tensor& value
   throw Error("parameter '" + name + "': not one the optimizer updates");
 }
 
-double clip_grad_norm(const std::vector<torch::Tensor>& params, double max_norm) {
+double clip_grad_norm(const std::vector<torch::Tensor>& params, double max_norm, bool fused_cuda) {
   torch::NoGradGuard ng;
   torch::Tensor total;
-  for (const auto& p : params) {
-    if (!p.grad().defined()) continue;
-    const auto s = sum_squares(p.grad());
-    total = total.defined() ? total + s : s;
+  std::vector<torch::Tensor> gs;
+  for (const auto& p : params)
+    if (p.grad().defined()) gs.push_back(p.grad());
+  const bool fused = fused_cuda && !gs.empty() && gs[0].is_cuda();
+  if (fused) {
+    total = foreach_sum_squares(gs);
+  } else {
+    for (const auto& g : gs) {
+      const auto s = sum_squares(g);
+      total = total.defined() ? total + s : s;
+    }
   }
   if (!total.defined()) return 0.0;
   const double norm = std::sqrt(total.item<double>());
   if (max_norm > 0 && norm > max_norm) {
     const double scale = max_norm / (norm + 1e-6);
-    for (const auto& p : params)
-      if (p.grad().defined()) p.grad().mul_(scale);
+    if (fused) {
+      at::_foreach_mul_(gs, scale);
+    } else {
+      for (auto& g : gs) g.mul_(scale);
+    }
   }
   return norm;
 }

@@ -37,6 +37,10 @@ struct PairwiseConfig {
 
 struct OptimConfig {
   double lr = 1e-6, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0, grad_clip = 1.0;
+  // CUDA: the update as one fused multi-tensor kernel and the gradient norm by
+  // _foreach_norm (the per-tensor loop made the optimizer 14 % of a 1.5B step). false:
+  // the per-tensor loop, the CPU's path always (tests compare the two).
+  bool fused_cuda = true;
 };
 
 struct ScheduleConfig {

@@ -70,6 +70,8 @@ class AdamW {
 
  private:
   void step_sharded(double lr);
+  // OptimConfig::fused_cuda and the parameters on a CUDA device.
+  bool fused() const { return cfg_.fused_cuda && !params_.empty() && params_[0].second.is_cuda(); }
   std::vector<std::pair<std::string, torch::Tensor>> params_;
   std::vector<torch::Tensor> exp_avg_, exp_avg_sq_;  // per parameter, or per bucket slice
   std::vector<torch::Tensor> master_;                // sharded: per bucket slice
@@ -83,6 +85,7 @@ class AdamW {
 // Global L2 norm of the gradients (squares summed in fp64); if max_norm > 0 and the norm
 // exceeds it, scales every gradient by max_norm / (norm + 1e-6) (torch's
 // clip_grad_norm_). Returns the norm before.
-double clip_grad_norm(const std::vector<torch::Tensor>& params, double max_norm);
+// fused_cuda: CUDA gradients' norms by one _foreach_norm and the scale by _foreach_mul_.
+double clip_grad_norm(const std::vector<torch::Tensor>& params, double max_norm, bool fused_cuda = true);
 
 }  // namespace kf::learner
