@@ -134,6 +134,13 @@ struct Engine::Impl {
         works.erase(lru);
         ++st.graphs_dropped;
       }
+#ifdef KF_POLICY_CUDA
+      // The graphs share one private memory pool, which the allocator frees with its last
+      // graph; capturing into that freed pool's id again fails an allocator assertion
+      // (seen on an H100 when the 1.5B bench dropped every graph), so take a new id then.
+      if (std::none_of(works.begin(), works.end(), [](const auto& kv) { return kv.second.graph != nullptr; }))
+        pool_id.reset();
+#endif
       it = works.emplace(key, Work{}).first;
       it->second.bytes = bytes;
       work_bytes += bytes;
