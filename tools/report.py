@@ -800,7 +800,6 @@ def plot_throughput(plt, run, actors, learner, out):
                "minutes since start", "candidates / min", "candidates_per_min (metrics/run.jsonl)")
     b.set_title("Evaluation")
     plot_lines(c, [("candidate queue", *series(run, "_min", "candidate_queue_depth")),
-                   ("result queue", *series(run, "_min", "result_queue_depth")),
                    ("ready groups", *series(run, "_min", "ready_groups"))],
                "minutes since start", "depth", "queue depths (metrics/run.jsonl)")
     c.set_title("Queues")

@@ -104,7 +104,7 @@ class HeadServer {
 struct BridgeCounters {
   uint64_t sent = 0;          // candidates pushed to kf:candidates
   uint64_t on_network = 0;    // sent, result not yet back (their shm claims are held)
-  uint64_t results = 0;       // results written into the replay (through the result queue)
+  uint64_t results = 0;       // results written into the replay (add_result)
   uint64_t duplicates = 0;    // a second result for a candidate: dropped
   uint64_t unstored = 0;      // the replay could not store it: dropped, candidate counted lost
   uint64_t dead = 0;          // dead-lettered (killed or hung max_deliveries evaluators): counted lost

@@ -14,8 +14,8 @@
 // launcher's logs in <run.root>/<run.name>.<node name>, checkpoints in the head's folder.
 // Validates the config and the task selection before anything starts, creates the run
 // directory and the run's shared memory, spawns the evaluators (one per GPU, pinned),
-// the actors and the learner ranks, moves results from the result queue into the
-// replay (and counts them for the status), restarts dead or hung workers with
+// the actors and the learner ranks (evaluators write results into the replay themselves;
+// the launcher counts them for the status from the replay's result notes), restarts dead or hung workers with
 // back-off, and stops the run in order: actors stop, evaluators drain the queue, the
 // learners take a final checkpoint, then the replay, kernel database, best kernels and
 // the launcher's own counters are saved. launch.mode: serial runs the same pipeline in

@@ -5,7 +5,7 @@
 //   serial.step();   // one actor group, then every queued candidate evaluated and joined
 //
 // The evaluator side is the evaluator process's own loop (kf::evaluator::EvaluatorService):
-// pops candidates, verifies each, pushes the Result to the result queue, inserts ok
+// pops candidates, verifies each, writes the Result into its replay group, inserts ok
 // kernels into the KernelDb (speedup, policy version); then the replay ingests the results.
 // One thread.
 #pragma once

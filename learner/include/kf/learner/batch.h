@@ -34,7 +34,7 @@ struct Sequence {
 struct BatchCounts {
   int64_t groups_in = 0, groups_used = 0, dropped_stale = 0, skipped_equal = 0, skipped_small = 0;
   int64_t candidates_missing = 0, candidates_malformed = 0;
-  int64_t candidates_environment = 0;  // verdicts the machine caused (replay::environment_failure)
+  int64_t candidates_environment = 0;  // verdicts the machine caused (Result::cause == Cause::environment)
 };
 
 struct StepBatch {
