@@ -25,8 +25,9 @@ inline std::string python() { return env_or("KF_PYTHON", KF_PYTHON_DEFAULT); }
 
 // Not std::filesystem::remove_all: libtorch.so exports its own copy of that symbol.
 inline void remove_tree(const std::string& dir) {
-  ::nftw(dir.c_str(), [](const char* p, const struct stat*, int, struct FTW*) { return ::remove(p); }, 16,
-         FTW_DEPTH | FTW_PHYS);
+  ::nftw(
+      dir.c_str(), [](const char* p, const struct stat*, int, struct FTW*) { return ::remove(p); }, 16,
+      FTW_DEPTH | FTW_PHYS);
 }
 
 // A fresh folder under /tmp, removed with everything in it when the object goes.

@@ -109,11 +109,11 @@ Actor::Actor(ActorOptions opts, ActorPolicy policy, std::vector<std::shared_ptr<
   std::vector<TaskEntry> entries;
   for (const auto& t : tasks_) entries.push_back({t->name(), t->level()});
   sched_ = std::make_unique<TaskScheduler>(entries, opts_.schedule, opts_.seed ^ splitmix(uint64_t(opts_.id) + 1));
-  const std::string tpl = resolve_tree_path(opts_.template_path.empty() ? "configs/prompts/contrastive.txt"
-                                                                        : opts_.template_path);
+  const std::string tpl =
+      resolve_tree_path(opts_.template_path.empty() ? "configs/prompts/contrastive.txt" : opts_.template_path);
   tpl_ = PromptTemplate::load(tpl);
-  const std::string abi = resolve_tree_path(opts_.abi_header_path.empty() ? "evaluator/include/kf/kernel.h"
-                                                                          : opts_.abi_header_path);
+  const std::string abi =
+      resolve_tree_path(opts_.abi_header_path.empty() ? "evaluator/include/kf/kernel.h" : opts_.abi_header_path);
   abi_ = compact_abi(read_file(abi));
   gpu_share_ = policy::GpuShare(policy_.model->options().device());
   if (opts_.engine_max_sequences > 0) {
@@ -127,8 +127,8 @@ Actor::Actor(ActorOptions opts, ActorPolicy policy, std::vector<std::shared_ptr<
     eo.gpu_share = &gpu_share_;
     engine_ = std::make_unique<policy::Engine>(policy_.model, eo);
     const auto es = engine_->stats();
-    log_info("actor ", opts_.id, ": rollout engine, up to ", eo.max_sequences, " sequences, KV pool ",
-             es.blocks_total, " blocks of ", eo.block_size, " tokens (", eo.kv_budget_mb, " MB)");
+    log_info("actor ", opts_.id, ": rollout engine, up to ", eo.max_sequences, " sequences, KV pool ", es.blocks_total,
+             " blocks of ", eo.block_size, " tokens (", eo.kv_budget_mb, " MB)");
   }
   slot_ = shm_.control().register_process("actor", opts_.id);
   if (opts_.context_tokens == 0) opts_.context_tokens = policy_.config.max_position_embeddings;
@@ -137,8 +137,8 @@ Actor::Actor(ActorOptions opts, ActorPolicy policy, std::vector<std::shared_ptr<
                 ") must exceed actors.sampling.max_new_tokens (" + std::to_string(opts_.max_new_tokens) + ")");
   // The model's chat template (a bad one fails here, not at the first prompt).
   const auto chat = policy::ChatTemplate::for_model(opts_.policy_dir);
-  log_info("actor ", opts_.id, ": ", tasks_.size(), " tasks, G=", opts_.group_size, ", K=", opts_.exemplars,
-           ", mode ", prompt_mode_name(opts_.mode), ", context ", opts_.context_tokens, " tokens, template ", tpl,
+  log_info("actor ", opts_.id, ": ", tasks_.size(), " tasks, G=", opts_.group_size, ", K=", opts_.exemplars, ", mode ",
+           prompt_mode_name(opts_.mode), ", context ", opts_.context_tokens, " tokens, template ", tpl,
            ", chat template ", chat ? chat->source() : std::string("none (raw text)"));
 }
 
@@ -351,7 +351,8 @@ StepResult Actor::step_engine(Clock::time_point t0) {
   const bool snapshot_waiting =
       latest.version >= 0 && latest.version > loaded_version_ && latest.version != rejected_version_;
   if (engine_->idle()) refresh_weights();
-  const bool may_add = !(opts_.wait_for_snapshot && m_.snapshots_loaded == 0) && !(snapshot_waiting && !engine_->idle());
+  const bool may_add =
+      !(opts_.wait_for_snapshot && m_.snapshots_loaded == 0) && !(snapshot_waiting && !engine_->idle());
   // Top up: enough groups to fill max_sequences, plus one waiting to join as rows end.
   const auto G = static_cast<uint64_t>(opts_.group_size);
   const uint64_t want = (static_cast<uint64_t>(opts_.engine_max_sequences) + G - 1) / G + 1;
@@ -456,7 +457,8 @@ StepResult Actor::finish_group(GroupJob job, std::vector<RolloutSample> samples)
   ctl.add_counter(slot_, 3, static_cast<uint64_t>(std::count(extracted.begin(), extracted.end(), false)));
 
   // Open the group, then push (replay must know the group before any result arrives).
-  const auto deadline = std::chrono::duration_cast<replay::Timeout>(std::chrono::duration<double>(opts_.group_deadline_s));
+  const auto deadline =
+      std::chrono::duration_cast<replay::Timeout>(std::chrono::duration<double>(opts_.group_deadline_s));
   bool opened = false;
   try {
     opened = shm_.replay().open_group(cands, deadline, std::chrono::seconds(5));
@@ -580,8 +582,10 @@ void Actor::run(const std::atomic<bool>* stop) {
     nlohmann::json extra = nlohmann::json::object();
     const auto fields = nlohmann::json::parse(j);  // named: items() refers into it
     for (const auto& [k, v] : fields.items()) {
-      if (v.is_number()) scalars.emplace_back(k, v.get<double>());
-      else extra[k] = v;
+      if (v.is_number())
+        scalars.emplace_back(k, v.get<double>());
+      else
+        extra[k] = v;
     }
     try {
       metrics->write(static_cast<int64_t>(m_.groups), scalars, extra);

@@ -4,7 +4,6 @@
 
 #include <cstdlib>
 
-
 #include "kf/common/error.h"
 #include "kf/tasks/task_list.h"
 
@@ -36,7 +35,8 @@ ActorOptions actor_options(const Config& cfg, int actor_id) {
   o.id = actor_id;
   o.seed = static_cast<uint64_t>(cfg.get_int("run.seed"));
   o.device = cfg.get_string("actors.device");
-  if (o.device != "cpu" && o.device.rfind("cuda", 0) != 0) throw bad("actors.device", "'" + o.device + "' (cpu, cuda, cuda:N)");
+  if (o.device != "cpu" && o.device.rfind("cuda", 0) != 0)
+    throw bad("actors.device", "'" + o.device + "' (cpu, cuda, cuda:N)");
   o.backend = tasks::resolve_backend(cfg.get_string("run.backend"));
   o.tasks_dir = cfg.get_string("tasks.dir");
   o.levels = cfg.get_ints("tasks.levels");
@@ -64,7 +64,8 @@ ActorOptions actor_options(const Config& cfg, int actor_id) {
   if (o.min_exemplar_tokens < 1) throw bad("actors.prompt.min_exemplar_tokens", "must be >= 1");
 
   o.group_size = cfg.get_int("actors.group_size");
-  if (o.group_size < 1 || o.group_size > 64) throw bad("actors.group_size", "must be in [1, 64] (replay groups hold at most 64)");
+  if (o.group_size < 1 || o.group_size > 64)
+    throw bad("actors.group_size", "must be in [1, 64] (replay groups hold at most 64)");
   o.top_p = cfg.get_float("actors.sampling.top_p");
   if (o.top_p <= 0 || o.top_p > 1) throw bad("actors.sampling.top_p", "must be in (0, 1]");
   o.top_k = cfg.get_int("actors.sampling.top_k");
@@ -81,7 +82,8 @@ ActorOptions actor_options(const Config& cfg, int actor_id) {
   o.engine_max_sequences = cfg.get_int("actors.engine.max_sequences");
   if (o.engine_max_sequences < 0) throw bad("actors.engine.max_sequences", "must be >= 0 (0: one group at a time)");
   if (o.engine_max_sequences > 0 && o.engine_max_sequences < o.group_size)
-    throw bad("actors.engine.max_sequences", "must be 0 or at least actors.group_size (" + std::to_string(o.group_size) + ")");
+    throw bad("actors.engine.max_sequences",
+              "must be 0 or at least actors.group_size (" + std::to_string(o.group_size) + ")");
   o.engine_kv_budget_mb = cfg.get_int("actors.engine.kv_budget_mb");
   if (o.engine_kv_budget_mb < 1) throw bad("actors.engine.kv_budget_mb", "must be >= 1");
   o.engine_block_size = cfg.get_int("actors.engine.block_size");

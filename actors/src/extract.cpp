@@ -8,10 +8,10 @@ namespace kf::actors {
 namespace {
 
 struct Block {
-  std::string info;     // the fence's info string, trimmed
+  std::string info;  // the fence's info string, trimmed
   std::string body;
   bool closed = false;
-  std::size_t line = 0; // 1-based line of the opening fence
+  std::size_t line = 0;  // 1-based line of the opening fence
 };
 
 std::string trim(const std::string& s) {
@@ -88,27 +88,46 @@ std::string strip_comments_and_strings(const std::string& s) {
     const char c = s[i], n = i + 1 < s.size() ? s[i + 1] : '\0';
     switch (st) {
       case Code:
-        if (c == '/' && n == '/') st = Line, out[i] = ' ';
-        else if (c == '/' && n == '*') st = Block, out[i] = ' ';
-        else if (c == '"') st = Str;
-        else if (c == '\'') st = Chr;
+        if (c == '/' && n == '/')
+          st = Line, out[i] = ' ';
+        else if (c == '/' && n == '*')
+          st = Block, out[i] = ' ';
+        else if (c == '"')
+          st = Str;
+        else if (c == '\'')
+          st = Chr;
         break;
       case Line:
-        if (c == '\n') st = Code; else out[i] = ' ';
+        if (c == '\n')
+          st = Code;
+        else
+          out[i] = ' ';
         break;
       case Block:
-        if (c == '*' && n == '/') { out[i] = out[i + 1] = ' '; ++i; st = Code; }
-        else if (c != '\n') out[i] = ' ';
+        if (c == '*' && n == '/') {
+          out[i] = out[i + 1] = ' ';
+          ++i;
+          st = Code;
+        } else if (c != '\n')
+          out[i] = ' ';
         break;
       case Str:
-        if (c == '\\') { out[i] = ' '; if (i + 1 < s.size()) out[++i] = ' '; }
-        else if (c == '"') st = Code;
-        else out[i] = ' ';
+        if (c == '\\') {
+          out[i] = ' ';
+          if (i + 1 < s.size()) out[++i] = ' ';
+        } else if (c == '"')
+          st = Code;
+        else
+          out[i] = ' ';
         break;
       case Chr:
-        if (c == '\\') { out[i] = ' '; if (i + 1 < s.size()) out[++i] = ' '; }
-        else if (c == '\'') st = Code;
-        else out[i] = ' ';
+        if (c == '\\') {
+          out[i] = ' ';
+          if (i + 1 < s.size()) out[++i] = ' ';
+        } else if (c == '\'')
+          st = Code;
+        else
+          out[i] = ' ';
         break;
     }
   }
@@ -132,8 +151,10 @@ bool defines_entry_point(const std::string& source) {
     if (i >= s.size() || s[i] != '(') continue;
     int depth = 0;
     for (; i < s.size(); ++i) {
-      if (s[i] == '(') ++depth;
-      else if (s[i] == ')' && --depth == 0) break;
+      if (s[i] == '(')
+        ++depth;
+      else if (s[i] == ')' && --depth == 0)
+        break;
     }
     if (i >= s.size()) return false;
     ++i;

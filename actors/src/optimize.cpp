@@ -54,13 +54,15 @@ std::string tail_lines(const std::string& text, int n) {
 
 }  // namespace
 
-std::vector<ExemplarIn> load_exemplars(const std::string& path, const std::string& task, std::size_t k,
-                                       uint64_t seed) {
+std::vector<ExemplarIn> load_exemplars(const std::string& path, const std::string& task, std::size_t k, uint64_t seed) {
   if (!exists(path)) throw Error("exemplars: '" + path + "' does not exist (a kernel_db.json or a folder)");
   std::string db_file;
-  if (is_file(path)) db_file = path;
-  else if (is_file(path + "/kernel_db.json")) db_file = path + "/kernel_db.json";
-  else if (is_file(path + "/kernels/kernel_db.json")) db_file = path + "/kernels/kernel_db.json";
+  if (is_file(path))
+    db_file = path;
+  else if (is_file(path + "/kernel_db.json"))
+    db_file = path + "/kernel_db.json";
+  else if (is_file(path + "/kernels/kernel_db.json"))
+    db_file = path + "/kernels/kernel_db.json";
 
   // A private database: the same bucketed draw as the actors' (KernelDb::exemplars). The
   // name is unlinked at once, so nothing is left in /dev/shm even if this process dies.
@@ -69,8 +71,8 @@ std::vector<ExemplarIn> load_exemplars(const std::string& path, const std::strin
   auto db = replay::KernelDb::create(name, replay::KernelDbConfig{});
   replay::ShmSegment::remove(name);
   const std::size_t read = db_file.empty() ? db.seed_from_dir(path) : db.load(db_file);
-  log_info("exemplars: ", read, " kernels read from ", db_file.empty() ? path : db_file, ", ",
-           db.entries(task).size(), " for task ", task);
+  log_info("exemplars: ", read, " kernels read from ", db_file.empty() ? path : db_file, ", ", db.entries(task).size(),
+           " for task ", task);
   std::vector<ExemplarIn> out;
   if (k == 0) return out;
   for (const auto& e : db.exemplars(task, k, seed)) out.push_back({e.speedup, e.policy_version, "ok", e.source});
@@ -116,8 +118,8 @@ std::string import_task_file(const std::string& py_file, const std::string& out_
   if (!make_dirs(out_dir)) throw Error(out_dir + ": cannot create the folder: " + std::strerror(errno));
   const std::string log_path = out_dir + "/import.log";
 
-  std::vector<std::string> args = {python, importer, py_file, "--out", out_dir, "--backends",
-                                   tasks::backend_name(backend)};
+  std::vector<std::string> args = {
+      python, importer, py_file, "--out", out_dir, "--backends", tasks::backend_name(backend)};
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -129,8 +131,8 @@ std::string import_task_file(const std::string& py_file, const std::string& out_
   const int err = posix_spawnp(&pid, python.c_str(), &fa, nullptr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&fa);
   if (err != 0)
-    throw Error("importing " + py_file + ": cannot start the importer's python '" + python + "': " + std::strerror(err) +
-                " (set KF_PYTHON)");
+    throw Error("importing " + py_file + ": cannot start the importer's python '" + python +
+                "': " + std::strerror(err) + " (set KF_PYTHON)");
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }

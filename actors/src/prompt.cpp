@@ -18,9 +18,12 @@ PromptMode parse_prompt_mode(const std::string& s, const std::string& context) {
 
 const char* prompt_mode_name(PromptMode m) {
   switch (m) {
-    case PromptMode::contrastive: return "contrastive";
-    case PromptMode::no_exemplars: return "no_exemplars";
-    case PromptMode::plain: return "plain";
+    case PromptMode::contrastive:
+      return "contrastive";
+    case PromptMode::no_exemplars:
+      return "no_exemplars";
+    case PromptMode::plain:
+      return "plain";
   }
   return "?";
 }
@@ -93,17 +96,28 @@ std::string PromptTemplate::render(const std::string& name,
 
 std::string kf_dtype_name(c10::ScalarType t) {
   switch (t) {
-    case c10::ScalarType::Float: return "float32";
-    case c10::ScalarType::Half: return "float16";
-    case c10::ScalarType::BFloat16: return "bfloat16";
-    case c10::ScalarType::Double: return "float64";
-    case c10::ScalarType::Int: return "int32";
-    case c10::ScalarType::Long: return "int64";
-    case c10::ScalarType::Short: return "int16";
-    case c10::ScalarType::Char: return "int8";
-    case c10::ScalarType::Byte: return "uint8";
-    case c10::ScalarType::Bool: return "bool";
-    default: return c10::toString(t);
+    case c10::ScalarType::Float:
+      return "float32";
+    case c10::ScalarType::Half:
+      return "float16";
+    case c10::ScalarType::BFloat16:
+      return "bfloat16";
+    case c10::ScalarType::Double:
+      return "float64";
+    case c10::ScalarType::Int:
+      return "int32";
+    case c10::ScalarType::Long:
+      return "int64";
+    case c10::ScalarType::Short:
+      return "int16";
+    case c10::ScalarType::Char:
+      return "int8";
+    case c10::ScalarType::Byte:
+      return "uint8";
+    case c10::ScalarType::Bool:
+      return "bool";
+    default:
+      return c10::toString(t);
   }
 }
 
@@ -184,7 +198,8 @@ std::string cut_source(const TextCodec& codec, const PromptTemplate& tpl, const 
       keep = m;
       break;
     }
-  std::string head = codec.decode(std::vector<int32_t>(e.ids.begin(), e.ids.begin() + static_cast<std::ptrdiff_t>(keep)));
+  std::string head =
+      codec.decode(std::vector<int32_t>(e.ids.begin(), e.ids.begin() + static_cast<std::ptrdiff_t>(keep)));
   if (!head.empty() && head.back() != '\n') head += '\n';
   const std::size_t omitted = count_lines(e.in->source) - std::min(count_lines(e.in->source), count_lines(head));
   return head + tpl.render("truncated", {{"omitted_lines", std::to_string(omitted)}});
@@ -199,9 +214,8 @@ Prompt build_prompt(const PromptTemplate& tpl, const TextCodec& codec, const Tas
   p.mode = opts.mode;
   p.offered = opts.mode == PromptMode::contrastive ? exemplars.size() : 0;
   const std::vector<std::pair<std::string, std::string>> common = {
-      {"task", task.name},       {"backend", task.backend}, {"lang", task.lang},
-      {"reference", task.reference}, {"signature", task.signature}, {"abi", opts.abi},
-      {"marker", opts.marker}};
+      {"task", task.name},           {"backend", task.backend}, {"lang", task.lang},    {"reference", task.reference},
+      {"signature", task.signature}, {"abi", opts.abi},         {"marker", opts.marker}};
   p.system = tpl.has("system") ? tpl.render("system", common) : "";
   // The prompt the policy sees: the turns through the model's chat template, or raw text.
   auto shown = [&](const std::string& user) {

@@ -19,7 +19,8 @@ SchedulePolicy parse_schedule_policy(const std::string& s, const std::string& co
 
 TaskScheduler::TaskScheduler(std::vector<TaskEntry> tasks, ScheduleOptions opts, uint64_t seed)
     : tasks_(std::move(tasks)), stats_(tasks_.size()), opts_(opts), rng_(seed) {
-  if (tasks_.empty()) throw Error("task scheduler: no tasks to schedule (check tasks.dir, tasks.levels, tasks.include)");
+  if (tasks_.empty())
+    throw Error("task scheduler: no tasks to schedule (check tasks.dir, tasks.levels, tasks.include)");
   if (opts_.min_share < 0 || opts_.min_share > 1) throw Error("actors.schedule.min_share: must be in [0, 1]");
 }
 
@@ -53,17 +54,25 @@ std::vector<double> TaskScheduler::probabilities() const {
   if (opts_.policy == SchedulePolicy::cycle) {
     // The next pick is one of the tasks this pass has not reached yet (a new pass: any).
     std::vector<double> p(n, pass_pos_ < pass_.size() ? 0.0 : 1.0 / static_cast<double>(n));
-    for (std::size_t k = pass_pos_; k < pass_.size(); ++k) p[pass_[k]] = 1.0 / static_cast<double>(pass_.size() - pass_pos_);
+    for (std::size_t k = pass_pos_; k < pass_.size(); ++k)
+      p[pass_[k]] = 1.0 / static_cast<double>(pass_.size() - pass_pos_);
     return p;
   }
   std::vector<double> w(n, 0.0);
   const int open = opts_.policy == SchedulePolicy::curriculum ? open_level() : 0;
   for (std::size_t i = 0; i < n; ++i) {
     switch (opts_.policy) {
-      case SchedulePolicy::uniform: w[i] = 1.0; break;
-      case SchedulePolicy::cycle: break;  // returned above: its next pick depends on the pass
-      case SchedulePolicy::room: w[i] = room(i); break;
-      case SchedulePolicy::curriculum: w[i] = tasks_[i].level <= open ? room(i) : 0.0; break;
+      case SchedulePolicy::uniform:
+        w[i] = 1.0;
+        break;
+      case SchedulePolicy::cycle:
+        break;  // returned above: its next pick depends on the pass
+      case SchedulePolicy::room:
+        w[i] = room(i);
+        break;
+      case SchedulePolicy::curriculum:
+        w[i] = tasks_[i].level <= open ? room(i) : 0.0;
+        break;
     }
   }
   double sum = 0;

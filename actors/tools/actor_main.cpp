@@ -47,8 +47,10 @@ int main(int argc, char** argv) {
   try {
     const auto cfg = kf::Config::load(config_file, sets);
     const auto level = cfg.get_string("run.log_level");
-    kf::log_set_level(level == "debug" ? kf::LogLevel::Debug : level == "warn" ? kf::LogLevel::Warn
-                      : level == "error" ? kf::LogLevel::Error : kf::LogLevel::Info);
+    kf::log_set_level(level == "debug"   ? kf::LogLevel::Debug
+                      : level == "warn"  ? kf::LogLevel::Warn
+                      : level == "error" ? kf::LogLevel::Error
+                                         : kf::LogLevel::Info);
     opts = kf::actors::actor_options(cfg, id);
     if (!device.empty()) opts.device = device;
     if (max_groups > 0) opts.max_groups = max_groups;

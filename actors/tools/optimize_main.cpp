@@ -86,15 +86,18 @@ std::string first_line(const std::string& s, std::size_t max) {
 std::string speedup_text(const ev::Result& r) {
   char buf[160];
   if (r.speedup_hi > 0)
-    std::snprintf(buf, sizeof buf, "%.3fx (95 %% %.3f" "\xe2\x80\x93" "%.3f)%s", r.speedup, r.speedup_lo, r.speedup_hi,
+    std::snprintf(buf, sizeof buf,
+                  "%.3fx (95 %% %.3f"
+                  "\xe2\x80\x93"
+                  "%.3f)%s",
+                  r.speedup, r.speedup_lo, r.speedup_hi,
                   r.timing_unstable ? ", timing unstable: conservative estimate" : "");
   else
     std::snprintf(buf, sizeof buf, "%.3fx", r.speedup);
   return buf;
 }
 
-std::string table(const std::string& task, const std::string& backend, const std::vector<Candidate>& cands,
-                  long best) {
+std::string table(const std::string& task, const std::string& backend, const std::vector<Candidate>& cands, long best) {
   std::ostringstream o;
   char buf[512];
   std::size_t ok = 0;
@@ -126,7 +129,8 @@ std::string table(const std::string& task, const std::string& backend, const std
       rm = buf;
     }
     std::string note = first_line(r.reason, 70);
-    if (c.duplicate_of >= 0) note = "same source as #" + std::to_string(c.duplicate_of) + (note.empty() ? "" : "; " + note);
+    if (c.duplicate_of >= 0)
+      note = "same source as #" + std::to_string(c.duplicate_of) + (note.empty() ? "" : "; " + note);
     auto add = [&note](const std::string& s) { note = note.empty() ? s : note + "; " + s; };
     if (r.ok() && r.timing_unstable) add("timing unstable: conservative estimate");
     if (r.ok() && r.task_degenerate) add("task degenerate: no speed reward");
@@ -185,7 +189,8 @@ int main(int argc, char** argv) {
   app.add_option("--out", out_dir, "output folder (default: optimize-<task>)");
   app.add_option("--config", config_file, "config YAML (default: every key's default)");
   app.add_option("--set", sets, "override a config key: key=value");
-  app.add_option("--exemplars", exemplars_path, "kernel_db.json, a run/checkpoint folder holding one, or a seed folder");
+  app.add_option("--exemplars", exemplars_path,
+                 "kernel_db.json, a run/checkpoint folder holding one, or a seed folder");
   app.add_option("--seed", seed, "seed for sampling and inputs (default: run.seed)")->check(CLI::NonNegativeNumber);
   app.add_option("--temperature", temperature, "sampling temperature, 0 = greedy (default: learner.temperature)")
       ->check(CLI::NonNegativeNumber);
@@ -204,10 +209,13 @@ int main(int argc, char** argv) {
   ev::EvalOptions eo;
   try {
     if (seed >= 0) sets.push_back("run.seed=" + std::to_string(seed));  // sampling and inputs, as one run seed
-    const auto cfg = config_file.empty() ? kf::Config::parse("", "defaults", sets) : kf::Config::load(config_file, sets);
+    const auto cfg =
+        config_file.empty() ? kf::Config::parse("", "defaults", sets) : kf::Config::load(config_file, sets);
     const auto level = cfg.get_string("run.log_level");
-    kf::log_set_level(level == "debug" ? kf::LogLevel::Debug : level == "warn" ? kf::LogLevel::Warn
-                      : level == "error" ? kf::LogLevel::Error : kf::LogLevel::Info);
+    kf::log_set_level(level == "debug"   ? kf::LogLevel::Debug
+                      : level == "warn"  ? kf::LogLevel::Warn
+                      : level == "error" ? kf::LogLevel::Error
+                                         : kf::LogLevel::Info);
     o = actor_options(cfg, 0);
     eo = ev::eval_options(cfg);
     if (!backend_s.empty()) o.backend = kf::tasks::resolve_backend(backend_s);
@@ -216,7 +224,8 @@ int main(int argc, char** argv) {
     if (temperature >= 0) o.temperature = temperature;
     if (max_new_tokens > 0) o.max_new_tokens = max_new_tokens;
     if (!device.empty()) o.device = device;
-    if (o.device != "cpu" && o.device.rfind("cuda", 0) != 0) throw kf::Error("--device: '" + o.device + "' (cpu, cuda, cuda:N)");
+    if (o.device != "cpu" && o.device.rfind("cuda", 0) != 0)
+      throw kf::Error("--device: '" + o.device + "' (cpu, cuda, cuda:N)");
     o.group_size = n;
     o.policy_dir = model_dir;  // its chat template (if any) renders the prompts
   } catch (const std::exception& e) {
@@ -293,8 +302,8 @@ int main(int argc, char** argv) {
     sp.loop_min_span = o.loop_min_span;
     sp.eos_ids = pol.eos_ids;
     sp.seed = o.seed;
-    for (auto& r : rollout_group(pol.model, pol.codec, prompt.tokens, n, sp, pol.valid_vocab, o.extract,
-                                 o.shared_prefill)) {
+    for (auto& r :
+         rollout_group(pol.model, pol.codec, prompt.tokens, n, sp, pol.valid_vocab, o.extract, o.shared_prefill)) {
       Candidate k;
       k.tokens = r.completion.tokens.size();
       k.finish_reason = r.completion.finish_reason;
@@ -390,30 +399,31 @@ int main(int argc, char** argv) {
       if (c.evaluated) j["result"] = nlohmann::json::parse(ev::to_json(c.result));
       jc.push_back(std::move(j));
     }
-    nlohmann::json rep = {{"task", task->name()},
-                          {"task_from", task_from},
-                          {"backend", backend},
-                          {"model", model_dir},
-                          {"n", n},
-                          {"seed", o.seed},
-                          {"temperature", o.temperature},
-                          {"top_p", o.top_p},
-                          {"top_k", o.top_k},
-                          {"max_new_tokens", o.max_new_tokens},
-                          {"device", o.device},
-                          {"prompt_mode", prompt_mode_name(prompt.mode)},
-                          {"prompt_tokens", prompt.tokens.size()},
-                          {"exemplars_shown", prompt.shown.size()},
-                          {"exemplars_from", exemplars_path},
-                          {"sample_s", sample_s},
-                          {"verify_s", verify_s},
-                          {"verified_ok", std::count_if(cands.begin(), cands.end(), [](const Candidate& c) { return c.result.ok(); })},
-                          {"best", best >= 0 ? nlohmann::json(best) : nlohmann::json()},
-                          {"best_file", best >= 0 ? nlohmann::json("best" + ext) : nlohmann::json()},
-                          {"best_speedup", best >= 0 ? cands[best].result.speedup : 0.0},
-                          {"best_speedup_lo", best >= 0 ? cands[best].result.speedup_lo : 0.0},
-                          {"best_speedup_hi", best >= 0 ? cands[best].result.speedup_hi : 0.0},
-                          {"candidates", jc}};
+    nlohmann::json rep = {
+        {"task", task->name()},
+        {"task_from", task_from},
+        {"backend", backend},
+        {"model", model_dir},
+        {"n", n},
+        {"seed", o.seed},
+        {"temperature", o.temperature},
+        {"top_p", o.top_p},
+        {"top_k", o.top_k},
+        {"max_new_tokens", o.max_new_tokens},
+        {"device", o.device},
+        {"prompt_mode", prompt_mode_name(prompt.mode)},
+        {"prompt_tokens", prompt.tokens.size()},
+        {"exemplars_shown", prompt.shown.size()},
+        {"exemplars_from", exemplars_path},
+        {"sample_s", sample_s},
+        {"verify_s", verify_s},
+        {"verified_ok", std::count_if(cands.begin(), cands.end(), [](const Candidate& c) { return c.result.ok(); })},
+        {"best", best >= 0 ? nlohmann::json(best) : nlohmann::json()},
+        {"best_file", best >= 0 ? nlohmann::json("best" + ext) : nlohmann::json()},
+        {"best_speedup", best >= 0 ? cands[best].result.speedup : 0.0},
+        {"best_speedup_lo", best >= 0 ? cands[best].result.speedup_lo : 0.0},
+        {"best_speedup_hi", best >= 0 ? cands[best].result.speedup_hi : 0.0},
+        {"candidates", jc}};
     kf::write_file_atomic(out_dir + "/prompt.txt", prompt.text);
     std::string txt = text + compiler_errors(cands, 12);
     if (best >= 0) {
@@ -429,8 +439,8 @@ int main(int argc, char** argv) {
     return 3;
   }
   std::cout << text;
-  std::cout << (best >= 0 ? "best kernel: " + out_dir + "/best" + ext : "no candidate verified ok") << "; report: " << out_dir
-            << "/report.txt\n";
+  std::cout << (best >= 0 ? "best kernel: " + out_dir + "/best" + ext : "no candidate verified ok")
+            << "; report: " << out_dir << "/report.txt\n";
   kf::log_info("kf-optimize: sampled in ", sample_s, " s, verified in ", verify_s, " s");
   return best >= 0 ? 0 : 1;
 }

@@ -81,7 +81,8 @@ int main(int argc, char** argv) {
     CompileService svc(co);
     const std::string src = slurp(kdir + "/" + sub + "good_relu" + ext);
     for (int i = 0; i < compile_reps; ++i) {
-      CompileResult r = svc.compile(src + "\n// bench rep " + std::to_string(i) + " " + std::to_string(Clock::now().time_since_epoch().count()) + "\n",
+      CompileResult r = svc.compile(src + "\n// bench rep " + std::to_string(i) + " " +
+                                        std::to_string(Clock::now().time_since_epoch().count()) + "\n",
                                     cuda ? kf::KF_BACKEND_CUDA : kf::KF_BACKEND_CPU);
       if (!r.ok) {
         std::fprintf(stderr, "compile failed: %s\n", r.diagnostics.c_str());
@@ -96,8 +97,8 @@ int main(int argc, char** argv) {
   TimeSummary li;
   if (!no_li) {
     int rc = 0;
-    std::string out = run_capture(python + " " + KF_BENCH_DIR + "/load_inline_bench.py --backend " + backend_s + " --reps " +
-                                      std::to_string(li_reps) + " 2>&1",
+    std::string out = run_capture(python + " " + KF_BENCH_DIR + "/load_inline_bench.py --backend " + backend_s +
+                                      " --reps " + std::to_string(li_reps) + " 2>&1",
                                   &rc);
     std::vector<double> v;
     std::istringstream in(out);
@@ -117,7 +118,9 @@ int main(int argc, char** argv) {
   // As in a run, compiles go to the pool while verification proceeds (the pool works
   // ahead); every candidate is a distinct source, so every compile is a cache miss.
   const std::vector<std::pair<std::string, std::string>> set = {
-      {"001_relu", "good_relu"}, {"002_gelu", "good_gelu"}, {"021_softmax", "good_softmax"},
+      {"001_relu", "good_relu"},
+      {"002_gelu", "good_gelu"},
+      {"021_softmax", "good_softmax"},
       {cuda ? "030_matmul_square" : "024_layernorm", cuda ? "good_matmul_cublas" : "good_layernorm"}};
   EvalOptions eo;
   if (threads > 0) eo.cpu_threads = threads;
@@ -133,9 +136,9 @@ int main(int argc, char** argv) {
   std::vector<size_t> which;
   for (int round = 0; round < throughput_rounds; ++round)
     for (size_t k = 0; k < set.size(); ++k) {
-      pending.push_back(ev.compiler().submit(slurp(kdir + "/" + sub + set[k].second + ext) + "\n// candidate " +
-                                                 std::to_string(round) + "\n",
-                                             cuda ? kf::KF_BACKEND_CUDA : kf::KF_BACKEND_CPU));
+      pending.push_back(ev.compiler().submit(
+          slurp(kdir + "/" + sub + set[k].second + ext) + "\n// candidate " + std::to_string(round) + "\n",
+          cuda ? kf::KF_BACKEND_CUDA : kf::KF_BACKEND_CPU));
       which.push_back(k);
     }
   for (size_t i = 0; i < pending.size(); ++i) {
@@ -161,10 +164,11 @@ int main(int argc, char** argv) {
       double s[2] = {0, 0};
       for (int run = 0; run < 2; ++run) {
         int rc = 0;
-        std::string out = run_capture(eval_bin + " " + task_name + " " + kdir + "/" + sub + kernel + ext + " --json --tasks " +
-                                          tasks_dir + " --seed " + std::to_string(100 + run) +
-                                          (threads > 0 ? " --threads " + std::to_string(threads) : std::string()) + " 2>/dev/null",
-                                      &rc);
+        std::string out =
+            run_capture(eval_bin + " " + task_name + " " + kdir + "/" + sub + kernel + ext + " --json --tasks " +
+                            tasks_dir + " --seed " + std::to_string(100 + run) +
+                            (threads > 0 ? " --threads " + std::to_string(threads) : std::string()) + " 2>/dev/null",
+                        &rc);
         try {
           s[run] = nlohmann::json::parse(out)["speedup"].get<double>();
         } catch (...) {
@@ -183,10 +187,12 @@ int main(int argc, char** argv) {
   std::printf("\nEvaluator benchmark (%s backend)\n", backend_s.c_str());
   std::printf("  compile, cold cache      median %7.2f s   p90 %7.2f s   (n=%d)\n", c.median, c.p90, c.n);
   if (li.n)
-    std::printf("  load_inline, same kernel median %7.2f s   p90 %7.2f s   (n=%d)  -> %.1fx faster\n", li.median, li.p90, li.n,
-                li.median / c.median);
-  std::printf("  verified candidates      %.1f per minute (%d/%d ok, compile pool + serial verification)\n", verified / minutes, verified, total);
-  for (const auto& [t, sp, secs, v] : rows) std::printf("    %-20s %-14s speedup %6.3f  verify %5.2f s\n", t.c_str(), v.c_str(), sp, secs);
+    std::printf("  load_inline, same kernel median %7.2f s   p90 %7.2f s   (n=%d)  -> %.1fx faster\n", li.median,
+                li.p90, li.n, li.median / c.median);
+  std::printf("  verified candidates      %.1f per minute (%d/%d ok, compile pool + serial verification)\n",
+              verified / minutes, verified, total);
+  for (const auto& [t, sp, secs, v] : rows)
+    std::printf("    %-20s %-14s speedup %6.3f  verify %5.2f s\n", t.c_str(), v.c_str(), sp, secs);
   if (!rep_rows.empty()) {
     std::printf("  reproducibility (two kf-eval runs): p90 |diff| %.1f%%\n", 100 * summarize(diffs).p90);
     for (const auto& [t, a, b] : rep_rows) std::printf("    %-20s %6.3f vs %6.3f\n", t.c_str(), a, b);

@@ -155,8 +155,8 @@ int main(int argc, char** argv) {
   const std::string seg = "kf.bench.learner." + std::to_string(::getpid());
   kf::replay::SnapshotConfig snap;
   snap.max_bytes = 0;
-  for (const auto& p : kf::policy::CausalLM(mc, torch::TensorOptions().dtype(torch::kBFloat16).device(torch::kMeta))
-                           ->parameters())
+  for (const auto& p :
+       kf::policy::CausalLM(mc, torch::TensorOptions().dtype(torch::kBFloat16).device(torch::kMeta))->parameters())
     snap.max_bytes += p.numel() * 2;
   snap.max_bytes += 1 << 20;
   snap.prefault = true;
@@ -195,8 +195,9 @@ int main(int argc, char** argv) {
   std::printf("BENCH|learner|%s|publish_total_last|%.1f|ms\n", tag.c_str(), ps.last_total_ms);
 #ifdef KF_HAVE_CUDA
   if (cuda)
-    std::printf("BENCH|learner|%s|peak_mem|%.1f|GiB\n", tag.c_str(),
-                static_cast<double>(c10::cuda::CUDACachingAllocator::getDeviceStats(0).reserved_bytes[0].peak) / (1 << 30));
+    std::printf(
+        "BENCH|learner|%s|peak_mem|%.1f|GiB\n", tag.c_str(),
+        static_cast<double>(c10::cuda::CUDACachingAllocator::getDeviceStats(0).reserved_bytes[0].peak) / (1 << 30));
 #endif
   run.learner.reset();
   std::printf("BENCH|learner|%s|snapshot_bytes|%.0f|MB\n", tag.c_str(), snap.max_bytes / 1e6);

@@ -3,10 +3,10 @@
 // The step is the learner's own components in the learner's order: the policy's
 // log-probs of the completion tokens (selected_logprobs: the vocabulary projection only at
 // completion positions, in chunks of --logit-chunk, as learner.logit_chunk_tokens; or
-// --logprobs dense: token_logprobs over every position) and the GRPO loss (forward), backward into the gradient buckets (backward), the
-// buckets' all-reduce or reduce-scatter (sync), the global-norm clip and AdamW, plus the
-// all-gather when sharded (optimizer). The device is synchronised between phases so each
-// phase's time is its own (this removes the learner's overlap of sync with backward).
+// --logprobs dense: token_logprobs over every position) and the GRPO loss (forward), backward into the gradient buckets
+// (backward), the buckets' all-reduce or reduce-scatter (sync), the global-norm clip and AdamW, plus the all-gather
+// when sharded (optimizer). The device is synchronised between phases so each phase's time is its own (this removes the
+// learner's overlap of sync with backward).
 //
 // Shape: a named one (tiny, qwen2.5-0.5b) or an HF config.json path (configs/shapes/*.json),
 // random init, no download. Weights fp32 with bf16 autocast on CUDA (the learner's default),
@@ -112,8 +112,10 @@ int main(int argc, char** argv) {
   app.add_flag("--shard", shard, "sharded optimizer state (learner.dist.shard: optimizer; 1 rank here)");
   app.add_flag("--shard-grads", shard_grads, "sharded gradients too (learner.dist.shard: gradients; implies --shard)");
   app.add_flag("--checkpointing", checkpointing, "recompute decoder layers in backward");
-  app.add_option("--logprobs", logprobs, "chunked (the learner's: completion positions only) or dense (every position)");
-  app.add_option("--logit-chunk", logit_chunk, "completion positions per vocabulary chunk (learner.logit_chunk_tokens)");
+  app.add_option("--logprobs", logprobs,
+                 "chunked (the learner's: completion positions only) or dense (every position)");
+  app.add_option("--logit-chunk", logit_chunk,
+                 "completion positions per vocabulary chunk (learner.logit_chunk_tokens)");
   app.add_option("--lora-rank", lora_rank, "LoRA adapters of this rank on a frozen base (0: full fine-tuning)");
   app.add_option("--lora-alpha", lora_alpha, "LoRA alpha (learner.lora.alpha)");
   app.add_flag("--bare", bare, "a bare forward + backward (dense logits, cross-entropy) instead of a learner step");
@@ -128,12 +130,16 @@ int main(int argc, char** argv) {
     if (dev.is_cuda() && !dev.has_index()) dev = torch::Device(torch::kCUDA, 0);
     if (shard_grads) shard = true;
     if (weights != "fp32" && weights != "bf16") throw kf::Error("--weights: '" + weights + "' (fp32 or bf16)");
-    if (weights == "bf16" && !shard) throw kf::Error("--weights bf16 needs --shard (the fp32 master lives in the sharded optimizer)");
+    if (weights == "bf16" && !shard)
+      throw kf::Error("--weights bf16 needs --shard (the fp32 master lives in the sharded optimizer)");
     if (seqs < 1 || micro < 1 || prompt < 1 || completion < 1 || steps < 1 || logit_chunk < 1 || lora_rank < 0)
-      throw kf::Error("--seqs, --micro-seqs, --prompt, --completion, --steps and --logit-chunk must be >= 1, --lora-rank >= 0");
-    if (logprobs != "chunked" && logprobs != "dense") throw kf::Error("--logprobs: '" + logprobs + "' (chunked or dense)");
+      throw kf::Error(
+          "--seqs, --micro-seqs, --prompt, --completion, --steps and --logit-chunk must be >= 1, --lora-rank >= 0");
+    if (logprobs != "chunked" && logprobs != "dense")
+      throw kf::Error("--logprobs: '" + logprobs + "' (chunked or dense)");
     if (lora_rank > 0 && (weights != "fp32" || shard))
-      throw kf::Error("--lora-rank: the base is frozen (bf16 on CUDA) and the adapters fp32; no --weights bf16 or --shard");
+      throw kf::Error(
+          "--lora-rank: the base is frozen (bf16 on CUDA) and the adapters fp32; no --weights bf16 or --shard");
     const auto mc = shape_of(shape);
     // LoRA holds the frozen base in the compute dtype, as the learner does.
     const auto wdtype = weights == "bf16" || (lora_rank > 0 && dev.is_cuda()) ? torch::kBFloat16 : torch::kFloat32;
@@ -168,7 +174,9 @@ int main(int argc, char** argv) {
       throw kf::Error("--comm: '" + comm_kind + "' (local or nccl)");
     }
     GradBuckets buckets(params, 25u << 20, comm.get(),
-                        shard_grads ? ShardMode::gradients : shard ? ShardMode::optimizer : ShardMode::none);
+                        shard_grads ? ShardMode::gradients
+                        : shard     ? ShardMode::optimizer
+                                    : ShardMode::none);
     OptimConfig oc;
     oc.lr = 1e-6;
     AdamW opt(params, oc, &buckets);
@@ -201,9 +209,10 @@ int main(int argc, char** argv) {
                                                         x.narrow(1, 1, T - 1).reshape({-1}));
           } else {
             const auto w = comp.narrow(0, m0, n) / n_tok;
-            const auto logp = logprobs == "dense"
-                                  ? model->token_logprobs(x)
-                                  : model->selected_logprobs(x, torch::Tensor(), comp.narrow(0, m0, n), 1.0, logit_chunk).logp;
+            const auto logp =
+                logprobs == "dense"
+                    ? model->token_logprobs(x)
+                    : model->selected_logprobs(x, torch::Tensor(), comp.narrow(0, m0, n), 1.0, logit_chunk).logp;
             loss = grpo_loss(logp, logp.detach(), torch::Tensor(), adv.narrow(0, m0, n), w, gc).loss;
           }
         }
@@ -243,10 +252,10 @@ int main(int argc, char** argv) {
       if (kf::policy::is_lora_param(p.first)) n_adapter += p.second.numel();
     const double base_factor = lora_rank > 0 ? 4.0 : 6.0;  // a frozen base needs no weight gradients
     const double head_tokens = bare || logprobs == "dense" ? tokens : static_cast<double>(seqs * completion);
-    const double flops = base_factor * layer_matmul_params(mc) * tokens +
-                         base_factor * static_cast<double>(mc.hidden_size) * mc.vocab_size * head_tokens +
-                         6.0 * n_adapter * tokens +
-                         seqs * 6.0 * mc.num_hidden_layers * static_cast<double>(T) * T * mc.num_attention_heads * mc.head_dim;
+    const double flops =
+        base_factor * layer_matmul_params(mc) * tokens +
+        base_factor * static_cast<double>(mc.hidden_size) * mc.vocab_size * head_tokens + 6.0 * n_adapter * tokens +
+        seqs * 6.0 * mc.num_hidden_layers * static_cast<double>(T) * T * mc.num_attention_heads * mc.head_dim;
     double peak_mem = 0;
 #ifdef KF_HAVE_CUDA
     if (dev.is_cuda()) {
@@ -255,7 +264,7 @@ int main(int argc, char** argv) {
     }
 #endif
     if (!dev.is_cuda()) {
-      rusage ru {};
+      rusage ru{};
       ::getrusage(RUSAGE_SELF, &ru);
       peak_mem = ru.ru_maxrss * 1024.0;  // host peak RSS
     }
@@ -263,17 +272,21 @@ int main(int argc, char** argv) {
     for (const auto& p : model->parameters()) n_params += p.numel();
     for (const auto& p : params) n_trainable += p.second.numel();
     const std::string cs = shape.substr(shape.rfind('/') + 1) + "/p" + std::to_string(prompt) + "c" +
-                           std::to_string(completion) + "x" + std::to_string(seqs) + (shard_grads ? "/shardgrads" : shard ? "/shard" : "") +
+                           std::to_string(completion) + "x" + std::to_string(seqs) +
+                           (shard_grads ? "/shardgrads"
+                            : shard     ? "/shard"
+                                        : "") +
                            "/" + weights + (comm_kind == "nccl" ? "/nccl" : "") +
-                           (lora_rank > 0 ? "/lora" + std::to_string(lora_rank) : "") + (checkpointing ? "/recompute" : "") +
-                           (bare ? "/bare" : "/" + logprobs);
-    std::printf("bench_learner_scale: %s on %s, %lld parameters (%lld trained), %s%s%s%s, %lld seqs x %lld tokens "
-                "(micro-batch %lld seqs)\n",
-                shape.c_str(), dev.str().c_str(), static_cast<long long>(n_params), static_cast<long long>(n_trainable),
-                lora_rank > 0 ? "frozen base + fp32 LoRA adapters" : (weights + " weights").c_str(),
-                autocast ? " + bf16 autocast" : "", checkpointing ? ", recompute" : "",
-                bare ? ", bare forward + backward" : (", " + logprobs + " log-probs").c_str(), static_cast<long long>(seqs),
-                static_cast<long long>(T), static_cast<long long>(micro));
+                           (lora_rank > 0 ? "/lora" + std::to_string(lora_rank) : "") +
+                           (checkpointing ? "/recompute" : "") + (bare ? "/bare" : "/" + logprobs);
+    std::printf(
+        "bench_learner_scale: %s on %s, %lld parameters (%lld trained), %s%s%s%s, %lld seqs x %lld tokens "
+        "(micro-batch %lld seqs)\n",
+        shape.c_str(), dev.str().c_str(), static_cast<long long>(n_params), static_cast<long long>(n_trainable),
+        lora_rank > 0 ? "frozen base + fp32 LoRA adapters" : (weights + " weights").c_str(),
+        autocast ? " + bf16 autocast" : "", checkpointing ? ", recompute" : "",
+        bare ? ", bare forward + backward" : (", " + logprobs + " log-probs").c_str(), static_cast<long long>(seqs),
+        static_cast<long long>(T), static_cast<long long>(micro));
     std::printf("%-26s %12s\n", "metric", "value");
     std::vector<std::string> bench_rows;
     auto row = [&](const char* metric, double v, const char* unit) {

@@ -55,7 +55,8 @@ int64_t now_ns() {
 }
 void sleep_until_ns(int64_t t) {
   timespec ts{static_cast<time_t>(t / 1000000000LL), static_cast<long>(t % 1000000000LL)};
-  while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, nullptr) == EINTR) {}
+  while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, nullptr) == EINTR) {
+  }
 }
 double cpu_self_s() {
   rusage u{};
@@ -157,8 +158,10 @@ Figures run_case(const Options& o, MakeEnd make, bool paced, pid_t server_pid) {
       uint64_t n = 0;
       for (;;) {
         std::size_t k = e->take_ack(o.batch, &lats[c]);
-        if (now_ns() < stop.load()) n += k;
-        else if (k == 0) break;
+        if (now_ns() < stop.load())
+          n += k;
+        else if (k == 0)
+          break;
       }
       consumed += n;
     });
@@ -219,10 +222,13 @@ int main(int argc, char** argv) {
   app.add_option("--producers", o.producers, "producer threads")->check(CLI::Range(1, 64));
   app.add_option("--consumers", o.consumers, "consumer threads")->check(CLI::Range(1, 64));
   app.add_option("--record-bytes", o.record_bytes, "bytes per record")->check(CLI::Range(16u, 1u << 20));
-  app.add_option("--batch", o.batch, "records per push / take / ack call (saturated case)")->check(CLI::Range(1u, 4096u));
-  app.add_option("--bound", o.bound, "queue bound: redis unacknowledged records, shm capacity")->check(CLI::Range(1u, 1u << 20));
+  app.add_option("--batch", o.batch, "records per push / take / ack call (saturated case)")
+      ->check(CLI::Range(1u, 4096u));
+  app.add_option("--bound", o.bound, "queue bound: redis unacknowledged records, shm capacity")
+      ->check(CLI::Range(1u, 1u << 20));
   app.add_option("--seconds", o.seconds, "measured window per case")->check(CLI::Range(0.1, 600.0));
-  app.add_option("--latency-rate", o.latency_rate, "records/s offered in the latency cases (all producers)")->check(CLI::Range(1.0, 1e7));
+  app.add_option("--latency-rate", o.latency_rate, "records/s offered in the latency cases (all producers)")
+      ->check(CLI::Range(1.0, 1e7));
   app.add_option("--host", o.host, "use this redis server instead of starting one");
   app.add_option("--port", o.port, "its port");
   app.add_option("--user", o.user, "its ACL user");
@@ -266,11 +272,13 @@ int main(int argc, char** argv) {
       const std::string suffix = paced ? "_latency" : "_saturated";
       StreamConfig c = cfg;
       c.stream = "kf:bench:" + std::to_string(getpid()) + suffix;
-      lines.push_back({"redis" + suffix, run_case(o, [&] { return std::make_unique<RedisEnd>(c); }, paced, server_pid)});
+      lines.push_back({"redis" + suffix, run_case(
+                                             o, [&] { return std::make_unique<RedisEnd>(c); }, paced, server_pid)});
       const std::string name = "kfbench.netq." + std::to_string(getpid()) + suffix;
-      auto q = ShmQueue::create(name, QueueConfig{static_cast<uint32_t>(std::min<uint64_t>(o.bound, 1u << 16)), o.record_bytes,
-                                                  std::chrono::milliseconds(100), 20});
-      lines.push_back({"shm" + suffix, run_case(o, [&] { return std::make_unique<ShmEnd>(name); }, paced, -1)});
+      auto q = ShmQueue::create(name, QueueConfig{static_cast<uint32_t>(std::min<uint64_t>(o.bound, 1u << 16)),
+                                                  o.record_bytes, std::chrono::milliseconds(100), 20});
+      lines.push_back({"shm" + suffix, run_case(
+                                           o, [&] { return std::make_unique<ShmEnd>(name); }, paced, -1)});
       ShmSegment::remove(name);
     }
   } catch (const std::exception& e) {
@@ -284,10 +292,13 @@ int main(int argc, char** argv) {
     row(l.name, "client_cpu_per_record", l.f.client_cpu_us, "us");
     if (l.name.rfind("redis", 0) == 0 && server_pid > 0) row(l.name, "server_cpu_per_record", l.f.server_cpu_us, "us");
   }
-  std::printf("\n%d producers, %d consumers, %u-byte records, batch %u (saturated) / 1 at %.0f rec/s (latency), bound %llu, %.1f s per case\n",
-              o.producers, o.consumers, o.record_bytes, o.batch, o.latency_rate, static_cast<unsigned long long>(o.bound),
-              o.seconds);
-  std::printf("%-18s %12s %10s %10s %14s %14s\n", "case", "records/s", "p50 us", "p99 us", "client cpu/rec", "server cpu/rec");
+  std::printf(
+      "\n%d producers, %d consumers, %u-byte records, batch %u (saturated) / 1 at %.0f rec/s (latency), bound %llu, "
+      "%.1f s per case\n",
+      o.producers, o.consumers, o.record_bytes, o.batch, o.latency_rate, static_cast<unsigned long long>(o.bound),
+      o.seconds);
+  std::printf("%-18s %12s %10s %10s %14s %14s\n", "case", "records/s", "p50 us", "p99 us", "client cpu/rec",
+              "server cpu/rec");
   for (const auto& l : lines)
     std::printf("%-18s %12.0f %10.0f %10.0f %12.2f us %12.2f us\n", l.name.c_str(), l.f.rate, l.f.p50_us, l.f.p99_us,
                 l.f.client_cpu_us, l.f.server_cpu_us);

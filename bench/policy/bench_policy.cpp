@@ -126,7 +126,9 @@ int main(int argc, char** argv) {
   if (mode == "train" || mode == "all") {
     m->train();
     m->set_gradient_checkpointing(ckpt);
-    const auto ids = torch::randint(0, cfg.vocab_size, {train_batch, train_seq}, torch::TensorOptions().dtype(torch::kInt64)).to(dev);
+    const auto ids =
+        torch::randint(0, cfg.vocab_size, {train_batch, train_seq}, torch::TensorOptions().dtype(torch::kInt64))
+            .to(dev);
     auto step = [&] {
       for (auto& p : m->parameters()) p.mutable_grad() = torch::Tensor();
       auto loss = -m->token_logprobs(ids).mean();
@@ -142,9 +144,10 @@ int main(int argc, char** argv) {
       best = std::min(best, now() - t0);
     }
     const double tokens = static_cast<double>(train_batch) * train_seq;
-    const double flops = 3.0 * (matmul_flops_per_token(cfg) * tokens + attn_flops_per_seq(cfg, train_seq) * train_batch);
-    const std::string c = "train_" + tag + "_b" + std::to_string(train_batch) + "_s" + std::to_string(train_seq) +
-                          (ckpt ? "_ckpt" : "");
+    const double flops =
+        3.0 * (matmul_flops_per_token(cfg) * tokens + attn_flops_per_seq(cfg, train_seq) * train_batch);
+    const std::string c =
+        "train_" + tag + "_b" + std::to_string(train_batch) + "_s" + std::to_string(train_seq) + (ckpt ? "_ckpt" : "");
     std::printf("BENCH|policy|%s|step_time|%.4f|s\n", c.c_str(), best);
     std::printf("BENCH|policy|%s|tok_per_s|%.0f|tok/s\n", c.c_str(), tokens / best);
     std::printf("BENCH|policy|%s|tflops|%.1f|TFLOP/s\n", c.c_str(), flops / best / 1e12);

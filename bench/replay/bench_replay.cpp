@@ -51,7 +51,8 @@ int64_t now_ns() {
 // Sleeps (does not spin: spinning producers would starve consumers on small machines).
 void sleep_until_ns(int64_t t) {
   timespec ts{static_cast<time_t>(t / 1000000000LL), static_cast<long>(t % 1000000000LL)};
-  while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, nullptr) == EINTR) {}
+  while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, nullptr) == EINTR) {
+  }
 }
 
 // Shared between the bench processes (anonymous MAP_SHARED, made before fork).
@@ -60,7 +61,7 @@ struct Shared {
   std::atomic<uint64_t> consumed[16];
   std::atomic<uint64_t> samples[16];
   static constexpr uint64_t kMaxSamples = 1u << 22;  // per consumer
-  uint32_t lat_ns[16][kMaxSamples];                   // large but untouched pages cost nothing
+  uint32_t lat_ns[16][kMaxSamples];                  // large but untouched pages cost nothing
 };
 Shared* make_shared() {
   void* p = mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
@@ -80,7 +81,8 @@ void record_latency(Shared* sh, int c, const unsigned char* rec) {
   int64_t stamp;
   std::memcpy(&stamp, rec, 8);
   uint64_t n = sh->samples[c].fetch_add(1, std::memory_order_relaxed);
-  if (n < Shared::kMaxSamples) sh->lat_ns[c][n] = static_cast<uint32_t>(std::min<int64_t>(now_ns() - stamp, UINT32_MAX));
+  if (n < Shared::kMaxSamples)
+    sh->lat_ns[c][n] = static_cast<uint32_t>(std::min<int64_t>(now_ns() - stamp, UINT32_MAX));
 }
 
 // Producer: until stop_ns, push records stamped with their push time; rate 0 = flat out.
@@ -173,7 +175,8 @@ QueueFigures run_queue_case(const Options& o, Impl impl, double offered_rate, Sh
     bip::message_queue::remove(name.c_str());
     bip::message_queue mq(bip::create_only, name.c_str(), o.capacity, o.record_bytes);
   } else {
-    q.emplace(ShmQueue::create(name, QueueConfig{o.capacity, o.record_bytes, std::chrono::milliseconds(100), o.spin_us}));
+    q.emplace(
+        ShmQueue::create(name, QueueConfig{o.capacity, o.record_bytes, std::chrono::milliseconds(100), o.spin_us}));
   }
   sh->start_ns.store(0);
   for (int c = 0; c < 16; ++c) sh->consumed[c].store(0), sh->samples[c].store(0);
@@ -201,13 +204,17 @@ QueueFigures run_queue_case(const Options& o, Impl impl, double offered_rate, Sh
     uint64_t n = std::min<uint64_t>(sh->samples[c].load(), Shared::kMaxSamples);
     lat.insert(lat.end(), sh->lat_ns[c], sh->lat_ns[c] + n);
   }
-  if (impl == Impl::boost_mq) bip::message_queue::remove(name.c_str());
-  else ShmSegment::remove(name);
+  if (impl == Impl::boost_mq)
+    bip::message_queue::remove(name.c_str());
+  else
+    ShmSegment::remove(name);
   QueueFigures f;
   f.rate = total / elapsed;
   if (!lat.empty()) {
     std::sort(lat.begin(), lat.end());
-    auto pct = [&](double p) { return lat[std::min<std::size_t>(lat.size() - 1, static_cast<std::size_t>(p * lat.size()))] / 1000.0; };
+    auto pct = [&](double p) {
+      return lat[std::min<std::size_t>(lat.size() - 1, static_cast<std::size_t>(p * lat.size()))] / 1000.0;
+    };
     f.p50_us = pct(0.50);
     f.p99_us = pct(0.99);
     f.p999_us = pct(0.999);
@@ -300,7 +307,8 @@ int main(int argc, char** argv) {
   if (o.cases == "all" || o.cases == "snapshot") bench_snapshot(o);
 
   std::printf("\n%-18s %-22s %14s  %s\n", "case", "metric", "value", "unit");
-  for (const auto& r : rows) std::printf("%-18s %-22s %14.4g  %s\n", r.cas.c_str(), r.metric.c_str(), r.value, r.unit.c_str());
+  for (const auto& r : rows)
+    std::printf("%-18s %-22s %14.4g  %s\n", r.cas.c_str(), r.metric.c_str(), r.value, r.unit.c_str());
   std::printf("(%d producers, %d consumers, %u-byte records, capacity %u, batch %u, %.1f s per case, %u cores)\n",
               o.producers, o.consumers, o.record_bytes, o.capacity, o.batch, o.seconds,
               std::thread::hardware_concurrency());

@@ -62,7 +62,8 @@ int main(int argc, char** argv) {
   app.add_option("--device", device, "cpu, cuda (auto: cuda when available)");
   app.add_option("--prompt", prompt, "prompt tokens (default: 64 on CPU, 2048 on CUDA)");
   app.add_option("--completion", completion, "completion tokens per sequence (default: 32 on CPU, 512 on CUDA)");
-  app.add_option("--concurrency", conc, "concurrent sequences, comma-separated (default: 16,32 on CPU, 64,128,256 on CUDA)");
+  app.add_option("--concurrency", conc,
+                 "concurrent sequences, comma-separated (default: 16,32 on CPU, 64,128,256 on CUDA)");
   app.add_option("--group", group, "samples per prompt (G)");
   app.add_option("--block-size", block, "KV block size, tokens");
   app.add_option("--kv-budget-mb", kv_mb, "engine KV pool (0: every sequence at full length, + 5%)");
@@ -121,7 +122,8 @@ int main(int argc, char** argv) {
     const double t0 = now();
     int64_t tokens = 0;
     for (int64_t g = 0; g < baseline_groups; ++g) {
-      const auto out = s.generate(std::vector<std::vector<int32_t>>(group, random_prompt(prompt, cfg.vocab_size, g)), q);
+      const auto out =
+          s.generate(std::vector<std::vector<int32_t>>(group, random_prompt(prompt, cfg.vocab_size, g)), q);
       for (const auto& c : out) tokens += static_cast<int64_t>(c.tokens.size());
     }
     sync(dev);
@@ -179,7 +181,8 @@ int main(int argc, char** argv) {
     const double pool_mb = double(st.blocks_total) * st.block_bytes / 1048576.0;
     std::printf("%-22s %6ld %12.1f %14.3f %14.1f %12.1f   (first group %.3f s, %ld graphs, %.1f%% padded rows)\n",
                 "engine", long(groups * group), tps, sum_done / double(finished), used_mb, pool_mb, first_done,
-                long(st.graphs_captured), 100.0 * double(st.padded_rows) / double(std::max<int64_t>(1, st.decode_rows + st.padded_rows)));
+                long(st.graphs_captured),
+                100.0 * double(st.padded_rows) / double(std::max<int64_t>(1, st.decode_rows + st.padded_rows)));
     const std::string c = name + "_c" + std::to_string(groups * group);
     row(c + "_engine", "tokens_per_s", tps, "tok/s");
     row(c + "_engine", "group_done_s", sum_done / double(finished), "s");
@@ -190,7 +193,8 @@ int main(int argc, char** argv) {
     if (g_tps > 0) {
       row(c + "_engine", "speedup_vs_group", tps / g_tps, "x");
       // Group-at-a-time for these N sequences: groups one after another.
-      row(c + "_group", "all_groups_done_s", g_group_s * double(groups) * double(completion) / double(baseline_completion), "s");
+      row(c + "_group", "all_groups_done_s",
+          g_group_s * double(groups) * double(completion) / double(baseline_completion), "s");
     }
   }
   return 0;

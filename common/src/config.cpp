@@ -21,8 +21,9 @@ namespace {
 // so a run works from any working directory and its saved config.yaml holds absolute paths:
 // defaults and values in a config file inside the repository against the repository, a
 // config file elsewhere against its own folder, --set values against the working directory.
-const char* const kPathKeys[] = {"run.root", "tasks.dir", "tasks.heldout", "actors.prompt.template",
-                                 "actors.prompt.abi_header", "learner.policy", "learner.init_shape"};
+const char* const kPathKeys[] = {
+    "run.root",       "tasks.dir",         "tasks.heldout", "actors.prompt.template", "actors.prompt.abi_header",
+    "learner.policy", "learner.init_shape"};
 
 std::string source_tree() {
   if (const char* e = std::getenv("KF_SOURCE_DIR"); e && *e) return e;
@@ -42,18 +43,25 @@ std::string cwd() {
 // learner.init_shape is a shape name ("tiny") or a config.json path.
 bool names_a_path(const std::string& key, const std::string& v) {
   if (v.empty() || v[0] == '/') return false;
-  if (key == "learner.init_shape") return v.find('/') != std::string::npos || v.size() > 5 && v.substr(v.size() - 5) == ".json";
+  if (key == "learner.init_shape")
+    return v.find('/') != std::string::npos || v.size() > 5 && v.substr(v.size() - 5) == ".json";
   return true;
 }
 
 const char* type_name(ConfigType t) {
   switch (t) {
-    case ConfigType::Int: return "an integer";
-    case ConfigType::Float: return "a number";
-    case ConfigType::Bool: return "a boolean";
-    case ConfigType::String: return "a string";
-    case ConfigType::IntList: return "a list of integers";
-    case ConfigType::StringList: return "a list of strings";
+    case ConfigType::Int:
+      return "an integer";
+    case ConfigType::Float:
+      return "a number";
+    case ConfigType::Bool:
+      return "a boolean";
+    case ConfigType::String:
+      return "a string";
+    case ConfigType::IntList:
+      return "a list of integers";
+    case ConfigType::StringList:
+      return "a list of strings";
   }
   return "?";
 }
@@ -108,15 +116,14 @@ void check_range(const ConfigKey& key, double v, const std::string& text, const 
 
 // Checks `value` against `key` and returns its canonical YAML text. Throws naming `where`.
 std::string validate_value(const ConfigKey& key, const YAML::Node& value, const std::string& where) {
-  auto fail = [&](const std::string& what) -> Error {
-    return error_at(where, "key '" + key.path + "' " + what);
-  };
+  auto fail = [&](const std::string& what) -> Error { return error_at(where, "key '" + key.path + "' " + what); };
   YAML::Emitter out;
   out.SetSeqFormat(YAML::Flow);
   switch (key.type) {
     case ConfigType::Int: {
       int64_t v;
-      if (!scalar_is_int(value) || !scalar_as(value, v)) throw fail("expects an integer, got '" + YAML::Dump(value) + "'");
+      if (!scalar_is_int(value) || !scalar_as(value, v))
+        throw fail("expects an integer, got '" + YAML::Dump(value) + "'");
       check_range(key, static_cast<double>(v), YAML::Dump(value), fail);
       out << v;
       break;
@@ -144,7 +151,8 @@ std::string validate_value(const ConfigKey& key, const YAML::Node& value, const 
       break;
     }
     case ConfigType::String: {
-      if (!value.IsScalar()) throw fail("expects a string, got " + std::string(value.IsSequence() ? "a list" : "a map"));
+      if (!value.IsScalar())
+        throw fail("expects a string, got " + std::string(value.IsSequence() ? "a list" : "a map"));
       const std::string v = value.Scalar();
       if (!key.choices.empty()) {
         bool ok = false;
@@ -160,7 +168,8 @@ std::string validate_value(const ConfigKey& key, const YAML::Node& value, const 
     }
     case ConfigType::IntList:
     case ConfigType::StringList: {
-      if (!value.IsSequence()) throw fail(std::string("expects ") + type_name(key.type) + ", got '" + YAML::Dump(value) + "'");
+      if (!value.IsSequence())
+        throw fail(std::string("expects ") + type_name(key.type) + ", got '" + YAML::Dump(value) + "'");
       out << YAML::BeginSeq;
       for (std::size_t i = 0; i < value.size(); ++i) {
         const YAML::Node& e = value[i];
@@ -270,7 +279,8 @@ const ConfigKey& Config::key_or_throw(const std::string& path, ConfigType type) 
   const ConfigKey* key = find_key(*schema_, path);
   if (!key) throw error_at(source_, "program asked for undeclared key '" + path + "'");
   if (key->type != type)
-    throw error_at(source_, "program read key '" + path + "' as " + type_name(type) + " but it is " + type_name(key->type));
+    throw error_at(source_,
+                   "program read key '" + path + "' as " + type_name(type) + " but it is " + type_name(key->type));
   return *key;
 }
 

@@ -16,9 +16,7 @@
 #include "kf/common/error.h"
 
 namespace kf {
-namespace {
-
-}  // namespace
+namespace {}  // namespace
 
 std::string gpu_file_path(const std::string& dir_in, const std::string& gpu_in, const std::string& suffix) {
   std::string gpu = gpu_in;

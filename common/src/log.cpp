@@ -26,10 +26,14 @@ LogState& state() {
 
 const char* level_letter(LogLevel l) {
   switch (l) {
-    case LogLevel::Debug: return "D";
-    case LogLevel::Info: return "I";
-    case LogLevel::Warn: return "W";
-    case LogLevel::Error: return "E";
+    case LogLevel::Debug:
+      return "D";
+    case LogLevel::Info:
+      return "I";
+    case LogLevel::Warn:
+      return "W";
+    case LogLevel::Error:
+      return "E";
   }
   return "?";
 }
@@ -42,8 +46,8 @@ std::string utc_now() {
   std::tm tm{};
   gmtime_r(&t, &tm);
   char buf[40];
-  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900, tm.tm_mon + 1,
-                tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ms);
+  std::snprintf(buf, sizeof buf, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday,
+                tm.tm_hour, tm.tm_min, tm.tm_sec, ms);
   return buf;
 }
 
@@ -60,7 +64,8 @@ void log_init(const std::string& role, int id, const std::string& file) {
   }
   if (!file.empty()) {
     s.file = std::fopen(file.c_str(), "a");
-    if (!s.file) std::fprintf(stderr, "[%s:%d] cannot open log file %s; logging to stderr only\n", role.c_str(), id, file.c_str());
+    if (!s.file)
+      std::fprintf(stderr, "[%s:%d] cannot open log file %s; logging to stderr only\n", role.c_str(), id, file.c_str());
   }
 }
 

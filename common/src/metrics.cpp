@@ -16,9 +16,7 @@
 namespace kf {
 namespace {
 
-double unix_now() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
+double unix_now() { return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count(); }
 
 // --- Protobuf wire format, just the parts event.proto needs (hand-encoded so the common
 // library needs no protobuf dependency). A field key is (field_number << 3) | wire_type.
@@ -166,17 +164,20 @@ void MetricsWriter::write(int64_t step, const std::vector<std::pair<std::string,
   line["step"] = step;
   line["time"] = now;
   for (const auto& [key, value] : scalars) {
-    if (!std::isfinite(value)) line[key] = nullptr;  // JSON has no NaN/inf
-    else if (value == std::trunc(value) && std::fabs(value) < 9.0e15) line[key] = static_cast<int64_t>(value);
-    else line[key] = value;  // counts read as integers ("groups":4, not 4.0); exact below 2^53
+    if (!std::isfinite(value))
+      line[key] = nullptr;  // JSON has no NaN/inf
+    else if (value == std::trunc(value) && std::fabs(value) < 9.0e15)
+      line[key] = static_cast<int64_t>(value);
+    else
+      line[key] = value;  // counts read as integers ("groups":4, not 4.0); exact below 2^53
   }
   for (const auto& kv : extra.items()) line[kv.key()] = kv.value();
   std::string text;
   try {
     text = line.dump() + "\n";
   } catch (const nlohmann::json::exception& ex) {  // e.g. a key or string that is not UTF-8
-    throw error_at(jsonl_path_, std::string("cannot encode the record of step ") + std::to_string(step) + ": " +
-                                    ex.what());
+    throw error_at(jsonl_path_,
+                   std::string("cannot encode the record of step ") + std::to_string(step) + ": " + ex.what());
   }
   if (std::fwrite(text.data(), 1, text.size(), jsonl_) != text.size())
     throw error_at(jsonl_path_, std::string("write failed: ") + std::strerror(errno));

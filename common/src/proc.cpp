@@ -19,7 +19,7 @@ uint64_t proc_start_time(pid_t pid) {
   // "pid (comm) S ..." where comm may contain spaces and ')': parse after the last ')'.
   char* p = std::strrchr(buf, ')');
   if (!p) return 0;
-  p += 2;                                  // now at the state field (field 3)
+  p += 2;                                             // now at the state field (field 3)
   if (*p == 'Z' || *p == 'X' || *p == 'x') return 0;  // dead, not yet reaped
   for (int field = 3; field < 22 && *p; ++p)
     if (*p == ' ') ++field;

@@ -81,8 +81,8 @@ SafetensorsHeader safetensors_parse(const uint8_t* bytes, std::size_t size, cons
       throw Error(tctx + ": field 'data_offsets': [" + std::to_string(b) + ", " + std::to_string(en) +
                   "] points outside the data (" + std::to_string(data_size) + " bytes; file truncated?)");
     if (en - b != need)
-      throw Error(tctx + ": field 'data_offsets': spans " + std::to_string(en - b) + " bytes but shape and dtype need " +
-                  std::to_string(need));
+      throw Error(tctx + ": field 'data_offsets': spans " + std::to_string(en - b) +
+                  " bytes but shape and dtype need " + std::to_string(need));
     t.offset = h.data_begin + b;
     t.nbytes = en - b;
     h.tensors.push_back(std::move(t));

@@ -39,9 +39,9 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-constexpr const char* kViewMn = "/kf/mn";          // worker.py, build_ext.py, mn_common.py
+constexpr const char* kViewMn = "/kf/mn";  // worker.py, build_ext.py, mn_common.py
 constexpr const char* kViewLib = "/kf/lib/libkf_modelnew_confine.so";
-constexpr const char* kViewJob = "/kf/job";        // the compile step's folder (read-only for the worker)
+constexpr const char* kViewJob = "/kf/job";  // the compile step's folder (read-only for the worker)
 constexpr const char* kViewScratch = "/kf/scratch";
 constexpr uint64_t kEvidenceBytes = 1 << 16;
 constexpr uid_t kNobody = 65534;
@@ -159,13 +159,14 @@ std::string task_spec_json(const tasks::Task& task, tasks::Backend b) {
     // c10 names ("Float") -> torch names ("float32")
     static const std::map<std::string, std::string> names = {
         {"Float", "float32"}, {"Half", "float16"}, {"BFloat16", "bfloat16"}, {"Double", "float64"}, {"Int", "int32"},
-        {"Long", "int64"},   {"Short", "int16"},  {"Char", "int8"},         {"Byte", "uint8"},     {"Bool", "bool"}};
+        {"Long", "int64"},    {"Short", "int16"},  {"Char", "int8"},         {"Byte", "uint8"},     {"Bool", "bool"}};
     auto it = names.find(dt);
     spec["params"].push_back({{"name", p.name}, {"shape", p.shape}, {"dtype", it == names.end() ? dt : it->second}});
   }
   for (const auto* list : {&task.inputs(b), &task.outputs(b)})
     for (const auto& t : *list)
-      if (at::isFloatingType(t.dtype)) fl.insert(t.dtype == at::kDouble ? "float64" : t.dtype == at::kFloat ? "float32" : "narrow");
+      if (at::isFloatingType(t.dtype))
+        fl.insert(t.dtype == at::kDouble ? "float64" : t.dtype == at::kFloat ? "float32" : "narrow");
   spec["float_dtypes"] = std::vector<std::string>(fl.begin(), fl.end());
   return spec.dump();
 }
@@ -174,7 +175,8 @@ std::string task_spec_json(const tasks::Task& task, tasks::Backend b) {
 // folders only), so nothing of the candidate's can change them later.
 std::string adopt_tree(const std::string& dir) {
   std::error_code ec;
-  for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+  for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::recursive_directory_iterator();
+       it.increment(ec)) {
     const auto st = it->symlink_status(ec);
     if (!fs::is_regular_file(st) && !fs::is_directory(st)) return it->path().string() + " is not a plain file";
     if (geteuid() == 0 && ::lchown(it->path().c_str(), 0, 0) != 0) return "chown " + it->path().string();
@@ -232,15 +234,17 @@ Build build(const tasks::Task& task, tasks::Backend b, const std::string& source
   SpawnSpec s;
   s.argv = {py.exe, "-I", "-B", std::string(kViewMn) + "/build_ext.py", kViewJob};
   const std::string arch = o.eval.compile.cuda_arch;  // sm_90 -> 9.0
-  std::string arch_list = arch.rfind("sm_", 0) == 0 && arch.size() >= 5 ? arch.substr(3, arch.size() - 4) + "." + arch.substr(arch.size() - 1) : "9.0";
+  std::string arch_list = arch.rfind("sm_", 0) == 0 && arch.size() >= 5
+                              ? arch.substr(3, arch.size() - 4) + "." + arch.substr(arch.size() - 1)
+                              : "9.0";
   s.env = pick_env({"LD_LIBRARY_PATH"});
-  s.env.insert(s.env.end(), {"PATH=" + fs::path(py.exe).parent_path().string() + ":/usr/local/cuda/bin:/usr/bin:/bin",
-                             "HOME=/tmp", "TMPDIR=/tmp", "LANG=C", "CUDA_HOME=/usr/local/cuda",
-                             // /usr/bin/c++ and cc lead through /etc/alternatives, which the view does not hold
-                             "CXX=g++", "CC=gcc",
-                             "TORCH_CUDA_ARCH_LIST=" + arch_list, "TORCH_EXTENSIONS_DIR=/tmp/torch_extensions",
-                             "MAX_JOBS=" + std::to_string(std::max(1, o.eval.compile.jobs > 0 ? o.eval.compile.jobs : 2)),
-                             "PYTHONDONTWRITEBYTECODE=1", "USER=nobody", "LOGNAME=nobody"});
+  s.env.insert(s.env.end(),
+               {"PATH=" + fs::path(py.exe).parent_path().string() + ":/usr/local/cuda/bin:/usr/bin:/bin", "HOME=/tmp",
+                "TMPDIR=/tmp", "LANG=C", "CUDA_HOME=/usr/local/cuda",
+                // /usr/bin/c++ and cc lead through /etc/alternatives, which the view does not hold
+                "CXX=g++", "CC=gcc", "TORCH_CUDA_ARCH_LIST=" + arch_list, "TORCH_EXTENSIONS_DIR=/tmp/torch_extensions",
+                "MAX_JOBS=" + std::to_string(std::max(1, o.eval.compile.jobs > 0 ? o.eval.compile.jobs : 2)),
+                "PYTHONDONTWRITEBYTECODE=1", "USER=nobody", "LOGNAME=nobody"});
   s.cwd = kViewJob;
   s.confine = base_view(view_root(cache));
   s.confine.binds.push_back({work, kViewJob, /*writable=*/true});
@@ -251,7 +255,8 @@ Build build(const tasks::Task& task, tasks::Backend b, const std::string& source
     r = run_bounded(s, o.build_timeout_s, 1 << 16);
   } catch (const std::exception& e) {
     fsutil::remove_tree(work);
-    log_error("modelnew: the compile step did not run (", e.what(), "); the candidate is scored as an environment failure");
+    log_error("modelnew: the compile step did not run (", e.what(),
+              "); the candidate is scored as an environment failure");
     out.cr.environment_failure = true;
     out.cr.diagnostics = std::string("modelnew compile step: the build did not run: ") + e.what();
     out.cr.seconds = seconds();
@@ -324,7 +329,8 @@ std::function<void(SpawnSpec&)> worker_spawn(const std::string& job, const std::
       std::error_code ec;
       for (const auto& e : fs::directory_iterator("/dev", ec)) {
         const std::string n = e.path().filename().string();
-        if (n.rfind("nvidia", 0) == 0 && !e.is_directory(ec)) s.confine.binds.push_back({e.path().string(), e.path().string(), true, true});
+        if (n.rfind("nvidia", 0) == 0 && !e.is_directory(ec))
+          s.confine.binds.push_back({e.path().string(), e.path().string(), true, true});
       }
       s.confine.binds.push_back({"/proc", "/proc"});
       s.confine.binds.push_back({"/sys", "/sys"});
@@ -348,11 +354,20 @@ void name_worker_failure(Result& r) {
   if (why.empty()) why = "forward failed (rc " + std::to_string(rc) + ")";
   r.reason = why;
   switch (rc) {
-    case 101: r.verdict = Verdict::rejected_cheat; break;   // side stream
-    case 102: r.verdict = Verdict::rejected_cheat; break;   // fp16/bf16 output
-    case 103: r.verdict = Verdict::incorrect; break;       // output count/shape/dtype
-    case 105: if (why.find("plain torch.Tensor") != std::string::npos) r.verdict = Verdict::rejected_cheat; break;
-    default: break;                                        // 104: forward raised
+    case 101:
+      r.verdict = Verdict::rejected_cheat;
+      break;  // side stream
+    case 102:
+      r.verdict = Verdict::rejected_cheat;
+      break;  // fp16/bf16 output
+    case 103:
+      r.verdict = Verdict::incorrect;
+      break;  // output count/shape/dtype
+    case 105:
+      if (why.find("plain torch.Tensor") != std::string::npos) r.verdict = Verdict::rejected_cheat;
+      break;
+    default:
+      break;  // 104: forward raised
   }
 }
 
@@ -403,7 +418,8 @@ double time_reference_kb(tasks::Reference& ref, const std::vector<at::Tensor>& i
 Probe run_probe(const tasks::Task& task, tasks::Backend b, const Build& bd, const Options& o, uint64_t seed) {
   Probe p;
   const bool cuda = b == tasks::Backend::CUDA;
-  const at::Device dev = cuda ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(o.eval.device)) : at::Device(at::kCPU);
+  const at::Device dev =
+      cuda ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(o.eval.device)) : at::Device(at::kCPU);
   tasks::ExactFp32Scope exact;
   auto ref = task.new_reference(b, dev);
   const auto params = ref->params();
@@ -452,8 +468,9 @@ Probe run_probe(const tasks::Task& task, tasks::Backend b, const Build& bd, cons
     const double timeout = evidence_call ? 60 + 200.0 * o.eval.min_call_timeout_s : 10 * o.eval.min_call_timeout_s;
     // The evidence call times forward KernelBench's way: alone on the GPU, as a timed trial.
     std::optional<GpuTimingLock::Hold> hold;
-    if (cuda && evidence_call && lock) hold.emplace(lock.get(), /*exclusive=*/true,
-                                                    std::chrono::milliseconds(int64_t(o.eval.gpu_lock_timeout_s * 1000)));
+    if (cuda && evidence_call && lock)
+      hold.emplace(lock.get(), /*exclusive=*/true,
+                   std::chrono::milliseconds(int64_t(o.eval.gpu_lock_timeout_s * 1000)));
     CallOutcome c = sb->run(0, uint32_t(i & 1), false, 0, timeout);
     hold.reset();
     ++p.trials;
@@ -470,7 +487,8 @@ Probe run_probe(const tasks::Task& task, tasks::Backend b, const Build& bd, cons
     p.correct += good ? 1 : 0;
     if (evidence_call) {
       at::Tensor evb = view_of(const_cast<void*>(sb->output_late(0, int(outs.size()))),
-                               {"evidence", tasks::Role::Output, {int64_t(kEvidenceBytes)}, at::kByte}, slot_dev).cpu();
+                               {"evidence", tasks::Role::Output, {int64_t(kEvidenceBytes)}, at::kByte}, slot_dev)
+                           .cpu();
       std::string text(static_cast<const char*>(evb.data_ptr()), kEvidenceBytes);
       text = text.substr(0, text.find('\0'));
       try {
@@ -483,7 +501,8 @@ Probe run_probe(const tasks::Task& task, tasks::Backend b, const Build& bd, cons
   }
   if (!last.empty()) {
     std::optional<GpuTimingLock::Hold> hold;
-    if (cuda && lock) hold.emplace(lock.get(), true, std::chrono::milliseconds(int64_t(o.eval.gpu_lock_timeout_s * 1000)));
+    if (cuda && lock)
+      hold.emplace(lock.get(), true, std::chrono::milliseconds(int64_t(o.eval.gpu_lock_timeout_s * 1000)));
     p.ref_ms = time_reference_kb(*ref, last, cuda, o.kb_perf_trials);
   }
   return p;
@@ -522,10 +541,12 @@ Outcome evaluate(const tasks::Task& task, tasks::Backend b, const std::string& s
   Evaluator ev(eo);
   Result& r = out.result;
   r = ev.evaluate_compiled(task, b, bd.cr, candidate_seed);
-  if (r.verdict == Verdict::compile_error && r.reason == "compile error") r.reason = "compile error (ModelNew compile step)";
+  if (r.verdict == Verdict::compile_error && r.reason == "compile error")
+    r.reason = "compile error (ModelNew compile step)";
   name_worker_failure(r);
 
-  const bool loaded = r.verdict == Verdict::ok || r.verdict == Verdict::incorrect || r.verdict == Verdict::rejected_cheat ||
+  const bool loaded = r.verdict == Verdict::ok || r.verdict == Verdict::incorrect ||
+                      r.verdict == Verdict::rejected_cheat ||
                       (r.verdict == Verdict::runtime_error && r.reason.rfind("forward raised", 0) == 0);
   if (opts.probe && loaded) {
     Probe p;
@@ -533,7 +554,8 @@ Outcome evaluate(const tasks::Task& task, tasks::Backend b, const std::string& s
       p = run_probe(task, b, bd, opts, candidate_seed ^ 0x6b62ull);
     } catch (const std::exception& e) {
       p.error = e.what();
-      log_warn("modelnew: the probe of ", task.name(), " failed (", e.what(), "); the verdict stands without its evidence");
+      log_warn("modelnew: the probe of ", task.name(), " failed (", e.what(),
+               "); the verdict stands without its evidence");
     }
     out.probe_error = p.error;
     out.kb_correct = p.correct;
@@ -571,14 +593,17 @@ Outcome evaluate(const tasks::Task& task, tasks::Backend b, const std::string& s
       };
       if (have_kernels) {
         out.custom_code_ran = !launched.empty();
-        out.custom_detail = out.custom_code_ran ? "custom CUDA kernels launched during forward: " + join(launched)
-                                                : "no kernel of the candidate's __global__ functions ran during forward" +
-                                                      std::string(called.empty() ? "" : " (load_inline functions called: " + join(called) + ")");
+        out.custom_detail =
+            out.custom_code_ran
+                ? "custom CUDA kernels launched during forward: " + join(launched)
+                : "no kernel of the candidate's __global__ functions ran during forward" +
+                      std::string(called.empty() ? "" : " (load_inline functions called: " + join(called) + ")");
       } else {
         out.custom_code_ran = !called.empty();
         out.custom_detail = out.custom_code_ran ? "load_inline functions called during forward: " + join(called)
-                            : defined.empty() ? "no load_inline extension: forward uses torch ops only"
-                                              : "load_inline functions defined but never called during forward: " + join(defined);
+                            : defined.empty()
+                                ? "no load_inline extension: forward uses torch ops only"
+                                : "load_inline functions defined but never called during forward: " + join(defined);
       }
       out.torch_only = !out.custom_code_ran;
       r.checks.push_back({"modelnew.custom_code", true, (out.torch_only ? "torch_only: " : "") + out.custom_detail});
@@ -586,7 +611,8 @@ Outcome evaluate(const tasks::Task& task, tasks::Backend b, const std::string& s
         const std::string ops = join(out.low_precision_ops);
         if (r.verdict == Verdict::incorrect) {
           r.verdict = Verdict::rejected_cheat;
-          r.reason = "precision downgrade: computes in a narrower float type (" + ops + ") and misses the tolerance: " + r.reason;
+          r.reason = "precision downgrade: computes in a narrower float type (" + ops +
+                     ") and misses the tolerance: " + r.reason;
         }
         r.checks.push_back({"modelnew.precision", r.verdict != Verdict::rejected_cheat, "ops in fp16/bf16: " + ops});
       }
@@ -623,7 +649,8 @@ std::string to_text(const Outcome& o) {
   if (o.probe_ran) {
     s << "custom     " << (o.torch_only ? "TORCH ONLY: " : "ran: ") << o.custom_detail << "\n";
     char b[256];
-    std::snprintf(b, sizeof b, "kernelbench %d/%d correct (atol=rtol=1e-2); mean ref %.4f ms, candidate %.4f ms, speedup %.3fx\n",
+    std::snprintf(b, sizeof b,
+                  "kernelbench %d/%d correct (atol=rtol=1e-2); mean ref %.4f ms, candidate %.4f ms, speedup %.3fx\n",
                   o.kb_correct, o.kb_trials, o.kb_ref_ms, o.kb_cand_ms, o.kb_speedup);
     s << b;
   } else if (!o.probe_error.empty()) {

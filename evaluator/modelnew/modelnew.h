@@ -24,28 +24,28 @@
 namespace kf::evaluator::modelnew {
 
 struct Options {
-  EvalOptions eval;               // the ABI path's options (trials, sets, limits, seeds)
-  double build_timeout_s = 900;   // the compile step (load_inline of a CUDA extension takes ~30 s)
-  bool probe = true;              // run the probe (custom-code evidence, KernelBench protocol)
-  int kb_correct_trials = 5;      // KernelBench: num_correct_trials
-  int kb_perf_trials = 100;       // KernelBench: num_perf_trials
-  double kb_tol = 1e-2;           // KernelBench: atol = rtol
+  EvalOptions eval;              // the ABI path's options (trials, sets, limits, seeds)
+  double build_timeout_s = 900;  // the compile step (load_inline of a CUDA extension takes ~30 s)
+  bool probe = true;             // run the probe (custom-code evidence, KernelBench protocol)
+  int kb_correct_trials = 5;     // KernelBench: num_correct_trials
+  int kb_perf_trials = 100;      // KernelBench: num_perf_trials
+  double kb_tol = 1e-2;          // KernelBench: atol = rtol
 };
 
 struct Outcome {
-  Result result;                  // our protocol's verdict (reason names the trick)
+  Result result;  // our protocol's verdict (reason names the trick)
   // Probe: did custom code run during forward?
   bool probe_ran = false;
-  std::string probe_error;        // why the probe gave no evidence (empty: it did)
-  bool custom_code_ran = false;   // a load_inline function was called (CPU) / a kernel of the
-                                  // candidate's __global__ functions was launched (CUDA)
-  bool torch_only = false;        // !custom_code_ran, with evidence
-  std::string custom_detail;      // which functions / kernels, or what was defined and not used
+  std::string probe_error;                     // why the probe gave no evidence (empty: it did)
+  bool custom_code_ran = false;                // a load_inline function was called (CPU) / a kernel of the
+                                               // candidate's __global__ functions was launched (CUDA)
+  bool torch_only = false;                     // !custom_code_ran, with evidence
+  std::string custom_detail;                   // which functions / kernels, or what was defined and not used
   std::vector<std::string> low_precision_ops;  // ATen ops with fp16/bf16 results in an fp32 task
   // KernelBench's protocol on the same inputs
-  int kb_correct = 0, kb_trials = 0;  // input sets within kb_tol
+  int kb_correct = 0, kb_trials = 0;                     // input sets within kb_tol
   double kb_ref_ms = 0, kb_cand_ms = 0, kb_speedup = 0;  // means of kb_perf_trials
-  std::string evidence_json;      // the worker's raw evidence (untrusted, reported as is)
+  std::string evidence_json;                             // the worker's raw evidence (untrusted, reported as is)
 };
 
 // True for a candidate path this module handles (a .py file).

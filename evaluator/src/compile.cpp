@@ -35,7 +35,6 @@
 #define KF_ABI_INCLUDE_DIR ""
 #endif
 
-
 namespace kf::evaluator {
 namespace {
 
@@ -52,7 +51,7 @@ std::string read_text(const std::string& p) {
 }
 void write_text_atomic(const std::string& p, const std::string& s) {
   const std::string tmp = p + ".tmp." + std::to_string(getpid()) + "." +
-                       std::to_string(std::hash<std::thread::id>{}(std::this_thread::get_id()));
+                          std::to_string(std::hash<std::thread::id>{}(std::this_thread::get_id()));
   {
     std::ofstream f(tmp, std::ios::binary);
     f << s;
@@ -180,7 +179,8 @@ std::string check_source_policy(const std::string& source) {
     // split string literal can still spell it; nothing the verifier relies on is in a
     // file, so this only keeps casual file disclosure out of kernels.)
     static const std::regex asm_inc(R"(incbin|\.include\s+\\?")");
-    if (std::regex_search(line, asm_inc)) return "line " + std::to_string(no) + ": assembler .incbin/.include is not allowed";
+    if (std::regex_search(line, asm_inc))
+      return "line " + std::to_string(no) + ": assembler .incbin/.include is not allowed";
     // File probes: whether a file exists, or is newer than the source.
     static const std::regex probe(R"(__has_include|GCC\s+dependency)");
     if (std::regex_search(line, m, probe))
@@ -193,10 +193,13 @@ std::string check_source_policy(const std::string& source) {
     }
     const std::string kw = m[1], path = m[3];
     if (kw != "include") return "line " + std::to_string(no) + ": #" + kw + " is not allowed";
-    if (!path.empty() && path[0] == '/') return "line " + std::to_string(no) + ": #include of an absolute path is not allowed";
-    if (path.find("..") != std::string::npos) return "line " + std::to_string(no) + ": #include with '..' is not allowed";
+    if (!path.empty() && path[0] == '/')
+      return "line " + std::to_string(no) + ": #include of an absolute path is not allowed";
+    if (path.find("..") != std::string::npos)
+      return "line " + std::to_string(no) + ": #include with '..' is not allowed";
     if (m[2] == "\"" && path != "kf/kernel.h")
-      return "line " + std::to_string(no) + ": only \"kf/kernel.h\" may be included with quotes (use <...> for system headers)";
+      return "line " + std::to_string(no) +
+             ": only \"kf/kernel.h\" may be included with quotes (use <...> for system headers)";
   }
   return "";
 }
@@ -223,12 +226,14 @@ struct CompileService::Impl {
     }
     if (o.include_dir.empty()) o.include_dir = KF_ABI_INCLUDE_DIR;
     // The sandbox drops root to nobody, which must still read the objects.
-    if (!fsutil::make_dirs(o.cache_dir, 0755)) throw error_at(o.cache_dir, std::string("cannot create: ") + std::strerror(errno));
+    if (!fsutil::make_dirs(o.cache_dir, 0755))
+      throw error_at(o.cache_dir, std::string("cannot create: ") + std::strerror(errno));
     ::chmod(o.cache_dir.c_str(), 0755);
     // The compiler's private root is a tmpfs mounted here, in the compiler's own mount
     // namespace only (so concurrent compiles share this empty folder).
     view_root = o.cache_dir + "/.view";
-    if (!fsutil::make_dirs(view_root, 0755)) throw error_at(view_root, std::string("cannot create: ") + std::strerror(errno));
+    if (!fsutil::make_dirs(view_root, 0755))
+      throw error_at(view_root, std::string("cannot create: ") + std::strerror(errno));
   }
 
   std::string view_root;
@@ -391,8 +396,8 @@ struct CompileService::Impl {
       throw error_at(work, std::string("chown to nobody: ") + std::strerror(errno));
     const std::string name = b == KF_BACKEND_CUDA ? "kernel.cu" : "kernel.cpp";
     write_text_atomic(work + "/" + name, source);
-    const std::string vsrc = kViewWork + "/" + name, vobj = kViewWork + "/kernel.so",
-                      vdep = kViewWork + "/kernel.d", vasdep = kViewWork + "/kernel.as.d";
+    const std::string vsrc = kViewWork + "/" + name, vobj = kViewWork + "/kernel.so", vdep = kViewWork + "/kernel.d",
+                      vasdep = kViewWork + "/kernel.as.d";
     // The commands. g++ compiles and links in one run. nvcc compiles (-c), then links: its
     // device-link stub runs the assembler again, which would overwrite the assembler's
     // dependency output (--MD, the files .incbin read) of the candidate's own code.
@@ -400,7 +405,8 @@ struct CompileService::Impl {
     std::vector<std::vector<std::string>> steps;
     std::vector<std::string> a = {cc};
     for (const auto& x : fl)
-      if (x != "-lcublas" && !(b == KF_BACKEND_CUDA && x == "-shared")) a.push_back(x);  // libraries go after the source
+      if (x != "-lcublas" && !(b == KF_BACKEND_CUDA && x == "-shared"))
+        a.push_back(x);  // libraries go after the source
     // The files it opens: headers (-MD) and what the assembler read.
     a.insert(a.end(), {"-MD", "-MF", vdep});
     if (b == KF_BACKEND_CPU) {
@@ -548,8 +554,10 @@ struct CompileService::Impl {
       std::lock_guard<std::mutex> lk(mu);
       inflight.erase(k);
     };
-    if (async) arena.execute([&] { group.run(job); });
-    else job();
+    if (async)
+      arena.execute([&] { group.run(job); });
+    else
+      job();
     return fut;
   }
 };

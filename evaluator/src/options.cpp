@@ -13,7 +13,8 @@ int positive(const Config& c, const std::string& key, int64_t lo) {
 }
 double at_least(const Config& c, const std::string& key, double lo) {
   const double v = c.get_float(key);
-  if (!(v >= lo)) throw error_at(c.source(), key + ": " + std::to_string(v) + " must be at least " + std::to_string(lo));
+  if (!(v >= lo))
+    throw error_at(c.source(), key + ": " + std::to_string(v) + " must be at least " + std::to_string(lo));
   return v;
 }
 
@@ -35,11 +36,13 @@ EvalOptions eval_options(const Config& c) {
   o.compile.time_limit_s = at_least(c, "evaluator.compile_timeout_s", 1.0);
   o.compile.jobs = positive(c, "evaluator.compile_jobs", 0);
   o.cpu_threads = positive(c, "evaluator.cpu_threads", 0);
-  o.sandbox.memory_limit_bytes = (unsigned long long)(at_least(c, "evaluator.memory_limit_gb", 0.25) * double(1ull << 30));
+  o.sandbox.memory_limit_bytes =
+      (unsigned long long)(at_least(c, "evaluator.memory_limit_gb", 0.25) * double(1ull << 30));
   o.gpu_lock = c.get_bool("evaluator.gpu_lock");
   o.gpu_memory_fraction = c.get_float("evaluator.gpu_memory_fraction");
   if (!(o.gpu_memory_fraction >= 0 && o.gpu_memory_fraction <= 1))
-    throw error_at(c.source(), "evaluator.gpu_memory_fraction: " + std::to_string(o.gpu_memory_fraction) + " is not in [0, 1]");
+    throw error_at(c.source(),
+                   "evaluator.gpu_memory_fraction: " + std::to_string(o.gpu_memory_fraction) + " is not in [0, 1]");
   o.reward.kind = c.get_string("evaluator.reward.kind");
   o.reward.clip = at_least(c, "evaluator.reward.clip", 0.0);
   o.reward.window = positive(c, "evaluator.reward.window", 1);

@@ -52,8 +52,9 @@ Result evaluate_retrying_oom(Evaluator& ev, const tasks::Task& task, tasks::Back
       if (gave_up) *gave_up = true;
       return std::move(a.result);
     }
-    log_warn("evaluator: out of GPU memory verifying a ", task.name(), " kernel (", why, "); cache freed, verified again in ",
-             (delay * attempt).count(), " ms (try ", attempt + 1, " of ", attempts, ")");
+    log_warn("evaluator: out of GPU memory verifying a ", task.name(), " kernel (", why,
+             "); cache freed, verified again in ", (delay * attempt).count(), " ms (try ", attempt + 1, " of ",
+             attempts, ")");
     std::this_thread::sleep_for(delay * attempt);
   }
 }

@@ -32,17 +32,53 @@ namespace {
 // The confinement steps, in the order the child runs them; a failing step reports
 // (step, item, errno) on a pipe, and the parent turns it into a message.
 enum Step : int {
-  kUnshare, kSetgroupsDeny, kUidMap, kGidMap, kMakePrivate, kRootTmpfs, kMkdir, kBindCreate,
-  kBind, kRemount, kTmpTmpfs, kSymlink, kRootReadOnly, kPivotRoot, kDetachOld, kChdirRoot,
-  kSetgroups, kSetgid, kSetuid, kNoNewPrivs, kDeathSignal, kChdirCwd, kExec
+  kUnshare,
+  kSetgroupsDeny,
+  kUidMap,
+  kGidMap,
+  kMakePrivate,
+  kRootTmpfs,
+  kMkdir,
+  kBindCreate,
+  kBind,
+  kRemount,
+  kTmpTmpfs,
+  kSymlink,
+  kRootReadOnly,
+  kPivotRoot,
+  kDetachOld,
+  kChdirRoot,
+  kSetgroups,
+  kSetgid,
+  kSetuid,
+  kNoNewPrivs,
+  kDeathSignal,
+  kChdirCwd,
+  kExec
 };
-const char* const kStepName[] = {
-  "unshare(user/mount/net namespaces)", "write /proc/self/setgroups", "write /proc/self/uid_map",
-  "write /proc/self/gid_map", "make / private", "mount the view's tmpfs root", "mkdir in the view",
-  "create a bind target", "bind mount", "remount read-only/nosuid", "mount the private /tmp",
-  "symlink in the view", "remount the view's root read-only", "pivot_root", "detach the old root",
-  "chdir /", "setgroups", "setgid", "setuid", "prctl(PR_SET_NO_NEW_PRIVS)",
-  "prctl(PR_SET_PDEATHSIG)", "chdir to the working folder", "execve"};
+const char* const kStepName[] = {"unshare(user/mount/net namespaces)",
+                                 "write /proc/self/setgroups",
+                                 "write /proc/self/uid_map",
+                                 "write /proc/self/gid_map",
+                                 "make / private",
+                                 "mount the view's tmpfs root",
+                                 "mkdir in the view",
+                                 "create a bind target",
+                                 "bind mount",
+                                 "remount read-only/nosuid",
+                                 "mount the private /tmp",
+                                 "symlink in the view",
+                                 "remount the view's root read-only",
+                                 "pivot_root",
+                                 "detach the old root",
+                                 "chdir /",
+                                 "setgroups",
+                                 "setgid",
+                                 "setuid",
+                                 "prctl(PR_SET_NO_NEW_PRIVS)",
+                                 "prctl(PR_SET_PDEATHSIG)",
+                                 "chdir to the working folder",
+                                 "execve"};
 struct ChildFailure {
   int step, item, err;
 };
@@ -84,7 +120,8 @@ ViewPlan plan_view(const Confinement& c) {
     if (include_last && seen.insert(inner).second) v.dirs.push_back(v.root + inner);
   };
   for (const auto& b : c.binds) {
-    if (b.target.empty() || b.target[0] != '/') throw Error("confinement: bind target '" + b.target + "' is not absolute");
+    if (b.target.empty() || b.target[0] != '/')
+      throw Error("confinement: bind target '" + b.target + "' is not absolute");
     struct stat st;
     if (::stat(b.source.c_str(), &st) != 0)
       throw Error("confinement: bind source " + b.source + ": " + std::strerror(errno));
@@ -184,7 +221,8 @@ void enter_view(const ViewPlan& v, pid_t parent, int efd) {
       if (fd < 0) child_fail(efd, kBindCreate, int(i), errno);
       close(fd);
     }
-    if (mount(b.src.c_str(), b.dst.c_str(), nullptr, MS_BIND | MS_REC, nullptr) != 0) child_fail(efd, kBind, int(i), errno);
+    if (mount(b.src.c_str(), b.dst.c_str(), nullptr, MS_BIND | MS_REC, nullptr) != 0)
+      child_fail(efd, kBind, int(i), errno);
     if (mount(nullptr, b.dst.c_str(), nullptr, b.remount, nullptr) != 0) child_fail(efd, kRemount, int(i), errno);
   }
   if (mount("kf-tmp", v.tmp.c_str(), "tmpfs", MS_NOSUID | MS_NODEV, v.tmp_options.c_str()) != 0)
@@ -260,7 +298,9 @@ pid_t spawn_process(const SpawnSpec& spec) {
     syscall(SYS_close_range, maxfd + 1, ~0u, 0);
     if (confined) enter_view(view, parent, efd);
     for (const auto& l : lims) {
-      struct rlimit rl{rlim_t(l.second), rlim_t(l.second)};
+      struct rlimit rl {
+        rlim_t(l.second), rlim_t(l.second)
+      };
       setrlimit(l.first, &rl);
     }
     signal(SIGPIPE, SIG_DFL);
@@ -281,11 +321,13 @@ pid_t spawn_process(const SpawnSpec& spec) {
     close(errp[1]);
     ChildFailure f{};
     ssize_t n;
-    while ((n = read(errp[0], &f, sizeof f)) < 0 && errno == EINTR) {}
+    while ((n = read(errp[0], &f, sizeof f)) < 0 && errno == EINTR) {
+    }
     close(errp[0]);
     if (n == ssize_t(sizeof f)) {
       int status = 0;
-      while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
+      while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+      }
       std::string msg = describe_failure(f, view);
       if (f.step == kExec || f.step == kChdirCwd)
         msg += " (" + std::string(f.step == kExec ? spec.argv[0] : spec.cwd) + ", inside the view)";
@@ -300,7 +342,8 @@ int kill_and_reap(pid_t pid) {
   kill(-pid, SIGKILL);
   kill(pid, SIGKILL);
   int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
   return status;
 }
 
@@ -338,8 +381,10 @@ BoundedRun run_bounded(SpawnSpec spec, double time_limit_s, std::size_t max_outp
       open_pipe = false;
       break;
     }
-    if (r.output.size() < max_output) r.output.append(buf, std::min<std::size_t>(size_t(n), max_output - r.output.size()));
-    else r.truncated = true;
+    if (r.output.size() < max_output)
+      r.output.append(buf, std::min<std::size_t>(size_t(n), max_output - r.output.size()));
+    else
+      r.truncated = true;
   }
   close(p[0]);
   if (r.timed_out) {

@@ -37,12 +37,12 @@ struct Confinement {
 };
 
 struct SpawnSpec {
-  std::vector<std::string> argv;              // argv[0] is the executable path
-  std::vector<std::string> env;               // "K=V"; the child gets exactly these
-  std::vector<std::pair<int, int>> fds;       // (fd in parent, fd number in child); others close
+  std::vector<std::string> argv;                            // argv[0] is the executable path
+  std::vector<std::string> env;                             // "K=V"; the child gets exactly these
+  std::vector<std::pair<int, int>> fds;                     // (fd in parent, fd number in child); others close
   std::vector<std::pair<int, unsigned long long>> rlimits;  // (RLIMIT_*, soft=hard value)
-  std::string cwd;                            // empty: inherit
-  Confinement confine;                        // off unless confine.enabled
+  std::string cwd;                                          // empty: inherit
+  Confinement confine;                                      // off unless confine.enabled
 };
 
 // Starts the child in a new process group (pgid == pid). Throws kf::Error if fork fails,
@@ -54,9 +54,9 @@ pid_t spawn_process(const SpawnSpec& spec);
 int kill_and_reap(pid_t pid);
 
 struct BoundedRun {
-  int status = -1;          // wait status (WIFEXITED/WIFSIGNALED)
+  int status = -1;  // wait status (WIFEXITED/WIFSIGNALED)
   bool timed_out = false;
-  std::string output;       // stdout+stderr, the first `max_output` bytes
+  std::string output;  // stdout+stderr, the first `max_output` bytes
   bool truncated = false;
   double seconds = 0;
 };

@@ -14,14 +14,18 @@ int Result::checks_passed() const {
 
 namespace {
 nlohmann::json times(const TimeSummary& s) {
-  return {{"n", s.n}, {"median_ms", s.median}, {"p10_ms", s.p10}, {"p90_ms", s.p90},
-          {"min_ms", s.min}, {"max_ms", s.max}, {"spread", s.spread()}};
+  return {{"n", s.n},        {"median_ms", s.median}, {"p10_ms", s.p10},     {"p90_ms", s.p90},
+          {"min_ms", s.min}, {"max_ms", s.max},       {"spread", s.spread()}};
 }
 // "1.234x (95 % 1.180–1.290)"; just "1.234x" when no interval was measured.
 std::string speedup_text(const Result& r) {
   char buf[128];
   if (r.speedup_hi > 0)
-    std::snprintf(buf, sizeof buf, "%.3fx (95 %% %.3f" "\xe2\x80\x93" "%.3f)", r.speedup, r.speedup_lo, r.speedup_hi);
+    std::snprintf(buf, sizeof buf,
+                  "%.3fx (95 %% %.3f"
+                  "\xe2\x80\x93"
+                  "%.3f)",
+                  r.speedup, r.speedup_lo, r.speedup_hi);
   else
     std::snprintf(buf, sizeof buf, "%.3fx", r.speedup);
   return buf;
@@ -75,8 +79,8 @@ std::string to_text(const Result& r) {
     << (r.cause == Cause::environment ? " (caused by the machine, not the kernel)" : "") << "\n";
   if (!r.reason.empty()) o << "reason     " << r.reason << "\n";
   if (r.ref_ms.n) {
-    std::snprintf(buf, sizeof buf, "reference  median %.4f ms  [p10 %.4f, p90 %.4f]  n=%d\n", r.ref_ms.median, r.ref_ms.p10,
-                  r.ref_ms.p90, r.ref_ms.n);
+    std::snprintf(buf, sizeof buf, "reference  median %.4f ms  [p10 %.4f, p90 %.4f]  n=%d\n", r.ref_ms.median,
+                  r.ref_ms.p10, r.ref_ms.p90, r.ref_ms.n);
     o << buf;
   }
   if (r.cand_ms.n) {
@@ -92,12 +96,14 @@ std::string to_text(const Result& r) {
                 r.nondeterministic ? "  (nondeterministic across identical calls)" : "");
   o << buf;
   if (r.task_degenerate)
-    o << "task       DEGENERATE: " << r.degenerate_reason
-      << (r.ok() ? "; no speed reward (scored as speedup 1.0)" : "") << "\n";
-  std::snprintf(buf, sizeof buf, "reward     %.3f   compile %.2f s   verify %.2f s\n", r.reward, r.compile_s, r.verify_s);
+    o << "task       DEGENERATE: " << r.degenerate_reason << (r.ok() ? "; no speed reward (scored as speedup 1.0)" : "")
+      << "\n";
+  std::snprintf(buf, sizeof buf, "reward     %.3f   compile %.2f s   verify %.2f s\n", r.reward, r.compile_s,
+                r.verify_s);
   o << buf;
   o << "checks     " << r.checks_passed() << "/" << r.checks.size() << " passed\n";
-  for (const auto& c : r.checks) o << "  [" << (c.passed ? "pass" : "FAIL") << "] " << c.name << (c.detail.empty() ? "" : ": " + c.detail) << "\n";
+  for (const auto& c : r.checks)
+    o << "  [" << (c.passed ? "pass" : "FAIL") << "] " << c.name << (c.detail.empty() ? "" : ": " + c.detail) << "\n";
   if (!r.diagnostics.empty()) o << "diagnostics:\n" << r.diagnostics << (r.diagnostics.back() == '\n' ? "" : "\n");
   return o.str();
 }

@@ -15,12 +15,18 @@ RewardModel::RewardModel(RewardOptions o) : o_(std::move(o)) {
 
 double RewardModel::failure_reward(Verdict v) const {
   switch (v) {
-    case Verdict::compile_error: return o_.compile_error;
-    case Verdict::runtime_error: return o_.runtime_error;
-    case Verdict::timeout: return o_.timeout;
-    case Verdict::incorrect: return o_.incorrect;
-    case Verdict::rejected_cheat: return o_.rejected_cheat;
-    case Verdict::ok: return 0;
+    case Verdict::compile_error:
+      return o_.compile_error;
+    case Verdict::runtime_error:
+      return o_.runtime_error;
+    case Verdict::timeout:
+      return o_.timeout;
+    case Verdict::incorrect:
+      return o_.incorrect;
+    case Verdict::rejected_cheat:
+      return o_.rejected_cheat;
+    case Verdict::ok:
+      return 0;
   }
   return 0;
 }

@@ -38,7 +38,6 @@
 #define KF_WORKER_PATH_DEFAULT ""
 #endif
 
-
 namespace kf::evaluator {
 
 uint64_t TensorLayout::nbytes() const {
@@ -49,16 +48,26 @@ uint64_t TensorLayout::nbytes() const {
 
 const char* outcome_name(CallOutcome::Kind k) {
   switch (k) {
-    case CallOutcome::Ok: return "ok";
-    case CallOutcome::KernelError: return "kernel_error";
-    case CallOutcome::Crashed: return "crashed";
-    case CallOutcome::Timeout: return "timeout";
-    case CallOutcome::Forbidden: return "forbidden_syscall";
-    case CallOutcome::MemoryLimit: return "memory_limit";
-    case CallOutcome::CudaError: return "cuda_error";
-    case CallOutcome::LoadFailed: return "load_failed";
-    case CallOutcome::Protocol: return "protocol_error";
-    case CallOutcome::Environment: return "environment";
+    case CallOutcome::Ok:
+      return "ok";
+    case CallOutcome::KernelError:
+      return "kernel_error";
+    case CallOutcome::Crashed:
+      return "crashed";
+    case CallOutcome::Timeout:
+      return "timeout";
+    case CallOutcome::Forbidden:
+      return "forbidden_syscall";
+    case CallOutcome::MemoryLimit:
+      return "memory_limit";
+    case CallOutcome::CudaError:
+      return "cuda_error";
+    case CallOutcome::LoadFailed:
+      return "load_failed";
+    case CallOutcome::Protocol:
+      return "protocol_error";
+    case CallOutcome::Environment:
+      return "environment";
   }
   return "?";
 }
@@ -75,7 +84,9 @@ std::string gpu_lock_key(int device) {
 
 namespace {
 using Clock = std::chrono::steady_clock;
-double since_ms(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double, std::milli>(b - a).count(); }
+double since_ms(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
 
 uint64_t align_up(uint64_t x) { return (x + proto::kAlign - 1) / proto::kAlign * proto::kAlign; }
 
@@ -123,14 +134,14 @@ struct Sandbox::Impl {
   pid_t pid = -1;
   int memfd = -1, cmd_w = -1, rep_r = -1, log_r = -1;
   char* base = nullptr;
-  uint64_t total = 0;            // bytes of the memfd
-  char* arena = nullptr;         // device arena (CUDA IPC), or null: tensors in the memfd
+  uint64_t total = 0;           // bytes of the memfd
+  char* arena = nullptr;        // device arena (CUDA IPC), or null: tensors in the memfd
   proto::Layout layout_copy{};  // our own copy: the worker can scribble on the shared one
   std::string scratch, log;
   bool dead = true;
   std::string rep_buf;
-  clockid_t worker_cpu{};        // the worker's process CPU clock (all its threads)
-  int reaped_status = -1;        // set when a stop-wait reaped the worker
+  clockid_t worker_cpu{};  // the worker's process CPU clock (all its threads)
+  int reaped_status = -1;  // set when a stop-wait reaped the worker
   // Between fork and exec the child's resident set is this process's (copy-on-write): its
   // memory is judged only once it runs the worker (seen by name, or by its first reply).
   bool exec_seen = false;
@@ -207,8 +218,10 @@ struct Sandbox::Impl {
     reaped_status = -1;
     for (int i = 0; !ended_itself && !we_killed && i < 200; ++i) {
       const pid_t w = waitpid(pid, &status, WNOHANG);
-      if (w == pid && (WIFEXITED(status) || WIFSIGNALED(status))) ended_itself = true;
-      else usleep(1000);
+      if (w == pid && (WIFEXITED(status) || WIFSIGNALED(status)))
+        ended_itself = true;
+      else
+        usleep(1000);
     }
     if (!ended_itself) status = kill_and_reap(pid);
     pid = -1;
@@ -229,8 +242,9 @@ struct Sandbox::Impl {
       // seccomp's trap arrived while SIGSYS was blocked (glibc blocks every signal around
       // posix_spawn/system), so the kernel killed the process before our handler ran.
       out.kind = CallOutcome::Forbidden;
-      out.message = "forbidden system call, made with signals blocked (as glibc's system()/posix_spawn do before "
-                    "clone/execve): killed by SIGSYS";
+      out.message =
+          "forbidden system call, made with signals blocked (as glibc's system()/posix_spawn do before "
+          "clone/execve): killed by SIGSYS";
       return out;
     }
     if (ended_itself && WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) {
@@ -344,8 +358,10 @@ struct Sandbox::Impl {
         return false;
       }
       if (i % 64 == 63) drain_log();
-      if (i < 32) sched_yield();
-      else usleep(i < 256 ? 20 : 200);
+      if (i < 32)
+        sched_yield();
+      else
+        usleep(i < 256 ? 20 : 200);
     }
   }
 
@@ -360,7 +376,8 @@ struct Sandbox::Impl {
   void prepare(int slot, uint32_t poison, bool flush) {
     const proto::Layout& L = layout_copy;
     if (o.backend == KF_BACKEND_CPU) {
-      for (int t = 0; t < L.n_out; ++t) poison_fill_host(base + L.off_out[slot][t], L.out[t].nbytes, L.out[t].dtype, poison);
+      for (int t = 0; t < L.n_out; ++t)
+        poison_fill_host(base + L.off_out[slot][t], L.out[t].nbytes, L.out[t].dtype, poison);
       if (flush && !flush_host.empty()) {
         volatile char* f = flush_host.data();
         const char v = char(++flush_round);
@@ -400,12 +417,14 @@ struct Sandbox::Impl {
 #ifdef KF_EVAL_CUDA
     if (arena) {
       for (int t = 0; t < L.n_out; ++t)
-        cudaMemcpyAsync(ret[size_t(slot)][size_t(t)], arena + L.off_out[slot][t], L.out[t].nbytes, cudaMemcpyDeviceToDevice, stream);
+        cudaMemcpyAsync(ret[size_t(slot)][size_t(t)], arena + L.off_out[slot][t], L.out[t].nbytes,
+                        cudaMemcpyDeviceToDevice, stream);
       cudaStreamSynchronize(stream);
       return;
     }
 #endif
-    for (int t = 0; t < L.n_out; ++t) std::memcpy(ret[size_t(slot)][size_t(t)], base + L.off_out[slot][t], L.out[t].nbytes);
+    for (int t = 0; t < L.n_out; ++t)
+      std::memcpy(ret[size_t(slot)][size_t(t)], base + L.off_out[slot][t], L.out[t].nbytes);
   }
 
   unsigned char ipc_handle[64] = {};
@@ -494,7 +513,8 @@ std::unique_ptr<Sandbox> Sandbox::start(const SandboxOptions& opts, const std::v
   uint64_t off = align_up(sizeof(proto::Layout));
   for (int s = 0; s < L.n_slots; ++s) {
     for (int t = 0; t < L.n_in; ++t) L.off_in[s][t] = off, off = align_up(off + std::max<uint64_t>(L.in[t].nbytes, 1));
-    for (int t = 0; t < L.n_out; ++t) L.off_out[s][t] = off, off = align_up(off + std::max<uint64_t>(L.out[t].nbytes, 1));
+    for (int t = 0; t < L.n_out; ++t)
+      L.off_out[s][t] = off, off = align_up(off + std::max<uint64_t>(L.out[t].nbytes, 1));
   }
   L.total_bytes = off;
   L.forbidden_syscall = -1;
@@ -515,7 +535,8 @@ std::unique_ptr<Sandbox> Sandbox::start(const SandboxOptions& opts, const std::v
       L.total_bytes = header;
       I.total = header;
     } else {
-      kf::log_warn("sandbox: CUDA IPC device arena unavailable (", why, "); staging tensors through host memory instead");
+      kf::log_warn("sandbox: CUDA IPC device arena unavailable (", why,
+                   "); staging tensors through host memory instead");
     }
   }
   off = I.total;
@@ -576,23 +597,19 @@ std::unique_ptr<Sandbox> Sandbox::start(const SandboxOptions& opts, const std::v
   if (pipe2(cmd, O_CLOEXEC) || pipe2(rep, O_CLOEXEC) || pipe2(lg, O_CLOEXEC))
     throw error_at("sandbox", std::string("pipe: ") + std::strerror(errno));
   SpawnSpec s;
-  s.argv = {I.o.worker_path,
-            "--backend", I.o.backend == KF_BACKEND_CUDA ? "cuda" : "cpu",
-            "--scratch", I.scratch,
-            "--device", std::to_string(I.o.device),
-            "--threads", std::to_string(I.o.threads),
-            "--cpu-seconds", std::to_string(I.o.cpu_seconds),
-            "--scratch-limit", std::to_string(I.o.scratch_limit_bytes),
+  s.argv = {I.o.worker_path, "--backend", I.o.backend == KF_BACKEND_CUDA ? "cuda" : "cpu", "--scratch", I.scratch,
+            "--device", std::to_string(I.o.device), "--threads", std::to_string(I.o.threads), "--cpu-seconds",
+            std::to_string(I.o.cpu_seconds), "--scratch-limit", std::to_string(I.o.scratch_limit_bytes),
             // The worker evicts caches itself only with host staging (its own device buffers).
             "--flush-bytes", std::to_string(I.o.backend == KF_BACKEND_CUDA && !I.arena ? I.o.flush_bytes : 0)};
   if (I.o.backend == KF_BACKEND_CPU)
     s.argv.insert(s.argv.end(), {"--address-space", std::to_string(I.o.memory_limit_bytes + I.total + (2ull << 30))});
   if (!I.o.drop_root) s.argv.push_back("--no-drop-root");
   s.env = pick_env({"LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES"});
-  s.env.insert(s.env.end(), {"PATH=/usr/bin:/bin", "LANG=C", "HOME=" + I.scratch, "TMPDIR=" + I.scratch,
-                             "OMP_NUM_THREADS=" + std::to_string(I.o.threads), "OMP_WAIT_POLICY=PASSIVE",
-                             "GOMP_SPINCOUNT=0", "OMP_DYNAMIC=false", "CUDA_CACHE_DISABLE=1",
-                             "CUDA_DEVICE_ORDER=PCI_BUS_ID"});
+  s.env.insert(s.env.end(),
+               {"PATH=/usr/bin:/bin", "LANG=C", "HOME=" + I.scratch, "TMPDIR=" + I.scratch,
+                "OMP_NUM_THREADS=" + std::to_string(I.o.threads), "OMP_WAIT_POLICY=PASSIVE", "GOMP_SPINCOUNT=0",
+                "OMP_DYNAMIC=false", "CUDA_CACHE_DISABLE=1", "CUDA_DEVICE_ORDER=PCI_BUS_ID"});
   s.fds = {{I.memfd, proto::kFdShm}, {cmd[0], proto::kFdCmd}, {rep[1], proto::kFdReply}, {lg[1], 1}, {lg[1], 2}};
   s.cwd = I.scratch;
   if (I.o.adjust_spawn) I.o.adjust_spawn(s);  // the ModelNew worker (sandbox.h)
@@ -628,13 +645,14 @@ CallOutcome Sandbox::load(const std::string& so_path) {
     // The worker runs as nobody: every folder on the way must be searchable by others
     // and the object readable, or dlopen fails with a bare "Permission denied".
     std::string dir = so_path;
-    struct stat st{};
+    struct stat st {};
     if (::stat(so_path.c_str(), &st) == 0 && !(st.st_mode & S_IROTH))
       throw error_at(so_path, "not readable by the sandbox user (nobody); make it world-readable");
     while ((dir = dir.substr(0, dir.find_last_of('/'))).size() > 0) {
       if (::stat(dir.c_str(), &st) == 0 && !(st.st_mode & S_IXOTH))
-        throw error_at(dir, "folder not searchable by the sandbox user (nobody): put the compile cache under a folder "
-                            "with mode o+x (e.g. 0755), not inside a 0700 one");
+        throw error_at(dir,
+                       "folder not searchable by the sandbox user (nobody): put the compile cache under a folder "
+                       "with mode o+x (e.g. 0755), not inside a 0700 one");
     }
   }
   std::memcpy(c.path, so_path.c_str(), so_path.size() + 1);

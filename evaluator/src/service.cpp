@@ -76,7 +76,8 @@ EvaluatorService::EvaluatorService(Evaluator& ev, replay::RunShm& shm, ServiceOp
     : ev_(ev), shm_(shm), o_(std::move(o)) {
   if (!o_.verdict_log.empty()) {
     verdicts_.open(o_.verdict_log, std::ios::app);
-    if (!verdicts_) throw Error(o_.verdict_log + ": cannot open the verdict log for append (" + std::strerror(errno) + ")");
+    if (!verdicts_)
+      throw Error(o_.verdict_log + ": cannot open the verdict log for append (" + std::strerror(errno) + ")");
   }
   slot_ = shm_.control().register_process("evaluator", o_.evaluator_id);
   // Claims of evaluators that died go back to the queue now (each logged by the queue).
@@ -238,7 +239,7 @@ std::size_t EvaluatorService::step() {
   shm_.control().heartbeat(slot_);
   std::vector<replay::Candidate> batch;
   std::vector<replay::ShmQueue::Slot> claims;  // batch[i]'s slot, released once its result is stored
-  std::vector<int> attempts;  // tries so far, per candidate of the batch
+  std::vector<int> attempts;                   // tries so far, per candidate of the batch
   // Candidates put back after running out of GPU memory go first once due.
   const auto now = std::chrono::steady_clock::now();
   while (!retry_.empty() && retry_.front().due <= now && batch.size() < o_.batch) {
@@ -307,13 +308,15 @@ std::size_t EvaluatorService::step() {
       shm_.candidates().raw().drop(&claims[i], 1);
       shm_.control().add_counter(slot_, kLostUnstored, 1);
       log_error("evaluator ", o_.evaluator_id, ": storing the result of candidate ", c.id, " in the replay failed (",
-                e.what(), "); the candidate is counted lost (candidate queue: dropped_by_consumer) and its group "
+                e.what(),
+                "); the candidate is counted lost (candidate queue: dropped_by_consumer) and its group "
                 "will hit its deadline");
     }
-    log_info("evaluator ", o_.evaluator_id, ": candidate ", c.id, " of ", c.task, ": ", verdict_name(r.verdict),
-             r.cause == Cause::environment ? " [environment]" : "", r.reason.empty() ? "" : " (" + r.reason + ")",
-             r.ok() ? ", speedup " + std::to_string(r.speedup) : "",
-             joined ? "" : "; not joined: its group is gone (evicted, or taken at its deadline) or it was scored already");
+    log_info(
+        "evaluator ", o_.evaluator_id, ": candidate ", c.id, " of ", c.task, ": ", verdict_name(r.verdict),
+        r.cause == Cause::environment ? " [environment]" : "", r.reason.empty() ? "" : " (" + r.reason + ")",
+        r.ok() ? ", speedup " + std::to_string(r.speedup) : "",
+        joined ? "" : "; not joined: its group is gone (evicted, or taken at its deadline) or it was scored already");
     if (on_result_) on_result_(rec, r);
     if (o_.backend == tasks::Backend::CUDA && o_.cache_limit_bytes > 0 &&
         tasks::device_cache_reserved_bytes() > o_.cache_limit_bytes)

@@ -14,33 +14,55 @@ namespace kf::evaluator {
 
 int abi_dtype(c10::ScalarType t) {
   switch (t) {
-    case at::kFloat: return KF_FLOAT32;
-    case at::kHalf: return KF_FLOAT16;
-    case at::kBFloat16: return KF_BFLOAT16;
-    case at::kDouble: return KF_FLOAT64;
-    case at::kInt: return KF_INT32;
-    case at::kLong: return KF_INT64;
-    case at::kShort: return KF_INT16;
-    case at::kChar: return KF_INT8;
-    case at::kByte: return KF_UINT8;
-    case at::kBool: return KF_BOOL;
-    default: throw Error(std::string("kernel ABI: unsupported dtype ") + c10::toString(t));
+    case at::kFloat:
+      return KF_FLOAT32;
+    case at::kHalf:
+      return KF_FLOAT16;
+    case at::kBFloat16:
+      return KF_BFLOAT16;
+    case at::kDouble:
+      return KF_FLOAT64;
+    case at::kInt:
+      return KF_INT32;
+    case at::kLong:
+      return KF_INT64;
+    case at::kShort:
+      return KF_INT16;
+    case at::kChar:
+      return KF_INT8;
+    case at::kByte:
+      return KF_UINT8;
+    case at::kBool:
+      return KF_BOOL;
+    default:
+      throw Error(std::string("kernel ABI: unsupported dtype ") + c10::toString(t));
   }
 }
 
 c10::ScalarType aten_dtype(int d) {
   switch (d) {
-    case KF_FLOAT32: return at::kFloat;
-    case KF_FLOAT16: return at::kHalf;
-    case KF_BFLOAT16: return at::kBFloat16;
-    case KF_FLOAT64: return at::kDouble;
-    case KF_INT32: return at::kInt;
-    case KF_INT64: return at::kLong;
-    case KF_INT16: return at::kShort;
-    case KF_INT8: return at::kChar;
-    case KF_UINT8: return at::kByte;
-    case KF_BOOL: return at::kBool;
-    default: throw Error("kernel ABI: bad dtype code " + std::to_string(d));
+    case KF_FLOAT32:
+      return at::kFloat;
+    case KF_FLOAT16:
+      return at::kHalf;
+    case KF_BFLOAT16:
+      return at::kBFloat16;
+    case KF_FLOAT64:
+      return at::kDouble;
+    case KF_INT32:
+      return at::kInt;
+    case KF_INT64:
+      return at::kLong;
+    case KF_INT16:
+      return at::kShort;
+    case KF_INT8:
+      return at::kChar;
+    case KF_UINT8:
+      return at::kByte;
+    case KF_BOOL:
+      return at::kBool;
+    default:
+      throw Error("kernel ABI: bad dtype code " + std::to_string(d));
   }
 }
 
@@ -48,19 +70,27 @@ namespace {
 // Same-size integer view, for bit-level comparisons.
 at::Tensor bits(const at::Tensor& t) {
   switch (t.element_size()) {
-    case 8: return t.view(at::kLong);
-    case 4: return t.view(at::kInt);
-    case 2: return t.view(at::kShort);
-    default: return t.view(at::kByte);
+    case 8:
+      return t.view(at::kLong);
+    case 4:
+      return t.view(at::kInt);
+    case 2:
+      return t.view(at::kShort);
+    default:
+      return t.view(at::kByte);
   }
 }
 int64_t poison_value(const at::Tensor& t, uint32_t pattern) {
   const uint64_t e = poison_element(abi_dtype(t.scalar_type()), pattern);
   switch (t.element_size()) {
-    case 8: return int64_t(e);
-    case 4: return int64_t(int32_t(uint32_t(e)));
-    case 2: return int64_t(int16_t(uint16_t(e)));
-    default: return int64_t(uint8_t(e));
+    case 8:
+      return int64_t(e);
+    case 4:
+      return int64_t(int32_t(uint32_t(e)));
+    case 2:
+      return int64_t(int16_t(uint16_t(e)));
+    default:
+      return int64_t(uint8_t(e));
   }
 }
 std::string fmt(double v) {
@@ -93,8 +123,8 @@ Compare compare_outputs(const at::Tensor& cand_in, const at::Tensor& ref_in, tas
   if (at::equal(bits(cand), bits(ref))) return c;
   const at::Tensor cf = cand.reshape(-1), rf = ref.reshape(-1);
   auto describe = [&](int64_t i) {
-    c.first_bad = "index " + std::to_string(i) + ": got " + fmt(cf[i].item<double>()) + ", expected " +
-                  fmt(rf[i].item<double>());
+    c.first_bad =
+        "index " + std::to_string(i) + ": got " + fmt(cf[i].item<double>()) + ", expected " + fmt(rf[i].item<double>());
     const int64_t pv = poison_value(cand, poison);
     c.unwritten = 0;
     for_chunks(bits(cand).reshape(-1), chunk,
@@ -170,7 +200,8 @@ bool nearly_constant(const at::Tensor& t, double rel, int64_t chunk) {
 
 double max_abs_value(const at::Tensor& t, int64_t chunk) {
   if (t.numel() == 0) return 0;
-  if (!at::isFloatingType(t.scalar_type())) return std::max(std::abs(t.max().item<double>()), std::abs(t.min().item<double>()));
+  if (!at::isFloatingType(t.scalar_type()))
+    return std::max(std::abs(t.max().item<double>()), std::abs(t.min().item<double>()));
   // Non-finite values are ignored (they would dominate the scale).
   double mx = 0;
   for_chunks(t.contiguous().reshape(-1), chunk, [&](int64_t, const at::Tensor& cc) {

@@ -10,7 +10,7 @@
 
 namespace kf::evaluator {
 
-int abi_dtype(c10::ScalarType t);           // throws kf::Error for unsupported dtypes
+int abi_dtype(c10::ScalarType t);  // throws kf::Error for unsupported dtypes
 c10::ScalarType aten_dtype(int abi_dtype);
 
 struct Compare {

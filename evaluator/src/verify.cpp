@@ -70,8 +70,8 @@ unsigned long long llc_bytes() {
 // A seeded generator on `dev` (random tensors are made where they are used: a CPU draw of
 // a GPU task's GiB-sized input takes seconds).
 at::Generator device_generator(const at::Device& dev, uint64_t seed) {
-  at::Generator g = dev.is_cuda() ? at::detail::getCUDAHooks().getNewGenerator(dev.index())
-                                  : at::detail::createCPUGenerator(seed);
+  at::Generator g =
+      dev.is_cuda() ? at::detail::getCUDAHooks().getNewGenerator(dev.index()) : at::detail::createCPUGenerator(seed);
   std::lock_guard<std::mutex> lock(g.mutex());
   g.set_current_seed(seed);
   return g;
@@ -79,8 +79,8 @@ at::Generator device_generator(const at::Device& dev, uint64_t seed) {
 
 struct CandOut {
   CallOutcome call;
-  TensorList outs;           // outputs at return, on the reference's device
-  bool late_changed = false; // outputs differed after the probe delay
+  TensorList outs;             // outputs at return, on the reference's device
+  bool late_changed = false;   // outputs differed after the probe delay
   std::string inputs_changed;  // name of a modified input, if any
 };
 
@@ -106,7 +106,7 @@ struct Session {
   GpuTimingLock* gpu_lock = nullptr;  // CUDA: exclusive around each timed trial, shared per check set
   double lock_wait_ms = 0;
   std::optional<Clock::time_point> timing_start;  // set when the timed trials begin
-  double timing_ms = 0;                            // warm-ups and timed trials, when they all ran
+  double timing_ms = 0;                           // warm-ups and timed trials, when they all ran
 
   // The timing lock for one scope: exclusive around each timed trial; shared around
   // untimed GPU work (input sets, the runs and comparisons of the checks), as actors and
@@ -123,8 +123,9 @@ struct Session {
       hold.emplace(s.gpu_lock, exclusive, std::chrono::milliseconds(int64_t(s.o.gpu_lock_timeout_s * 1000)));
       s.lock_wait_ms += ms_since(t0);
       if (!hold->held())
-        throw error_at(s.gpu_lock->path(), std::string("GPU timing lock") + (exclusive ? "" : " (shared)") + " not acquired in " +
-                                               fmt(s.o.gpu_lock_timeout_s) + " s (a process of the run holds the GPU)");
+        throw error_at(s.gpu_lock->path(), std::string("GPU timing lock") + (exclusive ? "" : " (shared)") +
+                                               " not acquired in " + fmt(s.o.gpu_lock_timeout_s) +
+                                               " s (a process of the run holds the GPU)");
     }
     ~GpuLockScope() {
       if (!hold || !hold->held()) return;
@@ -168,7 +169,9 @@ struct Session {
     tasks::synchronize(dev);
     const double t = ms_since(t0);
     if (ms) *ms = t;
-    if (r.size() != outs.size()) throw error_at(task.name(), "reference returned " + std::to_string(r.size()) + " outputs, spec says " + std::to_string(outs.size()));
+    if (r.size() != outs.size())
+      throw error_at(task.name(), "reference returned " + std::to_string(r.size()) + " outputs, spec says " +
+                                      std::to_string(outs.size()));
     for (size_t i = 0; i < r.size(); ++i)
       if (r[i].sizes() != at::IntArrayRef(outs[i].shape) || r[i].scalar_type() != outs[i].dtype)
         throw error_at(task.name(), "reference output " + std::to_string(i) + " does not match the task's output spec");
@@ -176,9 +179,7 @@ struct Session {
   }
 
   // --- candidate side (the sandbox worker)
-  double call_timeout_s() const {
-    return std::max(o.min_call_timeout_s, o.call_timeout_factor * ref_est_ms / 1000.0);
-  }
+  double call_timeout_s() const { return std::max(o.min_call_timeout_s, o.call_timeout_factor * ref_est_ms / 1000.0); }
 
   // The outputs returned are views of the sandbox's slot: they are read (compared,
   // sampled) before the next call overwrites them, and what a later check needs of them is
@@ -190,7 +191,8 @@ struct Session {
     const int slot = calls++ % sb->slots();
     const bool on_device = sb->device_resident();
     auto slot_view = [&](const void* p, const tasks::TensorSpec& sp) {
-      return at::from_blob(const_cast<void*>(p), sp.shape, at::TensorOptions().dtype(sp.dtype).device(on_device ? dev : at::Device(at::kCPU)));
+      return at::from_blob(const_cast<void*>(p), sp.shape,
+                           at::TensorOptions().dtype(sp.dtype).device(on_device ? dev : at::Device(at::kCPU)));
     };
     TensorList mine;  // what we wrote, to compare after the call
     for (size_t t = 0; t < abi_in.size(); ++t) {
@@ -221,8 +223,10 @@ struct Session {
       at::Tensor ret = slot_view(sb->output_at_return(slot, int(t)), outs[t]);
       at::Tensor late = slot_view(sb->output_late(slot, int(t)), outs[t]);
       if (!bitwise_equal(ret, late)) r.late_changed = true;
-      if (on_device || dev.is_cpu()) r.outs.push_back(ret);
-      else r.outs.push_back(ret.to(dev));
+      if (on_device || dev.is_cpu())
+        r.outs.push_back(ret);
+      else
+        r.outs.push_back(ret.to(dev));
     }
     return r;
   }
@@ -232,12 +236,17 @@ struct Session {
     const std::string log = sb->log_tail();
     if (!log.empty()) res.diagnostics = log;
     switch (c.kind) {
-      case CallOutcome::Timeout: throw Stop{Verdict::timeout, msg};
-      case CallOutcome::Forbidden: throw Stop{Verdict::rejected_cheat, "sandbox violation: " + msg};
-      case CallOutcome::KernelError: throw Stop{Verdict::runtime_error, msg};
+      case CallOutcome::Timeout:
+        throw Stop{Verdict::timeout, msg};
+      case CallOutcome::Forbidden:
+        throw Stop{Verdict::rejected_cheat, "sandbox violation: " + msg};
+      case CallOutcome::KernelError:
+        throw Stop{Verdict::runtime_error, msg};
       // Killed from outside, or the harness failed: not the candidate's doing (no reward).
-      case CallOutcome::Environment: throw Stop{Verdict::runtime_error, msg, Cause::environment};
-      default: throw Stop{Verdict::runtime_error, std::string(outcome_name(c.kind)) + ": " + msg};
+      case CallOutcome::Environment:
+        throw Stop{Verdict::runtime_error, msg, Cause::environment};
+      default:
+        throw Stop{Verdict::runtime_error, std::string(outcome_name(c.kind)) + ": " + msg};
     }
   }
 
@@ -246,9 +255,13 @@ struct Session {
   // host puts an honest call over a line now and then, work that buys time shows in most.
   void expect_clean(const CandOut& c, const std::string& where) {
     if (!c.inputs_changed.empty())
-      throw Stop{Verdict::rejected_cheat, "modifies its inputs: '" + c.inputs_changed + "' changed during the call (" + where + ")"};
+      throw Stop{Verdict::rejected_cheat,
+                 "modifies its inputs: '" + c.inputs_changed + "' changed during the call (" + where + ")"};
     if (c.late_changed)
-      throw Stop{Verdict::rejected_cheat, "work escaping the timed region: outputs changed after kf_forward returned (deferred work on host threads, or GPU work after return) (" + where + ")"};
+      throw Stop{Verdict::rejected_cheat,
+                 "work escaping the timed region: outputs changed after kf_forward returned (deferred work on host "
+                 "threads, or GPU work after return) (" +
+                     where + ")"};
   }
 
   static std::string fmt(double v) {
@@ -304,8 +317,10 @@ struct Session {
   TensorList sampled(const TensorList& t) {
     if (sample_at.empty())
       for (const auto& x : t) {
-        const int64_t n = x.numel(), k = std::min(n, kSampled), stride = std::max<int64_t>(1, n / std::max<int64_t>(k, 1));
-        const int64_t offset = n > k ? int64_t(mix(o.seed, 0x5A11) % uint64_t(stride)) : 0;  // not just the tile corners
+        const int64_t n = x.numel(), k = std::min(n, kSampled),
+                      stride = std::max<int64_t>(1, n / std::max<int64_t>(k, 1));
+        const int64_t offset =
+            n > k ? int64_t(mix(o.seed, 0x5A11) % uint64_t(stride)) : 0;  // not just the tile corners
         sample_at.push_back(at::arange(k, at::TensorOptions(at::kLong).device(x.device())) * stride + offset);
       }
     TensorList s;
@@ -332,29 +347,37 @@ struct Session {
                                     const TensorList& params, uint32_t poison, const std::string& where) {
     const TensorList cs = sampled(c.outs);
     if (replays_earlier_call(cs, r))
-      throw Stop{Verdict::rejected_cheat, "results cached across calls: the outputs are those of an earlier call's inputs (" + where + ")"};
+      throw Stop{Verdict::rejected_cheat,
+                 "results cached across calls: the outputs are those of an earlier call's inputs (" + where + ")"};
     // Same inputs, other poison in outputs and scratch: does the answer follow the garbage?
     CandOut again = cand(in, params, poison ^ 1u, o.probe_ms, o.flush_cache);
     Match m2 = match(again.outs, r, poison ^ 1u);
     if (m2.ok)
-      throw Stop{Verdict::rejected_cheat, "reads uninitialised memory: the result depends on the garbage in output/scratch memory (correct with one poison pattern, wrong with the other) (" + where + ")"};
+      throw Stop{Verdict::rejected_cheat,
+                 "reads uninitialised memory: the result depends on the garbage in output/scratch memory (correct with "
+                 "one poison pattern, wrong with the other) (" +
+                     where + ")"};
     // Unfinished at return (the worker is frozen there) while each of the two calls left a
     // thread it started alive (a pool made once, as OpenMP's, grows only the first call):
     // the rest of the work was meant to happen after the clock stopped.
     if (m.unwritten > 0 && m2.unwritten > 0 && c.call.threads_after > c.call.threads_before &&
         again.call.threads_after > again.call.threads_before)
-      throw Stop{Verdict::rejected_cheat, "work escaping the timed region: " + std::to_string(m.unwritten) +
-                                             " output elements unfinished at return while a thread started in the call was still running (" +
-                                             where + ")"};
+      throw Stop{Verdict::rejected_cheat,
+                 "work escaping the timed region: " + std::to_string(m.unwritten) +
+                     " output elements unfinished at return while a thread started in the call was still running (" +
+                     where + ")"};
     if (m.unwritten > 0 && m2.unwritten > 0)
-      throw Stop{Verdict::rejected_cheat, "outputs not fully written: " + std::to_string(m.unwritten) +
-                                             " elements still hold the poison pattern (problem-size tampering or partial computation) (" + where + ")"};
+      throw Stop{Verdict::rejected_cheat,
+                 "outputs not fully written: " + std::to_string(m.unwritten) +
+                     " elements still hold the poison pattern (problem-size tampering or partial computation) (" +
+                     where + ")"};
     // Other inputs: an unchanged answer means the output does not depend on the inputs.
     TensorList other = inputs_for(9000 + uint64_t(calls));
     TensorList r_other = ref_run(other);
     CandOut c_other = cand(other, params, poison, o.probe_ms, o.flush_cache);
     if (same_bits(sampled(c_other.outs), cs) && !refs_close(r_other, r))
-      throw Stop{Verdict::rejected_cheat, "constant or input-independent output: identical outputs for different inputs (" + where + ")"};
+      throw Stop{Verdict::rejected_cheat,
+                 "constant or input-independent output: identical outputs for different inputs (" + where + ")"};
     throw Stop{Verdict::incorrect, m.detail + " (" + where + ")"};
   }
 
@@ -364,14 +387,21 @@ struct Session {
   [[noreturn]] void call_order_failure(const Match& m, const TensorList& cs, const TensorList& r, const TensorList& in,
                                        const TensorList& params, uint32_t poison, const std::string& where) {
     if (replays_earlier_call(cs, r))
-      throw Stop{Verdict::rejected_cheat, "results cached across calls: the outputs are those of an earlier call's inputs (" + where + ")"};
+      throw Stop{Verdict::rejected_cheat,
+                 "results cached across calls: the outputs are those of an earlier call's inputs (" + where + ")"};
     CandOut again = cand(in, params, poison ^ 1u, o.probe_ms, o.flush_cache);
     if (match(again.outs, r, poison ^ 1u).ok)
-      throw Stop{Verdict::rejected_cheat, "reads uninitialised memory: the result depends on the garbage in output/scratch memory (" + where + ")"};
+      throw Stop{
+          Verdict::rejected_cheat,
+          "reads uninitialised memory: the result depends on the garbage in output/scratch memory (" + where + ")"};
     if (m.unwritten > 0)
-      throw Stop{Verdict::rejected_cheat, "outputs not fully written: " + std::to_string(m.unwritten) + " poisoned elements after " + std::to_string(calls) + " calls (" + where + ")"};
-    throw Stop{Verdict::rejected_cheat, "results depend on call order: correct in earlier calls, wrong after " + std::to_string(calls) +
-                                           " calls (run-time switch of precision or algorithm, e.g. by timing itself): " + m.detail + " (" + where + ")"};
+      throw Stop{Verdict::rejected_cheat, "outputs not fully written: " + std::to_string(m.unwritten) +
+                                              " poisoned elements after " + std::to_string(calls) + " calls (" + where +
+                                              ")"};
+    throw Stop{Verdict::rejected_cheat,
+               "results depend on call order: correct in earlier calls, wrong after " + std::to_string(calls) +
+                   " calls (run-time switch of precision or algorithm, e.g. by timing itself): " + m.detail + " (" +
+                   where + ")"};
   }
 
   TensorList redraw(const TensorList& p, uint64_t seed, bool additive) {
@@ -431,13 +461,21 @@ struct Session {
         continue;
       }
       switch (which % 5) {
-        case 0: y.push_back(t * 8); break;
-        case 1: y.push_back(-t); break;
-        case 2: y.push_back(t + 3); break;
+        case 0:
+          y.push_back(t * 8);
+          break;
+        case 1:
+          y.push_back(-t);
+          break;
+        case 2:
+          y.push_back(t + 3);
+          break;
         case 3:
           y.push_back(at::empty(t.sizes(), t.options().dtype(at::kFloat)).uniform_(-4, 4, gen).to(t.scalar_type()));
           break;
-        default: y.push_back(t * 1e-3); break;
+        default:
+          y.push_back(t * 1e-3);
+          break;
       }
     }
     return y;
@@ -550,14 +588,21 @@ struct Session {
   };
   static const char* check_name(Step s) {
     switch (s) {
-      case Step::Dist: return "correct.distribution";
-      case Step::Repeat: return "anti.nondeterminism";
-      case Step::NearDup: return "anti.near_duplicate";
-      case Step::Params: return "correct.redrawn_params";
-      case Step::ParamsPart: return "anti.param_near_duplicate";
-      case Step::Global: return "correct.stress";
+      case Step::Dist:
+        return "correct.distribution";
+      case Step::Repeat:
+        return "anti.nondeterminism";
+      case Step::NearDup:
+        return "anti.near_duplicate";
+      case Step::Params:
+        return "correct.redrawn_params";
+      case Step::ParamsPart:
+        return "anti.param_near_duplicate";
+      case Step::Global:
+        return "correct.stress";
       case Step::LocalRow:
-      case Step::LocalScatter: return "correct.local_stress";
+      case Step::LocalScatter:
+        return "correct.local_stress";
     }
     return "check";
   }
@@ -571,7 +616,8 @@ struct Session {
     std::vector<Item> stressy, par, rest, before;
     std::vector<int> others = {1, 2, 3, 4};
     std::shuffle(others.begin(), others.end(), rng);
-    for (int s = 0; s < std::min(o.stress_sets, 5); ++s) stressy.push_back({Step::Global, s == 0 ? 0 : others[size_t(s - 1)]});
+    for (int s = 0; s < std::min(o.stress_sets, 5); ++s)
+      stressy.push_back({Step::Global, s == 0 ? 0 : others[size_t(s - 1)]});
     if (o.local_stress) stressy.insert(stressy.end(), {{Step::LocalRow}, {Step::LocalScatter}});
     if (o.redraw_params && float_params) par = {{Step::Params}, {Step::ParamsPart}};
     std::shuffle(stressy.begin(), stressy.end(), rng);
@@ -594,8 +640,10 @@ struct Session {
     }
     std::shuffle(rest.begin(), rest.end(), rng);
     auto among = [&](const Item& it) {
-      if (T >= 2) pl.among[1 + pick(size_t(T - 1))].push_back(it);
-      else pl.after.push_back(it);
+      if (T >= 2)
+        pl.among[1 + pick(size_t(T - 1))].push_back(it);
+      else
+        pl.after.push_back(it);
     };
     // One stress set before the timed trials, a local one when there is one left (a later
     // failure can then be shown to be a switch of behaviour: that set is asked again, and
@@ -615,9 +663,12 @@ struct Session {
     }
     for (const auto& it : rest) {
       const size_t where = pick(3);
-      if (where == 0) before.push_back(it);
-      else if (where == 1) among(it);
-      else pl.after.push_back(it);
+      if (where == 0)
+        before.push_back(it);
+      else if (where == 1)
+        among(it);
+      else
+        pl.after.push_back(it);
     }
     std::shuffle(pl.after.begin(), pl.after.end(), rng);
     // Before timing, in blocks: the near-duplicate (when it goes there) right after a
@@ -658,8 +709,8 @@ struct Session {
     TensorList base_p;  // ParamsPart: the parameters before the few elements were re-drawn
     double atol_scale = 1;
   };
-  double base_scale = 0;     // largest |output| of set 0's reference: stress tolerances scale from it
-  uint64_t draw_seed = 0;    // the last call on inputs from the task's distribution (a near-duplicate's base)
+  double base_scale = 0;   // largest |output| of set 0's reference: stress tolerances scale from it
+  uint64_t draw_seed = 0;  // the last call on inputs from the task's distribution (a near-duplicate's base)
   std::string draw_name;
   struct Passed {
     Item item;
@@ -698,7 +749,8 @@ struct Session {
         const bool per_row = it.step == Step::LocalRow;
         k.in = inputs_for(per_row ? 3500 : 3501);
         const Outliers ol = pick_outliers(k.in, per_row, per_row ? 3600 : 3601);
-        k.name = per_row ? "local stress: one large value per row" : "local stress: " + std::to_string(kScattered) + " large values scattered";
+        k.name = per_row ? "local stress: one large value per row"
+                         : "local stress: " + std::to_string(kScattered) + " large values scattered";
         if (ol.which.empty()) {
           k.skip = "no floating-point input";
           break;
@@ -718,8 +770,10 @@ struct Session {
         // The absolute tolerance grows with the planted values (x factor): where they meet
         // in a sum an honest kernel's rounding grows with them (a matmul's column). A
         // shortcut that overflows (inf, NaN) or clips them is off by far more.
-        if (k.r.empty()) k.skip = "reference not finite";
-        else k.atol_scale = std::max(atol_scale_for(k.r), used_factor);
+        if (k.r.empty())
+          k.skip = "reference not finite";
+        else
+          k.atol_scale = std::max(atol_scale_for(k.r), used_factor);
         break;
       }
       case Step::Params: {
@@ -751,7 +805,8 @@ struct Session {
       case Step::NearDup: {
         k.in = inputs_for(draw_seed);
         const int64_t n = perturb_rows(k.in, 2400 + uint64_t(calls));
-        k.name = "near-duplicate of the previous call (" + draw_name + ") with " + std::to_string(n) + " elements in a few rows changed";
+        k.name = "near-duplicate of the previous call (" + draw_name + ") with " + std::to_string(n) +
+                 " elements in a few rows changed";
         if (n == 0) {
           k.skip = "no floating-point input";
           break;
@@ -760,7 +815,8 @@ struct Session {
         finite_or_skip();
         break;
       }
-      default: throw error_at(task.name(), "internal: not a prepared check");
+      default:
+        throw error_at(task.name(), "internal: not a prepared check");
     }
     return k;
   }
@@ -790,7 +846,8 @@ struct Session {
                                  const std::string& where) {
     const TensorList cs = sampled(c.outs);  // before any later call reuses the slot
     if (replays_earlier_call(cs, k.r))
-      throw Stop{Verdict::rejected_cheat, "results cached across calls: the outputs are those of an earlier call's inputs (" + where + ")"};
+      throw Stop{Verdict::rejected_cheat,
+                 "results cached across calls: the outputs are those of an earlier call's inputs (" + where + ")"};
     // Near-duplicates: are the outputs those of the unchanged inputs / parameters?
     if (it.step == Step::NearDup || it.step == Step::ParamsPart) {
       TensorList rb;
@@ -803,7 +860,10 @@ struct Session {
       }
       if (!refs_close(rb, k.r) && match(c.outs, rb, poison).ok) {
         if (it.step == Step::NearDup)
-          throw Stop{Verdict::rejected_cheat, "results cached across calls: on a near-duplicate of the previous call's inputs the outputs are the previous call's (stale rows: a cache keyed on a sparse fingerprint of the inputs) (" + where + ")"};
+          throw Stop{Verdict::rejected_cheat,
+                     "results cached across calls: on a near-duplicate of the previous call's inputs the outputs are "
+                     "the previous call's (stale rows: a cache keyed on a sparse fingerprint of the inputs) (" +
+                         where + ")"};
         // Stale parameters: cached, or never read? A kernel that reads them gets all of
         // them re-drawn right.
         bool reads_params = false;
@@ -819,8 +879,15 @@ struct Session {
           }
         }
         if (!reads_params)
-          throw Stop{Verdict::rejected_cheat, "matches only the default parameters: wrong with re-drawn parameters, and with a few elements re-drawn the outputs are the unchanged parameters' (parameters ignored or hard-coded) (" + where + ")"};
-        throw Stop{Verdict::rejected_cheat, "results cached across calls: with a few parameter elements re-drawn the outputs are those of the unchanged parameters, while all of them re-drawn are right (a cache keyed on a fingerprint of the parameters) (" + where + ")"};
+          throw Stop{Verdict::rejected_cheat,
+                     "matches only the default parameters: wrong with re-drawn parameters, and with a few elements "
+                     "re-drawn the outputs are the unchanged parameters' (parameters ignored or hard-coded) (" +
+                         where + ")"};
+        throw Stop{Verdict::rejected_cheat,
+                   "results cached across calls: with a few parameter elements re-drawn the outputs are those of the "
+                   "unchanged parameters, while all of them re-drawn are right (a cache keyed on a fingerprint of the "
+                   "parameters) (" +
+                       where + ")"};
       }
     }
     // Checks that passed earlier, asked again (the same kind first, then the same family,
@@ -842,10 +909,12 @@ struct Session {
       const uint32_t p2 = next_poison();
       CandOut c2 = cand(k2.in, k2.p, p2, o.probe_ms, o.flush_cache);
       if (!match(c2.outs, k2.r, p2, k2.atol_scale).ok)
-        throw Stop{Verdict::rejected_cheat, "results depend on call order: correct on " + pc->name + " at call " + std::to_string(pc->call) +
-                                               ", wrong on the same inputs at call " + std::to_string(calls) +
-                                               " (a switch of behaviour after a number of calls: checks counted, or the kernel timing itself); then " +
-                                               m.detail + " (" + where + ")"};
+        throw Stop{
+            Verdict::rejected_cheat,
+            "results depend on call order: correct on " + pc->name + " at call " + std::to_string(pc->call) +
+                ", wrong on the same inputs at call " + std::to_string(calls) +
+                " (a switch of behaviour after a number of calls: checks counted, or the kernel timing itself); then " +
+                m.detail + " (" + where + ")"};
     }
     // Is it the inputs, or has the kernel changed its behaviour since set 0? Ask set 0 again.
     {
@@ -854,17 +923,21 @@ struct Session {
       if (!match(c0.outs, first_r, p0).ok) call_order_failure(m, cs, k.r, k.in, k.p, poison, where);
     }
     if (m.unwritten)
-      throw Stop{Verdict::rejected_cheat, "outputs not fully written on " + k.name + " (" + std::to_string(m.unwritten) +
-                                             " poisoned elements; problem-size or range tampering) (" + where + ")"};
+      throw Stop{Verdict::rejected_cheat, "outputs not fully written on " + k.name + " (" +
+                                              std::to_string(m.unwritten) +
+                                              " poisoned elements; problem-size or range tampering) (" + where + ")"};
     switch (it.step) {
       case Step::Params:
       case Step::ParamsPart:
         throw Stop{Verdict::rejected_cheat, "matches only the default parameters: wrong with " + k.name +
-                                               " (parameters ignored, hard-coded or cached): " + m.detail + " (" + where + ")"};
-      case Step::NearDup: throw Stop{Verdict::incorrect, m.detail + " (" + where + ")"};
+                                                " (parameters ignored, hard-coded or cached): " + m.detail + " (" +
+                                                where + ")"};
+      case Step::NearDup:
+        throw Stop{Verdict::incorrect, m.detail + " (" + where + ")"};
       default:
-        throw Stop{Verdict::rejected_cheat, "input-specific shortcut: correct on the task's input distribution, wrong on " + k.name + ": " +
-                                               m.detail + " (" + where + ")"};
+        throw Stop{Verdict::rejected_cheat,
+                   "input-specific shortcut: correct on the task's input distribution, wrong on " + k.name + ": " +
+                       m.detail + " (" + where + ")"};
     }
   }
 
@@ -900,7 +973,8 @@ struct Session {
     const TensorList cs = sampled(c.outs), rs = sampled(r);
     remember(rs);
     if (!prev_cs.empty() && same_bits(cs, prev_cs) && !refs_close(rs, prev_rs))
-      throw Stop{Verdict::rejected_cheat, "constant or input-independent output: identical outputs for different inputs (" + where + ")"};
+      throw Stop{Verdict::rejected_cheat,
+                 "constant or input-independent output: identical outputs for different inputs (" + where + ")"};
     if (i == 0) {
       first_cs = cs;
       first_r = r;
@@ -946,19 +1020,29 @@ struct Session {
     expect_clean(c, where);
     Match m = match(c.outs, first_r, poison);
     if (!m.ok || m.unwritten)
-      throw Stop{Verdict::rejected_cheat, "reads uninitialised memory or is nondeterministic: an identical call with different poison gave a wrong result (" + m.detail + ") (" + where + ")"};
+      throw Stop{Verdict::rejected_cheat,
+                 "reads uninitialised memory or is nondeterministic: an identical call with different poison gave a "
+                 "wrong result (" +
+                     m.detail + ") (" + where + ")"};
     res.nondeterministic = !same_bits(sampled(c.outs), first_cs);
-    check("anti.nondeterminism", true, (res.nondeterministic ? "bits differ across identical calls (within tolerance)" : "bitwise identical") +
-                                           std::string(" (call ") + std::to_string(calls) + ")");
+    check("anti.nondeterminism", true,
+          (res.nondeterministic ? "bits differ across identical calls (within tolerance)" : "bitwise identical") +
+              std::string(" (call ") + std::to_string(calls) + ")");
     draw_seed = kFirstSet;
     draw_name = "repeat of set 0";
   }
 
   void run_item(const Item& it) {
     switch (it.step) {
-      case Step::Dist: dist_set(it.arg); break;
-      case Step::Repeat: repeat_set0(); break;
-      default: run_check(it); break;
+      case Step::Dist:
+        dist_set(it.arg);
+        break;
+      case Step::Repeat:
+        repeat_set0();
+        break;
+      default:
+        run_check(it);
+        break;
     }
   }
 
@@ -978,7 +1062,8 @@ void Session::run() {
   for (const auto& p : ref->params()) params0.push_back(p.clone());
   base_seed = mix(o.seed, res.candidate_key.empty() ? 0 : std::hash<std::string>{}(res.candidate_key));
 
-  flush_bytes = o.flush_bytes ? o.flush_bytes : (b == Backend::CPU ? std::min(2 * llc_bytes(), 256ull << 20) : 256ull << 20);
+  flush_bytes =
+      o.flush_bytes ? o.flush_bytes : (b == Backend::CPU ? std::min(2 * llc_bytes(), 256ull << 20) : 256ull << 20);
   if (o.flush_cache)
     flush_buf = at::zeros({int64_t(flush_bytes / 4)}, at::TensorOptions().dtype(at::kFloat).device(dev));
 
@@ -1008,7 +1093,8 @@ void Session::run() {
   }
 
   bool has_float_params = false;
-  for (const auto& p : params0) has_float_params = has_float_params || (at::isFloatingType(p.scalar_type()) && p.numel() > 0);
+  for (const auto& p : params0)
+    has_float_params = has_float_params || (at::isFloatingType(p.scalar_type()) && p.numel() > 0);
   const int K = std::max(2, o.correctness_sets);
   const Plan pl = plan(K, has_float_params);
 
@@ -1018,14 +1104,16 @@ void Session::run() {
   for (const auto& it : pl.before) run_item(it);
   checks_before = int(pl.before.size()) - (K - 1) - 1;
   check("correct.distribution", true, std::to_string(K) + " fresh sets, poison checked, inputs unchanged");
-  check("anti.input_dependence", true, res.task_degenerate ? "not decidable: task degenerate" : "outputs follow inputs");
+  check("anti.input_dependence", true,
+        res.task_degenerate ? "not decidable: task degenerate" : "outputs follow inputs");
   if (!(o.redraw_params && has_float_params))
     check("correct.redrawn_params", true, has_float_params ? "disabled" : "task has no float parameters");
 
   // --- timing: interleaved, fresh inputs every trial, caches flushed, outputs checked;
   // the plan's checks among the timed trials
   std::vector<double> ref_ms, cand_ms, ext_ms, ext_gap;
-  int new_threads_trials = 0, idle_trials = 0, late_trials = 0, resume_trials = 0, settle_trials = 0, outside_trials = 0;
+  int new_threads_trials = 0, idle_trials = 0, late_trials = 0, resume_trials = 0, settle_trials = 0,
+      outside_trials = 0;
   double max_outside = 0, max_outside_wall = 0;
   double max_idle = 0, max_presync = 0, max_late = 0, max_resume = 0, max_settle = 0;
   std::string max_idle_who;  // the busiest thread and window of the trial with the most idle CPU
@@ -1037,7 +1125,8 @@ void Session::run() {
     }
     const TensorList p = params_now();
     const uint32_t poison = next_poison();
-    const std::string where = (timed ? "timed trial " : "warm-up ") + std::to_string(t) + ", call " + std::to_string(calls + 1);
+    const std::string where =
+        (timed ? "timed trial " : "warm-up ") + std::to_string(t) + ", call " + std::to_string(calls + 1);
     double rt = 0;
     TensorList r;
     CandOut c;
@@ -1072,14 +1161,16 @@ void Session::run() {
     // is CPU time of the worker's threads before the mark (a descheduled worker on a
     // loaded host starts late without any); on CUDA the wall time alone (GPU work
     // finished before the mark leaves little CPU).
-    const bool late_start = c.call.resume_ms > o.resume_ms && (b == Backend::CUDA || c.call.idle_cpu_ms >= 0.5 * c.call.resume_ms);
+    const bool late_start =
+        c.call.resume_ms > o.resume_ms && (b == Backend::CUDA || c.call.idle_cpu_ms >= 0.5 * c.call.resume_ms);
     max_resume = std::max(max_resume, c.call.resume_ms);
     if (late_start) ++resume_trials;
     // Threads other than the worker's main one, in the worker's windows outside the call:
     // honest kernels' threads sleep there (an OpenMP pool only goes back to sleep); a thread
     // that keeps working between calls shows, however short the windows are.
     if (c.call.outside_cpu_ms > std::max(o.outside_cpu_ms, 0.25 * c.call.elapsed_ms)) ++outside_trials;
-    if (c.call.outside_cpu_ms > max_outside) max_outside = c.call.outside_cpu_ms, max_outside_wall = c.call.idle_wall_ms;
+    if (c.call.outside_cpu_ms > max_outside)
+      max_outside = c.call.outside_cpu_ms, max_outside_wall = c.call.idle_wall_ms;
     max_settle = std::max(max_settle, c.call.gpu_settle_ms);
     if (c.call.gpu_settle_ms > o.gpu_settle_ms) ++settle_trials;
     max_presync = std::max(max_presync, c.call.presync_ms);
@@ -1107,44 +1198,54 @@ void Session::run() {
   timing_ms = ms_since(*timing_start);
   const int n_timed = int(cand_ms.size());
   check("timing.outputs_checked", true, std::to_string(n_timed) + " timed calls verified");
-  if (gpu_lock) check("timing.gpu_lock", true, "GPU lock exclusive per trial, shared per check set (waited " + fmt(lock_wait_ms) + " ms in all)");
+  if (gpu_lock)
+    check("timing.gpu_lock", true,
+          "GPU lock exclusive per trial, shared per check set (waited " + fmt(lock_wait_ms) + " ms in all)");
 
   auto of_timed = [&](int n) { return std::to_string(n) + " of " + std::to_string(n_timed) + " timed calls"; };
   if (new_threads_trials > 0)
-    throw Stop{Verdict::rejected_cheat, "work escaping the timed region: " + std::to_string(new_threads_trials) + " timed calls left new host threads running after return"};
+    throw Stop{Verdict::rejected_cheat, "work escaping the timed region: " + std::to_string(new_threads_trials) +
+                                            " timed calls left new host threads running after return"};
   check("anti.threads_left", true, "no thread outlives a call");
   // Work that buys time has to run around every timed call it speeds up, so it shows in
   // most of them; a few over a line are the loaded machine's (CUDA driver threads, a busy
   // host), which flagged correct kernels as cheats when a GPU was shared by several runs.
   // Work in at most a quarter of the calls cannot move the median.
   if (4 * idle_trials > n_timed)
-    throw Stop{Verdict::rejected_cheat, "work outside the timed region: other threads used more than " + fmt(o.idle_cpu_ms) +
-                                           " ms of CPU between calls in " + of_timed(idle_trials) + " (max " + fmt(max_idle) +
-                                           " ms" + max_idle_who + "; background computation)"};
+    throw Stop{Verdict::rejected_cheat, "work outside the timed region: other threads used more than " +
+                                            fmt(o.idle_cpu_ms) + " ms of CPU between calls in " +
+                                            of_timed(idle_trials) + " (max " + fmt(max_idle) + " ms" + max_idle_who +
+                                            "; background computation)"};
   if (4 * outside_trials > n_timed)
-    throw Stop{Verdict::rejected_cheat, "work outside the timed region: threads other than the worker's main one kept working "
-                                           "outside kf_forward in " + of_timed(outside_trials) + " (max " + fmt(max_outside) +
-                                           " ms of CPU in the worker's " + fmt(max_outside_wall) +
-                                           " ms before the clock and after return; a background thread)"};
+    throw Stop{Verdict::rejected_cheat,
+               "work outside the timed region: threads other than the worker's main one kept working "
+               "outside kf_forward in " +
+                   of_timed(outside_trials) + " (max " + fmt(max_outside) + " ms of CPU in the worker's " +
+                   fmt(max_outside_wall) + " ms before the clock and after return; a background thread)"};
   check("anti.background_cpu", true, "idle between calls");
   // How long the resumed worker took to reach its start mark is reported, not judged: the
   // candidate's code cannot run on the main thread there (no handlers, no timers), its
   // threads' CPU there is judged above, and pending GPU work by the device sync before the
   // mark; on a loaded host a descheduled worker starts late by itself.
-  check("anti.before_clock", true, "start mark " + fmt(max_resume) + " ms after the resume at most (" +
-                                       of_timed(resume_trials) + " over " + fmt(o.resume_ms) + " ms)");
+  check("anti.before_clock", true,
+        "start mark " + fmt(max_resume) + " ms after the resume at most (" + of_timed(resume_trials) + " over " +
+            fmt(o.resume_ms) + " ms)");
   if (b == Backend::CUDA && max_presync > o.presync_ms)
-    throw Stop{Verdict::rejected_cheat, "work outside the timed region: the GPU was busy for " + fmt(max_presync) + " ms before the clock started (work launched outside kf_forward)"};
+    throw Stop{Verdict::rejected_cheat, "work outside the timed region: the GPU was busy for " + fmt(max_presync) +
+                                            " ms before the clock started (work launched outside kf_forward)"};
   check("anti.gpu_idle_before_call", true, b == Backend::CUDA ? "device idle at start" : "n/a on CPU");
   if (4 * late_trials > n_timed)
-    throw Stop{Verdict::rejected_cheat, "work escaping the timed region: other threads used more than " + fmt(o.late_cpu_ms) +
-                                           " ms of CPU after kf_forward returned in " + of_timed(late_trials) + " (max " + fmt(max_late) + " ms)"};
+    throw Stop{Verdict::rejected_cheat, "work escaping the timed region: other threads used more than " +
+                                            fmt(o.late_cpu_ms) + " ms of CPU after kf_forward returned in " +
+                                            of_timed(late_trials) + " (max " + fmt(max_late) + " ms)"};
   if (b == Backend::CUDA && 4 * settle_trials > n_timed)
-    throw Stop{Verdict::rejected_cheat, "work escaping the timed region: GPU work after kf_forward returned (the device was busy up to " +
-                                           fmt(max_settle) + " ms after the worker stopped, over " + fmt(o.gpu_settle_ms) + " ms in " +
-                                           of_timed(settle_trials) + ")"};
-  check("anti.after_return", true, "outputs unchanged after return; CPU after return max " + fmt(max_late) + " ms" +
-                                       (b == Backend::CUDA ? ", device idle after return (max " + fmt(max_settle) + " ms)" : ""));
+    throw Stop{Verdict::rejected_cheat,
+               "work escaping the timed region: GPU work after kf_forward returned (the device was busy up to " +
+                   fmt(max_settle) + " ms after the worker stopped, over " + fmt(o.gpu_settle_ms) + " ms in " +
+                   of_timed(settle_trials) + ")"};
+  check("anti.after_return", true,
+        "outputs unchanged after return; CPU after return max " + fmt(max_late) + " ms" +
+            (b == Backend::CUDA ? ", device idle after return (max " + fmt(max_settle) + " ms)" : ""));
   // The worker's clock against the evaluator's: when even the smallest gap is over the
   // slack, the candidate is timed by the evaluator's clock between its marks, which only
   // ever adds (wake-ups, pipe latency): a worker that under-reports gains nothing, and an
@@ -1152,8 +1253,9 @@ void Session::run() {
   const double gap = summarize(ext_gap).min;
   if (gap_over_slack()) {
     cand_ms = ext_ms;
-    check("anti.timer", true, "worker clock behind the evaluator's by at least " + fmt(gap) + " ms on all " +
-                                  std::to_string(n_timed) + " timed calls: timed by the evaluator's clock");
+    check("anti.timer", true,
+          "worker clock behind the evaluator's by at least " + fmt(gap) + " ms on all " + std::to_string(n_timed) +
+              " timed calls: timed by the evaluator's clock");
   } else {
     check("anti.timer", true, "worker clock agrees with the evaluator's (smallest gap " + fmt(gap) + " ms)");
   }
@@ -1166,9 +1268,10 @@ void Session::run() {
     run_item(it);
     ++checks_after;
   }
-  check("anti.call_order", true, std::to_string(checks_before) + " checks before, " + std::to_string(checks_among) + " among and " +
-                                     std::to_string(checks_after) + " after the timed trials, in an order drawn for this candidate; " +
-                                     std::to_string(calls) + " candidate calls in all, all correct");
+  check("anti.call_order", true,
+        std::to_string(checks_before) + " checks before, " + std::to_string(checks_among) + " among and " +
+            std::to_string(checks_after) + " after the timed trials, in an order drawn for this candidate; " +
+            std::to_string(calls) + " candidate calls in all, all correct");
 
   // --- the speedup with its interval; an unstable time is a flag, not a failure
   const SpeedupInterval iv = paired_speedup_interval(ref_ms, cand_ms);
@@ -1176,12 +1279,14 @@ void Session::run() {
   res.speedup_hi = iv.hi;
   res.timing_unstable = res.cand_ms.spread() > o.max_spread || res.ref_ms.spread() > o.max_spread;
   res.speedup = res.timing_unstable ? iv.lo : speedup_of(res.ref_ms, res.cand_ms);
-  check("timing.spread", true, "spread (p90-p10)/median ref " + fmt(res.ref_ms.spread()) + ", candidate " + fmt(res.cand_ms.spread()) +
-                                   (res.timing_unstable ? "; over " + fmt(o.max_spread) + " after " + std::to_string(n_timed) +
-                                                              " trials: timing unstable, the speedup is the interval's low end"
-                                                        : ""));
-  check("timing.speedup_interval", true, "speedup " + fmt(res.speedup) + ", 95% interval [" + fmt(iv.lo) + ", " + fmt(iv.hi) + "] from " +
-                                             std::to_string(n_timed) + " paired trials");
+  check("timing.spread", true,
+        "spread (p90-p10)/median ref " + fmt(res.ref_ms.spread()) + ", candidate " + fmt(res.cand_ms.spread()) +
+            (res.timing_unstable ? "; over " + fmt(o.max_spread) + " after " + std::to_string(n_timed) +
+                                       " trials: timing unstable, the speedup is the interval's low end"
+                                 : ""));
+  check("timing.speedup_interval", true,
+        "speedup " + fmt(res.speedup) + ", 95% interval [" + fmt(iv.lo) + ", " + fmt(iv.hi) + "] from " +
+            std::to_string(n_timed) + " paired trials");
   res.verify_s = ms_since(t_start) / 1000;
 }
 
@@ -1191,7 +1296,7 @@ struct Evaluator::Impl {
   EvalOptions o;
   CompileService compiler;
   RewardModel reward;
-  std::unique_ptr<GpuTimingLock> gpu_lock;  // made at the first CUDA evaluation
+  std::unique_ptr<GpuTimingLock> gpu_lock;      // made at the first CUDA evaluation
   std::unique_ptr<GpuMemoryBudget> gpu_memory;  // likewise, when gpu_memory_fraction > 0
   explicit Impl(EvalOptions opts) : o(std::move(opts)), compiler(o.compile), reward(o.reward) {}
 };
@@ -1222,11 +1327,12 @@ std::size_t spec_bytes(const std::vector<tasks::TensorSpec>& specs) {
 GpuMemoryBudget* Evaluator::claim_gpu_memory(const tasks::Task& task, const EvalOptions& o) {
   if (!impl_->gpu_memory) {
     const auto total = at::accelerator::getMemoryInfo(static_cast<c10::DeviceIndex>(o.device)).second;
-    impl_->gpu_memory = std::make_unique<GpuMemoryBudget>(o.gpu_lock_dir, gpu_lock_key(o.device),
-                                                          static_cast<std::size_t>(o.gpu_memory_fraction * double(total)));
+    impl_->gpu_memory = std::make_unique<GpuMemoryBudget>(
+        o.gpu_lock_dir, gpu_lock_key(o.device), static_cast<std::size_t>(o.gpu_memory_fraction * double(total)));
   }
   const auto b = tasks::Backend::CUDA;
-  const std::size_t need = verify_gpu_bytes(spec_bytes(task.inputs(b)) + spec_bytes(task.params(b)), spec_bytes(task.outputs(b)));
+  const std::size_t need =
+      verify_gpu_bytes(spec_bytes(task.inputs(b)) + spec_bytes(task.params(b)), spec_bytes(task.outputs(b)));
   const auto t0 = Clock::now();
   if (!impl_->gpu_memory->claim(need, std::chrono::milliseconds(int64_t(o.gpu_lock_timeout_s * 1000)))) {
     log_warn("evaluator: ", task.name(), " needs ", need >> 20, " MiB of GPU memory; other evaluators claimed ",
@@ -1236,7 +1342,8 @@ GpuMemoryBudget* Evaluator::claim_gpu_memory(const tasks::Task& task, const Eval
     return nullptr;
   }
   if (ms_since(t0) > 1000)
-    log_debug("evaluator: waited ", ms_since(t0) / 1000, " s for ", need >> 20, " MiB of GPU memory (", task.name(), ")");
+    log_debug("evaluator: waited ", ms_since(t0) / 1000, " s for ", need >> 20, " MiB of GPU memory (", task.name(),
+              ")");
   return impl_->gpu_memory.get();
 }
 
@@ -1264,7 +1371,8 @@ Result Evaluator::evaluate_compiled(const tasks::Task& task, tasks::Backend back
     res.reward = impl_->reward.score(res);
     return res;
   }
-  if (!task.has_backend(backend)) throw error_at(task.name(), std::string("no artifact for backend ") + tasks::backend_name(backend));
+  if (!task.has_backend(backend))
+    throw error_at(task.name(), std::string("no artifact for backend ") + tasks::backend_name(backend));
   const auto t0 = Clock::now();
   EvalOptions o = impl_->o;
   o.seed = mix(o.seed, candidate_seed);
@@ -1308,8 +1416,8 @@ Result Evaluator::evaluate_compiled(const tasks::Task& task, tasks::Backend back
   res.verify_s = ms_since(t0) / 1000;
   res.reward = impl_->reward.score(res);
   kf::log_debug("evaluated ", res.task, " [", res.backend, "] ", cr.key.substr(0, 12), ": ", verdict_name(res.verdict),
-               res.reason.empty() ? "" : " (" + res.reason + ")",
-               res.ok() ? " speedup " + std::to_string(res.speedup) : "");
+                res.reason.empty() ? "" : " (" + res.reason + ")",
+                res.ok() ? " speedup " + std::to_string(res.speedup) : "");
   return res;
 }
 

@@ -30,7 +30,8 @@ int main(int argc, char** argv) {
   app.add_option("task", task_arg, "task artifact folder, or task name under --tasks")->required();
   app.add_option("kernel", kernel_path, "kernel source file (.cu for CUDA, .cpp for CPU)")->required();
   app.add_flag("--json", json, "print a machine-readable report");
-  app.add_option("--backend", backend_s, "cpu or cuda (default: from the file extension)")->check(CLI::IsMember({"cpu", "cuda"}));
+  app.add_option("--backend", backend_s, "cpu or cuda (default: from the file extension)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   app.add_option("--tasks", tasks_dir, "folder of imported tasks (default $KF_TASKS_DIR or build/tasks)");
   app.add_option("--trials", o.trials, "timed trials")->check(CLI::PositiveNumber);
   app.add_option("--warmup", o.warmup, "untimed calls before timing")->check(CLI::NonNegativeNumber);
@@ -95,8 +96,10 @@ int main(int argc, char** argv) {
     }
     Evaluator ev(o);
     Result r = ev.evaluate(*task, backend, source, 0);
-    if (json) std::cout << to_json(r, 2) << "\n";
-    else std::cout << to_text(r);
+    if (json)
+      std::cout << to_json(r, 2) << "\n";
+    else
+      std::cout << to_text(r);
     return r.ok() ? 0 : 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "kf-eval: evaluator error: %s\n", e.what());

@@ -116,7 +116,8 @@ int run_remote(const kf::Config& cfg, const kf::evaluator::EvalOptions& eo, cons
       try {
         if (!q) q = std::make_unique<nq::StreamQueue>(nq::StreamQueue::open(sc));
         if (q->keep_alive({idv}) == 0)
-          kf::log_warn("evaluator ", id, ": entry ", idv, " is no longer ours (claimed by another evaluator); "
+          kf::log_warn("evaluator ", id, ": entry ", idv,
+                       " is no longer ours (claimed by another evaluator); "
                        "its result will be dropped as late");
       } catch (const std::exception& e) {
         kf::log_warn("evaluator ", id, ": keep-alive of entry ", idv, " failed: ", e.what(),
@@ -128,7 +129,10 @@ int run_remote(const kf::Config& cfg, const kf::evaluator::EvalOptions& eo, cons
   struct Join {
     std::atomic<bool>& d;
     std::thread& t;
-    ~Join() { d = true; t.join(); }
+    ~Join() {
+      d = true;
+      t.join();
+    }
   } join{done, keeper};
 
   std::unique_ptr<nq::StreamQueue> q;
@@ -150,12 +154,13 @@ int run_remote(const kf::Config& cfg, const kf::evaluator::EvalOptions& eo, cons
       const double quiet = std::chrono::duration<double>(SteadyClock::now() - quiet_since).count();
       if (SteadyClock::now() - quiet_since > gone_after) {
         kf::log_info("evaluator ", id, ": ", where, " has not answered for ", quiet,
-                     " s (cluster.redis.gone_after_s): the run has ended or its head is gone; exiting after ",
-                     scored, " candidate(s) scored");
+                     " s (cluster.redis.gone_after_s): the run has ended or its head is gone; exiting after ", scored,
+                     " candidate(s) scored");
         return 0;
       }
       if (!failing || quiet < 1.5)
-        kf::log_warn("evaluator ", id, ": ", e.what(), "; retrying every 1 s (gives up after cluster.redis.gone_after_s)");
+        kf::log_warn("evaluator ", id, ": ", e.what(),
+                     "; retrying every 1 s (gives up after cluster.redis.gone_after_s)");
       failing = true;
       q.reset();
       std::this_thread::sleep_for(1s);
@@ -178,8 +183,10 @@ int run_remote(const kf::Config& cfg, const kf::evaluator::EvalOptions& eo, cons
         r.reward = ev.reward_model().failure_reward(r.verdict);
       }
       if (m.deliveries > 1)
-        kf::log_warn("evaluator ", id, ": candidate ", m.tag, " (entry ", m.id, ") was claimed from a dead or stalled "
-                     "evaluator (delivery ", m.deliveries, "); scoring it here");
+        kf::log_warn("evaluator ", id, ": candidate ", m.tag, " (entry ", m.id,
+                     ") was claimed from a dead or stalled "
+                     "evaluator (delivery ",
+                     m.deliveries, "); scoring it here");
       if (c.id == m.tag && !c.task.empty()) {
         {
           std::lock_guard<std::mutex> g(mu);
@@ -194,8 +201,8 @@ int run_remote(const kf::Config& cfg, const kf::evaluator::EvalOptions& eo, cons
           r.reward = ev.reward_model().failure_reward(v);
         };
         if (c.source.empty()) {
-          fail(kf::evaluator::Verdict::compile_error, c.extraction_error.empty() ? "no kernel source" : c.extraction_error,
-               kf::evaluator::Cause::kernel);
+          fail(kf::evaluator::Verdict::compile_error,
+               c.extraction_error.empty() ? "no kernel source" : c.extraction_error, kf::evaluator::Cause::kernel);
         } else {
           std::shared_ptr<const kf::tasks::Task> t;
           try {
@@ -203,8 +210,8 @@ int run_remote(const kf::Config& cfg, const kf::evaluator::EvalOptions& eo, cons
             if (it == tasks.end()) {
               t = kf::tasks::Task::load(so.tasks_dir + "/" + c.task);
               if (!t->has_backend(so.backend))
-                throw kf::Error("task '" + c.task + "' has no " + kf::tasks::backend_name(so.backend) + " artifact in " +
-                                so.tasks_dir);
+                throw kf::Error("task '" + c.task + "' has no " + kf::tasks::backend_name(so.backend) +
+                                " artifact in " + so.tasks_dir);
               tasks[c.task] = t;
             } else {
               t = it->second;
@@ -233,7 +240,8 @@ int run_remote(const kf::Config& cfg, const kf::evaluator::EvalOptions& eo, cons
           if (r.ok()) ++ok;
           if (first.empty() || !first[0]) {
             ++late;
-            kf::log_warn("evaluator ", id, ": candidate ", c.id, " was claimed by another evaluator meanwhile; "
+            kf::log_warn("evaluator ", id, ": candidate ", c.id,
+                         " was claimed by another evaluator meanwhile; "
                          "its result from here is dropped (the other one counts)");
           }
           break;
@@ -260,8 +268,9 @@ int run_remote(const kf::Config& cfg, const kf::evaluator::EvalOptions& eo, cons
           verdicts.close();
         }
       }
-      kf::log_info("evaluator ", id, ": candidate ", c.id, " of ", c.task, " (level ", level, "): ",
-                   kf::evaluator::verdict_name(r.verdict), r.reason.empty() ? "" : " (" + r.reason.substr(0, 300) + ")",
+      kf::log_info("evaluator ", id, ": candidate ", c.id, " of ", c.task, " (level ", level,
+                   "): ", kf::evaluator::verdict_name(r.verdict),
+                   r.reason.empty() ? "" : " (" + r.reason.substr(0, 300) + ")",
                    r.ok() ? ", speedup " + std::to_string(r.speedup) : "");
     }
   }

@@ -27,7 +27,9 @@ void on_sigsys(int, siginfo_t* info, void*) {
 }
 
 std::string set_limit(int resource, rlim_t soft, rlim_t hard, const char* name) {
-  struct rlimit rl{soft, hard};
+  struct rlimit rl {
+    soft, hard
+  };
   if (setrlimit(resource, &rl) != 0) return std::string("setrlimit ") + name + ": " + std::strerror(errno);
   return "";
 }
@@ -36,7 +38,7 @@ std::string set_limit(int resource, rlim_t soft, rlim_t hard, const char* name) 
 
 void install_sigsys_handler(volatile int* slot) {
   g_forbidden_slot = slot;
-  struct sigaction sa{};
+  struct sigaction sa {};
   sa.sa_sigaction = on_sigsys;
   sa.sa_flags = SA_SIGINFO;
   sigemptyset(&sa.sa_mask);
@@ -86,30 +88,119 @@ std::string confine(const ConfineOptions& o) {
   };
   const char* denied[] = {
       // new programs and processes
-      "execve", "execveat", "fork", "vfork",
+      "execve",
+      "execveat",
+      "fork",
+      "vfork",
       // network and local IPC endpoints
-      "socket", "socketpair", "connect", "bind", "listen", "accept", "accept4",
-      "shmget", "shmat", "msgget", "msgsnd", "semget", "mq_open",
+      "socket",
+      "socketpair",
+      "connect",
+      "bind",
+      "listen",
+      "accept",
+      "accept4",
+      "shmget",
+      "shmat",
+      "msgget",
+      "msgsnd",
+      "semget",
+      "mq_open",
       // other processes' memory, tracing
-      "ptrace", "process_vm_readv", "process_vm_writev", "kcmp", "pidfd_open",
-      "pidfd_getfd", "pidfd_send_signal", "tkill",
+      "ptrace",
+      "process_vm_readv",
+      "process_vm_writev",
+      "kcmp",
+      "pidfd_open",
+      "pidfd_getfd",
+      "pidfd_send_signal",
+      "tkill",
       // interfaces that bypass or widen the filter
-      "io_uring_setup", "io_uring_enter", "io_uring_register", "bpf", "perf_event_open",
-      "userfaultfd", "personality",
+      "io_uring_setup",
+      "io_uring_enter",
+      "io_uring_register",
+      "bpf",
+      "perf_event_open",
+      "userfaultfd",
+      "personality",
       // file system changes (no candidate needs to write a file)
-      "creat", "link", "linkat", "symlink", "symlinkat", "unlink", "unlinkat", "rename",
-      "renameat", "renameat2", "mkdir", "mkdirat", "rmdir", "mknod", "mknodat", "truncate",
-      "chmod", "fchmodat", "chown", "fchownat", "lchown", "utime", "utimes", "utimensat",
-      "futimesat", "setxattr", "lsetxattr", "fsetxattr", "removexattr", "lremovexattr",
-      "fremovexattr", "name_to_handle_at", "open_by_handle_at", "fanotify_init", "chdir",
-      "fchdir", "chroot", "mount", "umount2", "pivot_root", "fsopen", "fsmount",
-      "move_mount", "open_tree",
+      "creat",
+      "link",
+      "linkat",
+      "symlink",
+      "symlinkat",
+      "unlink",
+      "unlinkat",
+      "rename",
+      "renameat",
+      "renameat2",
+      "mkdir",
+      "mkdirat",
+      "rmdir",
+      "mknod",
+      "mknodat",
+      "truncate",
+      "chmod",
+      "fchmodat",
+      "chown",
+      "fchownat",
+      "lchown",
+      "utime",
+      "utimes",
+      "utimensat",
+      "futimesat",
+      "setxattr",
+      "lsetxattr",
+      "fsetxattr",
+      "removexattr",
+      "lremovexattr",
+      "fremovexattr",
+      "name_to_handle_at",
+      "open_by_handle_at",
+      "fanotify_init",
+      "chdir",
+      "fchdir",
+      "chroot",
+      "mount",
+      "umount2",
+      "pivot_root",
+      "fsopen",
+      "fsmount",
+      "move_mount",
+      "open_tree",
       // identity, namespaces, kernel and machine administration
-      "setuid", "setgid", "setreuid", "setregid", "setresuid", "setresgid", "setgroups",
-      "capset", "unshare", "setns", "init_module", "finit_module", "delete_module",
-      "kexec_load", "kexec_file_load", "reboot", "swapon", "swapoff", "settimeofday",
-      "clock_settime", "clock_adjtime", "adjtimex", "sethostname", "setdomainname", "acct",
-      "quotactl", "keyctl", "add_key", "request_key", "syslog", "iopl", "ioperm",
+      "setuid",
+      "setgid",
+      "setreuid",
+      "setregid",
+      "setresuid",
+      "setresgid",
+      "setgroups",
+      "capset",
+      "unshare",
+      "setns",
+      "init_module",
+      "finit_module",
+      "delete_module",
+      "kexec_load",
+      "kexec_file_load",
+      "reboot",
+      "swapon",
+      "swapoff",
+      "settimeofday",
+      "clock_settime",
+      "clock_adjtime",
+      "adjtimex",
+      "sethostname",
+      "setdomainname",
+      "acct",
+      "quotactl",
+      "keyctl",
+      "add_key",
+      "request_key",
+      "syslog",
+      "iopl",
+      "ioperm",
   };
   for (const char* name : denied) add(seccomp_syscall_resolve_name(name), deny);
 

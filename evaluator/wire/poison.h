@@ -14,9 +14,7 @@
 namespace kf::evaluator {
 
 // The element pattern of (dtype, pattern) in its low `dtype_size` bytes.
-inline uint64_t poison_element(int /*dtype*/, uint32_t pattern) {
-  return pattern == 0 ? ~0ull : 0x5A5A5A5A5A5A5A5Aull;
-}
+inline uint64_t poison_element(int /*dtype*/, uint32_t pattern) { return pattern == 0 ? ~0ull : 0x5A5A5A5A5A5A5A5Aull; }
 
 inline void poison_fill_host(void* data, std::size_t nbytes, int /*dtype*/, uint32_t pattern) {
   std::memset(data, pattern == 0 ? 0xFF : 0x5A, nbytes);

@@ -65,9 +65,9 @@ struct Layout {
   TensorDesc out[kMaxTensors];
   uint64_t off_in[kMaxSlots][kMaxTensors];
   uint64_t off_out[kMaxSlots][kMaxTensors];
-  int32_t device_arena;             // 1: offsets are into the IPC device arena, not the memfd
+  int32_t device_arena;  // 1: offsets are into the IPC device arena, not the memfd
   uint64_t arena_bytes;
-  unsigned char ipc_handle[64];     // cudaIpcMemHandle_t of the arena
+  unsigned char ipc_handle[64];  // cudaIpcMemHandle_t of the arena
   // Worker status written by the SIGSYS handler (the reply pipe may be mid-message).
   volatile int32_t forbidden_syscall;  // -1: none
 };
@@ -79,17 +79,17 @@ enum Poison : uint32_t { POISON_FF = 0, POISON_5A = 1 };
 struct Command {
   uint32_t op;
   uint32_t slot;
-  uint32_t poison;          // Poison pattern for scratch (host staging: outputs too)
-  uint32_t flush_cache;     // host staging only: overwrite a cache-sized buffer before the call
-  char path[1024];          // OP_LOAD: the shared object
+  uint32_t poison;       // Poison pattern for scratch (host staging: outputs too)
+  uint32_t flush_cache;  // host staging only: overwrite a cache-sized buffer before the call
+  char path[1024];       // OP_LOAD: the shared object
 };
 
 enum Status : uint32_t {
   ST_OK = 0,
-  ST_LOAD_FAILED = 1,     // dlopen/dlsym failed
-  ST_KERNEL_ERROR = 2,    // kf_forward returned nonzero
-  ST_CUDA_ERROR = 3,      // a CUDA error after the call (the worker exits after replying)
-  ST_PROTOCOL = 4,        // bad command
+  ST_LOAD_FAILED = 1,   // dlopen/dlsym failed
+  ST_KERNEL_ERROR = 2,  // kf_forward returned nonzero
+  ST_CUDA_ERROR = 3,    // a CUDA error after the call (the worker exits after replying)
+  ST_PROTOCOL = 4,      // bad command
 };
 
 // Messages of OP_RUN, in order: K_MARK_START just before the clock starts, K_MARK_END
@@ -101,11 +101,11 @@ enum Kind : uint32_t { K_MARK_START = 1, K_MARK_END = 2, K_REPLY = 3 };
 struct Reply {
   uint32_t kind;
   uint32_t status;
-  int32_t rc;               // kf_forward's return value
+  int32_t rc;  // kf_forward's return value
   int32_t pad;
-  int64_t elapsed_ns;       // sync; clock; kf_forward; sync; clock
-  int64_t presync_ns;       // how long the device sync before the clock took (busy GPU?)
-  int64_t after_sync_ns;    // K_REPLY: how long the device sync after freeze 1 took
+  int64_t elapsed_ns;     // sync; clock; kf_forward; sync; clock
+  int64_t presync_ns;     // how long the device sync before the clock took (busy GPU?)
+  int64_t after_sync_ns;  // K_REPLY: how long the device sync after freeze 1 took
   char msg[512];
 };
 

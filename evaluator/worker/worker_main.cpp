@@ -124,9 +124,11 @@ void release(Harness* h, void* p) {
   for (size_t i = 0; i < h->live.size(); ++i) {
     if (h->live[i].first != p) continue;
 #ifdef KF_WORKER_CUDA
-    if (h->cuda) cudaFree(p); else
+    if (h->cuda)
+      cudaFree(p);
+    else
 #endif
-    std::free(p);
+      std::free(p);
     h->used -= h->live[i].second;
     h->live.erase(h->live.begin() + long(i));
     return;
@@ -145,16 +147,26 @@ Args parse(int argc, char** argv) {
       if (i + 1 >= argc) die("missing value for " + k, 2);
       return argv[++i];
     };
-    if (k == "--backend") a.backend = val();
-    else if (k == "--scratch") a.scratch = val();
-    else if (k == "--device") a.device = std::stoi(val());
-    else if (k == "--threads") a.threads = std::stoi(val());
-    else if (k == "--cpu-seconds") a.cpu_seconds = std::stol(val());
-    else if (k == "--address-space") a.address_space = std::stoull(val());
-    else if (k == "--scratch-limit") a.scratch_limit = std::stoull(val());
-    else if (k == "--flush-bytes") a.flush_bytes = std::stoull(val());
-    else if (k == "--no-drop-root") a.drop_root = false;
-    else die("unknown argument " + k, 2);
+    if (k == "--backend")
+      a.backend = val();
+    else if (k == "--scratch")
+      a.scratch = val();
+    else if (k == "--device")
+      a.device = std::stoi(val());
+    else if (k == "--threads")
+      a.threads = std::stoi(val());
+    else if (k == "--cpu-seconds")
+      a.cpu_seconds = std::stol(val());
+    else if (k == "--address-space")
+      a.address_space = std::stoull(val());
+    else if (k == "--scratch-limit")
+      a.scratch_limit = std::stoull(val());
+    else if (k == "--flush-bytes")
+      a.flush_bytes = std::stoull(val());
+    else if (k == "--no-drop-root")
+      a.drop_root = false;
+    else
+      die("unknown argument " + k, 2);
   }
   if (a.backend != "cpu" && a.backend != "cuda") die("--backend must be cpu or cuda", 2);
   if (a.scratch.empty()) die("--scratch is required", 2);

@@ -173,7 +173,8 @@ std::vector<std::vector<int64_t>> pack_sequences(const StepBatch& b, int64_t max
   };
   std::vector<Unit> units;
   for (const auto& members : b.groups) {
-    if (whole_groups) units.push_back({members, 0});
+    if (whole_groups)
+      units.push_back({members, 0});
     else
       for (int64_t i : members) units.push_back({{i}, 0});
   }

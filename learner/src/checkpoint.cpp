@@ -189,8 +189,9 @@ uint64_t hash_file(const std::string& path) {
 }
 
 void remove_tree(const std::string& path) {
-  ::nftw(path.c_str(), [](const char* p, const struct stat*, int, struct FTW*) { return ::remove(p); }, 16,
-         FTW_DEPTH | FTW_PHYS);
+  ::nftw(
+      path.c_str(), [](const char* p, const struct stat*, int, struct FTW*) { return ::remove(p); }, 16,
+      FTW_DEPTH | FTW_PHYS);
 }
 
 std::string checkpoint_name(int64_t step) {
@@ -232,7 +233,8 @@ std::string write_checkpoint(const std::string& dir, const CheckpointData& data,
     files[n] = {{"bytes", static_cast<uint64_t>(st.st_size)}, {"xxh64", hex}};
     fsync_path(p, false);
   }
-  nlohmann::json manifest = {{"format", "kf-learner-checkpoint"}, {"version", 1}, {"step", data.step}, {"files", files}};
+  nlohmann::json manifest = {
+      {"format", "kf-learner-checkpoint"}, {"version", 1}, {"step", data.step}, {"files", files}};
   write_plain(tmp + "/MANIFEST.json", manifest.dump(1));
   fsync_path(tmp, true);
   const std::string final_path = dir + "/" + name;
@@ -267,7 +269,7 @@ std::string write_checkpoint(const std::string& dir, const CheckpointData& data,
 std::string set_aside_corrupt(const std::string& path, const std::string& why) {
   char stamp[32];
   const std::time_t now = std::time(nullptr);
-  std::tm tm {};
+  std::tm tm{};
   ::gmtime_r(&now, &tm);
   std::strftime(stamp, sizeof stamp, "%Y%m%dT%H%M%SZ", &tm);
   std::string to = path + ".corrupt-" + stamp;

@@ -27,14 +27,22 @@ void nccl_check(ncclResult_t r, const std::string& what) {
 
 ncclDataType_t nccl_type(const torch::Tensor& t, const std::string& ctx) {
   switch (t.scalar_type()) {
-    case torch::kFloat32: return ncclFloat32;
-    case torch::kFloat64: return ncclFloat64;
-    case torch::kBFloat16: return ncclBfloat16;
-    case torch::kFloat16: return ncclFloat16;
-    case torch::kInt64: return ncclInt64;
-    case torch::kInt32: return ncclInt32;
-    case torch::kUInt8: return ncclUint8;
-    default: throw Error(ctx + ": unsupported dtype " + std::string(c10::toString(t.scalar_type())));
+    case torch::kFloat32:
+      return ncclFloat32;
+    case torch::kFloat64:
+      return ncclFloat64;
+    case torch::kBFloat16:
+      return ncclBfloat16;
+    case torch::kFloat16:
+      return ncclFloat16;
+    case torch::kInt64:
+      return ncclInt64;
+    case torch::kInt32:
+      return ncclInt32;
+    case torch::kUInt8:
+      return ncclUint8;
+    default:
+      throw Error(ctx + ": unsupported dtype " + std::string(c10::toString(t.scalar_type())));
   }
 }
 
@@ -64,8 +72,8 @@ class NcclComm : public Communicator {
   int rank() const override { return rank_; }
   int world() const override { return world_; }
   std::string name() const override {
-    return "learner comm nccl rank " + std::to_string(rank_) + "/" + std::to_string(world_) + " (cuda:" +
-           std::to_string(device_) + ")";
+    return "learner comm nccl rank " + std::to_string(rank_) + "/" + std::to_string(world_) +
+           " (cuda:" + std::to_string(device_) + ")";
   }
   void all_reduce_sum(torch::Tensor& t) override {
     all_reduce_async(t);
@@ -99,9 +107,9 @@ class NcclComm : public Communicator {
     synchronize_into_comm();
     const std::size_t m = t.numel() / world_;
     auto* base = static_cast<char*>(t.data_ptr());
-    nccl_check(ncclReduceScatter(base, base + rank_ * m * t.element_size(), m, nccl_type(t, name()), ncclSum, comm_,
-                                 *stream_),
-               name() + ": ncclReduceScatter");
+    nccl_check(
+        ncclReduceScatter(base, base + rank_ * m * t.element_size(), m, nccl_type(t, name()), ncclSum, comm_, *stream_),
+        name() + ": ncclReduceScatter");
     t.record_stream(*stream_);
   }
   void all_gather(torch::Tensor& t) override {

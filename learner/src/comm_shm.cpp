@@ -134,16 +134,21 @@ class ShmComm : public Communicator {
   void all_reduce_sum(torch::Tensor& t) override {
     check(t, "all_reduce");
     if (world_ == 1) return;
-    if (t.scalar_type() == torch::kFloat32) reduce<float>(t);
-    else reduce<double>(t);
+    if (t.scalar_type() == torch::kFloat32)
+      reduce<float>(t);
+    else
+      reduce<double>(t);
   }
 
   void reduce_scatter_sum(torch::Tensor& t) override {
     check_sliced(t, "reduce_scatter", /*any_dtype=*/false);
     if (world_ == 1) return;
-    if (t.scalar_type() == torch::kFloat32) scatter<float, float>(t);
-    else if (t.scalar_type() == torch::kFloat64) scatter<double, double>(t);
-    else scatter<c10::BFloat16, float>(t);
+    if (t.scalar_type() == torch::kFloat32)
+      scatter<float, float>(t);
+    else if (t.scalar_type() == torch::kFloat64)
+      scatter<double, double>(t);
+    else
+      scatter<c10::BFloat16, float>(t);
   }
 
   void all_gather(torch::Tensor& t) override {
@@ -210,7 +215,7 @@ class ShmComm : public Communicator {
   template <typename T, typename A>
   void scatter(torch::Tensor& t) {
     T* p = t.data_ptr<T>();
-    const std::size_t m = t.numel() / world_;                     // slice length
+    const std::size_t m = t.numel() / world_;                                       // slice length
     const std::size_t per = std::max<std::size_t>(1, chunk_ / sizeof(T) / world_);  // window per slice
     for (std::size_t off = 0; off < m; off += per) {
       const std::size_t len = std::min(per, m - off);
@@ -275,8 +280,8 @@ class ShmComm : public Communicator {
                       ") died; this rank gives up the collective");
       }
       if (std::chrono::steady_clock::now() - start > timeout_)
-        throw Error(name() + ": " + op + ": timed out after " + std::to_string(timeout_.count()) +
-                    " ms waiting for " + std::to_string(world_ - hdr_->arrive.load()) + " rank(s)");
+        throw Error(name() + ": " + op + ": timed out after " + std::to_string(timeout_.count()) + " ms waiting for " +
+                    std::to_string(world_ - hdr_->arrive.load()) + " rank(s)");
     }
   }
 

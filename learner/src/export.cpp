@@ -108,7 +108,8 @@ policy::CausalLM lora_model(const std::string& ckpt, const policy::ModelConfig& 
     auto it = weights.find(item.key());
     if (it == weights.end()) throw Error(ckpt + "/model.safetensors: tensor '" + item.key() + "' is missing");
     if (it->second.sizes() != item.value().sizes())
-      throw Error(ckpt + "/model.safetensors: tensor '" + item.key() + "': shape mismatch with config.json and state.json lora");
+      throw Error(ckpt + "/model.safetensors: tensor '" + item.key() +
+                  "': shape mismatch with config.json and state.json lora");
     item.value().copy_(it->second);
   }
   return m;
@@ -180,7 +181,8 @@ std::string export_checkpoint(const std::string& checkpoint, const std::string& 
       auto full = lora_model(ckpt, cfg, lora, weights, opt.base_model);
       if (opt.peft) {
         write_peft_adapter(full, lora, opt, out_dir);
-        log_info("export: ", ckpt, " -> ", out_dir, " (PEFT LoRA adapter, rank ", lora.config.rank, ", ", opt.dtype, ")");
+        log_info("export: ", ckpt, " -> ", out_dir, " (PEFT LoRA adapter, rank ", lora.config.rank, ", ", opt.dtype,
+                 ")");
         return ckpt;
       }
       weights = full->merged_weights();
@@ -188,25 +190,29 @@ std::string export_checkpoint(const std::string& checkpoint, const std::string& 
     auto params = p.model->named_parameters();
     for (auto& item : params) {
       auto it = weights.find(item.key());
-      if (it == weights.end())
-        throw Error(ckpt + "/model.safetensors: tensor '" + item.key() + "' is missing");
+      if (it == weights.end()) throw Error(ckpt + "/model.safetensors: tensor '" + item.key() + "' is missing");
       if (it->second.sizes() != item.value().sizes())
         throw Error(ckpt + "/model.safetensors: tensor '" + item.key() + "': shape mismatch with config.json");
       item.value().copy_(it->second);
     }
     if (weights.size() != params.size())
-      throw Error(ckpt + "/model.safetensors: holds " + std::to_string(weights.size()) + " tensors, config.json's model has " +
-                  std::to_string(params.size()));
+      throw Error(ckpt + "/model.safetensors: holds " + std::to_string(weights.size()) +
+                  " tensors, config.json's model has " + std::to_string(params.size()));
   }
   if (exists(ckpt + "/tokenizer.json")) p.tokenizer = policy::Tokenizer::from_file(ckpt + "/tokenizer.json");
   ::mkdir(out_dir.c_str(), 0755);
   policy::save_policy(p, out_dir);
-  nlohmann::json gen = {{"_from_model_config", false}, {"do_sample", true}, {"temperature", opt.temperature},
-                        {"top_p", opt.top_p}, {"max_new_tokens", opt.max_new_tokens}};
+  nlohmann::json gen = {{"_from_model_config", false},
+                        {"do_sample", true},
+                        {"temperature", opt.temperature},
+                        {"top_p", opt.top_p},
+                        {"max_new_tokens", opt.max_new_tokens}};
   if (cfg.bos_token_id >= 0) gen["bos_token_id"] = cfg.bos_token_id;
   if (!cfg.eos_token_ids.empty()) {
-    if (cfg.eos_token_ids.size() == 1) gen["eos_token_id"] = cfg.eos_token_ids[0];
-    else gen["eos_token_id"] = cfg.eos_token_ids;
+    if (cfg.eos_token_ids.size() == 1)
+      gen["eos_token_id"] = cfg.eos_token_ids[0];
+    else
+      gen["eos_token_id"] = cfg.eos_token_ids;
   }
   write_file_atomic(out_dir + "/generation_config.json", gen.dump(2) + "\n");
   if (p.tokenizer) {
@@ -225,7 +231,8 @@ std::string export_checkpoint(const std::string& checkpoint, const std::string& 
       for (const char* f : {"chat_template.jinja", "special_tokens_map.json"})
         if (exists(base + "/" + f)) write_file_atomic(out_dir + "/" + f, read_file(base + "/" + f));
       const bool chat = tc.contains("chat_template") || exists(base + "/chat_template.jinja");
-      log_info("export: tokenizer_config.json", chat ? " with its chat template" : " (no chat template)", " from ", base);
+      log_info("export: tokenizer_config.json", chat ? " with its chat template" : " (no chat template)", " from ",
+               base);
     } else {
       nlohmann::json tc = {{"tokenizer_class", "PreTrainedTokenizerFast"},
                            {"model_max_length", cfg.max_position_embeddings}};

@@ -141,9 +141,12 @@ void GradBuckets::on_grad_ready(int64_t param) {
 
 void GradBuckets::launch_ready_in_order(bool in_backward) {
   while (next_launch_ < static_cast<int64_t>(bucket_len_.size()) && (!in_backward || pending_[next_launch_] == 0)) {
-    if (grads_sharded_) launch(next_launch_);
-    else if (comm_ && sharded_) comm_->reduce_scatter_async(flat_[next_launch_]);
-    else if (comm_) comm_->all_reduce_async(flat_[next_launch_]);
+    if (grads_sharded_)
+      launch(next_launch_);
+    else if (comm_ && sharded_)
+      comm_->reduce_scatter_async(flat_[next_launch_]);
+    else if (comm_)
+      comm_->all_reduce_async(flat_[next_launch_]);
     if (in_backward) ++launched_in_backward_;
     ++next_launch_;
   }
@@ -169,7 +172,8 @@ void GradBuckets::stage(int64_t param) {
   torch::NoGradGuard ng;
   if (round_open_ && seen_[param]) flush_round();  // a second backward: the open round is over
   if (!round_open_ && !open_round(true))
-    throw Error("learner gradient buckets (" + comm_->name() + "): a round opened by this rank reports no rank working");
+    throw Error("learner gradient buckets (" + comm_->name() +
+                "): a round opened by this rank reports no rank working");
   auto& p = params_[param];
   const int64_t b = bucket_of_[param];
   if (!staging_[b].defined()) staging_[b] = torch::zeros({bucket_len_[b]}, p.options());

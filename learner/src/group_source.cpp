@@ -24,7 +24,8 @@ replay::ScoredGroup SyntheticSource::make_group(int64_t step, int64_t k, int64_t
   g.task = "synthetic_" + std::to_string(k % 7);
   const int64_t global = step * groups_per_step_total + k;
   g.policy_version = version;
-  if (cfg_.stale_every > 0 && global % cfg_.stale_every == cfg_.stale_every - 1) g.policy_version = version - max_lag - 1;
+  if (cfg_.stale_every > 0 && global % cfg_.stale_every == cfg_.stale_every - 1)
+    g.policy_version = version - max_lag - 1;
   const int64_t plen = uni(cfg_.prompt_min, cfg_.prompt_max);
   for (int64_t i = 0; i < plen; ++i) g.prompt_tokens.push_back(static_cast<int32_t>(uni(0, cfg_.vocab - 1)));
   const bool equal = cfg_.equal_reward_every > 0 && global % cfg_.equal_reward_every == cfg_.equal_reward_every - 1;

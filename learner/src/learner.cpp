@@ -71,27 +71,27 @@ torch::Tensor from_hex(const std::string& s) {
 
 std::vector<std::pair<std::string, double>> step_scalars(const StepStats& st) {
   std::vector<std::pair<std::string, double>> out = {{"loss", st.loss},
-          {"grpo_loss", st.grpo_loss},
-          {"pairwise_loss", st.pairwise_loss},
-          {"kl", st.kl},
-          {"clip_fraction", st.clip_fraction},
-          {"mean_ratio", st.mean_ratio},
-          {"kl_behaviour", st.kl_behaviour},
-          {"entropy", st.entropy},
-          {"grad_norm", st.grad_norm},
-          {"lr", st.lr},
-          {"response_length_mean", st.response_length_mean},
-          {"response_length_max", double(st.response_length_max)},
-          {"sequences", double(st.sequences)},
-          {"tokens", double(st.tokens)},
-          {"pairs", double(st.pairs)},
-          {"micro_batches", double(st.micro_batches)},
-          {"publish_stall_ms", st.publish_stall_ms},
-          {"checkpoint_seconds", st.checkpoint_seconds},
-          {"take_seconds", st.take_seconds},
-          {"gpu_wait_seconds", st.gpu_wait_seconds},
-          {"buckets_in_backward", double(st.buckets_in_backward)},
-          {"padding_fraction", st.padding_fraction}};
+                                                     {"grpo_loss", st.grpo_loss},
+                                                     {"pairwise_loss", st.pairwise_loss},
+                                                     {"kl", st.kl},
+                                                     {"clip_fraction", st.clip_fraction},
+                                                     {"mean_ratio", st.mean_ratio},
+                                                     {"kl_behaviour", st.kl_behaviour},
+                                                     {"entropy", st.entropy},
+                                                     {"grad_norm", st.grad_norm},
+                                                     {"lr", st.lr},
+                                                     {"response_length_mean", st.response_length_mean},
+                                                     {"response_length_max", double(st.response_length_max)},
+                                                     {"sequences", double(st.sequences)},
+                                                     {"tokens", double(st.tokens)},
+                                                     {"pairs", double(st.pairs)},
+                                                     {"micro_batches", double(st.micro_batches)},
+                                                     {"publish_stall_ms", st.publish_stall_ms},
+                                                     {"checkpoint_seconds", st.checkpoint_seconds},
+                                                     {"take_seconds", st.take_seconds},
+                                                     {"gpu_wait_seconds", st.gpu_wait_seconds},
+                                                     {"buckets_in_backward", double(st.buckets_in_backward)},
+                                                     {"padding_fraction", st.padding_fraction}};
   // Truncation is known only when the model names its end-of-sequence ids.
   if (st.truncated_fraction >= 0) out.emplace_back("truncated_fraction", st.truncated_fraction);
   return out;
@@ -132,8 +132,10 @@ Learner::Learner(LearnerConfig cfg, LearnerDeps deps) : cfg_(std::move(cfg)), de
   // where it cuts the per-rank state (unsharded, bf16 weights + grads + an fp32 master take
   // as many bytes as fp32 weights + grads, and only cost the fp32 residual stream).
   torch::ScalarType base_dtype;
-  if (cfg_.param_dtype == "fp32") base_dtype = torch::kFloat32;
-  else if (cfg_.param_dtype == "bf16") base_dtype = torch::kBFloat16;
+  if (cfg_.param_dtype == "fp32")
+    base_dtype = torch::kFloat32;
+  else if (cfg_.param_dtype == "bf16")
+    base_dtype = torch::kBFloat16;
   else if (cfg_.param_dtype == "auto")
     base_dtype = impl_->autocast && (lora || cfg_.shard != ShardMode::none) ? torch::kBFloat16 : torch::kFloat32;
   else
@@ -156,8 +158,8 @@ Learner::Learner(LearnerConfig cfg, LearnerDeps deps) : cfg_(std::move(cfg)), de
   for (const auto& p : model_->parameters()) model_params += p.numel();
   // Large models recompute decoder layers in backward by default: their activations at
   // thousands of tokens per sequence outgrow the memory the weights leave.
-  const bool recompute = cfg_.gradient_checkpointing ||
-                         (cfg_.recompute_min_params > 0 && model_params >= cfg_.recompute_min_params);
+  const bool recompute =
+      cfg_.gradient_checkpointing || (cfg_.recompute_min_params > 0 && model_params >= cfg_.recompute_min_params);
   model_->set_gradient_checkpointing(recompute);
   model_->train();
   impl_->config_json = policy::model_config_to_json(mc);
@@ -210,8 +212,8 @@ Learner::Learner(LearnerConfig cfg, LearnerDeps deps) : cfg_(std::move(cfg)), de
     impl_->publisher = std::make_unique<SnapshotPublisher>(
         model_, deps_.snapshots, cfg_.snapshot_dtype == "fp32" ? torch::kFloat32 : torch::kBFloat16);
   for (const char* k : {"steps", "empty_steps", "groups_in", "groups_used", "dropped_stale", "skipped_equal",
-                        "skipped_small", "candidates_missing", "candidates_malformed", "candidates_environment", "groups_excluded", "waiting_steps", "tokens", "sequences", "pairs",
-                        "publishes", "checkpoints"})
+                        "skipped_small", "candidates_missing", "candidates_malformed", "candidates_environment",
+                        "groups_excluded", "waiting_steps", "tokens", "sequences", "pairs", "publishes", "checkpoints"})
     counters_[k] = 0;
   int64_t trainable = 0;
   for (const auto& [name, t] : impl_->params) trainable += t.numel();
@@ -220,7 +222,9 @@ Learner::Learner(LearnerConfig cfg, LearnerDeps deps) : cfg_(std::move(cfg)), de
            lora ? ", LoRA rank " + std::to_string(cfg_.lora_rank) + " on a frozen " +
                       (base_dtype == torch::kBFloat16 ? "bf16" : "fp32") + " base"
                 : std::string(),
-           lora ? "" : base_dtype == torch::kBFloat16 ? ", bf16 weights with an fp32 master in the optimizer" : ", fp32 weights",
+           lora                             ? ""
+           : base_dtype == torch::kBFloat16 ? ", bf16 weights with an fp32 master in the optimizer"
+                                            : ", fp32 weights",
            "), ", impl_->buckets->buckets(), " gradient buckets on ", dev.str(),
            impl_->autocast ? " (bf16 autocast)" : " (fp32)", recompute ? ", layers recomputed in backward" : "",
            cfg_.pack ? ", sequences packed into rows of " : ", padded micro-batches of ", cfg_.micro_batch_tokens,
@@ -268,7 +272,8 @@ StepStats Learner::step() {
   if (cfg_.min_groups_per_step > 1) {
     // Every rank steps or none does (the step all-reduces): wait while any rank is short.
     auto short_ranks = torch::tensor(
-        {static_cast<double>(static_cast<int64_t>(pending_.size()) < rank_share(cfg_.min_groups_per_step))}, torch::kFloat64);
+        {static_cast<double>(static_cast<int64_t>(pending_.size()) < rank_share(cfg_.min_groups_per_step))},
+        torch::kFloat64);
     short_ranks = short_ranks.to(deps_.device);
     comm.all_reduce_sum(short_ranks);
     if (short_ranks.to(torch::kCPU).item<double>() > 0) {
@@ -303,7 +308,8 @@ StepStats Learner::step() {
   const auto& bc = batch.counts;
   counters_["groups_in"] += bc.groups_in;
   counters_["groups_used"] += bc.groups_used;
-  counters_["dropped_stale"] += bc.dropped_stale + static_cast<int64_t>(deps_.source->dropped_stale() - src_stale_before);
+  counters_["dropped_stale"] +=
+      bc.dropped_stale + static_cast<int64_t>(deps_.source->dropped_stale() - src_stale_before);
   counters_["skipped_equal"] += bc.skipped_equal;
   counters_["skipped_small"] += bc.skipped_small;
   counters_["candidates_missing"] += bc.candidates_missing;
@@ -366,8 +372,8 @@ StepStats Learner::step() {
     stats[9] += static_cast<double>(mb.padded_tokens());
     const auto ids = mb.ids.to(deps_.device);
     // No padding (or packed): no mask, so attention can take the fused causal kernels.
-    const auto attn = mb.packed() || mb.real_tokens == mb.padded_tokens() ? torch::Tensor()
-                                                                          : mb.attention.to(deps_.device);
+    const auto attn =
+        mb.packed() || mb.real_tokens == mb.padded_tokens() ? torch::Tensor() : mb.attention.to(deps_.device);
     const auto comp = mb.completion.to(deps_.device);
     // Log-probs at completion positions only, the head in chunks (never [tokens x vocab]).
     policy::TokenLogprobs cur;
@@ -377,8 +383,9 @@ StepStats Learner::step() {
       cur = model_->selected_logprobs(ids, attn, comp, cfg_.temperature, cfg_.logit_chunk_tokens, mb.segments);
       if (impl_->reference) {
         torch::NoGradGuard ng;
-        ref = impl_->reference->selected_logprobs(ids, attn, comp, cfg_.temperature, cfg_.logit_chunk_tokens,
-                                                  mb.segments).logp;
+        ref =
+            impl_->reference->selected_logprobs(ids, attn, comp, cfg_.temperature, cfg_.logit_chunk_tokens, mb.segments)
+                .logp;
       } else if (impl_->reference_is_base) {
         torch::NoGradGuard ng;
         struct AdaptersOff {  // back on even if the forward throws
@@ -405,8 +412,8 @@ StepStats Learner::step() {
       } else {
         weight = mb.inv_len.to(deps_.device) / n_seq;  // 1 / (its sequence's tokens * sequences)
       }
-      const auto g = grpo_loss(logp, mb.behaviour.to(deps_.device), ref, mb.advantages.to(deps_.device), weight,
-                               cfg_.grpo);
+      const auto g =
+          grpo_loss(logp, mb.behaviour.to(deps_.device), ref, mb.advantages.to(deps_.device), weight, cfg_.grpo);
       loss = loss + g.loss;
       stats[0] += g.loss.detach().to(torch::kFloat64);
       stats[2] += g.clipped.to(torch::kFloat64);
@@ -517,8 +524,11 @@ std::string Learner::checkpoint() {
     state["world"] = comm.world();
     state["counters"] = counters_;
     if (cfg_.lora_rank > 0)
-      state["lora"] = {{"rank", cfg_.lora_rank}, {"alpha", cfg_.lora_alpha}, {"targets", cfg_.lora_targets},
-                       {"base_model", cfg_.policy}, {"base_in_checkpoint", cfg_.policy.empty()}};
+      state["lora"] = {{"rank", cfg_.lora_rank},
+                       {"alpha", cfg_.lora_alpha},
+                       {"targets", cfg_.lora_targets},
+                       {"base_model", cfg_.policy},
+                       {"base_in_checkpoint", cfg_.policy.empty()}};
     state["rng"]["cpu"] = to_hex(at::detail::getDefaultCPUGenerator().get_state());
 #ifdef KF_HAVE_CUDA
     if (deps_.device.is_cuda())
@@ -572,7 +582,8 @@ void Learner::load_checkpoint(const std::string& path, bool restore_shm) {
   for (auto& [name, t] : impl_->params) {
     auto it = weights.find(name);
     if (it == weights.end()) throw Error(path + "/model.safetensors: tensor '" + name + "' is missing");
-    if (it->second.sizes() != t.sizes()) throw Error(path + "/model.safetensors: tensor '" + name + "': shape mismatch");
+    if (it->second.sizes() != t.sizes())
+      throw Error(path + "/model.safetensors: tensor '" + name + "': shape mismatch");
     t.copy_(it->second);
     impl_->opt->load_param_value(name, it->second.to(deps_.device));  // a bf16 weight's fp32 master
   }
@@ -597,8 +608,7 @@ void Learner::load_checkpoint(const std::string& path, bool restore_shm) {
       gen.set_state(from_hex(state.at("rng").at("cpu").get<std::string>()));
     }
 #ifdef KF_HAVE_CUDA
-    if (deps_.device.is_cuda() && state["rng"].contains("cuda"))
-    {
+    if (deps_.device.is_cuda() && state["rng"].contains("cuda")) {
       auto gen = at::cuda::detail::getDefaultCUDAGenerator(deps_.device.index());
       gen.set_state(from_hex(state["rng"]["cuda"].get<std::string>()));
     }

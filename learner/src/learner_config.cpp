@@ -37,7 +37,8 @@ LearnerConfig learner_config_from(const kf::Config& c) {
   l.grpo.clip_high = c.get_float("learner.grpo.clip_high");
   l.grpo.behaviour_weight_cap = c.get_float("learner.grpo.behaviour_weight_cap");
   l.grpo.kl_coef = c.get_float("learner.grpo.kl_coef");
-  l.grpo.aggregation = c.get_string("learner.grpo.aggregation") == "sequence" ? Aggregation::sequence : Aggregation::token;
+  l.grpo.aggregation =
+      c.get_string("learner.grpo.aggregation") == "sequence" ? Aggregation::sequence : Aggregation::token;
   l.pairwise.coef = c.get_float("learner.pairwise.coef");
   l.pairwise.beta = c.get_float("learner.pairwise.beta");
   l.pairwise.pairs_per_group = c.get_int("learner.pairwise.pairs_per_group");
@@ -49,7 +50,9 @@ LearnerConfig learner_config_from(const kf::Config& c) {
   l.optim.weight_decay = c.get_float("learner.optim.weight_decay");
   l.optim.grad_clip = c.get_float("learner.optim.grad_clip");
   const auto kind = c.get_string("learner.schedule.kind");
-  l.schedule.kind = kind == "cosine" ? ScheduleKind::cosine : kind == "linear" ? ScheduleKind::linear : ScheduleKind::constant;
+  l.schedule.kind = kind == "cosine"   ? ScheduleKind::cosine
+                    : kind == "linear" ? ScheduleKind::linear
+                                       : ScheduleKind::constant;
   l.schedule.warmup_steps = c.get_int("learner.schedule.warmup_steps");
   l.schedule.total_steps = c.get_int("learner.schedule.total_steps");
   l.schedule.min_lr_ratio = c.get_float("learner.schedule.min_lr_ratio");
@@ -98,12 +101,14 @@ LearnerConfig learner_config_from(const kf::Config& c) {
   require(l.lora_rank >= 0, src + "learner.lora.rank", "must be >= 0 (0: no LoRA)");
   require(l.lora_alpha > 0, src + "learner.lora.alpha", "must be > 0");
   if (l.lora_rank > 0) {
-    require(!l.lora_targets.empty(), src + "learner.lora.targets", "must name at least one projection when learner.lora.rank > 0");
+    require(!l.lora_targets.empty(), src + "learner.lora.targets",
+            "must name at least one projection when learner.lora.rank > 0");
     for (std::size_t i = 0; i < l.lora_targets.size(); ++i) {
       const auto& t = l.lora_targets[i];
       require(t == "q_proj" || t == "k_proj" || t == "v_proj" || t == "o_proj" || t == "gate_proj" || t == "up_proj" ||
                   t == "down_proj",
-              src + "learner.lora.targets", "'" + t + "' is not a projection (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)");
+              src + "learner.lora.targets",
+              "'" + t + "' is not a projection (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)");
       for (std::size_t j = 0; j < i; ++j)
         require(l.lora_targets[j] != t, src + "learner.lora.targets", "'" + t + "' is listed twice");
     }

@@ -133,8 +133,9 @@ double AdamW::clip_grad_norm(double max_norm) {
     }
   }
   if (!total.defined())  // no parameters: a zero on the parameters' device
-    total = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat64).device(
-                                 params_.empty() ? torch::Device(torch::kCPU) : params_[0].second.device()));
+    total = torch::zeros({}, torch::TensorOptions()
+                                 .dtype(torch::kFloat64)
+                                 .device(params_.empty() ? torch::Device(torch::kCPU) : params_[0].second.device()));
   auto t = total.reshape({1}).contiguous();
   shard_->comm()->all_reduce_sum(t);
   const double norm = std::sqrt(t.item<double>());
@@ -282,10 +283,10 @@ void AdamW::load_state_tensor(const std::string& name, const torch::Tensor& valu
       const bool is_m = name == pn + ".exp_avg", is_v = name == pn + ".exp_avg_sq", is_w = name == pn + ".master";
       if (!is_m && !is_v && !is_w) continue;
       const auto& p = params_[i].second;
-      if (value.sizes() != p.sizes())
-        throw Error("optimizer state '" + name + "': shape mismatch with its parameter");
+      if (value.sizes() != p.sizes()) throw Error("optimizer state '" + name + "': shape mismatch with its parameter");
       if (is_w && master_is_param_) return;  // fp32 parameters come from model.safetensors
-      const int64_t b = shard_->bucket_of(static_cast<int64_t>(i)), off = shard_->offset_in_bucket(static_cast<int64_t>(i));
+      const int64_t b = shard_->bucket_of(static_cast<int64_t>(i)),
+                    off = shard_->offset_in_bucket(static_cast<int64_t>(i));
       const int64_t lo = shard_->shard_offset(b), hi = lo + shard_->shard_numel(b);
       const int64_t a = std::max(off, lo), e = std::min(off + p.numel(), hi);
       if (a >= e) return;  // no part of this parameter is in this rank's slice
@@ -302,11 +303,12 @@ void AdamW::load_state_tensor(const std::string& name, const torch::Tensor& valu
       return;
     }
     torch::Tensor* dst = nullptr;
-    if (name == pn + ".exp_avg") dst = &exp_avg_[i];
-    else if (name == pn + ".exp_avg_sq") dst = &exp_avg_sq_[i];
+    if (name == pn + ".exp_avg")
+      dst = &exp_avg_[i];
+    else if (name == pn + ".exp_avg_sq")
+      dst = &exp_avg_sq_[i];
     if (!dst) continue;
-    if (dst->sizes() != value.sizes())
-      throw Error("optimizer state '" + name + "': shape mismatch with its parameter");
+    if (dst->sizes() != value.sizes()) throw Error("optimizer state '" + name + "': shape mismatch with its parameter");
     dst->copy_(value);
     return;
   }
@@ -324,7 +326,8 @@ void AdamW::load_param_value(const std::string& name, const torch::Tensor& value
       return;
     }
     if (master_is_param_) return;
-    const int64_t b = shard_->bucket_of(static_cast<int64_t>(i)), off = shard_->offset_in_bucket(static_cast<int64_t>(i));
+    const int64_t b = shard_->bucket_of(static_cast<int64_t>(i)),
+                  off = shard_->offset_in_bucket(static_cast<int64_t>(i));
     const int64_t lo = shard_->shard_offset(b), hi = lo + shard_->shard_numel(b);
     const int64_t a = std::max(off, lo), e = std::min(off + p.numel(), hi);
     if (a < e) master_[b].narrow(0, a - lo, e - a).copy_(value.reshape({-1}).narrow(0, a - off, e - a));

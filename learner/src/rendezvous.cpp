@@ -49,8 +49,9 @@ class ControlRendezvous : public Rendezvous {
   }
   std::string get(const std::string& key, std::chrono::milliseconds timeout) override {
     auto v = ctl_.rendezvous_get(key, timeout);
-    if (!v) throw Error("rendezvous key '" + key + "' in the control block: not put within " +
-                        std::to_string(timeout.count()) + " ms");
+    if (!v)
+      throw Error("rendezvous key '" + key + "' in the control block: not put within " +
+                  std::to_string(timeout.count()) + " ms");
     return *v;
   }
 
@@ -63,7 +64,9 @@ class RedisRendezvous : public Rendezvous {
  public:
   explicit RedisRendezvous(const netqueue::RendezvousConfig& c) : rdv_(c) {}
   void put(const std::string& key, const std::string& bytes) override { rdv_.publish(key, bytes); }
-  std::string get(const std::string& key, std::chrono::milliseconds timeout) override { return rdv_.fetch(key, timeout); }
+  std::string get(const std::string& key, std::chrono::milliseconds timeout) override {
+    return rdv_.fetch(key, timeout);
+  }
 
  private:
   netqueue::StoreRendezvous rdv_;
@@ -89,7 +92,8 @@ std::unique_ptr<Rendezvous> redis_rendezvous(const RedisRendezvousOptions& o) {
 #else
 bool redis_rendezvous_available() { return false; }
 std::unique_ptr<Rendezvous> redis_rendezvous(const RedisRendezvousOptions&) {
-  throw Error("redis rendezvous: this build has no Redis queue (hiredis was not found at configure time; run ./setup.sh)");
+  throw Error(
+      "redis rendezvous: this build has no Redis queue (hiredis was not found at configure time; run ./setup.sh)");
 }
 #endif
 

@@ -45,7 +45,8 @@ SnapshotPublisher::SnapshotPublisher(policy::CausalLM model, replay::SnapshotSto
   const std::size_t es = torch::elementSize(dtype);
   for (const auto& [name, t] : params) {
     const uint64_t n = static_cast<uint64_t>(t.numel()) * es;
-    header[name] = {{"dtype", policy::safetensors_dtype(dtype)}, {"shape", t.sizes().vec()}, {"data_offsets", {off, off + n}}};
+    header[name] = {
+        {"dtype", policy::safetensors_dtype(dtype)}, {"shape", t.sizes().vec()}, {"data_offsets", {off, off + n}}};
     off += n;
   }
   header["__metadata__"] = {{"format", "pt"}, {"kf_version", "-1"}};
@@ -187,8 +188,7 @@ int64_t load_weights_blob(policy::CausalLM& model, const void* data, std::size_t
   for (const auto& t : h.tensors) {
     auto* p = params.find(t.name);
     if (!p) throw Error(context + ": tensor '" + t.name + "' is not a parameter of the model");
-    const auto dtype = policy::dtype_from_name(t.dtype,
-                                               context + ": tensor '" + t.name + "'");
+    const auto dtype = policy::dtype_from_name(t.dtype, context + ": tensor '" + t.name + "'");
     if (p->sizes().vec() != t.shape) throw Error(context + ": tensor '" + t.name + "': shape mismatch");
     auto src = torch::from_blob(const_cast<uint8_t*>(static_cast<const uint8_t*>(data)) + t.offset, t.shape,
                                 torch::TensorOptions().dtype(dtype));

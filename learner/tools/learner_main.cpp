@@ -11,9 +11,9 @@
 // (one host only: --rendezvous redis with more than one rank and no NCCL is refused).
 // With --remote-from K, ranks K..R-1 run on other nodes: they attach no shared memory and
 // take their groups from rank 0, which takes them from the replay on their behalf
-// (kf::netqueue::GroupRelay through the same Redis server). Rank 0 writes metrics/learner.jsonl + a TensorBoard event file in the
-// run folder (attached to a run, or given --run-dir): one line per updated step, and one
-// per 30 s of empty steps so a starved learner shows. Prints "STEP {json}" per step with
+// (kf::netqueue::GroupRelay through the same Redis server). Rank 0 writes metrics/learner.jsonl + a TensorBoard event
+// file in the run folder (attached to a run, or given --run-dir): one line per updated step, and one per 30 s of empty
+// steps so a starved learner shows. Prints "STEP {json}" per step with
 // --print-steps, and
 // "WEIGHTS_CHECKSUM <hex>" at the end. SIGINT/SIGTERM or the run state `stopped` end the
 // loop (agreed by all ranks) with a final checkpoint. Exit 0 ok, 1 error, 2 usage.
@@ -178,7 +178,8 @@ int main(int argc, char** argv) {
     const bool remote_rank = remote_from > 0 && rank >= remote_from;
 #ifndef KF_HAVE_NETQUEUE
     if (remote_from > 0)
-      throw kf::Error("--remote-from: this build has no Redis queue (hiredis was not found at configure time; run ./setup.sh)");
+      throw kf::Error(
+          "--remote-from: this build has no Redis queue (hiredis was not found at configure time; run ./setup.sh)");
 #endif
     std::unique_ptr<kf::replay::RunShm> shm;
     if (!run.empty() && !remote_rank) shm = kf::replay::RunShm::attach(run);
@@ -189,7 +190,8 @@ int main(int argc, char** argv) {
     // through Redis (several nodes) can only talk over NCCL.
     if (via_redis && lc.ranks > 1 && comm_kind != "nccl")
       throw kf::Error("learner.dist.comm: '" + lc.comm + "' means the cpu (shared-memory) communicator here (device " +
-                      dev.str() + "), which works only among the ranks of one host; ranks on several nodes "
+                      dev.str() +
+                      "), which works only among the ranks of one host; ranks on several nodes "
                       "(--rendezvous redis) need learner.dist.comm nccl (or auto) and a CUDA device per rank");
     std::unique_ptr<kf::learner::Communicator> comm;
     std::unique_ptr<kf::learner::Rendezvous> rdv;
@@ -230,7 +232,8 @@ int main(int argc, char** argv) {
       sc.port = srv.port;
       sc.password = srv.password;
       relay = std::make_unique<kf::netqueue::GroupRelay>(sc, name);
-      kf::log_info("learner rank ", rank, ": ", remote_rank ? "takes its groups from rank 0" : "serves the groups of ranks ",
+      kf::log_info("learner rank ", rank, ": ",
+                   remote_rank ? "takes its groups from rank 0" : "serves the groups of ranks ",
                    remote_rank ? std::string() : std::to_string(remote_from) + ".." + std::to_string(lc.ranks - 1),
                    " through ", relay->where());
     }
@@ -280,7 +283,8 @@ int main(int argc, char** argv) {
     report_step();
     // Metrics: rank 0 only (every rank sees the same all-reduced step stats).
     std::unique_ptr<kf::MetricsWriter> metrics;
-    if (rank == 0 && (shm || run_dir_given)) metrics = std::make_unique<kf::MetricsWriter>(run_dir + "/metrics", "learner");
+    if (rank == 0 && (shm || run_dir_given))
+      metrics = std::make_unique<kf::MetricsWriter>(run_dir + "/metrics", "learner");
     int64_t empty_steps = 0;  // since the last metrics line
     auto last_line = std::chrono::steady_clock::now();
     bool run_stopped = false;
@@ -302,8 +306,8 @@ int main(int argc, char** argv) {
         // Control-block counters of role "learner": 0 steps, 1 groups used, 2 groups dropped
         // stale, 3 groups skipped (equal rewards), 4 tokens, 5 empty steps, 6 snapshots
         // published, 7 checkpoints written (all counted by this process); 11 the absolute step.
-        const char* names[] = {"steps", "groups_used", "dropped_stale", "skipped_equal", "tokens", "empty_steps",
-                               "publishes", "checkpoints"};
+        const char* names[] = {"steps",  "groups_used", "dropped_stale", "skipped_equal",
+                               "tokens", "empty_steps", "publishes",     "checkpoints"};
         for (int i = 0; i < 8; ++i) {
           const int64_t d = learner.counters().at(names[i]) - before.at(names[i]);
           if (d > 0) shm->control().add_counter(slot, i, static_cast<uint64_t>(d));
@@ -337,15 +341,23 @@ int main(int argc, char** argv) {
         }
       }
       if (print_steps && rank == 0) {
-        nlohmann::json j = {{"step", st.step}, {"updated", st.updated}, {"loss", st.loss}, {"grad_norm", st.grad_norm},
-                            {"lr", st.lr}, {"groups", st.groups}, {"tokens", st.tokens}, {"seconds", st.seconds},
-                            {"clip_fraction", st.clip_fraction}, {"publish_stall_ms", st.publish_stall_ms},
+        nlohmann::json j = {{"step", st.step},
+                            {"updated", st.updated},
+                            {"loss", st.loss},
+                            {"grad_norm", st.grad_norm},
+                            {"lr", st.lr},
+                            {"groups", st.groups},
+                            {"tokens", st.tokens},
+                            {"seconds", st.seconds},
+                            {"clip_fraction", st.clip_fraction},
+                            {"publish_stall_ms", st.publish_stall_ms},
                             {"buckets_in_backward", st.buckets_in_backward}};
         std::printf("STEP %s\n", j.dump().c_str());
         std::fflush(stdout);
       }
     }
-    if (run_stopped) kf::log_info("learner rank ", rank, ": stop requested (signal or run state); writing a final checkpoint");
+    if (run_stopped)
+      kf::log_info("learner rank ", rank, ": stop requested (signal or run state); writing a final checkpoint");
     if (final_ckpt || run_stopped) learner.checkpoint();
     // The control-block entry is left registered: its counters stay readable after this
     // process exits, and the next registration reuses it once the pid is gone.

@@ -31,10 +31,14 @@ timeval to_tv(std::chrono::milliseconds t) {
 }
 }  // namespace
 
-Conn::Conn(std::string host, int port, std::string user, std::string password, std::chrono::milliseconds connect_timeout,
-           std::chrono::milliseconds io_timeout)
-    : host_(std::move(host)), user_(std::move(user)), password_(std::move(password)), port_(port),
-      connect_timeout_(connect_timeout), io_timeout_(io_timeout) {
+Conn::Conn(std::string host, int port, std::string user, std::string password,
+           std::chrono::milliseconds connect_timeout, std::chrono::milliseconds io_timeout)
+    : host_(std::move(host)),
+      user_(std::move(user)),
+      password_(std::move(password)),
+      port_(port),
+      connect_timeout_(connect_timeout),
+      io_timeout_(io_timeout) {
   connect();
 }
 
@@ -50,7 +54,8 @@ void Conn::connect() {
   redisContext* c = redisConnectWithTimeout(host_.c_str(), port_, to_tv(connect_timeout_));
   if (!c) throw Error(where() + ": cannot connect: out of memory for the connection");
   if (c->err) {
-    std::string msg = where() + ": cannot connect: " + c->errstr + " (is redis-server running there, and is the address in the config right?)";
+    std::string msg = where() + ": cannot connect: " + c->errstr +
+                      " (is redis-server running there, and is the address in the config right?)";
     redisFree(c);
     throw Error(msg);
   }
@@ -64,8 +69,8 @@ void Conn::connect() {
     a.add(password_);
     Reply r = call(a, "AUTH", false);
     if (r->type == REDIS_REPLY_ERROR) {
-      std::string msg = where() + ": AUTH refused for user '" + (user_.empty() ? "default" : user_) + "': " +
-                        std::string(r->str, r->len) + " (check the password and the ACL user in the config)";
+      std::string msg = where() + ": AUTH refused for user '" + (user_.empty() ? "default" : user_) +
+                        "': " + std::string(r->str, r->len) + " (check the password and the ACL user in the config)";
       redisFree(ctx_);
       ctx_ = nullptr;
       throw Error(msg);
@@ -90,7 +95,8 @@ void Conn::fail_io(const char* what) {
 
 Reply Conn::call(const Args& a, const char* what, bool throw_on_error) {
   if (!ctx_) reconnect();
-  void* raw = redisCommandArgv(ctx_, static_cast<int>(a.ptr.size()), const_cast<const char**>(a.ptr.data()), a.len.data());
+  void* raw =
+      redisCommandArgv(ctx_, static_cast<int>(a.ptr.size()), const_cast<const char**>(a.ptr.data()), a.len.data());
   if (!raw) fail_io(what);
   Reply r(static_cast<redisReply*>(raw));
   if (throw_on_error && r->type == REDIS_REPLY_ERROR)
@@ -101,8 +107,8 @@ Reply Conn::call(const Args& a, const char* what, bool throw_on_error) {
 std::vector<Reply> Conn::pipeline(const std::vector<Args>& cmds, const char* what, bool throw_on_error) {
   if (!ctx_) reconnect();
   for (const Args& a : cmds)
-    if (redisAppendCommandArgv(ctx_, static_cast<int>(a.ptr.size()), const_cast<const char**>(a.ptr.data()), a.len.data()) !=
-        REDIS_OK)
+    if (redisAppendCommandArgv(ctx_, static_cast<int>(a.ptr.size()), const_cast<const char**>(a.ptr.data()),
+                               a.len.data()) != REDIS_OK)
       fail_io(what);
   std::vector<Reply> out;
   out.reserve(cmds.size());
@@ -120,13 +126,20 @@ std::vector<Reply> Conn::pipeline(const std::vector<Args>& cmds, const char* wha
 std::string describe(const redisReply* r) {
   if (!r) return "no reply";
   switch (r->type) {
-    case REDIS_REPLY_STRING: return "string(" + std::to_string(r->len) + " bytes)";
-    case REDIS_REPLY_ARRAY: return "array(" + std::to_string(r->elements) + ")";
-    case REDIS_REPLY_INTEGER: return "integer " + std::to_string(r->integer);
-    case REDIS_REPLY_NIL: return "nil";
-    case REDIS_REPLY_STATUS: return "status " + std::string(r->str, r->len);
-    case REDIS_REPLY_ERROR: return "error " + std::string(r->str, r->len);
-    default: return "reply type " + std::to_string(r->type);
+    case REDIS_REPLY_STRING:
+      return "string(" + std::to_string(r->len) + " bytes)";
+    case REDIS_REPLY_ARRAY:
+      return "array(" + std::to_string(r->elements) + ")";
+    case REDIS_REPLY_INTEGER:
+      return "integer " + std::to_string(r->integer);
+    case REDIS_REPLY_NIL:
+      return "nil";
+    case REDIS_REPLY_STATUS:
+      return "status " + std::string(r->str, r->len);
+    case REDIS_REPLY_ERROR:
+      return "error " + std::string(r->str, r->len);
+    default:
+      return "reply type " + std::to_string(r->type);
   }
 }
 
@@ -137,7 +150,8 @@ std::string reply_string(const redisReply* r, const std::string& where, const ch
 }
 
 long long reply_integer(const redisReply* r, const std::string& where, const char* what) {
-  if (!r || r->type != REDIS_REPLY_INTEGER) throw Error(where + ": " + what + ": expected an integer, got " + describe(r));
+  if (!r || r->type != REDIS_REPLY_INTEGER)
+    throw Error(where + ": " + what + ": expected an integer, got " + describe(r));
   return r->integer;
 }
 

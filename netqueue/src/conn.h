@@ -21,7 +21,11 @@ struct Args {
   std::vector<const char*> ptr;
   std::vector<std::size_t> len;
   std::vector<std::unique_ptr<std::string>> own;  // numbers and other temporaries (heap: pointers stay valid)
-  Args& add(const std::string& s) { ptr.push_back(s.data()); len.push_back(s.size()); return *this; }
+  Args& add(const std::string& s) {
+    ptr.push_back(s.data());
+    len.push_back(s.size());
+    return *this;
+  }
   Args& add(const char* s);
   Args& add_copy(std::string s);
 };

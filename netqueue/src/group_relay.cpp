@@ -123,8 +123,7 @@ struct GroupRelay::Impl {
   std::string scope;
   Conn conn;
   Impl(const StreamConfig& s, std::string sc)
-      : server(s), scope(std::move(sc)),
-        conn(s.host, s.port, s.user, s.password, s.connect_timeout, s.io_timeout) {}
+      : server(s), scope(std::move(sc)), conn(s.host, s.port, s.user, s.password, s.connect_timeout, s.io_timeout) {}
   std::string key(const char* kind, int rank) const {
     return "kf:lrn:" + scope + ":" + kind + ":" + std::to_string(rank);
   }

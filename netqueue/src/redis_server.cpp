@@ -27,7 +27,8 @@ namespace {
 
 int free_port() {
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) throw Error(std::string("redis-server: cannot open a socket to find a free port: ") + std::strerror(errno));
+  if (fd < 0)
+    throw Error(std::string("redis-server: cannot open a socket to find a free port: ") + std::strerror(errno));
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
@@ -69,7 +70,8 @@ bool no_space(const std::string& s) {
 RedisServer RedisServer::start(const ServerOptions& opt) {
   if (!no_space(opt.password))
     throw error_at("redis-server options", "field 'password' must be non-empty, without spaces or quotes");
-  if (!no_space(opt.user)) throw error_at("redis-server options", "field 'user' must be non-empty, without spaces or quotes");
+  if (!no_space(opt.user))
+    throw error_at("redis-server options", "field 'user' must be non-empty, without spaces or quotes");
   if (opt.bind.empty()) throw error_at("redis-server options", "field 'bind' names no address");
   for (const auto& b : opt.bind)
     if (!no_space(b)) throw error_at("redis-server options", "field 'bind' has a bad address '" + b + "'");
@@ -79,7 +81,8 @@ RedisServer RedisServer::start(const ServerOptions& opt) {
   s.opt_ = opt;
   if (opt.dir.empty()) {
     char tmpl[] = "/tmp/kf-redis-XXXXXX";
-    if (!::mkdtemp(tmpl)) throw Error(std::string("redis-server: cannot make a folder under /tmp: ") + std::strerror(errno));
+    if (!::mkdtemp(tmpl))
+      throw Error(std::string("redis-server: cannot make a folder under /tmp: ") + std::strerror(errno));
     s.dir_ = tmpl;
     s.own_dir_ = true;
   } else {
@@ -116,7 +119,7 @@ RedisServer RedisServer::start(const ServerOptions& opt) {
     if (pid == 0) {
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // the server dies with its starter
       if (getppid() != parent) _exit(127);
-      ::setpgid(0, 0);                     // a terminal's Ctrl-C goes to the launcher, which stops us
+      ::setpgid(0, 0);  // a terminal's Ctrl-C goes to the launcher, which stops us
       execlp(opt.executable.c_str(), opt.executable.c_str(), conf.c_str(), static_cast<char*>(nullptr));
       std::fprintf(stderr, "redis-server: cannot exec '%s': %s\n", opt.executable.c_str(), std::strerror(errno));
       _exit(127);
@@ -128,9 +131,11 @@ RedisServer RedisServer::start(const ServerOptions& opt) {
       int status = 0;
       if (::waitpid(pid, &status, WNOHANG) == pid) {
         s.pid_ = -1;
-        last_error = "exited (" + std::string(WIFEXITED(status) ? "status " + std::to_string(WEXITSTATUS(status))
-                                                                   : "signal " + std::to_string(WTERMSIG(status))) +
-                     ")" + (WIFEXITED(status) && WEXITSTATUS(status) == 127 ? " - is '" + opt.executable + "' installed?" : "");
+        last_error =
+            "exited (" +
+            std::string(WIFEXITED(status) ? "status " + std::to_string(WEXITSTATUS(status))
+                                          : "signal " + std::to_string(WTERMSIG(status))) +
+            ")" + (WIFEXITED(status) && WEXITSTATUS(status) == 127 ? " - is '" + opt.executable + "' installed?" : "");
         break;
       }
       try {
@@ -147,8 +152,8 @@ RedisServer RedisServer::start(const ServerOptions& opt) {
       std::this_thread::sleep_for(Millis(20));
     }
     if (up) {
-      log_info("netqueue: redis-server pid ", s.pid_, " listening on ", opt.bind.front(), ":", s.port_, " (user ", opt.user,
-               ", folder ", s.dir_, ")");
+      log_info("netqueue: redis-server pid ", s.pid_, " listening on ", opt.bind.front(), ":", s.port_, " (user ",
+               opt.user, ", folder ", s.dir_, ")");
       return s;
     }
     std::string log_tail = tail(s.log_path(), 8);
@@ -160,7 +165,8 @@ RedisServer RedisServer::start(const ServerOptions& opt) {
     }
     last_error += "; log " + s.log_path() + ":" + log_tail;
     bool port_taken = log_tail.find("Address already in use") != std::string::npos;
-    log_warn("netqueue: redis-server on port ", s.port_, " ", last_error, port_taken && attempt + 1 < attempts ? "; trying another port" : "");
+    log_warn("netqueue: redis-server on port ", s.port_, " ", last_error,
+             port_taken && attempt + 1 < attempts ? "; trying another port" : "");
     if (!port_taken) break;
   }
   throw Error("redis-server (" + opt.executable + ") on " + opt.bind.front() + ":" + std::to_string(s.port_) +
@@ -194,8 +200,10 @@ void RedisServer::stop() {
     ::kill(pid_, SIGTERM);
     bool gone = false;
     for (int i = 0; i < 200 && !gone; ++i) {
-      if (::waitpid(pid_, nullptr, WNOHANG) == pid_) gone = true;
-      else std::this_thread::sleep_for(Millis(10));
+      if (::waitpid(pid_, nullptr, WNOHANG) == pid_)
+        gone = true;
+      else
+        std::this_thread::sleep_for(Millis(10));
     }
     if (!gone) {
       log_warn("netqueue: redis-server pid ", pid_, " did not stop within 2 s of SIGTERM; sending SIGKILL");

@@ -120,9 +120,7 @@ struct StoreRendezvous::Impl {
     return a;
   }
 
-  std::string unreachable_note() const {
-    return last_error.empty() ? "" : "; last Redis error: " + last_error;
-  }
+  std::string unreachable_note() const { return last_error.empty() ? "" : "; last Redis error: " + last_error; }
 };
 
 StoreRendezvous::StoreRendezvous(RendezvousConfig cfg) : impl_(std::make_unique<Impl>()) {
@@ -189,7 +187,8 @@ void StoreRendezvous::publish(const std::string& key, const std::string& bytes) 
 std::string StoreRendezvous::fetch(const std::string& key, Millis timeout) {
   Impl& m = *impl_;
   m.key = key;
-  if (m.cfg.rank == 0) throw Error(m.where() + ": rank 0 publishes; fetch is for ranks 1.." + std::to_string(m.cfg.world - 1));
+  if (m.cfg.rank == 0)
+    throw Error(m.where() + ": rank 0 publishes; fetch is for ranks 1.." + std::to_string(m.cfg.world - 1));
   const auto deadline = Clock::now() + timeout;
   bool stale_seen = false, announced = false;
   for (;;) {
@@ -207,7 +206,8 @@ std::string StoreRendezvous::fetch(const std::string& key, Millis timeout) {
       if (v->type != REDIS_REPLY_STRING) return;
       const std::string s(v->str, v->len);
       const auto nl = s.find('\n');
-      if (nl == std::string::npos) throw Error(c.where() + ": rendezvous value under " + m.base() + " has no token line");
+      if (nl == std::string::npos)
+        throw Error(c.where() + ": rendezvous value under " + m.base() + " has no token line");
       // Tokens of ranks 1..world-1, each followed by ','.
       std::size_t pos = 0;
       for (int r = 1; r < m.cfg.rank; ++r) {
@@ -232,8 +232,8 @@ std::string StoreRendezvous::fetch(const std::string& key, Millis timeout) {
       if (stale_seen) why += " for this attempt (only an earlier attempt's value is there)";
       if (asked && !miss.empty()) why += "; rank(s) " + join_ranks(miss) + " never announced themselves";
       if (!asked) why = "could not reach the server";
-      throw Error(m.where() + ": rank " + std::to_string(m.cfg.rank) + " of " + std::to_string(m.cfg.world) + ": " + why +
-                  " within " + std::to_string(timeout.count()) + " ms" + m.unreachable_note());
+      throw Error(m.where() + ": rank " + std::to_string(m.cfg.rank) + " of " + std::to_string(m.cfg.world) + ": " +
+                  why + " within " + std::to_string(timeout.count()) + " ms" + m.unreachable_note());
     }
     std::this_thread::sleep_for(Millis(20));
   }

@@ -138,7 +138,8 @@ struct StreamQueue::Impl {
   Clock::time_point next_prune;
 
   explicit Impl(const StreamConfig& c)
-      : cfg(c), dead_stream(c.stream + ":dead"),
+      : cfg(c),
+        dead_stream(c.stream + ":dead"),
         conn(c.host, c.port, c.user, c.password, c.connect_timeout, c.io_timeout) {
     claim_every = cfg.claim_every.count() > 0 ? cfg.claim_every : std::max(Millis(10), cfg.claim_idle / 4);
     prune_after = cfg.claim_idle * 10;
@@ -214,8 +215,14 @@ struct StreamQueue::Impl {
   // XAUTOCLAIM: takes over records pending longer than claim_idle (a dead consumer's).
   void claim(std::size_t max, std::vector<Message>* out) {
     Args a;
-    a.add("XAUTOCLAIM").add(cfg.stream).add(cfg.group).add(cfg.consumer).add_copy(std::to_string(cfg.claim_idle.count()))
-        .add(claim_cursor).add("COUNT").add_copy(std::to_string(max));
+    a.add("XAUTOCLAIM")
+        .add(cfg.stream)
+        .add(cfg.group)
+        .add(cfg.consumer)
+        .add_copy(std::to_string(cfg.claim_idle.count()))
+        .add(claim_cursor)
+        .add("COUNT")
+        .add_copy(std::to_string(max));
     Reply r = conn.call(a, "XAUTOCLAIM");
     if (r->type != REDIS_REPLY_ARRAY || r->elements < 2)
       throw Error(where() + ": XAUTOCLAIM: unexpected reply " + detail::describe(r.get()));
@@ -266,7 +273,8 @@ struct StreamQueue::Impl {
     }
     if (n_claimed > 0)
       log_info("netqueue: ", where(), ": consumer ", cfg.consumer, " claimed ", n_claimed, " record(s) idle over ",
-               cfg.claim_idle.count(), " ms (tags ", tags, "): their consumer died or stalled; they are delivered again");
+               cfg.claim_idle.count(), " ms (tags ", tags,
+               "): their consumer died or stalled; they are delivered again");
     prune_consumers();
   }
 
@@ -310,7 +318,8 @@ struct StreamQueue::Impl {
     if (r->type == REDIS_REPLY_ERROR) {
       std::string e(r->str, r->len);
       if (e.rfind("NOGROUP", 0) == 0) {  // the server lost the group (restarted without data)
-        log_warn("netqueue: ", where(), ": consumer group '", cfg.group, "' is gone (server restarted?); creating it again");
+        log_warn("netqueue: ", where(), ": consumer group '", cfg.group,
+                 "' is gone (server restarted?); creating it again");
         ensure_group();
         return;
       }
@@ -337,11 +346,17 @@ struct StreamQueue::Impl {
     for (std::size_t off = 0; off < ids.size(); off += cfg.batch_records) {
       std::size_t n = std::min<std::size_t>(cfg.batch_records, ids.size() - off);
       Args a;
-      a.add("EVAL").add(kAckScript).add("2").add(cfg.stream).add(outputs ? out_stream : cfg.stream).add(cfg.group)
+      a.add("EVAL")
+          .add(kAckScript)
+          .add("2")
+          .add(cfg.stream)
+          .add(outputs ? out_stream : cfg.stream)
+          .add(cfg.group)
           .add_copy(std::to_string(n));
       for (std::size_t i = 0; i < n; ++i) a.add(ids[off + i]);
       if (outputs)
-        for (std::size_t i = 0; i < n; ++i) a.add_copy(std::to_string((*outputs)[off + i].tag)).add((*outputs)[off + i].data);
+        for (std::size_t i = 0; i < n; ++i)
+          a.add_copy(std::to_string((*outputs)[off + i].tag)).add((*outputs)[off + i].data);
       Reply r = conn.call(a, outputs ? "acknowledge and forward" : "acknowledge");
       if (r->type != REDIS_REPLY_ARRAY || r->elements != n)
         throw Error(where() + ": ack script: unexpected reply " + detail::describe(r.get()));
@@ -448,8 +463,8 @@ std::size_t StreamQueue::ack(const std::vector<std::string>& ids, std::vector<bo
 std::size_t StreamQueue::ack_forward(const std::vector<std::string>& ids, const std::vector<Outgoing>& outputs,
                                      const std::string& out_stream, std::vector<bool>* first) {
   if (outputs.size() != ids.size())
-    throw Error(where() + ": ack_forward: " + std::to_string(ids.size()) + " ids but " + std::to_string(outputs.size()) +
-                " outputs");
+    throw Error(where() + ": ack_forward: " + std::to_string(ids.size()) + " ids but " +
+                std::to_string(outputs.size()) + " outputs");
   if (out_stream.empty() || out_stream == impl_->cfg.stream)
     throw Error(where() + ": ack_forward: the output stream must be another stream, got '" + out_stream + "'");
   return impl_->ack_impl(ids, &outputs, out_stream, first);

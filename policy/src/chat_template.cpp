@@ -106,14 +106,13 @@ Layout fetch_layout(const std::string& model_dir, const std::string& source, con
   const std::string out = slurp(out_tpl), errs = slurp(err_tpl);
   ::unlink(out_tpl);
   ::unlink(err_tpl);
-  if (err != 0)
-    throw Error(what + ": cannot start python '" + py + "': " + std::strerror(err) + " (set KF_PYTHON)");
+  if (err != 0) throw Error(what + ": cannot start python '" + py + "': " + std::strerror(err) + " (set KF_PYTHON)");
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
     std::string reason = errs;
     while (!reason.empty() && (reason.back() == '\n' || reason.back() == ' ')) reason.pop_back();
     if (reason.size() > 2000) reason = "..." + reason.substr(reason.size() - 2000);
-    const std::string how =
-        WIFEXITED(status) ? "exit " + std::to_string(WEXITSTATUS(status)) : "signal " + std::to_string(WTERMSIG(status));
+    const std::string how = WIFEXITED(status) ? "exit " + std::to_string(WEXITSTATUS(status))
+                                              : "signal " + std::to_string(WTERMSIG(status));
     throw Error(what + " failed (" + py + " " + script + ", " + how + "): " + reason);
   }
   Layout l;
@@ -127,8 +126,8 @@ Layout fetch_layout(const std::string& model_dir, const std::string& source, con
   } catch (const std::exception& e) {
     throw Error(what + ": the renderer's output is not a layout (" + e.what() + ")");
   }
-  if (l.pieces.size() != l.slots.size() + 1 || l.lstrip.size() != l.slots.size() ||
-      l.rstrip.size() != l.slots.size() || l.empty_ok.size() != roles.size())
+  if (l.pieces.size() != l.slots.size() + 1 || l.lstrip.size() != l.slots.size() || l.rstrip.size() != l.slots.size() ||
+      l.empty_ok.size() != roles.size())
     throw Error(what + ": the renderer's layout is inconsistent");
   for (auto s : l.slots)
     if (s >= roles.size()) throw Error(what + ": the renderer's layout names message " + std::to_string(s));
@@ -255,10 +254,14 @@ std::string ChatTemplate::render(const std::vector<ChatMessage>& messages) const
   out += l.pieces[0];
   for (std::size_t k = 0; k < l.slots.size(); ++k) {
     const std::string& c = messages[l.slots[k]].content;
-    if (l.lstrip[k] && l.rstrip[k]) out += py_rstrip(py_lstrip(c));
-    else if (l.lstrip[k]) out += py_lstrip(c);
-    else if (l.rstrip[k]) out += py_rstrip(c);
-    else out += c;
+    if (l.lstrip[k] && l.rstrip[k])
+      out += py_rstrip(py_lstrip(c));
+    else if (l.lstrip[k])
+      out += py_lstrip(c);
+    else if (l.rstrip[k])
+      out += py_rstrip(c);
+    else
+      out += c;
     out += l.pieces[k + 1];
   }
   return out;

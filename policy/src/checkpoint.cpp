@@ -29,11 +29,16 @@ torch::ScalarType dtype_from_name(const std::string& n, const std::string& ctx) 
 
 std::string safetensors_dtype(torch::ScalarType t) {
   switch (t) {
-    case torch::kFloat32: return "F32";
-    case torch::kBFloat16: return "BF16";
-    case torch::kFloat16: return "F16";
-    case torch::kFloat64: return "F64";
-    default: throw Error(std::string("safetensors: cannot write dtype ") + c10::toString(t));
+    case torch::kFloat32:
+      return "F32";
+    case torch::kBFloat16:
+      return "BF16";
+    case torch::kFloat16:
+      return "F16";
+    case torch::kFloat64:
+      return "F64";
+    default:
+      throw Error(std::string("safetensors: cannot write dtype ") + c10::toString(t));
   }
 }
 
@@ -66,8 +71,10 @@ void load_weights(CausalLM& model, const std::string& dir) {
     if (info.shape != want) {
       std::string hint;
       if (name.find("embed_tokens") != std::string::npos || name.find("lm_head") != std::string::npos)
-        hint = " (config.json vocab_size=" + std::to_string(cfg.vocab_size) + ", hidden_size=" + std::to_string(cfg.hidden_size) + ")";
-      throw Error(ctx + ": field 'shape': " + shape_str(info.shape) + " but the config expects " + shape_str(want) + hint);
+        hint = " (config.json vocab_size=" + std::to_string(cfg.vocab_size) +
+               ", hidden_size=" + std::to_string(cfg.hidden_size) + ")";
+      throw Error(ctx + ": field 'shape': " + shape_str(info.shape) + " but the config expects " + shape_str(want) +
+                  hint);
     }
     const auto src_type = dtype_from_name(info.dtype, ctx + ": field 'dtype'");
     if (!c10::isFloatingType(src_type)) throw Error(ctx + ": field 'dtype': " + info.dtype + " is not a float type");
@@ -89,7 +96,11 @@ void save_weights(CausalLM& model, const std::string& dir, uint64_t max_shard_by
   const auto type = model->options().dtype().toScalarType();
   cfg.dtype = type == torch::kBFloat16 ? "bfloat16" : type == torch::kFloat16 ? "float16" : "float32";
   save_model_config(cfg, dir + "/config.json");
-  struct Item { std::string name; torch::Tensor t; uint64_t bytes; };
+  struct Item {
+    std::string name;
+    torch::Tensor t;
+    uint64_t bytes;
+  };
   std::vector<std::vector<Item>> shards(1);
   uint64_t in_shard = 0, total = 0;
   for (auto& p : model->named_parameters()) {
@@ -106,8 +117,10 @@ void save_weights(CausalLM& model, const std::string& dir, uint64_t max_shard_by
   const std::size_t n = shards.size();
   for (std::size_t s = 0; s < n; ++s) {
     char fname[64];
-    if (n == 1) std::snprintf(fname, sizeof fname, "model.safetensors");
-    else std::snprintf(fname, sizeof fname, "model-%05zu-of-%05zu.safetensors", s + 1, n);
+    if (n == 1)
+      std::snprintf(fname, sizeof fname, "model.safetensors");
+    else
+      std::snprintf(fname, sizeof fname, "model-%05zu-of-%05zu.safetensors", s + 1, n);
     std::vector<StWriteSpec> specs;
     for (const auto& it : shards[s]) {
       specs.push_back({it.name, safetensors_dtype(it.t.scalar_type()), it.t.sizes().vec()});

@@ -119,7 +119,8 @@ ModelConfig parse_model_config(const std::string& text, const std::string& ctx) 
   c.rms_norm_eps = get_double(j, "rms_norm_eps", ctx, c.rms_norm_eps);
   c.rope.theta = get_double(j, "rope_theta", ctx, c.rope.theta);
   // transformers >= 5 writes rope_parameters; older files use rope_theta + rope_scaling.
-  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null()) parse_rope(j["rope_scaling"], field_ctx(ctx, "rope_scaling"), c.rope);
+  if (j.contains("rope_scaling") && !j["rope_scaling"].is_null())
+    parse_rope(j["rope_scaling"], field_ctx(ctx, "rope_scaling"), c.rope);
   if (j.contains("rope_parameters") && !j["rope_parameters"].is_null())
     parse_rope(j["rope_parameters"], field_ctx(ctx, "rope_parameters"), c.rope);
   c.tie_word_embeddings = get_bool(j, "tie_word_embeddings", ctx, false);
@@ -136,7 +137,10 @@ ModelConfig parse_model_config(const std::string& text, const std::string& ctx) 
   c.eos_token_ids = eos_ids(j, ctx);
   c.bos_token_id = get_int(j, "bos_token_id", ctx, false, -1);
   for (const char* k : {"dtype", "torch_dtype"})
-    if (j.contains(k) && j[k].is_string()) { c.dtype = j[k].get<std::string>(); break; }
+    if (j.contains(k) && j[k].is_string()) {
+      c.dtype = j[k].get<std::string>();
+      break;
+    }
   c.validate(ctx);
   return c;
 }
@@ -161,15 +165,16 @@ ModelConfig load_model_config(const std::string& path) {
   // generation_config.json beside config.json: its eos_token_id are stop ids too (instruct
   // models end a turn with a token config.json does not name, e.g. Qwen2.5's <|im_end|>).
   const auto slash = path.rfind('/');
-  const std::string gen = (slash == std::string::npos ? std::string() : path.substr(0, slash + 1)) + "generation_config.json";
+  const std::string gen =
+      (slash == std::string::npos ? std::string() : path.substr(0, slash + 1)) + "generation_config.json";
   std::ifstream gin(gen);
   if (gin) {
     std::stringstream gs;
     gs << gin.rdbuf();
     for (int64_t id : generation_eos_ids(gs.str(), gen)) {
       if (id < 0 || id >= c.vocab_size)
-        throw Error(field_ctx(gen, "eos_token_id") + ": " + std::to_string(id) + " is outside the vocabulary (" +
-                    path + " field 'vocab_size' is " + std::to_string(c.vocab_size) + ")");
+        throw Error(field_ctx(gen, "eos_token_id") + ": " + std::to_string(id) + " is outside the vocabulary (" + path +
+                    " field 'vocab_size' is " + std::to_string(c.vocab_size) + ")");
       if (std::find(c.eos_token_ids.begin(), c.eos_token_ids.end(), id) == c.eos_token_ids.end())
         c.eos_token_ids.push_back(id);
     }
@@ -180,7 +185,11 @@ ModelConfig load_model_config(const std::string& path) {
 std::string model_config_to_json(const ModelConfig& c) {
   json j = json::object();
   if (!c.raw_json.empty()) {
-    try { j = json::parse(c.raw_json); } catch (...) { j = json::object(); }
+    try {
+      j = json::parse(c.raw_json);
+    } catch (...) {
+      j = json::object();
+    }
   }
   j["model_type"] = c.model_type;
   j["architectures"] = {c.model_type == "qwen2" ? "Qwen2ForCausalLM" : "LlamaForCausalLM"};
@@ -210,8 +219,10 @@ std::string model_config_to_json(const ModelConfig& c) {
   j.erase("rope_scaling");
   j["rope_theta"] = c.rope.theta;  // older readers
   if (!c.eos_token_ids.empty()) {
-    if (c.eos_token_ids.size() == 1) j["eos_token_id"] = c.eos_token_ids[0];
-    else j["eos_token_id"] = c.eos_token_ids;
+    if (c.eos_token_ids.size() == 1)
+      j["eos_token_id"] = c.eos_token_ids[0];
+    else
+      j["eos_token_id"] = c.eos_token_ids;
   }
   if (c.bos_token_id >= 0) j["bos_token_id"] = c.bos_token_id;
   j["dtype"] = c.dtype;

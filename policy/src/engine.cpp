@@ -67,7 +67,7 @@ struct Engine::Impl {
   std::vector<torch::Tensor> pk, pv;  // per layer [blocks * bs, kv_heads, head_dim]
   std::vector<int32_t> refs;          // per block
   std::vector<int32_t> free_list;
-  int64_t reserved = 0;               // blocks promised to admitted sequences, not yet taken
+  int64_t reserved = 0;  // blocks promised to admitted sequences, not yet taken
   int64_t peak_used = 0;
   at::Generator gen;
   EngineStats st;
@@ -75,17 +75,17 @@ struct Engine::Impl {
   struct Request {
     EngineRequest r;
     Clock::time_point submitted, admitted;
-    int64_t open = 0;                 // samples not finished
+    int64_t open = 0;  // samples not finished
     std::vector<Completion> out;
-    int64_t own_blocks = 0;           // each sample's worst-case own blocks
+    int64_t own_blocks = 0;  // each sample's worst-case own blocks
   };
   struct Seq {
     std::shared_ptr<Request> req;
-    int64_t index = 0;                // sample index in the request
-    std::vector<int32_t> table;       // block table
-    int64_t kv_len = 0;               // tokens in the KV cache
-    int64_t reserve_left = 0;         // reservation not yet turned into blocks
-    int32_t last = 0;                 // the newest sampled token (not yet in the cache)
+    int64_t index = 0;           // sample index in the request
+    std::vector<int32_t> table;  // block table
+    int64_t kv_len = 0;          // tokens in the KV cache
+    int64_t reserve_left = 0;    // reservation not yet turned into blocks
+    int32_t last = 0;            // the newest sampled token (not yet in the cache)
   };
   std::deque<std::shared_ptr<Request>> waiting;
   std::vector<Seq> running;
@@ -253,7 +253,8 @@ struct Engine::Impl {
     if (p.loop_max_period < 1) throw Error(what + ": loop_max_period must be >= 1");
     if (p.loop_min_span < 0) throw Error(what + ": loop_min_span must be >= 0");
     for (int32_t t : r.prompt)
-      if (t < 0 || t >= cfg.vocab_size) throw Error(what + ": prompt token " + std::to_string(t) + " outside the vocab");
+      if (t < 0 || t >= cfg.vocab_size)
+        throw Error(what + ": prompt token " + std::to_string(t) + " outside the vocab");
   }
 
   // Worst-case blocks of a request: the prompt's, plus each sample's own (its copy of the
@@ -327,9 +328,12 @@ struct Engine::Impl {
     c.tokens.push_back(t);
     c.logprobs.push_back(lp);
     s.last = t;
-    if (std::find(p.eos_ids.begin(), p.eos_ids.end(), int64_t(t)) != p.eos_ids.end()) c.finish_reason = "eos";
-    else if (p.loop_repeats > 0 && loop_period(c.tokens, p) > 0) c.finish_reason = "loop";
-    else if (static_cast<int64_t>(c.tokens.size()) >= p.max_new_tokens) c.finish_reason = "length";
+    if (std::find(p.eos_ids.begin(), p.eos_ids.end(), int64_t(t)) != p.eos_ids.end())
+      c.finish_reason = "eos";
+    else if (p.loop_repeats > 0 && loop_period(c.tokens, p) > 0)
+      c.finish_reason = "loop";
+    else if (static_cast<int64_t>(c.tokens.size()) >= p.max_new_tokens)
+      c.finish_reason = "length";
     return !c.finish_reason.empty();
   }
 
@@ -369,7 +373,8 @@ struct Engine::Impl {
         const int32_t nb = take_block();
         --s.reserve_left;
         --reserved;
-        const auto src = torch::arange(int64_t(b) * bs, int64_t(b + 1) * bs, torch::TensorOptions().dtype(torch::kInt64).device(dev));
+        const auto src = torch::arange(int64_t(b) * bs, int64_t(b + 1) * bs,
+                                       torch::TensorOptions().dtype(torch::kInt64).device(dev));
         const auto dst = src - int64_t(b) * bs + int64_t(nb) * bs;
         for (int64_t l = 0; l < cfg.num_hidden_layers; ++l) {
           pk[l].index_copy_(0, dst, pk[l].index_select(0, src));
@@ -446,8 +451,10 @@ struct Engine::Impl {
         return q.first->temperature == p->temperature && q.first->top_k == p->top_k && q.first->top_p == p->top_p &&
                q.first->valid_vocab == p->valid_vocab;
       });
-      if (it == parts.end()) parts.push_back({p, {i}});
-      else it->second.push_back(i);
+      if (it == parts.end())
+        parts.push_back({p, {i}});
+      else
+        it->second.push_back(i);
     }
     std::vector<torch::Tensor> part_idx;
     for (const auto& [p, rows] : parts) part_idx.push_back(torch::tensor(rows, i64).to(dev));
@@ -498,7 +505,8 @@ Engine::Engine(CausalLM model, EngineOptions opts) : impl_(std::make_unique<Impl
   m.bs = m.o.block_size;
   auto& o = m.o;
   if (o.block_size < 1) throw Error("actors.engine.block_size must be >= 1, not " + std::to_string(o.block_size));
-  if (o.max_sequences < 1) throw Error("actors.engine.max_sequences must be >= 1, not " + std::to_string(o.max_sequences));
+  if (o.max_sequences < 1)
+    throw Error("actors.engine.max_sequences must be >= 1, not " + std::to_string(o.max_sequences));
   if (o.check_every < 1) throw Error("engine: check_every must be >= 1");
   if (o.kv_budget_mb < 1) throw Error("actors.engine.kv_budget_mb must be >= 1, not " + std::to_string(o.kv_budget_mb));
   if (o.batch_buckets.empty())
@@ -571,7 +579,8 @@ std::vector<EngineResult> Engine::step() {
   // Graph capture needs a non-default stream: the engine works on one of its own.
   std::optional<c10::cuda::CUDAStreamGuard> guard;
   if (m.dev.is_cuda() && m.o.cuda_graph) {
-    if (!m.stream) m.stream = c10::cuda::getStreamFromPool(false, m.dev.index() < 0 ? c10::cuda::current_device() : m.dev.index());
+    if (!m.stream)
+      m.stream = c10::cuda::getStreamFromPool(false, m.dev.index() < 0 ? c10::cuda::current_device() : m.dev.index());
     torch::cuda::synchronize();
     guard.emplace(*m.stream);
   }

@@ -77,8 +77,9 @@ torch::Tensor apply_rope(const torch::Tensor& x, const RopeTables& r) {
 // inv_freq exactly as HF computes it (fp32 pow), including linear and llama3 scaling.
 torch::Tensor make_inv_freq(const ModelConfig& c) {
   const auto f32 = torch::TensorOptions().dtype(torch::kFloat32);
-  const auto exponents = torch::arange(0, c.head_dim, 2, torch::TensorOptions().dtype(torch::kInt64)).to(torch::kFloat32) /
-                         static_cast<double>(c.head_dim);
+  const auto exponents =
+      torch::arange(0, c.head_dim, 2, torch::TensorOptions().dtype(torch::kInt64)).to(torch::kFloat32) /
+      static_cast<double>(c.head_dim);
   auto inv = 1.0 / torch::pow(torch::scalar_tensor(c.rope.theta, f32), exponents);
   if (c.rope.type == "linear") {
     inv = inv / c.rope.factor;
@@ -87,7 +88,8 @@ torch::Tensor make_inv_freq(const ModelConfig& c) {
     const double low_wavelen = old_len / c.rope.low_freq_factor, high_wavelen = old_len / c.rope.high_freq_factor;
     const auto wavelen = 2 * M_PI / inv;
     auto scaled = torch::where(wavelen > low_wavelen, inv / c.rope.factor, inv);
-    const auto smooth = (old_len / wavelen - c.rope.low_freq_factor) / (c.rope.high_freq_factor - c.rope.low_freq_factor);
+    const auto smooth =
+        (old_len / wavelen - c.rope.low_freq_factor) / (c.rope.high_freq_factor - c.rope.low_freq_factor);
     const auto smoothed = (1 - smooth) * scaled / c.rope.factor + smooth * scaled;
     const auto medium = (wavelen >= high_wavelen).logical_and(wavelen <= low_wavelen);
     inv = torch::where(medium, smoothed, scaled);
@@ -231,7 +233,8 @@ struct LayerCheckpoint : public torch::autograd::Function<LayerCheckpoint> {
     // recompute must run under the forward's autocast state, or it would recompute in
     // another precision (slower, and not the activations the forward used).
     const auto dt = x.device().type();
-    const bool ac = (dt == c10::DeviceType::CUDA || dt == c10::DeviceType::CPU) && at::autocast::is_autocast_enabled(dt);
+    const bool ac =
+        (dt == c10::DeviceType::CUDA || dt == c10::DeviceType::CPU) && at::autocast::is_autocast_enabled(dt);
     ctx->saved_data["autocast"] = ac;
     ctx->saved_data["autocast_dtype"] = static_cast<int64_t>(ac ? at::autocast::get_autocast_dtype(dt) : at::kFloat);
     ctx->save_for_backward({x, cos, sin});
@@ -242,7 +245,8 @@ struct LayerCheckpoint : public torch::autograd::Function<LayerCheckpoint> {
                                                  torch::autograd::variable_list grads) {
     auto saved = ctx->get_saved_variables();
     auto* layer = reinterpret_cast<DecoderLayerImpl*>(ctx->saved_data["layer"].toInt());
-    const torch::Tensor mask = ctx->saved_data["mask"].isTensor() ? ctx->saved_data["mask"].toTensor() : torch::Tensor();
+    const torch::Tensor mask =
+        ctx->saved_data["mask"].isTensor() ? ctx->saved_data["mask"].toTensor() : torch::Tensor();
     auto x = saved[0].detach().requires_grad_(true);
     torch::Tensor out;
     {
@@ -288,7 +292,8 @@ torch::Tensor CausalLMImpl::hidden(const torch::Tensor& ids, const torch::Tensor
   if (cache) {
     const int64_t start = cache->length, keys = start + T;
     if (keys > cache->capacity)
-      throw Error("KV cache: " + std::to_string(keys) + " tokens exceed its capacity " + std::to_string(cache->capacity));
+      throw Error("KV cache: " + std::to_string(keys) + " tokens exceed its capacity " +
+                  std::to_string(cache->capacity));
     if (am.defined()) {
       cache->slot_valid.narrow(1, start, T).copy_(am);
       positions = cache->next_pos.unsqueeze(1) + (am.to(torch::kInt64).cumsum(1) - 1).clamp_min(0);
@@ -326,7 +331,8 @@ torch::Tensor CausalLMImpl::hidden(const torch::Tensor& ids, const torch::Tensor
     if (ckpt)
       x = LayerCheckpoint::apply(x, r.cos, r.sin, mask.defined() ? mask : torch::empty({0}, i64.dtype(torch::kBool)),
                                  reinterpret_cast<int64_t>(layer));
-    else x = layer->forward(x, r, mask, cache, l);
+    else
+      x = layer->forward(x, r, mask, cache, l);
   }
   if (cache) cache->length += T;
   return model->norm(x);
@@ -352,8 +358,10 @@ torch::Tensor CausalLMImpl::hidden_packed(const torch::Tensor& ids, const std::v
   if (ckpt && !x.requires_grad()) x = x.detach().requires_grad_(true);  // as in hidden()
   for (int64_t l = 0; l < static_cast<int64_t>(model->layers->size()); ++l) {
     auto* layer = model->layers[l]->as<DecoderLayerImpl>();
-    if (ckpt) x = LayerCheckpoint::apply(x, r.cos, r.sin, lens, reinterpret_cast<int64_t>(layer));
-    else x = layer->forward(x, r, lens, nullptr, l);
+    if (ckpt)
+      x = LayerCheckpoint::apply(x, r.cos, r.sin, lens, reinterpret_cast<int64_t>(layer));
+    else
+      x = layer->forward(x, r, lens, nullptr, l);
   }
   return model->norm(x);
 }
@@ -410,9 +418,8 @@ torch::ScalarType head_compute_dtype(const torch::Tensor& h, const torch::Tensor
 // log-sum-exp per row; backward recomputes each chunk's logits:
 //   d logp_i / d z_ij = [j == target_i] - softmax(z_i)_j   (z = h W^T / temperature).
 struct ChunkedLogprobs : public torch::autograd::Function<ChunkedLogprobs> {
-  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, torch::Tensor h,
-                                                torch::Tensor w, torch::Tensor targets, double temperature,
-                                                int64_t chunk) {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, torch::Tensor h, torch::Tensor w,
+                                                torch::Tensor targets, double temperature, int64_t chunk) {
     const auto cd = head_compute_dtype(h, w);
     const int64_t n = h.size(0);
     const auto f32 = h.options().dtype(torch::kFloat32);
@@ -475,7 +482,8 @@ struct ChunkedLogprobs : public torch::autograd::Function<ChunkedLogprobs> {
 
 TokenLogprobs chunked_logprobs(const torch::Tensor& h, const torch::Tensor& weight, const torch::Tensor& targets,
                                double temperature, int64_t chunk) {
-  TORCH_CHECK(h.dim() == 2 && weight.dim() == 2 && h.size(1) == weight.size(1), "chunked_logprobs: h [N, H], weight [V, H]");
+  TORCH_CHECK(h.dim() == 2 && weight.dim() == 2 && h.size(1) == weight.size(1),
+              "chunked_logprobs: h [N, H], weight [V, H]");
   TORCH_CHECK(targets.dim() == 1 && targets.size(0) == h.size(0), "chunked_logprobs: targets [N]");
   TORCH_CHECK(temperature > 0, "temperature must be positive");
   TORCH_CHECK(chunk >= 1, "chunked_logprobs: chunk must be >= 1");
@@ -494,7 +502,8 @@ TokenLogprobs CausalLMImpl::selected_logprobs(const torch::Tensor& ids, const to
                                               const std::vector<int64_t>& segments) {
   TORCH_CHECK(ids.size(1) >= 2, "selected_logprobs needs at least two tokens per row");
   const int64_t B = ids.size(0), T = ids.size(1);
-  TORCH_CHECK(wanted.dim() == 2 && wanted.size(0) == B && wanted.size(1) == T - 1, "selected_logprobs: wanted [B, T-1]");
+  TORCH_CHECK(wanted.dim() == 2 && wanted.size(0) == B && wanted.size(1) == T - 1,
+              "selected_logprobs: wanted [B, T-1]");
   TORCH_CHECK(segments.empty() || !attention_mask.defined(), "selected_logprobs: packed rows take no attention mask");
   const auto h = segments.empty() ? hidden(ids, attention_mask, nullptr) : hidden_packed(ids, segments);
   const auto dev = h.device();
@@ -513,10 +522,12 @@ void CausalLMImpl::enable_lora(const LoraConfig& cfg, uint64_t seed, torch::Scal
   if (lora_.rank > 0) throw Error("LoRA: adapters are already enabled on this model");
   if (cfg.rank < 1) throw Error("LoRA: rank must be >= 1 (got " + std::to_string(cfg.rank) + ")");
   if (cfg.targets.empty()) throw Error("LoRA: no target projections given");
-  static const std::vector<std::string> known = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+  static const std::vector<std::string> known = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
+                                                 "gate_proj", "up_proj", "down_proj"};
   for (const auto& t : cfg.targets)
     if (std::find(known.begin(), known.end(), t) == known.end())
-      throw Error("LoRA: unknown target projection '" + t + "' (known: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)");
+      throw Error("LoRA: unknown target projection '" + t +
+                  "' (known: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)");
   for (auto& p : parameters()) p.set_requires_grad(false);
   auto gen = at::globalContext().defaultGenerator(torch::kCPU).clone();
   gen.set_current_seed(seed);
@@ -525,13 +536,13 @@ void CausalLMImpl::enable_lora(const LoraConfig& cfg, uint64_t seed, torch::Scal
   for (std::size_t l = 0; l < model->layers->size(); ++l) {
     auto* layer = model->layers[l]->as<DecoderLayerImpl>();
     for (const auto& t : cfg.targets) {
-      LinearImpl* lin = t == "q_proj" ? layer->self_attn->q_proj.get()
-                        : t == "k_proj" ? layer->self_attn->k_proj.get()
-                        : t == "v_proj" ? layer->self_attn->v_proj.get()
-                        : t == "o_proj" ? layer->self_attn->o_proj.get()
+      LinearImpl* lin = t == "q_proj"      ? layer->self_attn->q_proj.get()
+                        : t == "k_proj"    ? layer->self_attn->k_proj.get()
+                        : t == "v_proj"    ? layer->self_attn->v_proj.get()
+                        : t == "o_proj"    ? layer->self_attn->o_proj.get()
                         : t == "gate_proj" ? layer->mlp->gate_proj.get()
-                        : t == "up_proj" ? layer->mlp->up_proj.get()
-                                         : layer->mlp->down_proj.get();
+                        : t == "up_proj"   ? layer->mlp->up_proj.get()
+                                           : layer->mlp->down_proj.get();
       lin->add_lora(cfg.rank, cfg.scale(), aopts, gen);
     }
   }
@@ -565,9 +576,12 @@ void CausalLMImpl::init_random(uint64_t seed, double std) {
   for (auto& p : named_parameters()) {
     const std::string& n = p.key();
     auto& t = p.value();
-    if (n.find("norm") != std::string::npos) t.fill_(1.0);
-    else if (n.size() > 5 && n.compare(n.size() - 5, 5, ".bias") == 0) t.zero_();
-    else t.normal_(0.0, std, gen);
+    if (n.find("norm") != std::string::npos)
+      t.fill_(1.0);
+    else if (n.size() > 5 && n.compare(n.size() - 5, 5, ".bias") == 0)
+      t.zero_();
+    else
+      t.normal_(0.0, std, gen);
   }
 }
 

@@ -87,10 +87,14 @@ std::size_t match_qwen(const std::vector<uint32_t>& s, std::size_t i, std::size_
 }  // namespace
 
 bool split_pattern_from_regex(const std::string& regex, SplitPattern& out) {
-  if (regex == kGpt2Regex) out = SplitPattern::kGpt2;
-  else if (regex == kQwen2Regex) out = SplitPattern::kQwen2;
-  else if (regex == kLlama3Regex) out = SplitPattern::kLlama3;
-  else return false;
+  if (regex == kGpt2Regex)
+    out = SplitPattern::kGpt2;
+  else if (regex == kQwen2Regex)
+    out = SplitPattern::kQwen2;
+  else if (regex == kLlama3Regex)
+    out = SplitPattern::kLlama3;
+  else
+    return false;
   return true;
 }
 
@@ -100,9 +104,15 @@ std::vector<std::pair<std::size_t, std::size_t>> split_pieces(const std::vector<
   while (i < cps.size()) {
     std::size_t len = 0;
     switch (p) {
-      case SplitPattern::kGpt2: len = match_gpt2(cps, i); break;
-      case SplitPattern::kQwen2: len = match_qwen(cps, i, 1); break;
-      case SplitPattern::kLlama3: len = match_qwen(cps, i, 3); break;
+      case SplitPattern::kGpt2:
+        len = match_gpt2(cps, i);
+        break;
+      case SplitPattern::kQwen2:
+        len = match_qwen(cps, i, 1);
+        break;
+      case SplitPattern::kLlama3:
+        len = match_qwen(cps, i, 3);
+        break;
     }
     if (len == 0) len = 1;  // unreachable: every code point is letter, number, space or other
     out.emplace_back(i, i + len);

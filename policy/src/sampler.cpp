@@ -18,7 +18,8 @@ std::pair<torch::Tensor, torch::Tensor> sample_tokens(const torch::Tensor& logit
   const double neg_inf = -std::numeric_limits<double>::infinity();
   auto logits = logits_in.to(torch::kFloat32);
   const int64_t V = logits.size(-1);
-  if (valid_vocab > 0 && valid_vocab < V) logits = logits.clone(), logits.narrow(-1, valid_vocab, V - valid_vocab).fill_(neg_inf);
+  if (valid_vocab > 0 && valid_vocab < V)
+    logits = logits.clone(), logits.narrow(-1, valid_vocab, V - valid_vocab).fill_(neg_inf);
   if (p.temperature <= 0) {
     auto tok = logits.argmax(-1);
     auto lp = torch::log_softmax(logits, -1).gather(-1, tok.unsqueeze(-1)).squeeze(-1);
@@ -87,7 +88,8 @@ std::vector<Completion> Sampler::generate(const std::vector<std::vector<int32_t>
   if (p.max_new_tokens <= 0) throw Error("Sampler: max_new_tokens must be positive");
   if (p.loop_repeats < 0 || p.loop_repeats == 1)
     throw Error("Sampler: loop_repeats must be 0 (off) or >= 2, not " + std::to_string(p.loop_repeats));
-  if (p.loop_max_period < 1) throw Error("Sampler: loop_max_period must be >= 1, not " + std::to_string(p.loop_max_period));
+  if (p.loop_max_period < 1)
+    throw Error("Sampler: loop_max_period must be >= 1, not " + std::to_string(p.loop_max_period));
   if (p.loop_min_span < 0) throw Error("Sampler: loop_min_span must be >= 0, not " + std::to_string(p.loop_min_span));
   torch::NoGradGuard no_grad;
   const auto& cfg = model_->config();
@@ -100,10 +102,13 @@ std::vector<Completion> Sampler::generate(const std::vector<std::vector<int32_t>
     if (pr.empty()) throw Error("Sampler: empty prompt");
     L = std::max<int64_t>(L, static_cast<int64_t>(pr.size()));
   }
-  const int64_t valid_vocab = p.valid_vocab > 0 ? p.valid_vocab : tokenizer_ ? tokenizer_->vocab_size() : cfg.vocab_size;
+  const int64_t valid_vocab = p.valid_vocab > 0 ? p.valid_vocab
+                              : tokenizer_      ? tokenizer_->vocab_size()
+                                                : cfg.vocab_size;
   for (const auto& pr : prompts)
     for (int32_t t : pr)
-      if (t < 0 || t >= cfg.vocab_size) throw Error("Sampler: prompt token " + std::to_string(t) + " outside the vocab");
+      if (t < 0 || t >= cfg.vocab_size)
+        throw Error("Sampler: prompt token " + std::to_string(t) + " outside the vocab");
 
   if (p.shared_prefill)
     for (const auto& pr : prompts)
@@ -131,7 +136,8 @@ std::vector<Completion> Sampler::generate(const std::vector<std::vector<int32_t>
   const bool use_graph = dev.is_cuda() && use_static && p.cuda_graph;
   if (use_graph) {
     torch::cuda::synchronize();
-    stream_guard.emplace(c10::cuda::getStreamFromPool(false, dev.index() < 0 ? c10::cuda::current_device() : dev.index()));
+    stream_guard.emplace(
+        c10::cuda::getStreamFromPool(false, dev.index() < 0 ? c10::cuda::current_device() : dev.index()));
   }
 #endif
   // Equal-length rows need no mask (the fused causal attention kernels then apply).

@@ -26,7 +26,9 @@ struct PairHash {
   std::size_t operator()(uint64_t k) const { return std::hash<uint64_t>()(k * 0x9E3779B97F4A7C15ull); }
 };
 
-uint64_t pair_key(int32_t a, int32_t b) { return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b); }
+uint64_t pair_key(int32_t a, int32_t b) {
+  return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
+}
 
 // GPT-2's byte <-> printable code point table.
 struct ByteMap {
@@ -52,7 +54,7 @@ struct Tokenizer::Impl {
   std::string context;
   std::string json_text;
   std::unordered_map<std::string, int32_t> vocab;
-  std::vector<std::string> id_to_token;  // model vocab and added tokens
+  std::vector<std::string> id_to_token;                                        // model vocab and added tokens
   std::unordered_map<uint64_t, std::pair<int32_t, int32_t>, PairHash> merges;  // (a,b) -> (rank, merged id)
   std::vector<AddedToken> added;  // longest first, for leftmost-longest matching
   std::vector<bool> special;
@@ -68,7 +70,8 @@ struct Tokenizer::Impl {
   void parse_pre_tokenizer(const json& p, const std::string& field, bool& byte_level);
   void bpe_word(const std::string& bytes, std::vector<int32_t>& out) const;
   void encode_plain(const std::string& text, std::vector<int32_t>& out) const;
-  void split_added(const std::string& text, bool normalized_pass, std::vector<std::pair<std::string, int32_t>>& out) const;
+  void split_added(const std::string& text, bool normalized_pass,
+                   std::vector<std::pair<std::string, int32_t>>& out) const;
 };
 
 namespace {
@@ -93,7 +96,8 @@ void Tokenizer::Impl::parse_model(const json& m) {
   for (auto it = m["vocab"].begin(); it != m["vocab"].end(); ++it) {
     if (!it->is_number_integer()) fail(context, "model.vocab." + it.key(), "id must be an integer");
     const int64_t id = it->get<int64_t>();
-    if (id < 0 || id >= (1 << 24)) fail(context, "model.vocab." + it.key(), "id " + std::to_string(id) + " out of range");
+    if (id < 0 || id >= (1 << 24))
+      fail(context, "model.vocab." + it.key(), "id " + std::to_string(id) + " out of range");
     vocab[it.key()] = static_cast<int32_t>(id);
     if (id_to_token.size() <= static_cast<std::size_t>(id)) id_to_token.resize(id + 1);
     id_to_token[id] = it.key();
@@ -117,7 +121,8 @@ void Tokenizer::Impl::parse_model(const json& m) {
     }
     auto ia = vocab.find(a), ib = vocab.find(b), ic = vocab.find(a + b);
     if (ia == vocab.end() || ib == vocab.end() || ic == vocab.end())
-      fail(context, "model.merges[" + std::to_string(rank) + "]", "merge '" + a + "' + '" + b + "' uses tokens absent from the vocab");
+      fail(context, "model.merges[" + std::to_string(rank) + "]",
+           "merge '" + a + "' + '" + b + "' uses tokens absent from the vocab");
     merges.emplace(pair_key(ia->second, ib->second), std::make_pair(rank, ic->second));  // first (lowest) rank wins
     ++rank;
   }
@@ -125,7 +130,8 @@ void Tokenizer::Impl::parse_model(const json& m) {
 
 void Tokenizer::Impl::parse_normalizer(const json& n, const std::string& field) {
   if (n.is_null()) return;
-  if (!n.is_object() || !n.contains("type") || !n["type"].is_string()) fail(context, field, "must be an object with a type");
+  if (!n.is_object() || !n.contains("type") || !n["type"].is_string())
+    fail(context, field, "must be an object with a type");
   const std::string type = n["type"].get<std::string>();
   if (type == "NFC") {
     nfc = true;
@@ -140,26 +146,32 @@ void Tokenizer::Impl::parse_normalizer(const json& n, const std::string& field) 
 
 void Tokenizer::Impl::parse_pre_tokenizer(const json& p, const std::string& field, bool& byte_level) {
   if (p.is_null()) return;
-  if (!p.is_object() || !p.contains("type") || !p["type"].is_string()) fail(context, field, "must be an object with a type");
+  if (!p.is_object() || !p.contains("type") || !p["type"].is_string())
+    fail(context, field, "must be an object with a type");
   const std::string type = p["type"].get<std::string>();
   if (type == "Sequence") {
-    if (!p.contains("pretokenizers") || !p["pretokenizers"].is_array()) fail(context, field + ".pretokenizers", "missing");
+    if (!p.contains("pretokenizers") || !p["pretokenizers"].is_array())
+      fail(context, field + ".pretokenizers", "missing");
     for (std::size_t i = 0; i < p["pretokenizers"].size(); ++i)
       parse_pre_tokenizer(p["pretokenizers"][i], field + ".pretokenizers[" + std::to_string(i) + "]", byte_level);
   } else if (type == "ByteLevel") {
     byte_level = true;
-    if (p.contains("add_prefix_space") && p["add_prefix_space"].is_boolean()) add_prefix_space = p["add_prefix_space"].get<bool>();
+    if (p.contains("add_prefix_space") && p["add_prefix_space"].is_boolean())
+      add_prefix_space = p["add_prefix_space"].get<bool>();
     const bool use_regex = !(p.contains("use_regex") && p["use_regex"].is_boolean()) || p["use_regex"].get<bool>();
     if (use_regex) splits.push_back(SplitPattern::kGpt2);
   } else if (type == "Split") {
-    if (!p.contains("pattern") || !p["pattern"].is_object() || !p["pattern"].contains("Regex") || !p["pattern"]["Regex"].is_string())
+    if (!p.contains("pattern") || !p["pattern"].is_object() || !p["pattern"].contains("Regex") ||
+        !p["pattern"]["Regex"].is_string())
       fail(context, field + ".pattern", "must be {\"Regex\": ...}");
     SplitPattern sp;
     if (!split_pattern_from_regex(p["pattern"]["Regex"].get<std::string>(), sp))
       fail(context, field + ".pattern.Regex", "unsupported regex (known: GPT-2, Qwen2, Llama 3 patterns)");
-    const std::string behavior = p.contains("behavior") && p["behavior"].is_string() ? p["behavior"].get<std::string>() : "";
+    const std::string behavior =
+        p.contains("behavior") && p["behavior"].is_string() ? p["behavior"].get<std::string>() : "";
     if (behavior != "Isolated") fail(context, field + ".behavior", "'" + behavior + "' is not supported (Isolated)");
-    if (p.contains("invert") && p["invert"].is_boolean() && p["invert"].get<bool>()) fail(context, field + ".invert", "must be false");
+    if (p.contains("invert") && p["invert"].is_boolean() && p["invert"].get<bool>())
+      fail(context, field + ".invert", "must be false");
     splits.push_back(sp);
   } else {
     fail(context, field + ".type", "pre-tokenizer '" + type + "' is not supported (ByteLevel, Split, Sequence)");
@@ -178,7 +190,8 @@ void Tokenizer::Impl::parse(const json& j) {
     for (std::size_t i = 0; i < j["added_tokens"].size(); ++i) {
       const auto& t = j["added_tokens"][i];
       const std::string f = "added_tokens[" + std::to_string(i) + "]";
-      if (!t.is_object() || !t.contains("id") || !t["id"].is_number_integer() || !t.contains("content") || !t["content"].is_string())
+      if (!t.is_object() || !t.contains("id") || !t["id"].is_number_integer() || !t.contains("content") ||
+          !t["content"].is_string())
         fail(context, f, "needs an integer id and a string content");
       AddedToken a;
       a.content = t["content"].get<std::string>();
@@ -225,7 +238,8 @@ void Tokenizer::Impl::bpe_word(const std::string& bytes, std::vector<int32_t>& o
   std::vector<int32_t> sym;
   sym.reserve(bytes.size());
   for (unsigned char c : bytes)
-    if (byte_token[c] >= 0) sym.push_back(byte_token[c]);  // a byte absent from the vocab is dropped, as HF does without unk
+    if (byte_token[c] >= 0)
+      sym.push_back(byte_token[c]);  // a byte absent from the vocab is dropped, as HF does without unk
   const int n = static_cast<int>(sym.size());
   if (n <= 1) {
     out.insert(out.end(), sym.begin(), sym.end());
@@ -233,7 +247,10 @@ void Tokenizer::Impl::bpe_word(const std::string& bytes, std::vector<int32_t>& o
   }
   std::vector<int> prev(n), next(n);
   std::vector<bool> alive(n, true);
-  for (int i = 0; i < n; ++i) { prev[i] = i - 1; next[i] = i + 1 < n ? i + 1 : -1; }
+  for (int i = 0; i < n; ++i) {
+    prev[i] = i - 1;
+    next[i] = i + 1 < n ? i + 1 : -1;
+  }
   using Item = std::tuple<int32_t, int, int32_t, int32_t>;  // rank, pos, left id, right id
   std::priority_queue<Item, std::vector<Item>, std::greater<Item>> heap;
   auto push = [&](int i) {
@@ -298,10 +315,15 @@ void Tokenizer::Impl::split_added(const std::string& text, bool normalized_pass,
       hit = &a;
       break;  // longest first
     }
-    if (!hit) { ++i; continue; }
+    if (!hit) {
+      ++i;
+      continue;
+    }
     std::size_t b = i, e = i + hit->content.size();
-    if (hit->lstrip) while (b > start && is_ws_byte(text[b - 1])) --b;
-    if (hit->rstrip) while (e < n && is_ws_byte(text[e])) ++e;
+    if (hit->lstrip)
+      while (b > start && is_ws_byte(text[b - 1])) --b;
+    if (hit->rstrip)
+      while (e < n && is_ws_byte(text[e])) ++e;
     if (b > start) out.emplace_back(text.substr(start, b - start), -1);
     out.emplace_back(hit->content, hit->id);
     start = i = e;
@@ -340,12 +362,17 @@ std::vector<int32_t> Tokenizer::encode(const std::string& text) const {
   std::vector<std::pair<std::string, int32_t>> raw_parts, parts;
   impl_->split_added(text, false, raw_parts);
   for (auto& [s, id] : raw_parts) {
-    if (id >= 0) { parts.emplace_back(std::move(s), id); continue; }
+    if (id >= 0) {
+      parts.emplace_back(std::move(s), id);
+      continue;
+    }
     impl_->split_added(impl_->nfc ? unicode::nfc(s) : s, true, parts);
   }
   for (const auto& [s, id] : parts) {
-    if (id >= 0) out.push_back(id);
-    else impl_->encode_plain(s, out);
+    if (id >= 0)
+      out.push_back(id);
+    else
+      impl_->encode_plain(s, out);
   }
   return out;
 }
@@ -363,7 +390,10 @@ std::string Tokenizer::decode(const std::vector<int32_t>& ids, bool skip_special
     bool all = true;
     for (uint32_t cp : unicode::utf8_decode(tok)) {
       auto it = bm.cp_to_byte.find(cp);
-      if (it == bm.cp_to_byte.end()) { all = false; break; }
+      if (it == bm.cp_to_byte.end()) {
+        all = false;
+        break;
+      }
       bytes.push_back(static_cast<char>(it->second));
     }
     out += all ? bytes : tok;

@@ -6,16 +6,27 @@
 namespace kf::policy::unicode {
 namespace {
 
-struct CpRange { uint32_t lo, hi; };
-struct CpValue { uint32_t cp; uint8_t value; };
-struct DecompEntry { uint32_t cp; uint32_t offset; uint32_t length; };
-struct CompEntry { uint32_t a, b, c; };
+struct CpRange {
+  uint32_t lo, hi;
+};
+struct CpValue {
+  uint32_t cp;
+  uint8_t value;
+};
+struct DecompEntry {
+  uint32_t cp;
+  uint32_t offset;
+  uint32_t length;
+};
+struct CompEntry {
+  uint32_t a, b, c;
+};
 #include "unicode_tables.inc"
 
 template <std::size_t N>
 bool in_ranges(const CpRange (&table)[N], uint32_t cp) {
-  auto it = std::upper_bound(std::begin(table), std::end(table), cp,
-                             [](uint32_t v, const CpRange& r) { return v < r.lo; });
+  auto it =
+      std::upper_bound(std::begin(table), std::end(table), cp, [](uint32_t v, const CpRange& r) { return v < r.lo; });
   return it != std::begin(table) && cp <= (it - 1)->hi;
 }
 
@@ -72,19 +83,34 @@ std::vector<uint32_t> utf8_decode(const std::string& s) {
     const unsigned char c = p[i];
     uint32_t cp = 0;
     std::size_t len = 0;
-    if (c < 0x80) { cp = c; len = 1; }
-    else if ((c & 0xE0) == 0xC0) { cp = c & 0x1F; len = 2; }
-    else if ((c & 0xF0) == 0xE0) { cp = c & 0x0F; len = 3; }
-    else if ((c & 0xF8) == 0xF0) { cp = c & 0x07; len = 4; }
+    if (c < 0x80) {
+      cp = c;
+      len = 1;
+    } else if ((c & 0xE0) == 0xC0) {
+      cp = c & 0x1F;
+      len = 2;
+    } else if ((c & 0xF0) == 0xE0) {
+      cp = c & 0x0F;
+      len = 3;
+    } else if ((c & 0xF8) == 0xF0) {
+      cp = c & 0x07;
+      len = 4;
+    }
     bool ok = len > 0 && i + len <= n;
     for (std::size_t k = 1; ok && k < len; ++k) {
-      if ((p[i + k] & 0xC0) != 0x80) ok = false;
-      else cp = (cp << 6) | (p[i + k] & 0x3F);
+      if ((p[i + k] & 0xC0) != 0x80)
+        ok = false;
+      else
+        cp = (cp << 6) | (p[i + k] & 0x3F);
     }
     // Reject overlong forms, surrogates and out-of-range values, as Rust's from_utf8 does.
     static const uint32_t kMin[5] = {0, 0, 0x80, 0x800, 0x10000};
     if (ok && (cp < kMin[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))) ok = false;
-    if (!ok) { out.push_back(0xFFFD); i += 1; continue; }
+    if (!ok) {
+      out.push_back(0xFFFD);
+      i += 1;
+      continue;
+    }
     out.push_back(cp);
     i += len;
   }
@@ -128,15 +154,17 @@ bool is_number(uint32_t cp) {
 
 bool is_whitespace(uint32_t cp) {
   return (cp >= 0x09 && cp <= 0x0D) || cp == 0x20 || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
-         (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F ||
-         cp == 0x3000;
+         (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F || cp == 0x3000;
 }
 
 std::string nfc(const std::string& s) {
   // Fast path: text below U+0300 is already in NFC (nothing there decomposes or composes).
   bool simple = true;
   for (unsigned char c : s)
-    if (c >= 0xCC) { simple = false; break; }  // lead bytes >= 0xCC start code points >= U+0300
+    if (c >= 0xCC) {
+      simple = false;
+      break;
+    }  // lead bytes >= 0xCC start code points >= U+0300
   if (simple) return s;
   const std::vector<uint32_t> in = utf8_decode(s);
   std::vector<uint32_t> d;
@@ -144,7 +172,10 @@ std::string nfc(const std::string& s) {
   for (uint32_t cp : in) decompose(cp, d);
   // Canonical ordering: stable sort of each run of non-starters by combining class.
   for (std::size_t i = 0; i < d.size();) {
-    if (combining_class(d[i]) == 0) { ++i; continue; }
+    if (combining_class(d[i]) == 0) {
+      ++i;
+      continue;
+    }
     std::size_t j = i;
     while (j < d.size() && combining_class(d[j]) != 0) ++j;
     std::stable_sort(d.begin() + i, d.begin() + j,

@@ -40,7 +40,8 @@ std::vector<kf::policy::ChatMessage> read_messages(const std::string& path) {
       if (!m[k].is_string()) throw kf::Error(at + ": field '" + k + "' must be a string");
     }
     for (const auto& [k, v] : m.items())
-      if (k != "role" && k != "content") throw kf::Error(at + ": unknown field '" + k + "' (only 'role' and 'content')");
+      if (k != "role" && k != "content")
+        throw kf::Error(at + ": unknown field '" + k + "' (only 'role' and 'content')");
     out.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
   }
   return out;

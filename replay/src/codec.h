@@ -14,7 +14,8 @@ namespace kf::replay::detail {
 class ByteWriter {
  public:
   explicit ByteWriter(unsigned char* dst) : p_(dst), start_(dst) {}
-  template <typename T> void put(T v) {
+  template <typename T>
+  void put(T v) {
     std::memcpy(p_, &v, sizeof v);
     p_ += sizeof v;
   }
@@ -24,7 +25,10 @@ class ByteWriter {
     p_ += n;
   }
   void str(const std::string& s) { bytes(s.data(), s.size()); }
-  template <typename T> void vec(const std::vector<T>& v) { bytes(v.data(), v.size() * sizeof(T)); }
+  template <typename T>
+  void vec(const std::vector<T>& v) {
+    bytes(v.data(), v.size() * sizeof(T));
+  }
   std::size_t written() const { return static_cast<std::size_t>(p_ - start_); }
   unsigned char* cur() { return p_; }
   void advance(std::size_t n) { p_ += n; }
@@ -36,8 +40,10 @@ class ByteWriter {
 
 class ByteReader {
  public:
-  ByteReader(const unsigned char* src, std::size_t n, std::string what) : p_(src), end_(src + n), what_(std::move(what)) {}
-  template <typename T> T get(const char* field) {
+  ByteReader(const unsigned char* src, std::size_t n, std::string what)
+      : p_(src), end_(src + n), what_(std::move(what)) {}
+  template <typename T>
+  T get(const char* field) {
     need(sizeof(T), field);
     T v;
     std::memcpy(&v, p_, sizeof v);
@@ -51,7 +57,8 @@ class ByteReader {
     p_ += n;
     return s;
   }
-  template <typename T> std::vector<T> vec(const char* field) {
+  template <typename T>
+  std::vector<T> vec(const char* field) {
     uint32_t n = get<uint32_t>(field);
     if (n % sizeof(T) != 0) fail(field, "length " + std::to_string(n) + " is not a multiple of the element size");
     need(n, field);

@@ -39,10 +39,14 @@ struct ControlBlock::Header {
 
 const char* run_state_name(RunState s) {
   switch (s) {
-    case RunState::starting: return "starting";
-    case RunState::running: return "running";
-    case RunState::draining: return "draining";
-    case RunState::stopped: return "stopped";
+    case RunState::starting:
+      return "starting";
+    case RunState::running:
+      return "running";
+    case RunState::draining:
+      return "draining";
+    case RunState::stopped:
+      return "stopped";
   }
   return "unknown";
 }
@@ -117,7 +121,8 @@ void ControlBlock::unregister_process(int slot) {
 }
 
 void ControlBlock::heartbeat(int slot) {
-  if (slot < 0 || slot >= kMaxProcs) throw Error("replay: control block: heartbeat for bad slot " + std::to_string(slot));
+  if (slot < 0 || slot >= kMaxProcs)
+    throw Error("replay: control block: heartbeat for bad slot " + std::to_string(slot));
   hdr()->procs[slot].heartbeat_ns.store(now_ns(), std::memory_order_relaxed);
 }
 

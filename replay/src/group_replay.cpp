@@ -90,7 +90,8 @@ std::size_t ReplayBuffer::segment_bytes(const ReplayConfig& cfg) {
 
 ReplayBuffer ReplayBuffer::create(const std::string& name, const ReplayConfig& cfg, const SegmentOptions& opt) {
   if (cfg.capacity == 0 || cfg.result_bytes < 256 || cfg.group_bytes < cfg.result_bytes * 2 + 64)
-    throw Error("replay: replay buffer '" + name + "': need capacity > 0, result_bytes >= 256, group_bytes > 2*result_bytes");
+    throw Error("replay: replay buffer '" + name +
+                "': need capacity > 0, result_bytes >= 256, group_bytes > 2*result_bytes");
   ReplayBuffer r;
   r.seg_ = ShmSegment::create(name, SegmentKind::Replay, segment_bytes(cfg), opt);
   Header* h = new (r.seg_.body()) Header();
@@ -196,7 +197,8 @@ bool ReplayBuffer::open_group(const std::vector<Candidate>& cands, Timeout deadl
       for (uint32_t i = 0; i < h->capacity && idx < 0; ++i) {
         GroupSlot* s = h->slot(i);
         uint32_t st = word_state(s->owner.load(std::memory_order_relaxed));
-        if (st == kFree) idx = i;
+        if (st == kFree)
+          idx = i;
         else if (st == kOpen) {
           if (victim < 0) victim = i;
           GroupSlot* v = h->slot(static_cast<uint32_t>(victim));
@@ -327,7 +329,8 @@ std::vector<ResultNote> ReplayBuffer::recent_results(uint64_t* cursor, uint64_t*
     const NoteSlot& n = h->notes[i % kResultNotes];
     ResultNote x;
     x.candidate_id = n.candidate_id;
-    x.verdict = n.verdict <= static_cast<uint8_t>(Verdict::ok) ? static_cast<Verdict>(n.verdict) : Verdict::runtime_error;
+    x.verdict =
+        n.verdict <= static_cast<uint8_t>(Verdict::ok) ? static_cast<Verdict>(n.verdict) : Verdict::runtime_error;
     x.cause = n.cause ? Cause::environment : Cause::kernel;
     x.joined = n.joined;
     x.evaluator_id = n.evaluator_id;
@@ -422,8 +425,10 @@ std::size_t ReplayBuffer::take_ready(std::vector<ScoredGroup>& out, std::size_t 
           continue;
         }
         const bool full = ((s->scored_mask.load() | s->lost_mask.load()) & full_mask(s->g)) == full_mask(s->g);
-        if (full || now >= s->deadline_ns) ready.push_back({{s->policy_version, s->open_seq}, i});
-        else next_deadline = std::min(next_deadline, s->deadline_ns);
+        if (full || now >= s->deadline_ns)
+          ready.push_back({{s->policy_version, s->open_seq}, i});
+        else
+          next_deadline = std::min(next_deadline, s->deadline_ns);
       }
       std::sort(ready.begin(), ready.end());
       if (ready.size() > max) ready.resize(max);
@@ -591,7 +596,8 @@ std::size_t ReplayBuffer::load(const std::string& path) {
   if (std::memcmp(magic, kFileMagic, 8) != 0) r.fail("magic", "not a KernelForge replay file");
   uint32_t ver = r.get<uint32_t>("version");
   if (ver != kFileVersion)
-    r.fail("version", std::to_string(ver) + " is not supported (this build reads " + std::to_string(kFileVersion) + ")");
+    r.fail("version",
+           std::to_string(ver) + " is not supported (this build reads " + std::to_string(kFileVersion) + ")");
   uint32_t count = r.get<uint32_t>("group_count");
   std::vector<LoadedGroup> groups;
   for (uint32_t n = 0; n < count; ++n) {

@@ -47,7 +47,8 @@ struct KernelDb::Header {
     return reinterpret_cast<KEntry*>(reinterpret_cast<char*>(this) - ShmSegment::kHeaderBytes + entries_off) + i;
   }
   char* source(uint32_t i) {
-    return reinterpret_cast<char*>(this) - ShmSegment::kHeaderBytes + source_off + static_cast<uint64_t>(i) * source_bytes;
+    return reinterpret_cast<char*>(this) - ShmSegment::kHeaderBytes + source_off +
+           static_cast<uint64_t>(i) * source_bytes;
   }
 };
 
@@ -175,7 +176,8 @@ InsertOutcome KernelDb::insert(const KernelEntry& in) {
   char* dst = h->source(static_cast<uint32_t>(target));
   std::memcpy(dst, in.source.data(), in.source.size() / 2);
   stall_point("kdb.insert_mid");
-  std::memcpy(dst + in.source.size() / 2, in.source.data() + in.source.size() / 2, in.source.size() - in.source.size() / 2);
+  std::memcpy(dst + in.source.size() / 2, in.source.data() + in.source.size() / 2,
+              in.source.size() - in.source.size() / 2);
   e->state.store(1, std::memory_order_release);
   h->inserted.fetch_add(1, std::memory_order_relaxed);
   return InsertOutcome::inserted;
@@ -192,7 +194,8 @@ std::vector<KernelEntry> KernelDb::entries(const std::string& task) const {
       if (e->state.load(std::memory_order_acquire) == 1 && same_task(e, th, task)) out.push_back(to_entry(h, i));
     }
   }
-  std::stable_sort(out.begin(), out.end(), [](const KernelEntry& a, const KernelEntry& b) { return a.speedup < b.speedup; });
+  std::stable_sort(out.begin(), out.end(),
+                   [](const KernelEntry& a, const KernelEntry& b) { return a.speedup < b.speedup; });
   return out;
 }
 
@@ -277,7 +280,8 @@ std::size_t KernelDb::seed_from_dir(const std::string& dir) {
         e.speedup = j["speedup"].get<double>();
       }
       if (j.contains("policy_version")) {
-        if (!j["policy_version"].is_number_integer()) throw Error(meta.string() + ": field policy_version: must be an integer");
+        if (!j["policy_version"].is_number_integer())
+          throw Error(meta.string() + ": field policy_version: must be an integer");
         e.policy_version = j["policy_version"].get<int64_t>();
       }
     }
@@ -296,8 +300,11 @@ void KernelDb::save(const std::string& path) const {
     for (const auto& e : entries(t)) {
       char hex[17];
       std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(e.source_hash));
-      j["entries"].push_back({{"task", e.task}, {"speedup", e.speedup}, {"policy_version", e.policy_version},
-                              {"hash", hex}, {"source", e.source}});
+      j["entries"].push_back({{"task", e.task},
+                              {"speedup", e.speedup},
+                              {"policy_version", e.policy_version},
+                              {"hash", hex},
+                              {"source", e.source}});
     }
   write_file_atomic(path, j.dump(1));
 }

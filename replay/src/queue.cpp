@@ -29,7 +29,7 @@ struct SlotHdr {
   uint64_t tag;
   uint64_t checksum;
   uint32_t len;
-  uint32_t claims;              // takes so far (consumers that claimed this record)
+  uint32_t claims;  // takes so far (consumers that claimed this record)
   unsigned char pad2[16];
 };
 static_assert(sizeof(SlotHdr) == 64, "slot header is one cache line");
@@ -61,7 +61,7 @@ struct ShmQueue::Header {
   std::atomic<uint32_t> j_active;
   // Redo journal of one slot's commit or free, so that pushed/popped/dropped/corrupt stay
   // exact (the ledger) when a process dies inside commit() or release().
-  uint32_t t_slot, t_kind;     // t_kind: kTransCommit or a FreeKind + 1
+  uint32_t t_slot, t_kind;  // t_kind: kTransCommit or a FreeKind + 1
   uint64_t t_before, t_seq;
   std::atomic<uint32_t> t_active;
   alignas(64) std::atomic<uint32_t> items_futex;
@@ -73,7 +73,9 @@ struct ShmQueue::Header {
   std::atomic<uint64_t> requeued, dropped_by_consumer;  // guarded by mu
   uint64_t lost_log[kLostLog];
 
-  uint32_t* ring() { return reinterpret_cast<uint32_t*>(reinterpret_cast<char*>(this) - ShmSegment::kHeaderBytes + ring_off); }
+  uint32_t* ring() {
+    return reinterpret_cast<uint32_t*>(reinterpret_cast<char*>(this) - ShmSegment::kHeaderBytes + ring_off);
+  }
   uint32_t* free_stack() {
     return reinterpret_cast<uint32_t*>(reinterpret_cast<char*>(this) - ShmSegment::kHeaderBytes + free_off);
   }
@@ -87,7 +89,8 @@ struct ShmQueue::Header {
 namespace {
 constexpr uint32_t kRequeue = 100;
 
-template <typename H> std::atomic<uint64_t>* free_counter(H* h, FreeKind kind) {
+template <typename H>
+std::atomic<uint64_t>* free_counter(H* h, FreeKind kind) {
   return kind == FreeKind::released  ? &h->popped
          : kind == FreeKind::dropped ? &h->dropped_by_consumer
          : kind == FreeKind::corrupt ? &h->corrupt
@@ -95,7 +98,8 @@ template <typename H> std::atomic<uint64_t>* free_counter(H* h, FreeKind kind) {
 }
 
 // Frees one slot and counts it, journaled; caller holds the lock.
-template <typename H> void free_one(H* h, uint32_t idx, FreeKind kind) {
+template <typename H>
+void free_one(H* h, uint32_t idx, FreeKind kind) {
   std::atomic<uint64_t>* c = free_counter(h, kind);
   h->t_slot = idx;
   h->t_kind = static_cast<uint32_t>(kind);
@@ -110,7 +114,8 @@ template <typename H> void free_one(H* h, uint32_t idx, FreeKind kind) {
 }  // journal kind: a dead consumer's claim goes back to the queue
 
 // Appends QUEUED slot idx at the ring's tail with sequence number seq; caller holds the lock.
-template <typename H> void enqueue_slot(H* h, uint32_t idx, uint64_t seq) {
+template <typename H>
+void enqueue_slot(H* h, uint32_t idx, uint64_t seq) {
   SlotHdr* s = h->slot(idx);
   s->seq = seq;
   h->next_seq.store(std::max(h->next_seq.load(std::memory_order_relaxed), seq + 1), std::memory_order_relaxed);
@@ -122,7 +127,8 @@ template <typename H> void enqueue_slot(H* h, uint32_t idx, uint64_t seq) {
 }
 
 // A dead consumer's claim goes back to the queue, journaled like reap_slot; caller holds the lock.
-template <typename H> void requeue_slot(H* h, uint32_t idx) {
+template <typename H>
+void requeue_slot(H* h, uint32_t idx) {
   h->j_slot = idx;
   h->j_kind = kRequeue;
   h->j_requeued = h->requeued.load(std::memory_order_relaxed);
@@ -135,7 +141,8 @@ template <typename H> void requeue_slot(H* h, uint32_t idx) {
 }
 
 // Exact lost accounting for one slot; caller holds the lock.
-template <typename H> void reap_slot(H* h, uint32_t idx) {
+template <typename H>
+void reap_slot(H* h, uint32_t idx) {
   SlotHdr* s = h->slot(idx);
   uint32_t st = word_state(s->owner.load(std::memory_order_relaxed));
   h->j_slot = idx;
@@ -148,8 +155,10 @@ template <typename H> void reap_slot(H* h, uint32_t idx) {
   uint64_t n = h->j_lost_count;
   h->lost_log[n % ShmQueue::kLostLog] = s->tag;
   h->lost_count.store(n + 1, std::memory_order_relaxed);
-  if (st == kWriting) h->lost_producer.store(h->j_lost_producer + 1, std::memory_order_relaxed);
-  else h->lost_consumer.store(h->j_lost_consumer + 1, std::memory_order_relaxed);
+  if (st == kWriting)
+    h->lost_producer.store(h->j_lost_producer + 1, std::memory_order_relaxed);
+  else
+    h->lost_consumer.store(h->j_lost_consumer + 1, std::memory_order_relaxed);
   s->owner.store(owner_word(kFree, 0), std::memory_order_relaxed);
   h->free_stack()[h->free_top.load(std::memory_order_relaxed)] = idx;
   h->free_top.store(h->free_top.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
@@ -157,7 +166,8 @@ template <typename H> void reap_slot(H* h, uint32_t idx) {
 }
 
 // Rebuilds ring and free stack from the slot owner words (lock owner died). Idempotent.
-template <typename H> void repair(H* h) {
+template <typename H>
+void repair(H* h) {
   if (h->t_active.load(std::memory_order_acquire)) {  // redo one commit or free
     SlotHdr* s = h->slot(h->t_slot);
     if (h->t_kind == kTransCommit) {
@@ -194,7 +204,8 @@ template <typename H> void repair(H* h) {
   for (uint32_t i = 0; i < h->capacity; ++i) {
     SlotHdr* s = h->slot(i);
     uint32_t st = word_state(s->owner.load(std::memory_order_relaxed));
-    if (st == kFree) h->free_stack()[nfree++] = i;
+    if (st == kFree)
+      h->free_stack()[nfree++] = i;
     else if (st == kQueued) {
       queued.emplace_back(s->seq, i);
       max_seq = std::max(max_seq, s->seq + 1);
@@ -261,7 +272,9 @@ ShmQueue ShmQueue::attach(const std::string& name, Timeout wait_ready) {
   return q;
 }
 
-#define KF_QUEUE_LOCK(h) RobustLock lock_(&(h)->mu, "queue", [h] { repair(h); }, &(h)->recoveries)
+#define KF_QUEUE_LOCK(h) \
+  RobustLock lock_(      \
+      &(h)->mu, "queue", [h] { repair(h); }, &(h)->recoveries)
 
 std::size_t ShmQueue::acquire(Slot* out, std::size_t n, const uint64_t* tags, Timeout timeout) {
   Header* h = hdr();
@@ -533,8 +546,10 @@ std::size_t ShmQueue::reap() {
         if (d.first == word_pid(w) && d.second == s->owner_start) {
           const bool back = st == kReading && s->claims < h->max_claims;
           events.push_back({s->tag, d.first, st, s->claims, back});
-          if (back) requeue_slot(h, i);
-          else reap_slot(h, i);
+          if (back)
+            requeue_slot(h, i);
+          else
+            reap_slot(h, i);
           break;
         }
     }
@@ -622,15 +637,18 @@ std::vector<uint64_t> ShmQueue::lost_tags(uint64_t* cursor) const {
 }
 
 // --- typed queues
-template <typename T> bool RecordQueue<T>::push(const T& rec, Timeout timeout) {
+template <typename T>
+bool RecordQueue<T>::push(const T& rec, Timeout timeout) {
   const std::size_t n = encoded_size(rec);
   if (n > q_.slot_bytes()) {
     q_.hdr()->dropped_too_large.fetch_add(1, std::memory_order_relaxed);
     return false;
   }
   uint64_t tag;
-  if constexpr (std::is_same_v<T, Candidate>) tag = rec.id;
-  else tag = rec.candidate_id;
+  if constexpr (std::is_same_v<T, Candidate>)
+    tag = rec.id;
+  else
+    tag = rec.candidate_id;
   ShmQueue::Slot s;
   if (q_.acquire(&s, 1, &tag, timeout) == 0) {
     q_.hdr()->dropped_full.fetch_add(1, std::memory_order_relaxed);
@@ -642,7 +660,8 @@ template <typename T> bool RecordQueue<T>::push(const T& rec, Timeout timeout) {
   return true;
 }
 
-template <typename T> std::size_t RecordQueue<T>::pop_batch(std::vector<T>& out, std::size_t max, Timeout timeout) {
+template <typename T>
+std::size_t RecordQueue<T>::pop_batch(std::vector<T>& out, std::size_t max, Timeout timeout) {
   std::vector<ShmQueue::Slot> slots(std::max<std::size_t>(1, std::min<std::size_t>(max, 1024)));
   std::size_t k = q_.take(slots.data(), slots.size(), timeout);
   std::size_t got = 0;
@@ -660,9 +679,12 @@ template <typename T> std::size_t RecordQueue<T>::pop_batch(std::vector<T>& out,
   return got;
 }
 
-template <typename T> T RecordQueue<T>::decode(const ShmQueue::Slot& s) const {
-  if constexpr (std::is_same_v<T, Candidate>) return decode_candidate(s.data, s.len, q_.segment().name());
-  else return decode_result(s.data, s.len, q_.segment().name());
+template <typename T>
+T RecordQueue<T>::decode(const ShmQueue::Slot& s) const {
+  if constexpr (std::is_same_v<T, Candidate>)
+    return decode_candidate(s.data, s.len, q_.segment().name());
+  else
+    return decode_result(s.data, s.len, q_.segment().name());
 }
 
 template <typename T>

@@ -9,7 +9,7 @@ using detail::ByteWriter;
 namespace {
 constexpr uint32_t kCandidateTag = 0x444E4143;  // "CAND"
 constexpr uint32_t kResultTag = 0x53455252;     // "RRES"
-constexpr uint32_t kRecordVersion = 1;        // candidates
+constexpr uint32_t kRecordVersion = 1;          // candidates
 // Results: 2 added speedup_lo/hi and the flags, 3 the cause byte after the verdict.
 // 1 and 2 still decode, with cause kernel.
 constexpr uint32_t kResultVersion = 3;
@@ -18,20 +18,28 @@ constexpr uint8_t kTimingUnstable = 1, kTaskDegenerate = 2, kExcludeFromTraining
 
 const char* verdict_name(Verdict v) {
   switch (v) {
-    case Verdict::compile_error: return "compile_error";
-    case Verdict::runtime_error: return "runtime_error";
-    case Verdict::timeout: return "timeout";
-    case Verdict::incorrect: return "incorrect";
-    case Verdict::rejected_cheat: return "rejected_cheat";
-    case Verdict::ok: return "ok";
+    case Verdict::compile_error:
+      return "compile_error";
+    case Verdict::runtime_error:
+      return "runtime_error";
+    case Verdict::timeout:
+      return "timeout";
+    case Verdict::incorrect:
+      return "incorrect";
+    case Verdict::rejected_cheat:
+      return "rejected_cheat";
+    case Verdict::ok:
+      return "ok";
   }
   return "unknown";
 }
 
 const char* cause_name(Cause c) {
   switch (c) {
-    case Cause::kernel: return "kernel";
-    case Cause::environment: return "environment";
+    case Cause::kernel:
+      return "kernel";
+    case Cause::environment:
+      return "environment";
   }
   return "unknown";
 }
@@ -129,7 +137,8 @@ Result decode_result(const unsigned char* src, std::size_t n, const std::string&
   x.verdict = static_cast<Verdict>(verdict);
   if (v >= 3) {
     const uint8_t cause = r.get<uint8_t>("cause");
-    if (cause > static_cast<uint8_t>(Cause::environment)) r.fail("cause", "value " + std::to_string(cause) + " unknown");
+    if (cause > static_cast<uint8_t>(Cause::environment))
+      r.fail("cause", "value " + std::to_string(cause) + " unknown");
     x.cause = static_cast<Cause>(cause);
   }
   x.reason = r.str("reason");

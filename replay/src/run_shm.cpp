@@ -59,7 +59,8 @@ SegmentState RunShm::probe(const std::string& run, std::chrono::milliseconds sta
     // has beaten within stale_after ("no live heartbeat").
     try {
       ControlBlock c = ControlBlock::attach(ctl, std::chrono::milliseconds(200));
-      int64_t newest = std::max<int64_t>(static_cast<int64_t>(c.segment().header()->heartbeat_ns), c.newest_heartbeat_ns());
+      int64_t newest =
+          std::max<int64_t>(static_cast<int64_t>(c.segment().header()->heartbeat_ns), c.newest_heartbeat_ns());
       if (now_ns() - newest > std::chrono::duration_cast<std::chrono::nanoseconds>(stale_after).count())
         return SegmentState::Stale;
     } catch (const Error&) {
@@ -102,7 +103,8 @@ std::unique_ptr<RunShm> RunShm::create(const std::string& run, const RunShmConfi
     r->candidates_ = std::make_unique<CandidateQueue>(std::move(probe_inc));
     r->replay_ = std::make_unique<ReplayBuffer>(ReplayBuffer::create(segment_name(run, "replay"), cfg.replay, opt));
     r->kernels_ = std::make_unique<KernelDb>(KernelDb::create(segment_name(run, "kdb"), cfg.kernels, opt));
-    r->snapshots_ = std::make_unique<SnapshotStore>(SnapshotStore::create(segment_name(run, "snap"), cfg.snapshot, opt));
+    r->snapshots_ =
+        std::make_unique<SnapshotStore>(SnapshotStore::create(segment_name(run, "snap"), cfg.snapshot, opt));
     r->control_ = std::make_unique<ControlBlock>(ControlBlock::create(segment_name(run, "ctl"), opt));
   } catch (...) {
     remove(run);
@@ -187,7 +189,8 @@ Salvage salvage_or_count(const std::string& run, const std::string& run_dir) {
     std::filesystem::create_directories(run_dir + "/metrics");
     f.open(run_dir + "/metrics/lost_candidates.jsonl", std::ios::app);
     if (!f)
-      log_error("replay: cannot append to ", run_dir, "/metrics/lost_candidates.jsonl; the losses are logged here only");
+      log_error("replay: cannot append to ", run_dir,
+                "/metrics/lost_candidates.jsonl; the losses are logged here only");
   }
   for (const auto& [id, claimed] : pending) {
     out.lost_ids.push_back(id);

@@ -37,9 +37,7 @@ uint64_t random_incarnation() {
   return v ? v : 1;
 }
 
-bip::map_options_t map_flags(bool prefault) {
-  return prefault ? MAP_POPULATE : bip::default_map_options;
-}
+bip::map_options_t map_flags(bool prefault) { return prefault ? MAP_POPULATE : bip::default_map_options; }
 
 // Reads just the header of an existing segment (small mapping). False if absent.
 bool read_header(const std::string& name, SegmentHeader* out, std::size_t* size) {
@@ -85,16 +83,14 @@ SegmentState ShmSegment::probe(const std::string& name, std::chrono::millisecond
   if (!proc_alive(h.creator_pid, h.creator_start)) return SegmentState::Stale;
   if (stale_after.count() > 0 && h.heartbeat_ns != 0) {
     int64_t age = now_ns() - static_cast<int64_t>(h.heartbeat_ns);
-    if (age > std::chrono::duration_cast<std::chrono::nanoseconds>(stale_after).count())
-      return SegmentState::Stale;
+    if (age > std::chrono::duration_cast<std::chrono::nanoseconds>(stale_after).count()) return SegmentState::Stale;
   }
   return SegmentState::Live;
 }
 
 bool ShmSegment::remove(const std::string& name) { return bip::shared_memory_object::remove(name.c_str()); }
 
-ShmSegment ShmSegment::create(const std::string& name, SegmentKind kind, std::size_t bytes,
-                              const SegmentOptions& opt) {
+ShmSegment ShmSegment::create(const std::string& name, SegmentKind kind, std::size_t bytes, const SegmentOptions& opt) {
   check_name(name, "segment name");
   if (bytes < kHeaderBytes) bytes = kHeaderBytes;
   SegmentState st = probe(name, opt.stale_after);

@@ -129,8 +129,7 @@ void check_name(const std::string& name, const char* what) {
   for (char c : name)
     if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-')) ok = false;
   if (!ok)
-    throw Error(std::string("replay: ") + what + " '" + name +
-                "' is not valid (1..200 chars of [A-Za-z0-9._-])");
+    throw Error(std::string("replay: ") + what + " '" + name + "' is not valid (1..200 chars of [A-Za-z0-9._-])");
 }
 
 }  // namespace kf::replay::detail

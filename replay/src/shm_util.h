@@ -22,8 +22,8 @@ int64_t now_ns();  // CLOCK_MONOTONIC: one clock for every process on the node
 // Identity of a process: pid plus its start time in clock ticks since boot
 // (kf/common/proc.h). A zombie or absent pid has start time 0.
 using kf::proc_start_time;
-pid_t self_pid();          // getpid(), cached (refreshed after fork)
-uint64_t self_start();     // proc_start_time(self_pid()), cached
+pid_t self_pid();                            // getpid(), cached (refreshed after fork)
+uint64_t self_start();                       // proc_start_time(self_pid()), cached
 bool proc_alive(pid_t pid, uint64_t start);  // same pid and same start time, not a zombie
 
 // Owner words pack a small state and a pid into one 64-bit store, so a reader

@@ -137,18 +137,20 @@ SnapshotInfo SnapshotStore::read_into(void* dst, std::size_t capacity, const Cop
     }
     h->read_retries.fetch_add(1, std::memory_order_relaxed);
     if (now_ns() >= deadline)
-      throw Error("replay: snapshot store '" + seg_.name() + "': no consistent copy within the timeout (publishing too often?)");
+      throw Error("replay: snapshot store '" + seg_.name() +
+                  "': no consistent copy within the timeout (publishing too often?)");
   }
 }
 
 SnapshotInfo SnapshotStore::read(std::vector<unsigned char>& out, int threads, Timeout timeout) const {
   // Size `out` inside the copy: the blob size is only known under the seqlock.
-  return read_into(out.data(), SIZE_MAX,
-                   [&out, threads](void*, const void* s, std::size_t n) {
-                     out.resize(n);
-                     parallel_copy(out.data(), s, n, threads);
-                   },
-                   timeout);
+  return read_into(
+      out.data(), SIZE_MAX,
+      [&out, threads](void*, const void* s, std::size_t n) {
+        out.resize(n);
+        parallel_copy(out.data(), s, n, threads);
+      },
+      timeout);
 }
 
 }  // namespace kf::replay

@@ -147,8 +147,13 @@ std::string train_bpe_tokenizer(const std::vector<std::string>& texts, const Bpe
   j["padding"] = nullptr;
   auto added = nlohmann::ordered_json::array();
   for (int64_t i = 0; i < n_special; ++i)
-    added.push_back({{"id", i}, {"content", opts.special_tokens[i]}, {"single_word", false}, {"lstrip", false},
-                     {"rstrip", false}, {"normalized", false}, {"special", true}});
+    added.push_back({{"id", i},
+                     {"content", opts.special_tokens[i]},
+                     {"single_word", false},
+                     {"lstrip", false},
+                     {"rstrip", false},
+                     {"normalized", false},
+                     {"special", true}});
   j["added_tokens"] = added;
   j["normalizer"] = nullptr;
   j["pre_tokenizer"] = {
@@ -162,11 +167,16 @@ std::string train_bpe_tokenizer(const std::vector<std::string>& texts, const Bpe
   for (std::size_t i = 0; i < tok.size(); ++i) vocab[tok[i]] = static_cast<int64_t>(i);
   auto m = nlohmann::ordered_json::array();
   for (const auto& [a, b] : merges) m.push_back({tok[a], tok[b]});
-  j["model"] = {{"type", "BPE"},          {"dropout", nullptr},
-                {"unk_token", nullptr},   {"continuing_subword_prefix", nullptr},
-                {"end_of_word_suffix", nullptr}, {"fuse_unk", false},
-                {"byte_fallback", false}, {"ignore_merges", false},
-                {"vocab", vocab},         {"merges", m}};
+  j["model"] = {{"type", "BPE"},
+                {"dropout", nullptr},
+                {"unk_token", nullptr},
+                {"continuing_subword_prefix", nullptr},
+                {"end_of_word_suffix", nullptr},
+                {"fuse_unk", false},
+                {"byte_fallback", false},
+                {"ignore_merges", false},
+                {"vocab", vocab},
+                {"merges", m}};
   if (stats) {
     stats->words = n_words;
     stats->unique_words = static_cast<int64_t>(words.size());

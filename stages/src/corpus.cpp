@@ -91,8 +91,8 @@ Corpus load_corpus(const std::string& dir) {
       k.verdict = str_field(m, "verdict", vctx);
       // The evaluator's verdicts are measurements; anything else (e.g. "compiled, not
       // run" for CUDA kernels checked on a machine without a GPU) leaves it unmeasured.
-      static const char* const kVerdicts[] = {"ok", "compile_error", "runtime_error", "timeout", "incorrect",
-                                              "rejected_cheat"};
+      static const char* const kVerdicts[] = {"ok",      "compile_error", "runtime_error",
+                                              "timeout", "incorrect",     "rejected_cheat"};
       k.measured = std::find(std::begin(kVerdicts), std::end(kVerdicts), k.verdict) != std::end(kVerdicts);
       if (k.verdict == "ok") {
         if (!m.contains("speedup") || !m["speedup"].is_number())
@@ -108,8 +108,9 @@ Corpus load_corpus(const std::string& dir) {
 std::size_t drop_tasks(Corpus& corpus, const std::vector<std::string>& names) {
   auto& k = corpus.kernels;
   const auto before = k.size();
-  k.erase(std::remove_if(k.begin(), k.end(),
-                         [&](const CorpusKernel& x) { return std::find(names.begin(), names.end(), x.task) != names.end(); }),
+  k.erase(std::remove_if(
+              k.begin(), k.end(),
+              [&](const CorpusKernel& x) { return std::find(names.begin(), names.end(), x.task) != names.end(); }),
           k.end());
   return before - k.size();
 }

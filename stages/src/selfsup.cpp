@@ -122,7 +122,8 @@ std::vector<RoundStats> run_selfsup(policy::Policy& pol, const Corpus& corpus, c
       if (k.task == name && k.backend == o.backend && k.measured && k.verdict == "ok") s.pool.push_back(&k);
     states.push_back(std::move(s));
   }
-  if (states.empty()) throw Error("selfsup: no corpus task usable for backend " + o.backend + " in " + o.data.tasks_dir);
+  if (states.empty())
+    throw Error("selfsup: no corpus task usable for backend " + o.backend + " in " + o.data.tasks_dir);
 
   std::vector<SftExample> kept_examples;
   std::vector<RoundStats> rounds;

@@ -35,10 +35,14 @@ policy::ModelConfig sft_shape(const std::string& name, int64_t vocab, int64_t ma
     c.num_key_value_heads = kv;
     c.head_dim = hidden / heads;
   };
-  if (name == "tiny") set(64, 128, 2, 4, 2);
-  else if (name == "small") set(256, 768, 6, 4, 2);
-  else if (name == "medium") set(384, 1024, 8, 6, 2);
-  else throw Error("--shape: unknown model shape '" + name + "' (tiny, small, medium)");
+  if (name == "tiny")
+    set(64, 128, 2, 4, 2);
+  else if (name == "small")
+    set(256, 768, 6, 4, 2);
+  else if (name == "medium")
+    set(384, 1024, 8, 6, 2);
+  else
+    throw Error("--shape: unknown model shape '" + name + "' (tiny, small, medium)");
   c.validate("--shape " + name);
   return c;
 }
@@ -73,8 +77,9 @@ namespace {
 // runs only over the positions that predict completion tokens.
 std::pair<torch::Tensor, int64_t> completion_nll(policy::CausalLM& model, const SftExample& ex) {
   const int64_t T = static_cast<int64_t>(ex.ids.size()), P = ex.prompt_len;
-  if (P < 1 || P >= T) throw Error("sft: example " + ex.file + " has no completion tokens (prompt " + std::to_string(P) +
-                                   " of " + std::to_string(T) + ")");
+  if (P < 1 || P >= T)
+    throw Error("sft: example " + ex.file + " has no completion tokens (prompt " + std::to_string(P) + " of " +
+                std::to_string(T) + ")");
   // The ids go where the model's weights are (the CPU, or a GPU for tools/sft --device cuda).
   const auto device = model->parameters().front().device();
   const auto ids =
@@ -131,8 +136,7 @@ SftReport train_sft(policy::CausalLM& model, const std::vector<SftExample>& exam
       double t = double(step - o.warmup_steps) / double(std::max<int64_t>(1, o.steps - o.warmup_steps));
       // With a time limit the decay follows whichever budget runs out first, so a
       // time-bounded run (GPU sessions) still ends at the low learning rate.
-      if (o.time_limit_s > 0)
-        t = std::max(t, std::chrono::duration<double>(ts - t0).count() / o.time_limit_s);
+      if (o.time_limit_s > 0) t = std::max(t, std::chrono::duration<double>(ts - t0).count() / o.time_limit_s);
       lr = o.lr * (o.min_lr_ratio + (1 - o.min_lr_ratio) * 0.5 * (1 + std::cos(M_PI * std::min(1.0, t))));
     }
     for (auto& g : opt.param_groups()) static_cast<torch::optim::AdamWOptions&>(g.options()).lr(lr);
@@ -162,8 +166,8 @@ SftReport train_sft(policy::CausalLM& model, const std::vector<SftExample>& exam
     log.grad_norm = norm;
     log.tokens = tokens;
     log.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - ts).count();
-    if (!std::isfinite(log.loss)) throw Error("sft: the loss is not finite at step " + std::to_string(step) +
-                                              " (lower --lr)");
+    if (!std::isfinite(log.loss))
+      throw Error("sft: the loss is not finite at step " + std::to_string(step) + " (lower --lr)");
     losses.push_back(log.loss);
     if (step == 0) rep.first_loss = log.loss;
     rep.steps = step + 1;
@@ -185,8 +189,11 @@ SftReport train_sft(policy::CausalLM& model, const std::vector<SftExample>& exam
 void save_hf_policy(const policy::Policy& p, const std::string& dir, int64_t max_new_tokens) {
   ::mkdir(dir.c_str(), 0755);
   policy::save_policy(p, dir);
-  nlohmann::json gen = {{"_from_model_config", false}, {"do_sample", true},      {"temperature", 1.0},
-                        {"top_p", 1.0},                {"max_new_tokens", max_new_tokens}};
+  nlohmann::json gen = {{"_from_model_config", false},
+                        {"do_sample", true},
+                        {"temperature", 1.0},
+                        {"top_p", 1.0},
+                        {"max_new_tokens", max_new_tokens}};
   if (!p.config.eos_token_ids.empty()) {
     gen["eos_token_id"] = p.config.eos_token_ids[0];
     gen["pad_token_id"] = p.config.eos_token_ids[0];

@@ -176,7 +176,8 @@ std::vector<SftExample> build_sft_examples(const Corpus& corpus, const actors::T
           // The completion is fixed by the exemplars shown, and the prompt must leave room
           // for it: fit with the budget left after a completion written for all K.
           const auto full = pick_exemplars(pool, static_cast<std::size_t>(std::max<int64_t>(0, k)), seed);
-          const auto c_tokens = static_cast<int64_t>(codec.count(completion_text(*target, full, lang, opts.marker))) + 1;
+          const auto c_tokens =
+              static_cast<int64_t>(codec.count(completion_text(*target, full, lang, opts.marker))) + 1;
           int64_t budget = opts.context_tokens - c_tokens - 16;  // slack: shown may shrink the analysis
           if (opts.max_prompt_tokens > 0) budget = std::min(budget, opts.max_prompt_tokens);
           if (budget <= 0) {

@@ -47,8 +47,10 @@ int main(int argc, char** argv) {
   app.add_option("--lr", o.train.lr, "retraining peak learning rate");
   app.add_option("--train-backends", backends, "corpus backends whose SFT examples the retraining includes");
   app.add_option("--eval-trials", eval_trials, "timed trials per verified kernel");
-  app.add_option("--time-limit", o.time_limit_s, "seconds after which no task is sampled and no sample verified "
-                 "(the round retrains on what it kept; 0: none)")->check(CLI::NonNegativeNumber);
+  app.add_option("--time-limit", o.time_limit_s,
+                 "seconds after which no task is sampled and no sample verified "
+                 "(the round retrains on what it kept; 0: none)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--device", device, "where the policy samples and retrains: cpu, cuda or cuda:N (fp32)");
   app.add_option("--threads", threads, "torch and evaluator CPU threads");
   app.add_option("--heldout", heldout, "file of held-out task names (tasks/heldout.txt): never sampled nor trained on");
@@ -107,8 +109,7 @@ int main(int argc, char** argv) {
     eo.cpu_threads = threads;
     evaluator::Evaluator ev(eo);
     const auto rounds = run_selfsup(pol, corpus, base, ev, o);
-    std::printf("%6s %8s %10s %10s %10s %14s\n", "round", "samples", "extracted", "compiled", "correct",
-                "speedup(ok)");
+    std::printf("%6s %8s %10s %10s %10s %14s\n", "round", "samples", "extracted", "compiled", "correct", "speedup(ok)");
     for (const auto& r : rounds) {
       auto pct = [&](int64_t x) { return r.samples ? 100.0 * double(x) / double(r.samples) : 0.0; };
       std::printf("%6lld %8lld %9.1f%% %9.1f%% %9.1f%% %14.2f\n", (long long)r.round, (long long)r.samples,

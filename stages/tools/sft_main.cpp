@@ -47,12 +47,14 @@ int64_t percentile(std::vector<int64_t> v, double q) {
 
 int main(int argc, char** argv) {
   CLI::App app{"KernelForge stage 1: tokenizer training and SFT of the policy on the corpus"};
-  std::string corpus_dir, out, shape = "small", init, config_file, tasks_dir, backends = "cpu,cuda", device = "cpu", heldout;
+  std::string corpus_dir, out, shape = "small", init, config_file, tasks_dir, backends = "cpu,cuda", device = "cpu",
+                               heldout;
   int64_t vocab = 4096, context = 4096;
   int64_t max_new_tokens = 2048;  // configs/default.yaml's and configs/h200.yaml's
   SftOptions so;
   SftDataOptions dopt;
-  app.add_option("--corpus", corpus_dir, "corpus folder (manifest.json, kernels/, verified_<backend>.json)")->required();
+  app.add_option("--corpus", corpus_dir, "corpus folder (manifest.json, kernels/, verified_<backend>.json)")
+      ->required();
   app.add_option("--out", out, "output HF folder")->required();
   app.add_option("--shape", shape, "model shape for a fresh policy: tiny, small, medium");
   app.add_option("--vocab", vocab, "tokenizer vocabulary size (specials + 256 bytes + merges)");
@@ -132,15 +134,15 @@ int main(int argc, char** argv) {
       const auto raw = build_sft_examples(corpus, actors::TextCodec::bytes(), 0, raw_opt);
       std::vector<std::string> texts;
       for (const auto& e : raw) texts.push_back(e.prompt + e.completion);
-      texts.push_back(read_file(actors::resolve_tree_path(
-          dopt.template_path.empty() ? "configs/prompts/contrastive.txt" : dopt.template_path)));
+      texts.push_back(read_file(actors::resolve_tree_path(dopt.template_path.empty() ? "configs/prompts/contrastive.txt"
+                                                                                     : dopt.template_path)));
       BpeTrainOptions bo;
       bo.vocab_size = vocab;
       const auto t0 = std::chrono::steady_clock::now();
       const auto json = train_bpe_tokenizer(texts, bo, &bstats);
       pol.tokenizer = policy::Tokenizer::from_json(json, out + "/tokenizer.json");
-      log_info("sft: tokenizer: ", bstats.vocab, " tokens (", bstats.merges, " merges) from ", texts.size(),
-               " texts, ", bstats.unique_words, " distinct words, ",
+      log_info("sft: tokenizer: ", bstats.vocab, " tokens (", bstats.merges, " merges) from ", texts.size(), " texts, ",
+               bstats.unique_words, " distinct words, ",
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), " s");
     }
     const auto eos = pol.tokenizer->token_to_id("<|endoftext|>");
@@ -156,9 +158,8 @@ int main(int argc, char** argv) {
     log_info("sft: ", st.examples, " examples (skipped: ", st.skipped_unusable, " not ok, ", st.skipped_no_task,
              " without the task, ", st.skipped_too_long, " over ", context, " tokens); prompts fitted to ",
              dopt.max_prompt_tokens > 0 ? std::to_string(dopt.max_prompt_tokens) : std::string("context - completion"),
-             " tokens; prompt tokens p50 ",
-             percentile(plen, 0.5), " max ", percentile(plen, 1.0), "; completion tokens p50 ", percentile(clen, 0.5),
-             " max ", percentile(clen, 1.0));
+             " tokens; prompt tokens p50 ", percentile(plen, 0.5), " max ", percentile(plen, 1.0),
+             "; completion tokens p50 ", percentile(clen, 0.5), " max ", percentile(clen, 1.0));
     if (examples.empty()) throw Error("no SFT example could be built from " + corpus_dir);
     if (init.empty()) {
       const auto cfg = sft_shape(shape, pol.tokenizer->vocab_size(), context, *eos);
@@ -173,8 +174,8 @@ int main(int argc, char** argv) {
              pol.config.max_position_embeddings);
     std::ofstream steps_log(out + "/sft_log.jsonl", std::ios::trunc);
     const auto rep = train_sft(pol.model, examples, so, [&](const SftStepLog& l) {
-      nlohmann::json j = {{"step", l.step}, {"loss", l.loss}, {"lr", l.lr}, {"grad_norm", l.grad_norm},
-                          {"tokens", l.tokens}, {"seconds", l.seconds}};
+      nlohmann::json j = {{"step", l.step},           {"loss", l.loss},     {"lr", l.lr},
+                          {"grad_norm", l.grad_norm}, {"tokens", l.tokens}, {"seconds", l.seconds}};
       steps_log << j.dump() << "\n" << std::flush;
       log_info("sft: step ", l.step + 1, "/", so.steps, " loss ", l.loss, " lr ", l.lr, " |g| ", l.grad_norm, " ",
                l.seconds, " s");
@@ -188,7 +189,8 @@ int main(int argc, char** argv) {
         {"corpus_tasks_cpu", corpus.tasks("cpu").size()},
         {"corpus_tasks_cuda", corpus.tasks("cuda").size()},
         {"examples", st.examples},
-        {"skipped", {{"not_ok", st.skipped_unusable}, {"no_task", st.skipped_no_task}, {"too_long", st.skipped_too_long}}},
+        {"skipped",
+         {{"not_ok", st.skipped_unusable}, {"no_task", st.skipped_no_task}, {"too_long", st.skipped_too_long}}},
         {"prompt_budget", dopt.max_prompt_tokens},
         {"prompt_tokens_p50", percentile(plen, 0.5)},
         {"prompt_tokens_max", percentile(plen, 1.0)},

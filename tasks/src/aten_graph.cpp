@@ -37,9 +37,12 @@ c10::Scalar json_scalar(const json& v, const std::string& ctx) {
 // a 0-dim CPU tensor that does not take part in type promotion, exactly as eager does.
 at::Tensor wrapped_number(const c10::Scalar& s) {
   at::Tensor t;
-  if (s.isBoolean()) t = at::scalar_tensor(s, at::kBool);
-  else if (s.isIntegral(false)) t = at::scalar_tensor(s, at::kLong);
-  else t = at::scalar_tensor(s, at::kDouble);
+  if (s.isBoolean())
+    t = at::scalar_tensor(s, at::kBool);
+  else if (s.isIntegral(false))
+    t = at::scalar_tensor(s, at::kLong);
+  else
+    t = at::scalar_tensor(s, at::kDouble);
   t.unsafeGetTensorImpl()->set_wrapped_number(true);
   return t;
 }
@@ -100,7 +103,9 @@ AtenGraph::AtenGraph(const json& nodes, const std::vector<std::string>& placehol
       const std::string op_name = n["op"].get<std::string>();
       const std::string overload = n.value("overload", std::string());
       auto handle = c10::Dispatcher::singleton().findSchema({op_name, overload});
-      if (!handle) throw Error(ctx + ": operator " + op_name + (overload.empty() ? "" : "." + overload) + " is not registered in this libtorch");
+      if (!handle)
+        throw Error(ctx + ": operator " + op_name + (overload.empty() ? "" : "." + overload) +
+                    " is not registered in this libtorch");
       const c10::FunctionSchema* schema = &handle->schema();
       // Random ops: prefer an overload that takes an explicit generator (thread-safe, private RNG).
       const bool wants_generator = [&] {
@@ -158,7 +163,9 @@ AtenGraph::AtenGraph(const json& nodes, const std::vector<std::string>& placehol
 
   // Release each intermediate after its last reader, as Python drops references.
   std::vector<int> last_use(num_slots_, -1);
-  auto use = [&](int slot, int step) { if (slot >= 0) last_use[slot] = step; };
+  auto use = [&](int slot, int step) {
+    if (slot >= 0) last_use[slot] = step;
+  };
   for (int s = 0; s < static_cast<int>(steps_.size()); ++s) {
     const Step& st = steps_[s];
     use(st.src, s);
@@ -169,7 +176,8 @@ AtenGraph::AtenGraph(const json& nodes, const std::vector<std::string>& placehol
   }
   for (int o : output_slots_) last_use[o] = std::numeric_limits<int>::max();
   for (int slot = 0; slot < num_slots_; ++slot)
-    if (last_use[slot] >= 0 && last_use[slot] < static_cast<int>(steps_.size())) steps_[last_use[slot]].release.push_back(slot);
+    if (last_use[slot] >= 0 && last_use[slot] < static_cast<int>(steps_.size()))
+      steps_[last_use[slot]].release.push_back(slot);
 }
 
 int AtenGraph::slot_of(const std::string& name, const std::string& ctx) const {
@@ -192,9 +200,12 @@ AtenGraph::Arg AtenGraph::make_arg(const json& v, const c10::Argument& sa, const
       if (!v.is_array()) throw Error(ctx + ": expected a list of tensors");
       a.kind = el->kind() == c10::TypeKind::OptionalType ? ArgKind::OptTensorList : ArgKind::TensorList;
       for (const json& e : v) {
-        if (e.is_null() && a.kind == ArgKind::OptTensorList) a.slots.push_back(-1);
-        else if (is_ref(e)) a.slots.push_back(slot_of(e["n"].get<std::string>(), ctx));
-        else throw Error(ctx + ": list element is not a graph value");
+        if (e.is_null() && a.kind == ArgKind::OptTensorList)
+          a.slots.push_back(-1);
+        else if (is_ref(e))
+          a.slots.push_back(slot_of(e["n"].get<std::string>(), ctx));
+        else
+          throw Error(ctx + ": list element is not a graph value");
       }
       return a;
     }
@@ -264,7 +275,8 @@ c10::IValue AtenGraph::to_ivalue(const json& v, const c10::TypePtr& type, const 
 
 std::vector<c10::IValue> AtenGraph::run(std::vector<c10::IValue> inputs, const at::Generator* generator) const {
   if (inputs.size() != input_slots_.size())
-    throw Error(where_ + ": graph takes " + std::to_string(input_slots_.size()) + " inputs, got " + std::to_string(inputs.size()));
+    throw Error(where_ + ": graph takes " + std::to_string(input_slots_.size()) + " inputs, got " +
+                std::to_string(inputs.size()));
   std::vector<c10::IValue> values(num_slots_);
   for (std::size_t i = 0; i < inputs.size(); ++i) values[input_slots_[i]] = std::move(inputs[i]);
   torch::jit::Stack stack;
@@ -275,17 +287,24 @@ std::vector<c10::IValue> AtenGraph::run(std::vector<c10::IValue> inputs, const a
         break;
       case StepKind::GetItem: {
         const c10::IValue& src = values[st.src];
-        if (src.isTuple()) values[st.out] = src.toTupleRef().elements().at(st.index);
-        else if (src.isList()) values[st.out] = src.toListRef().at(st.index);
-        else throw Error(where_ + ": node '" + st.name + "' indexes a value that is not a tuple or list");
+        if (src.isTuple())
+          values[st.out] = src.toTupleRef().elements().at(st.index);
+        else if (src.isList())
+          values[st.out] = src.toListRef().at(st.index);
+        else
+          throw Error(where_ + ": node '" + st.name + "' indexes a value that is not a tuple or list");
         break;
       }
       case StepKind::Op: {
         stack.clear();
         for (const Arg& a : st.args) {
           switch (a.kind) {
-            case ArgKind::Const: stack.push_back(a.value); break;
-            case ArgKind::Slot: stack.push_back(values[a.slot]); break;
+            case ArgKind::Const:
+              stack.push_back(a.value);
+              break;
+            case ArgKind::Slot:
+              stack.push_back(values[a.slot]);
+              break;
             case ArgKind::Generator:
               stack.push_back(generator ? c10::IValue(*generator) : c10::IValue());
               break;
@@ -305,8 +324,10 @@ std::vector<c10::IValue> AtenGraph::run(std::vector<c10::IValue> inputs, const a
           }
         }
         st.op->callBoxed(&stack);
-        if (st.num_returns == 1) values[st.out] = std::move(stack[0]);
-        else values[st.out] = c10::ivalue::Tuple::create(std::move(stack));
+        if (st.num_returns == 1)
+          values[st.out] = std::move(stack[0]);
+        else
+          values[st.out] = c10::ivalue::Tuple::create(std::move(stack));
         break;
       }
     }

@@ -14,11 +14,11 @@ struct Row {
 };
 const std::vector<Row>& rows() {
   static const std::vector<Row> r = {
-      {"float32", "F32", c10::ScalarType::Float},   {"float64", "F64", c10::ScalarType::Double},
-      {"float16", "F16", c10::ScalarType::Half},    {"bfloat16", "BF16", c10::ScalarType::BFloat16},
-      {"int64", "I64", c10::ScalarType::Long},      {"int32", "I32", c10::ScalarType::Int},
-      {"int16", "I16", c10::ScalarType::Short},     {"int8", "I8", c10::ScalarType::Char},
-      {"uint8", "U8", c10::ScalarType::Byte},       {"bool", "BOOL", c10::ScalarType::Bool},
+      {"float32", "F32", c10::ScalarType::Float}, {"float64", "F64", c10::ScalarType::Double},
+      {"float16", "F16", c10::ScalarType::Half},  {"bfloat16", "BF16", c10::ScalarType::BFloat16},
+      {"int64", "I64", c10::ScalarType::Long},    {"int32", "I32", c10::ScalarType::Int},
+      {"int16", "I16", c10::ScalarType::Short},   {"int8", "I8", c10::ScalarType::Char},
+      {"uint8", "U8", c10::ScalarType::Byte},     {"bool", "BOOL", c10::ScalarType::Bool},
   };
   return r;
 }

@@ -7,7 +7,7 @@
 
 namespace kf::tasks {
 
-c10::ScalarType dtype_from_name(const std::string& name, const std::string& ctx);       // "float32"
+c10::ScalarType dtype_from_name(const std::string& name, const std::string& ctx);         // "float32"
 c10::ScalarType dtype_from_safetensors(const std::string& name, const std::string& ctx);  // "F32"
 std::string dtype_name(c10::ScalarType t);                                                // "float32"
 

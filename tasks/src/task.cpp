@@ -67,9 +67,12 @@ std::vector<TensorSpec> parse_specs(const json& list, Role default_role, const s
     t.role = default_role;
     if (s.contains("role")) {
       const std::string r = s["role"].get<std::string>();
-      if (r == "parameter") t.role = Role::Parameter;
-      else if (r == "buffer") t.role = Role::Buffer;
-      else throw Error(c + ".role: unknown role '" + r + "'");
+      if (r == "parameter")
+        t.role = Role::Parameter;
+      else if (r == "buffer")
+        t.role = Role::Buffer;
+      else
+        throw Error(c + ".role: unknown role '" + r + "'");
     }
     out.push_back(std::move(t));
   }
@@ -79,9 +82,11 @@ std::vector<TensorSpec> parse_specs(const json& list, Role default_role, const s
 void check_tensor(const at::Tensor& t, const TensorSpec& s, const at::Device& device, const std::string& ctx) {
   if (!t.defined()) throw Error(ctx + ": '" + s.name + "' is undefined");
   if (t.scalar_type() != s.dtype)
-    throw Error(ctx + ": '" + s.name + "' has dtype " + dtype_name(t.scalar_type()) + ", expected " + dtype_name(s.dtype));
+    throw Error(ctx + ": '" + s.name + "' has dtype " + dtype_name(t.scalar_type()) + ", expected " +
+                dtype_name(s.dtype));
   if (t.sizes().vec() != s.shape) throw Error(ctx + ": '" + s.name + "' has the wrong shape");
-  if (t.device() != device) throw Error(ctx + ": '" + s.name + "' is on " + t.device().str() + ", expected " + device.str());
+  if (t.device() != device)
+    throw Error(ctx + ": '" + s.name + "' is on " + t.device().str() + ", expected " + device.str());
 }
 
 struct GraphInput {
@@ -148,7 +153,8 @@ class TaskImpl : public Task, public std::enable_shared_from_this<TaskImpl> {
 
   const BackendData& data(Backend b) const {
     auto it = backends_.find(b);
-    if (it == backends_.end()) throw Error(name_ + ": task has no '" + backend_name(b) + "' backend (re-import with --backends)");
+    if (it == backends_.end())
+      throw Error(name_ + ": task has no '" + backend_name(b) + "' backend (re-import with --backends)");
     return it->second;
   }
   // Refuses (kf::Error naming the task, the bytes and the limit) a backend whose inputs,
@@ -171,7 +177,10 @@ class TaskImpl : public Task, public std::enable_shared_from_this<TaskImpl> {
 class ReferenceImpl : public Reference {
  public:
   ReferenceImpl(std::shared_ptr<const TaskImpl> task, Backend b, const at::Device& device)
-      : task_(task), backend_(b), device_(device), graph_(task->graph(b, device, GraphKind::Forward)),
+      : task_(task),
+        backend_(b),
+        device_(device),
+        graph_(task->graph(b, device, GraphKind::Forward)),
         params_(task->initial_params(b, device)) {}
 
   std::vector<at::Tensor> forward(const std::vector<at::Tensor>& inputs) override {
@@ -188,8 +197,10 @@ class ReferenceImpl : public Reference {
     std::vector<at::Tensor> outs;
     for (std::size_t i = 0; i < values.size(); ++i) {
       const GraphOutput& o = d.graph_outputs[i];
-      if (o.copy_to_param >= 0) params_[o.copy_to_param].copy_(values[i].toTensor());
-      else outs.push_back(values[i].toTensor());
+      if (o.copy_to_param >= 0)
+        params_[o.copy_to_param].copy_(values[i].toTensor());
+      else
+        outs.push_back(values[i].toTensor());
     }
     return outs;
   }
@@ -198,7 +209,8 @@ class ReferenceImpl : public Reference {
     const BackendData& d = task_->data(backend_);
     if (params.size() != d.params.size())
       throw Error(task_->name() + " set_params: expected " + std::to_string(d.params.size()) + " tensors");
-    for (std::size_t i = 0; i < params.size(); ++i) check_tensor(params[i], d.params[i], device_, task_->name() + " set_params");
+    for (std::size_t i = 0; i < params.size(); ++i)
+      check_tensor(params[i], d.params[i], device_, task_->name() + " set_params");
     params_ = std::move(params);
   }
 
@@ -246,8 +258,8 @@ TaskImpl::TaskImpl(const std::string& dir) : dir_(dir) {
           d.init_seed = d.init_json.at("seed").get<uint64_t>();
           const json& outs = d.init_json.at("outputs");
           if (!outs.is_array() || outs.size() != d.params.size())
-            throw error_at(d.init_file, "'outputs' must list one entry per parameter (" + std::to_string(d.params.size()) +
-                                            " in task.json)");
+            throw error_at(d.init_file, "'outputs' must list one entry per parameter (" +
+                                            std::to_string(d.params.size()) + " in task.json)");
           for (std::size_t i = 0; i < outs.size(); ++i) {
             if (outs[i].is_null()) continue;  // this slot is stored in the params file
             d.init_outputs.push_back(outs[i].get<std::string>());
@@ -267,7 +279,8 @@ TaskImpl::TaskImpl(const std::string& dir) : dir_(dir) {
       std::size_t user_outputs = 0;
       for (const json& go : d.graph_json.at("outputs")) {
         GraphOutput o{go.at("node").get<std::string>(), go.value("copy_to_param", -1)};
-        if (o.copy_to_param >= static_cast<int>(d.params.size())) throw error_at(d.graph_file, "copy_to_param out of range");
+        if (o.copy_to_param >= static_cast<int>(d.params.size()))
+          throw error_at(d.graph_file, "copy_to_param out of range");
         user_outputs += o.copy_to_param < 0;
         d.graph_outputs.push_back(o);
       }
@@ -293,7 +306,9 @@ std::shared_ptr<const AtenGraph> TaskImpl::graph(Backend b, const at::Device& de
   if (it != graphs_.end()) return it->second;
   const BackendData& d = data(b);
   std::shared_ptr<const AtenGraph> g;
-  const std::string& file = kind == GraphKind::Inputs ? d.inputs_file : kind == GraphKind::Init ? d.init_file : d.graph_file;
+  const std::string& file = kind == GraphKind::Inputs ? d.inputs_file
+                            : kind == GraphKind::Init ? d.init_file
+                                                      : d.graph_file;
   try {
     if (kind == GraphKind::Inputs) {
       g = std::make_shared<AtenGraph>(d.inputs_json.at("nodes"), std::vector<std::string>{}, d.input_graph_outputs,
@@ -357,7 +372,8 @@ void TaskImpl::check_fits(Backend b, const at::Device& device) const {
   throw Error(name_ + " [" + backend_name(b) + "]: the task needs " + std::to_string(need) + " bytes (" + gib(need) +
               " GiB: inputs " + std::to_string(in) + ", parameters " + std::to_string(par) + ", outputs " +
               std::to_string(out) + ") but " + device.str() + " has " + std::to_string(limit) + " bytes (" +
-              gib(limit) + " GiB; memory estimate, KF_TASK_MEMORY_LIMIT_BYTES overrides it): it cannot run here "
+              gib(limit) +
+              " GiB; memory estimate, KF_TASK_MEMORY_LIMIT_BYTES overrides it): it cannot run here "
               "(re-import it with smaller sizes)");
 }
 

@@ -20,7 +20,9 @@ c10::CachingAllocator::Stat reserved_stat() {
 }
 }  // namespace
 
-std::size_t device_cache_reserved_bytes() { return cuda_available() ? static_cast<std::size_t>(reserved_stat().current) : 0; }
+std::size_t device_cache_reserved_bytes() {
+  return cuda_available() ? static_cast<std::size_t>(reserved_stat().current) : 0;
+}
 
 // The peak is a diagnosis: it must never fail a verification. The allocator's stats exist
 // only once CUDA is initialised in this process (a fresh evaluator has not yet).
@@ -68,8 +70,8 @@ TimingStats summarize_ms(std::vector<double> v) {
   return s;
 }
 
-TimingStats time_reference(Reference& ref, const std::vector<at::Tensor>& inputs, const at::Device& device,
-                           int warmup, int trials) {
+TimingStats time_reference(Reference& ref, const std::vector<at::Tensor>& inputs, const at::Device& device, int warmup,
+                           int trials) {
   for (int i = 0; i < warmup; ++i) ref.forward(inputs);
   synchronize(device);
   std::vector<double> ms;

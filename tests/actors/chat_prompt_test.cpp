@@ -23,9 +23,10 @@ bool have_jinja2() {
 struct QwenFolder {
   kf::actors::test::TempDir dir;
   QwenFolder() {
-    kf::write_file_atomic(dir.path + "/tokenizer_config.json",
-                          kf::read_file(kf::actors::test::source_dir() +
-                                        "/tests/policy/data/chat_templates/qwen2.5-coder-instruct/tokenizer_config.json"));
+    kf::write_file_atomic(
+        dir.path + "/tokenizer_config.json",
+        kf::read_file(kf::actors::test::source_dir() +
+                      "/tests/policy/data/chat_templates/qwen2.5-coder-instruct/tokenizer_config.json"));
   }
 };
 
@@ -67,8 +68,10 @@ TEST(ChatPromptTest, UserTurnThroughTheTemplateAndItsTokensCounted) {
   o.chat = chat;
   const auto p = build_prompt(tpl, codec, info, ex, o);
   EXPECT_EQ(p.user, r.text);
-  EXPECT_EQ(p.text, "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
-                    "<|im_start|>user\n" + r.text + "<|im_end|>\n<|im_start|>assistant\n");
+  EXPECT_EQ(p.text,
+            "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
+            "<|im_start|>user\n" +
+                r.text + "<|im_end|>\n<|im_start|>assistant\n");
   EXPECT_EQ(p.tokens, codec.encode(p.text));
 
   // A budget the raw prompt fits exactly: with the template's tokens it no longer does, so
@@ -89,7 +92,8 @@ TEST(ChatPromptTest, UserTurnThroughTheTemplateAndItsTokensCounted) {
 TEST(ChatPromptTest, SystemSectionIsTheSystemTurn) {
   if (!have_jinja2()) GTEST_SKIP() << "jinja2 is not installed for " << kf::test::python();
   QwenFolder f;
-  const auto tpl = PromptTemplate::parse(std::string(kTemplate) + "=== system ===\nYou write {{lang}} kernels.\n", "t.txt");
+  const auto tpl =
+      PromptTemplate::parse(std::string(kTemplate) + "=== system ===\nYou write {{lang}} kernels.\n", "t.txt");
   const auto codec = TextCodec::bytes();
   const auto info = task_info(*relu_task(), kf::tasks::Backend::CPU);
   PromptOptions o;

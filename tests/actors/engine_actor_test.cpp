@@ -69,11 +69,13 @@ double logprob_gap(kf::policy::CausalLM& m, const rp::Candidate& c, double tempe
   auto wanted = torch::zeros({1, T - 1}, torch::kBool);
   wanted.narrow(1, P - 1, T - P).fill_(true);
   torch::NoGradGuard g;
-  const auto lp = m->selected_logprobs(torch::tensor(ids).unsqueeze(0), torch::ones({1, T}, torch::kLong), wanted,
-                                       temperature, 64).logp;
+  const auto lp =
+      m->selected_logprobs(torch::tensor(ids).unsqueeze(0), torch::ones({1, T}, torch::kLong), wanted, temperature, 64)
+          .logp;
   double worst = 0;
   for (int64_t t = 0; t < T - P; ++t)
-    worst = std::max(worst, std::abs(lp[0][P - 1 + t].item<double>() - c.behaviour_logprobs[static_cast<std::size_t>(t)]));
+    worst =
+        std::max(worst, std::abs(lp[0][P - 1 + t].item<double>() - c.behaviour_logprobs[static_cast<std::size_t>(t)]));
   return worst;
 }
 
@@ -118,8 +120,10 @@ TEST(ActorEngineTest, GroupsInFlightArePushedWholeAndSnapshotsWaitForThemToFinis
   EXPECT_EQ(actor.policy_version(), 1);
   bool seen_v1 = false;
   for (const auto& c : after) {
-    if (c.policy_version == 1) seen_v1 = true;
-    else EXPECT_FALSE(seen_v1) << "a v0 group was pushed after v1 loaded";
+    if (c.policy_version == 1)
+      seen_v1 = true;
+    else
+      EXPECT_FALSE(seen_v1) << "a v0 group was pushed after v1 loaded";
   }
   // Groups were in flight at the publish: the first pushed after it is v0's, sampled by
   // v0's weights to its end (the snapshot waited for it).
@@ -143,8 +147,8 @@ TEST(ActorEngineTest, EngineKeysAreReadAndCheckedFromTheConfig) {
     EXPECT_NE(std::string(e.what()).find("actors.engine.max_sequences"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("engine.yaml"), std::string::npos) << e.what();
   }
-  cfg = kf::Config::parse(
-      "actors:\n  engine:\n    max_sequences: 64\n    kv_budget_mb: 512\n    block_size: 32\n", "engine.yaml");
+  cfg = kf::Config::parse("actors:\n  engine:\n    max_sequences: 64\n    kv_budget_mb: 512\n    block_size: 32\n",
+                          "engine.yaml");
   const auto o = actor_options(cfg, 0);
   EXPECT_EQ(o.engine_max_sequences, 64);
   EXPECT_EQ(o.engine_kv_budget_mb, 512);

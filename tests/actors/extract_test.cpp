@@ -15,8 +15,10 @@ const std::string kKernel =
 }  // namespace
 
 TEST(ExtractTest, TakesTheMarkedBlockAmongSnippets) {
-  const std::string c = "Analysis: kernel 3 is faster because it vectorises:\n```cpp\nfor (i...) y[i] = x[i];\n```\n"
-                        "Plan: fuse.\n```cpp kernel\n" + kKernel + "```\nDone.";
+  const std::string c =
+      "Analysis: kernel 3 is faster because it vectorises:\n```cpp\nfor (i...) y[i] = x[i];\n```\n"
+      "Plan: fuse.\n```cpp kernel\n" +
+      kKernel + "```\nDone.";
   const auto e = extract_kernel(c);
   ASSERT_TRUE(e.ok) << e.error;
   EXPECT_EQ(e.source, kKernel);
@@ -36,14 +38,16 @@ TEST(ExtractTest, MalformedCompletionsFailWithTheirReason) {
   EXPECT_EQ(code("I would write a loop over the elements."), "no_code");
   EXPECT_EQ(code("```cpp\nint x;\n```\n"), "no_marked_block");
   EXPECT_EQ(code("```cpp kernel\n" + kKernel + "```\n```cuda kernel\n" + kKernel + "```\n"), "several_blocks");
-  EXPECT_EQ(code("```cpp kernel\n" + kKernel), "unterminated");       // cut off at max tokens
+  EXPECT_EQ(code("```cpp kernel\n" + kKernel), "unterminated");  // cut off at max tokens
   EXPECT_EQ(code("```cpp kernel\n   \n\n```\n"), "empty_block");
   EXPECT_EQ(code("```cpp kernel\nint main() { return 0; }\n```"), "no_entry_point");
   // A declaration, a name in a comment or string, or no extern "C", is not an entry point.
-  EXPECT_EQ(code("```cpp kernel\nextern \"C\" int kf_forward(kf::Context*, const kf::Tensor*, int, kf::Tensor*, int);\n```"),
-            "no_entry_point");
+  EXPECT_EQ(
+      code("```cpp kernel\nextern \"C\" int kf_forward(kf::Context*, const kf::Tensor*, int, kf::Tensor*, int);\n```"),
+      "no_entry_point");
   EXPECT_EQ(code("```cpp kernel\nextern \"C\" int f() { return 0; } // kf_forward(a) {\n```"), "no_entry_point");
-  EXPECT_EQ(code("```cpp kernel\nint kf_forward(kf::Context* c, const kf::Tensor* i, int a, kf::Tensor* o, int b) { return 0; }\n```"),
+  EXPECT_EQ(code("```cpp kernel\nint kf_forward(kf::Context* c, const kf::Tensor* i, int a, kf::Tensor* o, int b) { "
+                 "return 0; }\n```"),
             "no_entry_point");
   ExtractOptions small;
   small.max_bytes = 16;

@@ -131,10 +131,10 @@ TEST(OptimizeTest, OverfitExportedModelGivesVerifiedBestKernelAndReport) {
   kf::policy::save_weights(model, model_dir);
 
   const std::string out = tmp.path + "/out";
-  auto r = run_tool(with_sets({"--model", model_dir, "--task", "001_relu", "--tasks-dir", test::tasks_dir(), "-n", "2",
-                               "--out", out},
-                              sets),
-                    tmp.path);
+  auto r = run_tool(
+      with_sets({"--model", model_dir, "--task", "001_relu", "--tasks-dir", test::tasks_dir(), "-n", "2", "--out", out},
+                sets),
+      tmp.path);
   std::cerr << r.out << "kf-optimize done at "
             << std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count() << " s\n";
   ASSERT_EQ(r.rc, 0) << r.out << r.err;
@@ -183,11 +183,11 @@ TEST(OptimizeTest, OverfitExportedModelGivesVerifiedBestKernelAndReport) {
   const std::string heldout = tmp.path + "/heldout.txt";
   test::write_file(heldout, "# the test's split\n001_relu\n");
   const std::string sp = tmp.path + "/scores";
-  r = run_score_policy(with_sets({"--model", model_dir, "--out", sp, "--tasks-dir", test::tasks_dir(), "--include",
-                                  "001_relu,002_gelu", "--heldout", heldout, "-n", "2", "--jobs", "2", "--backend",
-                                  "cpu", "--label", "memorised"},
-                                 sets),
-                       tmp.path);
+  r = run_score_policy(
+      with_sets({"--model", model_dir, "--out", sp, "--tasks-dir", test::tasks_dir(), "--include", "001_relu,002_gelu",
+                 "--heldout", heldout, "-n", "2", "--jobs", "2", "--backend", "cpu", "--label", "memorised"},
+                sets),
+      tmp.path);
   std::cerr << "tools/score-policy done at "
             << std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count() << " s\n";
   ASSERT_EQ(r.rc, 0) << r.out << r.err << test::read_text(sp + "/tasks/001_relu.log")
@@ -284,49 +284,61 @@ TEST(OptimizeTest, ScorePolicyCompareTablesOnlyTheTasksEveryPolicyScored) {
   using nlohmann::json;
   auto scored = [](const std::string& task, const std::string& split, int level, std::vector<double> oks) {
     const double best = oks.empty() ? 0.0 : *std::max_element(oks.begin(), oks.end());
-    return json{{"task", task}, {"split", split}, {"level", level}, {"status", "scored"}, {"samples", 4},
-                {"ok", static_cast<int>(oks.size())}, {"ok_speedups", oks},
-                {"best_speedup", oks.empty() ? json(nullptr) : json(best)}, {"counted_speedup", oks.empty() ? 1.0 : best}};
+    return json{{"task", task},
+                {"split", split},
+                {"level", level},
+                {"status", "scored"},
+                {"samples", 4},
+                {"ok", static_cast<int>(oks.size())},
+                {"ok_speedups", oks},
+                {"best_speedup", oks.empty() ? json(nullptr) : json(best)},
+                {"counted_speedup", oks.empty() ? 1.0 : best}};
   };
   auto folder = [&](const std::string& name, const std::string& label, const json& tasks) {
     const std::string dir = tmp.path + "/" + name;
     ::mkdir(dir.c_str(), 0755);
-    test::write_file(dir + "/scores.json", json{{"format", "kf-policy-scores"}, {"label", label}, {"model", "m/" + name},
-                                                {"n", 4}, {"backend", "cpu"}, {"seed", 0}, {"machine", "CPU"},
+    test::write_file(dir + "/scores.json", json{{"format", "kf-policy-scores"},
+                                                {"label", label},
+                                                {"model", "m/" + name},
+                                                {"n", 4},
+                                                {"backend", "cpu"},
+                                                {"seed", 0},
+                                                {"machine", "CPU"},
                                                 {"tasks", tasks}}
                                                .dump());
     return dir;
   };
-  const std::string sft = folder("sft", "SFT", json::array({scored("001_relu", "train", 1, {0.5, 1.5}),
-                                                            scored("002_gelu", "train", 1, {}),
-                                                            scored("101_linear", "train", 2, {2.0}),
-                                                            scored("005_tanh", "held-out", 1, {})}));
-  const std::string rl = folder("rl", "RL",
-                                json::array({scored("001_relu", "train", 1, {1.0, 1.0, 2.0, 3.0}),
-                                             json{{"task", "002_gelu"}, {"split", "train"}, {"level", 1},
-                                                  {"status", "failed"}, {"reason", "exit 3"}},
-                                             scored("101_linear", "train", 2, {}),
-                                             scored("005_tanh", "held-out", 1, {0.5})}));
+  const std::string sft =
+      folder("sft", "SFT",
+             json::array({scored("001_relu", "train", 1, {0.5, 1.5}), scored("002_gelu", "train", 1, {}),
+                          scored("101_linear", "train", 2, {2.0}), scored("005_tanh", "held-out", 1, {})}));
+  const std::string rl = folder(
+      "rl", "RL",
+      json::array(
+          {scored("001_relu", "train", 1, {1.0, 1.0, 2.0, 3.0}),
+           json{{"task", "002_gelu"}, {"split", "train"}, {"level", 1}, {"status", "failed"}, {"reason", "exit 3"}},
+           scored("101_linear", "train", 2, {}), scored("005_tanh", "held-out", 1, {0.5})}));
   const std::string md = tmp.path + "/compare.md";
   auto r = run_score_policy({"--compare", sft, rl, "--out", md}, tmp.path);
   ASSERT_EQ(r.rc, 0) << r.out << r.err;
   EXPECT_EQ(test::read_text(md) + "\n", r.out);  // printed and written alike
   // Rows per (split, level), the policies side by side in the order given.
-  for (const char* row : {
-           "| SFT | train | 1 | 1 | 4 | 50.0 | 100.0 | 100.0 | 1.500 | 1.500 | 1.000 |",
-           "| RL | train | 1 | 1 | 4 | 100.0 | 100.0 | 100.0 | 3.000 | 3.000 | 1.750 |",
-           "| SFT | train | 2 | 1 | 4 | 25.0 | 100.0 | 100.0 | 2.000 | 2.000 | 2.000 |",
-           "| RL | train | 2 | 1 | 4 | 0.0 | 0.0 | 0.0 | 1.000 | 1.000 | – |",
-           "| SFT | train | all | 2 | 8 | 37.5 | 100.0 | 100.0 | 1.750 | 1.750 | 1.333 |",
-           "| RL | train | all | 2 | 8 | 50.0 | 50.0 | 50.0 | 2.000 | 2.000 | 1.750 |",
-           "| SFT | held-out | all | 1 | 4 | 0.0 | 0.0 | 0.0 | 1.000 | 1.000 | – |",
-           "| RL | held-out | all | 1 | 4 | 25.0 | 0.0 | 100.0 | 0.500 | 0.500 | 0.500 |",
-           "| 001_relu | train | 2/4, 1.500x | 4/4, 3.000x |", "| 005_tanh | held-out | 0/4 | 1/4, 0.500x |"}) {
+  for (const char* row :
+       {"| SFT | train | 1 | 1 | 4 | 50.0 | 100.0 | 100.0 | 1.500 | 1.500 | 1.000 |",
+        "| RL | train | 1 | 1 | 4 | 100.0 | 100.0 | 100.0 | 3.000 | 3.000 | 1.750 |",
+        "| SFT | train | 2 | 1 | 4 | 25.0 | 100.0 | 100.0 | 2.000 | 2.000 | 2.000 |",
+        "| RL | train | 2 | 1 | 4 | 0.0 | 0.0 | 0.0 | 1.000 | 1.000 | – |",
+        "| SFT | train | all | 2 | 8 | 37.5 | 100.0 | 100.0 | 1.750 | 1.750 | 1.333 |",
+        "| RL | train | all | 2 | 8 | 50.0 | 50.0 | 50.0 | 2.000 | 2.000 | 1.750 |",
+        "| SFT | held-out | all | 1 | 4 | 0.0 | 0.0 | 0.0 | 1.000 | 1.000 | – |",
+        "| RL | held-out | all | 1 | 4 | 25.0 | 0.0 | 100.0 | 0.500 | 0.500 | 0.500 |",
+        "| 001_relu | train | 2/4, 1.500x | 4/4, 3.000x |", "| 005_tanh | held-out | 0/4 | 1/4, 0.500x |"}) {
     EXPECT_NE(r.out.find(row), std::string::npos) << row << "\n" << r.out;
   }
   EXPECT_LT(r.out.find("| RL | train | all |"), r.out.find("| SFT | held-out | 1 |")) << r.out;
   EXPECT_NE(r.out.find("on the 3 task(s) every one of them scored (2 train, 1 held-out)"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("1 task(s) left out, not scored by every policy: 002_gelu (not scored by RL)"), std::string::npos)
+  EXPECT_NE(r.out.find("1 task(s) left out, not scored by every policy: 002_gelu (not scored by RL)"),
+            std::string::npos)
       << r.out;
   EXPECT_NE(r.out.find("Same settings for all: n = 4 per task, backend cpu"), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("| 002_gelu |"), std::string::npos) << r.out;
@@ -337,9 +349,11 @@ TEST(OptimizeTest, ScorePolicyCompareTablesOnlyTheTasksEveryPolicyScored) {
   EXPECT_EQ(r.rc, 2) << r.out << r.err;
   EXPECT_NE(r.err.find(none + "/scores.json: cannot read"), std::string::npos) << r.err;
   EXPECT_FALSE(test::exists(tmp.path + "/bad.md"));
-  const std::string no_ok = folder("no_ok", "X", json::array({scored("001_relu", "train", 1, {1.0}),
-                                                              json{{"task", "002_gelu"}, {"split", "train"}, {"level", 1},
-                                                                   {"status", "scored"}, {"samples", 4}}}));
+  const std::string no_ok =
+      folder("no_ok", "X",
+             json::array(
+                 {scored("001_relu", "train", 1, {1.0}),
+                  json{{"task", "002_gelu"}, {"split", "train"}, {"level", 1}, {"status", "scored"}, {"samples", 4}}}));
   r = run_score_policy({"--compare", sft, no_ok}, tmp.path);
   EXPECT_EQ(r.rc, 2) << r.out << r.err;
   EXPECT_NE(r.err.find(no_ok + "/scores.json: tasks[1] (002_gelu): field ok: missing"), std::string::npos) << r.err;
@@ -362,10 +376,10 @@ TEST(OptimizeTest, PyTaskIsImportedAndNoVerifiedCandidateExitsOneWithReport) {
   auto m = test::tiny_policy(2).model;
   kf::policy::save_weights(m, model_dir);
   const std::string out = tmp.path + "/out";
-  const auto r = run_tool({"--model", model_dir, "--task", test::source_dir() + "/tasks/suite/level1/001_relu.py",
-                           "--backend", "cpu", "-n", "3", "--temperature", "1", "--seed", "5", "--max-new-tokens", "48",
-                           "--out", out},
-                          tmp.path);
+  const auto r =
+      run_tool({"--model", model_dir, "--task", test::source_dir() + "/tasks/suite/level1/001_relu.py", "--backend",
+                "cpu", "-n", "3", "--temperature", "1", "--seed", "5", "--max-new-tokens", "48", "--out", out},
+               tmp.path);
   ASSERT_EQ(r.rc, 1) << r.out << r.err;
   EXPECT_TRUE(test::exists(out + "/task/001_relu/task.json"));
   EXPECT_FALSE(test::exists(out + "/best.cpp"));
@@ -394,9 +408,9 @@ TEST(OptimizeTest, PyTaskIsImportedAndNoVerifiedCandidateExitsOneWithReport) {
 TEST(OptimizeTest, MissingTaskExitsTwoNamingIt) {
   KF_NEED_TASKS();
   test::TempDir tmp;
-  auto r = run_tool({"--model", tmp.path, "--task", "no_such_task", "--tasks-dir", test::tasks_dir(), "--out",
-                     tmp.path + "/out"},
-                    tmp.path);
+  auto r = run_tool(
+      {"--model", tmp.path, "--task", "no_such_task", "--tasks-dir", test::tasks_dir(), "--out", tmp.path + "/out"},
+      tmp.path);
   EXPECT_EQ(r.rc, 2) << r.out << r.err;
   EXPECT_NE(r.err.find("no task 'no_such_task' in " + test::tasks_dir()), std::string::npos) << r.err;
   EXPECT_FALSE(test::exists(tmp.path + "/out/report.json"));
@@ -413,8 +427,8 @@ TEST(OptimizeTest, MissingTaskExitsTwoNamingIt) {
 TEST(OptimizeTest, BadModelFolderExitsTwoNamingTheFile) {
   KF_NEED_TASKS();
   test::TempDir tmp;
-  const std::vector<std::string> base = {"--task", "001_relu", "--tasks-dir", test::tasks_dir(), "--out",
-                                         tmp.path + "/out"};
+  const std::vector<std::string> base = {"--task",          "001_relu", "--tasks-dir",
+                                         test::tasks_dir(), "--out",    tmp.path + "/out"};
   auto args = [&](const std::string& model) {
     std::vector<std::string> a = {"--model", model};
     a.insert(a.end(), base.begin(), base.end());
@@ -452,8 +466,7 @@ TEST(OptimizeTest, ExemplarsFromKernelDbFileRunFolderAndSeedFolder) {
   const std::string name = "kfopt-test." + std::to_string(::getpid());
   auto db = kf::replay::KernelDb::create(name, kf::replay::KernelDbConfig{});
   kf::replay::ShmSegment::remove(name);
-  for (int i = 0; i < 6; ++i)
-    db.insert({"001_relu", 0.5 + i, i, "// relu kernel " + std::to_string(i) + "\n", 0});
+  for (int i = 0; i < 6; ++i) db.insert({"001_relu", 0.5 + i, i, "// relu kernel " + std::to_string(i) + "\n", 0});
   db.insert({"002_other", 9.0, 1, "// other task\n", 0});
   ::mkdir((tmp.path + "/run").c_str(), 0755);
   ::mkdir((tmp.path + "/run/kernels").c_str(), 0755);

@@ -44,14 +44,17 @@ TEST(ActorProcessTest, SigkillAndRestartResumePushingAndPickUpASnapshot) {
   ::mkdir((tmp.path + "/logs").c_str(), 0755);
   ::mkdir((tmp.path + "/metrics").c_str(), 0755);
   const std::string cfg = tmp.path + "/config.yaml";
-  test::write_file(cfg, "run: {seed: 0, backend: cpu}\n"
-                        "tasks: {dir: " + test::tasks_dir() + ", include: [001_relu]}\n"
-                        "learner: {init_shape: tiny}\n"
-                        "actors:\n  group_size: 2\n  score_extraction_failures: false\n  metrics_every_s: 0.5\n"
-                        "  sampling: {max_new_tokens: 12}\n"
-                        "  prompt: {context_tokens: 8192, template: " + test::source_dir() +
-                        "/configs/prompts/contrastive.txt, abi_header: " + test::source_dir() +
-                        "/evaluator/include/kf/kernel.h}\n");
+  test::write_file(cfg,
+                   "run: {seed: 0, backend: cpu}\n"
+                   "tasks: {dir: " +
+                       test::tasks_dir() +
+                       ", include: [001_relu]}\n"
+                       "learner: {init_shape: tiny}\n"
+                       "actors:\n  group_size: 2\n  score_extraction_failures: false\n  metrics_every_s: 0.5\n"
+                       "  sampling: {max_new_tokens: 12}\n"
+                       "  prompt: {context_tokens: 8192, template: " +
+                       test::source_dir() + "/configs/prompts/contrastive.txt, abi_header: " + test::source_dir() +
+                       "/evaluator/include/kf/kernel.h}\n");
   auto& q = shm->candidates();
   std::vector<rp::Candidate> got;
   auto pump = [&](auto done, double timeout_s) {

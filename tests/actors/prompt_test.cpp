@@ -24,7 +24,8 @@ std::string abi_text() {
 std::string kernel_source(int i, int lines) {
   std::string s = "#include <kf/kernel.h>\n// variant " + std::to_string(i) + "\n";
   s += "extern \"C\" int kf_forward(kf::Context* ctx, const kf::Tensor* in, int n_in, kf::Tensor* out, int n_out) {\n";
-  for (int l = 0; l < lines; ++l) s += "  float v" + std::to_string(l) + " = " + std::to_string(l * i) + ".0f;  // step\n";
+  for (int l = 0; l < lines; ++l)
+    s += "  float v" + std::to_string(l) + " = " + std::to_string(l * i) + ".0f;  // step\n";
   return s + "  return 0;\n}\n";
 }
 // A BPE tokenizer from the policy tests' HF references, when they were made.
@@ -80,8 +81,8 @@ TEST(PromptTest, ContrastivePromptHasReferenceSignatureAbiExemplarsAndInstructio
   const auto p = build_prompt(default_template(), codec, info, ex, o);
   EXPECT_NE(p.text.find(task->source()), std::string::npos);
   EXPECT_NE(p.text.find("struct Tensor"), std::string::npos);  // the ABI
-  EXPECT_EQ(p.text.find("// Contract"), std::string::npos);     // its comments dropped
-  EXPECT_NE(p.text.find("OpenMP"), std::string::npos);          // CPU backend notes
+  EXPECT_EQ(p.text.find("// Contract"), std::string::npos);    // its comments dropped
+  EXPECT_NE(p.text.find("OpenMP"), std::string::npos);         // CPU backend notes
   const auto a = p.text.find("speedup 0.80x"), b = p.text.find("speedup 1.70x");
   ASSERT_NE(a, std::string::npos);
   ASSERT_NE(b, std::string::npos);
@@ -131,8 +132,10 @@ TEST(PromptTest, FitsTheContextTokenExactly) {
   KF_NEED_TASKS();
   const auto info = task_info(*relu_task(), kf::tasks::Backend::CPU);
   std::vector<TextCodec> codecs = {TextCodec::bytes()};
-  if (auto t = bpe()) codecs.push_back(TextCodec::bpe(*t));
-  else std::cerr << "note: policy_refs/tokenizer_qwen2.json absent, BPE case skipped\n";
+  if (auto t = bpe())
+    codecs.push_back(TextCodec::bpe(*t));
+  else
+    std::cerr << "note: policy_refs/tokenizer_qwen2.json absent, BPE case skipped\n";
   std::vector<ExemplarIn> ex;
   for (int i = 0; i < 4; ++i) ex.push_back({0.5 + i, i, "ok", kernel_source(i + 1, 40)});
   const auto tpl = default_template();
@@ -144,9 +147,9 @@ TEST(PromptTest, FitsTheContextTokenExactly) {
     const auto none = build_prompt(tpl, codec, info, {}, o);
     const std::size_t per_ex = (full.tokens.size() - none.tokens.size()) / 4;
     // Budgets from "everything fits" down to "not even one exemplar fits".
-    for (std::size_t budget : {full.tokens.size(), full.tokens.size() - 1, full.tokens.size() - per_ex / 2,
-                               full.tokens.size() - 2 * per_ex, none.tokens.size() + per_ex / 2,
-                               none.tokens.size() + 20}) {
+    for (std::size_t budget :
+         {full.tokens.size(), full.tokens.size() - 1, full.tokens.size() - per_ex / 2, full.tokens.size() - 2 * per_ex,
+          none.tokens.size() + per_ex / 2, none.tokens.size() + 20}) {
       o.max_tokens = budget;
       o.min_exemplar_tokens = 64;
       const auto p = build_prompt(tpl, codec, info, ex, o);
@@ -173,8 +176,11 @@ TEST(PromptTest, FitsTheContextTokenExactly) {
         ASSERT_NE(note, std::string::npos);
         std::string head = shown.substr(0, note);
         // The cut may end inside a token's trailing indentation; a newline is then added.
-        if (head.size() && head.back() == '\n' && ex[0].source.size() &&
-            [&] { for (const auto& e : ex) if (e.speedup == s.speedup) return e.source.compare(0, head.size(), head) != 0; return false; }())
+        if (head.size() && head.back() == '\n' && ex[0].source.size() && [&] {
+              for (const auto& e : ex)
+                if (e.speedup == s.speedup) return e.source.compare(0, head.size(), head) != 0;
+              return false;
+            }())
           head.pop_back();
         const ExemplarIn* orig = nullptr;
         for (const auto& e : ex)
@@ -246,9 +252,9 @@ TEST(ActorOptionsTest, LoopStopKeysAreReadAndChecked) {
   EXPECT_EQ(o.loop_repeats, 4);  // on by default
   EXPECT_EQ(o.loop_max_period, 128);
   EXPECT_EQ(o.loop_min_span, 64);
-  o = actor_options(kf::Config::parse("actors:\n  sampling: {loop_repeats: 0, loop_max_period: 32, loop_min_span: 16}\n",
-                                      "t.yaml"),
-                    0);
+  o = actor_options(
+      kf::Config::parse("actors:\n  sampling: {loop_repeats: 0, loop_max_period: 32, loop_min_span: 16}\n", "t.yaml"),
+      0);
   EXPECT_EQ(o.loop_repeats, 0);
   EXPECT_EQ(o.loop_max_period, 32);
   EXPECT_EQ(o.loop_min_span, 16);

@@ -76,8 +76,10 @@ TEST(RolloutTest, LearnerRecomputedLogprobsEqualTheSamplersUnderTopKAndTopP) {
     const int64_t T = static_cast<int64_t>(ids.size()), P = static_cast<int64_t>(prompt.size());
     auto wanted = torch::zeros({1, T - 1}, torch::kBool);
     wanted.narrow(1, P - 1, T - P).fill_(true);  // position p predicts token p + 1
-    const auto lp = pol.model->selected_logprobs(torch::tensor(ids).unsqueeze(0), torch::ones({1, T}, torch::kLong),
-                                                 wanted, sp.temperature, /*chunk=*/7).logp;
+    const auto lp = pol.model
+                        ->selected_logprobs(torch::tensor(ids).unsqueeze(0), torch::ones({1, T}, torch::kLong), wanted,
+                                            sp.temperature, /*chunk=*/7)
+                        .logp;
     ASSERT_EQ(r.completion.logprobs.size(), r.completion.tokens.size());
     for (int64_t t = 0; t < T - P; ++t)
       EXPECT_NEAR(lp[0][P - 1 + t].item<double>(), r.completion.logprobs[static_cast<std::size_t>(t)], 1e-4)

@@ -44,19 +44,20 @@ TEST(SchedulerTest, CycleVisitsEveryTaskOncePerPassInChangingOrder) {
   int distinct = 0;
   for (std::size_t k = 1; k < orders.size(); ++k) distinct += orders[k] != orders[0];
   EXPECT_GT(distinct, 10) << "each pass shuffles anew";
-  TaskScheduler a(tasks(), {SchedulePolicy::cycle, 0.2, 1.0, 0.5}, 7), b(tasks(), {SchedulePolicy::cycle, 0.2, 1.0, 0.5}, 7);
+  TaskScheduler a(tasks(), {SchedulePolicy::cycle, 0.2, 1.0, 0.5}, 7),
+      b(tasks(), {SchedulePolicy::cycle, 0.2, 1.0, 0.5}, 7);
   for (int i = 0; i < 50; ++i) EXPECT_EQ(a.next(), b.next());
   EXPECT_EQ(parse_schedule_policy("cycle", "cfg"), SchedulePolicy::cycle);
 }
 
 TEST(SchedulerTest, RoomFavoursTasksWithRoomToImproveAndKeepsAShareForAll) {
   TaskScheduler s(tasks(), {SchedulePolicy::room, 0.2, 1.0, 0.5}, 2);
-  s.update("a", {true, 8.0});   // solved, 8x: little room
-  s.update("b", {true, 1.0});   // solved at parity: full room
+  s.update("a", {true, 8.0});  // solved, 8x: little room
+  s.update("b", {true, 1.0});  // solved at parity: full room
   const auto p = s.probabilities();
   EXPECT_NEAR(std::accumulate(p.begin(), p.end(), 0.0), 1.0, 1e-12);
   EXPECT_LT(p[0], p[1]);
-  EXPECT_NEAR(p[1], p[2], 1e-12);  // parity = unsolved
+  EXPECT_NEAR(p[1], p[2], 1e-12);    // parity = unsolved
   EXPECT_GE(p[0], 0.2 / 5 - 1e-12);  // the floor
   // Even a task with zero weight keeps min_share / N.
   TaskScheduler z(tasks(), {SchedulePolicy::room, 0.2, 50.0, 0.5}, 3);
@@ -70,11 +71,11 @@ TEST(SchedulerTest, CurriculumUnlocksLevelsInOrder) {
   auto p = s.probabilities();
   EXPECT_NEAR(p[2], 0.1 / 5, 1e-12);  // locked: the floor only
   EXPECT_GT(p[0], 0.4);
-  s.update("a", {true, 1.2});          // 1 of 2 level-1 tasks: 50% -> level 2 opens
+  s.update("a", {true, 1.2});  // 1 of 2 level-1 tasks: 50% -> level 2 opens
   EXPECT_EQ(s.open_level(), 2);
   EXPECT_GT(s.probabilities()[2], 0.1);
   EXPECT_NEAR(s.probabilities()[4], 0.02, 1e-12);
-  s.update("c", {true, 1.1});          // 2 of 4 -> level 3 opens
+  s.update("c", {true, 1.1});  // 2 of 4 -> level 3 opens
   EXPECT_EQ(s.open_level(), 3);
 }
 

@@ -36,10 +36,10 @@ inline std::shared_ptr<const tasks::Task> relu_task() {
   const auto d = tasks_dir();
   return d.empty() ? nullptr : tasks::Task::load(d + "/001_relu");
 }
-#define KF_NEED_TASKS()                                                                       \
-  do {                                                                                        \
-    if (::kf::actors::test::tasks_dir().empty())                                              \
-      GTEST_SKIP() << "task 001_relu is not imported (run setup.sh or set KF_TASKS_DIR)";     \
+#define KF_NEED_TASKS()                                                                   \
+  do {                                                                                    \
+    if (::kf::actors::test::tasks_dir().empty())                                          \
+      GTEST_SKIP() << "task 001_relu is not imported (run setup.sh or set KF_TASKS_DIR)"; \
   } while (0)
 
 struct TempDir : kf::test::TempDir {
@@ -102,8 +102,6 @@ inline int memorise(policy::CausalLM model, const std::vector<int32_t>& prompt, 
 }
 
 // A unique run name for shared memory.
-inline std::string run_name(const std::string& tag) {
-  return "kfat" + tag + std::to_string(::getpid());
-}
+inline std::string run_name(const std::string& tag) { return "kfat" + tag + std::to_string(::getpid()); }
 
 }  // namespace kf::actors::test

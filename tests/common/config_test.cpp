@@ -161,11 +161,11 @@ std::string real_error(const std::string& set) {
 }
 
 TEST(ConfigTest, NumericKeysOutsideTheirRangeAreRejectedNamingTheKey) {
-  for (const char* set : {"launch.max_minutes=-1", "launch.restart_backoff_s=-0.5", "learner.steps=-3",
-                          "learner.checkpoint.every=-1", "learner.checkpoint.keep=0", "launch.hang_timeout_s=0",
-                          "actors.count=0", "actors.group_size=0", "evaluator.trials=0", "replay.groups.capacity=0",
-                          "learner.optim.beta1=1.5", "actors.sampling.top_p=0", "launch.max_restarts=-1",
-                          "evaluator.gpu_memory_fraction=2", "learner.dist.ranks=0"}) {
+  for (const char* set :
+       {"launch.max_minutes=-1", "launch.restart_backoff_s=-0.5", "learner.steps=-3", "learner.checkpoint.every=-1",
+        "learner.checkpoint.keep=0", "launch.hang_timeout_s=0", "actors.count=0", "actors.group_size=0",
+        "evaluator.trials=0", "replay.groups.capacity=0", "learner.optim.beta1=1.5", "actors.sampling.top_p=0",
+        "launch.max_restarts=-1", "evaluator.gpu_memory_fraction=2", "learner.dist.ranks=0"}) {
     const std::string key = std::string(set).substr(0, std::string(set).find('='));
     const std::string err = real_error(set);
     EXPECT_NE(err.find("'" + key + "' must be"), std::string::npos) << set << ": " << err;
@@ -213,13 +213,15 @@ struct ScopedEnv {
 // tree resolve against the tree, a config elsewhere against its folder, --set against the
 // working directory; absolute paths and shape names stay as written.
 TEST(ConfigTest, RelativePathsResolveAgainstTheTreeOrTheConfigFile) {
-  const std::string tmp = std::filesystem::temp_directory_path().string() + "/kf-cfgpaths-" + std::to_string(::getpid());
+  const std::string tmp =
+      std::filesystem::temp_directory_path().string() + "/kf-cfgpaths-" + std::to_string(::getpid());
   const std::string tree = tmp + "/tree", outside = tmp + "/elsewhere";
   std::filesystem::create_directories(tree + "/configs");
   ScopedEnv src("KF_SOURCE_DIR", tree);
 
-  Config in_tree = load_at(tree + "/configs", "tasks: {dir: my/tasks, heldout: tasks/heldout.txt}\n"
-                                              "learner: {policy: policies/default, init_shape: configs/shapes/x.json}\n");
+  Config in_tree = load_at(tree + "/configs",
+                           "tasks: {dir: my/tasks, heldout: tasks/heldout.txt}\n"
+                           "learner: {policy: policies/default, init_shape: configs/shapes/x.json}\n");
   EXPECT_EQ(in_tree.get_string("tasks.dir"), tree + "/my/tasks");
   EXPECT_EQ(in_tree.get_string("tasks.heldout"), tree + "/tasks/heldout.txt");
   EXPECT_EQ(in_tree.get_string("learner.policy"), tree + "/policies/default");

@@ -14,7 +14,8 @@ TEST(LogTest, EveryLineNamesRoleIdAndPid) {
   kf::log_debug("hidden at info level");
   kf::log_init("main", 0);  // closes the file
   const std::string text = kf::read_file(file);
-  EXPECT_NE(text.find(" I [evaluator:3 pid=" + std::to_string(::getpid()) + "] compiled 2 candidates"), std::string::npos)
+  EXPECT_NE(text.find(" I [evaluator:3 pid=" + std::to_string(::getpid()) + "] compiled 2 candidates"),
+            std::string::npos)
       << text;
   EXPECT_EQ(text.find("hidden"), std::string::npos);
   std::filesystem::remove(file);

@@ -133,7 +133,7 @@ TEST(MetricsTest, TensorBoardReadsTheEventFile) {
     w.write(0, {{"loss", 1.5}, {"reward", -0.25}});
     w.write(1, {{"loss", 1.25}, {"reward", 0.5}}, {{"note", "jsonl only"}});
     w.write(2, {{"loss", 1.0}, {"reward", std::nan("")}});
-    w.write(7, {{"loss", 3.0e7}});  // steps need not be consecutive; float precision in TB
+    w.write(7, {{"loss", 3.0e7}});        // steps need not be consecutive; float precision in TB
     w.write(8, {}, {{"only", "extra"}});  // no scalars: no event
   }
   std::string out, err;
@@ -157,7 +157,7 @@ TEST(MetricsTest, TensorBoardReadsTheEventFile) {
   for (int i = 0; i < 4; ++i) {
     EXPECT_EQ(loss[i][0].get<int64_t>(), steps[i]);
     EXPECT_DOUBLE_EQ(loss[i][1].get<double>(), values[i]);  // all exact in float32
-    EXPECT_NEAR(loss[i][2].get<double>(), now, 60.0);        // wall_time in unix seconds
+    EXPECT_NEAR(loss[i][2].get<double>(), now, 60.0);       // wall_time in unix seconds
   }
   const auto& reward = s["learner/reward"];
   ASSERT_EQ(reward.size(), 3u) << out;

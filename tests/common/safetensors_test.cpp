@@ -80,12 +80,17 @@ TEST(SafetensorsTest, RejectsBadHeaders) {
     out << "{}";
   }
   EXPECT_NE(open_error(path).find("exceeds the file"), std::string::npos) << open_error(path);
-  { std::ofstream out(path, std::ios::binary); out << "abc"; }
+  {
+    std::ofstream out(path, std::ios::binary);
+    out << "abc";
+  }
   EXPECT_NE(open_error(path).find("too short"), std::string::npos);
   EXPECT_NE(open_error(path + ".absent").find("cannot open"), std::string::npos);
   // Two tensors over the same bytes: a task file is held to the checkpoints' rule (one parser).
-  write_raw(path, R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
-            std::string(12, '\0'));
+  write_raw(
+      path,
+      R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+      std::string(12, '\0'));
   EXPECT_NE(open_error(path).find("overlaps tensor 'a'"), std::string::npos) << open_error(path);
   fs::remove(path);
 }

@@ -39,9 +39,7 @@ json load_json(const std::string& path) {
   return json::parse(text);
 }
 
-std::string tasks_dir() {
-  return kf::test::env_or("KF_TASKS_DIR", kf::test::build_dir() + "/tasks");
-}
+std::string tasks_dir() { return kf::test::env_or("KF_TASKS_DIR", kf::test::build_dir() + "/tasks"); }
 
 // Evaluates one corpus kernel with tools/eval's binary; returns the JSON report.
 json eval_kernel(const std::string& task, const std::string& file) {
@@ -99,7 +97,7 @@ TEST(CorpusTest, ManifestListsOnlyCompiledOrVerifiedCudaKernels) {
 namespace {
 struct Pick {
   std::string family, task, naive, fast;
-  double gap = 0;         // fastest / naive recorded speedup of this task
+  double gap = 0;  // fastest / naive recorded speedup of this task
   double naive_speedup = 0;
   double family_gap = 0;  // median gap over the family's tasks
 };
@@ -127,13 +125,16 @@ std::vector<Pick> cpu_picks() {
         const std::string f = e.at("file");
         if (!v.contains(f) || !v[f].at("speedup").is_number()) continue;
         const double s = v[f].at("speedup");
-        if (e.at("variant") == "naive") naive = f, sn = s;
-        else if (s > sf) fast = f, sf = s;
+        if (e.at("variant") == "naive")
+          naive = f, sn = s;
+        else if (s > sf)
+          fast = f, sf = s;
       }
       if (any_fast.empty() && !fast.empty()) any_fast = fast, any_task = task;
       if (naive.empty() || fast.empty() || sn <= 0) continue;
       gaps.push_back(sf / sn);
-      if (sf / sn >= 3.0 && (best.task.empty() || sn < best.naive_speedup)) best = {family, task, naive, fast, sf / sn, sn, 0};
+      if (sf / sn >= 3.0 && (best.task.empty() || sn < best.naive_speedup))
+        best = {family, task, naive, fast, sf / sn, sn, 0};
     }
     if (best.task.empty()) best = {family, any_task, "", any_fast, 0, 0, 0};
     std::sort(gaps.begin(), gaps.end());
@@ -150,8 +151,9 @@ bool have_tasks() { return ::access((tasks_dir() + "/001_relu/task.json").c_str(
 // flip the order), largest first.
 std::vector<Pick> timed_picks() {
   std::vector<Pick> picks = cpu_picks();
-  picks.erase(std::remove_if(picks.begin(), picks.end(), [](const Pick& p) { return p.family_gap < 3.0 || p.naive.empty(); }),
-              picks.end());
+  picks.erase(
+      std::remove_if(picks.begin(), picks.end(), [](const Pick& p) { return p.family_gap < 3.0 || p.naive.empty(); }),
+      picks.end());
   if (picks.size() > 2) picks.resize(2);
   return picks;
 }
@@ -159,7 +161,8 @@ std::vector<Pick> timed_picks() {
 // Both kernels of the k-th timed family pass tools/eval, and naive takes longer.
 void expect_naive_slower(size_t k) {
   const std::vector<Pick> picks = timed_picks();
-  ASSERT_GT(picks.size(), k) << "verified_cpu.json shows fewer than " << k + 1 << " families with a 3x naive/fastest gap";
+  ASSERT_GT(picks.size(), k) << "verified_cpu.json shows fewer than " << k + 1
+                             << " families with a 3x naive/fastest gap";
   const Pick& p = picks[k];
   SCOPED_TRACE(p.task + ": " + p.naive + " vs " + p.fast);
   // The fast variant is multi-threaded: a test running beside it on a 2-core machine can

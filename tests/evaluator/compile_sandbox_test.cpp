@@ -63,7 +63,8 @@ std::vector<std::string> files_under(const std::string& dir) {
 }
 bool have_nvcc(const CompileOptions& o) { return access(o.nvcc.c_str(), X_OK) == 0; }
 
-const std::string kEntry = "\nextern \"C\" int kf_forward(kf::Context*, const kf::Tensor*, int, kf::Tensor*, int) { return 0; }\n";
+const std::string kEntry =
+    "\nextern \"C\" int kf_forward(kf::Context*, const kf::Tensor*, int, kf::Tensor*, int) { return 0; }\n";
 
 // Secrets planted outside the compiler's view: world-readable, so only the view (not the
 // uid) keeps them out. One plain token file, an /etc-like tree, a symlink to the token,
@@ -111,22 +112,29 @@ std::vector<Hostile> hostile_table(const Secrets& s) {
       {"stringised_macro", "#define STR(x) #x\n#define XSTR(x) STR(x)\n#include XSTR(" + S + ")\n"},
       {"line_splice", "#inc\\\nlude \"" + S + "\"\n"},
       {"digraph_include", "%:include \"" + S + "\"\n"},
-      {"has_include_probe_secret", "#include <kf/kernel.h>\n#if !__has_include(\"" + S + "\")\n#error absent\n#endif\n" + kEntry},
-      {"has_include_probe_shadow", "#include <kf/kernel.h>\n#if !__has_include(</etc/shadow>)\n#error absent\n#endif\n" + kEntry},
+      {"has_include_probe_secret",
+       "#include <kf/kernel.h>\n#if !__has_include(\"" + S + "\")\n#error absent\n#endif\n" + kEntry},
+      {"has_include_probe_shadow",
+       "#include <kf/kernel.h>\n#if !__has_include(</etc/shadow>)\n#error absent\n#endif\n" + kEntry},
       {"has_include_pasted",  // gets past the text filter
-       "#include <kf/kernel.h>\n#define CAT(a, b) a##b\n#if !CAT(__has_, include)(\"" + S + "\")\n#error absent\n#endif\n" + kEntry},
+       "#include <kf/kernel.h>\n#define CAT(a, b) a##b\n#if !CAT(__has_, include)(\"" + S +
+           "\")\n#error absent\n#endif\n" + kEntry},
       {"pragma_dependency_macro_built",  // gets past the text filter
-       "#include <kf/kernel.h>\n#define S_(x) #x\n#define XS(x) S_(x)\n#define P(x) _Pragma(XS(x))\n#define DEP dependency\n"
-       "P(GCC DEP \"" + S + "\")\n" + kEntry},
+       "#include <kf/kernel.h>\n#define S_(x) #x\n#define XS(x) S_(x)\n#define P(x) _Pragma(XS(x))\n#define DEP "
+       "dependency\n"
+       "P(GCC DEP \"" +
+           S + "\")\n" + kEntry},
       {"incbin_concatenated", "#include <kf/kernel.h>\nasm(\".inc\" \"bin \\\"" + S + "\\\"\");\n" + kEntry},
       {"incbin_etc_passwd", "#include <kf/kernel.h>\nasm(\".inc\" \"bin \\\"/etc/passwd\\\"\");\n" + kEntry},
       {"incbin_macro_built",
-       "#include <kf/kernel.h>\n#define S_(x) #x\n#define INC(f) asm(\".incb\" \"in \" S_(f))\nINC(\"" + S + "\");\n" + kEntry},
+       "#include <kf/kernel.h>\n#define S_(x) #x\n#define INC(f) asm(\".incb\" \"in \" S_(f))\nINC(\"" + S + "\");\n" +
+           kEntry},
       {"symlink_absolute", "#define P \"" + s.link + "\"\n#include P\n"},
       {"dotdot_plain", "#include \"../../../../../../../../../.." + S + "\"\n"},
       {"dotdot_macro", "#define P \"../../../../../../../../../.." + S + "\"\n#include P\n"},
       {"pragma_dependency", "#include <kf/kernel.h>\n#pragma GCC dependency \"" + S + "\"\n" + kEntry},
-      {"pragma_operator_dependency", "#include <kf/kernel.h>\n_Pragma(\"GCC dependency \\\"" + S + "\\\"\")\n" + kEntry},
+      {"pragma_operator_dependency",
+       "#include <kf/kernel.h>\n_Pragma(\"GCC dependency \\\"" + S + "\\\"\")\n" + kEntry},
       {"line_directive_quotes_file", "#line 1 \"" + S + "\"\nint x = undefined_name;\n"},
       {"line_directive_etc_passwd", "#line 1 \"/etc/passwd\"\nint x = undefined_name;\n"},
       {"file_macro_include", "#line 1 \"" + S + "\"\n#include __FILE__\n"},
@@ -173,11 +181,14 @@ TEST(CompileSandboxTest, HostileSourcesAreRejectedAndDiscloseNothing) {
     const CompileResult& r = h.backend == KF_BACKEND_CPU ? rc[ic++] : rg[ig++];
     SCOPED_TRACE(h.name);
     EXPECT_FALSE(r.ok) << h.name << " compiled: " << r.so_path;
-    EXPECT_EQ(r.diagnostics.find(sec.token), std::string::npos) << h.name << " disclosed the secret:\n" << r.diagnostics;
-    EXPECT_EQ(r.diagnostics.find(sec.token2), std::string::npos) << h.name << " disclosed the fake passwd:\n" << r.diagnostics;
+    EXPECT_EQ(r.diagnostics.find(sec.token), std::string::npos) << h.name << " disclosed the secret:\n"
+                                                                << r.diagnostics;
+    EXPECT_EQ(r.diagnostics.find(sec.token2), std::string::npos) << h.name << " disclosed the fake passwd:\n"
+                                                                 << r.diagnostics;
     for (const auto& l : forbidden)
-      EXPECT_EQ(r.diagnostics.find(l), std::string::npos) << h.name << " disclosed a line of /etc/passwd or /etc/shadow:\n"
-                                                          << r.diagnostics;
+      EXPECT_EQ(r.diagnostics.find(l), std::string::npos)
+          << h.name << " disclosed a line of /etc/passwd or /etc/shadow:\n"
+          << r.diagnostics;
     std::printf("%-30s %s\n", h.name.c_str(), r.diagnostics.substr(0, r.diagnostics.find('\n')).c_str());
   }
   // No object (or cached failure) anywhere in the cache carries the token.
@@ -295,12 +306,14 @@ TEST(CompileSandboxTest, CompilerRunsAsNobodyInAPrivateViewWithoutNetwork) {
   o.cxx = "/usr/bin/bash";
   o.cxx_flags = {"-c",
                  "echo \"probe uid=$(id -u) gid=$(id -g)\"; echo \"probe root=$(ls / | tr '\\n' ' ')\";"
-                 "for p in /etc/passwd /etc /root /home /proc/self /work " + sec.file + " " + o.cache_dir +
-                     " " KF_KERNELS_DIR "; do [ -e \"$p\" ] && echo \"probe sees $p\"; done;"
-                 "(exec 3<>/dev/tcp/127.0.0.1/22) 2>/dev/null && echo 'probe net=yes' || echo 'probe net=no';"
-                 "touch /usr/kf-probe 2>/dev/null && echo 'probe usr=writable' || echo 'probe usr=ro';"
-                 "touch /kf-probe 2>/dev/null && echo 'probe root=writable' || echo 'probe rootfs=ro';"
-                 "echo \"probe cwd=$(pwd)\"; exit 1",
+                 "for p in /etc/passwd /etc /root /home /proc/self /work " +
+                     sec.file + " " + o.cache_dir +
+                     " " KF_KERNELS_DIR
+                     "; do [ -e \"$p\" ] && echo \"probe sees $p\"; done;"
+                     "(exec 3<>/dev/tcp/127.0.0.1/22) 2>/dev/null && echo 'probe net=yes' || echo 'probe net=no';"
+                     "touch /usr/kf-probe 2>/dev/null && echo 'probe usr=writable' || echo 'probe usr=ro';"
+                     "touch /kf-probe 2>/dev/null && echo 'probe root=writable' || echo 'probe rootfs=ro';"
+                     "echo \"probe cwd=$(pwd)\"; exit 1",
                  "probe"};
   o.cpu_model_in_key = false;
   CompileService cs(o);
@@ -337,7 +350,8 @@ TEST(CompileSandboxTest, FilesOutsideTheAllowedHeadersAreRejectedByName) {
     EXPECT_FALSE(r.ok);
     EXPECT_TRUE(r.rejected_source) << r.diagnostics;
     EXPECT_NE(r.diagnostics.find("/usr/lib/os-release"), std::string::npos) << r.diagnostics;
-    for (const auto& l : lines_of("/usr/lib/os-release")) EXPECT_EQ(r.diagnostics.find(l), std::string::npos) << r.diagnostics;
+    for (const auto& l : lines_of("/usr/lib/os-release"))
+      EXPECT_EQ(r.diagnostics.find(l), std::string::npos) << r.diagnostics;
   }
   // .incbin of a file inside the view: the assembler's dependency output names it (g++,
   // and nvcc's host compile).
@@ -355,7 +369,8 @@ TEST(CompileSandboxTest, FilesOutsideTheAllowedHeadersAreRejectedByName) {
   // A header that compiles (CUDA's, outside the CPU backend's allowed set).
   const std::string cuda_hdr = "/usr/local/cuda/include/vector_types.h";
   if (access(cuda_hdr.c_str(), R_OK) == 0) {
-    CompileResult r = cs.compile("#define P <" + cuda_hdr + ">\n#include P\n#include <kf/kernel.h>\n" + kEntry, KF_BACKEND_CPU);
+    CompileResult r =
+        cs.compile("#define P <" + cuda_hdr + ">\n#include P\n#include <kf/kernel.h>\n" + kEntry, KF_BACKEND_CPU);
     EXPECT_FALSE(r.ok) << "compiled with a header outside the allowed set";
     EXPECT_TRUE(r.rejected_source) << r.diagnostics;
     EXPECT_NE(r.diagnostics.find("/usr/local/cuda"), std::string::npos) << r.diagnostics;

@@ -42,7 +42,8 @@ TEST(TimingStatsTest, SpreadOfNoisyTrialsIsWide) {
 
 TEST(RewardTest, FailuresAreFixedAndBelowEveryOkScore) {
   RewardModel m;
-  for (Verdict v : {Verdict::compile_error, Verdict::runtime_error, Verdict::timeout, Verdict::incorrect, Verdict::rejected_cheat})
+  for (Verdict v :
+       {Verdict::compile_error, Verdict::runtime_error, Verdict::timeout, Verdict::incorrect, Verdict::rejected_cheat})
     EXPECT_LT(m.score(v, 10.0), -2.0) << verdict_name(v);
   EXPECT_LT(m.score(Verdict::rejected_cheat, 0), m.score(Verdict::incorrect, 0));
   // An ok result, however slow, scores above any failure.
@@ -130,7 +131,10 @@ TEST(ResultTest, ReportsTheSpeedupIntervalAndTheUnstableFlag) {
   r.speedup_lo = 1.18;
   r.speedup_hi = 1.29;
   std::string t = to_text(r);
-  EXPECT_NE(t.find("speedup    1.234x (95 % 1.180\xe2\x80\x93" "1.290)\n"), std::string::npos) << t;
+  EXPECT_NE(t.find("speedup    1.234x (95 % 1.180\xe2\x80\x93"
+                   "1.290)\n"),
+            std::string::npos)
+      << t;
   EXPECT_EQ(t.find("timing unstable"), std::string::npos) << t;
   auto j = nlohmann::json::parse(to_json(r));
   EXPECT_DOUBLE_EQ(j["speedup_lo"].get<double>(), 1.18);
@@ -166,7 +170,8 @@ TEST(ResultTest, DegenerateTaskSaysNoSpeedReward) {
   r.degenerate_reason = "reference output is (nearly) the same for different inputs";
   const std::string t = to_text(r);
   EXPECT_NE(t.find("DEGENERATE: reference output is (nearly) the same for different inputs; no speed reward"),
-            std::string::npos) << t;
+            std::string::npos)
+      << t;
   const auto j = nlohmann::json::parse(to_json(r));
   EXPECT_TRUE(j["task_degenerate"].get<bool>());
   EXPECT_FALSE(j["speed_rewarded"].get<bool>());

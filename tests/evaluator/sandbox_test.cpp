@@ -95,7 +95,8 @@ extern "C" int kf_forward(kf::Context* ctx, const kf::Tensor* in, int n_in, kf::
   return 0;
 })";
   const std::string so = build(src);
-  auto sb = Sandbox::start(cpu_opts(), {{KF_FLOAT32, {2, 3, 4}}, {KF_INT32, {5}}}, {{KF_FLOAT32, {2, 3, 4}}, {KF_INT64, {64}}});
+  auto sb = Sandbox::start(cpu_opts(), {{KF_FLOAT32, {2, 3, 4}}, {KF_INT32, {5}}},
+                           {{KF_FLOAT32, {2, 3, 4}}, {KF_INT64, {64}}});
   ASSERT_TRUE(sb->load(so).ok());
   for (int slot = 0; slot < 2; ++slot) {
     auto* x = static_cast<float*>(sb->input(slot, 0));
@@ -104,8 +105,27 @@ extern "C" int kf_forward(kf::Context* ctx, const kf::Tensor* in, int n_in, kf::
     CallOutcome o = sb->run(slot, uint32_t(slot), false, 0, 5);
     ASSERT_TRUE(o.ok()) << o.message << sb->log_tail();
     const auto* r = static_cast<const long long*>(sb->output_at_return(slot, 1));
-    const std::vector<long long> want = {2, 2, KF_ABI_VERSION, KF_BACKEND_CPU, 2, 3, KF_FLOAT32, 2, 12, 3, 4, 4, 1,
-                                         1, KF_INT32, 5, 1, slot ? 0x5A : 0xFF, 1, 0, 1};
+    const std::vector<long long> want = {2,
+                                         2,
+                                         KF_ABI_VERSION,
+                                         KF_BACKEND_CPU,
+                                         2,
+                                         3,
+                                         KF_FLOAT32,
+                                         2,
+                                         12,
+                                         3,
+                                         4,
+                                         4,
+                                         1,
+                                         1,
+                                         KF_INT32,
+                                         5,
+                                         1,
+                                         slot ? 0x5A : 0xFF,
+                                         1,
+                                         0,
+                                         1};
     for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(r[i], want[i]) << "field " << i;
     const auto* y = static_cast<const float*>(sb->output_at_return(slot, 0));
     for (int i = 0; i < 24; ++i) EXPECT_FLOAT_EQ(y[i], float(i + slot) * 3 + 7);
@@ -195,10 +215,12 @@ TEST(SandboxTest, ThreadsWorkingOutsideTheCallAreMeasured) {
       wall += o.idle_wall_ms;
       ++n;
     }
-    std::printf("%s: other threads %.3f ms of CPU in %.3f ms outside kf_forward (%d calls)\n", kernel.c_str(), cpu, wall, n);
+    std::printf("%s: other threads %.3f ms of CPU in %.3f ms outside kf_forward (%d calls)\n", kernel.c_str(), cpu,
+                wall, n);
     return cpu / n;
   };
-  const double spinning = outside_per_call("cpu/cheat_background.cpp"), sleeping = outside_per_call("cpu/good_relu.cpp");
+  const double spinning = outside_per_call("cpu/cheat_background.cpp"),
+               sleeping = outside_per_call("cpu/good_relu.cpp");
   EXPECT_GT(spinning, 0.005) << "the spinning thread's CPU outside the call was not measured";
   EXPECT_GT(spinning, 1.2 * sleeping);
 }
@@ -402,7 +424,8 @@ TEST(SandboxTest, MaliciousStaticConstructorIsCaughtAtLoad) {
 
 TEST(SandboxTest, HugeAllocationHitsTheMemoryLimit) {
   CallOutcome o = run_malicious("cpu/mal_huge_alloc.cpp", 20);
-  EXPECT_TRUE(o.kind == CallOutcome::MemoryLimit || o.kind == CallOutcome::Crashed) << outcome_name(o.kind) << " " << o.message;
+  EXPECT_TRUE(o.kind == CallOutcome::MemoryLimit || o.kind == CallOutcome::Crashed)
+      << outcome_name(o.kind) << " " << o.message;
 }
 
 TEST(SandboxTest, EvaluatorSurvivesAndStartsAFreshWorkerAfterACrash) {
@@ -424,7 +447,9 @@ TEST(SandboxTest, EvaluatorSurvivesAndStartsAFreshWorkerAfterACrash) {
 }
 
 TEST(SandboxTest, KernelErrorCodeIsReported) {
-  const std::string so = build("#include <kf/kernel.h>\nextern \"C\" int kf_forward(kf::Context*, const kf::Tensor*, int, kf::Tensor*, int) { return 42; }\n");
+  const std::string so = build(
+      "#include <kf/kernel.h>\nextern \"C\" int kf_forward(kf::Context*, const kf::Tensor*, int, kf::Tensor*, int) { "
+      "return 42; }\n");
   auto sb = start_1d();
   ASSERT_TRUE(sb->load(so).ok());
   CallOutcome o = sb->run(0, 0, false, 0, 3);
@@ -511,9 +536,11 @@ TEST(SandboxCudaTest, LateGpuWorkIsSeenAndHonestWorkIsNot) {
   for (int i = 0; i < 6; ++i) {
     CudaCall c = cuda_call(*sb, i);
     ASSERT_TRUE(c.o.ok()) << c.o.message << sb->log_tail();
-    std::printf("good_relu call %d: %.3f ms, settle %.3f ms, late cpu %.3f ms, before-clock cpu %.3f ms, resume %.3f ms, "
-                "outside %.3f of %.3f ms\n", i, c.o.elapsed_ms, c.o.gpu_settle_ms, c.o.late_cpu_ms, c.o.idle_cpu_ms,
-                c.o.resume_ms, c.o.outside_cpu_ms, c.o.idle_wall_ms);
+    std::printf(
+        "good_relu call %d: %.3f ms, settle %.3f ms, late cpu %.3f ms, before-clock cpu %.3f ms, resume %.3f ms, "
+        "outside %.3f of %.3f ms\n",
+        i, c.o.elapsed_ms, c.o.gpu_settle_ms, c.o.late_cpu_ms, c.o.idle_cpu_ms, c.o.resume_ms, c.o.outside_cpu_ms,
+        c.o.idle_wall_ms);
     EXPECT_EQ(c.wrong_at_return, 0);
     EXPECT_FALSE(c.changed_after);
     if (i > 0) EXPECT_LT(c.o.gpu_settle_ms, 0.5);

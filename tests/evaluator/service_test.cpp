@@ -98,8 +98,9 @@ TEST(EvaluatorServiceTest, ScoresQueuedCandidatesWritesResultsIntoTheGroupAndSto
   const std::string broken = "#include \"kf/kernel.h\"\nint helper() { return undefined_name; }\n";
   // A group of four for 001_relu, and one of one for a task the evaluator cannot load.
   ASSERT_NO_FATAL_FAILURE(open_and_queue(
-      *shm, {candidate(101, "001_relu", good, 0), candidate(102, "001_relu", test::read_kernel("cpu/cheat_partial.cpp"), 1),
-             no_code, candidate(105, "001_relu", broken, 3)}));
+      *shm,
+      {candidate(101, "001_relu", good, 0), candidate(102, "001_relu", test::read_kernel("cpu/cheat_partial.cpp"), 1),
+       no_code, candidate(105, "001_relu", broken, 3)}));
   replay::Candidate unknown = candidate(104, "no_such_task", good, 0);
   unknown.group_id = 78;
   ASSERT_NO_FATAL_FAILURE(open_and_queue(*shm, {unknown}));
@@ -158,7 +159,7 @@ TEST(EvaluatorServiceTest, ScoresQueuedCandidatesWritesResultsIntoTheGroupAndSto
   EXPECT_EQ(logged[101]["group"], 77);
   EXPECT_DOUBLE_EQ(logged[101]["speedup"].get<double>(), by_id[101].speedup);
   EXPECT_GT(logged[101]["compile_s"].get<double>(), 0);
-  EXPECT_GT(logged[101]["t"].get<double>(), 1.7e9);  // unix seconds
+  EXPECT_GT(logged[101]["t"].get<double>(), 1.7e9);           // unix seconds
   EXPECT_EQ(logged[101]["gpu_claim_gb"].get<double>(), 0.0);  // a CPU candidate claims no GPU memory
   EXPECT_EQ(logged[101]["gpu_peak_gb"].get<double>(), 0.0);
   EXPECT_EQ(logged[102]["verdict"], "rejected_cheat");
@@ -217,7 +218,11 @@ TEST(EvaluatorServiceTest, StopFlagEndsTheBatchAfterTheCandidateInHand) {
   // The rest of the stopped batch went back to the queue, not lost: without the flag the
   // next step scores those two and the two new ones.
   stop = false;
-  EvaluatorService plain(ev, *shm, [&] { ServiceOptions o = so; o.stop = nullptr; return o; }());
+  EvaluatorService plain(ev, *shm, [&] {
+    ServiceOptions o = so;
+    o.stop = nullptr;
+    return o;
+  }());
   std::vector<replay::Candidate> second;
   for (uint64_t id = 304; id <= 305; ++id) {
     second.push_back(candidate(id, "001_relu", good, uint32_t(id - 304)));
@@ -240,7 +245,8 @@ TEST(EvaluatorServiceTest, OutOfGpuMemoryIsRetriedThenScoredAndNeverKillsTheServ
   so.oom_attempts = 3;
   so.oom_retry_delay = std::chrono::milliseconds(20);
   EvaluatorService service(ev, *shm, so);
-  ASSERT_NO_FATAL_FAILURE(open_and_queue(*shm, {candidate(201, "001_relu", test::read_kernel("cpu/fake_worker_oom.cpp"), 0)}));
+  ASSERT_NO_FATAL_FAILURE(
+      open_and_queue(*shm, {candidate(201, "001_relu", test::read_kernel("cpu/fake_worker_oom.cpp"), 0)}));
   // First try: put back, nothing scored or written.
   EXPECT_EQ(service.step(), 0u);
   EXPECT_EQ(service.pending_retries(), 1u);
@@ -286,16 +292,17 @@ TEST(EvaluatorServiceTest, InPlaceRetryTriesAgainThenGivesUpAndPassesGoodKernels
   const auto relu = kf::tasks::Task::load(build_dir() + "/tasks/001_relu");
   bool gave_up = false;
   const auto t0 = std::chrono::steady_clock::now();
-  const Result oom = evaluate_retrying_oom(ev, *relu, kf::tasks::Backend::CPU, test::read_kernel("cpu/fake_worker_oom.cpp"),
-                                           401, 3, std::chrono::milliseconds(100), &gave_up);
+  const Result oom =
+      evaluate_retrying_oom(ev, *relu, kf::tasks::Backend::CPU, test::read_kernel("cpu/fake_worker_oom.cpp"), 401, 3,
+                            std::chrono::milliseconds(100), &gave_up);
   const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_TRUE(gave_up);
   EXPECT_EQ(oom.verdict, Verdict::runtime_error);
   EXPECT_TRUE(worker_out_of_memory(oom)) << oom.reason;
   EXPECT_GE(waited, 0.3) << "three tries wait 100 + 200 ms between them";
   gave_up = true;
-  const Result good = evaluate_retrying_oom(ev, *relu, kf::tasks::Backend::CPU, test::read_kernel("cpu/good_relu.cpp"), 402,
-                                            3, std::chrono::milliseconds(100), &gave_up);
+  const Result good = evaluate_retrying_oom(ev, *relu, kf::tasks::Backend::CPU, test::read_kernel("cpu/good_relu.cpp"),
+                                            402, 3, std::chrono::milliseconds(100), &gave_up);
   EXPECT_FALSE(gave_up);
   EXPECT_TRUE(good.ok()) << good.reason;
 }
@@ -329,14 +336,15 @@ TEST(EvaluatorServiceTest, CudaCacheAboveTheLimitIsGivenBackAfterACandidate) {
     EXPECT_EQ(scored, 1u);
     const auto results = scored_results(*shm);
     EXPECT_EQ(results.size(), 1u);
-    if (!results.empty()) EXPECT_EQ(results.begin()->second.verdict, replay::Verdict::ok) << results.begin()->second.reason;
+    if (!results.empty())
+      EXPECT_EQ(results.begin()->second.verdict, replay::Verdict::ok) << results.begin()->second.reason;
     return kf::tasks::device_cache_reserved_bytes();
   };
-  const std::size_t kept = reserved_after_one(0, 301, ev);          // 0: never given back
-  const std::size_t limited = reserved_after_one(1, 302, ev);       // any cache is above 1 byte
+  const std::size_t kept = reserved_after_one(0, 301, ev);     // 0: never given back
+  const std::size_t limited = reserved_after_one(1, 302, ev);  // any cache is above 1 byte
   EXPECT_GT(kept, 64u << 20) << "a GPU-sized task's inputs stay cached without a limit";
   EXPECT_LT(limited, kept / 4) << "kept " << kept << " bytes, with the limit " << limited;
-  (void)reserved_after_one(0, 303, ev);  // cache it again
+  (void)reserved_after_one(0, 303, ev);                              // cache it again
   const std::size_t claimed = reserved_after_one(0, 304, claiming);  // no service limit
   EXPECT_LT(claimed, kept / 4) << "the evaluator kept its cache after a claimed verification";
   // The claim went with the verification: the GPU's claims file is empty again.
@@ -381,12 +389,14 @@ TEST(EvaluatorServiceTest, CudaChecksWaitForAnotherProcesssTimedTrial) {
   EXPECT_TRUE(r.ok()) << r.reason;
   double at_s = -1;
   for (const auto& c : r.checks)
-    if (c.name == "correct.distribution") std::sscanf(c.detail.substr(c.detail.rfind("[at ")).c_str(), "[at %lf", &at_s);
+    if (c.name == "correct.distribution")
+      std::sscanf(c.detail.substr(c.detail.rfind("[at ")).c_str(), "[at %lf", &at_s);
   EXPECT_GE(at_s, 2.9) << "the correctness sets ran while another process held the lock exclusively";
 }
 
 TEST(EvaluatorServiceTest, ServiceOptionsComeFromTheConfigAndABadCacheLimitIsNamed) {
-  const auto so = service_options(kf::Config::parse("run:\n  backend: cpu\nevaluator:\n  cache_limit_gb: 0.5\n", "run.yaml"));
+  const auto so =
+      service_options(kf::Config::parse("run:\n  backend: cpu\nevaluator:\n  cache_limit_gb: 0.5\n", "run.yaml"));
   EXPECT_EQ(so.cache_limit_bytes, std::size_t(512) << 20);
   EXPECT_EQ(so.backend, kf::tasks::Backend::CPU);
   try {

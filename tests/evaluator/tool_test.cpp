@@ -18,8 +18,8 @@ std::string build_dir() {
 }
 int run(const std::string& args, std::string* out, const std::string& max_spread = "100") {
   const std::string cmd = std::string(KF_EVAL_BIN) + " " + args + " --tasks " + build_dir() + "/tasks --cache " +
-                          build_dir() + "/evaluator-test-cache --threads 2 --trials 3 --warmup 1 --max-spread " + max_spread +
-                          " --max-trials 8 2>/dev/null";
+                          build_dir() + "/evaluator-test-cache --threads 2 --trials 3 --warmup 1 --max-spread " +
+                          max_spread + " --max-trials 8 2>/dev/null";
   FILE* p = popen(cmd.c_str(), "r");
   char buf[4096];
   out->clear();
@@ -86,8 +86,9 @@ TEST(EvalToolTest, UsageErrorsExitTwo) {
 }
 
 TEST(EvalOptionsTest, ConfigKeysReachTheOptionsAndBadValuesNameTheKey) {
-  const kf::Config c = kf::Config::parse("run:\n  seed: 7\nevaluator:\n  trials: 12\n  reward:\n    kind: log_speedup\n",
-                                         "test.yaml", {"evaluator.cuda_arch=sm_100"});
+  const kf::Config c =
+      kf::Config::parse("run:\n  seed: 7\nevaluator:\n  trials: 12\n  reward:\n    kind: log_speedup\n", "test.yaml",
+                        {"evaluator.cuda_arch=sm_100"});
   const kf::evaluator::EvalOptions o = kf::evaluator::eval_options(c);
   EXPECT_EQ(o.seed, 7u);
   EXPECT_EQ(o.trials, 12);

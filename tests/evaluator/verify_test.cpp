@@ -106,14 +106,15 @@ class CorpusTest : public ::testing::TestWithParam<Entry> {};
 TEST_P(CorpusTest, VerdictAndReason) {
   const Entry& e = GetParam();
   const bool cuda = fsutil::extension(e.file) == ".cu";
-  if (cuda && !kf::tasks::cuda_available()) GTEST_SKIP() << "no CUDA device visible: " << e.file << " runs on the GPU machine";
+  if (cuda && !kf::tasks::cuda_available())
+    GTEST_SKIP() << "no CUDA device visible: " << e.file << " runs on the GPU machine";
   at::set_num_threads(2);
   for (const auto& p : e.must_not_exist) ::remove(p.c_str());
   const std::string src = test::read_kernel(e.file);
   Result r = (cuda ? cuda_evaluator() : evaluator())
                  .evaluate(*task(e.task), cuda ? kf::tasks::Backend::CUDA : kf::tasks::Backend::CPU, src, 1);
-  std::printf("%s on %s: %s %s (speedup %.3f, verify %.1f s)\n", e.file.c_str(), e.task.c_str(), verdict_name(r.verdict),
-              r.reason.c_str(), r.speedup, r.verify_s);
+  std::printf("%s on %s: %s %s (speedup %.3f, verify %.1f s)\n", e.file.c_str(), e.task.c_str(),
+              verdict_name(r.verdict), r.reason.c_str(), r.speedup, r.verify_s);
   EXPECT_EQ(verdict_name(r.verdict), e.verdict) << to_text(r);
   if (!e.reasons.empty()) {
     bool named = false;
@@ -206,7 +207,8 @@ TEST(EvaluatorTest, ScalarLossTaskIsNotFlaggedDegenerate) {
 
 TEST(EvaluatorTest, RealTaskIsNotDegenerateAndOkResultIsComplete) {
   at::set_num_threads(2);
-  Result r = evaluator().evaluate(*task("001_relu"), kf::tasks::Backend::CPU, test::read_kernel("cpu/good_relu.cpp"), 7);
+  Result r =
+      evaluator().evaluate(*task("001_relu"), kf::tasks::Backend::CPU, test::read_kernel("cpu/good_relu.cpp"), 7);
   ASSERT_EQ(r.verdict, Verdict::ok) << to_text(r);
   EXPECT_FALSE(r.task_degenerate);
   EXPECT_EQ(r.max_abs_error, 0);  // relu is exact
@@ -359,7 +361,8 @@ class CountingKernelTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(CountingKernelTest, IsRejectedForEverySwitchPoint) {
   const bool cuda = GetParam() == "cuda";
-  if (cuda && !kf::tasks::cuda_available()) GTEST_SKIP() << "no CUDA device visible: the CUDA counting kernel runs on the GPU machine";
+  if (cuda && !kf::tasks::cuda_available())
+    GTEST_SKIP() << "no CUDA device visible: the CUDA counting kernel runs on the GPU machine";
   at::set_num_threads(2);
   const std::string file = cuda ? "cuda/cheat_count_calls.cu" : "cpu/cheat_count_calls.cpp";
   const std::string src = test::read_kernel(file);
@@ -368,7 +371,8 @@ TEST_P(CountingKernelTest, IsRejectedForEverySwitchPoint) {
   for (int n : {8, 12, 16, 20}) {
     std::string s = src;
     s.replace(s.find(line), line.size(), "#define KF_SWITCH_AFTER " + std::to_string(n));
-    Result r = counted_evaluator(cuda).evaluate(*task("001_relu"), cuda ? kf::tasks::Backend::CUDA : kf::tasks::Backend::CPU, s, 3);
+    Result r = counted_evaluator(cuda).evaluate(*task("001_relu"),
+                                                cuda ? kf::tasks::Backend::CUDA : kf::tasks::Backend::CPU, s, 3);
     std::printf("switch after %d calls: %s %s\n", n, verdict_name(r.verdict), r.reason.c_str());
     EXPECT_EQ(r.verdict, Verdict::rejected_cheat) << "N = " << n << ": " << to_text(r);
     EXPECT_NE(r.reason.find("call order"), std::string::npos) << "N = " << n << ": " << r.reason;
@@ -398,9 +402,11 @@ TEST(EvaluatorTest, CallOrderIsDrawnPerCandidateWithChecksAmongAndAfterTiming) {
     if (c.name == "anti.call_order") order = c.detail;
   ASSERT_FALSE(order.empty()) << to_text(a);
   int before = -1, among = -1, after = -1, calls = -1;
-  ASSERT_EQ(std::sscanf(order.c_str(), "%d checks before, %d among and %d after the timed trials, in an order drawn for this candidate; %d",
-                        &before, &among, &after, &calls),
-            4)
+  ASSERT_EQ(
+      std::sscanf(order.c_str(),
+                  "%d checks before, %d among and %d after the timed trials, in an order drawn for this candidate; %d",
+                  &before, &among, &after, &calls),
+      4)
       << order;
   EXPECT_GE(before, 1) << order;
   EXPECT_GE(among, 1) << order;
@@ -435,6 +441,7 @@ TEST(EvaluatorTest, UnstableTimingIsOkWithTheConservativeSpeedup) {
   EXPECT_DOUBLE_EQ(r.speedup, r.speedup_lo);
   EXPECT_EQ(r.checks_passed(), int(r.checks.size()));
   bool named = false;
-  for (const auto& c : r.checks) named = named || (c.name == "timing.speedup_interval" && c.detail.find("95% interval") != std::string::npos);
+  for (const auto& c : r.checks)
+    named = named || (c.name == "timing.speedup_interval" && c.detail.find("95% interval") != std::string::npos);
   EXPECT_TRUE(named) << to_text(r);
 }

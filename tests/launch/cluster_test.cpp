@@ -37,8 +37,7 @@ std::string error_of(const std::function<void()>& f) {
 TEST(LaunchClusterTest, NodeListsExpandAsSlurmWritesThem) {
   EXPECT_EQ(expand_nodelist("gpu7"), std::vector<std::string>({"gpu7"}));
   EXPECT_EQ(expand_nodelist("node[01-03,07]"), std::vector<std::string>({"node01", "node02", "node03", "node07"}));
-  EXPECT_EQ(expand_nodelist("a[1-2],b5,c[9-10]-ib"),
-            std::vector<std::string>({"a1", "a2", "b5", "c9-ib", "c10-ib"}));
+  EXPECT_EQ(expand_nodelist("a[1-2],b5,c[9-10]-ib"), std::vector<std::string>({"a1", "a2", "b5", "c9-ib", "c10-ib"}));
   EXPECT_EQ(expand_nodelist("x[8-11]"), std::vector<std::string>({"x8", "x9", "x10", "x11"}));
   EXPECT_NE(error_of([] { expand_nodelist("node[1-3"); }).find("'[' without ']'"), std::string::npos);
   EXPECT_NE(error_of([] { expand_nodelist("node[3-1]"); }).find("backwards"), std::string::npos);
@@ -54,17 +53,18 @@ TEST(LaunchClusterTest, SlurmNodeZeroIsTheHeadAndTheRestEvaluate) {
   EXPECT_EQ(outer.nodes, 3);
   EXPECT_EQ(outer.head_host, "gn03");
   EXPECT_TRUE(outer.sets.empty());
-  const auto line = kf::launch::srun_argv(outer, {"/b/tools/kf-launch", "run.yaml", "--slurm"});
-  EXPECT_EQ(line, std::vector<std::string>({"srun", "--nodes=3", "--ntasks=3", "--ntasks-per-node=1",
-                                             "--kill-on-bad-exit=0", "--export=ALL,KF_SLURM_STEP=1",
-                                             "/b/tools/kf-launch", "run.yaml", "--slurm"}));
+  const auto line = kf::launch::srun_argv(outer, {"/b/launch/kf-launch", "run.yaml", "--slurm"});
+  EXPECT_EQ(line,
+            std::vector<std::string>({"srun", "--nodes=3", "--ntasks=3", "--ntasks-per-node=1", "--kill-on-bad-exit=0",
+                                      "--export=ALL,KF_SLURM_STEP=1", "/b/launch/kf-launch", "run.yaml", "--slurm"}));
   // One launcher per node inside the step.
   e["KF_SLURM_STEP"] = "1";
   e["SLURM_NODEID"] = "0";
   auto n0 = slurm_plan(env_of(e), {});
   EXPECT_TRUE(n0.in_step);
   EXPECT_EQ(n0.role, "head");
-  EXPECT_EQ(n0.sets, std::vector<std::string>({"cluster.role=head", "cluster.redis.host=gn03", "cluster.node_name=gn03"}));
+  EXPECT_EQ(n0.sets,
+            std::vector<std::string>({"cluster.role=head", "cluster.redis.host=gn03", "cluster.node_name=gn03"}));
   e["SLURM_NODEID"] = "2";
   auto n2 = slurm_plan(env_of(e), {});
   EXPECT_EQ(n2.role, "evaluators");
@@ -81,14 +81,21 @@ TEST(LaunchClusterTest, SlurmNodeZeroIsTheHeadAndTheRestEvaluate) {
 
 TEST(LaunchClusterTest, SlurmMistakesAreNamed) {
   EXPECT_NE(error_of([] { slurm_plan(env_of({}), {}); }).find("SLURM_JOB_ID is not set"), std::string::npos);
-  EXPECT_NE(error_of([] { slurm_plan(env_of({{"SLURM_JOB_ID", "7"}}), {}); }).find("SLURM_JOB_NODELIST is not set"),
+  EXPECT_NE(error_of([] {
+              slurm_plan(env_of({{"SLURM_JOB_ID", "7"}}), {});
+            }).find("SLURM_JOB_NODELIST is not set"),
             std::string::npos);
   const Env e = {{"SLURM_JOB_ID", "7"}, {"SLURM_JOB_NODELIST", "n[1-2]"}};
   EXPECT_NE(error_of([&] { slurm_plan(env_of(e), {"head"}); }).find("cluster.nodes: 1 role(s) for the allocation's 2"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { slurm_plan(env_of(e), {"head", "head"}); }).find("exactly one node must be the head"),
+  EXPECT_NE(error_of([&] {
+              slurm_plan(env_of(e), {"head", "head"});
+            }).find("exactly one node must be the head"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { slurm_plan(env_of(e), {"head", "actors"}); }).find("entry 1 is 'actors'"), std::string::npos);
+  EXPECT_NE(error_of([&] {
+              slurm_plan(env_of(e), {"head", "actors"});
+            }).find("entry 1 is 'actors'"),
+            std::string::npos);
   Env bad = e;
   bad["KF_SLURM_STEP"] = "1";
   bad["SLURM_NODEID"] = "5";
@@ -142,18 +149,22 @@ TEST(LaunchClusterTest, LearnerRanksOnSeveralNodesNeedNcclAndAFittingLayout) {
               std::string::npos)
         << e;
     EXPECT_NE(e.find("learner.dist.comm cpu"), std::string::npos) << e;
-    EXPECT_NE(e.find("the cpu communicator is one host's shared memory and cannot cross nodes"), std::string::npos) << e;
+    EXPECT_NE(e.find("the cpu communicator is one host's shared memory and cannot cross nodes"), std::string::npos)
+        << e;
     if (torch::cuda::device_count() == 0 || !torch::cuda::is_available()) {
       const std::string no_gpu = err(std::string("role: ") + role + ", head_learner_ranks: 1");
-      EXPECT_NE(no_gpu.find("(here no GPU is visible on this node, learner.dist.comm auto"), std::string::npos) << no_gpu;
+      EXPECT_NE(no_gpu.find("(here no GPU is visible on this node, learner.dist.comm auto"), std::string::npos)
+          << no_gpu;
     }
   }
   EXPECT_EQ(err("role: evaluators, head_learner_ranks: 1", ", comm: cpu"), "");
   // The layout.
-  EXPECT_NE(err("role: head, head_learner_ranks: 4").find("cluster.head_learner_ranks: 4 is more than learner.dist.ranks (3)"),
+  EXPECT_NE(err("role: head, head_learner_ranks: 4")
+                .find("cluster.head_learner_ranks: 4 is more than learner.dist.ranks (3)"),
             std::string::npos);
-  EXPECT_NE(err("role: learners").find("cluster.role: learners, but cluster.head_learner_ranks (0) leaves no learner "
-                                       "rank off the head: set it to 1..2"),
+  EXPECT_NE(err("role: learners")
+                .find("cluster.role: learners, but cluster.head_learner_ranks (0) leaves no learner "
+                      "rank off the head: set it to 1..2"),
             std::string::npos);
   EXPECT_NE(err("role: all, head_learner_ranks: 2").find("but cluster.role is all (one node)"), std::string::npos);
   EXPECT_NE(err("role: learners, head_learner_ranks: 1, learner_ranks: 2, learner_node_index: 1")

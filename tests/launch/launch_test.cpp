@@ -41,10 +41,10 @@ namespace t = kf::test;
 using kf::actors::test::exists;
 using kf::actors::test::tasks_dir;
 
-#define NEED_LAUNCH()                                                                                  \
-  do {                                                                                                 \
-    if (tasks_dir().empty()) GTEST_SKIP() << "task 001_relu is not imported (run setup.sh)";           \
-    if (!exists(t::build_dir() + "/tools/kf-launch")) GTEST_SKIP() << "kf-launch is not built";        \
+#define NEED_LAUNCH()                                                                            \
+  do {                                                                                           \
+    if (tasks_dir().empty()) GTEST_SKIP() << "task 001_relu is not imported (run setup.sh)";     \
+    if (!exists(t::build_dir() + "/launch/kf-launch")) GTEST_SKIP() << "kf-launch is not built"; \
   } while (0)
 
 std::string completion() {
@@ -53,16 +53,23 @@ std::string completion() {
 
 // A small CPU run: one task, groups of 2, the memorised policy, a step budget.
 std::string config_text(const std::string& dir, const std::string& policy_dir, int steps) {
-  return "run: {name: t, root: " + dir + "/runs, backend: cpu, seed: 0}\n"
-         "tasks: {dir: " + tasks_dir() + ", include: [001_relu]}\n"
+  return "run: {name: t, root: " + dir +
+         "/runs, backend: cpu, seed: 0}\n"
+         "tasks: {dir: " +
+         tasks_dir() +
+         ", include: [001_relu]}\n"
          "evaluator: {correctness_sets: 2, stress_sets: 1, trials: 3, max_trials: 3, warmup: 1, max_spread: 100,\n"
          "            reward: {kind: speedup}}\n"
-         "learner:\n  policy: " + policy_dir + "\n  temperature: 0.5\n  steps: " + std::to_string(steps) +
+         "learner:\n  policy: " +
+         policy_dir + "\n  temperature: 0.5\n  steps: " + std::to_string(steps) +
          "\n  groups_per_step: 1\n  take_timeout_ms: 200\n  checkpoint: {every: 2, keep: 10}\n"
          "actors:\n  group_size: 2\n  metrics_every_s: 1\n"
-         "  sampling: {max_new_tokens: " + std::to_string(completion().size() + 8) + "}\n"
-         "  prompt: {mode: no_exemplars, context_tokens: 8192, template: " + dir + "/template.txt, abi_header: " +
-         t::source_dir() + "/evaluator/include/kf/kernel.h}\n"
+         "  sampling: {max_new_tokens: " +
+         std::to_string(completion().size() + 8) +
+         "}\n"
+         "  prompt: {mode: no_exemplars, context_tokens: 8192, template: " +
+         dir + "/template.txt, abi_header: " + t::source_dir() +
+         "/evaluator/include/kf/kernel.h}\n"
          "replay: {candidate_queue: {capacity: 8}}\n"
          "launch: {status_every_s: 1, metrics_every_s: 1, restart_backoff_s: 0.2, drain_timeout_s: 20}\n";
 }
@@ -113,7 +120,7 @@ Launch start(const std::vector<std::string>& args, const std::string& out) {
     const int fd = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     ::dup2(fd, 1);
     ::dup2(fd, 2);
-    std::vector<std::string> a = {t::build_dir() + "/tools/kf-launch"};
+    std::vector<std::string> a = {t::build_dir() + "/launch/kf-launch"};
     a.insert(a.end(), args.begin(), args.end());
     std::vector<char*> argv;
     for (auto& s : a) argv.push_back(s.data());
@@ -235,7 +242,8 @@ TEST(LaunchTest, RunReachesTheStepBudgetAndStopsInOrder) {
   EXPECT_GT(state["results_total"].get<int64_t>(), 0) << "no result went through the evaluator";
   EXPECT_GT(state["verdicts"]["ok"].get<int64_t>(), 0) << state.dump();
   // The memorised kernel was verified and is the run's best for the task.
-  EXPECT_EQ(slurp(run + "/best/001_relu.cpp"), t::read_file(t::source_dir() + "/tests/evaluator/kernels/cpu/good_relu.cpp"));
+  EXPECT_EQ(slurp(run + "/best/001_relu.cpp"),
+            t::read_file(t::source_dir() + "/tests/evaluator/kernels/cpu/good_relu.cpp"));
   const std::string log = slurp(run + "/logs/launch-0.log");
   EXPECT_NE(log.find("learner reached learner.steps"), std::string::npos) << log;
   EXPECT_NE(log.find("status:"), std::string::npos) << "no status line when stdout is not a terminal";
@@ -293,13 +301,21 @@ TEST(LaunchTest, EachRoleKilledTwiceIsRestartedAndEveryCandidateIsAccountedFor) 
     // The learner is killed after it has checkpointed (checkpoint.every: 2), so that its
     // restart resumes instead of starting over.
     const int64_t step = learner_step(run);
-    ASSERT_TRUE(wait_until([&] { return learner_step(run) >= std::max<int64_t>(1, step + 1) && !checkpoints(run).empty(); }, 240))
-        << who << "\n" << slurp(l.out);
+    ASSERT_TRUE(wait_until(
+        [&] { return learner_step(run) >= std::max<int64_t>(1, step + 1) && !checkpoints(run).empty(); }, 240))
+        << who << "\n"
+        << slurp(l.out);
     const pid_t pid = worker_pid(run, who);
     ASSERT_GT(pid, 0) << who;
     ::kill(pid, SIGKILL);
-    ASSERT_TRUE(wait_until([&] { const pid_t p = worker_pid(run, who); return p > 0 && p != pid; }, 60))
-        << who << " was not restarted\n" << slurp(run + "/logs/launch-0.log");
+    ASSERT_TRUE(wait_until(
+        [&] {
+          const pid_t p = worker_pid(run, who);
+          return p > 0 && p != pid;
+        },
+        60))
+        << who << " was not restarted\n"
+        << slurp(run + "/logs/launch-0.log");
   }
   ASSERT_EQ(wait_for(l, 400), 0) << slurp(l.out);
   EXPECT_GE(learner_step(run), 10);
@@ -313,8 +329,9 @@ TEST(LaunchTest, EachRoleKilledTwiceIsRestartedAndEveryCandidateIsAccountedFor) 
   // The launcher's closing account: created = scored + lost + queued + in flight, with
   // nothing left in flight after the drain.
   std::smatch m;
-  const std::regex ledger("candidates of this session: created ([0-9]+) = scored ([0-9]+) \\+ lost ([0-9]+) \\([^)]*\\) "
-                          "\\+ queued ([0-9]+) \\+ in flight ([0-9]+)");
+  const std::regex ledger(
+      "candidates of this session: created ([0-9]+) = scored ([0-9]+) \\+ lost ([0-9]+) \\([^)]*\\) "
+      "\\+ queued ([0-9]+) \\+ in flight ([0-9]+)");
   ASSERT_TRUE(std::regex_search(log, m, ledger)) << log;
   const int64_t created = std::stoll(m[1]), scored = std::stoll(m[2]), lost = std::stoll(m[3]);
   EXPECT_EQ(created, scored + lost + std::stoll(m[4]) + std::stoll(m[5])) << m[0];
@@ -382,7 +399,8 @@ TEST(LaunchTest, SerialModeRunsThePipelineInOneProcess) {
   // No worker processes: everything ran inside the launcher.
   EXPECT_FALSE(exists(run + "/logs/actor-0.out"));
   EXPECT_FALSE(exists(run + "/logs/evaluator-0.out"));
-  EXPECT_EQ(slurp(run + "/best/001_relu.cpp"), t::read_file(t::source_dir() + "/tests/evaluator/kernels/cpu/good_relu.cpp"));
+  EXPECT_EQ(slurp(run + "/best/001_relu.cpp"),
+            t::read_file(t::source_dir() + "/tests/evaluator/kernels/cpu/good_relu.cpp"));
   const auto state = nlohmann::json::parse(slurp(run + "/checkpoints/launch_state.json"));
   EXPECT_GT(state["verdicts"]["ok"].get<int64_t>(), 0) << state.dump();
   EXPECT_FALSE(shm_exists(name));
@@ -392,10 +410,10 @@ TEST(LaunchTest, ShippedCpuConfigsPassTheChecks) {
   NEED_LAUNCH();
   t::TempDir tmp("launch-test");
   for (const char* c : {"configs/quickstart.yaml", "configs/default.yaml"}) {
-    auto l = start({t::source_dir() + "/" + c, "--check", "--set", "tasks.dir=" + tasks_dir(), "--set",
-                    "run.root=" + tmp.path + "/runs", "--set",
-                    "learner.policy=" + t::source_dir() + "/policies/default"},
-                   tmp.path + "/out.txt");
+    auto l =
+        start({t::source_dir() + "/" + c, "--check", "--set", "tasks.dir=" + tasks_dir(), "--set",
+               "run.root=" + tmp.path + "/runs", "--set", "learner.policy=" + t::source_dir() + "/policies/default"},
+              tmp.path + "/out.txt");
     EXPECT_EQ(wait_for(l, 120), 0) << c << "\n" << slurp(l.out);
   }
   EXPECT_FALSE(exists(tmp.path + "/runs"));
@@ -470,7 +488,8 @@ TEST(LaunchTest, ConfigGapsAreRejectedBeforeAnythingIsCreated) {
   const std::string name = "lc" + std::to_string(getpid());
   // Policy copies with a truncated weight file and a truncated tokenizer.json.
   const std::string good = policy_dir(), trunc_w = tmp.path + "/pol-w", trunc_t = tmp.path + "/pol-t";
-  ASSERT_EQ(std::system(("cp -r '" + good + "' '" + trunc_w + "' && cp -r '" + good + "' '" + trunc_t + "'").c_str()), 0);
+  ASSERT_EQ(std::system(("cp -r '" + good + "' '" + trunc_w + "' && cp -r '" + good + "' '" + trunc_t + "'").c_str()),
+            0);
   struct stat st {};
   ASSERT_EQ(::stat((trunc_w + "/model.safetensors").c_str(), &st), 0);
   ASSERT_EQ(::truncate((trunc_w + "/model.safetensors").c_str(), st.st_size / 2), 0);
@@ -627,8 +646,8 @@ TEST(LaunchTest, ResumeAfterACorruptNewestCheckpointKeepsTheNewerKernelsAndBest)
     const std::string src = "// extra " + std::to_string(i) + "\nextern \"C\" int kf_forward() { return 0; }\n";
     char hex[17];
     std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(kf::replay::kernel_source_hash(src)));
-    db["entries"].push_back({{"task", "zz_extra"}, {"speedup", 1.5 + i}, {"policy_version", 99}, {"source", src},
-                             {"hash", hex}});
+    db["entries"].push_back(
+        {{"task", "zz_extra"}, {"speedup", 1.5 + i}, {"policy_version", 99}, {"source", src}, {"hash", hex}});
   }
   t::write_file(run + "/kernels/kernel_db.json", db.dump(1));
   auto index = nlohmann::json::parse(slurp(run + "/best/index.json"));
@@ -729,9 +748,8 @@ TEST(LaunchTest, LearnerKilledBeforeItsFirstCheckpointKeepsVersionsMonotonic) {
   ASSERT_TRUE(wait_until([&] { return worker_pid(run, "learner 0") != learner; }, 60))
       << slurp(run + "/logs/launch-0.log");
   // Wait until the restarted learner published again, past the old versions.
-  ASSERT_TRUE(wait_until([&] { return slurp(run + "/logs/learner-0.out").find("publishing again at version") !=
-                                      std::string::npos; },
-                         300))
+  ASSERT_TRUE(wait_until(
+      [&] { return slurp(run + "/logs/learner-0.out").find("publishing again at version") != std::string::npos; }, 300))
       << slurp(run + "/logs/learner-0.out");
   std::this_thread::sleep_for(std::chrono::seconds(3));  // a few more status/metrics lines
   ::kill(l.pid, SIGINT);
@@ -739,15 +757,16 @@ TEST(LaunchTest, LearnerKilledBeforeItsFirstCheckpointKeepsVersionsMonotonic) {
   const std::string llog = slurp(run + "/logs/learner-0.out");
   EXPECT_NE(llog.find("not publishing version 0"), std::string::npos) << llog;
   int64_t max_learner_step = 0;
-  for (const auto& j : jsonl(run + "/metrics/learner.jsonl")) max_learner_step = std::max(max_learner_step, j.value("step", int64_t{0}));
+  for (const auto& j : jsonl(run + "/metrics/learner.jsonl"))
+    max_learner_step = std::max(max_learner_step, j.value("step", int64_t{0}));
   int64_t last_version = -1;
   int lines = 0;
   for (const auto& j : jsonl(run + "/metrics/run.jsonl")) {
     const auto v = static_cast<int64_t>(j.value("policy_version", -1.0));
     EXPECT_GE(v, last_version) << "snapshot version went back: " << j.dump();
     last_version = std::max(last_version, v);
-    EXPECT_LE(j.value("step", int64_t{0}), max_learner_step) << "status step above any step the learner reached: "
-                                                             << j.dump();
+    EXPECT_LE(j.value("step", int64_t{0}), max_learner_step)
+        << "status step above any step the learner reached: " << j.dump();
     ++lines;
   }
   EXPECT_GT(lines, 3);
@@ -790,8 +809,9 @@ struct Nodes {
       for (const std::string& c :
            {"ip netns add " + ns, "ip -n " + ns + " link set lo up", "ip link add " + a + " type veth peer name " + b,
             "ip link set " + a + " netns " + p + "h", "ip link set " + b + " netns " + ns,
-            "ip -n " + p + "h addr add " + net + ".1/24 dev " + a, "ip -n " + ns + " addr add " + net + ".2/24 dev " + b,
-            "ip -n " + p + "h link set " + a + " up", "ip -n " + ns + " link set " + b + " up"})
+            "ip -n " + p + "h addr add " + net + ".1/24 dev " + a,
+            "ip -n " + ns + " addr add " + net + ".2/24 dev " + b, "ip -n " + p + "h link set " + a + " up",
+            "ip -n " + ns + " link set " + b + " up"})
         cmds.push_back(c);
     }
     for (const auto& c : cmds) {
@@ -821,7 +841,7 @@ Launch start_in(const std::string& ns, const std::vector<std::string>& args, con
     const int fd = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     ::dup2(fd, 1);
     ::dup2(fd, 2);
-    std::vector<std::string> a = {"/usr/sbin/ip", "netns", "exec", ns, t::build_dir() + "/tools/kf-launch"};
+    std::vector<std::string> a = {"/usr/sbin/ip", "netns", "exec", ns, t::build_dir() + "/launch/kf-launch"};
     if (::access(a[0].c_str(), X_OK) != 0) a[0] = "/sbin/ip";
     a.insert(a.end(), args.begin(), args.end());
     std::vector<char*> argv;
@@ -867,28 +887,30 @@ TEST(LaunchClusterTest, HeadAndTwoEvaluatorNodesOneKilledLosesNoCandidate) {
   bool netns = has_cap_net_admin() && nodes.setup();
   if (!netns)
     std::printf("note: %s; the three nodes run on loopback instead of in network namespaces\n",
-                has_cap_net_admin() ? ("cannot make network namespaces: " + nodes.error).c_str()
-                                    : "no CAP_NET_ADMIN");
-  const std::string head_ns = netns ? nodes.p + "h" : "", ns1 = netns ? nodes.p + "1" : "", ns2 = netns ? nodes.p + "2" : "";
+                has_cap_net_admin() ? ("cannot make network namespaces: " + nodes.error).c_str() : "no CAP_NET_ADMIN");
+  const std::string head_ns = netns ? nodes.p + "h" : "", ns1 = netns ? nodes.p + "1" : "",
+                    ns2 = netns ? nodes.p + "2" : "";
   const std::string addr1 = netns ? "10.79.1.1" : "127.0.0.1", addr2 = netns ? "10.79.2.1" : "127.0.0.1";
   const int port = 20000 + getpid() % 20000;
   const std::string name = "cl" + std::to_string(getpid());
   const int steps = 4;
-  const std::string cfg = write_config(
-      tmp.path, steps,
-      "cluster:\n  redis: {port: " + std::to_string(port) + ", bind: [" + addr1 + (netns ? ", " + addr2 : "") +
-          "], claim_idle_s: 4, gone_after_s: 4}\n");
+  const std::string cfg = write_config(tmp.path, steps,
+                                       "cluster:\n  redis: {port: " + std::to_string(port) + ", bind: [" + addr1 +
+                                           (netns ? ", " + addr2 : "") + "], claim_idle_s: 4, gone_after_s: 4}\n");
   ::setenv("KF_REDIS_PASSWORD", ("pw" + std::to_string(getpid()) + "x7Q").c_str(), 1);
   const std::string run = tmp.path + "/runs/" + name;
   // The drain waits for what is on the network: the queue's 8 candidates, one node left.
-  auto head = start_in(head_ns, {cfg, "--name", name, "--set", "cluster.role=head", "--set", "cluster.redis.host=" + addr1,
-                                 "--set", "launch.drain_timeout_s=120"},
+  auto head = start_in(head_ns,
+                       {cfg, "--name", name, "--set", "cluster.role=head", "--set", "cluster.redis.host=" + addr1,
+                        "--set", "launch.drain_timeout_s=120"},
                        tmp.path + "/head.txt");
-  auto ev1 = start_in(ns1, {cfg, "--name", name, "--set", "cluster.role=evaluators", "--set", "cluster.node_name=n1",
-                            "--set", "cluster.redis.host=" + addr1},
+  auto ev1 = start_in(ns1,
+                      {cfg, "--name", name, "--set", "cluster.role=evaluators", "--set", "cluster.node_name=n1",
+                       "--set", "cluster.redis.host=" + addr1},
                       tmp.path + "/n1.txt");
-  auto ev2 = start_in(ns2, {cfg, "--name", name, "--set", "cluster.role=evaluators", "--set", "cluster.node_name=n2",
-                            "--set", "cluster.redis.host=" + addr2},
+  auto ev2 = start_in(ns2,
+                      {cfg, "--name", name, "--set", "cluster.role=evaluators", "--set", "cluster.node_name=n2",
+                       "--set", "cluster.redis.host=" + addr2},
                       tmp.path + "/n2.txt");
   const std::string n2_log = run + ".n2/logs/evaluator-0.out";
   // Node 2 scored a candidate and took its next one: kill it and its evaluator mid-run.
@@ -905,17 +927,19 @@ TEST(LaunchClusterTest, HeadAndTwoEvaluatorNodesOneKilledLosesNoCandidate) {
   const std::string log = slurp(run + "/logs/launch-0.log");
   // The closing account: everything created was scored, nothing lost, nothing left over.
   std::smatch m;
-  const std::regex ledger("candidates of this session: created ([0-9]+) = scored ([0-9]+) \\+ lost ([0-9]+) \\([^)]*\\) "
-                          "\\+ queued ([0-9]+) \\+ in flight ([0-9]+)");
+  const std::regex ledger(
+      "candidates of this session: created ([0-9]+) = scored ([0-9]+) \\+ lost ([0-9]+) \\([^)]*\\) "
+      "\\+ queued ([0-9]+) \\+ in flight ([0-9]+)");
   ASSERT_TRUE(std::regex_search(log, m, ledger)) << log;
   EXPECT_GT(std::stoll(m[1]), 0) << m[0];
   EXPECT_EQ(std::stoll(m[1]), std::stoll(m[2])) << log;
   EXPECT_EQ(std::stoll(m[3]), 0) << m[0];
   EXPECT_EQ(std::stoll(m[4]) + std::stoll(m[5]), 0) << m[0];
   // Every candidate went over the network and came back once.
-  const std::regex bridge("redis bridge: sent ([0-9]+) candidate\\(s\\) to remote evaluators, ([0-9]+) result\\(s\\) back, "
-                          "([0-9]+) duplicate result\\(s\\) dropped, ([0-9]+) result\\(s\\) not stored, ([0-9]+) dead-lettered, "
-                          "([0-9]+) still");
+  const std::regex bridge(
+      "redis bridge: sent ([0-9]+) candidate\\(s\\) to remote evaluators, ([0-9]+) result\\(s\\) back, "
+      "([0-9]+) duplicate result\\(s\\) dropped, ([0-9]+) result\\(s\\) not stored, ([0-9]+) dead-lettered, "
+      "([0-9]+) still");
   ASSERT_TRUE(std::regex_search(log, m, bridge)) << log;
   EXPECT_EQ(m[1], m[2]) << m[0];
   EXPECT_EQ(std::stoll(m[4]) + std::stoll(m[5]) + std::stoll(m[6]), 0) << m[0];
@@ -951,9 +975,8 @@ TEST(LaunchClusterTest, WholeAllocationKilledThenResumedFinishes) {
   const int port = 20000 + (getpid() + 7919) % 20000;
   const std::string name = "cr" + std::to_string(getpid());
   const int steps = 4;
-  const std::string cfg = write_config(tmp.path, steps,
-                                       "cluster:\n  redis: {port: " + std::to_string(port) +
-                                           ", claim_idle_s: 4, gone_after_s: 3}\n");
+  const std::string cfg = write_config(
+      tmp.path, steps, "cluster:\n  redis: {port: " + std::to_string(port) + ", claim_idle_s: 4, gone_after_s: 3}\n");
   ::setenv("KF_REDIS_PASSWORD", ("pw" + std::to_string(getpid()) + "r2Z").c_str(), 1);
   const std::string run = tmp.path + "/runs/" + name;
   const std::vector<std::string> node = {"--set", "cluster.role=evaluators", "--set", "cluster.node_name=n1"};
@@ -980,13 +1003,15 @@ TEST(LaunchClusterTest, WholeAllocationKilledThenResumedFinishes) {
   const std::string log = slurp(run + "/logs/launch-0.log");
   std::smatch m;
   // The dead session's account, closed by the resumed head: what it had out is lost.
-  const std::regex dead("candidates of the dead launcher's session: created ([0-9]+) = scored ([0-9]+) \\+ lost ([0-9]+) "
-                        "\\([^)]*launcher died ([0-9]+)\\) \\+ queued 0 \\+ in flight 0");
+  const std::regex dead(
+      "candidates of the dead launcher's session: created ([0-9]+) = scored ([0-9]+) \\+ lost ([0-9]+) "
+      "\\([^)]*launcher died ([0-9]+)\\) \\+ queued 0 \\+ in flight 0");
   ASSERT_TRUE(std::regex_search(log, m, dead)) << log;
   EXPECT_EQ(std::stoll(m[1]), std::stoll(m[2]) + std::stoll(m[3])) << m[0];
   EXPECT_EQ(m[3], m[4]) << m[0];
-  const std::regex now("candidates of this session: created ([0-9]+) = scored ([0-9]+) \\+ lost ([0-9]+) \\([^)]*\\) "
-                       "\\+ queued ([0-9]+) \\+ in flight ([0-9]+)");
+  const std::regex now(
+      "candidates of this session: created ([0-9]+) = scored ([0-9]+) \\+ lost ([0-9]+) \\([^)]*\\) "
+      "\\+ queued ([0-9]+) \\+ in flight ([0-9]+)");
   ASSERT_TRUE(std::regex_search(log, m, now)) << log;
   EXPECT_GT(std::stoll(m[1]), 0) << m[0];
   EXPECT_EQ(std::stoll(m[1]), std::stoll(m[2])) << log;
@@ -1007,13 +1032,14 @@ TEST(LaunchClusterTest, HeadAndLearnersNodeTrainTogetherOverNccl) {
   const int port = 20000 + (getpid() + 4099) % 20000;
   const std::string name = "ln" + std::to_string(getpid());
   const int steps = 4;
-  const std::string cfg = write_config(tmp.path, steps,
-                                       "cluster:\n  head_learner_ranks: 1\n  learner_ranks: 1\n  redis: {port: " +
-                                           std::to_string(port) + ", gone_after_s: 60}\n");
+  const std::string cfg =
+      write_config(tmp.path, steps,
+                   "cluster:\n  head_learner_ranks: 1\n  learner_ranks: 1\n  redis: {port: " + std::to_string(port) +
+                       ", gone_after_s: 60}\n");
   ::setenv("KF_REDIS_PASSWORD", ("pw" + std::to_string(getpid()) + "L9").c_str(), 1);
   const std::string run = tmp.path + "/runs/" + name;
-  const std::vector<std::string> common = {cfg, "--name", name, "--set", "learner.dist.ranks=2", "--set",
-                                           "learner.groups_per_step=2"};
+  const std::vector<std::string> common = {
+      cfg, "--name", name, "--set", "learner.dist.ranks=2", "--set", "learner.groups_per_step=2"};
   auto with = [&](std::vector<std::string> extra) {
     std::vector<std::string> a = common;
     a.insert(a.end(), extra.begin(), extra.end());
@@ -1030,8 +1056,11 @@ TEST(LaunchClusterTest, HeadAndLearnersNodeTrainTogetherOverNccl) {
   ASSERT_EQ(head_exit, 0) << slurp(tmp.path + "/head.txt") << slurp(run + "/logs/learner-0.out") << rank1;
   EXPECT_EQ(node_exit, 0) << slurp(tmp.path + "/l1.txt") << rank1;
   EXPECT_GE(learner_step(run), steps);
-  EXPECT_NE(slurp(run + "/logs/learner-0.out").find("serves the groups of ranks 1..1 through redis"), std::string::npos);
-  EXPECT_NE(rank1.find("NCCL rendezvous through redis at 127.0.0.1:" + std::to_string(port)), std::string::npos) << rank1;
+  EXPECT_NE(slurp(run + "/logs/learner-0.out").find("serves the groups of ranks 1..1 through redis"),
+            std::string::npos);
+  EXPECT_NE(rank1.find("NCCL rendezvous through redis at 127.0.0.1:" + std::to_string(port)), std::string::npos)
+      << rank1;
   EXPECT_NE(rank1.find("takes its groups from rank 0"), std::string::npos) << rank1;
-  EXPECT_NE(slurp(tmp.path + "/l1.txt").find("learner ranks 1..1 of 2"), std::string::npos) << slurp(tmp.path + "/l1.txt");
+  EXPECT_NE(slurp(tmp.path + "/l1.txt").find("learner ranks 1..1 of 2"), std::string::npos)
+      << slurp(tmp.path + "/l1.txt");
 }

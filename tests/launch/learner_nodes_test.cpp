@@ -45,11 +45,13 @@ int wait_exit(pid_t pid) {
 // A tiny synthetic-data learner config; ranks meet at the given Redis port.
 std::string write_config(const std::string& dir, const std::string& name, int ranks, int redis_port) {
   const std::string path = dir + "/" + name + ".yaml";
-  kf::test::write_file(path, "run:\n  name: " + name + "\n  root: " + dir + "\n  seed: 5\nlearner:\n  groups_per_step: 8\n"
-                       "  micro_batch_tokens: 96\n  deterministic: true\n  optim:\n    lr: 1.0e-3\n  schedule:\n"
-                       "    warmup_steps: 0\n  snapshot:\n    every: 0\n  checkpoint:\n    every: 0\n  dist:\n    ranks: " +
-                       std::to_string(ranks) + "\n    comm: auto\ncluster:\n  redis:\n    host: 127.0.0.1\n    port: " +
-                       std::to_string(redis_port) + "\n    password_env: KF_TEST_REDIS_PASSWORD\n");
+  kf::test::write_file(
+      path, "run:\n  name: " + name + "\n  root: " + dir +
+                "\n  seed: 5\nlearner:\n  groups_per_step: 8\n"
+                "  micro_batch_tokens: 96\n  deterministic: true\n  optim:\n    lr: 1.0e-3\n  schedule:\n"
+                "    warmup_steps: 0\n  snapshot:\n    every: 0\n  checkpoint:\n    every: 0\n  dist:\n    ranks: " +
+                std::to_string(ranks) + "\n    comm: auto\ncluster:\n  redis:\n    host: 127.0.0.1\n    port: " +
+                std::to_string(redis_port) + "\n    password_env: KF_TEST_REDIS_PASSWORD\n");
   return path;
 }
 
@@ -60,9 +62,9 @@ TEST(LaunchLearnerNodesTest, CpuRanksOnSeveralNodesAreRefusedAtStartNamingTheKey
   const auto cfg = write_config(tmp.path, "cpunodes", 2, 6390);
   const std::string log = tmp.path + "/rank0.log";
   const auto t0 = std::chrono::steady_clock::now();
-  const int code = wait_exit(spawn({learner_bin(), cfg, "--synthetic", "--device", "cpu", "--steps", "1", "--rank", "0",
-                                    "--rendezvous", "redis"},
-                                   log));
+  const int code = wait_exit(spawn(
+      {learner_bin(), cfg, "--synthetic", "--device", "cpu", "--steps", "1", "--rank", "0", "--rendezvous", "redis"},
+      log));
   const std::string out = kf::test::read_file(log);
   EXPECT_EQ(code, 1) << out;
   EXPECT_NE(out.find("learner.dist.comm: 'auto' means the cpu (shared-memory) communicator here (device cpu), which "
@@ -90,7 +92,10 @@ TEST(LaunchLearnerNodesTest, RemoteRankTakesItsGroupsThroughRankZeroAndTrainsIde
     const auto cfg = write_config(tmp.path, name, 2, srv.port());
     std::vector<pid_t> pids;
     for (int r : {0, 1}) {
-      std::vector<std::string> a = {learner_bin(), cfg, "--device", "cpu", "--steps", "3", "--rank", std::to_string(r),
+      std::vector<std::string> a = {learner_bin(), cfg,
+                                    "--device",    "cpu",
+                                    "--steps",     "3",
+                                    "--rank",      std::to_string(r),
                                     "--comm-name", "kf.test.lnodes." + name + "." + std::to_string(::getpid())};
       if (!relay || r == 0) a.push_back("--synthetic");
       if (relay) a.insert(a.end(), {"--remote-from", "1"});
@@ -105,7 +110,8 @@ TEST(LaunchLearnerNodesTest, RemoteRankTakesItsGroupsThroughRankZeroAndTrainsIde
       if (std::regex_search(logs.back(), m, std::regex("WEIGHTS_CHECKSUM ([0-9a-f]+)"))) sums.push_back(m[1]);
     }
     if (relay) {
-      EXPECT_NE(logs[0].find("serves the groups of ranks 1..1 through redis at 127.0.0.1:"), std::string::npos) << logs[0];
+      EXPECT_NE(logs[0].find("serves the groups of ranks 1..1 through redis at 127.0.0.1:"), std::string::npos)
+          << logs[0];
       EXPECT_NE(logs[1].find("takes its groups from rank 0"), std::string::npos) << logs[1];
     }
     return sums;
@@ -149,7 +155,8 @@ TEST(LaunchLearnerNodesTest, TwoGpuRanksMeetThroughRedisAndTrainAsThroughAFolder
       std::smatch m;
       if (std::regex_search(out, m, std::regex("WEIGHTS_CHECKSUM ([0-9a-f]+)"))) sums.push_back(m[1]);
       if (rendezvous == "redis")
-        EXPECT_NE(out.find("NCCL rendezvous through redis at 127.0.0.1:" + std::to_string(srv.port())), std::string::npos)
+        EXPECT_NE(out.find("NCCL rendezvous through redis at 127.0.0.1:" + std::to_string(srv.port())),
+                  std::string::npos)
             << out;
     }
     return sums;

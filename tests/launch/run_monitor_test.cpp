@@ -54,7 +54,8 @@ TEST(RunMonitorEtaTest, StatusViewsShowTheEta) {
   RunMonitor m(100);
   auto s = at(0, 0, 3900);
   m.sample_rates(0, s);
-  EXPECT_NE(kf::launch::render_status(s).find("ETA 1h05m (time cap)"), std::string::npos) << kf::launch::render_status(s);
+  EXPECT_NE(kf::launch::render_status(s).find("ETA 1h05m (time cap)"), std::string::npos)
+      << kf::launch::render_status(s);
   EXPECT_NE(kf::launch::render_status_line(s).find("ETA 1h05m (time cap)"), std::string::npos);
   bool has = false;
   for (const auto& [k, v] : kf::launch::status_scalars(s)) has |= (k == "eta_s" && v == 3900.0);

@@ -17,7 +17,9 @@ using namespace kf::learner;
 
 namespace {
 
-std::string seg_name(const char* what) { return "kf.test.comm." + std::string(what) + "." + std::to_string(::getpid()); }
+std::string seg_name(const char* what) {
+  return "kf.test.comm." + std::string(what) + "." + std::to_string(::getpid());
+}
 
 // Forks `world` ranks running fn(comm, rank) -> u64 result sent through a pipe. The
 // children touch only from_blob tensors and memcpy (no torch thread pools after fork).
@@ -52,8 +54,10 @@ std::vector<uint64_t> run_ranks(const std::string& seg, int world, Fn fn, std::v
     ::close(fds[r]);
     int status = 0;
     ::waitpid(pids[r], &status, 0);
-    if (codes) codes->push_back(WIFEXITED(status) ? WEXITSTATUS(status) : 128);
-    else EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "rank " << r;
+    if (codes)
+      codes->push_back(WIFEXITED(status) ? WEXITSTATUS(status) : 128);
+    else
+      EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "rank " << r;
   }
   return out;
 }
@@ -129,7 +133,8 @@ TEST(LearnerCommTest, ShmReduceScatterMatchesAllReduceBitwiseAndAllGatherAssembl
 TEST(LearnerCommTest, ShmBroadcastCopiesRootToAll) {
   const auto got = run_ranks(seg_name("bcast"), 3, [](Communicator& c, int r) -> uint64_t {
     std::vector<float> buf(50000, static_cast<float>(r));
-    if (r == 1) for (std::size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<float>(i);
+    if (r == 1)
+      for (std::size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<float>(i);
     auto t = torch::from_blob(buf.data(), {static_cast<int64_t>(buf.size())}, torch::kFloat32);
     c.broadcast(t, 1);
     c.barrier();
@@ -141,13 +146,16 @@ TEST(LearnerCommTest, ShmBroadcastCopiesRootToAll) {
 TEST(LearnerCommTest, ShmDeadRankMakesTheOthersThrowNotHang) {
   std::vector<int> codes;
   const auto t0 = std::chrono::steady_clock::now();
-  run_ranks(seg_name("dead"), 2, [](Communicator& c, int r) -> uint64_t {
-    if (r == 1) ::_exit(0);  // leaves after joining, never calls the collective
-    float x = 1;
-    auto t = torch::from_blob(&x, {1}, torch::kFloat32);
-    c.all_reduce_sum(t);
-    return 5;
-  }, &codes);
+  run_ranks(
+      seg_name("dead"), 2,
+      [](Communicator& c, int r) -> uint64_t {
+        if (r == 1) ::_exit(0);  // leaves after joining, never calls the collective
+        float x = 1;
+        auto t = torch::from_blob(&x, {1}, torch::kFloat32);
+        c.all_reduce_sum(t);
+        return 5;
+      },
+      &codes);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   ASSERT_EQ(codes.size(), 2u);
   EXPECT_EQ(codes[0], 3) << "rank 0 must fail with kf::Error";
@@ -155,8 +163,10 @@ TEST(LearnerCommTest, ShmDeadRankMakesTheOthersThrowNotHang) {
 }
 
 TEST(LearnerCommTest, NcclIsReportedWhenUnavailable) {
-  if (nccl_available() && torch::cuda::is_available()) GTEST_SKIP() << "NCCL runs in bench/learner/gpu_learner_bench.sh";
-  if (nccl_available()) GTEST_SKIP() << "built with NCCL but no GPU here: the 1-rank NCCL run is in bench/learner/gpu_learner_bench.sh";
+  if (nccl_available() && torch::cuda::is_available())
+    GTEST_SKIP() << "NCCL runs in bench/learner/gpu_learner_bench.sh";
+  if (nccl_available())
+    GTEST_SKIP() << "built with NCCL but no GPU here: the 1-rank NCCL run is in bench/learner/gpu_learner_bench.sh";
   auto rdv = file_rendezvous("/tmp");
   EXPECT_THROW(make_nccl_comm(0, 1, 0, *rdv), kf::Error);
 }
@@ -190,10 +200,10 @@ TEST(LearnerGradBucketsTest, BucketsReduceDuringBackwardInOrderAndAccumulateMicr
   };
   const auto x1 = torch::randn({3, 64}), x2 = torch::randn({3, 64});
   buckets.zero();
-  forward(x1).backward();            // micro-batch 1: not armed, nothing reduced
+  forward(x1).backward();  // micro-batch 1: not armed, nothing reduced
   EXPECT_TRUE(comm.sizes.empty());
   buckets.arm();
-  forward(x2).backward();            // micro-batch 2: every bucket completes in backward
+  forward(x2).backward();  // micro-batch 2: every bucket completes in backward
   EXPECT_EQ(buckets.launched_in_backward(), 4);
   buckets.finish();
   EXPECT_EQ(comm.sizes.size(), 4u);

@@ -33,7 +33,8 @@ std::string byte_tokenizer_json() {
   for (std::size_t i = 0; i < bs.size(); ++i) {
     const int cp = cs[i];
     std::string u;
-    if (cp < 0x80) u.push_back(static_cast<char>(cp));
+    if (cp < 0x80)
+      u.push_back(static_cast<char>(cp));
     else {
       u.push_back(static_cast<char>(0xC0 | (cp >> 6)));
       u.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
@@ -41,13 +42,25 @@ std::string byte_tokenizer_json() {
     vocab[u] = bs[i];
   }
   nlohmann::json bl = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}};
-  nlohmann::json j = {{"version", "1.0"}, {"truncation", nullptr}, {"padding", nullptr},
-                      {"added_tokens", nlohmann::json::array()}, {"normalizer", nullptr}, {"pre_tokenizer", bl},
-                      {"post_processor", nullptr}, {"decoder", bl},
-                      {"model", {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr},
-                                 {"continuing_subword_prefix", nullptr}, {"end_of_word_suffix", nullptr},
-                                 {"fuse_unk", false}, {"byte_fallback", false}, {"ignore_merges", false},
-                                 {"vocab", vocab}, {"merges", nlohmann::json::array()}}}};
+  nlohmann::json j = {{"version", "1.0"},
+                      {"truncation", nullptr},
+                      {"padding", nullptr},
+                      {"added_tokens", nlohmann::json::array()},
+                      {"normalizer", nullptr},
+                      {"pre_tokenizer", bl},
+                      {"post_processor", nullptr},
+                      {"decoder", bl},
+                      {"model",
+                       {{"type", "BPE"},
+                        {"dropout", nullptr},
+                        {"unk_token", nullptr},
+                        {"continuing_subword_prefix", nullptr},
+                        {"end_of_word_suffix", nullptr},
+                        {"fuse_unk", false},
+                        {"byte_fallback", false},
+                        {"ignore_merges", false},
+                        {"vocab", vocab},
+                        {"merges", nlohmann::json::array()}}}};
   return j.dump();
 }
 
@@ -87,9 +100,9 @@ TEST(LearnerExportTest, ExportedFolderLoadsInTransformersWithMatchingLogits) {
   // ...and the learner's own model gives the same.
   EXPECT_LT((l.model()->forward(ids) - logits).abs().max().item<double>(), 1e-5);
   const std::string ref = tmp.path + "/ref.safetensors";
-  kf::safetensors_write(ref, {{"ids", "I64", ids.sizes().vec(), ids.data_ptr(), static_cast<std::size_t>(ids.numel() * 8)},
-                              {"logits", "F32", logits.sizes().vec(), logits.data_ptr(),
-                               static_cast<std::size_t>(logits.numel() * 4)}});
+  kf::safetensors_write(
+      ref, {{"ids", "I64", ids.sizes().vec(), ids.data_ptr(), static_cast<std::size_t>(ids.numel() * 8)},
+            {"logits", "F32", logits.sizes().vec(), logits.data_ptr(), static_cast<std::size_t>(logits.numel() * 4)}});
   const std::string log = tmp.path + "/hf.log";
   const int rc = lt::run({lt::python(), lt::source_dir() + "/tests/learner/hf_export_check.py", out, ref}, log);
   if (rc == 3) GTEST_SKIP() << "HF transformers is not importable by " << lt::python() << ": " << lt::read_text(log);
@@ -201,13 +214,13 @@ TEST(LearnerExportTest, LoraCheckpointsExportMergedWeightsOrAPeftAdapterFolder) 
   EXPECT_EQ(nlohmann::json::parse(lt::read_text(tmp.path + "/peft2/adapter_config.json")).at("base_model_name_or_path"),
             base_dir);
   const std::string ref = tmp.path + "/lora_ref.safetensors";
-  kf::safetensors_write(ref, {{"ids", "I64", ids.sizes().vec(), ids.data_ptr(), static_cast<std::size_t>(ids.numel() * 8)},
-                              {"logits", "F32", ours.sizes().vec(), ours.data_ptr(),
-                               static_cast<std::size_t>(ours.numel() * 4)}});
+  kf::safetensors_write(
+      ref, {{"ids", "I64", ids.sizes().vec(), ids.data_ptr(), static_cast<std::size_t>(ids.numel() * 8)},
+            {"logits", "F32", ours.sizes().vec(), ours.data_ptr(), static_cast<std::size_t>(ours.numel() * 4)}});
   const std::string log = tmp.path + "/peft.log";
-  const int rc = lt::run({lt::python(), lt::source_dir() + "/tests/learner/peft_adapter_check.py", base_dir,
-                          tmp.path + "/peft2", ref},
-                         log);
+  const int rc = lt::run(
+      {lt::python(), lt::source_dir() + "/tests/learner/peft_adapter_check.py", base_dir, tmp.path + "/peft2", ref},
+      log);
   if (rc == 3) GTEST_SKIP() << "peft is not importable by " << lt::python() << ": " << lt::read_text(log);
   EXPECT_EQ(rc, 0) << lt::read_text(log);
   std::printf("%s", lt::read_text(log).c_str());

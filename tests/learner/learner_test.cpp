@@ -85,8 +85,8 @@ void score_with(kf::policy::CausalLM& m, kf::replay::ScoredGroup& g) {
   for (auto& c : g.candidates) {
     std::vector<int64_t> ids(g.prompt_tokens.begin(), g.prompt_tokens.end());
     for (auto t : c.completion_tokens) ids.push_back(t);
-    const auto lp = m->token_logprobs(torch::tensor(ids).view({1, -1})).narrow(1, g.prompt_tokens.size() - 1,
-                                                                               c.completion_tokens.size());
+    const auto lp = m->token_logprobs(torch::tensor(ids).view({1, -1}))
+                        .narrow(1, g.prompt_tokens.size() - 1, c.completion_tokens.size());
     for (std::size_t j = 0; j < c.completion_tokens.size(); ++j) c.behaviour_logprobs[j] = lp[0][j].item<float>();
   }
 }
@@ -134,7 +134,9 @@ TEST(LearnerTest, PairwiseObjectiveAloneRaisesTheFasterCompletionsMargin) {
   EXPECT_GT(margin_after_training(Objective::pairwise), 0.05);
 }
 
-TEST(LearnerTest, GrpoPlusPairwiseRaisesTheMarginToo) { EXPECT_GT(margin_after_training(Objective::grpo_pairwise), 0.05); }
+TEST(LearnerTest, GrpoPlusPairwiseRaisesTheMarginToo) {
+  EXPECT_GT(margin_after_training(Objective::grpo_pairwise), 0.05);
+}
 
 TEST(LearnerTest, StepsWithoutSignalChangeNothing) {
   auto cfg = tiny_config();
@@ -342,17 +344,22 @@ RankRun run_ranks(const std::string& dir, int ranks, int steps = 3, int min_grou
   const std::string tag =
       std::to_string(ranks) + "r" + std::to_string(steps) + "s" + std::to_string(min_groups) + "m" + extra_tag;
   const std::string cfg = dir + "/dp" + tag + ".yaml";
-  lt::write_text(cfg, "run:\n  name: dp" + tag + "\n  root: " + dir + "\n  seed: 5\nlearner:\n  groups_per_step: 8\n  micro_batch_tokens: 96\n"
-                          "  min_groups_per_step: " + std::to_string(min_groups) + "\n" + extra +
+  lt::write_text(cfg, "run:\n  name: dp" + tag + "\n  root: " + dir +
+                          "\n  seed: 5\nlearner:\n  groups_per_step: 8\n  micro_batch_tokens: 96\n"
+                          "  min_groups_per_step: " +
+                          std::to_string(min_groups) + "\n" + extra +
                           "  deterministic: true\n  optim:\n    lr: 1.0e-3\n  schedule:\n    warmup_steps: 0\n"
                           "  snapshot:\n    every: 0\n  checkpoint:\n    every: 0\n  dist:\n    ranks: " +
                           std::to_string(ranks) + "\n");
   const std::string dump = dir + "/weights" + tag + ".safetensors";
   std::vector<pid_t> pids;
   for (int r = 0; r < ranks; ++r) {
-    std::vector<std::string> args = {lt::learner_bin(), cfg, "--synthetic", "--print-steps", "--device", "cpu", "--steps",
-                                     std::to_string(steps), "--rank", std::to_string(r), "--comm-name",
-                                     "kf.test.dp" + tag + "." + std::to_string(::getpid())};
+    std::vector<std::string> args = {lt::learner_bin(), cfg,
+                                     "--synthetic",     "--print-steps",
+                                     "--device",        "cpu",
+                                     "--steps",         std::to_string(steps),
+                                     "--rank",          std::to_string(r),
+                                     "--comm-name",     "kf.test.dp" + tag + "." + std::to_string(::getpid())};
     if (r == 0) args.insert(args.end(), {"--dump-weights", dump});
     pids.push_back(lt::spawn(args, dir + "/rank" + tag + "-" + std::to_string(r) + ".log"));
   }
@@ -382,7 +389,8 @@ TEST(LearnerDataParallelTest, TwoAndFourRanksGiveTheOneRankUpdateWithIdenticalWe
   ASSERT_EQ(one.checksums.size(), 1u);
   ASSERT_FALSE(one.weights.empty());
   double moved = 0;
-  for (const auto& [name, w] : one.weights) moved = std::max(moved, (init.weights.at(name) - w).abs().max().item<double>());
+  for (const auto& [name, w] : one.weights)
+    moved = std::max(moved, (init.weights.at(name) - w).abs().max().item<double>());
   EXPECT_GT(moved, 1e-3) << "the 1-rank run must actually train";
   for (int ranks : {2, 4}) {
     const auto many = run_ranks(tmp.path, ranks, 3, ranks == 4 ? 8 : 1);  // 4 ranks: with the wait
@@ -394,8 +402,10 @@ TEST(LearnerDataParallelTest, TwoAndFourRanksGiveTheOneRankUpdateWithIdenticalWe
       const double d = (many.weights.at(name) - w).abs().max().item<double>();
       // k_proj.bias has a mathematically zero gradient (softmax ignores a per-row shift), so
       // Adam amplifies its rounding noise: it is compared loosely.
-      if (name.find("k_proj.bias") != std::string::npos) worst_kbias = std::max(worst_kbias, d);
-      else worst = std::max(worst, d);
+      if (name.find("k_proj.bias") != std::string::npos)
+        worst_kbias = std::max(worst_kbias, d);
+      else
+        worst = std::max(worst, d);
     }
     EXPECT_LT(worst_kbias, 1e-3) << ranks << " ranks";
     // Adam is blind to a gradient scale, so the loss and the gradient norm (before the
@@ -413,8 +423,8 @@ TEST(LearnerDataParallelTest, TwoAndFourRanksGiveTheOneRankUpdateWithIdenticalWe
     // Float summation order differs; a near-zero gradient element turns that into up to a
     // few percent of one Adam step (measured: 1.8e-5 with 2 ranks).
     EXPECT_LT(worst, 0.02 * moved) << ranks << " ranks";
-    std::printf("%d ranks: max |w - w_1rank| = %.3g (k_proj.bias %.3g; update size %.3g)\n", ranks, worst,
-                worst_kbias, moved);
+    std::printf("%d ranks: max |w - w_1rank| = %.3g (k_proj.bias %.3g; update size %.3g)\n", ranks, worst, worst_kbias,
+                moved);
   }
 }
 
@@ -457,7 +467,8 @@ TEST(LearnerToolTest, KfLearnerAttachedToARunTrainsPublishesAndCounts) {
   std::istringstream lines(lt::read_text(tmp.path + "/" + run + "/metrics/learner.jsonl"));
   nlohmann::json trained;
   for (std::string line; std::getline(lines, line);)
-    if (!line.empty() && nlohmann::json::parse(line).value("updated", 0.0) == 1.0) trained = nlohmann::json::parse(line);
+    if (!line.empty() && nlohmann::json::parse(line).value("updated", 0.0) == 1.0)
+      trained = nlohmann::json::parse(line);
   ASSERT_TRUE(trained.is_object()) << "no line of a step that trained in metrics/learner.jsonl";
   for (const char* k : {"kl_behaviour", "entropy", "clip_fraction", "grad_norm", "lr", "response_length_mean",
                         "response_length_max", "truncated_fraction"})
@@ -673,7 +684,8 @@ TEST(LearnerLoraTest, SnapshotsCarryOnlyTheAdaptersAndLoadIntoAnAdaptedModel) {
   auto fp = fresh->named_parameters();
   torch::NoGradGuard ng;
   for (const auto& p : m->named_parameters()) {
-    const auto want = kf::policy::is_lora_param(p.key()) ? p.value().to(torch::kBFloat16).to(torch::kFloat32) : p.value();
+    const auto want =
+        kf::policy::is_lora_param(p.key()) ? p.value().to(torch::kBFloat16).to(torch::kFloat32) : p.value();
     EXPECT_TRUE(torch::equal(fp[p.key()], want)) << p.key();
   }
   const auto ids = torch::randint(0, 256, {1, 10}, torch::kInt64);
@@ -731,7 +743,8 @@ TEST(LearnerLoraTest, ConfigNamesTheKeyOfABadTargetRankOrAlpha) {
       EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
     }
   }
-  const auto ok = learner_config_from(kf::Config::parse("learner:\n  lora:\n    rank: 8\n    targets: [q_proj, v_proj]\n", "run.yaml"));
+  const auto ok = learner_config_from(
+      kf::Config::parse("learner:\n  lora:\n    rank: 8\n    targets: [q_proj, v_proj]\n", "run.yaml"));
   EXPECT_EQ(ok.lora_rank, 8);
   EXPECT_EQ(ok.lora_targets, (std::vector<std::string>{"q_proj", "v_proj"}));
   EXPECT_EQ(ok.recompute_min_params, 3000000000LL);

@@ -173,7 +173,7 @@ TEST(LearnerBatchTest, DropsStaleSkipsEqualAndLeavesOutMissing) {
   with_missing.missing[2] = 1;  // its reward 5 must not count
   const auto b = build_step_batch({group(7, {1, 0}), group(8, {1, 0}), group(10, {0.5, 0.5}), with_missing}, 10, cfg);
   EXPECT_EQ(b.counts.groups_in, 4);
-  EXPECT_EQ(b.counts.dropped_stale, 1);   // 10 - 7 > 2
+  EXPECT_EQ(b.counts.dropped_stale, 1);  // 10 - 7 > 2
   EXPECT_EQ(b.counts.skipped_equal, 1);
   EXPECT_EQ(b.counts.candidates_missing, 1);
   EXPECT_EQ(b.counts.groups_used, 2);
@@ -309,8 +309,9 @@ TEST(LearnerChunkedHeadTest, SelectedLogprobsEqualTokenLogprobsAtTheWantedPositi
     auto pa = a->named_parameters();
     for (const auto& p : b->named_parameters())
       EXPECT_TRUE(torch::allclose(p.value().grad(), pa[p.key()].grad(), 1e-4, 1e-5))
-          << p.key() << " chunk " << chunk << " max diff " << (p.value().grad() - pa[p.key()].grad()).abs().max().item<double>()
-          << " of max " << pa[p.key()].grad().abs().max().item<double>();
+          << p.key() << " chunk " << chunk << " max diff "
+          << (p.value().grad() - pa[p.key()].grad()).abs().max().item<double>() << " of max "
+          << pa[p.key()].grad().abs().max().item<double>();
   }
 }
 
@@ -505,7 +506,8 @@ TEST(LearnerChunkedHeadTest, CudaBf16AutocastMatchesTheFullSoftmax) {
   torch::Tensor lp_ref;
   {
     CudaAutocast on;
-    lp_ref = torch::log_softmax(torch::matmul(hr, wr.t()).to(torch::kFloat32), -1).gather(1, tgt.unsqueeze(1)).squeeze(1);
+    lp_ref =
+        torch::log_softmax(torch::matmul(hr, wr.t()).to(torch::kFloat32), -1).gather(1, tgt.unsqueeze(1)).squeeze(1);
   }
   lp_ref.sum().backward();
   auto h = h0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);

@@ -123,8 +123,8 @@ TEST(LearnerOptimTest, ShardedAdamWUpdatesItsSliceBitwiseLikeAdamWAndRoundTripsS
     plain.step(1e-2);
   }
   // Rank 0 owns elements [0, shard) of the bucket: those moved exactly as plain AdamW's.
-  auto ref_flat = torch::cat({ref[2].second.detach().reshape(-1), ref[1].second.detach().reshape(-1),
-                              ref[0].second.detach().reshape(-1)});
+  auto ref_flat = torch::cat(
+      {ref[2].second.detach().reshape(-1), ref[1].second.detach().reshape(-1), ref[0].second.detach().reshape(-1)});
   const int64_t own = std::min(gb.shard_numel(0), total);
   EXPECT_TRUE(torch::equal(pflat.narrow(0, 0, own), ref_flat.narrow(0, 0, own))) << "owned slice differs from AdamW";
   // State round trip: whole tensors in, this rank's part out (the rest is the other rank's).
@@ -173,7 +173,8 @@ TEST(LearnerOptimTest, ShardedAdamWKeepsAnFp32MasterForBf16Parameters) {
   const auto want = ref[0].second.detach().reshape(-1).narrow(0, 0, own);
   EXPECT_TRUE(torch::equal(master, want)) << "master differs from fp32 AdamW";
   EXPECT_TRUE(torch::equal(ps[0].second.detach().reshape(-1).narrow(0, 0, own), want.to(torch::kBFloat16)));
-  EXPECT_FALSE(torch::equal(master.to(torch::kBFloat16).to(torch::kFloat32), master)) << "the master must hold more than bf16";
+  EXPECT_FALSE(torch::equal(master.to(torch::kBFloat16).to(torch::kFloat32), master))
+      << "the master must hold more than bf16";
 }
 
 // The whole learner, 2 and 4 CPU ranks (processes), same synthetic data: sharded optimizer
@@ -196,7 +197,8 @@ TEST(LearnerShardTest, ShardedEqualsUnshardedForTwoAndFourRanks) {
       ASSERT_EQ(grads.codes[k], 0) << "sharded-gradients rank " << k << "/" << ranks << ":\n" << grads.logs[k];
     }
     ASSERT_EQ(shard.checksums.size(), static_cast<std::size_t>(ranks));
-    for (int k = 1; k < ranks; ++k) EXPECT_EQ(shard.checksums[k], shard.checksums[0]) << "rank " << k << " of " << ranks;
+    for (int k = 1; k < ranks; ++k)
+      EXPECT_EQ(shard.checksums[k], shard.checksums[0]) << "rank " << k << " of " << ranks;
     ASSERT_FALSE(plain.weights.empty());
     ASSERT_FALSE(shard.weights.empty());
     EXPECT_TRUE(lt::bitwise_equal(plain.weights, shard.weights))
@@ -225,7 +227,8 @@ TEST(LearnerShardTest, ShardedEqualsUnshardedForTwoAndFourRanks) {
     // enlarges, as in the data-parallel test), and the gradient memory per rank is 1/R of
     // the full buckets that "optimizer" keeps.
     ASSERT_EQ(grads.checksums.size(), static_cast<std::size_t>(ranks));
-    for (int k = 1; k < ranks; ++k) EXPECT_EQ(grads.checksums[k], grads.checksums[0]) << "rank " << k << " of " << ranks;
+    for (int k = 1; k < ranks; ++k)
+      EXPECT_EQ(grads.checksums[k], grads.checksums[0]) << "rank " << k << " of " << ranks;
     double worst = 0;
     for (const auto& [name, w] : plain.weights)
       if (name.find("k_proj.bias") == std::string::npos)
@@ -239,7 +242,7 @@ TEST(LearnerShardTest, ShardedEqualsUnshardedForTwoAndFourRanks) {
     auto grad_bytes = [](const std::string& log) {
       std::smatch m;
       return std::regex_search(log, m, std::regex("gradient memory [0-9.]+ MiB \\(([0-9]+) bytes\\)")) ? std::stod(m[1])
-                                                                                                         : -1.0;
+                                                                                                       : -1.0;
     };
     const double full_grads = grad_bytes(shard.logs[0]);
     ASSERT_GT(full_grads, 0) << shard.logs[0];
@@ -283,7 +286,8 @@ TEST(LearnerShapeTest, ConfigReadsShardAndRefusesAnUnknownShape) {
             ShardMode::optimizer);
   EXPECT_THROW(Config::parse("learner:\n  dist:\n    shard: params\n", "run.yaml"), kf::Error);
   const std::string shape = kf::learner::test::source_dir() + "/configs/shapes/qwen2.5-coder-7b.json";
-  EXPECT_EQ(learner_config_from(Config::parse("learner:\n  init_shape: " + shape + "\n", "run.yaml")).init_shape, shape);
+  EXPECT_EQ(learner_config_from(Config::parse("learner:\n  init_shape: " + shape + "\n", "run.yaml")).init_shape,
+            shape);
   for (const std::string bad : {"qwen9", "/nonexistent/config.json"}) {
     try {
       (void)learner_config_from(Config::parse("learner:\n  init_shape: " + bad + "\n", "run.yaml"));
@@ -310,7 +314,8 @@ TEST(LearnerShardTest, ShardedGradientsMatchUnshardedWithUnevenRanks) {
   for (int groups : {3, 1}) {
     const std::string g = std::to_string(groups);
     const auto plain = lt::run_shard_ranks(tmp.path, "uplain" + g, 2, 2, "", {}, "", groups);
-    const auto grads = lt::run_shard_ranks(tmp.path, "ugrads" + g, 2, 2, "  dist:\n    shard: gradients\n", {}, "", groups);
+    const auto grads =
+        lt::run_shard_ranks(tmp.path, "ugrads" + g, 2, 2, "  dist:\n    shard: gradients\n", {}, "", groups);
     for (int k = 0; k < 2; ++k) {
       ASSERT_EQ(plain.codes[k], 0) << plain.logs[k];
       ASSERT_EQ(grads.codes[k], 0) << groups << " groups, rank " << k << ":\n" << grads.logs[k];

@@ -286,7 +286,8 @@ TEST(LearnerPackTest, PackedStepEqualsPaddedStep) {
 // views) against the padded rows' masked attention. bf16 rounding differs between the two
 // layouts, so the bars are bf16's: losses to 1e-2 relative, gradients by cosine > 0.99.
 TEST(LearnerPackTest, CudaPackedStepMatchesPaddedUnderBf16Autocast) {
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device: packed attention under autocast runs only on a GPU";
+  if (!torch::cuda::is_available())
+    GTEST_SKIP() << "no CUDA device: packed attention under autocast runs only on a GPU";
   for (bool recompute : {false, true}) {
     SCOPED_TRACE(recompute ? "layers recomputed" : "activations kept");
     auto cp = step_config(true), cu = step_config(false);
@@ -369,8 +370,8 @@ std::map<std::string, torch::Tensor> save_bf16_exact_base(const std::string& dir
 // not by lost updates. Both start from the same (bf16-exact) weights. Bars, set from the
 // measured values printed below (loss drops 2 % apart, cosine 0.9986) with room for the
 // bf16 noise: the loss falls by the same amount to within 10 %, and the masters' total
-// update points the way fp32's does (cosine > 0.98). The learning rate keeps most single updates below half a bf16 ulp of
-// their weight: without the master, most would round away every step.
+// update points the way fp32's does (cosine > 0.98). The learning rate keeps most single updates below half a bf16 ulp
+// of their weight: without the master, most would round away every step.
 TEST(LearnerBf16Test, Bf16WeightsWithAnFp32MasterTrackFp32Training) {
   lt::TempDir tmp;
   const int steps = 8;
@@ -405,7 +406,8 @@ TEST(LearnerBf16Test, Bf16WeightsWithAnFp32MasterTrackFp32Training) {
     ASSERT_NE(it, opt16.end()) << "no fp32 master for " << name;
     const auto& master = it->second;
     ASSERT_EQ(master.scalar_type(), torch::kFloat32);
-    EXPECT_TRUE(torch::equal(master.to(torch::kBFloat16), w16.at(name))) << name << ": weights are not the master rounded";
+    EXPECT_TRUE(torch::equal(master.to(torch::kBFloat16), w16.at(name)))
+        << name << ": weights are not the master rounded";
     const auto& i16 = init.at(name);
     const auto u32 = (want - i16).to(torch::kFloat64), u16 = (master - i16).to(torch::kFloat64);
     dot += (u32 * u16).sum().item<double>();
@@ -420,10 +422,11 @@ TEST(LearnerBf16Test, Bf16WeightsWithAnFp32MasterTrackFp32Training) {
   }
   const double cosine = dot / std::sqrt(n32 * n16);
   const double drop32 = l32.front() - l32.back(), drop16 = l16.front() - l16.back();
-  std::printf("after %d steps: loss %.5f -> %.5f (fp32), %.5f -> %.5f (bf16 + fp32 master); update cosine %.4f, "
-              "norms %.4g vs %.4g; a single step of %.0f %% of the moved elements rounds away in bf16\n",
-              steps, l32.front(), l32.back(), l16.front(), l16.back(), cosine, std::sqrt(n32), std::sqrt(n16),
-              100 * rounded_away / master_moved);
+  std::printf(
+      "after %d steps: loss %.5f -> %.5f (fp32), %.5f -> %.5f (bf16 + fp32 master); update cosine %.4f, "
+      "norms %.4g vs %.4g; a single step of %.0f %% of the moved elements rounds away in bf16\n",
+      steps, l32.front(), l32.back(), l16.front(), l16.back(), cosine, std::sqrt(n32), std::sqrt(n16),
+      100 * rounded_away / master_moved);
   EXPECT_GT(drop32, 0) << "fp32 training did not lower the loss: the comparison says nothing";
   EXPECT_NEAR(drop16, drop32, 0.1 * drop32) << "bf16 + fp32 master learned differently from fp32";
   EXPECT_GT(cosine, 0.98) << "bf16 + fp32 master's update points elsewhere than fp32's";

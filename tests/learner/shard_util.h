@@ -16,10 +16,10 @@
 namespace kf::learner::test {
 
 struct ShardRun {
-  std::vector<std::string> checksums;      // per rank
-  std::vector<int> codes;                  // exit codes per rank
-  std::vector<std::string> logs;           // per rank
-  std::vector<nlohmann::json> steps;       // rank 0's STEP lines
+  std::vector<std::string> checksums;            // per rank
+  std::vector<int> codes;                        // exit codes per rank
+  std::vector<std::string> logs;                 // per rank
+  std::vector<nlohmann::json> steps;             // rank 0's STEP lines
   std::map<std::string, torch::Tensor> weights;  // rank 0's final weights
 };
 
@@ -31,17 +31,22 @@ inline ShardRun run_shard_ranks(const std::string& dir, const std::string& tag, 
                                 const std::string& learner_yaml, const std::vector<std::string>& args = {},
                                 const std::string& run_dir = "", int groups = 8) {
   const std::string cfg = dir + "/" + tag + ".yaml";
-  write_text(cfg, "run:\n  name: " + tag + "\n  root: " + dir + "\n  seed: 5\nlearner:\n  groups_per_step: " +
-                  std::to_string(groups) + "\n"
-                  "  micro_batch_tokens: 96\n  deterministic: true\n  optim:\n    lr: 1.0e-3\n    weight_decay: 0.01\n    grad_clip: 0.1\n"
-                  "  schedule:\n    warmup_steps: 0\n  snapshot:\n    every: 0\n  checkpoint:\n    every: 0\n" +
-                  learner_yaml + "  dist:\n    ranks: " + std::to_string(ranks) + "\n");
+  write_text(cfg, "run:\n  name: " + tag + "\n  root: " + dir +
+                      "\n  seed: 5\nlearner:\n  groups_per_step: " + std::to_string(groups) +
+                      "\n"
+                      "  micro_batch_tokens: 96\n  deterministic: true\n  optim:\n    lr: 1.0e-3\n    weight_decay: "
+                      "0.01\n    grad_clip: 0.1\n"
+                      "  schedule:\n    warmup_steps: 0\n  snapshot:\n    every: 0\n  checkpoint:\n    every: 0\n" +
+                      learner_yaml + "  dist:\n    ranks: " + std::to_string(ranks) + "\n");
   const std::string dump = dir + "/" + tag + ".weights.safetensors";
   std::vector<pid_t> pids;
   for (int r = 0; r < ranks; ++r) {
-    std::vector<std::string> a = {learner_bin(), cfg, "--synthetic", "--print-steps", "--device", "cpu", "--steps",
-                                  std::to_string(steps), "--rank", std::to_string(r), "--comm-name",
-                                  "kf.test.shard." + tag + "." + std::to_string(::getpid())};
+    std::vector<std::string> a = {learner_bin(), cfg,
+                                  "--synthetic", "--print-steps",
+                                  "--device",    "cpu",
+                                  "--steps",     std::to_string(steps),
+                                  "--rank",      std::to_string(r),
+                                  "--comm-name", "kf.test.shard." + tag + "." + std::to_string(::getpid())};
     if (!run_dir.empty()) a.insert(a.end(), {"--run-dir", run_dir});
     a.insert(a.end(), args.begin(), args.end());
     if (r == 0) a.insert(a.end(), {"--dump-weights", dump});
@@ -64,7 +69,8 @@ inline ShardRun run_shard_ranks(const std::string& dir, const std::string& tag, 
 }
 
 // Largest |a - b| / max(|a|, 1e-3) over every tensor; -1 when the names differ.
-inline double max_rel_diff(const std::map<std::string, torch::Tensor>& a, const std::map<std::string, torch::Tensor>& b) {
+inline double max_rel_diff(const std::map<std::string, torch::Tensor>& a,
+                           const std::map<std::string, torch::Tensor>& b) {
   if (a.size() != b.size()) return -1;
   double worst = 0;
   for (const auto& [name, t] : a) {
@@ -76,7 +82,8 @@ inline double max_rel_diff(const std::map<std::string, torch::Tensor>& a, const 
   return worst;
 }
 
-inline bool bitwise_equal(const std::map<std::string, torch::Tensor>& a, const std::map<std::string, torch::Tensor>& b) {
+inline bool bitwise_equal(const std::map<std::string, torch::Tensor>& a,
+                          const std::map<std::string, torch::Tensor>& b) {
   if (a.size() != b.size() || a.empty()) return false;
   for (const auto& [name, t] : a) {
     auto it = b.find(name);

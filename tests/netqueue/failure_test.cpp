@@ -76,7 +76,8 @@ TEST(NetqueueFailureTest, ServerKilledMidRunGivesClearErrorNotHang) {
   auto blocked = std::async(std::launch::async, [&] { return error_of([&] { cons.take(1, Millis(20000)); }); });
   std::this_thread::sleep_for(Millis(300));
   srv.kill();
-  ASSERT_EQ(blocked.wait_for(std::chrono::seconds(5)), std::future_status::ready) << "take() hung after the server died";
+  ASSERT_EQ(blocked.wait_for(std::chrono::seconds(5)), std::future_status::ready)
+      << "take() hung after the server died";
   std::string e = blocked.get();
   EXPECT_LT(seconds_since(t0), 5.0);
   EXPECT_NE(e.find("redis at " + hostport(srv)), std::string::npos) << e;

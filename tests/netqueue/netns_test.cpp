@@ -64,7 +64,8 @@ struct Netns {
     const char* sides[] = {"r", "1", "2"};
     std::vector<std::string> cmds = {"ip netns add " + p + "s", "ip -n " + p + "s link set lo up"};
     for (int k = 0; k < 3; ++k) {
-      std::string ns = p + sides[k], a = p + "a" + sides[k], b = p + "b" + sides[k], net = "10.77." + std::to_string(k + 1);
+      std::string ns = p + sides[k], a = p + "a" + sides[k], b = p + "b" + sides[k],
+                  net = "10.77." + std::to_string(k + 1);
       cmds.push_back("ip netns add " + ns);
       cmds.push_back("ip -n " + ns + " link set lo up");
       cmds.push_back("ip link add " + a + " type veth peer name " + b);

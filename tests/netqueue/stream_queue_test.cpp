@@ -68,7 +68,8 @@ TEST(NetqueueTest, PutTakeAckInOrder) {
     ids.insert(got[i].id);
   }
   EXPECT_EQ(ids.size(), 100u);
-  auto back = kf::replay::decode_candidate(reinterpret_cast<const unsigned char*>(got[7].data.data()), got[7].data.size());
+  auto back =
+      kf::replay::decode_candidate(reinterpret_cast<const unsigned char*>(got[7].data.data()), got[7].data.size());
   EXPECT_EQ(back.id, 4242u);
   EXPECT_EQ(back.task, "level1/matmul");
   EXPECT_EQ(back.behaviour_logprobs, cand.behaviour_logprobs);

@@ -53,18 +53,20 @@ const References& references() {
     const int rc = run(python() + " " + source_dir() + "/tests/policy/chat_template_reference.py make --data " +
                            source_dir() + "/tests/policy/data/chat_templates --out " + x.dir->path,
                        &out);
-    if (rc == 3) x.skip = "transformers is not installed for " + python() + ": " + out;
-    else if (rc != 0) x.error = "chat_template_reference.py failed (exit " + std::to_string(rc) + "):\n" + out;
+    if (rc == 3)
+      x.skip = "transformers is not installed for " + python() + ": " + out;
+    else if (rc != 0)
+      x.error = "chat_template_reference.py failed (exit " + std::to_string(rc) + "):\n" + out;
     return x;
   }();
   return r;
 }
 
-#define REQUIRE_REFERENCES()                               \
-  do {                                                     \
-    const auto& r_ = references();                         \
-    if (!r_.skip.empty()) GTEST_SKIP() << r_.skip;         \
-    ASSERT_TRUE(r_.error.empty()) << r_.error;             \
+#define REQUIRE_REFERENCES()                       \
+  do {                                             \
+    const auto& r_ = references();                 \
+    if (!r_.skip.empty()) GTEST_SKIP() << r_.skip; \
+    ASSERT_TRUE(r_.error.empty()) << r_.error;     \
   } while (0)
 
 // The jinja2 side only (no transformers): what every other test needs.
@@ -73,9 +75,7 @@ bool have_jinja2() { return std::system((python() + " -c 'import jinja2' >/dev/n
 #define REQUIRE_JINJA2() \
   if (!have_jinja2()) GTEST_SKIP() << "jinja2 is not installed for " << python()
 
-std::string data_dir(const std::string& family) {
-  return source_dir() + "/tests/policy/data/chat_templates/" + family;
-}
+std::string data_dir(const std::string& family) { return source_dir() + "/tests/policy/data/chat_templates/" + family; }
 
 const char* kFamilies[] = {"qwen2.5-coder-instruct", "llama-3.2-instruct", "deepseek-coder-instruct",
                            "mistral-nemo-instruct"};
@@ -119,7 +119,8 @@ TEST(ChatTemplateTest, ChatTemplateJinjaWinsOverTokenizerConfig) {
   ASSERT_TRUE(a);
   EXPECT_EQ(a->render({{"user", "x"}}), "CONFIG x");
   EXPECT_NE(a->source().find("tokenizer_config.json"), std::string::npos);
-  write_file(d.path + "/chat_template.jinja", "FILE {{ messages[0].content }}{% if add_generation_prompt %}>{% endif %}");
+  write_file(d.path + "/chat_template.jinja",
+             "FILE {{ messages[0].content }}{% if add_generation_prompt %}>{% endif %}");
   auto b = ChatTemplate::load(d.path);
   ASSERT_TRUE(b);
   EXPECT_EQ(b->render({{"user", "x"}}), "FILE x>");
@@ -129,8 +130,9 @@ TEST(ChatTemplateTest, ChatTemplateJinjaWinsOverTokenizerConfig) {
 TEST(ChatTemplateTest, NamedTemplateListUsesDefault) {
   REQUIRE_JINJA2();
   TempDir d;
-  write_file(d.path + "/tokenizer_config.json",
-             R"({"chat_template": [{"name": "tool_use", "template": "T"}, {"name": "default", "template": "D{{ messages[0].content }}"}]})");
+  write_file(
+      d.path + "/tokenizer_config.json",
+      R"({"chat_template": [{"name": "tool_use", "template": "T"}, {"name": "default", "template": "D{{ messages[0].content }}"}]})");
   auto t = ChatTemplate::load(d.path);
   ASSERT_TRUE(t);
   EXPECT_EQ(t->render({{"user", "q"}}), "Dq");
@@ -201,7 +203,8 @@ TEST(ChatTemplateTest, BrokenTemplateFailsAtLoadNamingTheFile) {
     ChatTemplate::load(d.path);
     FAIL() << "a template that does not compile must fail at load";
   } catch (const kf::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("tokenizer_config.json: field 'chat_template'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("tokenizer_config.json: field 'chat_template'"), std::string::npos)
+        << e.what();
   }
   write_file(d.path + "/tokenizer_config.json", "{not json");
   EXPECT_THROW(ChatTemplate::present(d.path), kf::Error);
@@ -232,7 +235,8 @@ TEST(ChatTemplateTest, RenderPromptToolPrintsAndFails) {
   std::string out;
   ASSERT_EQ(run(tool + " --model " + dir + " --messages " + msgs + " 2>/dev/null", &out), 0) << out;
   EXPECT_EQ(out, ChatTemplate::load(dir)->render(conv));
-  EXPECT_NE(out.find("<|im_start|>assistant\na1<|im_end|>\n<|im_start|>user\n u2\n<|im_end|>"), std::string::npos) << out;
+  EXPECT_NE(out.find("<|im_start|>assistant\na1<|im_end|>\n<|im_start|>user\n u2\n<|im_end|>"), std::string::npos)
+      << out;
 
   write_file(msgs, R"([{"role": "user", "content": "a"}, {"role": "user"}])");
   ASSERT_EQ(run(tool + " --model " + dir + " --messages " + msgs, &out), 1) << out;

@@ -14,8 +14,7 @@ namespace t = kf::policy::test;
 namespace {
 
 std::string copy_model(const std::string& from, const std::string& to) {
-  for (const char* f : {"config.json", "model.safetensors"})
-    t::write_file(to + "/" + f, t::read_file(from + "/" + f));
+  for (const char* f : {"config.json", "model.safetensors"}) t::write_file(to + "/" + f, t::read_file(from + "/" + f));
   return to;
 }
 
@@ -94,8 +93,8 @@ TEST(PolicyCheckpointTest, WrittenCheckpointLoadsInHfWithSameLogits) {
                const auto& x = i == 0 ? ids : logits;
                out.assign(static_cast<const char*>(x.data_ptr()), x.numel() * x.element_size());
              });
-    const std::string cmd = t::python() + " " + t::source_dir() + "/tests/policy/hf_reference.py verify --dir " +
-                            d.path + " --ref " + ref;
+    const std::string cmd =
+        t::python() + " " + t::source_dir() + "/tests/policy/hf_reference.py verify --dir " + d.path + " --ref " + ref;
     EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
   }
 }

@@ -38,7 +38,7 @@ struct Case {
   int64_t n, max_new;
 };
 std::vector<Case> cases() {
-  return {{prompt_of(5, 1), 3, 17}, {prompt_of(13, 2), 2, 9}, {prompt_of(8, 3), 3, 23},
+  return {{prompt_of(5, 1), 3, 17},  {prompt_of(13, 2), 2, 9}, {prompt_of(8, 3), 3, 23},
           {prompt_of(21, 4), 1, 12}, {prompt_of(2, 5), 2, 30}, {prompt_of(17, 6), 3, 6}};
 }
 
@@ -158,7 +158,8 @@ TEST(EngineTest, LogprobsEqualTheLearnersRecomputationUnderTopKAndTopP) {
       auto wanted = torch::zeros({1, T - 1}, torch::kBool);
       wanted.narrow(1, P - 1, T - P).fill_(true);
       const auto lp = m->selected_logprobs(torch::tensor(ids).unsqueeze(0), torch::ones({1, T}, torch::kLong), wanted,
-                                           p.temperature, /*chunk=*/7).logp;
+                                           p.temperature, /*chunk=*/7)
+                          .logp;
       ASSERT_EQ(c.logprobs.size(), c.tokens.size());
       for (int64_t t = 0; t < T - P; ++t)
         EXPECT_NEAR(lp[0][P - 1 + t].item<double>(), c.logprobs[static_cast<std::size_t>(t)], 1e-4)

@@ -31,8 +31,8 @@ std::string parse_error(const std::string& bytes) {
 }  // namespace
 
 TEST(PolicySafetensorsTest, ParsesValidHeader) {
-  const std::string b = image(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"__metadata__":{"format":"pt"}})",
-                              std::string(8, '\1'));
+  const std::string b = image(
+      R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"__metadata__":{"format":"pt"}})", std::string(8, '\1'));
   const auto h = st_parse(reinterpret_cast<const uint8_t*>(b.data()), b.size(), "x");
   ASSERT_EQ(h.tensors.size(), 1u);
   EXPECT_EQ(h.tensors[0].shape, (std::vector<int64_t>{2}));
@@ -83,11 +83,12 @@ TEST(PolicySafetensorsTest, WriteThenOpenRoundTrips) {
   const std::string path = d.path + "/t.safetensors";
   const float a[3] = {1.f, 2.f, 3.f};
   const uint16_t b[2] = {7, 9};
-  st_write(path, {{"a", "F32", {3}}, {"b", "BF16", {1, 2}}},
-           [&](std::size_t i, std::string& out) {
-             if (i == 0) out.assign(reinterpret_cast<const char*>(a), sizeof a);
-             else out.assign(reinterpret_cast<const char*>(b), sizeof b);
-           });
+  st_write(path, {{"a", "F32", {3}}, {"b", "BF16", {1, 2}}}, [&](std::size_t i, std::string& out) {
+    if (i == 0)
+      out.assign(reinterpret_cast<const char*>(a), sizeof a);
+    else
+      out.assign(reinterpret_cast<const char*>(b), sizeof b);
+  });
   auto f = StFile::open(path);
   ASSERT_NE(f->find("b"), nullptr);
   EXPECT_EQ(std::memcmp(f->data(*f->find("a")), a, sizeof a), 0);

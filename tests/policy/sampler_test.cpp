@@ -217,7 +217,7 @@ TEST(PolicySamplerTest, LoopPeriodFindsABlockRepeatedAtTheEnd) {
   const auto head = distinct(500, 10);
   const auto sp = loop_params(4, 128, 64);
   EXPECT_EQ(loop_period(with_repeats(head, distinct(100, 16), 4), sp), 16);
-  EXPECT_EQ(loop_period(with_repeats({}, distinct(100, 16), 4), sp), 16);  // nothing before the loop
+  EXPECT_EQ(loop_period(with_repeats({}, distinct(100, 16), 4), sp), 16);    // nothing before the loop
   EXPECT_EQ(loop_period(with_repeats(head, distinct(100, 16), 6), sp), 16);  // more repeats: still a loop
   // A block cut anywhere is a loop of its rotation: the end need not fall on a block boundary.
   auto rotated = with_repeats(head, distinct(100, 16), 4, distinct(100, 5));

@@ -10,7 +10,6 @@
 
 #include "../test_support.h"
 
-
 namespace kf::policy::test {
 
 using kf::test::build_dir;

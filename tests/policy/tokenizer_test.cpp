@@ -46,7 +46,8 @@ TEST(PolicyTokenizerTest, MatchesHfIdsGpt2PrefixSpace) { check_flavour("gpt2_pre
 
 TEST(PolicyTokenizerTest, DecodesBackToSameBytes) {
   const auto tok = Tokenizer::from_file(expected()["gpt2"]["file"].get<std::string>());
-  for (const std::string s : {"x = y  +\tz\n\n", "caf\xc3\xa9 \xe6\x97\xa5\xe6\x9c\xac \xf0\x9f\x9a\x80", "   ", "<|im_start|>a<|im_end|>"})
+  for (const std::string s :
+       {"x = y  +\tz\n\n", "caf\xc3\xa9 \xe6\x97\xa5\xe6\x9c\xac \xf0\x9f\x9a\x80", "   ", "<|im_start|>a<|im_end|>"})
     EXPECT_EQ(tok.decode(tok.encode(s)), s);
   // Special tokens are dropped on request.
   const auto ids = tok.encode("a<|endoftext|>b");
@@ -56,9 +57,9 @@ TEST(PolicyTokenizerTest, DecodesBackToSameBytes) {
 
 TEST(PolicyTokenizerTest, NfcComposes) {
   using kf::policy::unicode::nfc;
-  EXPECT_EQ(nfc("e\xcc\x81"), "\xc3\xa9");                      // e + combining acute -> é
+  EXPECT_EQ(nfc("e\xcc\x81"), "\xc3\xa9");                                 // e + combining acute -> é
   EXPECT_EQ(nfc("\xe1\x84\x80\xe1\x85\xa1\xe1\x86\xa8"), "\xea\xb0\x81");  // Hangul L V T -> 각
-  EXPECT_EQ(nfc("q\xcc\x87\xcc\xa3"), "q\xcc\xa3\xcc\x87");     // reordered by combining class
+  EXPECT_EQ(nfc("q\xcc\x87\xcc\xa3"), "q\xcc\xa3\xcc\x87");                // reordered by combining class
   EXPECT_EQ(nfc("plain ascii"), "plain ascii");
 }
 
@@ -77,7 +78,8 @@ TEST(PolicyTokenizerTest, UnsupportedInputNamesFileAndField) {
   e = err(R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []},
               "pre_tokenizer": {"type": "Split", "pattern": {"Regex": "\\w+"}, "behavior": "Isolated"}})");
   EXPECT_NE(e.find("pre_tokenizer.pattern.Regex"), std::string::npos) << e;
-  e = err(R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": ["a b"]}, "pre_tokenizer": {"type": "ByteLevel"}})");
+  e = err(
+      R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": ["a b"]}, "pre_tokenizer": {"type": "ByteLevel"}})");
   EXPECT_NE(e.find("model.merges[0]"), std::string::npos) << e;
   e = err(R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}, "normalizer": {"type": "NFKC"},
               "pre_tokenizer": {"type": "ByteLevel"}})");

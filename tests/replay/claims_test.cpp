@@ -211,8 +211,8 @@ TEST_F(ReplayClaimTest, RandomConsumerKillsLoseNothingAndBalanceExactly) {
       kids[v] = consumer();
     }
     const QueueLedger l = q.ledger();
-    ASSERT_TRUE(l.balanced()) << "created " << l.created << " scored " << l.scored << " lost " << l.lost()
-                              << " queued " << l.queued << " in flight " << l.in_flight;
+    ASSERT_TRUE(l.balanced()) << "created " << l.created << " scored " << l.scored << " lost " << l.lost() << " queued "
+                              << l.queued << " in flight " << l.in_flight;
     if (pushed >= n) q.reap();
   }
   for (pid_t p : kids) kill_and_wait(p);

@@ -84,7 +84,7 @@ TEST_F(ReplayKernelDbTest, FullTaskKeepsTheFastestAndFullTableEvictsTheBiggestTa
   EXPECT_EQ(db.insert(k("a", 0.5, "a0")), InsertOutcome::rejected_slower);
   EXPECT_EQ(db.insert(k("a", 4.0, "a4")), InsertOutcome::inserted);  // replaces a1
   EXPECT_EQ(db.entries("a").front().source, "a2");
-  db.insert(k("b", 1.0, "b1"));                                       // table now full (4)
+  db.insert(k("b", 1.0, "b1"));                                      // table now full (4)
   EXPECT_EQ(db.insert(k("c", 1.0, "c1")), InsertOutcome::inserted);  // evicts a's slowest (a2)
   EXPECT_EQ(db.entries("a").size(), 2u);
   EXPECT_EQ(db.entries("a").front().source, "a3");

@@ -17,9 +17,7 @@
 namespace kf::replay::test {
 
 // A segment/run name unique to this test process.
-inline std::string unique_name(const std::string& what) {
-  return "kft" + std::to_string(::getpid()) + "." + what;
-}
+inline std::string unique_name(const std::string& what) { return "kft" + std::to_string(::getpid()) + "." + what; }
 
 // Forks a child that runs fn and _exits with its return value (exceptions: 100).
 inline pid_t spawn(const std::function<int()>& fn) {
@@ -39,7 +37,8 @@ inline pid_t spawn(const std::function<int()>& fn) {
 
 inline int wait_exit(pid_t pid) {
   int st = 0;
-  while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {}
+  while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+  }
   return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 

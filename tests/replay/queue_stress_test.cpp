@@ -237,12 +237,12 @@ TEST(ReplayQueueStressTest, RandomKillsDeliverExactlyOnceOrCountAsLost) {
   EXPECT_LE(both, static_cast<uint64_t>(consumer_kills) * 8) << "delivered+lost only in a consumer's report window";
   EXPECT_LE(lost.size(), static_cast<uint64_t>(kKills) * 8) << "more lost than the dead held in flight";
   EXPECT_GT(got.size(), 10000u) << "too little traffic to mean anything";
-  std::printf("stress: %d kills (%d producers, %d consumers), %llu items, %zu delivered, %zu lost "
-              "(%llu producer-side, %llu consumer-side), %llu both, %llu lock recoveries\n",
-              kKills, producer_kills, consumer_kills, static_cast<unsigned long long>(expected), got.size(),
-              lost.size(), static_cast<unsigned long long>(s.lost_producer),
-              static_cast<unsigned long long>(s.lost_consumer), static_cast<unsigned long long>(both),
-              static_cast<unsigned long long>(s.recoveries));
+  std::printf(
+      "stress: %d kills (%d producers, %d consumers), %llu items, %zu delivered, %zu lost "
+      "(%llu producer-side, %llu consumer-side), %llu both, %llu lock recoveries\n",
+      kKills, producer_kills, consumer_kills, static_cast<unsigned long long>(expected), got.size(), lost.size(),
+      static_cast<unsigned long long>(s.lost_producer), static_cast<unsigned long long>(s.lost_consumer),
+      static_cast<unsigned long long>(both), static_cast<unsigned long long>(s.recoveries));
   ::close(fds[0]);
   ::close(fds[1]);
 }

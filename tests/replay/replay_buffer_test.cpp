@@ -147,7 +147,7 @@ TEST_F(ReplayBufferTest, ResultNotesTellTheLiveStatusEachResultOnce) {
   b.cause = Cause::environment;
   b.reward = -3;
   EXPECT_TRUE(rb.add_result(a));
-  EXPECT_FALSE(rb.add_result(a));                              // duplicate: no note
+  EXPECT_FALSE(rb.add_result(a));                                 // duplicate: no note
   EXPECT_FALSE(rb.add_result(result_for(group(9, 1, 0)[0], 2)));  // orphan: noted, not joined
   EXPECT_TRUE(rb.add_result(b));
   auto notes = rb.recent_results(&cursor, &missed);
@@ -265,7 +265,7 @@ TEST_F(ReplayBufferTest, ActorKilledMidFillAndEvaluatorKilledHoldingTheLock) {
   kill_and_wait(evaluator);
   EXPECT_TRUE(rb.add_result(result_for(g[1], 2.0)));  // recovers the lock
   EXPECT_TRUE(rb.add_result(result_for(g[0], 1.0)));  // the half-joined result never counted
-  EXPECT_EQ(rb.reap(), 1u);                            // the dead actor's half-filled group
+  EXPECT_EQ(rb.reap(), 1u);                           // the dead actor's half-filled group
   ReplayStats s = rb.stats();
   EXPECT_EQ(s.recoveries, 1u);
   EXPECT_EQ(s.lost_filling, 1u);

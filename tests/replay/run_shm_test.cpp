@@ -110,7 +110,8 @@ TEST_F(ReplayRunShmTest, WorkersAttachByNameAndShutdownRemovesEverything) {
   EXPECT_THROW(RunShm::create(name, small_config()), kf::Error) << "a live run was replaced";
   for (const char* p : {"ctl", "cand", "replay", "kdb", "snap"})
     EXPECT_TRUE(shm_exists(RunShm::segment_name(name, p))) << p;
-  EXPECT_FALSE(shm_exists(RunShm::segment_name(name, "res"))) << "results have no queue: evaluators write into the groups";
+  EXPECT_FALSE(shm_exists(RunShm::segment_name(name, "res")))
+      << "results have no queue: evaluators write into the groups";
   run->shutdown();
   for (const char* p : {"ctl", "cand", "replay", "kdb", "snap"})
     EXPECT_FALSE(shm_exists(RunShm::segment_name(name, p))) << p;
@@ -191,8 +192,9 @@ TEST_F(ReplayRunShmTest, HungRunIsStaleOnlyWithoutAnyFreshHeartbeat) {
 }
 
 TEST(RunShmConfigTest, ReplayKeysReachTheSegmentsAndBadValuesNameTheKey) {
-  const kf::Config c = kf::Config::parse("replay:\n  groups:\n    capacity: 17\n  candidate_queue:\n    slot_bytes: 65536\n",
-                                         "test.yaml", {"replay.kernels.max_per_task=5"});
+  const kf::Config c =
+      kf::Config::parse("replay:\n  groups:\n    capacity: 17\n  candidate_queue:\n    slot_bytes: 65536\n",
+                        "test.yaml", {"replay.kernels.max_per_task=5"});
   const kf::replay::RunShmConfig r = kf::replay::run_shm_config(c);
   EXPECT_EQ(r.replay.capacity, 17u);
   EXPECT_EQ(r.candidates.slot_bytes, 65536u);

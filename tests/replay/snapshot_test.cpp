@@ -19,7 +19,9 @@ struct ReplaySnapshotTest : ::testing::Test {
 };
 
 // Every 8-byte word of blob v is v: a torn copy mixes two versions and fails.
-std::vector<uint64_t> blob(int64_t v, std::size_t words) { return std::vector<uint64_t>(words, static_cast<uint64_t>(v)); }
+std::vector<uint64_t> blob(int64_t v, std::size_t words) {
+  return std::vector<uint64_t>(words, static_cast<uint64_t>(v));
+}
 bool uniform(const std::vector<unsigned char>& b, int64_t v) {
   if (b.size() % 8) return false;
   const uint64_t* w = reinterpret_cast<const uint64_t*>(b.data());

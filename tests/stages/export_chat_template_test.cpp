@@ -35,7 +35,8 @@ std::string tokenizer_json() {
       if (x == b) cp = c;
     }
     std::string u;
-    if (cp < 0x80) u.push_back(static_cast<char>(cp));
+    if (cp < 0x80)
+      u.push_back(static_cast<char>(cp));
     else {
       u.push_back(static_cast<char>(0xC0 | (cp >> 6)));
       u.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
@@ -46,15 +47,33 @@ std::string tokenizer_json() {
   json added = json::array();
   int id = 256;
   for (const char* t : {"<|im_start|>", "<|im_end|>"})
-    added.push_back({{"id", id++}, {"content", t}, {"single_word", false}, {"lstrip", false}, {"rstrip", false},
-                     {"normalized", false}, {"special", true}});
+    added.push_back({{"id", id++},
+                     {"content", t},
+                     {"single_word", false},
+                     {"lstrip", false},
+                     {"rstrip", false},
+                     {"normalized", false},
+                     {"special", true}});
   json bl = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}};
-  json j = {{"version", "1.0"}, {"truncation", nullptr}, {"padding", nullptr}, {"added_tokens", added},
-            {"normalizer", nullptr}, {"pre_tokenizer", bl}, {"post_processor", nullptr}, {"decoder", bl},
-            {"model", {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr},
-                       {"continuing_subword_prefix", nullptr}, {"end_of_word_suffix", nullptr}, {"fuse_unk", false},
-                       {"byte_fallback", false}, {"ignore_merges", false}, {"vocab", vocab},
-                       {"merges", json::array()}}}};
+  json j = {{"version", "1.0"},
+            {"truncation", nullptr},
+            {"padding", nullptr},
+            {"added_tokens", added},
+            {"normalizer", nullptr},
+            {"pre_tokenizer", bl},
+            {"post_processor", nullptr},
+            {"decoder", bl},
+            {"model",
+             {{"type", "BPE"},
+              {"dropout", nullptr},
+              {"unk_token", nullptr},
+              {"continuing_subword_prefix", nullptr},
+              {"end_of_word_suffix", nullptr},
+              {"fuse_unk", false},
+              {"byte_fallback", false},
+              {"ignore_merges", false},
+              {"vocab", vocab},
+              {"merges", json::array()}}}};
   return j.dump();
 }
 

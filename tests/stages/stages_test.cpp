@@ -28,12 +28,13 @@ bool exists(const std::string& p) {
   return ::stat(p.c_str(), &st) == 0;
 }
 std::string tasks_dir() {
-  for (const std::string& d : {t::env_or("KF_TASKS_DIR", ""), t::build_dir() + "/tasks", t::source_dir() + "/build/tasks"})
+  for (const std::string& d :
+       {t::env_or("KF_TASKS_DIR", ""), t::build_dir() + "/tasks", t::source_dir() + "/build/tasks"})
     if (!d.empty() && exists(d + "/001_relu/task.json")) return d;
   return "";
 }
-#define NEED_TASKS()                                                                                 \
-  do {                                                                                               \
+#define NEED_TASKS()                                                                                     \
+  do {                                                                                                   \
     if (tasks_dir().empty()) GTEST_SKIP() << "task 001_relu is not imported (setup.sh or KF_TASKS_DIR)"; \
   } while (0)
 
@@ -48,7 +49,8 @@ struct SmallCorpus {
   SmallCorpus() {
     ::mkdir((dir.path + "/k").c_str(), 0755);
     const std::string relu = kernel_file("good_relu.cpp");
-    sources = {"// variant a: plain loop\n" + relu, "// variant b: blocked\n" + relu, "// variant c: vectorised\n" + relu};
+    sources = {"// variant a: plain loop\n" + relu, "// variant b: blocked\n" + relu,
+               "// variant c: vectorised\n" + relu};
     nlohmann::json m = nlohmann::json::array();
     const char* tech[] = {"One scalar loop over every element.", "Blocks of rows split across threads.",
                           "Vectorised loop with OpenMP threads and no branches."};
@@ -57,8 +59,12 @@ struct SmallCorpus {
     for (int i = 0; i < 3; ++i) {
       const std::string f = "k/relu_" + std::to_string(i) + ".cpp";
       t::write_file(dir.path + "/" + f, sources[i]);
-      m.push_back({{"task", "001_relu"}, {"backend", "cpu"}, {"file", f}, {"family", "elementwise"},
-                   {"variant", std::to_string(i)}, {"technique", tech[i]}});
+      m.push_back({{"task", "001_relu"},
+                   {"backend", "cpu"},
+                   {"file", f},
+                   {"family", "elementwise"},
+                   {"variant", std::to_string(i)},
+                   {"technique", tech[i]}});
       v[f] = {{"verdict", "ok"}, {"speedup", speed[i]}, {"reason", ""}};
     }
     t::write_file(dir.path + "/k/gelu.cpp", kernel_file("good_gelu.cpp"));
@@ -127,10 +133,12 @@ TEST(StagesTest, BpeTokenizerRoundTripsAndMatchesHfTokenizers) {
   EXPECT_EQ(*tok.token_to_id("<|endoftext|>"), 0);
   EXPECT_TRUE(tok.is_special(0));
   // Held-out text: kernels not trained on, non-ASCII, whitespace runs, the EOS inside text.
-  const std::vector<std::string> held = {
-      kernel_file("good_softmax.cpp"), kernel_file("good_gelu.cpp"),
-      "  \t\n\n    x = a[i]*b[i];  // ünïcödé ✓ 中文 🙂\r\n",
-      "done<|endoftext|>next", "", std::string(300, ' ') + "y"};
+  const std::vector<std::string> held = {kernel_file("good_softmax.cpp"),
+                                         kernel_file("good_gelu.cpp"),
+                                         "  \t\n\n    x = a[i]*b[i];  // ünïcödé ✓ 中文 🙂\r\n",
+                                         "done<|endoftext|>next",
+                                         "",
+                                         std::string(300, ' ') + "y"};
   // Exact for valid UTF-8 (kernels, prompts); the policy's encoder maps an invalid byte
   // to U+FFFD before splitting, as HF does.
   for (const auto& h : held) EXPECT_EQ(tok.decode(tok.encode(h)), h) << h;
@@ -271,7 +279,8 @@ TEST(StagesTest, SftExamplesUseActorsPromptAndExtractToTheCorpusKernel) {
   EXPECT_EQ(contrastive, 3);
 
   // A tight context: the prompt is fitted (exemplars cut) so prompt + completion fit.
-  const auto& longest = *std::max_element(ex.begin(), ex.end(), [](auto& a, auto& b) { return a.ids.size() < b.ids.size(); });
+  const auto& longest =
+      *std::max_element(ex.begin(), ex.end(), [](auto& a, auto& b) { return a.ids.size() < b.ids.size(); });
   auto tight = data_options(static_cast<int64_t>(longest.ids.size()) - 200);
   const auto ex2 = build_sft_examples(corpus, codec, 0, tight);
   ASSERT_FALSE(ex2.empty());

@@ -25,8 +25,9 @@ using namespace kf::tasks;
 namespace {
 
 void remove_tree(const std::string& dir) {  // not fs::remove_all: see task_artifact_test.cpp
-  ::nftw(dir.c_str(), [](const char* p, const struct stat*, int, struct FTW*) { return ::remove(p); }, 16,
-         FTW_DEPTH | FTW_PHYS);
+  ::nftw(
+      dir.c_str(), [](const char* p, const struct stat*, int, struct FTW*) { return ::remove(p); }, 16,
+      FTW_DEPTH | FTW_PHYS);
 }
 
 std::string env_or(const char* name, const char* fallback) {
@@ -45,7 +46,8 @@ class ParamsRecipeTest : public ::testing::Test {
     for (const char* mode : {"full", "compact"}) {
       const std::string cmd = py + " " + src + "/tasks/importer/kf_import.py " + src +
                               "/tests/tasks/problems/params_roundtrip.py --backends cpu,cuda --size cuda:batch_size=64"
-                              " --params " + mode + " --out " + root_ + "/" + mode + " > " + root_ + "." + mode + ".log 2>&1";
+                              " --params " +
+                              mode + " --out " + root_ + "/" + mode + " > " + root_ + "." + mode + ".log 2>&1";
       status_ += std::system(cmd.c_str());
     }
   }
@@ -55,8 +57,8 @@ class ParamsRecipeTest : public ::testing::Test {
     ::remove((root_ + ".compact.log").c_str());
   }
   void SetUp() override {
-    ASSERT_EQ(status_, 0) << "tools/import-tasks failed; see " << root_ << ".{full,compact}.log: "
-                          << kf::read_file(root_ + ".compact.log");
+    ASSERT_EQ(status_, 0) << "tools/import-tasks failed; see " << root_
+                          << ".{full,compact}.log: " << kf::read_file(root_ + ".compact.log");
   }
   static std::string dir(const std::string& mode) { return root_ + "/" + mode + "/params_roundtrip"; }
   static nlohmann::json meta(const std::string& mode) {

@@ -22,8 +22,9 @@ namespace {
 // Not std::filesystem::remove_all: libtorch.so exports its own copy of that symbol, and
 // calls from a torch-linked binary land there and crash (seen with torch 2.11 wheels).
 void remove_tree(const std::string& dir) {
-  ::nftw(dir.c_str(), [](const char* p, const struct stat*, int, struct FTW*) { return ::remove(p); }, 16,
-         FTW_DEPTH | FTW_PHYS);
+  ::nftw(
+      dir.c_str(), [](const char* p, const struct stat*, int, struct FTW*) { return ::remove(p); }, 16,
+      FTW_DEPTH | FTW_PHYS);
 }
 
 std::string some_task_dir() {
@@ -54,7 +55,9 @@ struct Copy {
 std::string load_error(const std::string& dir, bool run = false) {
   try {
     auto t = Task::load(dir);
-    if (run) t->new_reference(Backend::CPU, at::Device(at::kCPU))->forward(t->make_inputs(Backend::CPU, 0, at::Device(at::kCPU)));
+    if (run)
+      t->new_reference(Backend::CPU, at::Device(at::kCPU))
+          ->forward(t->make_inputs(Backend::CPU, 0, at::Device(at::kCPU)));
   } catch (const kf::Error& e) {
     return e.what();
   }
@@ -129,9 +132,7 @@ TEST(ExactFp32ScopeTest, TurnsTf32OffWhileAnyScopeLivesThenRestoresTheProcessSet
       leave.get_future().wait();
     });
     entered.get_future().wait();
-    {
-      kf::tasks::ExactFp32Scope nested;
-    }
+    { kf::tasks::ExactFp32Scope nested; }
     EXPECT_FALSE(ctx.allowTF32CuBLAS()) << "a nested scope ended, two still live";
     leave.set_value();
     other.join();
@@ -140,9 +141,7 @@ TEST(ExactFp32ScopeTest, TurnsTf32OffWhileAnyScopeLivesThenRestoresTheProcessSet
   EXPECT_TRUE(ctx.allowTF32CuBLAS());
   EXPECT_TRUE(ctx.allowTF32CuDNN());
   ctx.setAllowTF32CuDNN(false);
-  {
-    kf::tasks::ExactFp32Scope s;
-  }
+  { kf::tasks::ExactFp32Scope s; }
   EXPECT_TRUE(ctx.allowTF32CuBLAS());
   EXPECT_FALSE(ctx.allowTF32CuDNN()) << "restored to what the process had, not to a default";
   ctx.setAllowTF32CuBLAS(cublas0);

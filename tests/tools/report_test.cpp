@@ -70,10 +70,20 @@ bool exists(const std::string& path) {
 std::string verdict_line(double t, int evaluator, int candidate, const std::string& task, int level,
                          const std::string& verdict, double speedup = 0.0, const std::string& reason = "",
                          int policy_version = 1) {
-  const nlohmann::json j = {{"t", t}, {"evaluator", evaluator}, {"candidate", candidate}, {"group", candidate / 4},
-                            {"task", task}, {"level", level}, {"policy_version", policy_version}, {"actor", 0},
-                            {"verdict", verdict}, {"speedup", speedup}, {"reward", 0.1}, {"compile_s", 1.0},
-                            {"verify_s", 0.5}, {"reason", reason}};
+  const nlohmann::json j = {{"t", t},
+                            {"evaluator", evaluator},
+                            {"candidate", candidate},
+                            {"group", candidate / 4},
+                            {"task", task},
+                            {"level", level},
+                            {"policy_version", policy_version},
+                            {"actor", 0},
+                            {"verdict", verdict},
+                            {"speedup", speedup},
+                            {"reward", 0.1},
+                            {"compile_s", 1.0},
+                            {"verify_s", 0.5},
+                            {"reason", reason}};
   return j.dump() + "\n";
 }
 
@@ -103,13 +113,26 @@ TEST(ReportTest, PlotsAndBestKernelPerTask) {
     kf::MetricsWriter actor(run + "/metrics", "actor-0");
     for (int s = 1; s <= 6; ++s) {
       learner.write(s, {{"loss", 1.0 / s}, {"grad_norm", 0.5}, {"lr", 1e-5}, {"seconds", 2.0}, {"updated", 1}});
-      status.write(s, {{"elapsed_s", 5.0 * s}, {"samples_per_s", 1.5}, {"candidates_per_min", 40},
-                       {"verified_total", 10.0 * s}, {"correct_frac", 0.1 * s}, {"incorrect_frac", 0.2},
-                       {"compile_error_frac", 0.6 - 0.1 * s + 0.1}, {"runtime_error_frac", 0.05},
-                       {"timeout_frac", 0.0}, {"cheat_frac", 0.05}, {"mean_speedup", 1.0 + 0.1 * s},
-                       {"median_speedup", 1.0}, {"best_speedup", 1.5 + s}, {"fast1_frac", 0.1},
-                       {"mean_reward", -0.5 + 0.1 * s}, {"policy_lag", 1}, {"candidate_queue_depth", s},
-                       {"result_queue_depth", 0}, {"ready_groups", 2}, {"gpu_busy_frac", std::nan("")}});
+      status.write(s, {{"elapsed_s", 5.0 * s},
+                       {"samples_per_s", 1.5},
+                       {"candidates_per_min", 40},
+                       {"verified_total", 10.0 * s},
+                       {"correct_frac", 0.1 * s},
+                       {"incorrect_frac", 0.2},
+                       {"compile_error_frac", 0.6 - 0.1 * s + 0.1},
+                       {"runtime_error_frac", 0.05},
+                       {"timeout_frac", 0.0},
+                       {"cheat_frac", 0.05},
+                       {"mean_speedup", 1.0 + 0.1 * s},
+                       {"median_speedup", 1.0},
+                       {"best_speedup", 1.5 + s},
+                       {"fast1_frac", 0.1},
+                       {"mean_reward", -0.5 + 0.1 * s},
+                       {"policy_lag", 1},
+                       {"candidate_queue_depth", s},
+                       {"result_queue_depth", 0},
+                       {"ready_groups", 2},
+                       {"gpu_busy_frac", std::nan("")}});
       actor.write(s, {{"samples_per_s", 1.0}, {"policy_lag_mean", 0.5}});
     }
   }
@@ -138,8 +161,9 @@ TEST(ReportTest, PlotsAndBestKernelPerTask) {
   for (const char* png : kPlots) EXPECT_TRUE(contains(page, std::string("src=\"") + png + "\"")) << png;
   // Best kernel of each task, with its version and escaped source; the slower one is not shown.
   EXPECT_TRUE(contains(page, "<td>001_relu</td><td>3.500x</td><td>7</td><td>2</td>")) << page;
-  EXPECT_TRUE(contains(page, "#include &lt;kf/kernel.h&gt;\nif (a &lt; b &amp;&amp; c &gt; d) {} // "
-                             "&lt;/pre&gt;&lt;script&gt;x&lt;/script&gt;"))
+  EXPECT_TRUE(contains(page,
+                       "#include &lt;kf/kernel.h&gt;\nif (a &lt; b &amp;&amp; c &gt; d) {} // "
+                       "&lt;/pre&gt;&lt;script&gt;x&lt;/script&gt;"))
       << page;
   EXPECT_FALSE(contains(page, "<script>"));
   EXPECT_FALSE(contains(page, "relu_slow"));
@@ -287,15 +311,18 @@ TEST(ReportTest, VerdictLogsGiveWindowsLevelsAndCheats) {
   // The page: both tables, the plot, and the cheat reasons escaped.
   const std::string page = kf::test::read_file(out + "/index.html");
   EXPECT_TRUE(contains(page, "src=\"windows.png\"")) << page;
-  EXPECT_TRUE(contains(page, "<tr><td>1</td><td>5</td><td>60.0</td><td>20.0</td><td>1.250</td><td>1.000</td>"
-                             "<td>2.000</td><td>0.865</td><td></td></tr>"))
+  EXPECT_TRUE(contains(page,
+                       "<tr><td>1</td><td>5</td><td>60.0</td><td>20.0</td><td>1.250</td><td>1.000</td>"
+                       "<td>2.000</td><td>0.865</td><td></td></tr>"))
       << page;
-  EXPECT_TRUE(contains(page, "<tr><td>1</td><td>2</td><td>10</td><td>60.0</td><td>40.0</td><td>1.625</td>"
-                             "<td>1.750</td><td>3.000</td></tr>"))
+  EXPECT_TRUE(contains(page,
+                       "<tr><td>1</td><td>2</td><td>10</td><td>60.0</td><td>40.0</td><td>1.625</td>"
+                       "<td>1.750</td><td>3.000</td></tr>"))
       << page;
   EXPECT_TRUE(contains(page, "<td>001_relu</td><td>4</td><td>" + relu_cheat + "</td>")) << page;
-  EXPECT_TRUE(contains(page, "<td>002_gelu</td><td>16</td><td>output &lt;written&gt; before the timer &amp; "
-                             "started</td>"))
+  EXPECT_TRUE(contains(page,
+                       "<td>002_gelu</td><td>16</td><td>output &lt;written&gt; before the timer &amp; "
+                       "started</td>"))
       << page;
   EXPECT_FALSE(contains(page, "<written>")) << page;
 
@@ -351,8 +378,11 @@ TEST(ReportTest, WithinTaskWindowsTakeOutTheTaskMix) {
   const std::string run = run_folder(tmp);
   const double t0 = 1796300000.0;
   kf::test::write_file(run + "/metrics/run.jsonl", nlohmann::json({{"step", 1}, {"time", t0}}).dump() + "\n");
-  const struct { int minute; const char* task; double speedup; } oks[] = {
-      {0, "001_relu", 2.0}, {1, "002_gelu", 0.25}, {2, "001_relu", 8.0}, {3, "002_gelu", 1.0}};
+  const struct {
+    int minute;
+    const char* task;
+    double speedup;
+  } oks[] = {{0, "001_relu", 2.0}, {1, "002_gelu", 0.25}, {2, "001_relu", 8.0}, {3, "002_gelu", 1.0}};
   std::string lines;
   for (const auto& o : oks)  // two results of one group (candidate / 4) per window
     for (int i = 0; i < 2; ++i)
@@ -440,11 +470,21 @@ TEST(ReportTest, PromptKindsAreJoinedWithTheVerdictsOnTheGroup) {
   const double t0 = 1796300000.0;
   kf::test::write_file(run + "/metrics/run.jsonl", nlohmann::json({{"step", 1}, {"time", t0}}).dump() + "\n");
   auto group = [&](int id, int shown, int cut, int failures) {
-    return nlohmann::json({{"t", t0 + id}, {"actor", 0}, {"group", id}, {"task", "001_relu"}, {"policy_version", 1},
-                           {"prompt_tokens", 900}, {"exemplars_offered", shown}, {"exemplars_shown", shown},
-                           {"exemplars_cut", cut}, {"exemplars_dropped", 0}, {"completions", 2},
-                           {"extraction_failures", failures}, {"extraction_codes", nlohmann::json::object()}})
-               .dump() + "\n";
+    return nlohmann::json({{"t", t0 + id},
+                           {"actor", 0},
+                           {"group", id},
+                           {"task", "001_relu"},
+                           {"policy_version", 1},
+                           {"prompt_tokens", 900},
+                           {"exemplars_offered", shown},
+                           {"exemplars_shown", shown},
+                           {"exemplars_cut", cut},
+                           {"exemplars_dropped", 0},
+                           {"completions", 2},
+                           {"extraction_failures", failures},
+                           {"extraction_codes", nlohmann::json::object()}})
+               .dump() +
+           "\n";
   };
   kf::test::write_file(run + "/metrics/groups-0.jsonl",
                        group(0, 0, 0, 0) + group(1, 2, 0, 1) + group(2, 2, 1, 2) + "{\"group\": 3, \"task");
@@ -462,8 +502,10 @@ TEST(ReportTest, PromptKindsAreJoinedWithTheVerdictsOnTheGroup) {
   const auto w = nlohmann::json::parse(kf::test::read_file(run + "/report/windows.json"));
   const auto& p = w["prompts"];
   ASSERT_EQ(p.size(), 6u) << p.dump(1);  // 3 kinds in all, then the same 3 for the one task
-  const struct { const char* kind; double no_kernel, compile_error, ok; } want[] = {
-      {"no exemplars", 0, 0, 100}, {"exemplars in full", 50, 50, 0}, {"an exemplar cut", 100, 0, 0}};
+  const struct {
+    const char* kind;
+    double no_kernel, compile_error, ok;
+  } want[] = {{"no exemplars", 0, 0, 100}, {"exemplars in full", 50, 50, 0}, {"an exemplar cut", 100, 0, 0}};
   for (int i = 0; i < 3; ++i) {
     for (int j : {i, i + 3}) {
       EXPECT_EQ(p[j]["kind"], want[i].kind) << j;
@@ -489,15 +531,19 @@ TEST(ReportTest, CompileErrorsAreCountedByFirstErrorLine) {
   kf::test::TempDir tmp("report");
   const std::string run = run_folder(tmp);
   const double t0 = 1796300000.0;
-  const struct { int version; const char* diagnostic; } errs[] = {
-      {1, "a.cu(3): error: identifier \"x\" is undefined"}, {3, "b.cu(9): error: identifier \"x\" is undefined"},
-      {1, "c.cu(1): error: expected a \";\""}, {2, "c.cu(2): error: expected a \";\""},
-      {3, "k.cpp:7:2: error: expected a \";\""}};
+  const struct {
+    int version;
+    const char* diagnostic;
+  } errs[] = {{1, "a.cu(3): error: identifier \"x\" is undefined"},
+              {3, "b.cu(9): error: identifier \"x\" is undefined"},
+              {1, "c.cu(1): error: expected a \";\""},
+              {2, "c.cu(2): error: expected a \";\""},
+              {3, "k.cpp:7:2: error: expected a \";\""}};
   std::string lines;
   int cand = 0;
   for (const auto& e : errs) {
-    auto j = nlohmann::json::parse(verdict_line(t0 + cand, 0, cand, "001_relu", 1, "compile_error", 0, "compile error",
-                                                e.version));
+    auto j = nlohmann::json::parse(
+        verdict_line(t0 + cand, 0, cand, "001_relu", 1, "compile_error", 0, "compile error", e.version));
     j["diagnostic"] = e.diagnostic;
     lines += j.dump() + "\n";
     ++cand;
@@ -531,7 +577,8 @@ TEST(ReportTest, VerificationTimeIsSplitByVerdict) {
   const double t0 = 1796300000.0;
   auto timed = [&](int cand, const std::string& verdict, const std::string& reason, double verify, double claim,
                    double lock, double timing, int trials) {
-    auto j = nlohmann::json::parse(verdict_line(t0 + cand, 0, cand, "001_relu", 1, verdict, verdict == "ok" ? 1.5 : 0, reason));
+    auto j = nlohmann::json::parse(
+        verdict_line(t0 + cand, 0, cand, "001_relu", 1, verdict, verdict == "ok" ? 1.5 : 0, reason));
     j["verify_s"] = verify;
     j["claim_wait_s"] = claim;
     j["lock_wait_s"] = lock;
@@ -557,7 +604,7 @@ TEST(ReportTest, VerificationTimeIsSplitByVerdict) {
   EXPECT_EQ(ts[0]["n"], 3);
   EXPECT_DOUBLE_EQ(ts[0]["verify_s"].get<double>(), 10.5);
   EXPECT_DOUBLE_EQ(ts[0]["median_verify_s"].get<double>(), 4.0);
-  EXPECT_DOUBLE_EQ(ts[0]["claim_wait_s_pct"].get<double>(), 10.0);   // 1 of the 10 s that carry parts
+  EXPECT_DOUBLE_EQ(ts[0]["claim_wait_s_pct"].get<double>(), 10.0);  // 1 of the 10 s that carry parts
   EXPECT_DOUBLE_EQ(ts[0]["lock_wait_s_pct"].get<double>(), 20.0);
   EXPECT_DOUBLE_EQ(ts[0]["timing_s_pct"].get<double>(), 60.0);
   EXPECT_DOUBLE_EQ(ts[0]["median_timed_trials"].get<double>(), 12.0);
@@ -623,9 +670,10 @@ TEST(ReportTest, LearnerRunWritesStepMetrics) {
   // and an event file, one line per trained step, and --print-steps still prints.
   kf::test::TempDir tmp("report");
   const std::string run = tmp.path + "/run", cfg = tmp.path + "/learner.yaml";
-  kf::test::write_file(cfg, "run:\n  name: rep\n  root: " + tmp.path +
-                                "\n  seed: 5\nlearner:\n  groups_per_step: 4\n  micro_batch_tokens: 96\n"
-                                "  schedule:\n    warmup_steps: 0\n  snapshot:\n    every: 0\n  checkpoint:\n    every: 0\n");
+  kf::test::write_file(
+      cfg, "run:\n  name: rep\n  root: " + tmp.path +
+               "\n  seed: 5\nlearner:\n  groups_per_step: 4\n  micro_batch_tokens: 96\n"
+               "  schedule:\n    warmup_steps: 0\n  snapshot:\n    every: 0\n  checkpoint:\n    every: 0\n");
   const std::string cmd = std::string("'") + KF_LEARNER_BIN_DEFAULT + "' '" + cfg +
                           "' --synthetic --print-steps --device cpu --steps 3 --run-dir '" + run + "' 2>'" + tmp.path +
                           "/learner.log'";
@@ -648,9 +696,9 @@ TEST(ReportTest, LearnerRunWritesStepMetrics) {
     const auto& l = lines[i];
     EXPECT_EQ(l["step"], i + 1) << l;
     EXPECT_EQ(l["updated"], 1) << l;
-    for (const char* key : {"time", "loss", "grad_norm", "lr", "groups", "tokens", "seconds", "clip_fraction",
-                            "publish_stall_ms", "kl_behaviour", "entropy", "response_length_mean",
-                            "response_length_max"})
+    for (const char* key :
+         {"time", "loss", "grad_norm", "lr", "groups", "tokens", "seconds", "clip_fraction", "publish_stall_ms",
+          "kl_behaviour", "entropy", "response_length_mean", "response_length_max"})
       EXPECT_TRUE(l.contains(key) && l[key].is_number()) << key << " in " << l;
     EXPECT_GT(l["tokens"].get<int64_t>(), 0) << l;
     EXPECT_GT(l["grad_norm"].get<double>(), 0.0) << l;

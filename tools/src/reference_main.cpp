@@ -54,16 +54,20 @@ int main(int argc, char** argv) {
       std::printf("%-36s %-5s %-5s %10s %10s %10s %12s\n", "task", "level", "mode", "median_ms", "p10_ms", "p90_ms",
                   golden ? "golden_err" : "");
     for (const auto& task : tasks) {
-      nlohmann::json row = {{"task", task->name()}, {"level", task->level()}, {"backend", backend_s}, {"mode", task->mode()}};
+      nlohmann::json row = {
+          {"task", task->name()}, {"level", task->level()}, {"backend", backend_s}, {"mode", task->mode()}};
       std::string status = "ok";
       try {
         if (golden) {
           GoldenResult g = check_golden(*task);
           row["golden_inputs_equal"] = g.inputs_equal;
           row["golden_max_rel_error"] = g.max_rel_error;
-          if (!g.problem.empty()) status = g.problem;
-          else if (!g.inputs_equal) status = "C++ inputs differ from Python's get_inputs() for the same seed";
-          else if (g.max_rel_error > golden_tol) status = "golden mismatch";
+          if (!g.problem.empty())
+            status = g.problem;
+          else if (!g.inputs_equal)
+            status = "C++ inputs differ from Python's get_inputs() for the same seed";
+          else if (g.max_rel_error > golden_tol)
+            status = "golden mismatch";
         }
         if (trials > 0) {
           if (!task->has_backend(backend)) throw kf::Error(task->name() + ": not imported for backend " + backend_s);

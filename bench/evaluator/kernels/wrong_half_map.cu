@@ -6,7 +6,8 @@
 #include <kf/kernel.h>
 
 __global__ void k_half(const float* __restrict__ x, float* __restrict__ y, long n) {
-  for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x) y[i] = 0.5f * x[i];
+  for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x)
+    y[i] = 0.5f * x[i];
 }
 
 extern "C" int kf_forward(kf::Context* ctx, const kf::Tensor* in, int n_in, kf::Tensor* out, int n_out) {
@@ -15,6 +16,6 @@ extern "C" int kf_forward(kf::Context* ctx, const kf::Tensor* in, int n_in, kf::
   const long n = out[0].numel();
   if (n > 0)
     k_half<<<4096, 256, 0, static_cast<cudaStream_t>(ctx->stream)>>>(static_cast<const float*>(in[0].data),
-                                                                      static_cast<float*>(out[0].data), n);
+                                                                     static_cast<float*>(out[0].data), n);
   return cudaGetLastError() == cudaSuccess ? 0 : 1;
 }

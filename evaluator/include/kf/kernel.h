@@ -1,3 +1,5 @@
+// This header is shown to the policy in every prompt: its layout is part of the prompt.
+// clang-format off
 // kf/kernel.h: the kernel ABI, the only header a candidate kernel includes.
 //
 // Plain C++ (no torch, no CUDA headers): nvcc and g++ both compile it, so a candidate

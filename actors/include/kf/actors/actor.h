@@ -73,7 +73,7 @@ struct ActorMetrics {
   double lag_sum = 0;
   int64_t lag_max = 0;
   double sample_s = 0, backpressure_s = 0, elapsed_s = 0;
-  double gpu_wait_s = 0;  // of sample_s: waiting for the GPU while the evaluator timed
+  double gpu_wait_s = 0;                             // of sample_s: waiting for the GPU while the evaluator timed
   std::map<std::string, uint64_t> extraction_codes;  // failure code -> count
   std::map<std::string, uint64_t> finish_reasons;    // "eos", "loop", "length" -> completions
 };

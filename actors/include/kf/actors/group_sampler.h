@@ -4,13 +4,11 @@
 // the G rows decode together, each drawing its own tokens (one seeded generator for the
 // group). policy::Sampler does the work (SamplingParams::shared_prefill), so the group
 // decodes on the same path as any other generation: fixed-shape steps replayed as a CUDA
-// graph on a GPU, the growing cache on the CPU. Each completion carries the per-token log-probs of the behaviour policy under
-// softmax(logits / temperature), as the learner's importance ratios expect. Stops per
-// row at an EOS id, a loop (SamplingParams::loop_repeats) or max_new_tokens (the stopping
-// token included).
-// shared_prefill = false falls back to policy::Sampler on G copies of the prompt (G
-// prefills in one batch): same distribution, for comparison and as an escape hatch.
-// Threading: one thread; the model must not be used concurrently.
+// graph on a GPU, the growing cache on the CPU. Each completion carries the per-token log-probs of the behaviour policy
+// under softmax(logits / temperature), as the learner's importance ratios expect. Stops per row at an EOS id, a loop
+// (SamplingParams::loop_repeats) or max_new_tokens (the stopping token included). shared_prefill = false falls back to
+// policy::Sampler on G copies of the prompt (G prefills in one batch): same distribution, for comparison and as an
+// escape hatch. Threading: one thread; the model must not be used concurrently.
 #pragma once
 #include <cstdint>
 #include <vector>

@@ -25,8 +25,7 @@ namespace kf::actors {
 // K exemplars of `task` from `path` (a kernel_db.json, a folder holding kernel_db.json
 // or kernels/kernel_db.json, or a seed folder), ascending speedup. None for the task:
 // an empty list. Throws kf::Error naming the file for a missing or malformed source.
-std::vector<ExemplarIn> load_exemplars(const std::string& path, const std::string& task, std::size_t k,
-                                       uint64_t seed);
+std::vector<ExemplarIn> load_exemplars(const std::string& path, const std::string& task, std::size_t k, uint64_t seed);
 
 // The prompt for `task` as an actor with options `o` and policy `policy` builds it:
 // o.template_path / o.abi_header_path (empty: the tree's defaults), o.mode, o.backend,

@@ -10,8 +10,9 @@
 //   truncated               appended to a cut exemplar source: {{omitted_lines}}
 //   contrastive_instruction {{lang}} {{marker}}   (analyse why faster is faster, plan, write one kernel)
 //   no_exemplar_instruction {{lang}} {{marker}}   (no earlier kernels: plan, then write)
-//   plain                   a whole prompt on its own (ablation): {{task}} {{reference}} {{signature}} {{abi}} {{lang}} {{marker}} {{backend}}
-//   system                  optional: the system turn ({{task}} {{backend}} {{lang}} {{marker}} ...)
+//   plain                   a whole prompt on its own (ablation): {{task}} {{reference}} {{signature}} {{abi}} {{lang}}
+//   {{marker}} {{backend}} system                  optional: the system turn ({{task}} {{backend}} {{lang}} {{marker}}
+//   ...)
 // Unknown placeholders and missing sections are errors naming the file and section.
 //
 // Chat template: with PromptOptions::chat set (the model folder has a chat template), the
@@ -55,7 +56,8 @@ class PromptTemplate {
   bool has(const std::string& section) const;
   const std::string& section(const std::string& name) const;  // throws kf::Error naming the file
   // Substitutes {{key}} from `vars`; an unknown key throws naming the file and section.
-  std::string render(const std::string& section_name, const std::vector<std::pair<std::string, std::string>>& vars) const;
+  std::string render(const std::string& section_name,
+                     const std::vector<std::pair<std::string, std::string>>& vars) const;
   const std::string& context() const { return context_; }
 
  private:

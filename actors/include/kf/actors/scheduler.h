@@ -39,8 +39,8 @@ struct TaskEntry {
 };
 
 struct TaskStats {
-  bool solved = false;        // has a verified kernel
-  double best_speedup = 0;    // of the best verified kernel
+  bool solved = false;      // has a verified kernel
+  double best_speedup = 0;  // of the best verified kernel
 };
 
 class TaskScheduler {

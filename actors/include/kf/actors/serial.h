@@ -30,8 +30,8 @@ class SerialRunner {
   SerialRunner(Actor& actor, evaluator::Evaluator& ev, replay::RunShm& shm,
                std::vector<std::shared_ptr<const tasks::Task>> tasks, tasks::Backend backend,
                const std::string& verdict_log = "");  // ServiceOptions::verdict_log
-  StepResult step();                 // actor.step() then evaluate_pending()
-  std::size_t evaluate_pending();    // drains the candidate queue; returns how many evaluated
+  StepResult step();                                  // actor.step() then evaluate_pending()
+  std::size_t evaluate_pending();                     // drains the candidate queue; returns how many evaluated
   const SerialStats& stats() const { return stats_; }
   const std::vector<replay::Result>& results() const { return results_; }  // every result produced
 

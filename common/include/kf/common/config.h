@@ -3,8 +3,8 @@
 // Every key the system understands is declared once in the schema (config_schema.cpp)
 // with its type, default and a line of help. Loading rejects, naming the file and the
 // full key path: an unknown key, a value of the wrong type, outside its allowed set or
-// outside its numeric range (e.g. a negative time limit), and a missing required key. `--set a.b=c` overrides are validated the same way.
-// A Config is immutable after load; const methods may be called from any thread.
+// outside its numeric range (e.g. a negative time limit), and a missing required key. `--set a.b=c` overrides are
+// validated the same way. A Config is immutable after load; const methods may be called from any thread.
 #pragma once
 #include <cstdint>
 #include <limits>
@@ -17,9 +17,9 @@ namespace kf {
 enum class ConfigType { Int, Float, Bool, String, IntList, StringList };
 
 struct ConfigKey {
-  std::string path;     // "learner.batch_size"
+  std::string path;  // "learner.batch_size"
   ConfigType type;
-  std::string fallback; // default as YAML text; empty with required=true means "must be given"
+  std::string fallback;  // default as YAML text; empty with required=true means "must be given"
   bool required = false;
   std::vector<std::string> choices;  // allowed values for String keys (empty: any)
   std::string help;

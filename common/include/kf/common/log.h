@@ -30,9 +30,21 @@ std::string concat(const Args&... args) {
 }
 }  // namespace detail
 
-template <typename... Args> void log_debug(const Args&... a) { log_line(LogLevel::Debug, detail::concat(a...)); }
-template <typename... Args> void log_info(const Args&... a) { log_line(LogLevel::Info, detail::concat(a...)); }
-template <typename... Args> void log_warn(const Args&... a) { log_line(LogLevel::Warn, detail::concat(a...)); }
-template <typename... Args> void log_error(const Args&... a) { log_line(LogLevel::Error, detail::concat(a...)); }
+template <typename... Args>
+void log_debug(const Args&... a) {
+  log_line(LogLevel::Debug, detail::concat(a...));
+}
+template <typename... Args>
+void log_info(const Args&... a) {
+  log_line(LogLevel::Info, detail::concat(a...));
+}
+template <typename... Args>
+void log_warn(const Args&... a) {
+  log_line(LogLevel::Warn, detail::concat(a...));
+}
+template <typename... Args>
+void log_error(const Args&... a) {
+  log_line(LogLevel::Error, detail::concat(a...));
+}
 
 }  // namespace kf

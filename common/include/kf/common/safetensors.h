@@ -15,7 +15,7 @@ namespace kf {
 
 struct TensorView {
   std::string name;
-  std::string dtype;           // "F32", "F16", "BF16", "F64", "I64", "I32", "I16", "I8", "U8", "BOOL"
+  std::string dtype;  // "F32", "F16", "BF16", "F64", "I64", "I32", "I16", "I8", "U8", "BOOL"
   std::vector<int64_t> shape;
   const void* data = nullptr;  // into the mapping
   std::size_t nbytes = 0;

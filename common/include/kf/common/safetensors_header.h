@@ -16,9 +16,9 @@ namespace kf {
 
 struct SafetensorsEntry {
   std::string name;
-  std::string dtype;            // "F32", "BF16", ...
+  std::string dtype;  // "F32", "BF16", ...
   std::vector<int64_t> shape;
-  uint64_t offset = 0;          // absolute, from the start of the image
+  uint64_t offset = 0;  // absolute, from the start of the image
   uint64_t nbytes = 0;
 };
 

@@ -28,31 +28,31 @@
 namespace kf::evaluator {
 
 struct CompileOptions {
-  std::string cache_dir;                 // empty: $KF_EVAL_CACHE or /tmp/kf-eval-cache-<uid>
-  std::string cxx = "g++";               // CPU backend compiler
+  std::string cache_dir;    // empty: $KF_EVAL_CACHE or /tmp/kf-eval-cache-<uid>
+  std::string cxx = "g++";  // CPU backend compiler
   std::string nvcc = "/usr/local/cuda/bin/nvcc";
-  std::string cuda_arch = "sm_90";       // -arch=
+  std::string cuda_arch = "sm_90";  // -arch=
   std::vector<std::string> cxx_flags = {"-std=c++17", "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC"};
   std::vector<std::string> cuda_flags = {"-std=c++17", "-O3", "-shared", "-Xcompiler", "-fPIC", "-lcublas"};
-  std::string include_dir;               // folder holding kf/kernel.h (empty: the built-in one)
-  double time_limit_s = 60;              // per compile, wall clock
+  std::string include_dir;                             // folder holding kf/kernel.h (empty: the built-in one)
+  double time_limit_s = 60;                            // per compile, wall clock
   unsigned long long memory_limit_bytes = 4ull << 30;  // address space of the compiler
   std::size_t max_diagnostics_bytes = 4000;
-  int max_errors = 5;                    // first N "error" lines are kept first
-  int jobs = 0;                          // parallel compiles (0: hardware threads)
-  bool cpu_model_in_key = true;          // -march=native objects are CPU-specific
+  int max_errors = 5;            // first N "error" lines are kept first
+  int jobs = 0;                  // parallel compiles (0: hardware threads)
+  bool cpu_model_in_key = true;  // -march=native objects are CPU-specific
 };
 
 struct CompileResult {
   bool ok = false;
-  std::string so_path;       // the shared object (ok only)
-  std::string key;           // content address
-  std::string diagnostics;   // truncated: first errors, then the head of the output
-  bool cached = false;       // served from the cache (no compiler run)
+  std::string so_path;      // the shared object (ok only)
+  std::string key;          // content address
+  std::string diagnostics;  // truncated: first errors, then the head of the output
+  bool cached = false;      // served from the cache (no compiler run)
   bool timed_out = false;
-  bool rejected_source = false;  // refused by the include policy or the opened-file check
+  bool rejected_source = false;      // refused by the include policy or the opened-file check
   bool environment_failure = false;  // the compiler did not run (confinement, service error): not the source's fault
-  double seconds = 0;        // wall time of this call
+  double seconds = 0;                // wall time of this call
 };
 
 class CompileService {

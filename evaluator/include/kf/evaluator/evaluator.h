@@ -40,14 +40,14 @@ inline kf::Backend abi_backend(tasks::Backend b) {
 
 struct EvalOptions {
   CompileOptions compile;
-  SandboxOptions sandbox;          // backend/device are set per evaluation
+  SandboxOptions sandbox;  // backend/device are set per evaluation
   RewardOptions reward;
-  uint64_t seed = 0;               // run seed; input seeds derive from (seed, candidate seed)
-  int device = 0;                  // CUDA device of reference and worker
-  int cpu_threads = 0;             // threads for the reference and the kernel (0: hardware)
+  uint64_t seed = 0;    // run seed; input seeds derive from (seed, candidate seed)
+  int device = 0;       // CUDA device of reference and worker
+  int cpu_threads = 0;  // threads for the reference and the kernel (0: hardware)
 
   // correctness
-  int correctness_sets = 3;        // K fresh sets from the task's distribution
+  int correctness_sets = 3;  // K fresh sets from the task's distribution
   // Global stress sets (every element changed alike): x*8, then others drawn per candidate
   // from -x, x+3, uniform(-4,4), x*1e-3.
   int stress_sets = 2;
@@ -69,7 +69,7 @@ struct EvalOptions {
   // More trials while the spread is too wide; still too wide after max_trials: the verdict
   // stays ok, flagged timing_unstable, with the conservative speedup (the interval's low end).
   int max_trials = 30;
-  double max_spread = 0.5;         // (p90 - p10) / median, for reference and candidate
+  double max_spread = 0.5;  // (p90 - p10) / median, for reference and candidate
   bool flush_cache = true;
   // CUDA: each timed trial holds the run's exclusive GPU timing lock (kf/common/gpu_lock.h),
   // so learners and actors sharing the GPU pause meanwhile. Empty dir: $KF_GPU_LOCK_DIR or /tmp.
@@ -84,22 +84,22 @@ struct EvalOptions {
   unsigned long long flush_bytes = 0;  // 0: CPU 2x LLC (<= 256 MiB), CUDA 256 MiB
 
   // limits and anti-cheat thresholds
-  double min_call_timeout_s = 10;  // per kernel call, wall clock
-  double call_timeout_factor = 50; // x reference median
-  double probe_ms = 5;             // quiet window after return (after a 1 ms settle), then outputs re-read
-  double late_cpu_ms = 2.0;        // CPU other threads may use in the probe window
-  double idle_cpu_ms = 2.0;        // CPU other threads may use between calls
-  double presync_ms = 1.0;         // CUDA: a device sync before the clock may take this long
-  double resume_ms = 2.0;          // reported: timed calls whose start mark came later than this after the resume
-  double outside_cpu_ms = 0.2;     // CPU threads other than the worker's main one may use outside the call
-                                   // (or a quarter of the call's time, whichever is more)
-  double gpu_settle_ms = 0.5;      // CUDA: device busy after the worker stopped at return
+  double min_call_timeout_s = 10;   // per kernel call, wall clock
+  double call_timeout_factor = 50;  // x reference median
+  double probe_ms = 5;              // quiet window after return (after a 1 ms settle), then outputs re-read
+  double late_cpu_ms = 2.0;         // CPU other threads may use in the probe window
+  double idle_cpu_ms = 2.0;         // CPU other threads may use between calls
+  double presync_ms = 1.0;          // CUDA: a device sync before the clock may take this long
+  double resume_ms = 2.0;           // reported: timed calls whose start mark came later than this after the resume
+  double outside_cpu_ms = 0.2;      // CPU threads other than the worker's main one may use outside the call
+                                    // (or a quarter of the call's time, whichever is more)
+  double gpu_settle_ms = 0.5;       // CUDA: device busy after the worker stopped at return
   // Worker clock vs evaluator clock: when even the smallest gap over the timed calls is
   // larger than this (absolute, or relative to the median, whichever is larger), the
   // candidate is timed by the evaluator's clock between its start and end marks.
   double timer_slack_ms = 0.5;
   double timer_slack_frac = 0.25;
-  double degenerate_rel = 1e-6;    // reference output spread below this x scale: degenerate
+  double degenerate_rel = 1e-6;  // reference output spread below this x scale: degenerate
 };
 
 // From the run's config (run.seed and the evaluator.* keys); throws kf::Error naming the

@@ -11,13 +11,13 @@
 namespace kf::evaluator {
 
 using replay::Cause;
-using replay::Verdict;
 using replay::cause_name;
+using replay::Verdict;
 using replay::verdict_name;
 
 // One named check and how it went, in the order the evaluator ran them.
 struct Check {
-  std::string name;     // e.g. "correct.distribution", "anti.timer_tamper"
+  std::string name;  // e.g. "correct.distribution", "anti.timer_tamper"
   bool passed = true;
   std::string detail;
 };
@@ -25,11 +25,11 @@ struct Check {
 struct Result {
   std::string task, backend, candidate_key;
   Verdict verdict = Verdict::ok;
-  Cause cause = Cause::kernel;         // environment: the machine caused the verdict (the learner leaves it out)
-  std::string reason;                  // empty when ok; names the trick for rejected_cheat
-  std::string diagnostics;             // compiler errors or worker log tail (truncated)
-  TimeSummary ref_ms, cand_ms;         // timed trials
-  double speedup = 0;                  // ref median / candidate median (ok only); speedup_lo when timing_unstable
+  Cause cause = Cause::kernel;  // environment: the machine caused the verdict (the learner leaves it out)
+  std::string reason;           // empty when ok; names the trick for rejected_cheat
+  std::string diagnostics;      // compiler errors or worker log tail (truncated)
+  TimeSummary ref_ms, cand_ms;  // timed trials
+  double speedup = 0;           // ref median / candidate median (ok only); speedup_lo when timing_unstable
   // The speedup's 95 % interval from the paired trials (stats.h: paired_speedup_interval).
   double speedup_lo = 0, speedup_hi = 0;
   // Correct, but its time could not be measured stably (spread over max_spread after
@@ -37,8 +37,8 @@ struct Result {
   // which the reward uses.
   bool timing_unstable = false;
   double max_abs_error = 0, max_rel_error = 0;  // over every checked call
-  bool nondeterministic = false;       // identical calls gave different bits at the sampled positions (within tolerance)
-  bool task_degenerate = false;        // reference output (nearly) constant / input-independent
+  bool nondeterministic = false;  // identical calls gave different bits at the sampled positions (within tolerance)
+  bool task_degenerate = false;   // reference output (nearly) constant / input-independent
   std::string degenerate_reason;
   std::vector<Check> checks;
   double reward = 0;

@@ -31,23 +31,23 @@ namespace kf::evaluator {
 struct SpawnSpec;  // src/process.h
 
 struct TensorLayout {
-  int dtype = KF_FLOAT32;        // kf::DType
+  int dtype = KF_FLOAT32;  // kf::DType
   std::vector<int64_t> shape;
   uint64_t nbytes() const;
 };
 
 struct SandboxOptions {
-  std::string worker_path;        // empty: $KF_SANDBOX_WORKER or the built kf-sandbox-worker
-  std::string scratch_root;       // empty: $TMPDIR or /tmp; a private folder is made inside
+  std::string worker_path;   // empty: $KF_SANDBOX_WORKER or the built kf-sandbox-worker
+  std::string scratch_root;  // empty: $TMPDIR or /tmp; a private folder is made inside
   Backend backend = KF_BACKEND_CPU;
   int device = 0;
-  int threads = 0;                // CPU threads for the kernel (0: hardware threads)
-  int slots = 2;                  // input/output sets held at once
-  long cpu_seconds = 300;         // RLIMIT_CPU of the worker
+  int threads = 0;                                      // CPU threads for the kernel (0: hardware threads)
+  int slots = 2;                                        // input/output sets held at once
+  long cpu_seconds = 300;                               // RLIMIT_CPU of the worker
   unsigned long long memory_limit_bytes = 8ull << 30;   // RSS (and RLIMIT_AS on CPU) beyond shm
   unsigned long long scratch_limit_bytes = 2ull << 30;  // per call, via ctx->scratch_alloc
   unsigned long long flush_bytes = 0;                   // cache flush buffer (0: none)
-  double start_timeout_s = 60;    // worker start (CUDA context) and candidate load
+  double start_timeout_s = 60;                          // worker start (CUDA context) and candidate load
   // CUDA: tensors live in one device allocation shared with the worker by CUDA IPC, so
   // nothing crosses PCIe (falls back to host staging, with a log line, if IPC fails).
   bool device_arena = true;
@@ -63,10 +63,10 @@ struct CallOutcome {
   // that is not the candidate's (scored as an environment failure, no reward).
   enum Kind { Ok, KernelError, Crashed, Timeout, Forbidden, MemoryLimit, CudaError, LoadFailed, Protocol, Environment };
   Kind kind = Ok;
-  std::string message;            // the cause in words (signal, call, CUDA error, ...)
+  std::string message;  // the cause in words (signal, call, CUDA error, ...)
   int rc = 0;
-  double elapsed_ms = 0;          // the worker's clock: sync, call, sync
-  double external_ms = 0;         // this process's clock between the worker's start and end marks
+  double elapsed_ms = 0;   // the worker's clock: sync, call, sync
+  double external_ms = 0;  // this process's clock between the worker's start and end marks
   double presync_ms = 0;
   // CPU time of ALL the worker's threads (its main thread included), from the kernel's
   // accounting read by this process: before the start mark (from the resume), after the
@@ -124,9 +124,9 @@ class Sandbox {
 
   bool alive() const;
   pid_t pid() const;
-  std::string log_tail() const;   // the worker's stderr/stdout (bounded)
+  std::string log_tail() const;  // the worker's stderr/stdout (bounded)
   const std::string& scratch_dir() const;
-  void stop();                    // kills the process group, removes the scratch folder
+  void stop();  // kills the process group, removes the scratch folder
 
  private:
   Sandbox();

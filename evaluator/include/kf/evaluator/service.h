@@ -58,22 +58,28 @@ namespace kf::evaluator {
 // worker killed from outside); kLostUnstored: results that could not be stored (their
 // candidates counted lost); kDegenerate: results of tasks flagged degenerate.
 enum ServiceCounter : int {
-  kScored = 0, kOk = 1, kCheat = 2, kCompileError = 3, kKernelsInserted = 4, kEnvironment = 5, kLostUnstored = 6,
+  kScored = 0,
+  kOk = 1,
+  kCheat = 2,
+  kCompileError = 3,
+  kKernelsInserted = 4,
+  kEnvironment = 5,
+  kLostUnstored = 6,
   kDegenerate = 7
 };
 
 struct ServiceOptions {
   int evaluator_id = 0;
   tasks::Backend backend = tasks::Backend::CPU;
-  std::string tasks_dir;                          // imported task artifacts
-  std::size_t batch = 8;                          // candidates popped per step
+  std::string tasks_dir;  // imported task artifacts
+  std::size_t batch = 8;  // candidates popped per step
   std::chrono::milliseconds pop_timeout{200};
   // One JSON line per scored candidate is appended here (metrics/verdicts-<id>.jsonl of
   // the run; empty: none): time, task, level, policy version, verdict, speedup, reward,
   // compile/verify seconds and the reason's first 300 bytes. tools/report's per-minute
   // windows, per-level table and cheat list come from it.
   std::string verdict_log;
-  int oom_attempts = 3;                           // tries per candidate when the GPU is out of memory
+  int oom_attempts = 3;  // tries per candidate when the GPU is out of memory
   std::chrono::milliseconds oom_retry_delay{5000};
   // CUDA: after a candidate, the allocator cache is given back to the driver when it holds
   // more than this (0: never). Without it each evaluator keeps the peak of the biggest task
@@ -83,7 +89,7 @@ struct ServiceOptions {
   // leaves the rest of its batch unscored, so that a stopping run is not kept waiting for
   // up to `batch` verifications (the launcher kills evaluators 15 s after SIGTERM).
   const std::atomic<bool>* stop = nullptr;
-  bool train_on_degenerate_tasks = false;         // evaluator.train_on_degenerate_tasks
+  bool train_on_degenerate_tasks = false;  // evaluator.train_on_degenerate_tasks
 };
 
 // From the run's config: run.backend, tasks.dir, evaluator.cache_limit_gb,

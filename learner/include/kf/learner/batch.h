@@ -23,12 +23,12 @@
 namespace kf::learner {
 
 struct Sequence {
-  std::vector<int32_t> tokens;     // prompt + completion
+  std::vector<int32_t> tokens;  // prompt + completion
   int64_t prompt_len = 0;
-  std::vector<float> behaviour;    // one per completion token
+  std::vector<float> behaviour;  // one per completion token
   double reward = 0;
   double advantage = 0;
-  int64_t group = 0;               // index of its group in this step's batch
+  int64_t group = 0;  // index of its group in this step's batch
 };
 
 struct BatchCounts {
@@ -39,8 +39,8 @@ struct BatchCounts {
 
 struct StepBatch {
   std::vector<Sequence> seqs;
-  std::vector<std::pair<int64_t, int64_t>> pairs;   // indices into seqs: (faster, slower)
-  std::vector<std::vector<int64_t>> groups;         // sequence indices of each used group
+  std::vector<std::pair<int64_t, int64_t>> pairs;  // indices into seqs: (faster, slower)
+  std::vector<std::vector<int64_t>> groups;        // sequence indices of each used group
   BatchCounts counts;
   int64_t completion_tokens() const;
 };
@@ -58,14 +58,14 @@ StepBatch build_step_batch(const std::vector<replay::ScoredGroup>& groups, int64
 
 // Position t of the [B, T-1] tensors is token_logprobs' position t: it predicts token t+1.
 struct MicroBatch {
-  torch::Tensor ids;         // int64 [B, T]: right-padded rows, or one packed row (B = 1)
-  torch::Tensor attention;   // int64 [B, T], 1 = token
-  torch::Tensor behaviour;   // fp32 [B, T-1], aligned with token_logprobs
-  torch::Tensor completion;  // fp32 [B, T-1], 1 on completion tokens
-  torch::Tensor advantages;  // fp32 [B, T-1]: the sequence's advantage on its completion tokens, else 0
-  torch::Tensor inv_len;     // fp32 [B, T-1]: 1 / (the sequence's completion tokens) on them, else 0
-  torch::Tensor seq_slot;    // int64 [B, T-1]: index into seq_index of the sequence a completion
-                             // position belongs to, 0 elsewhere (per-sequence sums by index_add)
+  torch::Tensor ids;               // int64 [B, T]: right-padded rows, or one packed row (B = 1)
+  torch::Tensor attention;         // int64 [B, T], 1 = token
+  torch::Tensor behaviour;         // fp32 [B, T-1], aligned with token_logprobs
+  torch::Tensor completion;        // fp32 [B, T-1], 1 on completion tokens
+  torch::Tensor advantages;        // fp32 [B, T-1]: the sequence's advantage on its completion tokens, else 0
+  torch::Tensor inv_len;           // fp32 [B, T-1]: 1 / (the sequence's completion tokens) on them, else 0
+  torch::Tensor seq_slot;          // int64 [B, T-1]: index into seq_index of the sequence a completion
+                                   // position belongs to, 0 elsewhere (per-sequence sums by index_add)
   std::vector<int64_t> seq_index;  // which StepBatch sequences, in row (or packing) order
   std::vector<int64_t> segments;   // packed: the sequences' lengths along the row; padded: empty
   int64_t real_tokens = 0;         // tokens of the sequences, without padding

@@ -30,7 +30,6 @@ struct ExportOptions {
 // `checkpoint` is a checkpoint folder, a run's checkpoints/ folder or a run folder (then
 // the newest valid checkpoint is used). The checkpoint is verified first. Throws
 // kf::Error naming the file and field. Returns the checkpoint folder used.
-std::string export_checkpoint(const std::string& checkpoint, const std::string& out_dir,
-                              const ExportOptions& opt = {});
+std::string export_checkpoint(const std::string& checkpoint, const std::string& out_dir, const ExportOptions& opt = {});
 
 }  // namespace kf::learner

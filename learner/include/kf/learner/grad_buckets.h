@@ -58,12 +58,12 @@ class GradBuckets {
   GradBuckets(const GradBuckets&) = delete;
   GradBuckets& operator=(const GradBuckets&) = delete;
 
-  void zero();            // zeroes every bucket (grads stay views) or gradient accumulator
-  void arm();             // the next backward launches buckets as they complete (sharded gradients: always)
-  void finish();          // launches the rest, waits; disarms
+  void zero();    // zeroes every bucket (grads stay views) or gradient accumulator
+  void arm();     // the next backward launches buckets as they complete (sharded gradients: always)
+  void finish();  // launches the rest, waits; disarms
   std::size_t buckets() const { return bucket_len_.size(); }
   int64_t launched_in_backward() const { return launched_in_backward_; }  // last finish()
-  const std::vector<torch::Tensor>& flat() const { return flat_; }  // empty with sharded gradients
+  const std::vector<torch::Tensor>& flat() const { return flat_; }        // empty with sharded gradients
 
   // Sharded layout (sharded() only).
   bool sharded() const { return sharded_; }
@@ -94,19 +94,19 @@ class GradBuckets {
   // Sharded gradients.
   void stage(int64_t param);
   void launch(int64_t b);
-  void drain();                 // waits for launched reductions, adds them to acc_
+  void drain();                   // waits for launched reductions, adds them to acc_
   bool open_round(bool working);  // false: every rank is done (no round opened)
-  void flush_round();           // launches the round's remaining buckets, closes it
+  void flush_round();             // launches the round's remaining buckets, closes it
   std::vector<torch::Tensor> flat_;
-  std::vector<int64_t> bucket_len_;    // padded elements per bucket
+  std::vector<int64_t> bucket_len_;  // padded elements per bucket
   std::vector<torch::Tensor> acc_, staging_;
-  std::vector<int64_t> in_flight_;     // buckets reduced, not yet added to acc_
-  std::vector<char> seen_;             // per parameter: staged in the open round
+  std::vector<int64_t> in_flight_;  // buckets reduced, not yet added to acc_
+  std::vector<char> seen_;          // per parameter: staged in the open round
   bool round_open_ = false;
   std::vector<torch::Tensor> param_flat_;  // sharded: parameter storage, same layout
-  std::vector<int64_t> bucket_of_;     // per parameter
-  std::vector<int64_t> offset_of_;     // per parameter: element offset in its bucket
-  std::vector<int64_t> bucket_size_;   // parameters per bucket
+  std::vector<int64_t> bucket_of_;         // per parameter
+  std::vector<int64_t> offset_of_;         // per parameter: element offset in its bucket
+  std::vector<int64_t> bucket_size_;       // parameters per bucket
   std::vector<int64_t> pending_;
   std::vector<torch::Tensor> params_;
   Communicator* comm_;

@@ -16,10 +16,10 @@
 namespace kf::learner {
 
 struct TakeRequest {
-  int64_t step = 0;            // the optimizer step being built
+  int64_t step = 0;  // the optimizer step being built
   int rank = 0, world = 1;
-  int64_t groups = 0;          // this rank's share
-  int64_t version = 0;         // the learner's current policy version
+  int64_t groups = 0;   // this rank's share
+  int64_t version = 0;  // the learner's current policy version
   int64_t max_lag = 0;
 };
 
@@ -50,8 +50,8 @@ struct SyntheticConfig {
   int64_t completion_min = 3, completion_max = 10;
   double behaviour_logprob = -5.5;  // about -log(vocab) for a random-init model
   double behaviour_noise = 0.2;
-  int64_t equal_reward_every = 5;   // every Nth group has all-equal rewards (0: never)
-  int64_t stale_every = 0;          // every Nth group is max_lag + 1 versions old (0: never)
+  int64_t equal_reward_every = 5;  // every Nth group has all-equal rewards (0: never)
+  int64_t stale_every = 0;         // every Nth group is max_lag + 1 versions old (0: never)
 };
 
 class SyntheticSource : public GroupSource {

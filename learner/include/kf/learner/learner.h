@@ -40,17 +40,17 @@
 namespace kf::learner {
 
 struct LearnerDeps {
-  Communicator* comm = nullptr;               // required
-  GroupSource* source = nullptr;              // required
-  replay::SnapshotStore* snapshots = nullptr; // optional: where snapshots go (rank 0 publishes)
-  replay::RunShm* shm = nullptr;              // optional: replay + kernel DB saved in checkpoints
-  std::string checkpoint_dir;                 // optional: <run>/checkpoints
+  Communicator* comm = nullptr;                // required
+  GroupSource* source = nullptr;               // required
+  replay::SnapshotStore* snapshots = nullptr;  // optional: where snapshots go (rank 0 publishes)
+  replay::RunShm* shm = nullptr;               // optional: replay + kernel DB saved in checkpoints
+  std::string checkpoint_dir;                  // optional: <run>/checkpoints
   torch::Device device = torch::kCPU;
 };
 
 struct StepStats {
   bool updated = false;
-  int64_t step = 0;              // steps done after this one
+  int64_t step = 0;  // steps done after this one
   double loss = 0, grpo_loss = 0, pairwise_loss = 0, kl = 0, clip_fraction = 0, mean_ratio = 0;
   double grad_norm = 0, lr = 0;  // grad_norm: global L2 norm before clipping
   // Over all ranks' completion tokens: k3 estimate of KL(behaviour || current policy), with
@@ -95,14 +95,14 @@ class Learner {
   void load_checkpoint(const std::string& path, bool restore_shm = true);
 
   StepStats step();
-  std::string checkpoint();      // all ranks call; rank 0 writes; returns the path ("" on others)
-  void publish_snapshot();       // rank 0 publishes the current weights as version()
+  std::string checkpoint();  // all ranks call; rank 0 writes; returns the path ("" on others)
+  void publish_snapshot();   // rank 0 publishes the current weights as version()
 
   int64_t steps_done() const { return step_; }
   int64_t version() const { return step_; }
   policy::CausalLM model() const { return model_; }
   const LearnerConfig& config() const { return cfg_; }
-  uint64_t weights_checksum() const;                 // xxh64 over all weights, name order
+  uint64_t weights_checksum() const;  // xxh64 over all weights, name order
   const std::map<std::string, int64_t>& counters() const { return counters_; }
   PublishStats publish_stats() const;  // waits for the publish in flight; zeros without a store
   void set_tokenizer_json(std::string json) { tokenizer_json_ = std::move(json); }

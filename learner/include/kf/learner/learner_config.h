@@ -18,13 +18,13 @@ enum class ScheduleKind { constant, linear, cosine };
 enum class ShardMode { none, optimizer, gradients };
 
 struct GrpoConfig {
-  bool std_normalize = false;   // A = (r - mean) / (std + adv_eps) instead of r - mean
+  bool std_normalize = false;  // A = (r - mean) / (std + adv_eps) instead of r - mean
   double adv_eps = 1e-6;
   RatioMode ratio = RatioMode::behaviour;
-  double clip_low = 0.2;        // ratio clipped to [1 - clip_low, 1 + clip_high]
-  double clip_high = 0.2;       // DAPO clip-higher: 0.28
+  double clip_low = 0.2;              // ratio clipped to [1 - clip_low, 1 + clip_high]
+  double clip_high = 0.2;             // DAPO clip-higher: 0.28
   double behaviour_weight_cap = 5.0;  // decoupled: pi_prox / pi_behaviour capped here
-  double kl_coef = 0.0;         // k3 KL to the frozen reference
+  double kl_coef = 0.0;               // k3 KL to the frozen reference
   Aggregation aggregation = Aggregation::token;
 };
 
@@ -56,7 +56,7 @@ struct LearnerConfig {
   uint64_t seed = 0;
   int64_t steps = 0;
   Objective objective = Objective::grpo;
-  int64_t groups_per_step = 8;      // over all ranks
+  int64_t groups_per_step = 8;  // over all ranks
   // A step waits (holding what it took) until every rank has its share of this many
   // groups; 1: step with whatever the take returned. A slow evaluator otherwise makes
   // steps of one group of G samples: the noisiest GRPO estimate there is.
@@ -71,7 +71,7 @@ struct LearnerConfig {
   // master copy), or "auto": bf16 on CUDA when shard != none, else fp32 (Learner resolves it).
   std::string param_dtype = "auto";
   double temperature = 1.0;
-  std::string precision = "auto";   // auto | fp32 | bf16
+  std::string precision = "auto";  // auto | fp32 | bf16
   bool gradient_checkpointing = false;
   bool deterministic = false;
   GrpoConfig grpo;
@@ -79,7 +79,7 @@ struct LearnerConfig {
   OptimConfig optim;
   ScheduleConfig schedule;
   int64_t ranks = 1;
-  std::string comm = "auto";        // auto | cpu | nccl
+  std::string comm = "auto";  // auto | cpu | nccl
   int64_t bucket_mb = 25;
   // Sharded training state (docs/learner-scale.md "Sharded state"): none; optimizer (fp32
   // master weights and Adam moments split over the ranks, ZeRO-1); gradients (and the

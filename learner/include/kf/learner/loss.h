@@ -36,10 +36,10 @@ std::vector<double> group_advantages(const std::vector<double>& rewards, bool st
 bool rewards_all_equal(const std::vector<double>& rewards);
 
 struct GrpoLoss {
-  torch::Tensor loss;          // scalar, differentiable
-  torch::Tensor clipped;       // scalar: sum of weight over tokens whose clip was active
-  torch::Tensor kl;            // scalar: sum of weight * kl_t (0 without reference)
-  torch::Tensor ratio;         // scalar: sum of weight * r_t
+  torch::Tensor loss;     // scalar, differentiable
+  torch::Tensor clipped;  // scalar: sum of weight over tokens whose clip was active
+  torch::Tensor kl;       // scalar: sum of weight * kl_t (0 without reference)
+  torch::Tensor ratio;    // scalar: sum of weight * r_t
 };
 
 // logp: [B, T] differentiable fp32; behaviour, weight: [B, T]; ref: [B, T] or undefined;

@@ -27,11 +27,11 @@
 namespace kf::netqueue {
 
 struct RendezvousConfig {
-  StreamConfig server;        // host, port, user, password, connect/io timeouts (stream unused)
-  std::string scope;          // the run name; no ':' or whitespace
+  StreamConfig server;  // host, port, user, password, connect/io timeouts (stream unused)
+  std::string scope;    // the run name; no ':' or whitespace
   int rank = 0;
   int world = 1;
-  Millis timeout{120000};     // rank 0's wait for the others (publish)
+  Millis timeout{120000};  // rank 0's wait for the others (publish)
 };
 
 class StoreRendezvous {

@@ -43,18 +43,18 @@ using Millis = std::chrono::milliseconds;
 struct StreamConfig {
   std::string host = "127.0.0.1";
   int port = 6379;
-  std::string user = "kf";           // ACL user; "" = the default user (requirepass)
-  std::string password;              // "" = no AUTH
+  std::string user = "kf";  // ACL user; "" = the default user (requirepass)
+  std::string password;     // "" = no AUTH
   std::string stream = "kf:candidates";
   std::string group = "evaluators";
-  std::string consumer;              // unique per consumer; "" = "<hostname>:<pid>:<n>"
-  uint64_t bound = 4096;             // most records not yet acknowledged (XLEN)
+  std::string consumer;   // unique per consumer; "" = "<hostname>:<pid>:<n>"
+  uint64_t bound = 4096;  // most records not yet acknowledged (XLEN)
   Millis connect_timeout{2000};
-  Millis io_timeout{5000};           // a reply must come within this (beyond a BLOCK)
-  Millis claim_idle{30000};          // pending this long without keep_alive(): claimable
-  Millis claim_every{0};             // 0 = claim_idle / 4 (at least 10 ms)
-  uint32_t max_deliveries = 5;       // then the record goes to <stream>:dead
-  uint32_t batch_records = 256;      // most records per script call (push/ack)
+  Millis io_timeout{5000};       // a reply must come within this (beyond a BLOCK)
+  Millis claim_idle{30000};      // pending this long without keep_alive(): claimable
+  Millis claim_every{0};         // 0 = claim_idle / 4 (at least 10 ms)
+  uint32_t max_deliveries = 5;   // then the record goes to <stream>:dead
+  uint32_t batch_records = 256;  // most records per script call (push/ack)
 };
 
 struct Message {
@@ -64,30 +64,30 @@ struct Message {
   uint32_t deliveries = 1;  // 1 = first delivery; n = claimed n-1 times
 };
 
-struct Outgoing {           // a record for ack_forward()'s output stream
+struct Outgoing {  // a record for ack_forward()'s output stream
   uint64_t tag = 0;
   std::string data;
 };
 
-struct StreamStats {        // this object's counts
+struct StreamStats {  // this object's counts
   uint64_t pushed = 0;
-  uint64_t push_waits = 0;      // script calls refused for a full stream (the producer waited)
-  uint64_t push_timeouts = 0;   // pushes that gave up on a full stream
-  uint64_t taken = 0;           // messages returned by take() (new + claimed)
-  uint64_t claimed = 0;         // of those, claimed from other (dead or slow) consumers
-  uint64_t acked = 0;           // acknowledgements that removed a pending record
-  uint64_t ack_late = 0;        // acknowledgements of records no longer pending (another consumer's)
-  uint64_t forwarded = 0;       // outputs ack_forward() appended
-  uint64_t dead_lettered = 0;   // moved to <stream>:dead (malformed or max_deliveries)
-  uint64_t vanished = 0;        // pending ids whose entry was deleted by someone else
+  uint64_t push_waits = 0;     // script calls refused for a full stream (the producer waited)
+  uint64_t push_timeouts = 0;  // pushes that gave up on a full stream
+  uint64_t taken = 0;          // messages returned by take() (new + claimed)
+  uint64_t claimed = 0;        // of those, claimed from other (dead or slow) consumers
+  uint64_t acked = 0;          // acknowledgements that removed a pending record
+  uint64_t ack_late = 0;       // acknowledgements of records no longer pending (another consumer's)
+  uint64_t forwarded = 0;      // outputs ack_forward() appended
+  uint64_t dead_lettered = 0;  // moved to <stream>:dead (malformed or max_deliveries)
+  uint64_t vanished = 0;       // pending ids whose entry was deleted by someone else
   uint64_t reconnects = 0;
 };
 
-struct StreamDepth {        // the server's view of the stream and group
-  uint64_t length = 0;      // records not yet acknowledged (XLEN)
-  uint64_t pending = 0;     // of those, delivered and not yet acknowledged
-  uint64_t dead = 0;        // length of <stream>:dead
-  uint64_t consumers = 0;   // consumers the group knows (dead ones included)
+struct StreamDepth {       // the server's view of the stream and group
+  uint64_t length = 0;     // records not yet acknowledged (XLEN)
+  uint64_t pending = 0;    // of those, delivered and not yet acknowledged
+  uint64_t dead = 0;       // length of <stream>:dead
+  uint64_t consumers = 0;  // consumers the group knows (dead ones included)
 };
 
 class StreamQueue {
@@ -145,12 +145,12 @@ class StreamQueue {
 struct ServerOptions {
   std::string executable = "redis-server";
   std::vector<std::string> bind = {"127.0.0.1"};
-  int port = 0;                      // 0 = a free port
+  int port = 0;  // 0 = a free port
   std::string user = "kf";
-  std::string password;              // required; no whitespace
-  std::string key_prefix = "kf:";    // the ACL user may touch only these keys
-  std::string dir;                   // "" = a fresh /tmp/kf-redis-XXXXXX, removed on stop
-  uint64_t max_memory_mb = 0;        // 0 = no limit
+  std::string password;            // required; no whitespace
+  std::string key_prefix = "kf:";  // the ACL user may touch only these keys
+  std::string dir;                 // "" = a fresh /tmp/kf-redis-XXXXXX, removed on stop
+  uint64_t max_memory_mb = 0;      // 0 = no limit
   Millis start_timeout{10000};
 };
 

@@ -11,10 +11,10 @@ namespace kf::policy {
 struct RopeConfig {
   std::string type = "default";  // "default", "linear" or "llama3"
   double theta = 10000.0;
-  double factor = 1.0;                       // linear, llama3
-  double low_freq_factor = 1.0;              // llama3
-  double high_freq_factor = 4.0;             // llama3
-  int64_t original_max_position = 8192;      // llama3
+  double factor = 1.0;                   // linear, llama3
+  double low_freq_factor = 1.0;          // llama3
+  double high_freq_factor = 4.0;         // llama3
+  int64_t original_max_position = 8192;  // llama3
 };
 
 struct ModelConfig {
@@ -30,9 +30,9 @@ struct ModelConfig {
   double rms_norm_eps = 1e-6;
   RopeConfig rope;
   bool tie_word_embeddings = false;
-  bool qkv_bias = false;  // qwen2: always; llama: attention_bias
-  bool o_bias = false;    // llama attention_bias also biases o_proj
-  bool mlp_bias = false;  // llama mlp_bias
+  bool qkv_bias = false;               // qwen2: always; llama: attention_bias
+  bool o_bias = false;                 // llama attention_bias also biases o_proj
+  bool mlp_bias = false;               // llama mlp_bias
   std::vector<int64_t> eos_token_ids;  // stop ids: config.json's, then generation_config.json's (load_model_config)
   int64_t bos_token_id = -1;
   std::string dtype = "float32";  // as saved ("bfloat16", "float32", ...)

@@ -39,23 +39,23 @@
 namespace kf::policy {
 
 struct EngineOptions {
-  int64_t kv_budget_mb = 256;    // the KV pool, all layers, keys and values
-  int64_t block_size = 16;       // tokens per KV block
-  int64_t max_sequences = 64;    // most sequences in the running batch
-  int64_t check_every = 8;       // decode steps between host checks (stops, admission)
+  int64_t kv_budget_mb = 256;  // the KV pool, all layers, keys and values
+  int64_t block_size = 16;     // tokens per KV block
+  int64_t max_sequences = 64;  // most sequences in the running batch
+  int64_t check_every = 8;     // decode steps between host checks (stops, admission)
   // Batch sizes the step is padded to (ascending); empty: powers of two up to
   // max_sequences. Used on CUDA, and on the CPU when pad_batch is set.
   std::vector<int64_t> batch_buckets;
-  bool pad_batch = false;        // CPU: pad to the buckets too (CUDA always pads)
-  bool cuda_graph = true;        // CUDA: capture and replay the decode step
+  bool pad_batch = false;  // CPU: pad to the buckets too (CUDA always pads)
+  bool cuda_graph = true;  // CUDA: capture and replay the decode step
   uint64_t seed = 0;
-  GpuShare* gpu_share = nullptr; // held while the engine works, paused at every host check
+  GpuShare* gpu_share = nullptr;  // held while the engine works, paused at every host check
 };
 
 struct EngineRequest {
-  uint64_t id = 0;               // the caller's handle, returned with the result
+  uint64_t id = 0;  // the caller's handle, returned with the result
   std::vector<int32_t> prompt;
-  int64_t n = 1;                 // samples sharing the prompt's prefill
+  int64_t n = 1;  // samples sharing the prompt's prefill
   // temperature, top_p, top_k, max_new_tokens, eos_ids, loop_*, valid_vocab (-1: the
   // model's vocab). stop strings, seed, static_decode, cuda_graph, shared_prefill and
   // gpu_share are not used (the engine's options decide).
@@ -71,7 +71,7 @@ struct EngineResult {
 
 struct EngineStats {
   int64_t blocks_total = 0, blocks_free = 0, blocks_peak_used = 0;
-  int64_t block_bytes = 0;              // one block, all layers, K and V
+  int64_t block_bytes = 0;  // one block, all layers, K and V
   int64_t decode_steps = 0, decode_rows = 0, padded_rows = 0;
   int64_t prefill_tokens = 0, cow_copies = 0, graphs_captured = 0, graphs_dropped = 0;
   int64_t waiting = 0, running_requests = 0, running_sequences = 0;
@@ -96,7 +96,7 @@ class Engine {
   // Runs until every queued request has finished; results in finishing order.
   std::vector<EngineResult> run_all();
 
-  bool idle() const;            // nothing queued or running
+  bool idle() const;  // nothing queued or running
   EngineStats stats() const;
   const EngineOptions& options() const;
 

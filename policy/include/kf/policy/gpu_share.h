@@ -26,9 +26,9 @@ class GpuShare {
   GpuShare& operator=(GpuShare&&) = default;
 
   bool active() const { return lock_ != nullptr; }
-  void enter();        // shared hold; blocks while a trial runs or waits for the GPU
-  void leave();        // synchronize the device, then release (no-op when not held)
-  void pause_point();  // leave() then enter(): lets a waiting trial run between chunks
+  void enter();                                    // shared hold; blocks while a trial runs or waits for the GPU
+  void leave();                                    // synchronize the device, then release (no-op when not held)
+  void pause_point();                              // leave() then enter(): lets a waiting trial run between chunks
   double wait_seconds() const { return wait_s_; }  // total time spent waiting in enter()
   const std::string& key() const { return key_; }
 

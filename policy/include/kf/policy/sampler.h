@@ -18,7 +18,7 @@ namespace kf::policy {
 struct SamplingParams {
   double temperature = 1.0;  // 0 = greedy
   double top_p = 1.0;
-  int64_t top_k = 0;         // 0 = off
+  int64_t top_k = 0;  // 0 = off
   int64_t max_new_tokens = 256;
   // Loop stop: a row is done ("loop") once its completion ends with one block of p tokens
   // (p <= loop_max_period) repeated loop_repeats times or more in a row, the repeats
@@ -52,10 +52,10 @@ struct SamplingParams {
 };
 
 struct Completion {
-  std::vector<int32_t> tokens;   // the completion, the stopping token included
-  std::vector<float> logprobs;   // log p(token) under softmax(logits / T), full vocab
-  std::string text;              // decoded tokens (empty without a tokenizer)
-  std::string finish_reason;     // "eos", "stop", "loop", "length"
+  std::vector<int32_t> tokens;  // the completion, the stopping token included
+  std::vector<float> logprobs;  // log p(token) under softmax(logits / T), full vocab
+  std::string text;             // decoded tokens (empty without a tokenizer)
+  std::string finish_reason;    // "eos", "stop", "loop", "length"
 };
 
 // The smallest period P in [1, p.loop_max_period] such that `tokens` ends with k >=

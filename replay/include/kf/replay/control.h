@@ -29,15 +29,15 @@ struct PeerInfo {
   std::string role;
   int32_t id = 0;
   int64_t heartbeat_age_ns = 0;
-  bool alive = false;        // process exists (pid + start time)
-  bool fresh = false;        // alive and heartbeat within the timeout
+  bool alive = false;  // process exists (pid + start time)
+  bool fresh = false;  // alive and heartbeat within the timeout
   std::vector<uint64_t> counters;
 };
 
 class ControlBlock {
  public:
   static constexpr int kMaxProcs = 128;
-  static constexpr int kCounters = 12;    // 0-7: meaning chosen by each role (documented there)
+  static constexpr int kCounters = 12;  // 0-7: meaning chosen by each role (documented there)
   // 8-10 mean the same in every role, in milliseconds: working (actor: generating;
   // evaluator: verifying; learner: training steps, without waiting for groups), compiling
   // (evaluator), waiting for the GPU timing lock (actor, learner). 11 is free.

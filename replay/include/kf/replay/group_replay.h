@@ -3,11 +3,10 @@
 // A group is one prompt plus G candidates sampled together (G <= 64). The actor
 // opens it with all G candidates; each evaluator (and the head's bridge, for evaluator
 // nodes) joins its result to it by group id and index (add_result), into an empty result
-// slot only: a second result for the same candidate is counted duplicate and dropped. A group is READY when all G are scored, or
-// when its deadline passes or its missing candidates were reported lost (those are
-// marked missing). The learner takes ready groups in batches, oldest policy version
-// first. Groups whose policy version lags the learner's by more than max_lag are
-// dropped at take time and counted.
+// slot only: a second result for the same candidate is counted duplicate and dropped. A group is READY when all G are
+// scored, or when its deadline passes or its missing candidates were reported lost (those are marked missing). The
+// learner takes ready groups in batches, oldest policy version first. Groups whose policy version lags the learner's by
+// more than max_lag are dropped at take time and counted.
 //
 // Capacity and eviction: `capacity` group slots of `group_bytes` each, allocated at
 // start-up. When open_group() finds no free slot it evicts the open group with the
@@ -38,9 +37,9 @@
 namespace kf::replay {
 
 struct ReplayConfig {
-  uint32_t capacity = 256;            // groups
-  uint32_t group_bytes = 1u << 20;    // encoded prompt + G candidates + G results
-  uint32_t result_bytes = 2048;       // per result (reason text is truncated to fit)
+  uint32_t capacity = 256;          // groups
+  uint32_t group_bytes = 1u << 20;  // encoded prompt + G candidates + G results
+  uint32_t result_bytes = 2048;     // per result (reason text is truncated to fit)
 };
 
 struct ScoredGroup {

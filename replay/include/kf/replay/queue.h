@@ -36,7 +36,7 @@ struct QueueConfig {
   uint32_t slot_bytes = 4096;  // largest record
   // How long a blocked push/pop waits before it looks for dead owners (reap()).
   std::chrono::milliseconds reap_after{100};
-  uint32_t spin_us = 20;       // consumers spin this long on an empty queue before sleeping
+  uint32_t spin_us = 20;  // consumers spin this long on an empty queue before sleeping
   // Claims: a record a consumer took stays in its slot (READING, owner pid + start time)
   // until the consumer release()s it. If the consumer dies first, reap() puts the record
   // back in the queue, up to max_claims takes in all; after that (or with 0) the record
@@ -66,24 +66,24 @@ struct QueueStats {
   uint64_t pushed = 0, popped = 0;  // committed / released by consumers
   uint64_t queued = 0;              // committed, not yet taken
   uint64_t free_slots = 0;
-  uint64_t dropped_full = 0;        // pushes that timed out on a full queue
-  uint64_t dropped_too_large = 0;   // records larger than slot_bytes
-  uint64_t dropped_abandoned = 0;   // slots a producer acquired and gave back unwritten
-  uint64_t lost_producer = 0;       // reclaimed from dead producers (mid-write)
-  uint64_t lost_consumer = 0;       // reclaimed from dead consumers (mid-read)
-  uint64_t corrupt = 0;             // records failing their checksum (should stay 0)
-  uint64_t recoveries = 0;          // locks recovered from a dead owner
-  uint64_t requeued = 0;            // claims put back (dead consumer, give_back)
-  uint64_t dropped_by_consumer = 0; // drop(): taken, then given up by the consumer
+  uint64_t dropped_full = 0;         // pushes that timed out on a full queue
+  uint64_t dropped_too_large = 0;    // records larger than slot_bytes
+  uint64_t dropped_abandoned = 0;    // slots a producer acquired and gave back unwritten
+  uint64_t lost_producer = 0;        // reclaimed from dead producers (mid-write)
+  uint64_t lost_consumer = 0;        // reclaimed from dead consumers (mid-read)
+  uint64_t corrupt = 0;              // records failing their checksum (should stay 0)
+  uint64_t recoveries = 0;           // locks recovered from a dead owner
+  uint64_t requeued = 0;             // claims put back (dead consumer, give_back)
+  uint64_t dropped_by_consumer = 0;  // drop(): taken, then given up by the consumer
 };
 
 class ShmQueue {
  public:
-  struct Slot {            // a slot held by this process (writing or reading)
+  struct Slot {  // a slot held by this process (writing or reading)
     uint32_t handle = 0;
     unsigned char* data = nullptr;
-    uint32_t len = 0;      // reading: record length; writing: set before commit
-    uint64_t tag = 0;      // caller's id for the record (e.g. candidate id)
+    uint32_t len = 0;  // reading: record length; writing: set before commit
+    uint64_t tag = 0;  // caller's id for the record (e.g. candidate id)
   };
 
   static std::size_t segment_bytes(const QueueConfig& cfg);
@@ -98,8 +98,7 @@ class ShmQueue {
   // the record exceeds slot_bytes (counted).
   bool push(const void* data, std::size_t len, uint64_t tag, Timeout timeout);
   // Pushes records in order; returns how many went in before the timeout.
-  std::size_t push_batch(const std::vector<std::string>& records, const std::vector<uint64_t>& tags,
-                         Timeout timeout);
+  std::size_t push_batch(const std::vector<std::string>& records, const std::vector<uint64_t>& tags, Timeout timeout);
   // Zero-copy: take up to n free slots (at least 1 unless the timeout passes) tagged
   // tags[0..), write into slot.data, set slot.len, then commit() or abandon().
   std::size_t acquire(Slot* out, std::size_t n, const uint64_t* tags, Timeout timeout);
@@ -141,14 +140,16 @@ class ShmQueue {
   struct Header;  // the shared layout; defined in queue.cpp only
 
  private:
-  template <typename T> friend class RecordQueue;
+  template <typename T>
+  friend class RecordQueue;
   ShmQueue() = default;
   Header* hdr() const;
   ShmSegment seg_;
 };
 
 // Typed queue over ShmQueue: encodes T straight into the slot (no temporary copy).
-template <typename T> class RecordQueue {
+template <typename T>
+class RecordQueue {
  public:
   explicit RecordQueue(ShmQueue q) : q_(std::move(q)) {}
   // Tag = record id (Candidate::id). False: full (timeout) or too large.

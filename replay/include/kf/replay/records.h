@@ -17,15 +17,15 @@ struct Candidate {
   uint64_t id = 0;
   std::string task;
   uint64_t group_id = 0;
-  uint32_t index_in_group = 0;           // 0..G-1
-  int64_t policy_version = 0;            // behaviour policy that sampled it
+  uint32_t index_in_group = 0;  // 0..G-1
+  int64_t policy_version = 0;   // behaviour policy that sampled it
   std::vector<int32_t> prompt_tokens;
   std::vector<int32_t> completion_tokens;
   std::vector<float> behaviour_logprobs;  // one per completion token
   std::string source;                     // extracted kernel source (empty on error)
   std::string extraction_error;           // why no source could be extracted
   int32_t actor_id = 0;
-  int64_t t_sampled_ns = 0;               // CLOCK_MONOTONIC
+  int64_t t_sampled_ns = 0;  // CLOCK_MONOTONIC
   int64_t t_pushed_ns = 0;
 };
 
@@ -50,7 +50,7 @@ struct Result {
   uint32_t index_in_group = 0;  // routing: copied from the candidate
   Verdict verdict = Verdict::compile_error;
   Cause cause = Cause::kernel;
-  std::string reason;           // human text; says what happened, never parsed
+  std::string reason;  // human text; says what happened, never parsed
   double ref_time_median_us = 0, ref_time_spread_us = 0;
   double cand_time_median_us = 0, cand_time_spread_us = 0;
   double speedup = 0;
@@ -63,7 +63,7 @@ struct Result {
   // timing_unstable, `speedup` is the conservative estimate speedup_lo.
   double speedup_lo = 0, speedup_hi = 0;
   bool timing_unstable = false;
-  bool task_degenerate = false;        // the task's reference output is (nearly) input-independent
+  bool task_degenerate = false;  // the task's reference output is (nearly) input-independent
   // The learner leaves this result out of training (its group is dropped): set by the
   // evaluator for degenerate tasks unless evaluator.train_on_degenerate_tasks.
   bool exclude_from_training = false;

@@ -45,9 +45,9 @@ RunShmConfig run_shm_config(const Config& cfg);
 
 // What salvage_or_count found in a run's old shared memory.
 struct Salvage {
-  bool found = false;               // old segments existed (and their creator is dead)
-  QueueLedger ledger;               // the old candidate ledger, with the salvaged ones counted lost
-  std::vector<uint64_t> lost_ids;   // candidates still queued or claimed there
+  bool found = false;              // old segments existed (and their creator is dead)
+  QueueLedger ledger;              // the old candidate ledger, with the salvaged ones counted lost
+  std::vector<uint64_t> lost_ids;  // candidates still queued or claimed there
 };
 
 // Before RunShm::create() of a run whose launcher died: if the run's old shared memory

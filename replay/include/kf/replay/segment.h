@@ -26,24 +26,24 @@ enum class SegmentKind : uint32_t { Control = 1, Queue = 2, Replay = 3, KernelDb
 // The first 512 bytes of every segment. Components place their own header after it
 // (at ShmSegment::kHeaderBytes) and record their parameters in `params`.
 struct SegmentHeader {
-  uint64_t magic;            // kSegmentMagic
-  uint32_t layout_version;   // kLayoutVersion
-  uint32_t kind;             // SegmentKind
+  uint64_t magic;           // kSegmentMagic
+  uint32_t layout_version;  // kLayoutVersion
+  uint32_t kind;            // SegmentKind
   uint64_t total_bytes;
   int32_t creator_pid;
   uint32_t pad0;
-  uint64_t creator_start;    // creator's start time (clock ticks since boot)
-  uint64_t incarnation;      // random per creation; ties a run's segments together
-  uint64_t created_ns;       // CLOCK_MONOTONIC
-  uint64_t heartbeat_ns;     // creator's last heartbeat (0: never beat); atomic access
-  uint32_t ready;            // 1 once the creator finished initialising; atomic access
+  uint64_t creator_start;  // creator's start time (clock ticks since boot)
+  uint64_t incarnation;    // random per creation; ties a run's segments together
+  uint64_t created_ns;     // CLOCK_MONOTONIC
+  uint64_t heartbeat_ns;   // creator's last heartbeat (0: never beat); atomic access
+  uint32_t ready;          // 1 once the creator finished initialising; atomic access
   uint32_t pad1;
-  unsigned char params[384]; // component parameters (plain struct)
+  unsigned char params[384];  // component parameters (plain struct)
 };
 
 struct SegmentOptions {
-  bool prefault = false;          // MAP_POPULATE: pay page faults at create/attach, not in use
-  uint64_t incarnation = 0;       // 0: draw a random one
+  bool prefault = false;     // MAP_POPULATE: pay page faults at create/attach, not in use
+  uint64_t incarnation = 0;  // 0: draw a random one
   // A segment whose creator is alive but whose heartbeat is older than this is stale
   // (a hung launcher). 0 disables the heartbeat rule (only a dead creator is stale).
   std::chrono::milliseconds stale_after{0};
@@ -65,8 +65,7 @@ class ShmSegment {
                            const SegmentOptions& opt = {});
   // Maps an existing segment, waiting up to `wait_ready` for its creator to mark it
   // ready. Throws kf::Error if absent, not ready in time, or of the wrong kind/version.
-  static ShmSegment attach(const std::string& name, SegmentKind kind, Timeout wait_ready,
-                           bool prefault = false);
+  static ShmSegment attach(const std::string& name, SegmentKind kind, Timeout wait_ready, bool prefault = false);
   // Whether `name` exists and whether its creator still lives (see SegmentOptions).
   static SegmentState probe(const std::string& name, std::chrono::milliseconds stale_after = {});
   static bool remove(const std::string& name);  // unlinks; mappings stay valid until unmapped
@@ -84,8 +83,8 @@ class ShmSegment {
   bool is_creator() const;
   uint64_t incarnation() const { return header()->incarnation; }
 
-  void mark_ready();   // creator: publish the initialised contents (release)
-  void heartbeat();    // creator: refresh heartbeat_ns
+  void mark_ready();  // creator: publish the initialised contents (release)
+  void heartbeat();   // creator: refresh heartbeat_ns
 
  private:
   struct Impl;

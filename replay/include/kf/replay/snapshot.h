@@ -50,8 +50,7 @@ class SnapshotStore {
   SnapshotInfo latest() const;  // cheap: version and size of the current buffer
   // Copies the newest blob into `out` (resized). Returns its info; version -1 if none.
   // Throws kf::Error if no consistent copy was obtained within `timeout`.
-  SnapshotInfo read(std::vector<unsigned char>& out, int threads = 1,
-                    Timeout timeout = std::chrono::seconds(30)) const;
+  SnapshotInfo read(std::vector<unsigned char>& out, int threads = 1, Timeout timeout = std::chrono::seconds(30)) const;
   // Same into caller memory of `capacity` bytes with a custom copy (GPU readers).
   SnapshotInfo read_into(void* dst, std::size_t capacity, const CopyFn& copy, Timeout timeout) const;
   uint64_t max_bytes() const;

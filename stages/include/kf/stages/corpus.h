@@ -26,7 +26,7 @@ struct CorpusKernel {
 
 struct Corpus {
   std::string dir;
-  std::vector<CorpusKernel> kernels;  // manifest order
+  std::vector<CorpusKernel> kernels;                                 // manifest order
   std::vector<std::string> tasks(const std::string& backend) const;  // sorted, unique
 };
 

@@ -22,12 +22,12 @@ namespace kf::stages {
 
 struct SelfsupOptions {
   int64_t rounds = 1;
-  int64_t samples = 4;           // completions per task per round (one shared prefill)
-  std::string backend = "cpu";   // the evaluator backend kernels are written and verified for
-  int64_t max_tasks = 0;         // 0: every corpus task of the backend
+  int64_t samples = 4;               // completions per task per round (one shared prefill)
+  std::string backend = "cpu";       // the evaluator backend kernels are written and verified for
+  int64_t max_tasks = 0;             // 0: every corpus task of the backend
   std::vector<std::string> include;  // sample only these corpus tasks (empty: all); retraining uses every task
   double temperature = 0.8, top_p = 0.95;
-  int64_t top_k = 0;              // 0: off
+  int64_t top_k = 0;  // 0: off
   int64_t max_new_tokens = 1024;
   int64_t loop_repeats = 4, loop_max_period = 128, loop_min_span = 64;  // loop stop; 0 repeats: off
   uint64_t seed = 0;
@@ -41,8 +41,8 @@ struct SelfsupOptions {
   // again, the delay x try apart; after the last try the sample counts as out_of_memory.
   int oom_attempts = 3;
   std::chrono::milliseconds oom_retry_delay{5000};
-  SftDataOptions data;           // prompts (exemplars K, template, tasks dir, context)
-  SftOptions train;              // retraining after each round
+  SftDataOptions data;  // prompts (exemplars K, template, tasks dir, context)
+  SftOptions train;     // retraining after each round
 };
 
 // One task's share of a round: what its prompt showed and what its samples gave. Stage 2
@@ -59,13 +59,13 @@ struct TaskRoundStats {
 
 struct RoundStats {
   int64_t round = 0, tasks = 0, samples = 0, extracted = 0, compiled = 0, correct = 0, kept = 0;
-  int64_t unexamined = 0;  // sampled, but left unverified at the time limit (not in the rates)
+  int64_t unexamined = 0;     // sampled, but left unverified at the time limit (not in the rates)
   int64_t out_of_memory = 0;  // the GPU was out of memory on every try (the machine's; not in the rates)
   double mean_speedup_correct = 0;
   double sample_s = 0, eval_s = 0, train_s = 0, final_loss = 0;
   std::map<std::string, int64_t> extract_failures;  // extractor failure code -> count
-  std::vector<TaskRoundStats> per_task;  // in sampling order; a task skipped by the time limit has none
-  std::string json() const;  // the selfsup.jsonl line (rates in percent of samples)
+  std::vector<TaskRoundStats> per_task;             // in sampling order; a task skipped by the time limit has none
+  std::string json() const;                         // the selfsup.jsonl line (rates in percent of samples)
 };
 
 // Runs the rounds on `policy` (trained in place). `base` are the corpus SFT examples the

@@ -29,15 +29,15 @@ int64_t parameter_count(policy::CausalLM& model);
 torch::Device parse_device_option(const std::string& value);
 
 struct SftOptions {
-  int64_t steps = 200;          // optimizer steps
-  int64_t batch = 4;            // sequences per step (gradient accumulation, one at a time)
+  int64_t steps = 200;  // optimizer steps
+  int64_t batch = 4;    // sequences per step (gradient accumulation, one at a time)
   double lr = 1e-3, min_lr_ratio = 0.1, weight_decay = 0.1, grad_clip = 1.0;
   int64_t warmup_steps = 20;
   uint64_t seed = 0;
-  int threads = 0;              // torch intra-op threads; 0: leave as is
+  int threads = 0;  // torch intra-op threads; 0: leave as is
   int64_t log_every = 1;
-  double time_limit_s = 0;      // > 0: stop early once exceeded (the run says so); the cosine
-                                // then decays over whichever of steps or time ends first
+  double time_limit_s = 0;  // > 0: stop early once exceeded (the run says so); the cosine
+                            // then decays over whichever of steps or time ends first
 };
 
 struct SftStepLog {

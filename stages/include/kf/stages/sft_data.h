@@ -23,19 +23,19 @@
 namespace kf::stages {
 
 struct SftDataOptions {
-  std::string tasks_dir;            // imported tasks (tools/import-tasks --backends ...)
+  std::string tasks_dir;  // imported tasks (tools/import-tasks --backends ...)
   std::vector<std::string> backends = {"cpu", "cuda"};
-  std::string template_path;        // empty: the tree's configs/prompts/contrastive.txt
-  std::string abi_header_path;      // empty: the tree's evaluator/include/kf/kernel.h
-  int64_t exemplars = 2;            // K (actors.prompt.exemplars)
-  int64_t context_tokens = 4096;    // prompt + completion must fit
+  std::string template_path;      // empty: the tree's configs/prompts/contrastive.txt
+  std::string abi_header_path;    // empty: the tree's evaluator/include/kf/kernel.h
+  int64_t exemplars = 2;          // K (actors.prompt.exemplars)
+  int64_t context_tokens = 4096;  // prompt + completion must fit
   // The actors fit a prompt to context - actors.sampling.max_new_tokens, whatever the
   // completion turns out to be; SFT prompts get the same cap so that the policy learns on
   // the prompts (cut or dropped exemplars included) it is shown in a run. 0: no cap beyond
   // context - completion.
   int64_t max_prompt_tokens = 0;
   int64_t min_exemplar_tokens = 64;
-  bool no_exemplar_copy = true;     // also one no-exemplar example per kernel (first-round prompts)
+  bool no_exemplar_copy = true;  // also one no-exemplar example per kernel (first-round prompts)
   std::string marker = "kernel";
   uint64_t seed = 0;
   // The policy folder whose chat template renders the prompts, as the actors render them
@@ -45,9 +45,9 @@ struct SftDataOptions {
 
 struct SftExample {
   std::string task, backend, file;
-  std::string prompt, completion;   // completion text without the EOS token
-  std::vector<int32_t> ids;         // prompt tokens, completion tokens, EOS
-  int64_t prompt_len = 0;           // the loss covers ids[prompt_len..]
+  std::string prompt, completion;  // completion text without the EOS token
+  std::vector<int32_t> ids;        // prompt tokens, completion tokens, EOS
+  int64_t prompt_len = 0;          // the loss covers ids[prompt_len..]
   int64_t exemplars_shown = 0;
 };
 

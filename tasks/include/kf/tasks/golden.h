@@ -11,10 +11,10 @@
 namespace kf::tasks {
 
 struct GoldenResult {
-  bool inputs_equal = false;        // C++ input generator reproduced Python's tensors bit for bit
-  double max_rel_error = 0;         // max over outputs of max|cpp - py| / max|py|
+  bool inputs_equal = false;  // C++ input generator reproduced Python's tensors bit for bit
+  double max_rel_error = 0;   // max over outputs of max|cpp - py| / max|py|
   std::vector<double> output_rel_errors;
-  std::string problem;              // non-empty: why the comparison could not be made
+  std::string problem;  // non-empty: why the comparison could not be made
 };
 
 // Throws kf::Error if the artifact has no golden file.

@@ -26,7 +26,7 @@
 namespace kf::tasks {
 
 enum class Backend { CPU, CUDA };
-const char* backend_name(Backend b);   // "cpu" / "cuda"
+const char* backend_name(Backend b);          // "cpu" / "cuda"
 Backend parse_backend(const std::string& s);  // throws kf::Error
 // run.backend: "auto" (CUDA when a GPU is visible), "cpu" or "cuda"; throws kf::Error.
 Backend resolve_backend(const std::string& s);
@@ -34,7 +34,7 @@ Backend resolve_backend(const std::string& s);
 enum class Role { Input, Parameter, Buffer, Output };
 
 struct TensorSpec {
-  std::string name;            // inputs: "x0".."xN"; params/buffers: HF-style dotted module path
+  std::string name;  // inputs: "x0".."xN"; params/buffers: HF-style dotted module path
   Role role;
   std::vector<int64_t> shape;
   c10::ScalarType dtype;
@@ -59,8 +59,8 @@ class Task {
   virtual const std::string& dir() const = 0;
   virtual int level() const = 0;
   virtual const std::vector<std::string>& tags() const = 0;
-  virtual const std::string& mode() const = 0;        // "train" or "eval": verified and timed in this mode
-  virtual const std::string& source() const = 0;      // the Python reference program (for prompts)
+  virtual const std::string& mode() const = 0;    // "train" or "eval": verified and timed in this mode
+  virtual const std::string& source() const = 0;  // the Python reference program (for prompts)
   virtual bool has_backend(Backend b) const = 0;
   virtual std::vector<Backend> backends() const = 0;
 

@@ -20,8 +20,8 @@ struct TimingStats {
 TimingStats summarize_ms(std::vector<double> trials_ms);
 
 // Times `ref` on `inputs` (already on `device`).
-TimingStats time_reference(Reference& ref, const std::vector<at::Tensor>& inputs, const at::Device& device,
-                           int warmup, int trials);
+TimingStats time_reference(Reference& ref, const std::vector<at::Tensor>& inputs, const at::Device& device, int warmup,
+                           int trials);
 
 // The device a backend runs on in this process ("cuda" uses CUDA device `index`).
 // Throws kf::Error if the backend is cuda and no GPU is visible.

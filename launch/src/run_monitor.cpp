@@ -139,8 +139,8 @@ ResultSummary RunMonitor::results() const {
 }
 
 void RunMonitor::sample_rates(double elapsed_s, Status& s) {
-  RateSample now{elapsed_s, counters_.sum("actor", kActorPushed), counters_.sum("evaluator", kEvalScored) + remote_verified_,
-                 counters_.sum("actor", kActorLagSum)};
+  RateSample now{elapsed_s, counters_.sum("actor", kActorPushed),
+                 counters_.sum("evaluator", kEvalScored) + remote_verified_, counters_.sum("actor", kActorLagSum)};
   rate_.push_back(now);
   while (rate_.size() > 2 && rate_.front().t < elapsed_s - 10.0) rate_.pop_front();
   s.samples = now.samples;
@@ -201,7 +201,9 @@ std::string eta_text(const Status& s) {
 
 nlohmann::json RunMonitor::to_json() const {
   std::lock_guard<std::mutex> g(mu_);
-  return {{"results_total", total_}, {"verdicts", verdicts_}, {"best_speedup", best_ever_},
+  return {{"results_total", total_},
+          {"verdicts", verdicts_},
+          {"best_speedup", best_ever_},
           {"counters", counters_.to_json()}};
 }
 
@@ -209,7 +211,8 @@ void RunMonitor::from_json(const nlohmann::json& j) {
   std::lock_guard<std::mutex> g(mu_);
   total_ += j.value("results_total", uint64_t{0});
   if (j.contains("verdicts"))
-    for (auto it = j["verdicts"].begin(); it != j["verdicts"].end(); ++it) verdicts_[it.key()] += it.value().get<uint64_t>();
+    for (auto it = j["verdicts"].begin(); it != j["verdicts"].end(); ++it)
+      verdicts_[it.key()] += it.value().get<uint64_t>();
   best_ever_ = std::max(best_ever_, j.value("best_speedup", 0.0));
   if (j.contains("counters")) counters_.from_json(j["counters"]);
 }
@@ -225,18 +228,17 @@ std::string render_status(const Status& s) {
        std::to_string(s.policy_version) + "\n";
   const auto& r = s.results;
   auto pct = [&](const char* v) { return fmt("%.0f%%", 100.0 * r.frac(v)); };
-  o += "samples " + fmt("%.2f/s", s.samples_per_s) + "  verified " + fmt("%.1f/min", s.verified_per_min) +
-       "  (total " + std::to_string(s.verified) + ", extraction failures " + std::to_string(s.extraction_failures) +
-       ")\n";
+  o += "samples " + fmt("%.2f/s", s.samples_per_s) + "  verified " + fmt("%.1f/min", s.verified_per_min) + "  (total " +
+       std::to_string(s.verified) + ", extraction failures " + std::to_string(s.extraction_failures) + ")\n";
   o += "last " + std::to_string(r.window_n) + ": correct " + pct("ok") + "  cheat " + pct("rejected_cheat") +
        "  compile err " + pct("compile_error") + "  wrong " + pct("incorrect") + "  fast_1 " +
        fmt("%.0f%%", 100 * r.fast1_frac) + "\n";
   o += "speedup mean " + fmt("%.2fx", r.mean_speedup) + "  median " + fmt("%.2fx", r.median_speedup) + "  best " +
        fmt("%.2fx", r.best_speedup) + " (ever " + fmt("%.2fx", r.best_speedup_ever) + ")  reward " +
        fmt("%.2f", r.mean_reward) + "\n";
-  o += "queue: candidates " + std::to_string(s.candidate_queue) + "  ready groups " + std::to_string(s.ready_groups) + "  open " + std::to_string(s.open_groups) + "  lag " +
-       fmt("%.1f", s.policy_lag) + "  GPU busy " + (s.gpu_busy < 0 ? std::string("n/a") : fmt("%.0f%%", 100 * s.gpu_busy)) +
-       "\n";
+  o += "queue: candidates " + std::to_string(s.candidate_queue) + "  ready groups " + std::to_string(s.ready_groups) +
+       "  open " + std::to_string(s.open_groups) + "  lag " + fmt("%.1f", s.policy_lag) + "  GPU busy " +
+       (s.gpu_busy < 0 ? std::string("n/a") : fmt("%.0f%%", 100 * s.gpu_busy)) + "\n";
   o += "time: generate " + fmt("%.0f s", s.generate_s) + "  compile " + fmt("%.0f s", s.compile_s) + "  verify " +
        fmt("%.0f s", s.verify_s) + "  learn " + fmt("%.0f s", s.learn_s) + "  GPU wait " + fmt("%.0f s", s.gpu_wait_s) +
        "\n";
@@ -255,7 +257,8 @@ std::string render_status_line(const Status& s) {
        fmt(", verified %.1f/min", s.verified_per_min) + " (" + std::to_string(s.verified) + ")" +
        fmt(", correct %.0f%%", frac("ok")) + fmt(", cheat %.0f%%", frac("rejected_cheat")) +
        fmt(", speedup mean %.2fx", r.mean_speedup) + fmt(" median %.2fx", r.median_speedup) +
-       fmt(" best %.2fx", r.best_speedup_ever) + ", queue " + std::to_string(s.candidate_queue) + ", ready " + std::to_string(s.ready_groups) + fmt(", lag %.1f", s.policy_lag) +
+       fmt(" best %.2fx", r.best_speedup_ever) + ", queue " + std::to_string(s.candidate_queue) + ", ready " +
+       std::to_string(s.ready_groups) + fmt(", lag %.1f", s.policy_lag) +
        (s.gpu_busy < 0 ? std::string(", GPU n/a") : fmt(", GPU %.0f%%", 100 * s.gpu_busy));
   return o;
 }

@@ -45,7 +45,7 @@
 #include "kf/learner/checkpoint.h"
 #include "cluster.h"
 #include "launch_common.h"
-#include "launcher.h"
+#include "kf/launch/launcher.h"
 
 namespace {
 std::atomic<int> g_signals{0};
@@ -69,7 +69,8 @@ int clean_run(const std::string& arg) {
     // The shared memory is named after the folder's path (RunDir::shm_key), so the folder
     // must be there.
     if (!is_dir(folder))
-      throw kf::Error(folder + ": not a run folder (no config.yaml); --clean takes a run folder, or the name of one under runs/");
+      throw kf::Error(
+          folder + ": not a run folder (no config.yaml); --clean takes a run folder, or the name of one under runs/");
     const kf::RunDir run = kf::RunDir::open(folder);
     const auto removed = kf::launch::remove_dead_run_shm(run.shm_key(), /*lock_too=*/true);
     const std::size_t scratch = kf::launch::clear_scratch(run);
@@ -79,8 +80,7 @@ int clean_run(const std::string& arg) {
       std::printf("run %s: nothing to clean (no shared memory, no scratch folders)\n", name.c_str());
     else
       std::printf("run %s: removed %zu shared-memory file(s)%s\nand %zu sandbox scratch folder(s)%s\n", name.c_str(),
-                  removed.size(), list.c_str(), scratch,
-                  (" under " + kf::launch::scratch_root(run)).c_str());
+                  removed.size(), list.c_str(), scratch, (" under " + kf::launch::scratch_root(run)).c_str());
     return 0;
   } catch (const std::exception& e) {
     kf::log_error("--clean ", arg, ": ", e.what(), "; nothing was removed");
@@ -133,8 +133,9 @@ int main(int argc, char** argv) {
     return clean_run(clean);
   }
   if (config_file.empty() == resume.empty()) {
-    kf::log_error("give a CONFIG to start a run, or --resume RUN to continue one (not both: a resumed run keeps its "
-                  "config.yaml; change keys with --set); nothing was started");
+    kf::log_error(
+        "give a CONFIG to start a run, or --resume RUN to continue one (not both: a resumed run keeps its "
+        "config.yaml; change keys with --set); nothing was started");
     return 2;
   }
 
@@ -144,8 +145,8 @@ int main(int argc, char** argv) {
   try {
     if (!resume.empty()) {
       run_path = is_dir(resume) ? resume : "runs/" + resume;
-      if (!is_dir(run_path)) throw kf::Error("--resume " + resume + ": no run folder with a config.yaml at " + resume +
-                                             " or " + run_path);
+      if (!is_dir(run_path))
+        throw kf::Error("--resume " + resume + ": no run folder with a config.yaml at " + resume + " or " + run_path);
       config_file = run_path + "/config.yaml";
     }
     if (!name.empty()) sets.push_back("run.name=" + name);
@@ -168,12 +169,13 @@ int main(int argc, char** argv) {
         if (!print_srun && plan.nodes > 1 && !pw_env.empty() && !std::getenv(pw_env.c_str())) {
           std::string pw;
           std::ifstream rnd("/dev/urandom", std::ios::binary);
-          for (int i = 0; i < 24 && rnd; ++i) pw += "0123456789abcdefghijklmnopqrstuvwxyz"[static_cast<unsigned char>(rnd.get()) % 36];
+          for (int i = 0; i < 24 && rnd; ++i)
+            pw += "0123456789abcdefghijklmnopqrstuvwxyz"[static_cast<unsigned char>(rnd.get()) % 36];
           if (pw.size() != 24) throw kf::Error("--slurm: cannot read /dev/urandom for the Redis password");
           setenv(pw_env.c_str(), pw.c_str(), 1);
           kf::log_info("--slurm: made a Redis password in $", pw_env, " for this job's nodes");
         }
-        std::vector<std::string> self = {kf::launch::binary_dir(argv[0]) + "/tools/kf-launch"};
+        std::vector<std::string> self = {kf::launch::binary_dir(argv[0]) + "/launch/kf-launch"};
         for (int i = 1; i < argc; ++i)
           if (std::string(argv[i]) != "--print-srun") self.push_back(argv[i]);
         const auto line = kf::launch::srun_argv(plan, self);
@@ -188,10 +190,12 @@ int main(int argc, char** argv) {
         for (auto& a : const_cast<std::vector<std::string>&>(line)) av.push_back(a.data());
         av.push_back(nullptr);
         execvp("srun", av.data());
-        throw kf::Error(std::string("--slurm: cannot run srun: ") + std::strerror(errno) + " (is Slurm's srun on PATH?)");
+        throw kf::Error(std::string("--slurm: cannot run srun: ") + std::strerror(errno) +
+                        " (is Slurm's srun on PATH?)");
       }
       kf::log_info("--slurm: job ", plan.job_id, " node ", plan.node_id, " of ", plan.nodes, " (",
-                   plan.hosts[static_cast<std::size_t>(plan.node_id)], "): role ", plan.role, ", head ", plan.head_host);
+                   plan.hosts[static_cast<std::size_t>(plan.node_id)], "): role ", plan.role, ", head ",
+                   plan.head_host);
       sets.insert(sets.end(), plan.sets.begin(), plan.sets.end());
       cfg = kf::Config::load(config_file, sets);
     }
@@ -223,19 +227,21 @@ int main(int argc, char** argv) {
     const bool learner_node = cfg.get_string("cluster.role") == "learners";
     const bool evaluator_node = cfg.get_string("cluster.role") == "evaluators" || learner_node;
     // An evaluator (or learners) node keeps its logs in a folder of its own beside the head's run.
-    kf::RunDir run = evaluator_node ? kf::RunDir::create(cfg.get_string("run.root"),
-                                                         cfg.get_string("run.name") + "." +
-                                                             kf::launch::cluster_options(cfg).node_name)
-                     : resume.empty() ? kf::RunDir::create(cfg.get_string("run.root"), cfg.get_string("run.name"))
-                                      : kf::RunDir::open(run_path);
+    kf::RunDir run =
+        evaluator_node   ? kf::RunDir::create(cfg.get_string("run.root"), cfg.get_string("run.name") + "." +
+                                                                              kf::launch::cluster_options(cfg).node_name)
+        : resume.empty() ? kf::RunDir::create(cfg.get_string("run.root"), cfg.get_string("run.name"))
+                         : kf::RunDir::open(run_path);
     // The snapshot names the run as it is on disk (a taken name got a -2 suffix).
     if (!evaluator_node) sets.push_back("run.name=" + run.name());
     cfg = kf::Config::load(config_file, sets);
     kf::write_file_atomic(run.path() + "/config.yaml", cfg.to_yaml());  // on resume: --set changes persist
     kf::log_init("launch", 0, run.log_file("launch", 0));
     const auto level = cfg.get_string("run.log_level");
-    kf::log_set_level(level == "debug" ? kf::LogLevel::Debug : level == "warn" ? kf::LogLevel::Warn
-                      : level == "error" ? kf::LogLevel::Error : kf::LogLevel::Info);
+    kf::log_set_level(level == "debug"   ? kf::LogLevel::Debug
+                      : level == "warn"  ? kf::LogLevel::Warn
+                      : level == "error" ? kf::LogLevel::Error
+                                         : kf::LogLevel::Info);
     kf::log_info(resume.empty() ? "new run " : "resuming run ", run.path(), " (", config_file, ")");
     kf::launch::LaunchOptions lo;
     lo.binary_dir = kf::launch::binary_dir(argv[0]);

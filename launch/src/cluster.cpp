@@ -44,7 +44,8 @@ std::string numeric_address(const std::string& host, const std::string& key) {
   hints.ai_family = AF_INET;
   hints.ai_socktype = SOCK_STREAM;
   if (getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0 || !res)
-    throw Error(key + ": cannot resolve '" + host + "' to an address (give an IP address, or a name this node resolves)");
+    throw Error(key + ": cannot resolve '" + host +
+                "' to an address (give an IP address, or a name this node resolves)");
   char buf[INET_ADDRSTRLEN] = {0};
   inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(res->ai_addr)->sin_addr, buf, sizeof buf);
   freeaddrinfo(res);
@@ -121,8 +122,9 @@ ClusterOptions cluster_options(const Config& cfg) {
   check_learner_layout(cfg, o);
   if (!o.remote()) return o;
   if (!cluster_supported())
-    throw error_at(cfg.source(), "cluster.role: " + o.role + " needs the Redis queue, and this build has none "
-                                 "(hiredis was not found at configure time; run ./setup.sh)");
+    throw error_at(cfg.source(), "cluster.role: " + o.role +
+                                     " needs the Redis queue, and this build has none "
+                                     "(hiredis was not found at configure time; run ./setup.sh)");
   if (o.host.empty()) throw error_at(cfg.source(), "cluster.redis.host: empty");
   const char* pw = o.password_env.empty() ? nullptr : std::getenv(o.password_env.c_str());
   if (!pw || !*pw)
@@ -134,7 +136,8 @@ ClusterOptions cluster_options(const Config& cfg) {
     throw error_at(cfg.source(), "cluster.redis.password_env: the password in $" + o.password_env +
                                      " holds whitespace, which redis-server's config cannot take");
   if (o.role == "head") {
-    for (const auto& b : cfg.get_strings("cluster.redis.bind")) o.bind.push_back(numeric_address(b, "cluster.redis.bind"));
+    for (const auto& b : cfg.get_strings("cluster.redis.bind"))
+      o.bind.push_back(numeric_address(b, "cluster.redis.bind"));
     if (o.bind.empty()) o.bind.push_back(numeric_address(o.host, "cluster.redis.host"));
   }
   return o;
@@ -144,9 +147,7 @@ ClusterOptions cluster_options(const Config& cfg) {
 
 std::vector<std::string> expand_nodelist(const std::string& list) {
   std::vector<std::string> out;
-  auto bad = [&](const std::string& why) {
-    return Error("SLURM_JOB_NODELIST '" + list + "': " + why);
-  };
+  auto bad = [&](const std::string& why) { return Error("SLURM_JOB_NODELIST '" + list + "': " + why); };
   std::size_t i = 0;
   while (i < list.size()) {
     // one entry: prefix [ranges] suffix, up to a ',' outside brackets
@@ -458,7 +459,8 @@ void RemoteBridge::Impl::loop() {
         ++c.errors;
       }
       if (!failing)
-        log_error("launch: redis bridge: ", e.what(), "; candidates on the network keep their claims, retrying every 1 s");
+        log_error("launch: redis bridge: ", e.what(),
+                  "; candidates on the network keep their claims, retrying every 1 s");
       failing = true;
       std::this_thread::sleep_for(1s);
     }
@@ -520,12 +522,12 @@ void preflight_evaluator_node(const Config& cfg) {
   (void)evaluator::eval_options(cfg);
   const auto so = evaluator::service_options(cfg);
   if (access(so.tasks_dir.c_str(), R_OK | X_OK) != 0)
-    throw error_at(cfg.source(), "tasks.dir: cannot read " + so.tasks_dir + " on this node (evaluators load tasks from it)");
+    throw error_at(cfg.source(),
+                   "tasks.dir: cannot read " + so.tasks_dir + " on this node (evaluators load tasks from it)");
   check_run_name(cfg.get_string("run.name"), "run.name");
   if (cfg.get_int("launch.evaluators") < 0) throw Error("launch.evaluators: must be >= 0");
   (void)cluster_options(cfg);
 }
-
 
 void preflight_learner_node(const Config& cfg) {
   (void)learner::learner_config_from(cfg);
@@ -575,8 +577,20 @@ int run_learner_node(const Config& cfg, const RunDir& run, const std::string& bi
     WorkerSpec w;
     w.role = "learner";
     w.id = first + i;
-    w.argv = {bin, run.path() + "/config.yaml", "--run", name, "--run-dir", head_dir, "--rank", std::to_string(first + i),
-              "--device", "cuda:0", "--rendezvous", "redis", "--remote-from", std::to_string(co.head_ranks()),
+    w.argv = {bin,
+              run.path() + "/config.yaml",
+              "--run",
+              name,
+              "--run-dir",
+              head_dir,
+              "--rank",
+              std::to_string(first + i),
+              "--device",
+              "cuda:0",
+              "--rendezvous",
+              "redis",
+              "--remote-from",
+              std::to_string(co.head_ranks()),
               "--final-checkpoint"};
     if (resumed) w.argv.push_back("--resume");
     w.env.push_back("CUDA_VISIBLE_DEVICES=" + gpu_ids[static_cast<std::size_t>(i)]);
@@ -584,8 +598,8 @@ int run_learner_node(const Config& cfg, const RunDir& run, const std::string& bi
     w.log_path = run.sub("logs") + "/learner-" + std::to_string(first + i) + ".out";
     sup.add(w);
   }
-  log_info("launch: learners node ", co.node_name, ": learner ranks ", first, "..", first + co.learner_ranks - 1, " of ",
-           co.learner_world, " (NCCL; rendezvous and groups through redis at ", co.host, ":", co.port,
+  log_info("launch: learners node ", co.node_name, ": learner ranks ", first, "..", first + co.learner_ranks - 1,
+           " of ", co.learner_world, " (NCCL; rendezvous and groups through redis at ", co.host, ":", co.port,
            "), checkpoints in ", head_dir, "; logs in ", run.sub("logs"));
   for (std::size_t i = 0; i < sup.workers().size(); ++i) {
     sup.start(i);
@@ -597,7 +611,8 @@ int run_learner_node(const Config& cfg, const RunDir& run, const std::string& bi
     const int sig = signals ? signals->load() : 0;
     if (sig > handled) {
       handled = sig;
-      log_info("launch: stop signal: ", sig >= 2 ? "killing the learner ranks now" : "the learner ranks checkpoint and exit");
+      log_info("launch: stop signal: ",
+               sig >= 2 ? "killing the learner ranks now" : "the learner ranks checkpoint and exit");
       sup.signal_role("", sig >= 2 ? SIGKILL : SIGTERM);
     }
     for (const auto& e : sup.reap()) {
@@ -622,7 +637,8 @@ int run_learner_node(const Config& cfg, const RunDir& run, const std::string& bi
 int run_evaluator_node(const Config& cfg, const RunDir& run, const std::string& binary_dir,
                        const std::atomic<int>* signals) {
   const ClusterOptions co = cluster_options(cfg);
-  const int gpus = tasks::resolve_backend(cfg.get_string("run.backend")) == tasks::Backend::CUDA ? cuda_device_count() : 0;
+  const int gpus =
+      tasks::resolve_backend(cfg.get_string("run.backend")) == tasks::Backend::CUDA ? cuda_device_count() : 0;
   int n = static_cast<int>(cfg.get_int("launch.evaluators"));
   if (n == 0) n = gpus > 0 ? gpus : 1;
   const std::string bin = binary_dir + "/evaluator/kf-evaluator";
@@ -648,16 +664,18 @@ int run_evaluator_node(const Config& cfg, const RunDir& run, const std::string& 
     WorkerSpec w;
     w.role = "evaluator";
     w.id = i;
-    w.argv = {bin, "--remote", "--config", run.path() + "/config.yaml", "--id", std::to_string(i), "--device", "0",
-              "--run-dir", run.path()};
+    w.argv = {bin, "--remote",  "--config", run.path() + "/config.yaml", "--id", std::to_string(i), "--device",
+              "0", "--run-dir", run.path()};
     if (gpus > 0) w.env.push_back("CUDA_VISIBLE_DEVICES=" + gpu_ids[static_cast<std::size_t>(i) % gpu_ids.size()]);
     w.env.push_back("TMPDIR=" + scratch_dir(run, "evaluator", i));
     w.log_path = run.sub("logs") + "/evaluator-" + std::to_string(i) + ".out";
     sup.add(w);
   }
   log_info("launch: evaluator node ", co.node_name, ": ", n, " remote evaluator(s) taking candidates from redis at ",
-           co.host, ":", co.port, "; logs in ", run.sub("logs"), "; the node ends when the head's server has been "
-           "gone for ", co.gone_after.count() / 1000.0, " s");
+           co.host, ":", co.port, "; logs in ", run.sub("logs"),
+           "; the node ends when the head's server has been "
+           "gone for ",
+           co.gone_after.count() / 1000.0, " s");
   for (int i = 0; i < n; ++i) {
     sup.start(static_cast<std::size_t>(i));
     log_info("launch: started ", sup.workers()[static_cast<std::size_t>(i)].name(), " pid ",
@@ -678,8 +696,9 @@ int run_evaluator_node(const Config& cfg, const RunDir& run, const std::string& 
         log_error("launch: second stop signal: killing the evaluators now");
         sup.signal_role("", SIGKILL);
       } else {
-        log_info("launch: stop signal: evaluators finish the candidate in hand and exit; what they hold "
-                 "unfinished goes to other evaluators after cluster.redis.claim_idle_s");
+        log_info(
+            "launch: stop signal: evaluators finish the candidate in hand and exit; what they hold "
+            "unfinished goes to other evaluators after cluster.redis.claim_idle_s");
         sup.signal_role("", SIGTERM);
       }
     }
@@ -702,14 +721,18 @@ int run_evaluator_node(const Config& cfg, const RunDir& run, const std::string& 
                   "); giving up on it, the node's other evaluators go on");
       }
     }
-    for (std::size_t i : sup.start_due()) log_info("launch: restarted ", sup.workers()[i].name(), " as pid ", sup.workers()[i].pid);
+    for (std::size_t i : sup.start_due())
+      log_info("launch: restarted ", sup.workers()[i].name(), " as pid ", sup.workers()[i].pid);
     bool pending = false;
     for (const auto& w : sup.workers()) pending = pending || w.restart_pending;
     if (sup.running() == 0 && !pending) break;
     if (Clock::now() >= next_status) {
       std::string st;
       for (const auto& w : sup.workers())
-        st += (st.empty() ? "" : ", ") + w.name() + (w.running() ? " up" : w.finished ? " done" : " down") +
+        st += (st.empty() ? "" : ", ") + w.name() +
+              (w.running()  ? " up"
+               : w.finished ? " done"
+                            : " down") +
               (w.deaths ? " (" + std::to_string(w.deaths) + " restarts)" : "");
       log_info("launch: evaluator node ", co.node_name, ": ", st);
       next_status = Clock::now() + std::chrono::milliseconds(static_cast<long long>(status_every * 1000));

@@ -1,4 +1,4 @@
-#include "launcher.h"
+#include "kf/launch/launcher.h"
 
 #include <signal.h>
 #include <sys/stat.h>
@@ -99,7 +99,8 @@ void preflight(const Config& cfg) {
   if (!lc.policy.empty()) check_policy_folder(lc.policy);
   // role, addresses, the password's environment variable
   if (cluster_options(cfg).remote() && cfg.get_string("launch.mode") != "cluster")
-    throw Error("cluster.role: " + cfg.get_string("cluster.role") + " needs launch.mode: cluster (serial runs one process)");
+    throw Error("cluster.role: " + cfg.get_string("cluster.role") +
+                " needs launch.mode: cluster (serial runs one process)");
   check_run_name(cfg.get_string("run.name"), "run.name");
   // Without periodic checkpoints a crash of the learner or the launcher loses the run.
   if (cfg.get_int("learner.checkpoint.every") < 1)
@@ -127,16 +128,20 @@ std::string binary_dir(const char* argv0) {
   const ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
   std::string self = n > 0 ? std::string(buf, static_cast<std::size_t>(n)) : std::string(argv0);
   auto cut = [](std::string p) { return p.substr(0, p.find_last_of('/')); };
-  return cut(cut(self));  // <build>/tools/kf-launch -> <build>
+  return cut(cut(self));  // <build>/launch/kf-launch -> <build>
 }
 
 enum class Phase { running, draining, stopping, done };
 const char* phase_name(Phase p) {
   switch (p) {
-    case Phase::running: return "running";
-    case Phase::draining: return "draining";
-    case Phase::stopping: return "stopping";
-    default: return "done";
+    case Phase::running:
+      return "running";
+    case Phase::draining:
+      return "draining";
+    case Phase::stopping:
+      return "stopping";
+    default:
+      return "done";
   }
 }
 
@@ -146,7 +151,7 @@ struct Launcher::Impl {
   LaunchOptions opts;
   tasks::Backend backend;
   std::unique_ptr<replay::RunShm> shm;
-  ClusterOptions cluster;                 // role head: the Redis server and the bridge
+  ClusterOptions cluster;  // role head: the Redis server and the bridge
   std::unique_ptr<HeadServer> redis;
   std::unique_ptr<RemoteBridge> bridge;
   Supervisor sup;
@@ -159,7 +164,7 @@ struct Launcher::Impl {
   bool failed = false;
   std::string stop_reason;
   Clock::time_point t0 = Clock::now(), phase_since = Clock::now();
-  double elapsed_base = 0;   // seconds of earlier sessions of a resumed run
+  double elapsed_base = 0;  // seconds of earlier sessions of a resumed run
   uint64_t checkpoints_seen = 0;
   int learner_ranks = 1;
   int64_t learner_step = 0;  // rank 0's own step (control-block counter 11 of learner 0)
@@ -169,8 +174,12 @@ struct Launcher::Impl {
   uint64_t log_lines_at_status = 0;
 
   Impl(const Config& c, const RunDir& r, const LaunchOptions& o)
-      : cfg(c), run(r), opts(o), backend(tasks::resolve_backend(c.get_string("run.backend"))),
-        cluster(cluster_options(c)), monitor(static_cast<std::size_t>(c.get_int("launch.stats_window"))) {}
+      : cfg(c),
+        run(r),
+        opts(o),
+        backend(tasks::resolve_backend(c.get_string("run.backend"))),
+        cluster(cluster_options(c)),
+        monitor(static_cast<std::size_t>(c.get_int("launch.stats_window"))) {}
 
   double elapsed() const { return elapsed_base + std::chrono::duration<double>(Clock::now() - t0).count(); }
   std::string bin(const std::string& rel) const {
@@ -189,7 +198,7 @@ struct Launcher::Impl {
   void begin_drain(const std::string& why);
   void advance_phase();
   void save_state(const char* when);
-  void save_clock();  // checkpoints/launch_state.json only (every few seconds)
+  void save_clock();    // checkpoints/launch_state.json only (every few seconds)
   void stop_network();  // head: the bridge, then the Redis server (evaluator nodes then end)
   Status status();
   void show(const Status& s, bool force_line);
@@ -208,17 +217,26 @@ void Launcher::Impl::plan_workers() {
   const bool pin = cfg.get_bool("launch.cpu_affinity") && cpus.size() > 1;
   // Evaluator cores: on CPU half of them (kernels and references run there); on CUDA a few
   // per evaluator (compiles and the host side of timing). The rest: actors and learners.
-  const std::size_t per_eval =
-      evaluators == 0 ? 0
-      : backend == tasks::Backend::CPU ? std::max<std::size_t>(1, cpus.size() / 2 / evaluators)
-                                     : std::max<std::size_t>(1, std::min<std::size_t>(4, cpus.size() / 2 / evaluators));
+  const std::size_t per_eval = evaluators == 0 ? 0
+                               : backend == tasks::Backend::CPU
+                                   ? std::max<std::size_t>(1, cpus.size() / 2 / evaluators)
+                                   : std::max<std::size_t>(1, std::min<std::size_t>(4, cpus.size() / 2 / evaluators));
   std::size_t next = 0;
   for (int i = 0; i < evaluators; ++i) {
     WorkerSpec w;
     w.role = "evaluator";
     w.id = i;
-    w.argv = {bin("evaluator/kf-evaluator"), "--run", name, "--config", config, "--id", std::to_string(i),
-              "--device", "0", "--run-dir", run.path()};
+    w.argv = {bin("evaluator/kf-evaluator"),
+              "--run",
+              name,
+              "--config",
+              config,
+              "--id",
+              std::to_string(i),
+              "--device",
+              "0",
+              "--run-dir",
+              run.path()};
     if (gpus > 0) w.env.push_back("CUDA_VISIBLE_DEVICES=" + gpu_ids[static_cast<std::size_t>(i) % gpu_ids.size()]);
     // Its own scratch folder: the sandbox's kf-sandbox-* folders go there, and whatever a
     // killed worker leaves is removed when this evaluator exits and at stop.
@@ -243,8 +261,8 @@ void Launcher::Impl::plan_workers() {
     WorkerSpec w;
     w.role = "actor";
     w.id = i;
-    w.argv = {bin("actors/kf-actor"), "--run", name, "--config", config, "--id", std::to_string(i), "--run-dir",
-              run.path()};
+    w.argv = {bin("actors/kf-actor"), "--run",     name,      "--config", config, "--id",
+              std::to_string(i),      "--run-dir", run.path()};
     if (pin) w.cpus = rest, w.env.push_back("OMP_NUM_THREADS=" + std::to_string(share));
     w.log_path = out_log("actor", i);
     sup.add(w);
@@ -273,11 +291,13 @@ void Launcher::Impl::read_results() {
   try {
     const uint64_t missed = monitor.read_results(shm->replay());
     if (missed && notes_missed == 0)
-      log_warn("launch: ", missed, " result(s) went by before the live status read them (replay result notes "
+      log_warn("launch: ", missed,
+               " result(s) went by before the live status read them (replay result notes "
                "overwritten); the status's verdict counts leave them out, the replay has them");
     notes_missed += missed;
   } catch (const std::exception& e) {
-    log_error("launch: reading the replay's result notes failed: ", e.what(), "; the live status misses them, "
+    log_error("launch: reading the replay's result notes failed: ", e.what(),
+              "; the live status misses them, "
               "the run goes on");
   }
 }
@@ -306,8 +326,7 @@ void Launcher::Impl::handle_exit(const Exit& e) {
     log_error("launch: reclaiming what ", w.name(), " held failed: ", ex.what(), "; the run goes on");
   }
   if (stopping_now) {
-    log_warn("launch: ", w.name(), " ", w.last_exit, " while the run stops; not restarted (log ",
-             w.spec.log_path, ")");
+    log_warn("launch: ", w.name(), " ", w.last_exit, " while the run stops; not restarted (log ", w.spec.log_path, ")");
     return;
   }
   if (w.spec.role == "learner" && learner_ranks > 1) {
@@ -316,7 +335,8 @@ void Launcher::Impl::handle_exit(const Exit& e) {
     failed = true;
     log_error("launch: learner rank ", w.spec.id, " ", w.last_exit, " (log ", w.spec.log_path,
               "); a multi-rank learner cannot continue without it: stopping the run (resume with tools/launch "
-              "--resume ", run.path(), ")");
+              "--resume ",
+              run.path(), ")");
     begin_drain("learner rank " + std::to_string(w.spec.id) + " died");
     return;
   }
@@ -445,8 +465,8 @@ void Launcher::Impl::stop_network() {
     bridge->stop();
     const BridgeCounters c = bridge->counters();
     log_info("launch: redis bridge: sent ", c.sent, " candidate(s) to remote evaluators, ", c.results,
-             " result(s) back, ", c.duplicates, " duplicate result(s) dropped, ", c.unstored,
-             " result(s) not stored, ", c.dead, " dead-lettered, ", c.on_network, " still on the network (counted in flight), ", c.errors,
+             " result(s) back, ", c.duplicates, " duplicate result(s) dropped, ", c.unstored, " result(s) not stored, ",
+             c.dead, " dead-lettered, ", c.on_network, " still on the network (counted in flight), ", c.errors,
              " redis error(s)");
     bridge.reset();
   }
@@ -493,13 +513,16 @@ Status Launcher::Impl::status() {
   s.gpu_busy = gpu.busy();
   if (bridge) {
     const BridgeCounters c = bridge->counters();
-    s.workers.push_back("redis bridge: " + std::to_string(c.on_network) + " on the network, " +
-                        std::to_string(c.sent) + " sent, " + std::to_string(c.results) + " back, " +
-                        std::to_string(c.duplicates) + " duplicates");
+    s.workers.push_back("redis bridge: " + std::to_string(c.on_network) + " on the network, " + std::to_string(c.sent) +
+                        " sent, " + std::to_string(c.results) + " back, " + std::to_string(c.duplicates) +
+                        " duplicates");
   }
   for (const auto& w : sup.workers()) {
-    std::string st = w.running() ? "up" : w.restart_pending ? "restarting" : w.given_up ? "gave up"
-                                                           : w.finished ? "done" : "down";
+    std::string st = w.running()         ? "up"
+                     : w.restart_pending ? "restarting"
+                     : w.given_up        ? "gave up"
+                     : w.finished        ? "done"
+                                         : "down";
     if (w.deaths) st += " (" + std::to_string(w.deaths) + " restarts)";
     s.workers.push_back(w.name() + " " + st);
   }
@@ -514,8 +537,7 @@ void Launcher::Impl::show(const Status& s, bool line) {
   const std::string text = render_status(s);
   std::string out;
   // Redraw in place unless a log line came in between (then start below it).
-  if (status_lines > 0 && log_line_count() == log_lines_at_status)
-    out += "\033[" + std::to_string(status_lines) + "F";
+  if (status_lines > 0 && log_line_count() == log_lines_at_status) out += "\033[" + std::to_string(status_lines) + "F";
   for (std::size_t a = 0, b; a < text.size(); a = b + 1) {
     b = text.find('\n', a);
     out += text.substr(a, b - a) + "\033[K\n";
@@ -529,9 +551,10 @@ void Launcher::Impl::show(const Status& s, bool line) {
 // The candidate queue's exact account: created = scored + lost + queued + in flight.
 static void log_ledger(const replay::QueueLedger& l, const char* whose) {
   log_info("launch: candidates of ", whose, ": created ", l.created, " = scored ", l.scored, " + lost ", l.lost(),
-           " (evaluator died ", l.lost_consumer, ", actor died ", l.lost_producer, ", dropped ", l.dropped, ", corrupt ",
-           l.corrupt, ", launcher died ", l.lost_run_died, ") + queued ", l.queued, " + in flight ", l.in_flight,
-           "; re-queued (given back by a stopping evaluator, or reclaimed from a dead one) ", l.requeued, l.balanced() ? "" : " (does not add up: a bug)");
+           " (evaluator died ", l.lost_consumer, ", actor died ", l.lost_producer, ", dropped ", l.dropped,
+           ", corrupt ", l.corrupt, ", launcher died ", l.lost_run_died, ") + queued ", l.queued, " + in flight ",
+           l.in_flight, "; re-queued (given back by a stopping evaluator, or reclaimed from a dead one) ", l.requeued,
+           l.balanced() ? "" : " (does not add up: a bug)");
 }
 
 Launcher::Launcher(const Config& cfg, const RunDir& run, const LaunchOptions& opts)
@@ -553,8 +576,10 @@ Launcher::Launcher(const Config& cfg, const RunDir& run, const LaunchOptions& op
     log_warn("launch: run ", run.name(), ": removed the shared memory its dead launcher left (", list, ")");
   }
   if (scratch_root(run).rfind(run.path(), 0) != 0)
-    log_warn("launch: a folder above ", run.path(), " is not searchable by others (o+x), which the sandbox "
-             "workers (user nobody) need; their scratch folders go to ", scratch_root(run), " instead");
+    log_warn("launch: a folder above ", run.path(),
+             " is not searchable by others (o+x), which the sandbox "
+             "workers (user nobody) need; their scratch folders go to ",
+             scratch_root(run), " instead");
   if (const std::size_t n = clear_scratch(run))
     log_warn("launch: removed ", n, " scratch folder(s) of sandbox workers left by an earlier launcher of this run");
   m.plan_workers();  // checks the binaries before shared memory exists

@@ -21,7 +21,8 @@ namespace {
 // Async-signal-safe write of a C string (the child between fork and exec).
 void child_say(int fd, const char* s) {
   const ssize_t n = static_cast<ssize_t>(strlen(s));
-  if (write(fd, s, static_cast<size_t>(n)) < 0) {}
+  if (write(fd, s, static_cast<size_t>(n)) < 0) {
+  }
 }
 }  // namespace
 
@@ -51,8 +52,7 @@ void Supervisor::start(std::size_t i) {
   for (auto& a : w.spec.argv) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
   const int log_fd = ::open(w.spec.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-  if (log_fd < 0)
-    throw Error("launch: cannot open log file " + w.spec.log_path + ": " + std::strerror(errno));
+  if (log_fd < 0) throw Error("launch: cannot open log file " + w.spec.log_path + ": " + std::strerror(errno));
   std::vector<std::string> env_names, env_values;
   for (const auto& kv : w.spec.env) {
     const auto eq = kv.find('=');
@@ -62,8 +62,8 @@ void Supervisor::start(std::size_t i) {
   cpu_set_t cpus;
   CPU_ZERO(&cpus);
   for (int c : w.spec.cpus) CPU_SET(c, &cpus);
-  const std::string banner = "\n=== " + w.name() + " start " + std::to_string(w.starts + 1) + ": " +
-                             w.spec.argv.front() + " ===\n";
+  const std::string banner =
+      "\n=== " + w.name() + " start " + std::to_string(w.starts + 1) + ": " + w.spec.argv.front() + " ===\n";
   const pid_t parent = ::getpid();
 
   const pid_t pid = ::fork();

@@ -33,20 +33,20 @@ class RunShm;
 namespace kf::launch {
 
 struct ClusterOptions {
-  std::string role = "all";          // all | head | evaluators
-  std::string node_name;             // cluster.node_name, else the host name
+  std::string role = "all";  // all | head | evaluators
+  std::string node_name;     // cluster.node_name, else the host name
   int head_evaluators = 0;
-  std::string host = "127.0.0.1";    // where evaluator nodes reach the head's server
+  std::string host = "127.0.0.1";  // where evaluator nodes reach the head's server
   int port = 6390;
-  std::vector<std::string> bind;     // head: listen addresses (numeric)
+  std::vector<std::string> bind;  // head: listen addresses (numeric)
   std::string password_env;
-  std::string password;              // read from $password_env (never from the config file)
+  std::string password;  // read from $password_env (never from the config file)
   uint64_t bound = 512;
   std::chrono::milliseconds claim_idle{120000};
   std::chrono::milliseconds gone_after{60000};
   // Learner ranks on several nodes: the head runs ranks [0, head_learner_ranks) (0: all of
   // learner.dist.ranks), learners node i runs learner_ranks ranks from first_learner_rank().
-  int learner_world = 1;             // learner.dist.ranks
+  int learner_world = 1;  // learner.dist.ranks
   int head_learner_ranks = 0;
   int learner_ranks = 1;
   int learner_node_index = 0;
@@ -68,14 +68,14 @@ bool cluster_supported();
 std::vector<std::string> expand_nodelist(const std::string& list);
 
 struct SlurmPlan {
-  bool in_step = false;             // SLURM_STEP_ID set: this process is one srun task
+  bool in_step = false;  // SLURM_STEP_ID set: this process is one srun task
   std::string job_id;
-  int node_id = 0;                  // SLURM_NODEID
-  int nodes = 1;                    // entries of SLURM_JOB_NODELIST
-  std::vector<std::string> hosts;   // the expanded node list
-  std::string role;                 // this node's role (in_step), from cluster.nodes or 0 = head
-  std::string head_host;            // the node whose role is head
-  std::vector<std::string> sets;    // --set overrides a node's launcher gets (role, host, node name)
+  int node_id = 0;                 // SLURM_NODEID
+  int nodes = 1;                   // entries of SLURM_JOB_NODELIST
+  std::vector<std::string> hosts;  // the expanded node list
+  std::string role;                // this node's role (in_step), from cluster.nodes or 0 = head
+  std::string head_host;           // the node whose role is head
+  std::vector<std::string> sets;   // --set overrides a node's launcher gets (role, host, node name)
 };
 // env: the variable's value or "" (tests pass a map; tools/launch passes getenv).
 SlurmPlan slurm_plan(const std::function<std::string(const std::string&)>& env,
@@ -92,7 +92,7 @@ class HeadServer {
   HeadServer(const ClusterOptions& co, const RunDir& run);
   ~HeadServer();  // stop()
   void stop();
-  bool alive() const;     // the process still runs
+  bool alive() const;         // the process still runs
   std::string where() const;  // "redis-server pid N on ADDR:PORT"
 
  private:
@@ -102,13 +102,13 @@ class HeadServer {
 
 // --- head: candidates to the network, results back
 struct BridgeCounters {
-  uint64_t sent = 0;          // candidates pushed to kf:candidates
-  uint64_t on_network = 0;    // sent, result not yet back (their shm claims are held)
-  uint64_t results = 0;       // results written into the replay (add_result)
-  uint64_t duplicates = 0;    // a second result for a candidate: dropped
-  uint64_t unstored = 0;      // the replay could not store it: dropped, candidate counted lost
-  uint64_t dead = 0;          // dead-lettered (killed or hung max_deliveries evaluators): counted lost
-  uint64_t errors = 0;        // Redis errors (each logged; the bridge retries)
+  uint64_t sent = 0;        // candidates pushed to kf:candidates
+  uint64_t on_network = 0;  // sent, result not yet back (their shm claims are held)
+  uint64_t results = 0;     // results written into the replay (add_result)
+  uint64_t duplicates = 0;  // a second result for a candidate: dropped
+  uint64_t unstored = 0;    // the replay could not store it: dropped, candidate counted lost
+  uint64_t dead = 0;        // dead-lettered (killed or hung max_deliveries evaluators): counted lost
+  uint64_t errors = 0;      // Redis errors (each logged; the bridge retries)
 };
 
 class RemoteBridge {

@@ -13,7 +13,7 @@
 #include "kf/learner/learner_config.h"
 #include "kf/replay/run_shm.h"
 #include "launch_common.h"
-#include "launcher.h"
+#include "kf/launch/launcher.h"
 #include "run_monitor.h"
 
 namespace kf::launch {

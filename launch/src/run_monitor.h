@@ -29,15 +29,15 @@
 namespace kf::launch {
 
 struct ResultSummary {
-  uint64_t total = 0;                       // results ever seen (resume included)
-  std::map<std::string, uint64_t> verdicts;  // cumulative, by verdict name
-  std::size_t window_n = 0;                 // results in the window
-  std::map<std::string, double> window_frac;  // verdict name -> share of the window
+  uint64_t total = 0;                                             // results ever seen (resume included)
+  std::map<std::string, uint64_t> verdicts;                       // cumulative, by verdict name
+  std::size_t window_n = 0;                                       // results in the window
+  std::map<std::string, double> window_frac;                      // verdict name -> share of the window
   double mean_speedup = 0, median_speedup = 0, best_speedup = 0;  // ok results in the window (0: none)
-  double fast1_frac = 0;                    // ok and speedup > 1, share of the window
+  double fast1_frac = 0;                                          // ok and speedup > 1, share of the window
   double mean_reward = 0;
   double best_speedup_ever = 0;
-  double frac(const char* verdict) const;   // share of the window with that verdict (0 if none)
+  double frac(const char* verdict) const;  // share of the window with that verdict (0 if none)
 };
 
 // Per-role sums of control-block counters over all processes ever seen.
@@ -54,32 +54,32 @@ class CounterTotals {
     std::string role;
     std::vector<uint64_t> last;
   };
-  std::map<int, Seen> seen_;                                   // by control-block slot
-  std::map<std::string, std::vector<uint64_t>> retired_;       // counts of slots reused by a new pid
-  std::map<std::string, std::vector<uint64_t>> base_;          // from a resumed run
+  std::map<int, Seen> seen_;                              // by control-block slot
+  std::map<std::string, std::vector<uint64_t>> retired_;  // counts of slots reused by a new pid
+  std::map<std::string, std::vector<uint64_t>> base_;     // from a resumed run
 };
 
 struct Status {
   double elapsed_s = 0;
-  int64_t step = 0, step_budget = 0;        // learner steps (budget 0: none)
-  double time_budget_s = 0;                 // launch.max_minutes in seconds (0: none)
+  int64_t step = 0, step_budget = 0;  // learner steps (budget 0: none)
+  double time_budget_s = 0;           // launch.max_minutes in seconds (0: none)
   // Seconds until the run stops: the earlier of the step budget at the learner's pace since
   // this launcher saw its first step, and the time cap. -1: unknown (no budget, or no pace yet).
   double eta_s = -1;
-  std::string eta_reason;                   // "step budget" or "time cap"
+  std::string eta_reason;  // "step budget" or "time cap"
   double samples_per_s = 0, verified_per_min = 0;
   uint64_t samples = 0, verified = 0, extraction_failures = 0;
   ResultSummary results;
   uint64_t candidate_queue = 0, ready_groups = 0, open_groups = 0;
-  double policy_lag = 0;                    // mean over the candidates pushed in the rate window
+  double policy_lag = 0;  // mean over the candidates pushed in the rate window
   int64_t policy_version = -1;
-  double gpu_busy = -1;                     // 0..1, -1: unknown
+  double gpu_busy = -1;  // 0..1, -1: unknown
   // Where the time went, summed over the processes of a role since the start (seconds):
   // actors generating, evaluators compiling and verifying, learner ranks training, and
   // actors + learners waiting for the GPU while an evaluator timed.
   double generate_s = 0, compile_s = 0, verify_s = 0, learn_s = 0, gpu_wait_s = 0;
-  std::string phase;                        // running / draining / stopping
-  std::vector<std::string> workers;         // "actor 0 up", "evaluator 0 restarting (2)", ...
+  std::string phase;                 // running / draining / stopping
+  std::vector<std::string> workers;  // "actor 0 up", "evaluator 0 restarting (2)", ...
 };
 
 class RunMonitor {
@@ -102,7 +102,7 @@ class RunMonitor {
   // processes are not in this node's control block): added to `verified`.
   void set_remote_verified(uint64_t n) { remote_verified_ = n; }
 
-  nlohmann::json to_json() const;            // the resume state (totals, not windows)
+  nlohmann::json to_json() const;  // the resume state (totals, not windows)
   // Fills s.eta_s / s.eta_reason from s.step, s.step_budget and s.time_budget_s (sample_rates
   // calls it; public for tests).
   void fill_eta(double elapsed_s, Status& s);
@@ -117,7 +117,7 @@ class RunMonitor {
   };
   void add(replay::Verdict v, double speedup, double reward);  // under mu_
   std::deque<Lite> recent_;
-  uint64_t note_cursor_ = 0;                // next replay result note to read
+  uint64_t note_cursor_ = 0;  // next replay result note to read
   uint64_t total_ = 0;
   std::map<std::string, uint64_t> verdicts_;
   double best_ever_ = 0;
@@ -127,8 +127,8 @@ class RunMonitor {
     uint64_t samples, verified, lag_sum;
   };
   std::deque<RateSample> rate_;
-  uint64_t remote_verified_ = 0;            // results from evaluator nodes (set_remote_verified)
-  double first_step_t_ = -1;                // when this launcher first saw a learner step
+  uint64_t remote_verified_ = 0;  // results from evaluator nodes (set_remote_verified)
+  double first_step_t_ = -1;      // when this launcher first saw a learner step
   int64_t first_step_ = 0;
 };
 

@@ -26,15 +26,16 @@ namespace {
 std::string utc_stamp() {
   char buf[32];
   const std::time_t now = std::time(nullptr);
-  std::tm tm {};
+  std::tm tm{};
   ::gmtime_r(&now, &tm);
   std::strftime(buf, sizeof buf, "%Y%m%dT%H%M%SZ", &tm);
   return buf;
 }
 
 void remove_tree(const std::string& path) {
-  ::nftw(path.c_str(), [](const char* p, const struct stat*, int, struct FTW*) { return ::remove(p); }, 16,
-         FTW_DEPTH | FTW_PHYS);
+  ::nftw(
+      path.c_str(), [](const char* p, const struct stat*, int, struct FTW*) { return ::remove(p); }, 16,
+      FTW_DEPTH | FTW_PHYS);
 }
 
 bool others_can_search(const std::string& dir) {
@@ -105,7 +106,8 @@ void check_run_name(const std::string& name, const std::string& key) {
   for (char c : name)
     if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-')) ok = false;
   if (!ok)
-    throw Error(key + ": '" + name + "' is not a valid run name (1..100 characters of [A-Za-z0-9._-], not starting "
+    throw Error(key + ": '" + name +
+                "' is not a valid run name (1..100 characters of [A-Za-z0-9._-], not starting "
                 "with '.')");
 }
 
@@ -127,8 +129,10 @@ std::vector<std::string> remove_dead_run_shm(const std::string& key, bool lock_t
     if (n.rfind(prefix, 0) != 0 || n.find('.', prefix.size()) != std::string::npos) continue;
     if (!lock_too && n == prefix + "lock") continue;
     const std::string p = "/dev/shm/" + n;
-    if (::unlink(p.c_str()) == 0) removed.push_back(p);
-    else log_warn("launch: cannot remove ", p, ": ", std::strerror(errno));
+    if (::unlink(p.c_str()) == 0)
+      removed.push_back(p);
+    else
+      log_warn("launch: cannot remove ", p, ": ", std::strerror(errno));
   }
   return removed;
 }
@@ -201,7 +205,8 @@ void save_launch_state(const RunDir& run, const RunMonitor& monitor, double elap
   int64_t newest = policy_version;
   try {
     if (access(launch_state_path(run).c_str(), R_OK) == 0)
-      newest = std::max<int64_t>(newest, nlohmann::json::parse(read_file(launch_state_path(run))).value("policy_version", int64_t{-1}));
+      newest = std::max<int64_t>(
+          newest, nlohmann::json::parse(read_file(launch_state_path(run))).value("policy_version", int64_t{-1}));
   } catch (const std::exception&) {
   }
   st["policy_version"] = newest;

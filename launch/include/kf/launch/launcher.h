@@ -32,7 +32,7 @@
 namespace kf::launch {
 
 struct LaunchOptions {
-  std::string binary_dir;                 // the build folder holding evaluator/, actors/, learner/
+  std::string binary_dir;  // the build folder holding evaluator/, actors/, learner/
   bool resumed = false;
   const std::atomic<int>* signals = nullptr;  // SIGINT/SIGTERM count, set by the signal handler
 };
@@ -46,7 +46,7 @@ void preflight(const Config& cfg);
 // tokenizer.json (when present) are read; throws kf::Error naming learner.policy and the file.
 void check_policy_folder(const std::string& dir);
 
-// The build folder of this binary (<build>/tools/kf-launch -> <build>).
+// The build folder of this binary (<build>/launch/kf-launch -> <build>).
 std::string binary_dir(const char* argv0);
 
 class Launcher {
