@@ -1,5 +1,6 @@
 #include "kf/learner/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "kf/common/error.h"
@@ -43,11 +44,16 @@ void fused_adamw(std::vector<torch::Tensor> w, std::vector<torch::Tensor> g, std
                     /*maximize=*/false);
 }
 
-// Sum of the squares of every tensor's norm, fp64 (0-dim on the tensors' device), from one
-// _foreach_norm launch.
+// Sum of the squares of every tensor's norm, fp64 (0-dim on the tensors' device): one
+// _foreach_norm launch for fp32 gradients; others (bf16) per tensor in fp64, since a
+// bf16 norm would round the clip threshold to 3 digits.
 torch::Tensor foreach_sum_squares(const std::vector<torch::Tensor>& gs) {
-  const auto norms = at::_foreach_norm(gs, 2);
-  return torch::stack(norms).to(torch::kFloat64).pow(2).sum();
+  const bool fp32 =
+      std::all_of(gs.begin(), gs.end(), [](const torch::Tensor& g) { return g.scalar_type() == torch::kFloat32; });
+  if (fp32) return torch::stack(at::_foreach_norm(gs, 2)).to(torch::kFloat64).pow(2).sum();
+  auto total = torch::zeros({}, gs[0].options().dtype(torch::kFloat64));
+  for (const auto& g : gs) total += sum_squares(g);
+  return total;
 }
 
 std::string mib(int64_t bytes) {
