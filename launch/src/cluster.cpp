@@ -558,18 +558,7 @@ int run_learner_node(const Config& cfg, const RunDir& run, const std::string& bi
     if (signals && signals->load() > 0) return 1;
     std::this_thread::sleep_for(200ms);
   }
-  std::vector<std::string> gpu_ids;
-  if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES"); v && *v) {
-    std::string cur;
-    for (char ch : std::string(v) + ",") {
-      if (ch == ',') {
-        if (!cur.empty()) gpu_ids.push_back(cur);
-        cur.clear();
-      } else if (ch != ' ') {
-        cur += ch;
-      }
-    }
-  }
+  std::vector<std::string> gpu_ids = cuda_visible_entries();
   for (int g = static_cast<int>(gpu_ids.size()); g < co.learner_ranks; ++g) gpu_ids.push_back(std::to_string(g));
   Supervisor sup;
   const int first = co.first_learner_rank();
@@ -645,18 +634,7 @@ int run_evaluator_node(const Config& cfg, const RunDir& run, const std::string& 
   if (access(bin.c_str(), X_OK) != 0) throw Error("launch: " + bin + " is not built (run ./setup.sh)");
   // The GPUs this node may use: the launcher's CUDA_VISIBLE_DEVICES (Slurm's --gres sets
   // it), else 0..gpus-1. Evaluator i gets entry i mod their count.
-  std::vector<std::string> gpu_ids;
-  if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES"); v && *v) {
-    std::string cur;
-    for (char ch : std::string(v) + ",") {
-      if (ch == ',') {
-        if (!cur.empty()) gpu_ids.push_back(cur);
-        cur.clear();
-      } else if (ch != ' ') {
-        cur += ch;
-      }
-    }
-  }
+  std::vector<std::string> gpu_ids = cuda_visible_entries();
   if (gpu_ids.empty())
     for (int g = 0; g < gpus; ++g) gpu_ids.push_back(std::to_string(g));
   Supervisor sup;

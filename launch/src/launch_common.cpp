@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <nlohmann/json.hpp>
@@ -21,6 +22,22 @@
 namespace kf::launch {
 
 int cuda_device_count() { return torch::cuda::is_available() ? static_cast<int>(torch::cuda::device_count()) : 0; }
+
+std::vector<std::string> cuda_visible_entries() {
+  std::vector<std::string> out;
+  const char* v = std::getenv("CUDA_VISIBLE_DEVICES");
+  if (!v) return out;
+  std::string cur;
+  for (char c : std::string(v) + ",") {
+    if (c == ',') {
+      if (!cur.empty()) out.push_back(cur);
+      cur.clear();
+    } else if (c != ' ') {
+      cur += c;
+    }
+  }
+  return out;
+}
 
 namespace {
 std::string utc_stamp() {

@@ -14,6 +14,9 @@ namespace kf::launch {
 
 // Visible CUDA devices (0 without a driver or a GPU).
 int cuda_device_count();
+// The entries of the launcher's CUDA_VISIBLE_DEVICES (Slurm's --gres sets it), in order,
+// spaces dropped; empty when it is unset or empty.
+std::vector<std::string> cuda_visible_entries();
 
 // The run's readable outputs: kernels/kernel_db.json (the whole database) and
 // best/<task>.<cu|cpp> with best/index.json (task -> speedup, policy version, file).

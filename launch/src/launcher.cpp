@@ -43,15 +43,7 @@ bool file_readable(const std::string& p) { return access(p.c_str(), R_OK) == 0; 
 std::vector<std::string> visible_gpus(int count) {
   std::vector<std::string> out;
   if (const char* v = std::getenv("CUDA_VISIBLE_DEVICES"); v && *v) {
-    std::string s = v, cur;
-    for (char c : s + ",") {
-      if (c == ',') {
-        if (!cur.empty()) out.push_back(cur);
-        cur.clear();
-      } else if (c != ' ') {
-        cur += c;
-      }
-    }
+    out = cuda_visible_entries();
   } else {
     for (int i = 0; i < count; ++i) out.push_back(std::to_string(i));
   }
@@ -164,7 +156,7 @@ struct Launcher::Impl {
   bool failed = false;
   std::string stop_reason;
   Clock::time_point t0 = Clock::now(), phase_since = Clock::now();
-  double elapsed_base = 0;  // seconds of earlier sessions of a resumed run
+  double elapsed_base = 0;  // seconds of earlier launches of a resumed run
   uint64_t checkpoints_seen = 0;
   int learner_ranks = 1;
   int64_t learner_step = 0;  // rank 0's own step (control-block counter 11 of learner 0)

@@ -966,7 +966,7 @@ TEST(LaunchClusterTest, HeadAndTwoEvaluatorNodesOneKilledLosesNoCandidate) {
 
 // The whole allocation dies (head and evaluator node SIGKILLed with every child); --resume
 // on both nodes finishes the run. The candidates the dead head had on the network are
-// counted lost (launcher died) by the resumed head; the new session loses none.
+// counted lost (launcher died) by the resumed head; the resumed launcher loses none.
 TEST(LaunchClusterTest, WholeAllocationKilledThenResumedFinishes) {
   NEED_LAUNCH();
   if (::access("/usr/bin/redis-server", X_OK) != 0 && !sh_ok("command -v redis-server"))
@@ -1002,7 +1002,7 @@ TEST(LaunchClusterTest, WholeAllocationKilledThenResumedFinishes) {
   EXPECT_GE(learner_step(run), steps);
   const std::string log = slurp(run + "/logs/launch-0.log");
   std::smatch m;
-  // The dead session's account, closed by the resumed head: what it had out is lost.
+  // The dead launcher's account, closed by the resumed head: what it had out is lost.
   const std::regex dead(
       "candidates of the dead launcher's session: created ([0-9]+) = scored ([0-9]+) \\+ lost ([0-9]+) "
       "\\([^)]*launcher died ([0-9]+)\\) \\+ queued 0 \\+ in flight 0");
