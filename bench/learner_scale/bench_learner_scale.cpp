@@ -41,6 +41,7 @@
 #include "kf/learner/optimizer.h"
 #include "kf/policy/config.h"
 #include "kf/policy/model.h"
+#include "kf/bench/util.h"
 
 #ifdef KF_HAVE_CUDA
 #include <ATen/autocast_mode.h>
@@ -62,14 +63,8 @@ kf::policy::ModelConfig shape_of(const std::string& s) {
   return kf::policy::named_model_shape(s);
 }
 
-void sync(const torch::Device& d) {
-#ifdef KF_HAVE_CUDA
-  if (d.is_cuda()) torch::cuda::synchronize(d.index());
-#endif
-  (void)d;
-}
-
-double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+using kf::bench::now;
+using kf::bench::sync;
 
 struct Autocast {
   bool on;

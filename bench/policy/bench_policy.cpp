@@ -10,6 +10,7 @@
 
 #include "kf/policy/model.h"
 #include "kf/policy/sampler.h"
+#include "kf/bench/util.h"
 
 using namespace kf::policy;
 
@@ -29,19 +30,9 @@ ModelConfig tiny() {
   return c;
 }
 
-double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
-
-void sync(const torch::Device& d) {
-  if (d.is_cuda()) torch::cuda::synchronize();
-}
-
-std::vector<int64_t> parse_list(const std::string& s) {
-  std::vector<int64_t> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) out.push_back(std::stoll(item));
-  return out;
-}
+using kf::bench::now;
+using kf::bench::parse_list;
+using kf::bench::sync;
 
 // Matmul FLOPs per token (forward) and causal attention FLOPs per sequence (forward).
 double matmul_flops_per_token(const ModelConfig& c) {

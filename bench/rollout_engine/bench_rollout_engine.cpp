@@ -15,24 +15,15 @@
 
 #include "kf/policy/engine.h"
 #include "kf/policy/sampler.h"
+#include "kf/bench/util.h"
 
 using namespace kf::policy;
 
 namespace {
 
-double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
-
-void sync(const torch::Device& d) {
-  if (d.is_cuda()) torch::cuda::synchronize();
-}
-
-std::vector<int64_t> parse_list(const std::string& s) {
-  std::vector<int64_t> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) out.push_back(std::stoll(item));
-  return out;
-}
+using kf::bench::now;
+using kf::bench::parse_list;
+using kf::bench::sync;
 
 std::vector<int32_t> random_prompt(int64_t len, int64_t vocab, uint64_t seed) {
   std::vector<int32_t> p(static_cast<std::size_t>(len));
