@@ -34,25 +34,8 @@ struct TempDir : kf::test::TempDir {
 inline void write_text(const std::string& path, const std::string& text) { kf::test::write_file(path, text); }
 inline std::string read_text(const std::string& path) { return kf::test::read_file(path); }
 
-// Starts argv[0] with args, stdout+stderr to `log`. Returns the pid.
-inline pid_t spawn(const std::vector<std::string>& args, const std::string& log) {
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&fa, 1, 2);
-  std::vector<char*> argv;
-  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  pid_t pid = -1;
-  if (posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ) != 0) pid = -1;
-  posix_spawn_file_actions_destroy(&fa);
-  return pid;
-}
-inline int wait_exit(pid_t pid) {
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
+using kf::test::spawn;
+using kf::test::wait_exit;
 inline int run(const std::vector<std::string>& args, const std::string& log) {
   const pid_t pid = spawn(args, log);
   return pid < 0 ? -1 : wait_exit(pid);

@@ -9,6 +9,7 @@
 
 #include "kf/common/error.h"
 #include "kf/netqueue/rendezvous.h"
+#include "../test_support.h"
 #include "test_util.h"
 
 namespace kf::netqueue {
@@ -57,11 +58,7 @@ pid_t spawn_rank(const RedisServer& srv, int rank, int world, int delay_ms) {
   _exit(code);
 }
 
-int wait_exit(pid_t pid) {
-  int st = 0;
-  waitpid(pid, &st, 0);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
+using kf::test::wait_exit;
 
 TEST(NetqueueRendezvousTest, FourProcessesGetRankZerosBlob) {
   auto srv = start_server();

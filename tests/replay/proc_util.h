@@ -12,6 +12,7 @@
 #include <functional>
 #include <string>
 
+#include "../test_support.h"
 #include "kf/replay/testing.h"
 
 namespace kf::replay::test {
@@ -35,12 +36,7 @@ inline pid_t spawn(const std::function<int()>& fn) {
   return pid;
 }
 
-inline int wait_exit(pid_t pid) {
-  int st = 0;
-  while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {
-  }
-  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
+using kf::test::wait_exit;
 
 inline void kill_and_wait(pid_t pid) {
   ::kill(pid, SIGKILL);
