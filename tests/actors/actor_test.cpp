@@ -113,35 +113,8 @@ TEST(WeightsBlobTest, AdapterOnlyBlobAddsTheAdaptersAndMatchesTheSourceModel) {
 
 namespace {
 
-struct RunFixture {
-  std::string name = test::run_name("a");
-  std::unique_ptr<rp::RunShm> shm;
-  RunFixture() {
-    rp::RunShmConfig c;
-    c.candidates = {64, 256 * 1024};
-    c.replay.capacity = 16;
-    c.replay.group_bytes = 4u << 20;
-    c.kernels = {64, 64 * 1024, 16};
-    c.snapshot.max_bytes = 8u << 20;
-    shm = rp::RunShm::create(name, c);
-    shm->control().set_state(rp::RunState::running);
-  }
-  ~RunFixture() { shm->shutdown(); }
-};
-
-ActorOptions small_options() {
-  ActorOptions o;
-  o.tasks_dir = test::tasks_dir();
-  o.include = {"001_relu"};
-  o.group_size = 2;
-  o.max_new_tokens = 12;
-  o.context_tokens = 8192;
-  o.exemplars = 2;
-  o.template_path = test::source_dir() + "/configs/prompts/contrastive.txt";
-  o.abi_header_path = test::source_dir() + "/evaluator/include/kf/kernel.h";
-  o.score_extraction_failures = false;  // every candidate goes through the queue
-  return o;
-}
+using test::RunFixture;
+using test::small_options;
 
 std::vector<rp::Candidate> drain(rp::RunShm& shm) {
   std::vector<rp::Candidate> all, batch;

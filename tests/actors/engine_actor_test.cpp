@@ -16,33 +16,14 @@ namespace rp = kf::replay;
 
 namespace {
 
-struct EngineRun {
-  std::string name = test::run_name("e");
-  std::unique_ptr<rp::RunShm> shm;
-  EngineRun() {
-    rp::RunShmConfig c;
-    c.candidates = {64, 256 * 1024};
-    c.replay.capacity = 32;
-    c.replay.group_bytes = 4u << 20;
-    c.kernels = {64, 64 * 1024, 16};
-    c.snapshot.max_bytes = 8u << 20;
-    shm = rp::RunShm::create(name, c);
-    shm->control().set_state(rp::RunState::running);
-  }
-  ~EngineRun() { shm->shutdown(); }
+struct EngineRun : test::RunFixture {
+  EngineRun() : test::RunFixture("e", 32) {}
 };
 
 ActorOptions engine_options() {
-  ActorOptions o;
-  o.tasks_dir = test::tasks_dir();
-  o.include = {"001_relu"};
-  o.group_size = 2;
+  ActorOptions o = test::small_options();
   o.max_new_tokens = 10;
-  o.context_tokens = 8192;
   o.exemplars = 0;
-  o.template_path = test::source_dir() + "/configs/prompts/contrastive.txt";
-  o.abi_header_path = test::source_dir() + "/evaluator/include/kf/kernel.h";
-  o.score_extraction_failures = false;  // every candidate goes through the queue
   o.temperature = 0.9;
   o.top_k = 16;
   o.engine_max_sequences = 4;  // two groups decode together, a third waits

@@ -10,7 +10,9 @@
 #include <sstream>
 #include <string>
 
+#include "kf/actors/actor_options.h"
 #include "kf/actors/actor_policy.h"
+#include "kf/replay/run_shm.h"
 #include "kf/tasks/task.h"
 #include "../test_support.h"
 
@@ -103,5 +105,39 @@ inline int memorise(policy::CausalLM model, const std::vector<int32_t>& prompt, 
 
 // A unique run name for shared memory.
 inline std::string run_name(const std::string& tag) { return "kfat" + tag + std::to_string(::getpid()); }
+
+// A run's shared memory for actor tests (room for a few groups of small candidates), in
+// state running; shut down at the end.
+struct RunFixture {
+  std::string name;
+  std::unique_ptr<replay::RunShm> shm;
+  explicit RunFixture(const std::string& tag = "a", uint32_t replay_groups = 16) : name(run_name(tag)) {
+    replay::RunShmConfig c;
+    c.candidates = {64, 256 * 1024};
+    c.replay.capacity = replay_groups;
+    c.replay.group_bytes = 4u << 20;
+    c.kernels = {64, 64 * 1024, 16};
+    c.snapshot.max_bytes = 8u << 20;
+    shm = replay::RunShm::create(name, c);
+    shm->control().set_state(replay::RunState::running);
+  }
+  ~RunFixture() { shm->shutdown(); }
+};
+
+// One task (001_relu), groups of 2, 12 new tokens, the shipped contrastive template; every
+// candidate goes through the queue.
+inline ActorOptions small_options() {
+  ActorOptions o;
+  o.tasks_dir = tasks_dir();
+  o.include = {"001_relu"};
+  o.group_size = 2;
+  o.max_new_tokens = 12;
+  o.context_tokens = 8192;
+  o.exemplars = 2;
+  o.template_path = source_dir() + "/configs/prompts/contrastive.txt";
+  o.abi_header_path = source_dir() + "/evaluator/include/kf/kernel.h";
+  o.score_extraction_failures = false;
+  return o;
+}
 
 }  // namespace kf::actors::test
