@@ -39,7 +39,7 @@ import time
 
 PROG = "tools/score-policy"
 TREE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# The task-list rule of tasks/include/kf/tasks/task_list.h: a folder name, so a path or two
+# The task-list rule of tasks/include/kf/tasks/tasks.h: a folder name, so a path or two
 # names on one line is an error rather than a name that silently matches nothing.
 NAME_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
 SPLITS = ["train", "held-out"]

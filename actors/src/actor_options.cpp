@@ -5,7 +5,7 @@
 #include <cstdlib>
 
 #include "kf/common/error.h"
-#include "kf/tasks/task_list.h"
+#include "kf/tasks/tasks.h"
 
 #ifndef KF_SOURCE_DIR_BUILT
 #define KF_SOURCE_DIR_BUILT "."

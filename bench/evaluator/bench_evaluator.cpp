@@ -19,7 +19,7 @@
 
 #include "kf/common/log.h"
 #include "kf/evaluator/evaluator.h"
-#include "kf/tasks/timing.h"
+#include "kf/tasks/tasks.h"
 
 using namespace kf::evaluator;
 using Clock = std::chrono::steady_clock;

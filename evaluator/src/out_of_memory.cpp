@@ -5,7 +5,7 @@
 #include <thread>
 
 #include "kf/common/log.h"
-#include "kf/tasks/timing.h"
+#include "kf/tasks/tasks.h"
 
 namespace kf::evaluator {
 

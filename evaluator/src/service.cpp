@@ -11,7 +11,7 @@
 #include "kf/common/config.h"
 #include "kf/common/error.h"
 #include "kf/common/log.h"
-#include "kf/tasks/timing.h"
+#include "kf/tasks/tasks.h"
 
 namespace kf::evaluator {
 namespace {

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <string>
 
-#include "kf/tasks/task.h"
+#include "kf/tasks/tasks.h"
 
 namespace kf::evaluator {
 

@@ -28,7 +28,7 @@
 #include "kf/common/gpu_memory.h"
 #include "kf/common/log.h"
 #include "kf/evaluator/evaluator.h"
-#include "kf/tasks/timing.h"
+#include "kf/tasks/tasks.h"
 #include "tensor_check.h"
 
 namespace kf::evaluator {

@@ -17,8 +17,8 @@
 #include "kf/common/log.h"
 #include "kf/evaluator/evaluator.h"
 #include "kf/evaluator/fsutil.h"
+#include "kf/tasks/tasks.h"
 #include "modelnew.h"  // ModelNew (KernelBench-style .py) candidates: evaluator/modelnew/
-#include "kf/tasks/timing.h"
 
 using namespace kf::evaluator;
 

@@ -31,7 +31,7 @@
 #include "kf/common/error.h"
 #include "kf/common/log.h"
 #include "kf/evaluator/service.h"
-#include "kf/tasks/timing.h"
+#include "kf/tasks/tasks.h"
 
 #ifdef KF_HAVE_NETQUEUE
 #include <unistd.h>

@@ -14,7 +14,7 @@
 #include "kf/common/log.h"
 #include "kf/evaluator/out_of_memory.h"
 #include "kf/policy/gpu_share.h"
-#include "kf/tasks/task.h"
+#include "kf/tasks/tasks.h"
 
 namespace kf::stages {
 namespace {

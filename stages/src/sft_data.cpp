@@ -10,7 +10,7 @@
 #include "kf/common/error.h"
 #include "kf/common/log.h"
 #include "kf/common/run_dir.h"
-#include "kf/tasks/task.h"
+#include "kf/tasks/tasks.h"
 
 namespace kf::stages {
 namespace {

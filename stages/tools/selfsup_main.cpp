@@ -10,7 +10,7 @@
 #include "kf/common/error.h"
 #include "kf/common/log.h"
 #include "kf/stages/selfsup.h"
-#include "kf/tasks/task_list.h"
+#include "kf/tasks/tasks.h"
 
 using namespace kf;
 using namespace kf::stages;

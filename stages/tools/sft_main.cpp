@@ -17,7 +17,7 @@
 #include "kf/common/run_dir.h"
 #include "kf/stages/bpe_trainer.h"
 #include "kf/stages/sft.h"
-#include "kf/tasks/task_list.h"
+#include "kf/tasks/tasks.h"
 
 using namespace kf;
 using namespace kf::stages;

@@ -1,4 +1,4 @@
-#include "kf/tasks/golden.h"
+#include "kf/tasks/tasks.h"
 
 #include <ATen/ATen.h>
 

@@ -1,6 +1,5 @@
 // Loads task artifacts (see task.h for the folder layout) and runs their graphs.
-#include "kf/tasks/task.h"
-#include "kf/tasks/timing.h"
+#include "kf/tasks/tasks.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>

@@ -1,4 +1,4 @@
-#include "kf/tasks/task_list.h"
+#include "kf/tasks/tasks.h"
 
 #include <algorithm>
 #include <sstream>

@@ -1,4 +1,4 @@
-#include "kf/tasks/timing.h"
+#include "kf/tasks/tasks.h"
 
 #include <ATen/Context.h>
 #include <ATen/DeviceAccelerator.h>

@@ -10,11 +10,11 @@
 #include <sstream>
 #include <string>
 
+#include "../test_support.h"
 #include "kf/actors/actor_options.h"
 #include "kf/actors/actor_policy.h"
 #include "kf/replay/run_shm.h"
-#include "kf/tasks/task.h"
-#include "../test_support.h"
+#include "kf/tasks/tasks.h"
 
 namespace kf::actors::test {
 

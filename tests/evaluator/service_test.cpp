@@ -17,7 +17,7 @@
 
 #include "kf/common/gpu_lock.h"
 #include "kf/replay/run_shm.h"
-#include "kf/tasks/timing.h"
+#include "kf/tasks/tasks.h"
 #include "test_util.h"
 
 using namespace kf::evaluator;

@@ -11,12 +11,12 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
-#include "kf/evaluator/evaluator.h"
-#include "kf/evaluator/fsutil.h"
 #include "../../evaluator/src/tensor_check.h"
 #include "../../evaluator/wire/poison.h"
-#include "kf/tasks/timing.h"
 #include "../test_support.h"
+#include "kf/evaluator/evaluator.h"
+#include "kf/evaluator/fsutil.h"
+#include "kf/tasks/tasks.h"
 #include "test_util.h"
 
 using namespace kf::evaluator;

@@ -32,7 +32,7 @@
 #include "kf/policy/checkpoint.h"
 #include "kf/replay/kernel_db.h"
 #include "kf/replay/run_shm.h"
-#include "kf/tasks/task.h"
+#include "kf/tasks/tasks.h"
 
 namespace {
 using Clock = std::chrono::steady_clock;

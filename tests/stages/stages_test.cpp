@@ -8,15 +8,14 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "../test_support.h"
 #include "kf/actors/actor_policy.h"
 #include "kf/actors/extract.h"
 #include "kf/policy/safetensors_format.h"
 #include "kf/stages/bpe_trainer.h"
 #include "kf/stages/selfsup.h"
 #include "kf/stages/sft.h"
-#include "kf/tasks/task.h"
-#include "kf/tasks/task_list.h"
-#include "../test_support.h"
+#include "kf/tasks/tasks.h"
 
 using namespace kf::stages;
 namespace t = kf::test;

@@ -16,8 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kf/common/run_dir.h"
-#include "kf/tasks/golden.h"
-#include "kf/tasks/task.h"
+#include "kf/tasks/tasks.h"
 
 namespace fs = std::filesystem;
 using namespace kf::tasks;

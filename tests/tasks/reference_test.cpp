@@ -4,9 +4,7 @@
 
 #include <cstdlib>
 
-#include "kf/tasks/golden.h"
-#include "kf/tasks/task.h"
-#include "kf/tasks/timing.h"
+#include "kf/tasks/tasks.h"
 
 using namespace kf::tasks;
 

@@ -12,7 +12,7 @@
 #include <thread>
 
 #include "kf/common/run_dir.h"
-#include "kf/tasks/task.h"
+#include "kf/tasks/tasks.h"
 
 namespace fs = std::filesystem;
 using namespace kf::tasks;

@@ -11,8 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kf/common/log.h"
-#include "kf/tasks/golden.h"
-#include "kf/tasks/timing.h"
+#include "kf/tasks/tasks.h"
 
 using namespace kf::tasks;
 

@@ -13,8 +13,7 @@
 #include <map>
 #include <sstream>
 
-#include "kf/tasks/task.h"
-#include "kf/tasks/timing.h"
+#include "kf/tasks/tasks.h"
 #include "modelnew.h"
 
 using namespace kf::evaluator;

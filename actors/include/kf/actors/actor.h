@@ -60,7 +60,7 @@
 #include "kf/policy/engine.h"
 #include "kf/policy/gpu_share.h"
 #include "kf/replay/run_shm.h"
-#include "kf/tasks/task.h"
+#include "kf/tasks/tasks.h"
 
 namespace kf::actors {
 

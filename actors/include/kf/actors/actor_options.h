@@ -11,7 +11,7 @@
 #include "kf/actors/prompt.h"
 #include "kf/actors/scheduler.h"
 #include "kf/common/config.h"
-#include "kf/tasks/task.h"
+#include "kf/tasks/tasks.h"
 
 namespace kf::actors {
 

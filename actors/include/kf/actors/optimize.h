@@ -18,7 +18,7 @@
 #include "kf/actors/actor_options.h"
 #include "kf/actors/actor_policy.h"
 #include "kf/actors/prompt.h"
-#include "kf/tasks/task.h"
+#include "kf/tasks/tasks.h"
 
 namespace kf::actors {
 

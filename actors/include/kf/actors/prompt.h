@@ -41,7 +41,7 @@
 
 #include "kf/actors/codec.h"
 #include "kf/policy/chat_template.h"
-#include "kf/tasks/task.h"
+#include "kf/tasks/tasks.h"
 
 namespace kf::actors {
 

@@ -29,7 +29,7 @@
 #include "kf/evaluator/result.h"
 #include "kf/evaluator/reward.h"
 #include "kf/evaluator/sandbox.h"
-#include "kf/tasks/task.h"
+#include "kf/tasks/tasks.h"
 
 namespace kf::evaluator {
 

@@ -49,7 +49,7 @@
 #include "kf/evaluator/out_of_memory.h"
 #include "kf/replay/records.h"
 #include "kf/replay/run_shm.h"
-#include "kf/tasks/task.h"
+#include "kf/tasks/tasks.h"
 
 namespace kf::evaluator {
 

@@ -1,3 +1,9 @@
+// kf/tasks/tasks.h: what other components use of tasks/ (the one public header).
+//   Task, Reference, TensorSpec, Backend   an imported task and its reference runner
+//   time_reference, backend_device, ...    the one timing protocol for reference forwards
+//   read_task_list                         task-name files (tasks/heldout.txt)
+//   check_golden                           the C++ reference against Python's saved outputs
+//
 // A task: one imported reference program (tools/import-tasks wrote its artifact).
 //
 // The artifact folder <tasks.dir>/<name>/ holds, per backend ("cpu", "cuda"):
@@ -16,6 +22,7 @@
 #pragma once
 #include <ATen/core/Tensor.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -106,5 +113,66 @@ class ExactFp32Scope {
   ExactFp32Scope(const ExactFp32Scope&) = delete;
   ExactFp32Scope& operator=(const ExactFp32Scope&) = delete;
 };
+
+// --- Timing of reference forwards, shared by tools and benchmarks so every number the
+// project prints about a reference comes from one protocol:
+//   warm-up calls, then per trial: device-wide sync, clock, forward, device-wide sync, clock.
+// The device-wide sync means work on any stream is counted.
+
+void synchronize(const at::Device& device);  // cudaDeviceSynchronize for CUDA; no-op on CPU
+
+struct TimingStats {
+  std::vector<double> trials_ms;
+  double median_ms = 0, p10_ms = 0, p90_ms = 0, min_ms = 0;
+};
+TimingStats summarize_ms(std::vector<double> trials_ms);
+
+// Times `ref` on `inputs` (already on `device`).
+TimingStats time_reference(Reference& ref, const std::vector<at::Tensor>& inputs, const at::Device& device, int warmup,
+                           int trials);
+
+// The device a backend runs on in this process ("cuda" uses CUDA device `index`).
+// Throws kf::Error if the backend is cuda and no GPU is visible.
+at::Device backend_device(Backend b, int index = 0);
+bool cuda_available();
+// Returns the GPU memory the caching allocator holds but does not use to the driver, so
+// other processes on the GPU can have it (after an out-of-memory error). No-op without a GPU.
+void release_device_cache();
+// Bytes the caching allocator holds on the current CUDA device (in use or cached); 0
+// without a GPU. Several evaluators share one GPU: each frees its cache above a limit.
+std::size_t device_cache_reserved_bytes();
+// The most it held since the last reset_device_cache_peak() (the evaluator's per-verification
+// peak, set against its GPU memory claim); 0 / no-op without a GPU.
+std::size_t device_cache_peak_reserved_bytes();
+void reset_device_cache_peak();
+
+// --- Task lists
+// Task-name lists kept in files, such as the held-out split (tasks/heldout.txt): one task
+// name per line; '#' starts a comment; blank lines are ignored. Names are folder names
+// of imported tasks (letters, digits, '_', '-', '.'), so a typo such as a path or two
+// names on one line is an error rather than a name that silently matches nothing.
+// Pure functions; any thread.
+
+// The names in `path`, in file order, without duplicates. Throws kf::Error naming the
+// file (and the line) when it cannot be read or a line is not a task name.
+std::vector<std::string> read_task_list(const std::string& path);
+
+// Parses the text of such a file; `source` names it in errors.
+std::vector<std::string> parse_task_list(const std::string& text, const std::string& source);
+
+// --- Golden check: the C++ reference against Python eager PyTorch on the same inputs.
+// The importer saved, at CPU size, Python's get_inputs() after torch.manual_seed(golden
+// seed) and Model's outputs for them. This regenerates the inputs in C++ from the same
+// seed, runs the C++ reference, and reports the differences.
+
+struct GoldenResult {
+  bool inputs_equal = false;  // C++ input generator reproduced Python's tensors bit for bit
+  double max_rel_error = 0;   // max over outputs of max|cpp - py| / max|py|
+  std::vector<double> output_rel_errors;
+  std::string problem;  // non-empty: why the comparison could not be made
+};
+
+// Throws kf::Error if the artifact has no golden file.
+GoldenResult check_golden(const Task& task);
 
 }  // namespace kf::tasks
