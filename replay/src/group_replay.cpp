@@ -1,7 +1,8 @@
 // ReplayBuffer implementation. Segment layout after the segment header:
 //   Header | GroupSlot[capacity] | data[capacity][group_bytes]
 // data of one group: G result regions of result_bytes (u32 len + encoded Result),
-// then the head blob (u32 tag, prompt tokens, G x encoded Candidate without prompt).
+// then the head blob (u32 tag, prompt tokens, G x encoded Candidate without the prompt when
+// it is the group's: a later turn's member keeps its own conversation).
 // Slot states: FREE -> FILLING(pid) -> OPEN -> TAKING(pid) -> FREE.
 #include "kf/replay/group_replay.h"
 
@@ -43,6 +44,8 @@ struct GroupSlot {
   uint32_t head_len;
   std::atomic<uint64_t> scored_mask;
   std::atomic<uint64_t> lost_mask;
+  uint32_t held;  // 1: the actor reads the results first (multi-turn); guarded by mu
+  uint32_t pad;
   uint64_t cand_ids[kMaxG];
   char task[128];
 };
@@ -123,6 +126,10 @@ std::vector<unsigned char> encode_head(const std::vector<Candidate>& cands) {
   std::size_t n = 4 + 4 + cands[0].prompt_tokens.size() * 4;
   for (std::size_t i = 0; i < cands.size(); ++i) {
     stripped[cands[i].index_in_group] = cands[i];
+    if (cands[i].prompt_tokens != cands[0].prompt_tokens) {  // a later turn: its own conversation
+      n += 4 + encoded_size(cands[i]);
+      continue;
+    }
     stripped[cands[i].index_in_group].prompt_tokens.clear();
     n += 4 + encoded_size(cands[i]) - 4 * cands[i].prompt_tokens.size();
   }
@@ -176,7 +183,7 @@ void validate_group(const std::vector<Candidate>& c) {
 }
 }  // namespace
 
-bool ReplayBuffer::open_group(const std::vector<Candidate>& cands, Timeout deadline, Timeout timeout) {
+bool ReplayBuffer::open_group(const std::vector<Candidate>& cands, Timeout deadline, Timeout timeout, bool hold) {
   validate_group(cands);
   Header* h = hdr();
   const uint32_t g = static_cast<uint32_t>(cands.size());
@@ -221,6 +228,7 @@ bool ReplayBuffer::open_group(const std::vector<Candidate>& cands, Timeout deadl
         s->head_len = static_cast<uint32_t>(head.size());
         s->scored_mask.store(0, std::memory_order_relaxed);
         s->lost_mask.store(0, std::memory_order_relaxed);
+        s->held = hold ? 1 : 0;
         for (auto& c : cands) s->cand_ids[c.index_in_group] = c.id;
         std::memset(s->task, 0, sizeof s->task);
         std::memcpy(s->task, cands[0].task.data(), cands[0].task.size());
@@ -425,7 +433,7 @@ std::size_t ReplayBuffer::take_ready(std::vector<ScoredGroup>& out, std::size_t 
           continue;
         }
         const bool full = ((s->scored_mask.load() | s->lost_mask.load()) & full_mask(s->g)) == full_mask(s->g);
-        if (full || now >= s->deadline_ns)
+        if ((full && !s->held) || now >= s->deadline_ns)
           ready.push_back({{s->policy_version, s->open_seq}, i});
         else
           next_deadline = std::min(next_deadline, s->deadline_ns);
@@ -471,6 +479,53 @@ std::size_t ReplayBuffer::take_ready(std::vector<ScoredGroup>& out, std::size_t 
   }
 }
 
+GroupPeek ReplayBuffer::peek_group(uint64_t group_id, ScoredGroup* out, bool release) {
+  Header* h = hdr();
+  bool wake = false;
+  GroupPeek got = GroupPeek::absent;
+  {
+    KF_REPLAY_LOCK(h);
+    for (uint32_t i = 0; i < h->capacity; ++i) {
+      GroupSlot* s = h->slot(i);
+      if (word_state(s->owner.load(std::memory_order_relaxed)) != kOpen || s->group_id != group_id) continue;
+      const bool full = ((s->scored_mask.load() | s->lost_mask.load()) & full_mask(s->g)) == full_mask(s->g);
+      if (!full && now_ns() < s->deadline_ns) return GroupPeek::pending;
+      if (out) {
+        *out = read_group(h, i, seg_.name());
+        out->deadline_hit = !full;
+      }
+      if (release && s->held) {
+        s->held = 0;
+        wake = true;
+      }
+      got = GroupPeek::ready;
+      break;
+    }
+  }
+  if (wake) {
+    h->ready_futex.fetch_add(1);
+    futex_wake(&h->ready_futex, INT_MAX);
+  }
+  return got;
+}
+
+bool ReplayBuffer::release_group(uint64_t group_id) {
+  Header* h = hdr();
+  {
+    KF_REPLAY_LOCK(h);
+    uint32_t i = 0;
+    for (; i < h->capacity; ++i) {
+      GroupSlot* s = h->slot(i);
+      if (word_state(s->owner.load(std::memory_order_relaxed)) == kOpen && s->group_id == group_id) break;
+    }
+    if (i == h->capacity || !h->slot(i)->held) return false;
+    h->slot(i)->held = 0;
+  }
+  h->ready_futex.fetch_add(1);
+  futex_wake(&h->ready_futex, INT_MAX);
+  return true;
+}
+
 std::size_t ReplayBuffer::reap() {
   Header* h = hdr();
   std::vector<uint32_t> suspects;
@@ -506,7 +561,7 @@ ReplayStats ReplayBuffer::stats() const {
     if (word_state(g->owner.load()) != kOpen) continue;
     ++s.open_now;
     bool full = ((g->scored_mask.load() | g->lost_mask.load()) & full_mask(g->g)) == full_mask(g->g);
-    if (full || now >= g->deadline_ns) ++s.ready_now;
+    if ((full && !g->held) || now >= g->deadline_ns) ++s.ready_now;
   }
   s.results_joined = h->joined.load();
   s.results_orphan = h->orphan.load();
@@ -652,6 +707,7 @@ std::size_t ReplayBuffer::load(const std::string& path) {
     s->head_len = static_cast<uint32_t>(x.head.size());
     s->scored_mask.store(x.scored & full_mask(x.g));
     s->lost_mask.store(x.lost & full_mask(x.g));
+    s->held = 0;  // the actor that held it is gone
     s->deadline_ns = now + x.remaining;
     std::memcpy(s->cand_ids, x.ids.data(), 8ull * x.g);
     std::memset(s->task, 0, sizeof s->task);

@@ -9,7 +9,9 @@ using detail::ByteWriter;
 namespace {
 constexpr uint32_t kCandidateTag = 0x444E4143;  // "CAND"
 constexpr uint32_t kResultTag = 0x53455252;     // "RRES"
-constexpr uint32_t kRecordVersion = 1;          // candidates
+// Candidates: 2 added turn, turns, parent_group_id and parent_index at the end; 1 still
+// decodes, as a single-turn candidate.
+constexpr uint32_t kRecordVersion = 2;
 // Results: 2 added speedup_lo/hi and the flags, 3 the cause byte after the verdict.
 // 1 and 2 still decode, with cause kernel.
 constexpr uint32_t kResultVersion = 3;
@@ -47,7 +49,7 @@ const char* cause_name(Cause c) {
 std::size_t encoded_size(const Candidate& c) {
   return 8 + 8 + (4 + c.task.size()) + 8 + 4 + 8 + (4 + c.prompt_tokens.size() * 4) +
          (4 + c.completion_tokens.size() * 4) + (4 + c.behaviour_logprobs.size() * 4) + (4 + c.source.size()) +
-         (4 + c.extraction_error.size()) + 4 + 8 + 8;
+         (4 + c.extraction_error.size()) + 4 + 8 + 8 + 4 + 4 + 8 + 4;
 }
 
 void encode(const Candidate& c, unsigned char* dst) {
@@ -67,13 +69,18 @@ void encode(const Candidate& c, unsigned char* dst) {
   w.put(c.actor_id);
   w.put(c.t_sampled_ns);
   w.put(c.t_pushed_ns);
+  w.put(c.turn);
+  w.put(c.turns);
+  w.put(c.parent_group_id);
+  w.put(c.parent_index);
 }
 
 Candidate decode_candidate(const unsigned char* src, std::size_t n, const std::string& context) {
   ByteReader r(src, n, context + ": candidate record");
   if (r.get<uint32_t>("tag") != kCandidateTag) r.fail("tag", "not a candidate record");
   uint32_t v = r.get<uint32_t>("version");
-  if (v != kRecordVersion) r.fail("version", std::to_string(v) + ", expected " + std::to_string(kRecordVersion));
+  if (v < 1 || v > kRecordVersion)
+    r.fail("version", std::to_string(v) + ", expected 1 to " + std::to_string(kRecordVersion));
   Candidate c;
   c.id = r.get<uint64_t>("id");
   c.task = r.str("task");
@@ -88,6 +95,14 @@ Candidate decode_candidate(const unsigned char* src, std::size_t n, const std::s
   c.actor_id = r.get<int32_t>("actor_id");
   c.t_sampled_ns = r.get<int64_t>("t_sampled_ns");
   c.t_pushed_ns = r.get<int64_t>("t_pushed_ns");
+  if (v >= 2) {
+    c.turn = r.get<uint32_t>("turn");
+    c.turns = r.get<uint32_t>("turns");
+    c.parent_group_id = r.get<uint64_t>("parent_group_id");
+    c.parent_index = r.get<uint32_t>("parent_index");
+    if (c.turn < 1 || c.turn > c.turns)
+      r.fail("turn", std::to_string(c.turn) + " outside 1.." + std::to_string(c.turns) + " (turns)");
+  }
   if (r.left() != 0) r.fail("end", std::to_string(r.left()) + " trailing bytes");
   return c;
 }

@@ -19,6 +19,11 @@
 // filling a group (actor) or copying one out (learner) loses that group only:
 // reap() frees it and counts it in lost_filling / lost_taking.
 //
+// Held groups (multi-turn refinement, docs/actors.md): an actor that needs a group's results
+// to write the next turn opens it held. A held group is not ready when its last result
+// arrives, only once the actor has read it (peek_group with release, or release_group), or
+// when its deadline passes (an actor that died or gave up never stalls the learner).
+//
 // Result notes: every result add_result() sees (joined or orphan, not duplicate) leaves a
 // short note (verdict, cause, speedup, reward, evaluator) in a ring of kResultNotes in
 // the segment, read with a cursor (recent_results) by the live status: results travel
@@ -47,7 +52,8 @@ struct ScoredGroup {
   std::string task;
   int64_t policy_version = 0;
   std::vector<int32_t> prompt_tokens;
-  std::vector<Candidate> candidates;  // prompt_tokens left empty (shared above)
+  std::vector<Candidate> candidates;  // prompt_tokens empty when the member's prompt is the group's
+                                      // (always at turn 1); a later turn's member keeps its own
   std::vector<Result> results;        // results[i] belongs to candidates[i]
   std::vector<uint8_t> missing;       // 1: no result (deadline passed or candidate lost)
   bool deadline_hit = false;
@@ -57,6 +63,13 @@ struct ScoredGroup {
 // task is degenerate and the evaluator was not told to train on such tasks): the learner
 // drops the whole group, since every candidate of a group shares its task.
 bool excluded_from_training(const ScoredGroup& g);
+
+// What peek_group found.
+enum class GroupPeek {
+  absent,   // no open group of that id: evicted, dropped stale, or taken after its deadline
+  pending,  // results still missing and the deadline not passed
+  ready,    // every result in or marked lost, or the deadline passed (deadline_hit)
+};
 
 // What the live status learns of one result (ReplayBuffer::recent_results).
 struct ResultNote {
@@ -81,11 +94,19 @@ class ReplayBuffer {
   static ReplayBuffer create(const std::string& name, const ReplayConfig& cfg, const SegmentOptions& opt = {});
   static ReplayBuffer attach(const std::string& name, Timeout wait_ready = std::chrono::seconds(10));
 
-  // Actor: opens a group of candidates (same group_id, indices 0..G-1, shared prompt
-  // = candidates[0].prompt_tokens). Scoring must finish within `deadline`. Returns
-  // false (counted dropped_full) if every slot stayed in use for `timeout`. Throws
-  // kf::Error for a malformed group or one larger than group_bytes.
-  bool open_group(const std::vector<Candidate>& candidates, Timeout deadline, Timeout timeout = Timeout(0));
+  // Actor: opens a group of candidates (same group_id, indices 0..G-1, group prompt
+  // = candidates[0].prompt_tokens; a candidate whose prompt differs keeps its own). Scoring
+  // must finish within `deadline`. `hold`: the group waits for the actor's peek_group
+  // (release) before the learner may take it, until its deadline. Returns false (counted
+  // dropped_full) if every slot stayed in use for `timeout`. Throws kf::Error for a
+  // malformed group or one larger than group_bytes.
+  bool open_group(const std::vector<Candidate>& candidates, Timeout deadline, Timeout timeout = Timeout(0),
+                  bool hold = false);
+  // Actor: the group's state without taking it; when ready, *out (if given) gets its
+  // candidates and results (missing ones marked) and `release` lets the learner take it.
+  GroupPeek peek_group(uint64_t group_id, ScoredGroup* out, bool release);
+  // Actor: lets the learner take a held group without reading it; false if no such held group.
+  bool release_group(uint64_t group_id);
   // Joins one result to its group (into its empty slot; the group is ready once all G
   // are in) and leaves a result note. False: no such open group (orphan, noted) or the
   // slot already holds a result (duplicate, not noted).

@@ -27,6 +27,15 @@ struct Candidate {
   int32_t actor_id = 0;
   int64_t t_sampled_ns = 0;  // CLOCK_MONOTONIC
   int64_t t_pushed_ns = 0;
+  // Multi-turn refinement (actors.turns, docs/actors.md): turn 1 is the first answer; turn
+  // t > 1 revises the member's turn t-1 answer after the verifier's feedback, and its
+  // prompt_tokens hold the whole conversation so far (its own, not the group's). turns:
+  // the most turns the actor allows (1: single turn); parent_group_id: the turn-1 group
+  // (0 at turn 1); parent_index: the member's index_in_group there.
+  uint32_t turn = 1;
+  uint32_t turns = 1;
+  uint64_t parent_group_id = 0;
+  uint32_t parent_index = 0;
 };
 
 // The one verdict type of the system: the evaluator produces it, the records carry it,

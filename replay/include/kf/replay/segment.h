@@ -55,7 +55,7 @@ class ShmSegment {
  public:
   static constexpr std::size_t kHeaderBytes = 512;
   static constexpr uint64_t kSegmentMagic = 0x3130304D48534B46ULL;  // "KFSHM001"
-  static constexpr uint32_t kLayoutVersion = 2;
+  static constexpr uint32_t kLayoutVersion = 3;  // 3: replay group slots carry a held flag
 
   // Creates `name` with `bytes` (header included), zero-filled. An existing segment
   // of that name that is stale is removed and replaced (logged); a live one makes
