@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # One device call: build the test binaries that hold CUDA tests and run those tests.
-#   dev/gpu_tests.sh [CTEST_REGEX]   (default 'Cuda': every test named Cuda*)
+#   dev/gpu_tests.sh [CTEST_REGEX]   (default: the learner's and policy's Cuda* tests)
 # From a tree carrying .deps/ (TBB, seccomp.h). Logs go to $OUT (tests.txt, build.log).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-tests-out}; mkdir -p "$OUT"
-REGEX=${1:-Cuda}
+REGEX=${1:-'^(Learner|Engine|Policy)[A-Za-z0-9]*Test\.Cuda'}
 PY=/opt/torch/.venv/bin/python3; [ -x "$PY" ] || PY=$(command -v python3)
 export PATH=/usr/local/cuda/bin:$(dirname "$PY"):$PATH NCCL_NVLS_ENABLE=0
 export LD_LIBRARY_PATH="$PWD/.deps/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
