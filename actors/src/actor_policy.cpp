@@ -3,7 +3,7 @@
 #include <torch/cuda.h>
 
 #include "kf/common/error.h"
-#include "kf/policy/checkpoint.h"
+#include "kf/policy/policy.h"
 
 namespace kf::actors {
 

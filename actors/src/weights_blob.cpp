@@ -7,8 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kf/common/error.h"
-#include "kf/policy/checkpoint.h"
-#include "kf/policy/safetensors_format.h"
+#include "kf/policy/policy.h"
 
 namespace kf::actors {
 

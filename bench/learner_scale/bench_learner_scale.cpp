@@ -34,14 +34,13 @@
 #include <string>
 #include <vector>
 
+#include "kf/bench/util.h"
 #include "kf/common/error.h"
 #include "kf/learner/comm.h"
 #include "kf/learner/grad_buckets.h"
 #include "kf/learner/loss.h"
 #include "kf/learner/optimizer.h"
-#include "kf/policy/config.h"
-#include "kf/policy/model.h"
-#include "kf/bench/util.h"
+#include "kf/policy/policy.h"
 
 #ifdef KF_HAVE_CUDA
 #include <ATen/autocast_mode.h>

@@ -8,9 +8,8 @@
 #include <cstdio>
 #include <sstream>
 
-#include "kf/policy/model.h"
-#include "kf/policy/sampler.h"
 #include "kf/bench/util.h"
+#include "kf/policy/policy.h"
 
 using namespace kf::policy;
 

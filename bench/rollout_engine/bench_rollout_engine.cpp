@@ -13,9 +13,8 @@
 #include <cstdio>
 #include <sstream>
 
-#include "kf/policy/engine.h"
-#include "kf/policy/sampler.h"
 #include "kf/bench/util.h"
+#include "kf/policy/policy.h"
 
 using namespace kf::policy;
 

@@ -19,8 +19,7 @@
 #include "kf/common/error.h"
 #include "kf/common/log.h"
 #include "kf/common/run_dir.h"
-#include "kf/policy/checkpoint.h"
-#include "kf/policy/safetensors_format.h"
+#include "kf/policy/policy.h"
 
 namespace kf::learner {
 namespace {

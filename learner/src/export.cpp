@@ -11,8 +11,7 @@
 #include "kf/common/log.h"
 #include "kf/common/run_dir.h"
 #include "kf/learner/checkpoint.h"
-#include "kf/policy/checkpoint.h"
-#include "kf/policy/safetensors_format.h"
+#include "kf/policy/policy.h"
 
 namespace kf::learner {
 namespace {

@@ -18,8 +18,7 @@
 #include "kf/learner/loss.h"
 #include "kf/learner/optimizer.h"
 #include "kf/learner/snapshot_publisher.h"
-#include "kf/policy/checkpoint.h"
-#include "kf/policy/gpu_share.h"
+#include "kf/policy/policy.h"
 
 #ifdef KF_HAVE_CUDA
 #include <ATen/cuda/CUDAGeneratorImpl.h>

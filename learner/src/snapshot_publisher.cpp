@@ -7,8 +7,7 @@
 
 #include "kf/common/error.h"
 #include "kf/common/log.h"
-#include "kf/policy/checkpoint.h"
-#include "kf/policy/safetensors_format.h"
+#include "kf/policy/policy.h"
 
 #ifdef KF_HAVE_CUDA
 #include <ATen/cuda/CUDAEvent.h>

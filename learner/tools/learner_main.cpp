@@ -37,8 +37,7 @@
 #include "kf/learner/comm.h"
 #include "kf/learner/group_source.h"
 #include "kf/learner/learner.h"
-#include "kf/policy/safetensors_format.h"
-#include "kf/policy/checkpoint.h"
+#include "kf/policy/policy.h"
 
 #ifdef KF_HAVE_NETQUEUE
 #include "kf/netqueue/group_relay.h"

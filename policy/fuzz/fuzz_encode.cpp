@@ -6,8 +6,8 @@
 #include <memory>
 #include <string>
 
-#include "kf/policy/tokenizer.h"
 #include "../src/unicode.h"
+#include "kf/policy/policy.h"
 
 static std::unique_ptr<kf::policy::Tokenizer> g_tok;
 

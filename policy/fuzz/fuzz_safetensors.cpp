@@ -4,7 +4,7 @@
 #include <cstdlib>
 
 #include "kf/common/error.h"
-#include "kf/policy/safetensors_format.h"
+#include "kf/policy/policy.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {

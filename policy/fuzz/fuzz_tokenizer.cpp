@@ -7,7 +7,7 @@
 #include <string>
 
 #include "kf/common/error.h"
-#include "kf/policy/tokenizer.h"
+#include "kf/policy/policy.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);

@@ -18,7 +18,7 @@ CXX=${CXX:-clang++-14}
 BUILD=${KF_BUILD_DIR:-build}
 REFS=${KF_POLICY_REFS:-$BUILD/policy_refs}
 SRC="policy/src/safetensors_format.cpp policy/src/tokenizer.cpp policy/src/pretokenize.cpp policy/src/unicode.cpp policy/src/config.cpp"
-FLAGS="-std=c++17 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Ipolicy/include -Icommon/include -Ipolicy/src"
+FLAGS="-std=c++17 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -DKF_POLICY_TEXT_ONLY -Ipolicy/include -Icommon/include -Ipolicy/src"
 
 have_refs() { [ -f "$REFS/tokenizer_qwen2.json" ] && compgen -G "$REFS/*/model*.safetensors" > /dev/null; }
 if ! have_refs; then

@@ -1,4 +1,4 @@
-#include "kf/policy/chat_template.h"
+#include "kf/policy/policy.h"
 
 #include <fcntl.h>
 #include <spawn.h>

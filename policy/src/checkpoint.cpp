@@ -1,4 +1,4 @@
-#include "kf/policy/checkpoint.h"
+#include "kf/policy/policy.h"
 
 #include <sys/stat.h>
 
@@ -7,7 +7,6 @@
 #include <set>
 
 #include "kf/common/error.h"
-#include "kf/policy/safetensors_format.h"
 
 namespace kf::policy {
 

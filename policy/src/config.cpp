@@ -1,4 +1,4 @@
-#include "kf/policy/config.h"
+#include "kf/policy/policy.h"
 
 #include <algorithm>
 #include <fstream>

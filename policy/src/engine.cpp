@@ -1,4 +1,4 @@
-// The rollout engine (engine.h): block pool, admission, prefill, paged decode, stops.
+// The rollout engine (Engine in kf/policy/policy.h): block pool, admission, prefill, paged decode, stops.
 //
 // Layout: per layer, keys and values are one pool each, [blocks * block_size, kv_heads,
 // head_dim] (token-major), so a token's slot is block * block_size + offset and the write
@@ -7,7 +7,7 @@
 // steps append to it and mask keys past the row's position: key j is the row's position j,
 // so the mask is arange <= position and needs no host data. Block 0 is a scratch block
 // that padding rows write to and read from.
-#include "kf/policy/engine.h"
+#include "kf/policy/policy.h"
 
 #include <algorithm>
 #include <chrono>

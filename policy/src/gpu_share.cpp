@@ -1,4 +1,4 @@
-#include "kf/policy/gpu_share.h"
+#include "kf/policy/policy.h"
 
 #include <chrono>
 #include <torch/cuda.h>

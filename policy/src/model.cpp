@@ -1,4 +1,4 @@
-#include "kf/policy/model.h"
+#include "kf/policy/policy.h"
 
 #include <ATen/autocast_mode.h>
 

@@ -1,4 +1,4 @@
-#include "kf/policy/safetensors_format.h"
+#include "kf/policy/policy.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

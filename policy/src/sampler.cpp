@@ -1,4 +1,4 @@
-#include "kf/policy/sampler.h"
+#include "kf/policy/policy.h"
 
 #include <algorithm>
 #include <limits>

@@ -1,4 +1,4 @@
-#include "kf/policy/tokenizer.h"
+#include "kf/policy/policy.h"
 
 #include <algorithm>
 #include <fstream>

@@ -15,8 +15,7 @@
 
 #include "kf/common/error.h"
 #include "kf/common/run_dir.h"
-#include "kf/policy/chat_template.h"
-#include "kf/policy/tokenizer.h"
+#include "kf/policy/policy.h"
 
 namespace {
 

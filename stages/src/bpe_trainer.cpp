@@ -8,7 +8,7 @@
 #include <unordered_set>
 
 #include "kf/common/error.h"
-#include "kf/policy/tokenizer.h"
+#include "kf/policy/policy.h"
 // The policy's pre-tokeniser and UTF-8 helpers (policy/src, linked from kf_policy_text):
 // training must split words exactly as the encoder will.
 

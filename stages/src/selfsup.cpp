@@ -13,7 +13,7 @@
 #include "kf/common/error.h"
 #include "kf/common/log.h"
 #include "kf/evaluator/out_of_memory.h"
-#include "kf/policy/gpu_share.h"
+#include "kf/policy/policy.h"
 #include "kf/tasks/tasks.h"
 
 namespace kf::stages {

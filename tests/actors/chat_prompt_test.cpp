@@ -6,7 +6,7 @@
 #include "kf/actors/prompt.h"
 #include "kf/common/error.h"
 #include "kf/common/run_dir.h"
-#include "kf/policy/chat_template.h"
+#include "kf/policy/policy.h"
 #include "test_util.h"
 
 using namespace kf::actors;

@@ -10,7 +10,7 @@
 
 #include "kf/actors/group_sampler.h"
 #include "kf/evaluator/sandbox.h"
-#include "kf/policy/gpu_share.h"
+#include "kf/policy/policy.h"
 #include "test_util.h"
 
 using namespace kf::actors;

@@ -16,7 +16,7 @@
 
 #include "kf/actors/optimize.h"
 #include "kf/common/config.h"
-#include "kf/policy/checkpoint.h"
+#include "kf/policy/policy.h"
 #include "kf/replay/kernel_db.h"
 #include "test_util.h"
 

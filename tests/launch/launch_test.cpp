@@ -29,7 +29,7 @@
 #include "kf/actors/optimize.h"
 #include "kf/common/config.h"
 #include "kf/common/run_dir.h"
-#include "kf/policy/checkpoint.h"
+#include "kf/policy/policy.h"
 #include "kf/replay/kernel_db.h"
 #include "kf/replay/run_shm.h"
 #include "kf/tasks/tasks.h"

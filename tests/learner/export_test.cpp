@@ -8,7 +8,7 @@
 #include "kf/learner/checkpoint.h"
 #include "kf/learner/export.h"
 #include "kf/learner/learner.h"
-#include "kf/policy/checkpoint.h"
+#include "kf/policy/policy.h"
 #include "test_util.h"
 
 using namespace kf::learner;

@@ -15,7 +15,7 @@
 #include "kf/learner/learner.h"
 #include "kf/learner/loss.h"
 #include "kf/learner/snapshot_publisher.h"
-#include "kf/policy/safetensors_format.h"
+#include "kf/policy/policy.h"
 #include "test_util.h"
 
 using namespace kf::learner;

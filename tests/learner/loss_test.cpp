@@ -18,7 +18,7 @@
 #include "kf/learner/group_source.h"
 #include "kf/learner/learner.h"
 #include "kf/learner/loss.h"
-#include "kf/policy/model.h"
+#include "kf/policy/policy.h"
 
 using namespace kf::learner;
 

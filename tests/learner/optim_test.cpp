@@ -10,7 +10,7 @@
 #include "kf/learner/grad_buckets.h"
 #include "kf/learner/learner_config.h"
 #include "kf/learner/optimizer.h"
-#include "kf/policy/config.h"
+#include "kf/policy/policy.h"
 #include "shard_util.h"
 
 using namespace kf::learner;

@@ -15,8 +15,7 @@
 #include "kf/learner/batch.h"
 #include "kf/learner/checkpoint.h"
 #include "kf/learner/learner.h"
-#include "kf/policy/checkpoint.h"
-#include "kf/policy/safetensors_format.h"
+#include "kf/policy/policy.h"
 #include "test_util.h"
 
 using namespace kf::learner;

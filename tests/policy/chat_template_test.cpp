@@ -8,8 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kf/common/error.h"
-#include "kf/policy/chat_template.h"
-#include "kf/policy/tokenizer.h"
+#include "kf/policy/policy.h"
 #include "test_util.h"
 
 using namespace kf::policy;

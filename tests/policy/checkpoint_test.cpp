@@ -5,7 +5,7 @@
 #include <cstdlib>
 
 #include "kf/common/error.h"
-#include "kf/policy/checkpoint.h"
+#include "kf/policy/policy.h"
 #include "torch_util.h"
 
 using namespace kf::policy;

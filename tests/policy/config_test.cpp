@@ -5,7 +5,7 @@
 #include <fstream>
 
 #include "kf/common/error.h"
-#include "kf/policy/config.h"
+#include "kf/policy/policy.h"
 
 using kf::policy::parse_model_config;
 

@@ -9,8 +9,7 @@
 #include <map>
 
 #include "kf/common/error.h"
-#include "kf/policy/engine.h"
-#include "kf/policy/sampler.h"
+#include "kf/policy/policy.h"
 
 using namespace kf::policy;
 

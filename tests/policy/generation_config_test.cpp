@@ -2,7 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "kf/common/error.h"
-#include "kf/policy/config.h"
+#include "kf/policy/policy.h"
 #include "test_util.h"
 
 using namespace kf::policy;

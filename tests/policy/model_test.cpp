@@ -1,8 +1,7 @@
 // The libtorch model against HF transformers' fp32 logits (tests/policy/hf_reference.py).
 #include <gtest/gtest.h>
 
-#include "kf/policy/checkpoint.h"
-#include "kf/policy/model.h"
+#include "kf/policy/policy.h"
 #include "torch_util.h"
 
 using namespace kf::policy;

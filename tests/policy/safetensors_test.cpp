@@ -3,7 +3,7 @@
 #include <cstring>
 
 #include "kf/common/error.h"
-#include "kf/policy/safetensors_format.h"
+#include "kf/policy/policy.h"
 #include "test_util.h"
 
 using namespace kf::policy;

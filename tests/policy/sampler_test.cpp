@@ -5,8 +5,7 @@
 #include <algorithm>
 
 #include "kf/common/error.h"
-#include "kf/policy/checkpoint.h"
-#include "kf/policy/sampler.h"
+#include "kf/policy/policy.h"
 #include "torch_util.h"
 
 using namespace kf::policy;

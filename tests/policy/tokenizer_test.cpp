@@ -4,7 +4,7 @@
 
 #include "../../policy/src/unicode.h"
 #include "kf/common/error.h"
-#include "kf/policy/tokenizer.h"
+#include "kf/policy/policy.h"
 #include "test_util.h"
 
 using kf::policy::Tokenizer;

@@ -2,8 +2,7 @@
 #pragma once
 #include <torch/torch.h>
 
-#include "kf/policy/checkpoint.h"
-#include "kf/policy/safetensors_format.h"
+#include "kf/policy/policy.h"
 #include "test_util.h"
 
 namespace kf::policy::test {

@@ -6,13 +6,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include "../test_support.h"
 #include "kf/common/error.h"
 #include "kf/common/run_dir.h"
 #include "kf/learner/checkpoint.h"
 #include "kf/learner/export.h"
-#include "kf/policy/chat_template.h"
-#include "kf/policy/model.h"
-#include "../test_support.h"
+#include "kf/policy/policy.h"
 
 using json = nlohmann::json;
 namespace kt = kf::test;

@@ -11,7 +11,7 @@
 #include "../test_support.h"
 #include "kf/actors/actor_policy.h"
 #include "kf/actors/extract.h"
-#include "kf/policy/safetensors_format.h"
+#include "kf/policy/policy.h"
 #include "kf/stages/bpe_trainer.h"
 #include "kf/stages/selfsup.h"
 #include "kf/stages/sft.h"

@@ -57,8 +57,7 @@
 #include "kf/actors/prompt.h"
 #include "kf/actors/rollout.h"
 #include "kf/actors/scheduler.h"
-#include "kf/policy/engine.h"
-#include "kf/policy/gpu_share.h"
+#include "kf/policy/policy.h"
 #include "kf/replay/run_shm.h"
 #include "kf/tasks/tasks.h"
 

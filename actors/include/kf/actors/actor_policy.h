@@ -8,8 +8,7 @@
 #include <vector>
 
 #include "kf/actors/codec.h"
-#include "kf/policy/config.h"
-#include "kf/policy/model.h"
+#include "kf/policy/policy.h"
 
 namespace kf::actors {
 

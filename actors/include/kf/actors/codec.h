@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "kf/policy/tokenizer.h"
+#include "kf/policy/policy.h"
 
 namespace kf::actors {
 

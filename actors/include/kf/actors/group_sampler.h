@@ -13,8 +13,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "kf/policy/model.h"
-#include "kf/policy/sampler.h"
+#include "kf/policy/policy.h"
 
 namespace kf::actors {
 

@@ -40,7 +40,7 @@
 #include <memory>
 
 #include "kf/actors/codec.h"
-#include "kf/policy/chat_template.h"
+#include "kf/policy/policy.h"
 #include "kf/tasks/tasks.h"
 
 namespace kf::actors {

@@ -12,8 +12,7 @@
 
 #include "kf/actors/codec.h"
 #include "kf/actors/extract.h"
-#include "kf/policy/model.h"
-#include "kf/policy/sampler.h"
+#include "kf/policy/policy.h"
 
 namespace kf::actors {
 

@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "kf/policy/model.h"
+#include "kf/policy/policy.h"
 
 namespace kf::actors {
 

@@ -1,5 +1,5 @@
 // The one safetensors header parser. Task artifacts (kf/common/safetensors.h), policy
-// checkpoints and weight snapshots (kf/policy/safetensors_format.h) all validate through it:
+// checkpoints and weight snapshots (kf/policy/policy.h) all validate through it:
 // the header length within the image and under 100 MiB, every tensor's dtype known, its
 // shape's element and byte counts free of overflow and equal to its span, every span
 // inside the data, no two spans overlapping. Torch-free; over bytes in memory (fuzzed).

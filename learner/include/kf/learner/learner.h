@@ -34,7 +34,7 @@
 #include "kf/learner/group_source.h"
 #include "kf/learner/learner_config.h"
 #include "kf/learner/snapshot_publisher.h"
-#include "kf/policy/model.h"
+#include "kf/policy/policy.h"
 #include "kf/replay/run_shm.h"
 
 namespace kf::learner {

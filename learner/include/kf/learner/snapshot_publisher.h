@@ -25,7 +25,7 @@
 #include <thread>
 #include <vector>
 
-#include "kf/policy/model.h"
+#include "kf/policy/policy.h"
 #include "kf/replay/snapshot.h"
 
 namespace kf::learner {

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "kf/evaluator/evaluator.h"
-#include "kf/policy/checkpoint.h"
+#include "kf/policy/policy.h"
 #include "kf/stages/corpus.h"
 #include "kf/stages/sft.h"
 #include "kf/stages/sft_data.h"

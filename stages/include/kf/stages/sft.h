@@ -12,8 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "kf/policy/checkpoint.h"
-#include "kf/policy/config.h"
+#include "kf/policy/policy.h"
 #include "kf/stages/sft_data.h"
 
 namespace kf::stages {
