@@ -3,6 +3,8 @@
 # Idempotent: a second run only checks, and rebuilds what changed.
 #   ./setup.sh            everything (Debian packages, Python venv, build, task import)
 #   KF_JOBS=N ./setup.sh  build parallelism (default: number of cores)
+#   KF_CMAKE_ARGS="-DCMAKE_BUILD_TYPE=RelWithDebInfo" ./setup.sh   extra CMake arguments for a new build
+#                         folder (the default build is Release: no debug info)
 set -euo pipefail
 cd "$(dirname "$0")"
 ROOT=$PWD
