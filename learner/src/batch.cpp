@@ -1,6 +1,8 @@
 #include "kf/learner/batch.h"
 
 #include <algorithm>
+#include <cmath>
+#include <numeric>
 
 #include "kf/learner/loss.h"
 
@@ -21,6 +23,22 @@ bool ids_in_range(const std::vector<int32_t>& ids, int64_t vocab) {
 }
 }  // namespace
 
+std::vector<double> turn_advantages(const std::vector<double>& rewards, bool std_normalize, double eps) {
+  std::vector<double> a(rewards.size(), 0.0);
+  if (rewards.size() < 2) return a;
+  const double n = static_cast<double>(rewards.size());
+  const double sum = std::accumulate(rewards.begin(), rewards.end(), 0.0);
+  const double mean = sum / n;
+  double var = 0;
+  for (double r : rewards) var += (r - mean) * (r - mean);
+  const double sd = std::sqrt(var / n);
+  for (std::size_t i = 0; i < rewards.size(); ++i) {
+    const double others = (sum - rewards[i]) / (n - 1);
+    a[i] = std_normalize ? (rewards[i] - others) / (sd + eps) : rewards[i] - others;
+  }
+  return a;
+}
+
 StepBatch build_step_batch(const std::vector<replay::ScoredGroup>& groups, int64_t current_version,
                            const LearnerConfig& cfg, int64_t vocab_size) {
   StepBatch out;
@@ -31,8 +49,12 @@ StepBatch build_step_batch(const std::vector<replay::ScoredGroup>& groups, int64
       continue;
     }
     std::vector<Sequence> seqs;
+    bool multi_turn = false;
     for (std::size_t i = 0; i < g.candidates.size(); ++i) {
       const auto& c = g.candidates[i];
+      multi_turn = multi_turn || c.turns > 1;
+      // A later turn's member carries its own conversation; at turn 1 the group's prompt.
+      const auto& prompt = c.prompt_tokens.empty() ? g.prompt_tokens : c.prompt_tokens;
       if (i >= g.results.size() || (i < g.missing.size() && g.missing[i])) {
         ++out.counts.candidates_missing;
         continue;
@@ -42,15 +64,15 @@ StepBatch build_step_batch(const std::vector<replay::ScoredGroup>& groups, int64
         continue;
       }
       if (c.completion_tokens.empty() || c.behaviour_logprobs.size() != c.completion_tokens.size() ||
-          g.prompt_tokens.empty() || !ids_in_range(g.prompt_tokens, vocab_size) ||
+          prompt.empty() || !ids_in_range(prompt, vocab_size) ||
           !ids_in_range(c.completion_tokens, vocab_size)) {
         ++out.counts.candidates_malformed;
         continue;
       }
       Sequence s;
-      s.tokens = g.prompt_tokens;
+      s.tokens = prompt;
       s.tokens.insert(s.tokens.end(), c.completion_tokens.begin(), c.completion_tokens.end());
-      s.prompt_len = static_cast<int64_t>(g.prompt_tokens.size());
+      s.prompt_len = static_cast<int64_t>(prompt.size());
       s.behaviour = c.behaviour_logprobs;
       s.reward = g.results[i].reward;
       seqs.push_back(std::move(s));
@@ -65,7 +87,8 @@ StepBatch build_step_batch(const std::vector<replay::ScoredGroup>& groups, int64
       ++out.counts.skipped_equal;
       continue;
     }
-    const auto adv = group_advantages(rewards, cfg.grpo.std_normalize, cfg.grpo.adv_eps);
+    const auto adv = multi_turn ? turn_advantages(rewards, cfg.grpo.std_normalize, cfg.grpo.adv_eps)
+                                : group_advantages(rewards, cfg.grpo.std_normalize, cfg.grpo.adv_eps);
     const int64_t group_index = static_cast<int64_t>(out.groups.size());
     const int64_t base = static_cast<int64_t>(out.seqs.size());
     std::vector<int64_t> members;

@@ -53,8 +53,16 @@ struct StepBatch {
 // (counted) and the group's advantages are computed over the rest.
 // vocab_size > 0: a token id outside [0, vocab_size) makes its candidate malformed (a
 // tokenizer/model mismatch between actor and learner must not crash the embedding).
+// Multi-turn groups (a candidate's turns > 1, actors.turns): each turn is its own group, a
+// member's prompt is its own conversation (Candidate::prompt_tokens when set) and the
+// advantages are turn_advantages (docs/learner.md, "Multi-turn refinement").
 StepBatch build_step_batch(const std::vector<replay::ScoredGroup>& groups, int64_t current_version,
                            const LearnerConfig& cfg, int64_t vocab_size = 0);
+
+// Per-turn leave-one-out (Dr. Kernel's TRLOO): A_i = r_i - mean of the other members'
+// rewards of the same turn, divided by the population std of the turn's rewards + eps
+// when std_normalize. Fewer than two rewards: all zero.
+std::vector<double> turn_advantages(const std::vector<double>& rewards, bool std_normalize, double eps);
 
 // Position t of the [B, T-1] tensors is token_logprobs' position t: it predicts token t+1.
 struct MicroBatch {
