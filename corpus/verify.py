@@ -14,7 +14,7 @@ kernels still in the manifest are kept, and the file is rewritten after every re
 run over some tasks updates the file and an interrupted run loses nothing.
 
 --compile-only (for CUDA on a machine without a GPU): compiles each kernel with nvcc and
-the CompileService's CUDA flags (evaluator/include/kf/evaluator/compile.h), recording
+the CompileService's CUDA flags (evaluator/include/kf/evaluator/evaluator.h), recording
 verdict "compiled, not run" (or "compile_error" with the diagnostics).
 
 Environment: KF_BUILD_DIR (where evaluator/kf-eval is built), KF_TASKS_DIR (imported tasks).

@@ -22,7 +22,7 @@ namespace kf::actors {
 namespace {
 
 // POSIX, not std::filesystem: libtorch exports clashing copies of some of its symbols
-// (see evaluator/include/kf/evaluator/fsutil.h).
+// (see common/include/kf/common/fsutil.h).
 bool exists(const std::string& p) {
   struct stat st;
   return ::stat(p.c_str(), &st) == 0;

@@ -29,11 +29,10 @@
 #include "kf/actors/rollout.h"
 #include "kf/common/config.h"
 #include "kf/common/error.h"
+#include "kf/common/fsutil.h"
 #include "kf/common/log.h"
 #include "kf/common/run_dir.h"
 #include "kf/evaluator/evaluator.h"
-#include "kf/evaluator/fsutil.h"
-#include "kf/evaluator/out_of_memory.h"
 #include "kf/evaluator/service.h"
 #include "kf/tasks/tasks.h"
 
@@ -41,7 +40,7 @@
 #define KF_PYTHON_BUILT "python3"
 #endif
 
-namespace fsu = kf::evaluator::fsutil;
+namespace fsu = kf::fsutil;
 namespace ev = kf::evaluator;
 using namespace kf::actors;
 using Clock = std::chrono::steady_clock;

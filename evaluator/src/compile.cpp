@@ -1,6 +1,6 @@
 // Compile service (see compile.h): cache lookup, include policy, bounded compiler runs
 // in a confined view (process.h), and the check of the files the compiler opened.
-#include "kf/evaluator/compile.h"
+#include "kf/evaluator/evaluator.h"
 
 #include <fcntl.h>
 #include <limits.h>
@@ -26,7 +26,7 @@
 #include <thread>
 
 #include "kf/common/error.h"
-#include "kf/evaluator/fsutil.h"
+#include "kf/common/fsutil.h"
 #include "kf/common/log.h"
 #include "process.h"
 #include "sha256.h"

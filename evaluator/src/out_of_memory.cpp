@@ -1,4 +1,4 @@
-#include "kf/evaluator/out_of_memory.h"
+#include "kf/evaluator/evaluator.h"
 
 #include <c10/util/Exception.h>
 

@@ -1,4 +1,4 @@
-#include "kf/evaluator/result.h"
+#include "kf/evaluator/evaluator.h"
 
 #include <cstdio>
 #include <nlohmann/json.hpp>

@@ -1,4 +1,4 @@
-#include "kf/evaluator/reward.h"
+#include "kf/evaluator/evaluator.h"
 
 #include <algorithm>
 #include <cmath>

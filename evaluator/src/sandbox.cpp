@@ -1,5 +1,5 @@
 // Sandbox (see sandbox.h): spawn, feed and watch one kf-sandbox-worker.
-#include "kf/evaluator/sandbox.h"
+#include "sandbox.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -22,13 +22,13 @@
 #include <thread>
 
 #include "kf/common/error.h"
+#include "kf/common/fsutil.h"
 #include "kf/common/gpu_lock.h"
 #include "kf/common/log.h"
-#include "kf/evaluator/fsutil.h"
 #include "process.h"
-#include "wire/protocol.h"
 #include "wire/confine.h"
 #include "wire/poison.h"
+#include "wire/protocol.h"
 
 #ifdef KF_EVAL_CUDA
 #include <cuda_runtime.h>

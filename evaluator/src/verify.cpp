@@ -29,6 +29,7 @@
 #include "kf/common/log.h"
 #include "kf/evaluator/evaluator.h"
 #include "kf/tasks/tasks.h"
+#include "sandbox.h"
 #include "tensor_check.h"
 
 namespace kf::evaluator {

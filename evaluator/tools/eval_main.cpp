@@ -14,9 +14,9 @@
 #include <iostream>
 
 #include "kf/common/error.h"
+#include "kf/common/fsutil.h"
 #include "kf/common/log.h"
 #include "kf/evaluator/evaluator.h"
-#include "kf/evaluator/fsutil.h"
 #include "kf/tasks/tasks.h"
 #include "modelnew.h"  // ModelNew (KernelBench-style .py) candidates: evaluator/modelnew/
 
@@ -60,23 +60,23 @@ int main(int argc, char** argv) {
   std::shared_ptr<const kf::tasks::Task> task;
   kf::tasks::Backend backend;
   try {
-    if (!fsutil::is_file(kernel_path)) throw kf::Error("kernel file '" + kernel_path + "' not found");
+    if (!kf::fsutil::is_file(kernel_path)) throw kf::Error("kernel file '" + kernel_path + "' not found");
     std::ifstream f(kernel_path);
     source.assign(std::istreambuf_iterator<char>(f), {});
     // A .py (ModelNew) candidate runs on the GPU when there is one.
     if (backend_s.empty() && kf::evaluator::modelnew::is_modelnew_candidate(kernel_path))
       backend_s = kf::tasks::cuda_available() ? "cuda" : "cpu";
-    if (backend_s.empty()) backend_s = fsutil::extension(kernel_path) == ".cu" ? "cuda" : "cpu";
+    if (backend_s.empty()) backend_s = kf::fsutil::extension(kernel_path) == ".cu" ? "cuda" : "cpu";
     backend = kf::tasks::parse_backend(backend_s);
     std::string dir = task_arg;
-    if (!fsutil::exists(dir + "/task.json")) {
+    if (!kf::fsutil::exists(dir + "/task.json")) {
       if (tasks_dir.empty()) {
         const char* e = std::getenv("KF_TASKS_DIR");
         tasks_dir = e && *e ? e : "build/tasks";
       }
       dir = tasks_dir + "/" + task_arg;
     }
-    if (!fsutil::exists(dir + "/task.json")) throw kf::Error("no task artifact at '" + task_arg + "' or '" + dir + "'");
+    if (!kf::fsutil::exists(dir + "/task.json")) throw kf::Error("no task artifact at '" + task_arg + "' or '" + dir + "'");
     task = kf::tasks::Task::load(dir);
     if (!task->has_backend(backend)) throw kf::Error("task " + task->name() + " has no " + backend_s + " artifact");
     if (backend == kf::tasks::Backend::CUDA && !kf::tasks::cuda_available())

@@ -12,7 +12,7 @@
 #include "kf/actors/rollout.h"
 #include "kf/common/error.h"
 #include "kf/common/log.h"
-#include "kf/evaluator/out_of_memory.h"
+#include "kf/evaluator/evaluator.h"
 #include "kf/policy/policy.h"
 #include "kf/tasks/tasks.h"
 

@@ -9,7 +9,7 @@
 #include <thread>
 
 #include "kf/actors/group_sampler.h"
-#include "kf/evaluator/sandbox.h"
+#include "kf/evaluator/evaluator.h"
 #include "kf/policy/policy.h"
 #include "test_util.h"
 

@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "kf/evaluator/compile.h"
 #include "../test_support.h"
+#include "kf/evaluator/evaluator.h"
 
 namespace {
 using nlohmann::json;

@@ -22,7 +22,7 @@
 
 #include "../../evaluator/src/process.h"
 #include "kf/common/error.h"
-#include "kf/evaluator/compile.h"
+#include "kf/evaluator/evaluator.h"
 #include "test_util.h"
 
 using namespace kf::evaluator;

@@ -5,7 +5,7 @@
 #include <chrono>
 #include <filesystem>
 
-#include "kf/evaluator/compile.h"
+#include "kf/evaluator/evaluator.h"
 #include "test_util.h"
 
 using namespace kf::evaluator;

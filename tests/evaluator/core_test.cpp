@@ -6,9 +6,7 @@
 
 #include "../../evaluator/src/sha256.h"
 #include "kf/common/error.h"
-#include "kf/evaluator/result.h"
-#include "kf/evaluator/reward.h"
-#include "kf/evaluator/stats.h"
+#include "kf/evaluator/evaluator.h"
 
 using namespace kf::evaluator;
 

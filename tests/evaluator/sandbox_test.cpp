@@ -13,8 +13,8 @@
 #include <thread>
 
 #include "kf/common/error.h"
-#include "kf/evaluator/compile.h"
-#include "kf/evaluator/sandbox.h"
+#include "kf/evaluator/evaluator.h"
+#include "sandbox.h"
 #include "test_util.h"
 
 using namespace kf::evaluator;

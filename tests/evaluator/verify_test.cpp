@@ -14,8 +14,8 @@
 #include "../../evaluator/src/tensor_check.h"
 #include "../../evaluator/wire/poison.h"
 #include "../test_support.h"
+#include "kf/common/fsutil.h"
 #include "kf/evaluator/evaluator.h"
-#include "kf/evaluator/fsutil.h"
 #include "kf/tasks/tasks.h"
 #include "test_util.h"
 
@@ -105,7 +105,7 @@ class CorpusTest : public ::testing::TestWithParam<Entry> {};
 
 TEST_P(CorpusTest, VerdictAndReason) {
   const Entry& e = GetParam();
-  const bool cuda = fsutil::extension(e.file) == ".cu";
+  const bool cuda = kf::fsutil::extension(e.file) == ".cu";
   if (cuda && !kf::tasks::cuda_available())
     GTEST_SKIP() << "no CUDA device visible: " << e.file << " runs on the GPU machine";
   at::set_num_threads(2);
@@ -126,7 +126,7 @@ TEST_P(CorpusTest, VerdictAndReason) {
     EXPECT_GT(r.ref_ms.n, 0);
     EXPECT_EQ(r.checks_passed(), int(r.checks.size()));
   }
-  for (const auto& p : e.must_not_exist) EXPECT_FALSE(fsutil::exists(p)) << p << " was written";
+  for (const auto& p : e.must_not_exist) EXPECT_FALSE(kf::fsutil::exists(p)) << p << " was written";
   EXPECT_EQ(test::child_processes(), 0) << "a process outlived the check";
 }
 

@@ -46,7 +46,6 @@
 #include <string>
 
 #include "kf/evaluator/evaluator.h"
-#include "kf/evaluator/out_of_memory.h"
 #include "kf/replay/records.h"
 #include "kf/replay/run_shm.h"
 #include "kf/tasks/tasks.h"

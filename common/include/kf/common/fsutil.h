@@ -1,6 +1,7 @@
-// Small POSIX file helpers. Why not std::filesystem: libtorch.so exports its own copies
-// of some std::filesystem symbols (built against another libstdc++), and a process that
-// links torch can bind to them and crash (seen: remove_all). These are safe anywhere.
+// Small POSIX file helpers (kf::fsutil). Why not std::filesystem: libtorch.so exports its
+// own copies of some std::filesystem symbols (built against another libstdc++), and a
+// process that links torch can bind to them and crash (seen: remove_all). These are safe
+// anywhere. Pure functions; any thread.
 #pragma once
 #include <ftw.h>
 #include <sys/stat.h>
@@ -10,7 +11,7 @@
 #include <cstdio>
 #include <string>
 
-namespace kf::evaluator::fsutil {
+namespace kf::fsutil {
 
 inline bool exists(const std::string& p) {
   struct stat st;
@@ -46,4 +47,4 @@ inline std::string filename(const std::string& p) {
   return slash == std::string::npos ? p : p.substr(slash + 1);
 }
 
-}  // namespace kf::evaluator::fsutil
+}  // namespace kf::fsutil

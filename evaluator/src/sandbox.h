@@ -19,43 +19,19 @@
 #include <sys/types.h>
 
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "kf/evaluator/evaluator.h"  // defines: SandboxOptions, gpu_lock_key
 #include "kf/kernel.h"
 
 namespace kf::evaluator {
-
-struct SpawnSpec;  // src/process.h
 
 struct TensorLayout {
   int dtype = KF_FLOAT32;  // kf::DType
   std::vector<int64_t> shape;
   uint64_t nbytes() const;
-};
-
-struct SandboxOptions {
-  std::string worker_path;   // empty: $KF_SANDBOX_WORKER or the built kf-sandbox-worker
-  std::string scratch_root;  // empty: $TMPDIR or /tmp; a private folder is made inside
-  Backend backend = KF_BACKEND_CPU;
-  int device = 0;
-  int threads = 0;                                      // CPU threads for the kernel (0: hardware threads)
-  int slots = 2;                                        // input/output sets held at once
-  long cpu_seconds = 300;                               // RLIMIT_CPU of the worker
-  unsigned long long memory_limit_bytes = 8ull << 30;   // RSS (and RLIMIT_AS on CPU) beyond shm
-  unsigned long long scratch_limit_bytes = 2ull << 30;  // per call, via ctx->scratch_alloc
-  unsigned long long flush_bytes = 0;                   // cache flush buffer (0: none)
-  double start_timeout_s = 60;                          // worker start (CUDA context) and candidate load
-  // CUDA: tensors live in one device allocation shared with the worker by CUDA IPC, so
-  // nothing crosses PCIe (falls back to host staging, with a log line, if IPC fails).
-  bool device_arena = true;
-  bool drop_root = true;
-  // Hook for the ModelNew path (evaluator/modelnew/): changes the worker's spawn (the Python
-  // interpreter in front of argv, its environment, a private filesystem view) just before
-  // it starts. Empty: kf-sandbox-worker as built.
-  std::function<void(SpawnSpec&)> adjust_spawn;
 };
 
 struct CallOutcome {
@@ -88,9 +64,6 @@ struct CallOutcome {
 };
 const char* outcome_name(CallOutcome::Kind k);
 
-// The physical identity of CUDA device `device` as seen by this process (its PCI bus id,
-// e.g. "0000:19:00.0"), for the GPU timing lock; the ordinal as text without CUDA.
-std::string gpu_lock_key(int device);
 
 class Sandbox {
  public:
