@@ -112,6 +112,12 @@ Actor::Actor(ActorOptions opts, ActorPolicy policy, std::vector<std::shared_ptr<
   const std::string tpl =
       resolve_tree_path(opts_.template_path.empty() ? "configs/prompts/contrastive.txt" : opts_.template_path);
   tpl_ = PromptTemplate::load(tpl);
+  if (opts_.turns > 1) {
+    const std::string fb = resolve_tree_path(opts_.feedback_path.empty() ? "configs/prompts/feedback.txt"
+                                                                         : opts_.feedback_path);
+    feedback_ = FeedbackTemplate::load(fb);
+    log_info("actor ", opts_.id, ": multi-turn refinement, up to ", opts_.turns, " answers per member, feedback ", fb);
+  }
   const std::string abi =
       resolve_tree_path(opts_.abi_header_path.empty() ? "evaluator/include/kf/kernel.h" : opts_.abi_header_path);
   abi_ = compact_abi(read_file(abi));
@@ -143,12 +149,13 @@ Actor::Actor(ActorOptions opts, ActorPolicy policy, std::vector<std::shared_ptr<
 }
 
 Actor::~Actor() {
+  release_held();
   if (groups_log_) std::fclose(groups_log_);
   if (slot_ >= 0) shm_.control().unregister_process(slot_);
 }
 
-void Actor::log_group(const tasks::Task& task, uint64_t group_id, int64_t version, const Prompt& prompt,
-                      std::size_t completions, const std::map<std::string, uint64_t>& codes) {
+void Actor::log_group(const GroupJob& job, std::size_t completions, const std::map<std::string, uint64_t>& codes) {
+  const Prompt& prompt = job.prompt;
   if (opts_.metrics_dir.empty() || groups_log_failed_) return;
   const std::string path = opts_.metrics_dir + "/groups-" + std::to_string(opts_.id) + ".jsonl";
   if (!groups_log_) {
@@ -163,13 +170,15 @@ void Actor::log_group(const tasks::Task& task, uint64_t group_id, int64_t versio
   }
   uint64_t failures = 0;
   for (const auto& [code, n] : codes) failures += n;
-  const nlohmann::json j = {
+  std::size_t prompt_tokens = prompt.tokens.size();  // turn > 1: the longest member conversation
+  for (const auto& m : job.members) prompt_tokens = std::max(prompt_tokens, m.tokens.size());
+  nlohmann::json j = {
       {"t", std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count()},
       {"actor", opts_.id},
-      {"group", group_id},
-      {"task", task.name()},
-      {"policy_version", version},
-      {"prompt_tokens", prompt.tokens.size()},
+      {"group", job.group_id},
+      {"task", job.task->name()},
+      {"policy_version", job.version},
+      {"prompt_tokens", prompt_tokens},
       {"exemplars_offered", prompt.offered},
       {"exemplars_shown", prompt.shown.size()},
       {"exemplars_cut", prompt.truncated},
@@ -177,6 +186,10 @@ void Actor::log_group(const tasks::Task& task, uint64_t group_id, int64_t versio
       {"completions", completions},
       {"extraction_failures", failures},
       {"extraction_codes", codes}};
+  if (opts_.turns > 1) {
+    j["turn"] = job.turn;
+    j["parent_group"] = job.root_group_id;
+  }
   const std::string line = j.dump() + "\n";
   // One line per write, flushed: a killed actor loses at most the line it was writing.
   if (std::fwrite(line.data(), 1, line.size(), groups_log_) != line.size() || std::fflush(groups_log_) != 0) {
@@ -310,11 +323,19 @@ StepResult Actor::step() {
   ctl.heartbeat(slot_);
   if (engine_) return step_engine(t0);
   refresh_weights();
+  poll_turns();
   if (opts_.wait_for_snapshot && m_.snapshots_loaded == 0) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     return StepResult::no_task;
   }
-  auto job = next_group();
+  std::optional<GroupJob> job;
+  if (!followups_.empty()) {  // a next turn goes before a new task
+    job = std::move(followups_.front());
+    followups_.pop_front();
+    job->version = version_;
+  } else {
+    job = next_group();
+  }
   if (!job) return StepResult::no_task;
 
   // Back-pressure: wait for room for the whole group before spending time sampling.
@@ -330,8 +351,9 @@ StepResult Actor::step() {
   // Sample.
   const auto sp = sampling_params(job->group_id);
   const auto s0 = Clock::now();
-  auto samples = rollout_group(policy_.model, policy_.codec, job->prompt.tokens, opts_.group_size, sp,
-                               policy_.valid_vocab, opts_.extract, opts_.shared_prefill);
+  auto samples = job->turn > 1 ? sample_members(*job)
+                               : rollout_group(policy_.model, policy_.codec, job->prompt.tokens, opts_.group_size, sp,
+                                               policy_.valid_vocab, opts_.extract, opts_.shared_prefill);
   const double sampled_s = secs(s0, Clock::now());
   m_.sample_s += sampled_s;
   shm_.control().add_counter(slot_, replay::ControlBlock::kWorkMs, static_cast<uint64_t>(sampled_s * 1e3));
@@ -351,6 +373,7 @@ StepResult Actor::step_engine(Clock::time_point t0) {
   const bool snapshot_waiting =
       latest.version >= 0 && latest.version > loaded_version_ && latest.version != rejected_version_;
   if (engine_->idle()) refresh_weights();
+  poll_turns();
   const bool may_add =
       !(opts_.wait_for_snapshot && m_.snapshots_loaded == 0) && !(snapshot_waiting && !engine_->idle());
   // Top up: enough groups to fill max_sequences, plus one waiting to join as rows end.
@@ -366,8 +389,41 @@ StepResult Actor::step_engine(Clock::time_point t0) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
       continue;
     }
-    auto job = next_group();
+    std::optional<GroupJob> job;
+    if (!followups_.empty()) {  // a next turn goes before a new task
+      job = std::move(followups_.front());
+      followups_.pop_front();
+      job->version = version_;
+    } else {
+      job = next_group();
+    }
     if (!job) break;
+    if (job->turn > 1) {  // one request per member: each has its own conversation
+      const uint64_t gid = job->group_id;
+      job->completions.assign(job->members.size(), policy::Completion{});
+      job->members_pending = job->members.size();
+      try {
+        for (std::size_t i = 0; i < job->members.size(); ++i) {
+          policy::EngineRequest mr;
+          mr.id = splitmix(gid ^ (0xC0FFEEULL + i));
+          mr.prompt = job->members[i].tokens;
+          mr.n = 1;
+          mr.sampling = sampling_params(gid ^ splitmix(uint64_t(i) + 1));
+          engine_->submit(std::move(mr));
+          member_requests_[splitmix(gid ^ (0xC0FFEEULL + i))] = {gid, i};
+        }
+      } catch (const Error& e) {
+        // Requests already submitted finish and are ignored (no longer in member_requests_).
+        for (auto it = member_requests_.begin(); it != member_requests_.end();)
+          it = it->second.first == gid ? member_requests_.erase(it) : std::next(it);
+        log_error("actor ", opts_.id, ": turn ", job->turn, " of task ", job->task->name(), " not sampled (", e.what(),
+                  "); its ", job->members.size(), " conversation(s) end here");
+        m_.turn_members_too_long += job->members.size();
+        continue;
+      }
+      in_flight_.emplace(gid, std::move(*job));
+      continue;
+    }
     policy::EngineRequest r;
     r.id = job->group_id;
     r.prompt = job->prompt.tokens;
@@ -399,6 +455,20 @@ StepResult Actor::step_engine(Clock::time_point t0) {
   m_.gpu_wait_s = gpu_share_.wait_seconds();
   StepResult res = StepResult::no_task;
   for (auto& r : done) {
+    if (auto mr = member_requests_.find(r.id); mr != member_requests_.end()) {  // a member of a later turn
+      const auto [gid, idx] = mr->second;
+      member_requests_.erase(mr);
+      auto it = in_flight_.find(gid);
+      if (it == in_flight_.end() || r.completions.empty()) continue;
+      it->second.completions[idx] = std::move(r.completions[0]);
+      if (--it->second.members_pending > 0) continue;
+      auto job = std::move(it->second);
+      in_flight_.erase(it);
+      auto samples = rollout_samples(policy_.codec, std::move(job.completions), opts_.extract);
+      const auto got = finish_group(std::move(job), std::move(samples));
+      if (res == StepResult::no_task || got != StepResult::pushed) res = got;
+      continue;
+    }
     auto it = in_flight_.find(r.id);
     if (it == in_flight_.end()) continue;
     auto job = std::move(it->second);
@@ -433,7 +503,11 @@ StepResult Actor::finish_group(GroupJob job, std::vector<RolloutSample> samples)
     c.group_id = group_id;
     c.index_in_group = static_cast<uint32_t>(i);
     c.policy_version = version;
-    c.prompt_tokens = prompt.tokens;
+    c.prompt_tokens = job.turn > 1 ? job.members[i].tokens : prompt.tokens;
+    c.turn = static_cast<uint32_t>(job.turn);
+    c.turns = static_cast<uint32_t>(opts_.turns);
+    c.parent_group_id = job.turn > 1 ? job.root_group_id : 0;
+    c.parent_index = job.turn > 1 ? job.members[i].parent_index : static_cast<uint32_t>(i);
     c.completion_tokens = comp.tokens;
     c.behaviour_logprobs = comp.logprobs;
     c.actor_id = opts_.id;
@@ -459,9 +533,10 @@ StepResult Actor::finish_group(GroupJob job, std::vector<RolloutSample> samples)
   // Open the group, then push (replay must know the group before any result arrives).
   const auto deadline =
       std::chrono::duration_cast<replay::Timeout>(std::chrono::duration<double>(opts_.group_deadline_s));
+  const bool hold = job.turn < opts_.turns;  // the next turn reads the results before the learner takes them
   bool opened = false;
   try {
-    opened = shm_.replay().open_group(cands, deadline, std::chrono::seconds(5));
+    opened = shm_.replay().open_group(cands, deadline, std::chrono::seconds(5), hold);
   } catch (const Error& e) {
     log_error("actor ", opts_.id, ": group for task ", task->name(), " not opened (", e.what(),
               "); dropped, the actor goes on");
@@ -474,7 +549,15 @@ StepResult Actor::finish_group(GroupJob job, std::vector<RolloutSample> samples)
   }
   ++m_.groups;
   ctl.add_counter(slot_, 1, 1);
-  log_group(*task, group_id, version, prompt, cands.size(), group_codes);
+  log_group(job, cands.size(), group_codes);
+  if (job.turn > 1) ++m_.followup_groups;
+  if (hold) {
+    Awaiting aw;
+    aw.job = job;
+    for (const auto& s : samples) aw.answers.push_back(s.text);
+    aw.since = Clock::now();
+    awaiting_.emplace(group_id, std::move(aw));
+  }
   std::vector<uint64_t> unpushed;
   for (std::size_t i = 0; i < cands.size(); ++i) {
     auto& c = cands[i];
@@ -544,6 +627,16 @@ std::string Actor::metrics_json() const {
   j["prompts_truncated"] = m_.prompts_truncated;
   j["exemplars_dropped"] = m_.exemplars_dropped;
   j["no_exemplar_prompts"] = m_.no_exemplar_prompts;
+  if (opts_.turns > 1) {
+    j["turns"] = opts_.turns;
+    j["followup_groups"] = m_.followup_groups;
+    j["followup_members"] = m_.followup_members;
+    j["turn_groups_awaiting"] = awaiting_.size();
+    j["turn_groups_lost"] = m_.turn_groups_lost;
+    j["turn_groups_timed_out"] = m_.turn_groups_timed_out;
+    j["turn_members_unscored"] = m_.turn_members_unscored;
+    j["turn_members_too_long"] = m_.turn_members_too_long;
+  }
   if (engine_) {
     const auto es = engine_->stats();
     j["engine_groups_in_flight"] = in_flight_.size();
@@ -611,7 +704,129 @@ void Actor::run(const std::atomic<bool>* stop) {
   if (!in_flight_.empty())
     log_info("actor ", opts_.id, ": stopping with ", in_flight_.size(),
              " group(s) still decoding in the engine; they were never opened in replay and are dropped");
+  release_held();
   report();
+}
+
+void Actor::release_held() {
+  if (awaiting_.empty() && followups_.empty()) return;
+  std::size_t released = 0;
+  for (const auto& [id, aw] : awaiting_) {
+    try {
+      if (shm_.replay().release_group(id)) ++released;
+    } catch (const Error& e) {
+      log_error("actor ", opts_.id, ": releasing held group ", id, " failed (", e.what(), "); it waits for its deadline");
+    }
+  }
+  log_info("actor ", opts_.id, ": stopping with ", awaiting_.size(), " group(s) awaiting results for a next turn (",
+           released, " released to the learner) and ", followups_.size(),
+           " next-turn group(s) not sampled; those conversations end here");
+  awaiting_.clear();
+  followups_.clear();
+}
+
+void Actor::poll_turns() {
+  for (auto it = awaiting_.begin(); it != awaiting_.end();) {
+    const uint64_t id = it->first;
+    Awaiting& aw = it->second;
+    replay::ScoredGroup g;
+    replay::GroupPeek st = replay::GroupPeek::absent;
+    try {
+      st = shm_.replay().peek_group(id, &g, /*release=*/true);
+    } catch (const Error& e) {
+      log_error("actor ", opts_.id, ": reading held group ", id, " failed (", e.what(), "); its conversations end here");
+      st = replay::GroupPeek::absent;
+    }
+    if (st == replay::GroupPeek::pending) {
+      // The replay deadline makes a group ready; this guards against one that never is.
+      if (secs(aw.since, Clock::now()) > opts_.group_deadline_s + 60) {
+        ++m_.turn_groups_timed_out;
+        shm_.replay().release_group(id);
+        log_warn("actor ", opts_.id, ": group ", id, " (task ", aw.job.task->name(), ", turn ", aw.job.turn,
+                 ") not scored within actors.group_deadline_s + 60 s; released, its conversations end here");
+        it = awaiting_.erase(it);
+      } else {
+        ++it;
+      }
+      continue;
+    }
+    if (st == replay::GroupPeek::absent) {
+      ++m_.turn_groups_lost;
+      log_warn("actor ", opts_.id, ": group ", id, " (task ", aw.job.task->name(), ", turn ", aw.job.turn,
+               ") left the replay buffer before its results were read (evicted, stale or past its deadline); ",
+               aw.answers.size(), " conversation(s) end here");
+      it = awaiting_.erase(it);
+      continue;
+    }
+    build_followups(aw, g);
+    it = awaiting_.erase(it);
+  }
+}
+
+void Actor::build_followups(Awaiting& aw, const replay::ScoredGroup& g) {
+  const GroupJob& prev = aw.job;
+  GroupJob next;
+  next.task = prev.task;
+  ++counter_;
+  next.group_id = fresh_id(opts_.id, counter_);
+  next.prompt = prev.prompt;
+  next.prompt.tokens.clear();  // each member has its own
+  next.prompt.text.clear();
+  next.turn = prev.turn + 1;
+  next.root_group_id = prev.turn == 1 ? prev.group_id : prev.root_group_id;
+  const auto chat = policy::ChatTemplate::for_model(opts_.policy_dir);
+  const auto info = info_.find(prev.task->name());
+  const std::string lang = info != info_.end() ? info->second.lang : std::string("cpp");
+  const std::size_t budget = static_cast<std::size_t>(opts_.context_tokens - opts_.max_new_tokens);
+  uint64_t unscored = 0, too_long = 0;
+  for (std::size_t i = 0; i < g.candidates.size() && i < aw.answers.size(); ++i) {
+    if (i >= g.results.size() || (i < g.missing.size() && g.missing[i]) ||
+        g.results[i].cause == replay::Cause::environment) {
+      ++unscored;
+      continue;
+    }
+    Member m;
+    m.parent_index = prev.turn == 1 ? static_cast<uint32_t>(i) : prev.members[i].parent_index;
+    m.conv = prev.turn == 1 ? first_turn(prev.prompt) : prev.members[i].conv;
+    const std::string fb =
+        feedback_.feedback(g.candidates[i], g.results[i], next.turn, static_cast<int>(opts_.turns), lang,
+                           opts_.extract.marker);
+    add_turn(m.conv, feedback_, aw.answers[i], fb);
+    try {
+      m.tokens = policy_.codec.encode(render_conversation(m.conv, chat.get()));
+    } catch (const Error& e) {
+      log_error("actor ", opts_.id, ": turn ", next.turn, " prompt of task ", prev.task->name(),
+                " cannot be rendered (", e.what(), "); that conversation ends here");
+      ++too_long;
+      continue;
+    }
+    if (m.tokens.size() > budget) {
+      ++too_long;
+      continue;
+    }
+    m_.prompt_tokens += m.tokens.size();
+    next.members.push_back(std::move(m));
+  }
+  m_.turn_members_unscored += unscored;
+  m_.turn_members_too_long += too_long;
+  m_.followup_members += next.members.size();
+  if (unscored || too_long)
+    log_info("actor ", opts_.id, ": group ", prev.group_id, " (task ", prev.task->name(), ", turn ", prev.turn, "): ",
+             next.members.size(), " member(s) go on to turn ", next.turn, ", ", unscored,
+             " without a result (lost, past the deadline, or an environment verdict), ", too_long,
+             " over the context budget (actors.prompt.context_tokens - actors.sampling.max_new_tokens = ", budget, ")");
+  if (!next.members.empty()) followups_.push_back(std::move(next));
+}
+
+std::vector<RolloutSample> Actor::sample_members(const GroupJob& job) {
+  std::vector<RolloutSample> out;
+  for (std::size_t i = 0; i < job.members.size(); ++i) {
+    const auto sp = sampling_params(job.group_id ^ splitmix(uint64_t(i) + 1));
+    auto s = rollout_group(policy_.model, policy_.codec, job.members[i].tokens, 1, sp, policy_.valid_vocab,
+                           opts_.extract, opts_.shared_prefill);
+    out.push_back(std::move(s.at(0)));
+  }
+  return out;
 }
 
 }  // namespace kf::actors

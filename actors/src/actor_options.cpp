@@ -18,6 +18,12 @@ bool exists(const std::string& p) {
   struct stat st;
   return ::stat(p.c_str(), &st) == 0;
 }
+// Whether the build's schema declares `key` (keys added with a feature are read only then).
+bool declared(const std::string& key) {
+  for (const auto& k : config_schema())
+    if (k.path == key) return true;
+  return false;
+}
 }  // namespace
 
 std::string resolve_tree_path(const std::string& path) {
@@ -106,6 +112,11 @@ ActorOptions actor_options(const Config& cfg, int actor_id) {
   o.extract.allow_unmarked = cfg.get_bool("actors.extract.allow_unmarked");
   o.extract.max_bytes = static_cast<std::size_t>(cfg.get_int("replay.kernels.source_bytes"));
   o.score_extraction_failures = cfg.get_bool("actors.score_extraction_failures");
+  if (declared("actors.turns")) {
+    o.turns = cfg.get_int("actors.turns");
+    if (o.turns < 1 || o.turns > 8) throw bad("actors.turns", "must be in [1, 8] (1: single turn)");
+  }
+  if (declared("actors.prompt.feedback")) o.feedback_path = cfg.get_string("actors.prompt.feedback");
   o.group_deadline_s = cfg.get_float("actors.group_deadline_s");
   if (o.group_deadline_s <= 0) throw bad("actors.group_deadline_s", "must be > 0");
   o.wait_for_snapshot = cfg.get_bool("actors.wait_for_snapshot");

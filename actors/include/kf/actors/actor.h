@@ -28,10 +28,23 @@
 // the schedule (logged); a snapshot that does not match the model is ignored (logged
 // once per version) and the old weights stay.
 //
+// Multi-turn refinement (actors.turns = T > 1): a group whose members may revise is opened
+// held (replay/group_replay.h). Each step() first polls the held groups; once one is scored,
+// every member with a result gets a follow-up: its conversation so far (the first prompt, its
+// answer, the verifier's feedback from configs/prompts/feedback.txt: compiler lines, error
+// figures, speedup) rendered through the chat template, or as plain text. The follow-ups of
+// one group form the next turn's group (own group id; each candidate carries its turn, the
+// turn-1 group id and its member index there, and its own prompt tokens), sampled before any
+// new task, one completion per member. A member without a result (lost, deadline passed),
+// with an environment verdict, or whose conversation no longer fits the context ends there
+// (counted). A held group that is evicted, dropped stale or taken at its deadline ends its
+// conversations (counted, logged); polling never blocks.
+//
 // With metrics_dir, every opened group also gets one line in
 // <metrics_dir>/groups-<id>.jsonl: {"t", "actor", "group", "task", "policy_version",
 // "prompt_tokens", "exemplars_offered", "exemplars_shown", "exemplars_cut",
-// "exemplars_dropped", "completions", "extraction_failures", "extraction_codes"}, so
+// "exemplars_dropped", "completions", "extraction_failures", "extraction_codes", "turn",
+// "parent_group"}, so
 // tools/report can join the verdicts (by "group") to the prompt that produced them: whether
 // exemplars, or cut ones, change what the policy writes.
 //
@@ -45,6 +58,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <deque>
 #include <map>
 #include <memory>
 #include <optional>
@@ -54,6 +68,7 @@
 
 #include "kf/actors/actor_options.h"
 #include "kf/actors/actor_policy.h"
+#include "kf/actors/feedback.h"
 #include "kf/actors/prompt.h"
 #include "kf/actors/rollout.h"
 #include "kf/actors/scheduler.h"
@@ -75,6 +90,13 @@ struct ActorMetrics {
   double gpu_wait_s = 0;                             // of sample_s: waiting for the GPU while the evaluator timed
   std::map<std::string, uint64_t> extraction_codes;  // failure code -> count
   std::map<std::string, uint64_t> finish_reasons;    // "eos", "loop", "length" -> completions
+  // multi-turn (actors.turns > 1)
+  uint64_t followup_groups = 0;        // groups of turn > 1 opened
+  uint64_t followup_members = 0;       // follow-ups built (members given feedback)
+  uint64_t turn_groups_lost = 0;       // held groups gone before they were read (evicted, stale)
+  uint64_t turn_groups_timed_out = 0;  // held groups never ready within group_deadline_s (+60 s)
+  uint64_t turn_members_unscored = 0;  // members without a result (lost, deadline) or environment verdicts
+  uint64_t turn_members_too_long = 0;  // conversations over the context budget
 };
 
 enum class StepResult { pushed, dropped, stopped, no_task };
@@ -125,13 +147,38 @@ class Actor {
   std::vector<unsigned char> blob_;
   std::FILE* groups_log_ = nullptr;  // metrics_dir/groups-<id>.jsonl, opened at the first group
   bool groups_log_failed_ = false;   // logged once; sampling goes on without the file
+  // turn > 1: one member's conversation, ending with the feedback on its last answer.
+  struct Member {
+    uint32_t parent_index = 0;  // its index in the turn-1 group
+    Conversation conv;
+    std::vector<int32_t> tokens;  // the rendered conversation
+  };
   // A group on its way: picked task, prompt, id and the policy version that samples it.
   struct GroupJob {
     const tasks::Task* task = nullptr;
     uint64_t group_id = 0;
     int64_t version = 0;
-    Prompt prompt;
+    Prompt prompt;  // the turn-1 prompt (at turn > 1 kept for the group log)
+    int turn = 1;
+    uint64_t root_group_id = 0;                   // turn > 1: the turn-1 group
+    std::vector<Member> members;                  // turn > 1: one prompt per member
+    std::vector<policy::Completion> completions;  // engine, turn > 1: per member as they finish
+    std::size_t members_pending = 0;
   };
+  // A held group whose results the next turn needs.
+  struct Awaiting {
+    GroupJob job;
+    std::vector<std::string> answers;  // completion texts by index_in_group
+    std::chrono::steady_clock::time_point since;
+  };
+  FeedbackTemplate feedback_;
+  std::map<uint64_t, Awaiting> awaiting_;                        // by group id
+  std::deque<GroupJob> followups_;                               // next turns, sampled first
+  std::map<uint64_t, std::pair<uint64_t, std::size_t>> member_requests_;  // engine: request -> (group, member)
+  void poll_turns();                                             // held groups -> followups_
+  void release_held();  // lets the learner take the held groups; drops unsampled next turns
+  void build_followups(Awaiting& aw, const replay::ScoredGroup& g);
+  std::vector<RolloutSample> sample_members(const GroupJob& job);  // one completion per member
   std::unique_ptr<policy::Engine> engine_;  // null: one group at a time
   std::map<uint64_t, GroupJob> in_flight_;  // engine requests by group id
   std::optional<GroupJob> next_group();     // task + prompt, or none (no usable task now)
@@ -139,8 +186,7 @@ class Actor {
   bool queue_has_room(uint64_t groups);
   StepResult step_engine(std::chrono::steady_clock::time_point t0);
   StepResult finish_group(GroupJob job, std::vector<RolloutSample> samples);  // extract, open, push
-  void log_group(const tasks::Task& task, uint64_t group_id, int64_t version, const Prompt& prompt,
-                 std::size_t completions, const std::map<std::string, uint64_t>& codes);
+  void log_group(const GroupJob& job, std::size_t completions, const std::map<std::string, uint64_t>& codes);
 };
 
 // Loads the tasks an actor schedules: tasks.include names (a missing one is logged and

@@ -32,6 +32,7 @@ struct ActorOptions {
   PromptMode mode = PromptMode::contrastive;
   std::string template_path;    // empty: configs/prompts/contrastive.txt of the source tree
   std::string abi_header_path;  // empty: the tree's evaluator/include/kf/kernel.h
+  std::string feedback_path;    // empty: configs/prompts/feedback.txt of the source tree (turns > 1)
   int64_t exemplars = 4;        // K
   int64_t context_tokens = 0;   // 0: the model's max_position_embeddings
   int64_t min_exemplar_tokens = 64;
@@ -58,6 +59,9 @@ struct ActorOptions {
   ExtractOptions extract;
   bool score_extraction_failures = true;  // the actor joins their results itself
   double extraction_failure_reward = -3.0;
+  // multi-turn refinement: a member may revise its answer after the verifier's feedback, up
+  // to `turns` answers in all (1: single turn). Each turn is its own replay group.
+  int64_t turns = 1;
   // flow
   double group_deadline_s = 600;
   bool wait_for_snapshot = false;  // sample only after the first snapshot arrives
