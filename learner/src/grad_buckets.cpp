@@ -3,10 +3,12 @@
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <algorithm>
 #include <cstdio>
 
 #include "kf/common/error.h"
 #include "kf/common/log.h"
+#include "kf/policy/policy.h"
 
 namespace kf::learner {
 namespace {
@@ -23,8 +25,11 @@ constexpr std::size_t kMaxInFlight = 3;  // sharded gradients: reductions not ye
 }  // namespace
 
 GradBuckets::GradBuckets(const std::vector<std::pair<std::string, torch::Tensor>>& params, std::size_t bucket_bytes,
-                         Communicator* comm, ShardMode mode)
-    : comm_(comm), sharded_(mode != ShardMode::none), grads_sharded_(mode == ShardMode::gradients) {
+                         Communicator* comm, ShardMode mode, const std::vector<int64_t>& groups)
+    : comm_(comm),
+      sharded_(mode != ShardMode::none),
+      grads_sharded_(mode == ShardMode::gradients || mode == ShardMode::params),
+      params_sharded_(mode == ShardMode::params) {
   torch::NoGradGuard ng;
   const int64_t n = static_cast<int64_t>(params.size());
   bucket_of_.assign(n, -1);
@@ -42,13 +47,27 @@ GradBuckets::GradBuckets(const std::vector<std::pair<std::string, torch::Tensor>
                     ", the first one " + std::string(c10::toString(params_[0].scalar_type())) + " on " +
                     params_[0].device().str() + ": sharding needs one dtype and device");
   }
+  if (params_sharded_ && static_cast<int64_t>(groups.size()) != n)
+    throw Error("learner gradient buckets: sharded parameters need a group per parameter (" +
+                std::to_string(groups.size()) + " groups for " + std::to_string(n) + " parameters)");
   const auto gdtype = sharded_ && n > 0 ? params_[0].scalar_type() : torch::kFloat32;
   // Reverse order: the last layers' gradients come first in backward.
   std::vector<std::vector<int64_t>> members;
   std::vector<int64_t> elems;
+  std::vector<int64_t> group_seen;
   for (int64_t i = n - 1; i >= 0; --i) {
     const int64_t numel = params_[i].numel();
-    if (members.empty() || (elems.back() > 0 && (elems.back() + numel) * 4 > static_cast<int64_t>(bucket_bytes))) {
+    const bool split = params_sharded_
+                           ? members.empty() || groups[i] != groups[members.back().back()]
+                           : members.empty() ||
+                                 (elems.back() > 0 && (elems.back() + numel) * 4 > static_cast<int64_t>(bucket_bytes));
+    if (split && params_sharded_) {
+      if (std::find(group_seen.begin(), group_seen.end(), groups[i]) != group_seen.end())
+        throw Error("learner gradient buckets: parameter '" + params[i].first + "' of group " +
+                    std::to_string(groups[i]) + " is not next to the rest of its group");
+      group_seen.push_back(groups[i]);
+    }
+    if (split) {
       members.emplace_back();
       elems.push_back(0);
     }
@@ -78,6 +97,11 @@ GradBuckets::GradBuckets(const std::vector<std::pair<std::string, torch::Tensor>
     }
     if (!grads_sharded_) flat_.push_back(flat);
     if (sharded_) param_flat_.push_back(pflat);
+    if (params_sharded_) {
+      pshard_.push_back(pflat.narrow(0, rank_ * (len / world_), len / world_).clone());
+      gathered_.push_back(1);
+      release(static_cast<int64_t>(b));
+    }
     if (grads_sharded_) {
       acc_.push_back(torch::zeros({len / world_}, params_[0].options().dtype(torch::kFloat32)));
       staging_.emplace_back();
@@ -95,6 +119,68 @@ GradBuckets::GradBuckets(const std::vector<std::pair<std::string, torch::Tensor>
              grads_sharded_ ? "fp32 accumulators for this rank's slices (sharded gradients), plus the buckets in flight"
                             : "full buckets (gradients not sharded)");
   }
+  if (params_sharded_) {
+    char mib[32];
+    std::snprintf(mib, sizeof mib, "%.1f MiB", static_cast<double>(param_storage_bytes()) / (1 << 20));
+    log_info("learner gradient buckets (", comm_->name(), "): parameters sharded, one bucket per layer: ", mib, " (",
+             param_storage_bytes(), " bytes) of parameters on this rank between uses");
+  }
+}
+
+// ---- sharded parameters ----
+
+void GradBuckets::gather(int64_t b) {
+  if (!params_sharded_ || gathered_[b]) return;
+  torch::NoGradGuard ng;
+  auto& f = param_flat_[b];
+  // The parameters are views into f: giving its storage memory again makes them valid.
+  auto* s = f.storage().unsafeGetStorageImpl();
+  const std::size_t nbytes = static_cast<std::size_t>(f.numel()) * f.element_size();
+  s->set_data_ptr_noswap(s->allocator()->allocate(nbytes));
+  s->set_nbytes(nbytes);
+  f.narrow(0, shard_offset(b), shard_numel(b)).copy_(pshard_[b]);
+  comm_->all_gather_async(f);
+  gathered_[b] = 1;
+}
+
+void GradBuckets::wait_gathers() {
+  if (params_sharded_) comm_->synchronize();
+}
+
+void GradBuckets::release(int64_t b) {
+  if (!params_sharded_ || !gathered_[b]) return;
+  // With NCCL the gather recorded its stream on this memory: the caching allocator reuses
+  // it only after that stream is done, and the compute stream's own uses come first in order.
+  auto* s = param_flat_[b].storage().unsafeGetStorageImpl();
+  s->set_data_ptr_noswap(at::DataPtr(nullptr, param_flat_[b].device()));
+  s->set_nbytes(0);
+  gathered_[b] = 0;
+}
+
+void GradBuckets::gather_all() {
+  if (!params_sharded_) return;
+  for (std::size_t b = 0; b < param_flat_.size(); ++b) gather(static_cast<int64_t>(b));
+  wait_gathers();
+}
+
+void GradBuckets::release_all() {
+  for (std::size_t b = 0; b < param_flat_.size(); ++b) release(static_cast<int64_t>(b));
+}
+
+void GradBuckets::store_shards() {
+  if (!params_sharded_) return;
+  torch::NoGradGuard ng;
+  for (std::size_t b = 0; b < param_flat_.size(); ++b) {
+    if (!gathered_[b]) throw Error("learner gradient buckets: store_shards with bucket " + std::to_string(b) + " released");
+    pshard_[b].copy_(param_flat_[b].narrow(0, shard_offset(b), shard_numel(b)));
+  }
+}
+
+int64_t GradBuckets::param_storage_bytes() const {
+  int64_t n = 0;
+  for (const auto& f : param_flat_) n += static_cast<int64_t>(f.storage().nbytes());
+  for (const auto& p : pshard_) n += static_cast<int64_t>(p.storage().nbytes());
+  return n;
 }
 
 GradBuckets::~GradBuckets() {
@@ -190,6 +276,7 @@ void GradBuckets::stage(int64_t param) {
 void GradBuckets::launch(int64_t b) {
   if (!staging_[b].defined()) staging_[b] = torch::zeros({bucket_len_[b]}, params_[0].options());
   comm_->reduce_scatter_async(staging_[b]);
+  release(b);  // sharded parameters: the bucket's gradients are in, backward is done with its weights
   in_flight_.push_back(b);
   if (in_flight_.size() >= kMaxInFlight) drain();
 }
@@ -224,6 +311,70 @@ bool GradBuckets::open_round(bool working) {
 void GradBuckets::flush_round() {
   launch_ready_in_order(false);
   round_open_ = false;
+}
+
+// ---- the model's hooks over sharded parameters ----
+
+namespace {
+
+class LayerGathers : public policy::ParamHooks {
+ public:
+  LayerGathers(GradBuckets* b, std::vector<int64_t> layer_bucket, std::vector<int64_t> outer)
+      : b_(b), layer_(std::move(layer_bucket)), outer_(std::move(outer)) {}
+  void pre_forward(int64_t l) override {
+    if (l < 0) {
+      for (int64_t o : outer_) b_->gather(o);
+      b_->wait_gathers();
+      if (!layer_.empty()) b_->gather(layer_[0]);
+      return;
+    }
+    b_->gather(layer_[l]);  // issued during the layer before: a no-op then
+    b_->wait_gathers();
+    if (l + 1 < static_cast<int64_t>(layer_.size())) b_->gather(layer_[l + 1]);
+  }
+  void post_forward(int64_t l) override { b_->release(layer_[l]); }
+  void pre_backward(int64_t l) override {
+    b_->gather(layer_[l]);
+    b_->wait_gathers();
+    if (l > 0) b_->gather(layer_[l - 1]);
+  }
+
+ private:
+  GradBuckets* b_;
+  std::vector<int64_t> layer_, outer_;
+};
+
+}  // namespace
+
+std::vector<int64_t> layer_groups(const std::vector<std::pair<std::string, torch::Tensor>>& params) {
+  static const std::string pre = "model.layers.";
+  std::vector<int64_t> g;
+  for (const auto& [name, t] : params) {
+    if (name.rfind(pre, 0) == 0)
+      g.push_back(std::stoll(name.substr(pre.size())));
+    else if (name.rfind("model.embed_tokens.", 0) == 0)
+      g.push_back(-2);
+    else
+      g.push_back(-1);
+  }
+  return g;
+}
+
+std::unique_ptr<policy::ParamHooks> layer_gathers(GradBuckets& buckets, const std::vector<int64_t>& groups,
+                                                  int64_t layers) {
+  if (!buckets.params_sharded()) throw Error("learner: layer gathers need gradient buckets with sharded parameters");
+  std::vector<int64_t> layer_bucket(layers, -1), outer;
+  for (std::size_t i = 0; i < groups.size(); ++i) {
+    const int64_t g = groups[i], b = buckets.bucket_of(static_cast<int64_t>(i));
+    if (g >= 0 && g < layers)
+      layer_bucket[g] = b;
+    else if (std::find(outer.begin(), outer.end(), b) == outer.end())
+      outer.push_back(b);
+  }
+  for (int64_t l = 0; l < layers; ++l)
+    if (layer_bucket[l] < 0)
+      throw Error("learner: decoder layer " + std::to_string(l) + " has no trainable parameter to shard");
+  return std::make_unique<LayerGathers>(&buckets, std::move(layer_bucket), std::move(outer));
 }
 
 }  // namespace kf::learner

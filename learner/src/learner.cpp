@@ -102,6 +102,9 @@ struct Learner::Impl {
   NamedTensors params;  // trainable, name order
   std::unique_ptr<AdamW> opt;
   std::unique_ptr<GradBuckets> buckets;
+  std::unique_ptr<policy::ParamHooks> gathers;  // sharded parameters only (layer_gathers)
+  bool params_sharded = false;
+  bool any_publisher = false;  // sharded parameters: rank 0 publishes (every rank gathers for it)
   std::unique_ptr<SnapshotPublisher> publisher;
   policy::CausalLM reference{nullptr};
   policy::GpuShare gpu_share;  // shared hold of a GPU the run's evaluator may be timing on
@@ -125,6 +128,10 @@ Learner::Learner(LearnerConfig cfg, LearnerDeps deps) : cfg_(std::move(cfg)), de
     throw Error("learner.precision: bf16 autocast needs a CUDA device (this learner runs on CPU)");
   impl_->autocast = dev.is_cuda() && cfg_.precision != "fp32";
   const bool lora = cfg_.lora_rank > 0;
+  if (lora && cfg_.shard == ShardMode::params)
+    throw Error("learner.dist.shard: params (ZeRO-3) cannot be combined with learner.lora.rank > 0 (LoRA trains "
+                "small adapters on a frozen base that every rank holds whole); use learner.dist.shard: gradients or "
+                "none with LoRA");
   // The weights' dtype (learner.param_dtype). bf16 weights keep an fp32 master copy in the
   // optimizer. "auto": with LoRA the frozen base in the compute dtype (bf16 under autocast;
   // the adapters are fp32 anyway); full fine-tuning bf16 only when sharded under autocast,
@@ -204,9 +211,23 @@ Learner::Learner(LearnerConfig cfg, LearnerDeps deps) : cfg_(std::move(cfg)), de
   // grad_buckets.h): with "optimizer" the buckets reduce-scatter and own the parameters'
   // storage, and AdamW keeps fp32 state for this rank's slice only. Its clip_grad_norm and
   // state() are then collective (every rank calls them, as below).
+  // With "params" (ZeRO-3) the buckets follow the layers and keep only this rank's slice of
+  // each; the model asks for whole layers through LayerGathers.
+  std::vector<int64_t> groups;
+  if (cfg_.shard == ShardMode::params) groups = layer_groups(impl_->params);
   impl_->buckets = std::make_unique<GradBuckets>(impl_->params, static_cast<std::size_t>(cfg_.bucket_mb) << 20,
-                                                 deps_.comm, cfg_.shard);
+                                                 deps_.comm, cfg_.shard, groups);
   impl_->opt = std::make_unique<AdamW>(impl_->params, cfg_.optim, impl_->buckets.get());
+  if (cfg_.shard == ShardMode::params) {
+    impl_->params_sharded = true;
+    impl_->gathers = layer_gathers(*impl_->buckets, groups, mc.num_hidden_layers);
+    model_->set_param_hooks(impl_->gathers.get());
+    // Every rank gathers whole weights when rank 0 publishes a snapshot.
+    auto flag = torch::full({1}, deps_.comm->rank() == 0 && deps_.snapshots && cfg_.snapshot_every > 0 ? 1.0 : 0.0,
+                            torch::TensorOptions().dtype(torch::kFloat64).device(dev));
+    deps_.comm->all_reduce_sum(flag);
+    impl_->any_publisher = flag.to(torch::kCPU).item<double>() > 0;
+  }
   if (deps_.snapshots && deps_.comm->rank() == 0 && cfg_.snapshot_every > 0)
     impl_->publisher = std::make_unique<SnapshotPublisher>(
         model_, deps_.snapshots, cfg_.snapshot_dtype == "fp32" ? torch::kFloat32 : torch::kBFloat16);
@@ -231,6 +252,7 @@ Learner::Learner(LearnerConfig cfg, LearnerDeps deps) : cfg_(std::move(cfg)), de
 }
 
 Learner::~Learner() {
+  if (model_) model_->set_param_hooks(nullptr);  // the hooks die with impl_
   if (impl_ && impl_->publisher) {
     try {
       impl_->publisher->wait();
@@ -247,9 +269,44 @@ PublishStats Learner::publish_stats() const {
 }
 
 void Learner::publish_snapshot() {
+  if (impl_->params_sharded) {
+    // Collective: rank 0 publishes whole weights, every rank takes part in gathering them.
+    if (!impl_->any_publisher) return;
+    impl_->buckets->gather_all();
+    struct Release {
+      GradBuckets* b;
+      ~Release() { b->release_all(); }
+    } release{impl_->buckets.get()};
+    if (impl_->publisher) {
+      impl_->publisher->publish(version());  // copies the weights before returning
+      ++counters_["publishes"];
+    }
+    return;
+  }
   if (!impl_->publisher) return;
   impl_->publisher->publish(version());
   ++counters_["publishes"];
+}
+
+NamedTensors Learner::named_weights() {
+  impl_->buckets->gather_all();
+  NamedTensors out;
+  for (const auto& p : model_->named_parameters())
+    out.emplace_back(p.key(), p.value().detach().to(torch::kCPU).clone());
+  impl_->buckets->release_all();
+  return out;
+}
+
+int64_t Learner::param_storage_bytes() const {
+  std::set<const void*> seen;
+  int64_t n = 0;
+  for (const auto& p : model_->parameters()) {
+    const auto* impl = p.storage().unsafeGetStorageImpl();
+    if (seen.insert(impl).second) n += static_cast<int64_t>(p.storage().nbytes());
+  }
+  if (impl_->params_sharded)
+    for (std::size_t b = 0; b < impl_->buckets->buckets(); ++b) n += impl_->buckets->param_shard(b).storage().nbytes();
+  return n;
 }
 
 StepStats Learner::step() {
@@ -328,11 +385,16 @@ StepStats Learner::step() {
     longest = std::max<int64_t>(longest, static_cast<int64_t>(sq.tokens.size()) - sq.prompt_len);
     if (std::find(eos.begin(), eos.end(), static_cast<int64_t>(sq.tokens.back())) == eos.end()) ++truncated;
   }
+  // Packed: rows of whole sequences (pairwise: whole groups) back to back, no padding.
+  const auto mbs = cfg_.pack ? pack_sequences(batch, cfg_.micro_batch_tokens, cfg_.uses_pairwise())
+                             : pack_micro_batches(batch, cfg_.micro_batch_tokens);
   std::vector<double> cv = {static_cast<double>(batch.completion_tokens()), static_cast<double>(batch.seqs.size()),
                             static_cast<double>(batch.pairs.size()), static_cast<double>(bc.groups_used),
                             static_cast<double>(truncated)};
-  cv.resize(5 + comm.world(), 0.0);
+  // Per rank: its longest completion, then (sharded parameters) its micro-batch count.
+  cv.resize(5 + 2 * comm.world(), 0.0);
   cv[5 + comm.rank()] = static_cast<double>(longest);
+  cv[5 + comm.world() + comm.rank()] = static_cast<double>(mbs.size());
   auto counts = torch::tensor(cv, torch::kFloat64).to(deps_.device);
   comm.all_reduce_sum(counts);
   const auto c = counts.to(torch::kCPU);
@@ -348,6 +410,11 @@ StepStats Learner::step() {
   }
   const bool any_grpo = cfg_.uses_grpo() && n_seq > 0;
   const bool any_pairs = cfg_.uses_pairwise() && n_pairs > 0;
+  // Sharded parameters: every forward and backward gathers each layer, a collective, so
+  // every rank runs as many micro-batches as the busiest one (the others run empty ones).
+  const std::size_t n_mb =
+      impl_->params_sharded ? static_cast<std::size_t>(c.narrow(0, 5 + comm.world(), comm.world()).max().item<double>())
+                            : mbs.size();
   if (!any_grpo && !any_pairs) {
     ++counters_["empty_steps"];
     st.step = step_;
@@ -357,9 +424,6 @@ StepStats Learner::step() {
   }
 
   impl_->buckets->zero();
-  // Packed: rows of whole sequences (pairwise: whole groups) back to back, no padding.
-  const auto mbs = cfg_.pack ? pack_sequences(batch, cfg_.micro_batch_tokens, cfg_.uses_pairwise())
-                             : pack_micro_batches(batch, cfg_.micro_batch_tokens);
   // grpo loss, pairwise loss, clipped, ratio, kl, micro-batches, then token sums of the
   // behaviour KL (k3) and of the entropy, then padding and all token slots of the rows.
   auto stats = torch::zeros({10}, dopts);
@@ -439,9 +503,23 @@ StepStats Learner::step() {
       }
     }
     stats[5] += 1.0;
+    // Sharded parameters: every layer's gradients must come in, for the reductions every rank runs.
+    if (impl_->params_sharded) loss = loss + logp.sum() * 0.0;
     loss.backward();
   }
+  for (std::size_t k = mbs.size(); k < n_mb; ++k) {
+    // An empty micro-batch (sharded parameters, a rank with fewer than the others): the
+    // same gathers and gradient reductions as a real one, with a zero loss. After the real
+    // ones, so each reduction round sums the same micro-batches as with shard: gradients.
+    if (k > 0) impl_->gpu_share.pause_point();
+    AutocastGuard ac(impl_->autocast);
+    const auto ids = torch::zeros({1, 2}, torch::TensorOptions().dtype(torch::kInt64).device(deps_.device));
+    const auto lp = model_->selected_logprobs(ids, {}, torch::ones({1, 1}, ids.options()), cfg_.temperature,
+                                              cfg_.logit_chunk_tokens);
+    (lp.logp.sum() * 0.0).backward();
+  }
   impl_->buckets->finish();
+  impl_->buckets->release_all();  // sharded parameters: nothing whole is kept between steps
   st.buckets_in_backward = impl_->buckets->launched_in_backward();
   comm.all_reduce_sum(stats);
   st.grad_norm = impl_->opt->clip_grad_norm(cfg_.optim.grad_clip);  // sharded: over all ranks' slices
@@ -467,10 +545,10 @@ StepStats Learner::step() {
   counters_["tokens"] += st.tokens;
   counters_["sequences"] += st.sequences;
   counters_["pairs"] += st.pairs;
-  if (cfg_.snapshot_every > 0 && step_ % cfg_.snapshot_every == 0 && impl_->publisher) {
+  if (cfg_.snapshot_every > 0 && step_ % cfg_.snapshot_every == 0 && (impl_->publisher || impl_->any_publisher)) {
     policy::GpuShare::Scope copy(&impl_->gpu_share);  // device-to-host copies of the weights
     publish_snapshot();
-    st.publish_stall_ms = impl_->publisher->stats().last_stall_ms;
+    if (impl_->publisher) st.publish_stall_ms = impl_->publisher->stats().last_stall_ms;
   }
   if (cfg_.checkpoint_every > 0 && step_ % cfg_.checkpoint_every == 0 && !deps_.checkpoint_dir.empty()) {
     const double c0 = now_s();
@@ -488,11 +566,13 @@ StepStats Learner::step() {
 }
 
 uint64_t Learner::weights_checksum() const {
+  impl_->buckets->gather_all();  // sharded parameters (collective); otherwise nothing
   uint64_t h = 0;
   for (const auto& [name, t] : impl_->params) {
     const auto cpu = t.detach().to(torch::kCPU).contiguous();
     h = hash64(cpu.data_ptr(), cpu.numel() * cpu.element_size(), h);
   }
+  impl_->buckets->release_all();
   return h;
 }
 
@@ -501,6 +581,12 @@ std::string Learner::checkpoint() {
   std::string path;
   if (deps_.checkpoint_dir.empty()) throw Error("learner: checkpoint() without a checkpoint_dir");
   auto opt_state = impl_->opt->state();  // sharded: gathers the slices to rank 0 (all ranks call)
+  // Sharded parameters: whole weights on every rank while rank 0 writes them.
+  impl_->buckets->gather_all();
+  struct Release {
+    GradBuckets* b;
+    ~Release() { b->release_all(); }
+  } release{impl_->buckets.get()};
   if (comm.rank() == 0) {
     if (impl_->publisher) impl_->publisher->wait();
     ++counters_["checkpoints"];
@@ -578,6 +664,12 @@ void Learner::load_checkpoint(const std::string& path, bool restore_shm) {
   verify_checkpoint(path);
   torch::NoGradGuard ng;
   auto weights = read_tensors(path + "/model.safetensors");
+  // Sharded parameters: load into the whole weights, keep this rank's slices, free the rest.
+  impl_->buckets->gather_all();
+  struct Release {
+    GradBuckets* b;
+    ~Release() { b->release_all(); }
+  } release{impl_->buckets.get()};
   for (auto& [name, t] : impl_->params) {
     auto it = weights.find(name);
     if (it == weights.end()) throw Error(path + "/model.safetensors: tensor '" + name + "' is missing");
@@ -586,6 +678,7 @@ void Learner::load_checkpoint(const std::string& path, bool restore_shm) {
     t.copy_(it->second);
     impl_->opt->load_param_value(name, it->second.to(deps_.device));  // a bf16 weight's fp32 master
   }
+  impl_->buckets->store_shards();
   for (const auto& [name, t] : read_tensors(path + "/optimizer.safetensors"))
     impl_->opt->load_state_tensor(name, t.to(deps_.device));
   if (impl_->reference) {

@@ -60,7 +60,10 @@ LearnerConfig learner_config_from(const kf::Config& c) {
   l.comm = c.get_string("learner.dist.comm");
   l.bucket_mb = c.get_int("learner.dist.bucket_mb");
   const auto shard = c.get_string("learner.dist.shard");
-  l.shard = shard == "optimizer" ? ShardMode::optimizer : shard == "gradients" ? ShardMode::gradients : ShardMode::none;
+  l.shard = shard == "optimizer"   ? ShardMode::optimizer
+            : shard == "gradients" ? ShardMode::gradients
+            : shard == "params"    ? ShardMode::params
+                                   : ShardMode::none;
   l.snapshot_every = c.get_int("learner.snapshot.every");
   l.snapshot_dtype = c.get_string("learner.snapshot.dtype");
   l.checkpoint_every = c.get_int("learner.checkpoint.every");
@@ -100,6 +103,11 @@ LearnerConfig learner_config_from(const kf::Config& c) {
   require(l.recompute_min_params >= 0, src + "learner.recompute_min_params", "must be >= 0 (0: off)");
   require(l.lora_rank >= 0, src + "learner.lora.rank", "must be >= 0 (0: no LoRA)");
   require(l.lora_alpha > 0, src + "learner.lora.alpha", "must be > 0");
+  // ZeRO-3 shards trainable weights; LoRA's trainable weights are the adapters (megabytes)
+  // and its frozen base would stay whole on every rank: there is nothing for it to save.
+  require(!(l.lora_rank > 0 && l.shard == ShardMode::params), src + "learner.dist.shard",
+          "params (ZeRO-3) cannot be combined with learner.lora.rank > 0 (LoRA trains small adapters on a frozen "
+          "base that every rank holds whole); use learner.dist.shard: gradients or none with LoRA");
   if (l.lora_rank > 0) {
     require(!l.lora_targets.empty(), src + "learner.lora.targets",
             "must name at least one projection when learner.lora.rank > 0");

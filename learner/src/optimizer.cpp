@@ -172,7 +172,7 @@ void AdamW::step_sharded(double lr) {
     if (fused()) {  // one bucket per launch, so bucket b's gather still overlaps b+1's update
       fused_adamw({p}, {g}, {exp_avg_[b]}, {exp_avg_sq_[b]}, steps_, lr, cfg_);
       if (!master_is_param_) shard_->param_shard(b).copy_(p);
-      comm->all_gather_async(shard_->param_flat(b));
+      if (!shard_->params_sharded()) comm->all_gather_async(shard_->param_flat(b));
       continue;
     }
     if (cfg_.weight_decay != 0.0) p.mul_(1.0 - lr * cfg_.weight_decay);
@@ -181,8 +181,9 @@ void AdamW::step_sharded(double lr) {
     const auto denom = (exp_avg_sq_[b].sqrt() / bc2_sqrt).add_(cfg_.eps);
     p.addcdiv_(exp_avg_[b], denom, -step_size);
     if (!master_is_param_) shard_->param_shard(b).copy_(p);
-    // NCCL: bucket b's gather overlaps bucket b+1's update.
-    comm->all_gather_async(shard_->param_flat(b));
+    // NCCL: bucket b's gather overlaps bucket b+1's update. Sharded parameters stay
+    // sliced: the next forward gathers them layer by layer.
+    if (!shard_->params_sharded()) comm->all_gather_async(shard_->param_flat(b));
   }
   comm->synchronize();
 }

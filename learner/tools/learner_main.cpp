@@ -269,7 +269,8 @@ int main(int argc, char** argv) {
     deps.device = dev;
     kf::learner::Learner learner(lc, deps);
     if (resume) learner.resume(/*restore_shm=*/!keep_shm);
-    if (shm) learner.publish_snapshot();
+    // With sharded parameters every rank takes part in the publish (rank 0 writes).
+    if (shm || lc.shard == kf::learner::ShardMode::params) learner.publish_snapshot();
     int slot = shm ? shm->control().register_process("learner", rank) : -1;
     // Counter 11: this rank's absolute step (the resumed step included), which the
     // launcher's status shows for rank 0.
@@ -360,16 +361,20 @@ int main(int argc, char** argv) {
     if (final_ckpt || run_stopped) learner.checkpoint();
     // The control-block entry is left registered: its counters stay readable after this
     // process exits, and the next registration reuses it once the pid is gone.
-    if (!dump.empty() && rank == 0) {
+    // Sharded parameters: gathering the whole weights is collective, so every rank takes part
+    // (only rank 0 is given --dump-weights).
+    if ((!dump.empty() && rank == 0) || lc.shard == kf::learner::ShardMode::params) {
+      const auto weights = learner.named_weights();
       std::vector<kf::policy::StWriteSpec> specs;
       std::vector<torch::Tensor> ts;
-      for (const auto& p : learner.model()->named_parameters()) {
-        specs.push_back({p.key(), "F32", p.value().sizes().vec()});
-        ts.push_back(p.value().detach().to(torch::kCPU, torch::kFloat32).contiguous());
+      for (const auto& [name, t] : weights) {
+        specs.push_back({name, "F32", t.sizes().vec()});
+        ts.push_back(t.to(torch::kFloat32).contiguous());
       }
-      kf::policy::st_write(dump, specs, [&](std::size_t i, std::string& b) {
-        b.assign(static_cast<const char*>(ts[i].data_ptr()), ts[i].numel() * 4);
-      });
+      if (!dump.empty() && rank == 0)
+        kf::policy::st_write(dump, specs, [&](std::size_t i, std::string& b) {
+          b.assign(static_cast<const char*>(ts[i].data_ptr()), ts[i].numel() * 4);
+        });
     }
     std::printf("WEIGHTS_CHECKSUM %016llx\n", static_cast<unsigned long long>(learner.weights_checksum()));
     return 0;

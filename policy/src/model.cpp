@@ -221,13 +221,18 @@ namespace {
 // Reentrant activation checkpointing of one decoder layer: forward keeps only the layer
 // input; backward re-runs the layer with grad enabled and back-propagates through it
 // (parameter gradients accumulate in .grad, as with PyTorch's use_reentrant=True).
+// With sharded parameters (hooks_ptr: a ParamHooks*, 0 for none) backward first asks for
+// layer `index`'s full weights (pre_backward), since the recompute reads them.
 struct LayerCheckpoint : public torch::autograd::Function<LayerCheckpoint> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, torch::Tensor x, torch::Tensor cos,
-                               torch::Tensor sin, torch::Tensor mask, int64_t layer_ptr) {
+                               torch::Tensor sin, torch::Tensor mask, int64_t layer_ptr, int64_t hooks_ptr,
+                               int64_t index) {
     // An empty mask stands for "no mask": autograd records every tensor argument of
     // apply(), and an undefined one has no device to record.
     if (mask.numel() == 0) mask = torch::Tensor();
     ctx->saved_data["layer"] = layer_ptr;
+    ctx->saved_data["hooks"] = hooks_ptr;
+    ctx->saved_data["index"] = index;
     ctx->saved_data["mask"] = mask;
     // Autocast is thread-local and backward runs on the autograd engine's thread: the
     // recompute must run under the forward's autocast state, or it would recompute in
@@ -247,6 +252,8 @@ struct LayerCheckpoint : public torch::autograd::Function<LayerCheckpoint> {
     auto* layer = reinterpret_cast<DecoderLayerImpl*>(ctx->saved_data["layer"].toInt());
     const torch::Tensor mask =
         ctx->saved_data["mask"].isTensor() ? ctx->saved_data["mask"].toTensor() : torch::Tensor();
+    if (auto* hooks = reinterpret_cast<ParamHooks*>(ctx->saved_data["hooks"].toInt()))
+      hooks->pre_backward(ctx->saved_data["index"].toInt());
     auto x = saved[0].detach().requires_grad_(true);
     torch::Tensor out;
     {
@@ -274,11 +281,34 @@ struct LayerCheckpoint : public torch::autograd::Function<LayerCheckpoint> {
       out = layer->forward(x, RopeTables{saved[1], saved[2]}, mask, nullptr, 0);
     }
     torch::autograd::backward({out}, {grads[0]});
-    return {x.grad(), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    return {x.grad(),      torch::Tensor(), torch::Tensor(), torch::Tensor(),
+            torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
 }  // namespace
+
+torch::Tensor CausalLMImpl::run_layer(int64_t l, const torch::Tensor& x, const RopeTables& r,
+                                      const torch::Tensor& mask, KVCache* cache, bool ckpt) {
+  auto* layer = model->layers[l]->as<DecoderLayerImpl>();
+  if (hooks_) hooks_->pre_forward(l);
+  torch::Tensor y;
+  if (ckpt)
+    y = LayerCheckpoint::apply(x, r.cos, r.sin, mask.defined() ? mask : torch::empty({0}, x.options().dtype(torch::kBool)),
+                               reinterpret_cast<int64_t>(layer), reinterpret_cast<int64_t>(hooks_), l);
+  else
+    y = layer->forward(x, r, mask, cache, l);
+  if (hooks_) {
+    hooks_->post_forward(l);
+    // Without recomputation autograd keeps references to the layer's weights; the hook on
+    // the output's gradient runs just before the layer's backward and lets the owner refill them.
+    if (!ckpt && y.requires_grad()) {
+      auto* h = hooks_;
+      y.register_hook([h, l](const torch::Tensor&) { h->pre_backward(l); });
+    }
+  }
+  return y;
+}
 
 torch::Tensor CausalLMImpl::hidden(const torch::Tensor& ids, const torch::Tensor& attention_mask, KVCache* cache) {
   TORCH_CHECK(ids.dim() == 2, "ids must be [batch, time]");
@@ -320,20 +350,14 @@ torch::Tensor CausalLMImpl::hidden(const torch::Tensor& ids, const torch::Tensor
     positions = torch::arange(T, i64).unsqueeze(0).expand({B, T});
   }
   const RopeTables r = rope(positions);
+  if (hooks_) hooks_->pre_forward(-1);
   auto x = model->embed_tokens(ids_d);
   const bool ckpt = checkpointing_ && !cache && torch::GradMode::is_enabled();
   // A frozen embedding (LoRA) gives an input that needs no gradient; a checkpointed layer
   // whose inputs need none would cut its adapters off from the loss. As HF's
   // enable_input_require_grads does, the input then becomes a leaf that asks for one.
   if (ckpt && !x.requires_grad()) x = x.detach().requires_grad_(true);
-  for (int64_t l = 0; l < static_cast<int64_t>(model->layers->size()); ++l) {
-    auto* layer = model->layers[l]->as<DecoderLayerImpl>();
-    if (ckpt)
-      x = LayerCheckpoint::apply(x, r.cos, r.sin, mask.defined() ? mask : torch::empty({0}, i64.dtype(torch::kBool)),
-                                 reinterpret_cast<int64_t>(layer));
-    else
-      x = layer->forward(x, r, mask, cache, l);
-  }
+  for (int64_t l = 0; l < static_cast<int64_t>(model->layers->size()); ++l) x = run_layer(l, x, r, mask, cache, ckpt);
   if (cache) cache->length += T;
   return model->norm(x);
 }
@@ -353,16 +377,12 @@ torch::Tensor CausalLMImpl::hidden_packed(const torch::Tensor& ids, const std::v
   const auto dev = opts_.device();
   const auto lens = torch::tensor(segments, torch::kInt64);  // stays on the CPU: read by the host
   const RopeTables r = rope(torch::tensor(pos, torch::kInt64).to(dev).unsqueeze(0));
+  if (hooks_) hooks_->pre_forward(-1);
   auto x = model->embed_tokens(ids.to(dev, torch::kInt64));
   const bool ckpt = checkpointing_ && torch::GradMode::is_enabled();
   if (ckpt && !x.requires_grad()) x = x.detach().requires_grad_(true);  // as in hidden()
-  for (int64_t l = 0; l < static_cast<int64_t>(model->layers->size()); ++l) {
-    auto* layer = model->layers[l]->as<DecoderLayerImpl>();
-    if (ckpt)
-      x = LayerCheckpoint::apply(x, r.cos, r.sin, lens, reinterpret_cast<int64_t>(layer));
-    else
-      x = layer->forward(x, r, lens, nullptr, l);
-  }
+  for (int64_t l = 0; l < static_cast<int64_t>(model->layers->size()); ++l)
+    x = run_layer(l, x, r, lens, nullptr, ckpt);
   return model->norm(x);
 }
 
@@ -375,9 +395,9 @@ torch::Tensor CausalLMImpl::decode_static(const torch::Tensor& tok, KVCache& cac
   const auto k_slot = torch::arange(cap, cache.next_pos.options()).unsqueeze(0);
   const auto mask = (cache.slot_valid & (k_slot <= cache.static_slot)).view({B, 1, 1, cap});
   const RopeTables r = rope(positions);
+  if (hooks_) hooks_->pre_forward(-1);
   auto x = model->embed_tokens(tok);
-  for (int64_t l = 0; l < static_cast<int64_t>(model->layers->size()); ++l)
-    x = model->layers[l]->as<DecoderLayerImpl>()->forward(x, r, mask, &cache, l);
+  for (int64_t l = 0; l < static_cast<int64_t>(model->layers->size()); ++l) x = run_layer(l, x, r, mask, &cache, false);
   return logits(model->norm(x)).squeeze(1);
 }
 

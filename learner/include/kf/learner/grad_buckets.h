@@ -31,11 +31,24 @@
 // in the same order as the others. A round's buckets that did not complete (a parameter
 // unused in that backward) are launched when the next backward starts or at finish().
 // So no other collective may run between the first backward of a step and finish().
+//
+// Sharded parameters (learner.dist.shard: params, ZeRO-3): sharded gradients as above, and
+// between uses a rank keeps only its slice of every parameter bucket (a tensor of its own,
+// shard_numel(b) elements). Buckets follow `groups` (one per decoder layer, say): a new
+// bucket starts wherever the group changes, whatever bucket_bytes says. The flat
+// parameter buffer of a bucket keeps its shape, and the parameters stay views into it,
+// but its storage is freed (0 bytes) while released; gather(b) allocates it again, copies
+// the slice in and all-gathers (async with NCCL; wait_gathers() makes the caller's stream
+// wait), release(b) frees it. A bucket is released as soon as its reduce-scatter is
+// launched (its gradients are in, so backward is done with its weights). AdamW updates the
+// owned slices only; nothing is all-gathered after the step. Collective: gather() (every
+// rank gathers the same buckets in the same order).
 // Threading: the learner thread, plus the autograd thread inside backward().
 #pragma once
 #include <torch/torch.h>
 
 #include <atomic>
+#include <memory>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -43,14 +56,20 @@
 #include "kf/learner/comm.h"
 #include "kf/learner/learner_config.h"
 
+namespace kf::policy {
+class ParamHooks;
+}
+
 namespace kf::learner {
 
 class GradBuckets {
  public:
   // params: (name, tensor) of the trainable parameters, all on one device, fp32 (sharded:
   // any one floating dtype; gradients then have that dtype too).
+  // groups (params mode: required, one per parameter): parameters with the same group
+  // value and adjacent in the list share a bucket.
   GradBuckets(const std::vector<std::pair<std::string, torch::Tensor>>& params, std::size_t bucket_bytes,
-              Communicator* comm, ShardMode mode);
+              Communicator* comm, ShardMode mode, const std::vector<int64_t>& groups = {});
   GradBuckets(const std::vector<std::pair<std::string, torch::Tensor>>& params, std::size_t bucket_bytes,
               Communicator* comm, bool sharded = false)
       : GradBuckets(params, bucket_bytes, comm, sharded ? ShardMode::optimizer : ShardMode::none) {}
@@ -79,7 +98,26 @@ class GradBuckets {
   }
   int64_t gradient_bytes() const;  // gradient memory this rank keeps between steps
   torch::Tensor param_flat(std::size_t b) const { return param_flat_[b]; }
-  torch::Tensor param_shard(std::size_t b) const { return param_flat_[b].narrow(0, shard_offset(b), shard_numel(b)); }
+  // This rank's slice of parameter bucket b: a view into the whole bucket, or (sharded
+  // parameters) the slice this rank keeps.
+  torch::Tensor param_shard(std::size_t b) const {
+    return params_sharded_ ? pshard_[b] : param_flat_[b].narrow(0, shard_offset(b), shard_numel(b));
+  }
+
+  // Sharded parameters (params_sharded() only; gather/release are no-ops otherwise).
+  bool params_sharded() const { return params_sharded_; }
+  void gather(int64_t b);  // whole bucket b's weights (async with NCCL; no-op if gathered)
+  void wait_gathers();     // the caller's stream waits for the gathers issued
+  void release(int64_t b);  // frees bucket b's whole weights (no-op if released)
+  bool gathered(int64_t b) const { return params_sharded_ ? gathered_[b] != 0 : true; }
+  void gather_all();        // every bucket, waited for (snapshots, checkpoints, checksums)
+  void release_all();
+  // After changing gathered weights in place (loading a checkpoint): this rank's slices
+  // take the gathered values. Every bucket must be gathered.
+  void store_shards();
+  // Bytes of parameter storage this rank holds now in the bucket buffers and its slices,
+  // read from the tensors' storage.
+  int64_t param_storage_bytes() const;
   // Where parameter i lives: its bucket and element offset in that bucket.
   int64_t bucket_of(int64_t param) const { return bucket_of_[param]; }
   int64_t offset_in_bucket(int64_t param) const { return offset_of_[param]; }
@@ -104,17 +142,34 @@ class GradBuckets {
   std::vector<char> seen_;          // per parameter: staged in the open round
   bool round_open_ = false;
   std::vector<torch::Tensor> param_flat_;  // sharded: parameter storage, same layout
+  std::vector<torch::Tensor> pshard_;      // sharded parameters: this rank's slices
+  std::vector<char> gathered_;             // sharded parameters: bucket's storage allocated
   std::vector<int64_t> bucket_of_;         // per parameter
   std::vector<int64_t> offset_of_;         // per parameter: element offset in its bucket
   std::vector<int64_t> bucket_size_;       // parameters per bucket
   std::vector<int64_t> pending_;
   std::vector<torch::Tensor> params_;
   Communicator* comm_;
-  bool sharded_ = false, grads_sharded_ = false;
+  bool sharded_ = false, grads_sharded_ = false, params_sharded_ = false;
   int64_t rank_ = 0, world_ = 1;
   bool armed_ = false;
   int64_t next_launch_ = 0;
   int64_t launched_in_backward_ = 0;
 };
+
+// Sharded parameters: the bucket group of each parameter (HF names): its decoder layer
+// ("model.layers.N."), -1 for the final norm and lm_head (their gradients come first in
+// backward), -2 for the embeddings (last).
+std::vector<int64_t> layer_groups(const std::vector<std::pair<std::string, torch::Tensor>>& params);
+
+// The model's ParamHooks (policy::CausalLM::set_param_hooks) over buckets built in params
+// mode with `groups` (layer_groups): forward gathers a layer, waits for it and starts the
+// next layer's gather before the layer computes, then frees it; backward does the same
+// downwards (with NCCL each gather runs on the communicator's stream while the layer
+// before computes). The head's and the embeddings' buckets are gathered at the start of
+// forward; the buckets free each bucket again once its gradients are reduce-scattered.
+// Throws kf::Error when a layer has no trainable parameter. `buckets` must outlive it.
+std::unique_ptr<policy::ParamHooks> layer_gathers(GradBuckets& buckets, const std::vector<int64_t>& groups,
+                                                  int64_t layers);
 
 }  // namespace kf::learner

@@ -15,6 +15,10 @@
 // the optimizer, the gradient all-reduce, weights_checksum() and snapshots see adapters.
 // Full fine-tuning trains fp32 weights, or bf16 weights whose fp32 masters live in the
 // optimizer (learner.param_dtype).
+// learner.dist.shard: params (ZeRO-3) keeps only this rank's slice of the weights between
+// uses: model() then has whole weights only inside forward/backward, and
+// publish_snapshot(), checkpoint(), weights_checksum(), named_weights() and
+// load_checkpoint() gather them (collectives: every rank calls them, in the same order).
 // A step in which no rank has usable data changes nothing and returns updated=false.
 // Every rank keeps identical weights: rank 0's initial weights are broadcast, and the
 // all-reduced gradients are bitwise identical on every rank (weights_checksum()).
@@ -97,12 +101,18 @@ class Learner {
   StepStats step();
   std::string checkpoint();  // all ranks call; rank 0 writes; returns the path ("" on others)
   void publish_snapshot();   // rank 0 publishes the current weights as version()
+  // Every weight of the model, whole, as CPU copies in name order (sharded parameters:
+  // gathered, collective).
+  std::vector<std::pair<std::string, torch::Tensor>> named_weights();
+  // Bytes of parameter storage this rank holds now, read from the tensors' storage (the
+  // model's parameters, shared storage counted once, plus sharded-parameter slices).
+  int64_t param_storage_bytes() const;
 
   int64_t steps_done() const { return step_; }
   int64_t version() const { return step_; }
   policy::CausalLM model() const { return model_; }
   const LearnerConfig& config() const { return cfg_; }
-  uint64_t weights_checksum() const;  // xxh64 over all weights, name order
+  uint64_t weights_checksum() const;  // xxh64 over all trainable weights, name order (sharded parameters: collective)
   const std::map<std::string, int64_t>& counters() const { return counters_; }
   PublishStats publish_stats() const;  // waits for the publish in flight; zeros without a store
   void set_tokenizer_json(std::string json) { tokenizer_json_ = std::move(json); }

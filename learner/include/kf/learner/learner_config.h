@@ -15,7 +15,7 @@ enum class Objective { grpo, pairwise, grpo_pairwise };
 enum class RatioMode { behaviour, decoupled };
 enum class Aggregation { token, sequence };
 enum class ScheduleKind { constant, linear, cosine };
-enum class ShardMode { none, optimizer, gradients };
+enum class ShardMode { none, optimizer, gradients, params };
 
 struct GrpoConfig {
   bool std_normalize = false;  // A = (r - mean) / (std + adv_eps) instead of r - mean
@@ -83,7 +83,8 @@ struct LearnerConfig {
   int64_t bucket_mb = 25;
   // Sharded training state (docs/learner-scale.md "Sharded state"): none; optimizer (fp32
   // master weights and Adam moments split over the ranks, ZeRO-1); gradients (and the
-  // gradients too, ZeRO-2).
+  // gradients too, ZeRO-2); params (and the weights themselves between uses, ZeRO-3:
+  // each layer's weights all-gathered before its forward and backward, freed after).
   ShardMode shard = ShardMode::none;
   int64_t snapshot_every = 1;
   std::string snapshot_dtype = "bf16";

@@ -16,7 +16,8 @@
 // parameter bucket; clip_grad_norm() all-reduces the shards' sums of squares; state()
 // all-gathers the moments to rank 0 as whole per-parameter tensors, so a checkpoint has
 // the same format sharded or not, and loads at any world size (each rank takes its slice
-// of the full tensors in load_state_tensor). step, clip_grad_norm and state are
+// of the full tensors in load_state_tensor). With sharded parameters (shard: params) the
+// slice is the one the buckets keep and step() gathers nothing. step, clip_grad_norm and state are
 // collective in sharded mode: every rank calls them in the same order.
 // Threading: one thread (the learner's).
 #pragma once
