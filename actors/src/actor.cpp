@@ -530,7 +530,8 @@ StepResult Actor::finish_group(GroupJob job, std::vector<RolloutSample> samples)
   ctl.add_counter(slot_, 2, tokens);
   ctl.add_counter(slot_, 3, static_cast<uint64_t>(std::count(extracted.begin(), extracted.end(), false)));
 
-  // Open the group, then push (replay must know the group before any result arrives).
+  // Open the group (the candidates' one home), then push their handles: a consumer reads
+  // the candidate from the group, so the group must exist before its handle is queued.
   const auto deadline =
       std::chrono::duration_cast<replay::Timeout>(std::chrono::duration<double>(opts_.group_deadline_s));
   const bool hold = job.turn < opts_.turns;  // the next turn reads the results before the learner takes them
@@ -577,16 +578,11 @@ StepResult Actor::finish_group(GroupJob job, std::vector<RolloutSample> samples)
     bool ok = false;
     while (!ok) {
       c.t_pushed_ns = mono_ns();
-      ok = queue.push(c, std::chrono::milliseconds(200));
+      ok = queue.push(replay::ref_of(c), std::chrono::milliseconds(200));  // the handle: c lives in its group
       if (ok) break;
       const auto st = ctl.state();
       if (stopping() || st == replay::RunState::stopped || st == replay::RunState::draining) break;
       ctl.heartbeat(slot_);
-      if (queue.raw().stats().dropped_too_large > 0 && encoded_size(c) > queue.raw().slot_bytes()) {
-        log_error("actor ", opts_.id, ": candidate of task ", task->name(), " is ", encoded_size(c),
-                  " bytes, over replay.candidate_queue.slot_bytes ", queue.raw().slot_bytes(), "; marked lost");
-        break;
-      }
     }
     if (!ok) {
       unpushed.push_back(c.id);

@@ -249,7 +249,18 @@ std::size_t EvaluatorService::step() {
     retry_.pop_front();
   }
   if (batch.empty()) {
-    if (shm_.candidates().claim(batch, claims, o_.batch, o_.pop_timeout) == 0) return 0;
+    // The queue carries handles: each is resolved in its replay group here. One whose group
+    // is gone is counted lost and one already scored is acknowledged, each with a log line
+    // (CandidateQueue::claim); neither is scored.
+    replay::Unresolved un;
+    const std::size_t got = shm_.candidates().claim(batch, claims, o_.batch, o_.pop_timeout,
+                                                    "evaluator " + std::to_string(o_.evaluator_id), &un);
+    if (!un.gone.empty()) {
+      stats_.lost_group_gone += un.gone.size();
+      shm_.control().add_counter(slot_, kLost, un.gone.size());
+    }
+    stats_.already_scored += un.scored.size();
+    if (got == 0) return 0;
     attempts.assign(batch.size(), 0);
   }
   std::size_t done = 0;
@@ -306,7 +317,7 @@ std::size_t EvaluatorService::step() {
     } catch (const std::exception& e) {
       ++stats_.results_dropped;
       shm_.candidates().raw().drop(&claims[i], 1);
-      shm_.control().add_counter(slot_, kLostUnstored, 1);
+      shm_.control().add_counter(slot_, kLost, 1);
       log_error("evaluator ", o_.evaluator_id, ": storing the result of candidate ", c.id, " in the replay failed (",
                 e.what(),
                 "); the candidate is counted lost (candidate queue: dropped_by_consumer) and its group "

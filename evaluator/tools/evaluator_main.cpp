@@ -350,7 +350,8 @@ int main(int argc, char** argv) {
     }
     const auto& st = service.stats();
     kf::log_info("evaluator ", id, ": exiting; scored ", st.scored, " (ok ", st.ok, ", cheats ", st.rejected_cheat,
-                 ", compile errors ", st.compile_error, "), kernels inserted ", st.kernels_inserted);
+                 ", compile errors ", st.compile_error, "), kernels inserted ", st.kernels_inserted,
+                 ", lost because their group was gone ", st.lost_group_gone);
     return 0;
   } catch (const std::exception& e) {
     kf::log_error("evaluator ", id, ": fatal: ", e.what(), "; exiting (the launcher restarts evaluators)");

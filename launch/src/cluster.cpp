@@ -387,10 +387,17 @@ void RemoteBridge::Impl::candidates_out(bool wait) {
   const std::size_t room = std::min<std::size_t>(64, co.bound - held.size());
   std::vector<replay::Candidate> batch;
   std::vector<replay::ShmQueue::Slot> claims;
-  if (shm.candidates().claim(batch, claims, room, wait ? 50ms : 0ms) == 0) return;
+  // The shm queue holds handles; evaluator nodes cannot reach this node's shared memory, so
+  // each candidate is read from its replay group here and sent whole. A handle whose group
+  // is gone is counted lost (candidate ledger: dropped) and one already scored is
+  // acknowledged, each with a log line (CandidateQueue::claim).
+  if (shm.candidates().claim(batch, claims, room, wait ? 50ms : 0ms, "launch: redis bridge") == 0) return;
   std::vector<netqueue::Outgoing> recs;
-  for (std::size_t i = 0; i < batch.size(); ++i)
-    recs.push_back({batch[i].id, std::string(reinterpret_cast<const char*>(claims[i].data), claims[i].len)});
+  for (const auto& cand : batch) {
+    std::string bytes(replay::encoded_size(cand), '\0');
+    replay::encode(cand, reinterpret_cast<unsigned char*>(bytes.data()));
+    recs.push_back({cand.id, std::move(bytes)});
+  }
   std::size_t n = 0;
   try {
     n = out.push_batch(recs, 1000ms);

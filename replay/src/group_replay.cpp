@@ -60,7 +60,7 @@ struct ReplayBuffer::Header {
   alignas(64) pthread_mutex_t mu;
   uint64_t next_seq;  // guarded by mu
   std::atomic<uint64_t> opened, taken, joined, orphan, duplicate, stale, evicted, dropped_full, lost_filling,
-      lost_taking, cand_lost, recoveries;
+      lost_taking, cand_lost, recoveries, unresolved;
   alignas(64) std::atomic<uint32_t> ready_futex;
   // Result notes (guarded by mu): note i lives at notes[i % kResultNotes]; note_seq is the
   // next one's number, advanced after the note is written (a writer killed mid-note
@@ -255,6 +255,37 @@ bool ReplayBuffer::open_group(const std::vector<Candidate>& cands, Timeout deadl
     s->owner.store(owner_word(kOpen, 0), std::memory_order_release);
     h->opened.fetch_add(1, std::memory_order_relaxed);
   }
+  return true;
+}
+
+bool ReplayBuffer::read_candidate(const CandidateRef& ref, Candidate& out, bool* scored) const {
+  Header* h = hdr();
+  KF_REPLAY_LOCK(h);
+  GroupSlot* s = nullptr;
+  uint32_t i = 0;
+  for (; i < h->capacity; ++i) {
+    GroupSlot* c = h->slot(i);
+    if (word_state(c->owner.load(std::memory_order_relaxed)) == kOpen && c->group_id == ref.group_id) {
+      s = c;
+      break;
+    }
+  }
+  if (!s || ref.index_in_group >= s->g || s->cand_ids[ref.index_in_group] != ref.candidate_id) {
+    h->unresolved.fetch_add(1, std::memory_order_relaxed);
+    return false;
+  }
+  // Head blob: tag, prompt tokens, then G x (u32 length, encoded candidate): skip to ours.
+  const std::string what = seg_.name() + ": group " + std::to_string(ref.group_id);
+  ByteReader r(h->head(i, s->g), s->head_len, what);
+  if (r.get<uint32_t>("head.tag") != kHeadTag) r.fail("head.tag", "not a group head");
+  std::vector<int32_t> prompt = r.vec<int32_t>("head.prompt_tokens");
+  for (uint32_t k = 0; k < ref.index_in_group; ++k) r.raw(r.get<uint32_t>("head.candidate_len"), "head.candidate");
+  const uint32_t len = r.get<uint32_t>("head.candidate_len");
+  out = decode_candidate(r.raw(len, "head.candidate"), len, what);
+  if (out.id != ref.candidate_id) r.fail("head.candidate", "id " + std::to_string(out.id) + " differs from the slot's");
+  if (out.prompt_tokens.empty()) out.prompt_tokens = std::move(prompt);  // else a later turn's own conversation
+  out.t_pushed_ns = ref.t_pushed_ns;
+  if (scored) *scored = (s->scored_mask.load(std::memory_order_relaxed) >> ref.index_in_group) & 1;
   return true;
 }
 
@@ -573,6 +604,7 @@ ReplayStats ReplayBuffer::stats() const {
   s.lost_taking = h->lost_taking.load();
   s.candidates_lost = h->cand_lost.load();
   s.recoveries = h->recoveries.load();
+  s.refs_unresolved = h->unresolved.load();
   return s;
 }
 

@@ -14,6 +14,7 @@
 
 #include "kf/common/error.h"
 #include "kf/common/log.h"
+#include "kf/replay/group_replay.h"
 #include "shm_util.h"
 
 namespace kf::replay {
@@ -644,11 +645,7 @@ bool RecordQueue<T>::push(const T& rec, Timeout timeout) {
     q_.hdr()->dropped_too_large.fetch_add(1, std::memory_order_relaxed);
     return false;
   }
-  uint64_t tag;
-  if constexpr (std::is_same_v<T, Candidate>)
-    tag = rec.id;
-  else
-    tag = rec.candidate_id;
+  uint64_t tag = rec.candidate_id;
   ShmQueue::Slot s;
   if (q_.acquire(&s, 1, &tag, timeout) == 0) {
     q_.hdr()->dropped_full.fetch_add(1, std::memory_order_relaxed);
@@ -681,10 +678,8 @@ std::size_t RecordQueue<T>::pop_batch(std::vector<T>& out, std::size_t max, Time
 
 template <typename T>
 T RecordQueue<T>::decode(const ShmQueue::Slot& s) const {
-  if constexpr (std::is_same_v<T, Candidate>)
-    return decode_candidate(s.data, s.len, q_.segment().name());
-  else
-    return decode_result(s.data, s.len, q_.segment().name());
+  static_assert(std::is_same_v<T, CandidateRef>, "RecordQueue: decode() knows candidate handles only");
+  return decode_candidate_ref(s.data, s.len, q_.segment().name());
 }
 
 template <typename T>
@@ -707,6 +702,56 @@ std::size_t RecordQueue<T>::claim(std::vector<T>& out, std::vector<ShmQueue::Slo
   return got;
 }
 
-template class RecordQueue<Candidate>;
+template class RecordQueue<CandidateRef>;
+
+std::size_t CandidateQueue::claim(std::vector<Candidate>& out, std::vector<ShmQueue::Slot>& claims, std::size_t max,
+                                  Timeout timeout, const std::string& who, Unresolved* unresolved) {
+  if (!replay_) throw Error("replay: candidate queue " + raw().segment().name() + ": no replay buffer to resolve in");
+  std::vector<CandidateRef> refs;
+  std::vector<ShmQueue::Slot> slots;
+  for (;;) {
+    refs.clear();
+    slots.clear();
+    const std::size_t k = RecordQueue::claim(refs, slots, max, timeout);
+    if (k == 0) return 0;
+    std::size_t got = 0;
+    for (std::size_t i = 0; i < k; ++i) {
+      const CandidateRef& r = refs[i];
+      Candidate c;
+      bool scored = false, found = false;
+      std::string why = "its group is gone from the replay (evicted, or taken by the learner at its deadline)";
+      try {
+        found = replay_->read_candidate(r, c, &scored);
+      } catch (const Error& e) {
+        why = std::string("its group does not decode (") + e.what() + ")";
+      }
+      if (found && !scored) {
+        out.push_back(std::move(c));
+        claims.push_back(slots[i]);
+        ++got;
+      } else if (found) {
+        raw().release(&slots[i], 1);
+        log_warn(who, ": candidate ", r.candidate_id, " (group ", r.group_id, ", index ", r.index_in_group,
+                 ") came back to the candidate queue, but its result is already in its group (its evaluator died "
+                 "before acknowledging it); acknowledged now, not scored again");
+        if (unresolved) unresolved->scored.push_back(r);
+      } else {
+        raw().drop(&slots[i], 1);
+        log_error(who, ": candidate ", r.candidate_id, " (group ", r.group_id, ", index ", r.index_in_group,
+                  "): ", why, "; counted lost (candidate queue: dropped), nothing is scored, going on");
+        if (unresolved) unresolved->gone.push_back(r);
+      }
+    }
+    if (got > 0) return got;
+    timeout = Timeout(0);  // every handle taken was settled here: look for more without waiting
+  }
+}
+
+std::size_t CandidateQueue::pop_batch(std::vector<Candidate>& out, std::size_t max, Timeout timeout) {
+  std::vector<ShmQueue::Slot> claims;
+  const std::size_t n = claim(out, claims, max, timeout, "consumer of " + raw().segment().name());
+  raw().release(claims.data(), claims.size());
+  return n;
+}
 
 }  // namespace kf::replay

@@ -9,6 +9,8 @@ using detail::ByteWriter;
 namespace {
 constexpr uint32_t kCandidateTag = 0x444E4143;  // "CAND"
 constexpr uint32_t kResultTag = 0x53455252;     // "RRES"
+constexpr uint32_t kRefTag = 0x46455243;        // "CREF"
+constexpr uint32_t kRefVersion = 1;
 // Candidates: 2 added turn, turns, parent_group_id and parent_index at the end; 1 still
 // decodes, as a single-turn candidate.
 constexpr uint32_t kRecordVersion = 2;
@@ -105,6 +107,42 @@ Candidate decode_candidate(const unsigned char* src, std::size_t n, const std::s
   }
   if (r.left() != 0) r.fail("end", std::to_string(r.left()) + " trailing bytes");
   return c;
+}
+
+CandidateRef ref_of(const Candidate& c) {
+  CandidateRef r;
+  r.candidate_id = c.id;
+  r.group_id = c.group_id;
+  r.index_in_group = c.index_in_group;
+  r.t_pushed_ns = c.t_pushed_ns;
+  return r;
+}
+
+void encode(const CandidateRef& x, unsigned char* dst) {
+  ByteWriter w(dst);
+  w.put(kRefTag);
+  w.put(kRefVersion);
+  w.put(x.candidate_id);
+  w.put(x.group_id);
+  w.put(x.index_in_group);
+  w.put(x.t_pushed_ns);
+}
+
+CandidateRef decode_candidate_ref(const unsigned char* src, std::size_t n, const std::string& context) {
+  ByteReader r(src, n, context + ": candidate handle");
+  const uint32_t tag = r.get<uint32_t>("tag");
+  if (tag == kCandidateTag)
+    r.fail("tag", "a whole candidate record, written by an older build (the candidate queue now carries handles)");
+  if (tag != kRefTag) r.fail("tag", "not a candidate handle");
+  uint32_t v = r.get<uint32_t>("version");
+  if (v != kRefVersion) r.fail("version", std::to_string(v) + ", expected " + std::to_string(kRefVersion));
+  CandidateRef x;
+  x.candidate_id = r.get<uint64_t>("candidate_id");
+  x.group_id = r.get<uint64_t>("group_id");
+  x.index_in_group = r.get<uint32_t>("index_in_group");
+  x.t_pushed_ns = r.get<int64_t>("t_pushed_ns");
+  if (r.left() != 0) r.fail("end", std::to_string(r.left()) + " trailing bytes");
+  return x;
 }
 
 std::size_t encoded_size(const Result& x) {

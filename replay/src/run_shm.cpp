@@ -98,10 +98,12 @@ std::unique_ptr<RunShm> RunShm::create(const std::string& run, const RunShmConfi
   opt.incarnation = 0;
   try {
     // The control block goes last: its ready flag is what attachers wait for.
-    ShmQueue probe_inc = ShmQueue::create(segment_name(run, "cand"), cfg.candidates, opt);
+    QueueConfig qc = cfg.candidates;
+    qc.slot_bytes = static_cast<uint32_t>(kCandidateRefBytes);  // a slot holds one handle
+    ShmQueue probe_inc = ShmQueue::create(segment_name(run, "cand"), qc, opt);
     opt.incarnation = probe_inc.segment().incarnation();
-    r->candidates_ = std::make_unique<CandidateQueue>(std::move(probe_inc));
     r->replay_ = std::make_unique<ReplayBuffer>(ReplayBuffer::create(segment_name(run, "replay"), cfg.replay, opt));
+    r->candidates_ = std::make_unique<CandidateQueue>(std::move(probe_inc), r->replay_.get());
     r->kernels_ = std::make_unique<KernelDb>(KernelDb::create(segment_name(run, "kdb"), cfg.kernels, opt));
     r->snapshots_ =
         std::make_unique<SnapshotStore>(SnapshotStore::create(segment_name(run, "snap"), cfg.snapshot, opt));
@@ -120,10 +122,15 @@ std::unique_ptr<RunShm> RunShm::attach(const std::string& run, Timeout wait_read
   r->run_ = run;
   r->control_ = std::make_unique<ControlBlock>(ControlBlock::attach(segment_name(run, "ctl"), wait_ready));
   const uint64_t inc = r->control_->segment().incarnation();
-  r->candidates_ = std::make_unique<CandidateQueue>(ShmQueue::attach(segment_name(run, "cand"), wait_ready));
-  check_incarnation(run, "cand", r->candidates_->raw().segment(), inc);
   r->replay_ = std::make_unique<ReplayBuffer>(ReplayBuffer::attach(segment_name(run, "replay"), wait_ready));
   check_incarnation(run, "replay", r->replay_->segment(), inc);
+  r->candidates_ =
+      std::make_unique<CandidateQueue>(ShmQueue::attach(segment_name(run, "cand"), wait_ready), r->replay_.get());
+  check_incarnation(run, "cand", r->candidates_->raw().segment(), inc);
+  if (r->candidates_->raw().slot_bytes() != kCandidateRefBytes)
+    throw Error("replay: run '" + run + "': segment cand: field slot_bytes is " +
+                std::to_string(r->candidates_->raw().slot_bytes()) + ", this build's candidate handle takes " +
+                std::to_string(kCandidateRefBytes) + " (a queue made by another build)");
   r->kernels_ = std::make_unique<KernelDb>(KernelDb::attach(segment_name(run, "kdb"), wait_ready));
   check_incarnation(run, "kdb", r->kernels_->segment(), inc);
   r->snapshots_ = std::make_unique<SnapshotStore>(SnapshotStore::attach(segment_name(run, "snap"), wait_ready));

@@ -19,7 +19,15 @@ uint32_t u32(const Config& c, const std::string& key, uint64_t lo, uint64_t hi) 
 RunShmConfig run_shm_config(const Config& c) {
   RunShmConfig r;
   r.candidates.capacity = u32(c, "replay.candidate_queue.capacity", 2, 1u << 20);
-  r.candidates.slot_bytes = u32(c, "replay.candidate_queue.slot_bytes", 256, 64u << 20);
+  // The candidate queue's slots hold one handle each (run_shm.h); a candidate's size is
+  // bounded by replay.groups.group_bytes. A config that still sizes the slots is refused.
+  const char* slot_key = "replay.candidate_queue.slot_bytes";
+  for (const auto& k : config_schema())
+    if (k.path == slot_key && c.get_int(slot_key) != std::stoll(k.fallback))
+      throw error_at(c.source(), std::string(slot_key) +
+                                     ": no longer used: the candidate queue carries fixed-size handles and each "
+                                     "candidate lives in its replay group (sized by replay.groups.group_bytes); "
+                                     "remove the key");
   r.candidates.max_claims = u32(c, "replay.candidate_queue.max_claims", 0, 1000);
   r.replay.capacity = u32(c, "replay.groups.capacity", 1, 1u << 16);
   r.replay.group_bytes = u32(c, "replay.groups.group_bytes", 4096, 1u << 30);

@@ -1,4 +1,5 @@
-#include "kf/stages/selfsup.h"
+#include "kf/stages/stages.h"
+#include "sft_data.h"
 
 #include <algorithm>
 #include <chrono>

@@ -1,4 +1,4 @@
-#include "kf/stages/sft_data.h"
+#include "sft_data.h"
 
 #include <algorithm>
 #include <cmath>

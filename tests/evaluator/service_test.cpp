@@ -62,7 +62,7 @@ EvalOptions light_options() {
 // As the actor does: opens the candidates' group in the replay, then queues them.
 void open_and_queue(replay::RunShm& shm, const std::vector<replay::Candidate>& cands) {
   ASSERT_TRUE(shm.replay().open_group(cands, std::chrono::minutes(10)));
-  for (const auto& c : cands) ASSERT_TRUE(shm.candidates().push(c, std::chrono::seconds(1)));
+  for (const auto& c : cands) ASSERT_TRUE(shm.candidates().push(replay::ref_of(c), std::chrono::seconds(1)));
 }
 
 // The results the evaluator wrote into the groups that are complete (the learner's view),
@@ -233,6 +233,50 @@ TEST(EvaluatorServiceTest, StopFlagEndsTheBatchAfterTheCandidateInHand) {
   std::set<uint64_t> ids;
   for (const auto& [id, r] : scored_results(*shm)) ids.insert(id);
   EXPECT_EQ(ids, (std::set<uint64_t>{301, 302, 303, 304, 305})) << "both groups complete, each result once";
+  shm->shutdown();
+}
+
+// The queue carries handles; the candidates live in their groups. A handle whose group was
+// evicted before an evaluator claimed it is counted lost (service stats, control counter,
+// candidate ledger: dropped) and nothing is scored for it; the group that evicted it is
+// scored normally.
+TEST(EvaluatorServiceTest, HandleOfAnEvictedGroupIsCountedLostAndNotScored) {
+  const std::string run = "kft" + std::to_string(getpid()) + ".evgone";
+  replay::RunShmConfig rc;
+  rc.replay.capacity = 1;  // a second group evicts the first
+  auto shm = replay::RunShm::create(run, rc);
+  Evaluator ev(light_options());
+  ServiceOptions so;
+  so.evaluator_id = 4;
+  so.tasks_dir = build_dir() + "/tasks";
+  so.batch = 8;
+  EvaluatorService service(ev, *shm, so);
+  std::vector<uint64_t> scored_ids;
+  service.on_result([&](const replay::Result& r, const Result&) { scored_ids.push_back(r.candidate_id); });
+  const std::string good = test::read_kernel("cpu/good_relu.cpp");
+  ASSERT_NO_FATAL_FAILURE(
+      open_and_queue(*shm, {candidate(401, "001_relu", good, 0), candidate(402, "001_relu", good, 1)}));
+  replay::Candidate later = candidate(403, "001_relu", good, 0);
+  later.group_id = 79;
+  ASSERT_NO_FATAL_FAILURE(open_and_queue(*shm, {later}));
+  ASSERT_EQ(shm->replay().stats().evicted, 1u);
+
+  std::size_t scored = 0;
+  for (int i = 0; i < 5 && scored < 1; ++i) scored += service.step();
+  EXPECT_EQ(scored, 1u);
+  EXPECT_EQ(scored_ids, (std::vector<uint64_t>{403})) << "only the candidate whose group exists is scored";
+  EXPECT_EQ(service.stats().lost_group_gone, 2u);
+  EXPECT_EQ(service.stats().scored, 1u);
+  EXPECT_EQ(shm->replay().stats().refs_unresolved, 2u);
+  EXPECT_EQ(shm->replay().stats().results_orphan, 0u) << "no result was made for the lost candidates";
+  const replay::QueueLedger l = shm->candidate_ledger();
+  EXPECT_EQ(l.dropped, 2u);
+  EXPECT_EQ(l.scored, 1u);
+  EXPECT_TRUE(l.balanced());
+  uint64_t lost_counter = 0;
+  for (const auto& p : shm->control().peers(std::chrono::hours(1)))
+    if (p.role == "evaluator") lost_counter += p.counters.at(kLost);
+  EXPECT_EQ(lost_counter, 2u);
   shm->shutdown();
 }
 

@@ -241,11 +241,12 @@ TEST(ReplayExcludedGroupTest, AGroupWithAnExcludedResultIsLeftOutOfTraining) {
   EXPECT_TRUE(excluded_from_training(g));
 }
 
-// The evaluator's protocol (EvaluatorService::step, the head's bridge): claim a candidate,
-// write its result into its group's empty slot, then acknowledge the claim. An evaluator
-// SIGKILLed between the write and the acknowledgement loses nothing: the claim goes back
-// to the queue, the next evaluator scores it again, its second result is counted duplicate
-// and dropped, the group holds the first, and the candidate is counted scored once.
+// The evaluator's protocol (EvaluatorService::step, the head's bridge): claim a handle,
+// read the candidate from its group, write its result into the group's empty slot, then
+// acknowledge the claim. An evaluator SIGKILLed between the write and the acknowledgement
+// loses nothing: the claim goes back to the queue, the next evaluator finds the result
+// already in the group and acknowledges it without scoring it again; the group holds the
+// first result and the candidate is counted scored once.
 TEST(ReplayResultPathTest, EvaluatorKilledAfterWritingItsResultLosesNothingAndCountsOnce) {
   const std::string run = unique_name("respath");
   auto shm = RunShm::create(run);
@@ -261,7 +262,7 @@ TEST(ReplayResultPathTest, EvaluatorKilledAfterWritingItsResultLosesNothingAndCo
     g[i].source = "k";
   }
   ASSERT_TRUE(shm->replay().open_group(g, 60s));
-  for (const auto& c : g) ASSERT_TRUE(shm->candidates().push(c, 1s));
+  for (const auto& c : g) ASSERT_TRUE(shm->candidates().push(ref_of(c), 1s));
   auto result = [](const Candidate& c, double reward) {
     Result r;
     r.candidate_id = c.id;
@@ -277,7 +278,8 @@ TEST(ReplayResultPathTest, EvaluatorKilledAfterWritingItsResultLosesNothingAndCo
     auto mine = RunShm::attach(run);
     std::vector<Candidate> got;
     std::vector<ShmQueue::Slot> claims;
-    if (mine->candidates().claim(got, claims, 1, 1s) != 1) return 1;
+    if (mine->candidates().claim(got, claims, 1, 1s, "test evaluator") != 1) return 1;
+    if (got[0].source != "k" || got[0].prompt_tokens != std::vector<int32_t>{1, 2}) return 3;  // read from its group
     if (!mine->replay().add_result(result(got[0], 1.5))) return 2;
     char c = 'w';
     (void)!::write(fds[1], &c, 1);
@@ -294,16 +296,20 @@ TEST(ReplayResultPathTest, EvaluatorKilledAfterWritingItsResultLosesNothingAndCo
 
   std::vector<Candidate> got;
   std::vector<ShmQueue::Slot> claims;
-  ASSERT_EQ(shm->candidates().claim(got, claims, 4, 1s), 2u);
+  Unresolved un;
+  ASSERT_EQ(shm->candidates().claim(got, claims, 4, 1s, "test evaluator", &un), 1u)
+      << "the candidate whose result is in its group is not handed out again";
+  ASSERT_EQ(un.scored.size(), 1u);
+  EXPECT_TRUE(un.gone.empty());
   int joined = 0;
   for (std::size_t i = 0; i < got.size(); ++i) {
     joined += shm->replay().add_result(result(got[i], 2.5));
     shm->candidates().raw().release(&claims[i], 1);
   }
-  EXPECT_EQ(joined, 1) << "the re-scored candidate's second result is a duplicate";
+  EXPECT_EQ(joined, 1);
   const ReplayStats st = shm->replay().stats();
   EXPECT_EQ(st.results_joined, 2u);
-  EXPECT_EQ(st.results_duplicate, 1u);
+  EXPECT_EQ(st.results_duplicate, 0u) << "nothing was scored twice";
   const QueueLedger l = shm->candidate_ledger();
   EXPECT_EQ(l.scored, 2u);
   EXPECT_EQ(l.lost(), 0u);
@@ -319,5 +325,94 @@ TEST(ReplayResultPathTest, EvaluatorKilledAfterWritingItsResultLosesNothingAndCo
   EXPECT_DOUBLE_EQ(rewards, 1.5 + 2.5);
   uint64_t cursor = 0;
   EXPECT_EQ(shm->replay().recent_results(&cursor).size(), 2u) << "the live status sees each candidate once";
+  shm->shutdown();
+}
+
+// The candidate queue carries handles; the candidate lives in its group. A handle whose
+// group was evicted before anyone claimed it is settled at claim time: dropped (counted
+// lost in the ledger), reported to the caller, counted by the replay, and never handed out.
+TEST(ReplayResultPathTest, HandleOfAnEvictedGroupIsReportedLostAndCountedAndNeverHandedOut) {
+  const std::string run = unique_name("gone");
+  RunShmConfig cfg;
+  cfg.replay.capacity = 1;  // the second group evicts the first
+  auto shm = RunShm::create(run, cfg);
+  auto group = [](uint64_t gid, uint64_t first_id, uint32_t n) {
+    std::vector<Candidate> g(n);
+    for (uint32_t i = 0; i < n; ++i) {
+      g[i].id = first_id + i;
+      g[i].task = "t";
+      g[i].group_id = gid;
+      g[i].index_in_group = i;
+      g[i].prompt_tokens = {7, 8, 9};
+      g[i].source = "src" + std::to_string(first_id + i);
+    }
+    return g;
+  };
+  const auto old_group = group(1, 100, 2), new_group = group(2, 200, 1);
+  ASSERT_TRUE(shm->replay().open_group(old_group, 60s));
+  for (const auto& c : old_group) ASSERT_TRUE(shm->candidates().push(ref_of(c), 1s));
+  ASSERT_TRUE(shm->replay().open_group(new_group, 60s));
+  ASSERT_EQ(shm->replay().stats().evicted, 1u);
+  ASSERT_TRUE(shm->candidates().push(ref_of(new_group[0]), 1s));
+
+  // A handle that names the right group but another candidate does not resolve either.
+  Candidate out;
+  CandidateRef wrong = ref_of(new_group[0]);
+  wrong.candidate_id = 999;
+  EXPECT_FALSE(shm->replay().read_candidate(wrong, out));
+
+  std::vector<Candidate> got;
+  std::vector<ShmQueue::Slot> claims;
+  Unresolved un;
+  ASSERT_EQ(shm->candidates().claim(got, claims, 8, 1s, "test evaluator", &un), 1u);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].id, 200u);
+  EXPECT_EQ(got[0].source, "src200");
+  EXPECT_EQ(got[0].prompt_tokens, (std::vector<int32_t>{7, 8, 9}));
+  ASSERT_EQ(un.gone.size(), 2u);
+  EXPECT_EQ(un.gone[0].candidate_id, 100u);
+  EXPECT_EQ(un.gone[1].candidate_id, 101u);
+  EXPECT_TRUE(un.scored.empty());
+  shm->candidates().raw().release(claims.data(), claims.size());
+
+  EXPECT_EQ(shm->replay().stats().refs_unresolved, 3u);  // two evicted, one wrong id
+  EXPECT_EQ(shm->replay().stats().results_joined, 0u) << "nothing was scored";
+  const QueueLedger l = shm->candidate_ledger();
+  EXPECT_EQ(l.created, 3u);
+  EXPECT_EQ(l.dropped, 2u);
+  EXPECT_EQ(l.scored, 1u);
+  EXPECT_EQ(l.queued + l.in_flight, 0u);
+  EXPECT_TRUE(l.balanced());
+  shm->shutdown();
+}
+
+// A candidate-queue slot holds one handle, whatever the candidate's size: the slot is
+// exactly the encoded handle (the layout's fields, tag and version), and a candidate far
+// larger than a slot goes through the queue by its handle.
+TEST(ReplayResultPathTest, CandidateQueueSlotsHoldOnlyTheHandle) {
+  const CandidateRef r{1, 2, 3, 4};
+  const std::size_t layout = sizeof(uint32_t) /* tag */ + sizeof(uint32_t) /* version */ + sizeof r.candidate_id +
+                             sizeof r.group_id + sizeof r.index_in_group + sizeof r.t_pushed_ns;
+  EXPECT_EQ(encoded_size(r), layout);
+  const std::string run = unique_name("slot");
+  RunShmConfig cfg;
+  cfg.candidates.slot_bytes = 1u << 20;  // ignored: the slots are sized to the handle
+  auto shm = RunShm::create(run, cfg);
+  EXPECT_EQ(shm->candidates().raw().slot_bytes(), layout);
+  EXPECT_EQ(RunShm::attach(run)->candidates().raw().slot_bytes(), layout);
+  std::vector<Candidate> g(1);
+  g[0].id = 1;
+  g[0].task = "t";
+  g[0].group_id = 3;
+  g[0].source.assign(64 * 1024, 'x');  // far larger than a slot
+  g[0].completion_tokens.assign(8000, 5);
+  ASSERT_GT(encoded_size(g[0]), 100 * layout);
+  ASSERT_TRUE(shm->replay().open_group(g, 60s));
+  ASSERT_TRUE(shm->candidates().push(ref_of(g[0]), 1s));
+  std::vector<Candidate> got;
+  ASSERT_EQ(shm->candidates().pop_batch(got, 4, 1s), 1u);
+  EXPECT_EQ(got[0].source, g[0].source);
+  EXPECT_EQ(got[0].completion_tokens, g[0].completion_tokens);
+  EXPECT_EQ(shm->candidates().raw().stats().dropped_too_large, 0u);
   shm->shutdown();
 }

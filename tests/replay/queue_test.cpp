@@ -5,6 +5,7 @@
 #include <chrono>
 #include <thread>
 
+#include "kf/common/error.h"
 #include "kf/replay/queue.h"
 #include "proc_util.h"
 
@@ -88,34 +89,32 @@ TEST_F(ReplayQueueTest, BlockedConsumerWakesOnPushFromAnotherProcess) {
   EXPECT_EQ(wait_exit(child), 0);
 }
 
-TEST_F(ReplayQueueTest, TypedCandidatesAndResultsRoundTrip) {
-  CandidateQueue cq(ShmQueue::create(name, QueueConfig{8, 4096}));
+TEST_F(ReplayQueueTest, TypedCandidateHandlesRoundTrip) {
+  CandidateQueue cq(ShmQueue::create(name, QueueConfig{8, static_cast<uint32_t>(kCandidateRefBytes)}), nullptr);
   Candidate c;
   c.id = 42;
-  c.task = "level1/relu";
   c.group_id = 9;
   c.index_in_group = 3;
-  c.policy_version = 17;
-  c.prompt_tokens = {1, 2, 3};
-  c.completion_tokens = {4, 5};
-  c.behaviour_logprobs = {-0.5f, -1.25f};
-  c.source = "__global__ void k() {}";
-  c.actor_id = 2;
-  ASSERT_TRUE(cq.push(c, 0ms));
-  std::vector<Candidate> got;
+  c.t_pushed_ns = 1234;
+  ASSERT_TRUE(cq.push(ref_of(c), 0ms));
+  std::vector<CandidateRef> got;
   ASSERT_EQ(cq.pop_batch(got, 4, 0ms), 1u);
-  EXPECT_EQ(got[0].id, 42u);
-  EXPECT_EQ(got[0].task, c.task);
-  EXPECT_EQ(got[0].prompt_tokens, c.prompt_tokens);
-  EXPECT_EQ(got[0].behaviour_logprobs, c.behaviour_logprobs);
-  EXPECT_EQ(got[0].source, c.source);
+  EXPECT_EQ(got[0].candidate_id, 42u);
+  EXPECT_EQ(got[0].group_id, 9u);
+  EXPECT_EQ(got[0].index_in_group, 3u);
+  EXPECT_EQ(got[0].t_pushed_ns, 1234);
   uint64_t cursor = 0;
   EXPECT_EQ(cq.raw().lost_tags(&cursor).size(), 0u);
+  // Resolving needs the replay buffer: without one, claiming candidates is an error.
+  std::vector<Candidate> cands;
+  std::vector<ShmQueue::Slot> claims;
+  EXPECT_THROW(cq.claim(cands, claims, 1, 0ms, "test"), kf::Error);
 
-  Candidate huge = c;
-  huge.source.assign(5000, 'x');
-  EXPECT_FALSE(cq.push(huge, 0ms));
-  EXPECT_EQ(cq.raw().stats().dropped_too_large, 1u);
+  // A slot one byte short of a handle refuses it (counted).
+  ShmSegment::remove(name);
+  CandidateQueue small(ShmQueue::create(name, QueueConfig{8, static_cast<uint32_t>(kCandidateRefBytes - 1)}), nullptr);
+  EXPECT_FALSE(small.push(ref_of(c), 0ms));
+  EXPECT_EQ(small.raw().stats().dropped_too_large, 1u);
 }
 
 TEST_F(ReplayQueueTest, TornWriteIsNeverDelivered) {

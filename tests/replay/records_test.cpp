@@ -52,6 +52,35 @@ TEST(ReplayRecordsTest, TruncatedOrForeignBytesAreRejectedWithTheField) {
   EXPECT_THROW(decode_result(buf.data(), buf.size()), kf::Error);  // a candidate is not a result
 }
 
+// The candidate queue's record: a fixed-size handle. A whole candidate record (what an
+// older build queued) is refused with an error that says so.
+TEST(ReplayRecordsTest, CandidateHandleRoundTripsAndAnOldWholeCandidateIsNamed) {
+  Candidate c;
+  c.id = 11;
+  c.group_id = 22;
+  c.index_in_group = 5;
+  c.t_pushed_ns = 33;
+  c.source = "int main(){}";
+  const CandidateRef r = ref_of(c);
+  std::vector<unsigned char> buf(encoded_size(r));
+  encode(r, buf.data());
+  const CandidateRef d = decode_candidate_ref(buf.data(), buf.size());
+  EXPECT_EQ(d.candidate_id, 11u);
+  EXPECT_EQ(d.group_id, 22u);
+  EXPECT_EQ(d.index_in_group, 5u);
+  EXPECT_EQ(d.t_pushed_ns, 33);
+  EXPECT_THROW(decode_candidate_ref(buf.data(), buf.size() - 1, "q"), kf::Error);
+  std::vector<unsigned char> whole(encoded_size(c));
+  encode(c, whole.data());
+  try {
+    decode_candidate_ref(whole.data(), whole.size(), "kf.run.cand");
+    FAIL() << "a whole candidate was read as a handle";
+  } catch (const kf::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("older build"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("kf.run.cand"), std::string::npos) << e.what();
+  }
+}
+
 TEST(ReplayRecordsTest, ResultCarriesSpeedupIntervalAndFlags) {
   Result r;
   r.candidate_id = 9;

@@ -95,16 +95,15 @@ TEST_F(ReplayRunShmTest, WorkersAttachByNameAndShutdownRemovesEverything) {
   run->control().set_state(RunState::running);
   pid_t worker = spawn([&] {
     auto mine = RunShm::attach(name, 1s);
-    Candidate c;
-    c.id = 5;
-    c.task = "t";
+    CandidateRef c;
+    c.candidate_id = 5;
     if (!mine->candidates().push(c, 1s)) return 1;
     unsigned char w[64] = {1};
     mine->snapshots().publish(3, w, sizeof w);
     return mine->control().state() == RunState::running ? 0 : 2;
   });
   EXPECT_EQ(wait_exit(worker), 0);
-  std::vector<Candidate> got;
+  std::vector<CandidateRef> got;
   EXPECT_EQ(run->candidates().pop_batch(got, 4, 1s), 1u);
   EXPECT_EQ(run->snapshots().latest().version, 3);
   EXPECT_THROW(RunShm::create(name, small_config()), kf::Error) << "a live run was replaced";
@@ -122,9 +121,8 @@ TEST_F(ReplayRunShmTest, RunOfAKilledLauncherIsDetectedAndReplaced) {
   Staller st;
   pid_t launcher = spawn([&] {
     auto run = RunShm::create(name, small_config());
-    Candidate c;
-    c.id = 1;
-    c.task = "old";
+    CandidateRef c;
+    c.candidate_id = 1;
     run->candidates().push(c, 1s);
     st.arm("now");
     kf::replay::testing::set_stall_hook(&stall_hook);
@@ -193,13 +191,22 @@ TEST_F(ReplayRunShmTest, HungRunIsStaleOnlyWithoutAnyFreshHeartbeat) {
 
 TEST(RunShmConfigTest, ReplayKeysReachTheSegmentsAndBadValuesNameTheKey) {
   const kf::Config c =
-      kf::Config::parse("replay:\n  groups:\n    capacity: 17\n  candidate_queue:\n    slot_bytes: 65536\n",
+      kf::Config::parse("replay:\n  groups:\n    capacity: 17\n  candidate_queue:\n    capacity: 64\n",
                         "test.yaml", {"replay.kernels.max_per_task=5"});
   const kf::replay::RunShmConfig r = kf::replay::run_shm_config(c);
   EXPECT_EQ(r.replay.capacity, 17u);
-  EXPECT_EQ(r.candidates.slot_bytes, 65536u);
+  EXPECT_EQ(r.candidates.capacity, 64u);
+  EXPECT_EQ(r.candidates.slot_bytes, kf::replay::kCandidateRefBytes);
   EXPECT_EQ(r.kernels.max_per_task, 5u);
   EXPECT_EQ(r.candidates.max_claims, 3u);  // schema default
+  // The candidate queue holds handles: a config that sizes its slots is refused by key name.
+  try {
+    kf::replay::run_shm_config(
+        kf::Config::parse("replay:\n  candidate_queue:\n    slot_bytes: 65536\n", "old.yaml"));
+    FAIL() << "expected kf::Error";
+  } catch (const kf::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("replay.candidate_queue.slot_bytes"), std::string::npos) << e.what();
+  }
   // Results have no queue: the old key is unknown, and the error names it.
   try {
     kf::Config::parse("replay:\n  result_queue:\n    capacity: 64\n", "old.yaml");

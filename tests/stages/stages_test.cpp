@@ -12,10 +12,9 @@
 #include "kf/actors/actor_policy.h"
 #include "kf/actors/extract.h"
 #include "kf/policy/policy.h"
-#include "kf/stages/bpe_trainer.h"
-#include "kf/stages/selfsup.h"
-#include "kf/stages/sft.h"
+#include "kf/stages/stages.h"
 #include "kf/tasks/tasks.h"
+#include "sft_data.h"
 
 using namespace kf::stages;
 namespace t = kf::test;

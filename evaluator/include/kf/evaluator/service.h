@@ -1,19 +1,22 @@
 // EvaluatorService: the evaluator process's loop over the run's shared memory.
 //
-// Each step claims a batch of candidates from the candidate queue, submits every compile
-// to the pool at once (compiles of the batch run while the first is verified), verifies
-// each candidate against its task, writes a Result record per candidate into its replay
-// group (ReplayBuffer::add_result: into the candidate's empty result slot), and inserts
-// ok kernels into the kernel database with their speedup and policy version. A claimed
-// candidate stays in its queue slot until its result is in the group; only then is the
+// Each step claims a batch of candidate handles from the candidate queue and reads each
+// candidate from its replay group (CandidateQueue::claim), submits every compile to the
+// pool at once (compiles of the batch run while the first is verified), verifies each
+// candidate against its task, writes a Result record per candidate into its replay group
+// (ReplayBuffer::add_result: into the candidate's empty result slot), and inserts ok
+// kernels into the kernel database with their speedup and policy version. A claimed
+// handle stays in its queue slot until the result is in the group; only then is the
 // claim acknowledged (released). If the evaluator dies first, the claim goes back to the
 // queue (replay.candidate_queue.max_claims; see docs/replay.md): whoever reaps it (the
 // next evaluator at start-up, a waiting evaluator, or the launcher when it sees the
-// death) logs it, and if the result was already in the group, the second one is counted
-// duplicate. A result whose group is gone (evicted, or taken at its deadline) is counted
-// orphan by the replay and logged. A result that cannot be stored (the replay threw) is
-// counted lost (dropped_by_consumer) with a log line; a stop signal gives the rest of the
-// batch back to the queue.
+// death) logs it; the evaluator that claims it next finds the result already in the group
+// and acknowledges it without scoring it again. A handle whose group is gone (evicted, or
+// taken at its deadline) is counted lost (dropped_by_consumer; ServiceStats::lost_group_gone,
+// counter kLost) with a log line and nothing is scored. A result whose group went while
+// it was verified is counted orphan by the replay and logged. A result that cannot be
+// stored (the replay threw) is counted lost (dropped_by_consumer) with a log line; a stop
+// signal gives the rest of the batch back to the queue.
 // Candidates the actor could not extract code from are scored compile_error
 // with the extraction error as reason, so the learner sees the negative example.
 // Counters go to the control block (role "evaluator"; counters below).
@@ -54,8 +57,9 @@ namespace kf::evaluator {
 
 // Control-block counters of an evaluator process.
 // kEnvironment: verdicts the machine caused (Result::cause environment, e.g. the sandbox
-// worker killed from outside); kLostUnstored: results that could not be stored (their
-// candidates counted lost); kDegenerate: results of tasks flagged degenerate.
+// worker killed from outside); kLost: candidates this evaluator counted lost (their group
+// was gone when it read them, or their result could not be stored); kDegenerate: results
+// of tasks flagged degenerate.
 enum ServiceCounter : int {
   kScored = 0,
   kOk = 1,
@@ -63,7 +67,7 @@ enum ServiceCounter : int {
   kCompileError = 3,
   kKernelsInserted = 4,
   kEnvironment = 5,
-  kLostUnstored = 6,
+  kLost = 6,
   kDegenerate = 7
 };
 
@@ -99,6 +103,8 @@ ServiceOptions service_options(const Config& cfg);
 struct ServiceStats {
   uint64_t scored = 0, ok = 0, rejected_cheat = 0, compile_error = 0, kernels_inserted = 0, results_dropped = 0;
   uint64_t environment = 0, degenerate = 0, given_back = 0;
+  uint64_t lost_group_gone = 0;  // handles whose group was gone (evicted, taken at its deadline): lost, not scored
+  uint64_t already_scored = 0;   // handles back in the queue whose result was already in the group: acknowledged
 };
 
 // The replay record of a verdict on candidate `c` (times in microseconds, spread p90-p10),

@@ -1,7 +1,9 @@
 // ReplayBuffer: scored groups waiting for the learner.
 //
-// A group is one prompt plus G candidates sampled together (G <= 64). The actor
-// opens it with all G candidates; each evaluator (and the head's bridge, for evaluator
+// A group is one prompt plus G candidates sampled together (G <= 64), and the one home of
+// those candidates: the actor opens it with all G candidates, then pushes only their
+// handles (CandidateRef) into the candidate queue; a consumer resolves a handle with
+// read_candidate. Each evaluator (and the head's bridge, for evaluator
 // nodes) joins its result to it by group id and index (add_result), into an empty result
 // slot only: a second result for the same candidate is counted duplicate and dropped. A group is READY when all G are
 // scored, or when its deadline passes or its missing candidates were reported lost (those are marked missing). The
@@ -86,6 +88,7 @@ struct ReplayStats {
   uint64_t results_joined = 0, results_orphan = 0, results_duplicate = 0;
   uint64_t dropped_stale = 0, evicted = 0, dropped_full = 0;
   uint64_t lost_filling = 0, lost_taking = 0, candidates_lost = 0, recoveries = 0;
+  uint64_t refs_unresolved = 0;  // read_candidate found no such candidate (its group was gone)
 };
 
 class ReplayBuffer {
@@ -111,6 +114,13 @@ class ReplayBuffer {
   // are in) and leaves a result note. False: no such open group (orphan, noted) or the
   // slot already holds a result (duplicate, not noted).
   bool add_result(const Result& r);
+  // Evaluator (after claiming a handle): copies candidate ref.index_in_group of group
+  // ref.group_id, with the group's prompt tokens and ref.t_pushed_ns, into out, under
+  // the replay lock. False (counted refs_unresolved; the caller logs and counts the
+  // candidate lost) when no open group has that id (evicted, or taken at its deadline)
+  // or its slot holds another candidate id. *scored (when given): its result is already
+  // in the group.
+  bool read_candidate(const CandidateRef& ref, Candidate& out, bool* scored = nullptr) const;
   // Marks candidates (by id, e.g. ShmQueue::lost_tags of the candidate queue) as lost,
   // so their groups need not wait for the deadline.
   std::size_t mark_lost(const std::vector<uint64_t>& candidate_ids);

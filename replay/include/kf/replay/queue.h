@@ -1,5 +1,7 @@
 // ShmQueue: a bounded many-producer many-consumer queue of variable-size records in
-// one shared-memory segment, and RecordQueue<T>: the typed candidate queue.
+// one shared-memory segment; RecordQueue<T>: a typed queue over it; CandidateQueue: the
+// run's candidate queue, of fixed-size handles (CandidateRef) of candidates that live in
+// their replay groups.
 //
 // Shape (Sample Factory style): a slab of `capacity` fixed-size slots is allocated
 // when the segment is created; the queue proper is a ring of 4-byte slot handles.
@@ -31,6 +33,8 @@
 
 namespace kf::replay {
 
+class ReplayBuffer;
+
 struct QueueConfig {
   uint32_t capacity = 4096;    // slots (also the most records in flight)
   uint32_t slot_bytes = 4096;  // largest record
@@ -53,7 +57,7 @@ struct QueueLedger {
   uint64_t requeued = 0;       // events: claims of dead consumers put back, and give_back() calls
   uint64_t lost_producer = 0;  // producer died between acquire and commit
   uint64_t lost_consumer = 0;  // consumer died holding it and max_claims was used up (or 0)
-  uint64_t dropped = 0;        // a consumer gave up on it (drop(), e.g. its result could not be stored)
+  uint64_t dropped = 0;        // a consumer gave up on it (drop(): its group was gone, or its result could not be stored)
   uint64_t corrupt = 0;        // failed its checksum or decoding
   uint64_t lost_run_died = 0;  // still queued or claimed when the launcher died (salvage_or_count)
   uint64_t queued = 0;         // committed, waiting
@@ -152,7 +156,7 @@ template <typename T>
 class RecordQueue {
  public:
   explicit RecordQueue(ShmQueue q) : q_(std::move(q)) {}
-  // Tag = record id (Candidate::id). False: full (timeout) or too large.
+  // Tag = the candidate id. False: full (timeout) or too large.
   bool push(const T& rec, Timeout timeout);
   // Pops up to max records (decoded); blocks up to timeout for the first.
   std::size_t pop_batch(std::vector<T>& out, std::size_t max, Timeout timeout);
@@ -167,8 +171,42 @@ class RecordQueue {
   T decode(const ShmQueue::Slot& s) const;
   ShmQueue q_;
 };
+extern template class RecordQueue<CandidateRef>;
 
-using CandidateQueue = RecordQueue<Candidate>;
-extern template class RecordQueue<Candidate>;
+// Handles CandidateQueue::claim could not turn into candidates (each already logged).
+struct Unresolved {
+  // The group was gone (evicted, or taken at its deadline) or its slot held another
+  // candidate: the claim was dropped (ledger: dropped), nothing is scored.
+  std::vector<CandidateRef> gone;
+  // Its result was already in the group (an evaluator died between storing the result and
+  // acknowledging the claim): the claim was released (ledger: scored), not scored again.
+  std::vector<CandidateRef> scored;
+};
+
+// The run's candidate queue. Actors push the handle of each candidate after opening its
+// group (push(ref_of(c), ...)); a slot holds one encoded handle (kCandidateRefBytes).
+// Consumers claim handles and resolve them in the replay buffer given at construction.
+class CandidateQueue : public RecordQueue<CandidateRef> {
+ public:
+  // `replay` (may be null: then only the handle methods of RecordQueue work) must outlive this.
+  CandidateQueue(ShmQueue q, const ReplayBuffer* replay) : RecordQueue(std::move(q)), replay_(replay) {}
+  using RecordQueue::claim;
+  using RecordQueue::pop_batch;
+  // Claims up to max handles (waits up to timeout for the first) and resolves each with
+  // ReplayBuffer::read_candidate: the candidates are appended to out and their claims to
+  // claims (same order), to be acknowledged as with RecordQueue::claim. A handle that does
+  // not resolve is settled here (see Unresolved) with one log line naming `who` (e.g.
+  // "evaluator 2"), the candidate, its group and what happens next, and appended to
+  // *unresolved when given. Returns how many resolved; takes again (without waiting) while
+  // every handle taken failed to resolve and the queue holds more.
+  std::size_t claim(std::vector<Candidate>& out, std::vector<ShmQueue::Slot>& claims, std::size_t max,
+                    Timeout timeout, const std::string& who, Unresolved* unresolved = nullptr);
+  // Convenience for tools and tests acting as evaluators: claim() as "consumer", then
+  // release every resolved claim.
+  std::size_t pop_batch(std::vector<Candidate>& out, std::size_t max, Timeout timeout);
+
+ private:
+  const ReplayBuffer* replay_;
+};
 
 }  // namespace kf::replay

@@ -38,6 +38,20 @@ struct Candidate {
   uint32_t parent_index = 0;
 };
 
+// What the candidate queue carries: a fixed-size handle of a candidate that lives in its
+// replay group (the group is the one home of the candidate's tokens, log-probs and
+// source). Consumers resolve it with ReplayBuffer::read_candidate after claiming it.
+struct CandidateRef {
+  uint64_t candidate_id = 0;
+  uint64_t group_id = 0;
+  uint32_t index_in_group = 0;
+  int64_t t_pushed_ns = 0;  // CLOCK_MONOTONIC; copied into the resolved candidate
+};
+CandidateRef ref_of(const Candidate& c);  // id, group id and index of c; t_pushed_ns = c.t_pushed_ns
+// Encoded size of every CandidateRef: tag, version, the four fields. A candidate queue
+// slot holds exactly this many bytes.
+constexpr std::size_t kCandidateRefBytes = 4 + 4 + 8 + 8 + 4 + 8;
+
 // The one verdict type of the system: the evaluator produces it, the records carry it,
 // the learner and the live status read it. Names as in ARCHITECTURE.md "Records".
 enum class Verdict : uint8_t { compile_error, runtime_error, timeout, incorrect, rejected_cheat, ok };
@@ -80,11 +94,14 @@ struct Result {
 
 std::size_t encoded_size(const Candidate& c);
 std::size_t encoded_size(const Result& r);
+inline std::size_t encoded_size(const CandidateRef&) { return kCandidateRefBytes; }
 // Write exactly encoded_size(x) bytes at dst.
 void encode(const Candidate& c, unsigned char* dst);
 void encode(const Result& r, unsigned char* dst);
+void encode(const CandidateRef& r, unsigned char* dst);
 // Throw kf::Error("<context>: candidate record: field <f>: ...") on malformed input.
 Candidate decode_candidate(const unsigned char* src, std::size_t n, const std::string& context = "replay");
+CandidateRef decode_candidate_ref(const unsigned char* src, std::size_t n, const std::string& context = "replay");
 Result decode_result(const unsigned char* src, std::size_t n, const std::string& context = "replay");
 
 }  // namespace kf::replay

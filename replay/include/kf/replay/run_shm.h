@@ -1,6 +1,7 @@
 // RunShm: all shared-memory segments of one run, named "kf.<run>.<part>"
-// (ctl, cand, replay, kdb, snap). Results have no queue: evaluators write them into
-// their replay groups (ReplayBuffer::add_result). The launcher creates them; workers attach by
+// (ctl, cand, replay, kdb, snap). A candidate lives in its replay group; the candidate
+// queue ("cand") carries handles of candidates (CandidateQueue), and evaluators write
+// results into the groups (ReplayBuffer::add_result): no queue carries a payload. The launcher creates them; workers attach by
 // run name. Parts share one random incarnation id, so a worker never mixes a stale
 // segment with a fresh one.
 //
@@ -31,8 +32,9 @@
 namespace kf::replay {
 
 struct RunShmConfig {
-  // Candidates are claims: an evaluator that dies holding one puts it back (3 tries).
-  QueueConfig candidates{1024, 128 * 1024, std::chrono::milliseconds(100), 20, 3};
+  // Candidate handles; claims: an evaluator that dies holding one puts it back (3 tries).
+  // create() sizes the slots to one handle (kCandidateRefBytes), whatever slot_bytes says.
+  QueueConfig candidates{1024, kCandidateRefBytes, std::chrono::milliseconds(100), 20, 3};
   ReplayConfig replay{};
   KernelDbConfig kernels{};
   SnapshotConfig snapshot{};
@@ -96,8 +98,8 @@ class RunShm {
   bool creator_ = false;
   bool shut_ = false;
   std::unique_ptr<ControlBlock> control_;
+  std::unique_ptr<ReplayBuffer> replay_;          // before candidates_: the queue resolves in it
   std::unique_ptr<CandidateQueue> candidates_;
-  std::unique_ptr<ReplayBuffer> replay_;
   std::unique_ptr<KernelDb> kernels_;
   std::unique_ptr<SnapshotStore> snapshots_;
 };
