@@ -1,4 +1,4 @@
-#include "kf/stages/bpe_trainer.h"
+#include "kf/stages/stages.h"
 
 #include <algorithm>
 #include <nlohmann/json.hpp>

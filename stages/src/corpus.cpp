@@ -1,4 +1,4 @@
-#include "kf/stages/corpus.h"
+#include "kf/stages/stages.h"
 
 #include <sys/stat.h>
 

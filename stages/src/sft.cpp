@@ -1,4 +1,4 @@
-#include "kf/stages/sft.h"
+#include "kf/stages/stages.h"
 
 #include <sys/stat.h>
 

@@ -9,7 +9,7 @@
 
 #include "kf/common/error.h"
 #include "kf/common/log.h"
-#include "kf/stages/selfsup.h"
+#include "kf/stages/stages.h"
 #include "kf/tasks/tasks.h"
 
 using namespace kf;

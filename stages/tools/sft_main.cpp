@@ -15,8 +15,7 @@
 #include "kf/common/error.h"
 #include "kf/common/log.h"
 #include "kf/common/run_dir.h"
-#include "kf/stages/bpe_trainer.h"
-#include "kf/stages/sft.h"
+#include "kf/stages/stages.h"
 #include "kf/tasks/tasks.h"
 
 using namespace kf;
