@@ -11,6 +11,8 @@
 #include "kf/actors/serial.h"
 #include "kf/common/config.h"
 #include "kf/common/error.h"
+#include "kf/common/run_dir.h"
+#include "kf/policy/policy.h"
 #include "test_util.h"
 
 using namespace kf::actors;
@@ -39,6 +41,38 @@ ActorOptions random_policy_options(int64_t turns) {
   o.score_extraction_failures = true;
   o.max_new_tokens = 16;
   return o;
+}
+
+// The text of a completion as the actor keeps it: without the stopping EOS (byte 0).
+std::string answer_text(const rp::Candidate& c) {
+  std::vector<int32_t> t = c.completion_tokens;
+  if (!t.empty() && t.back() == 0) t.pop_back();
+  return TextCodec::bytes().decode(t);
+}
+
+bool have_jinja2() {
+  const std::string cmd = kf::test::python() + " -c 'import jinja2' >/dev/null 2>&1";
+  return std::system(cmd.c_str()) == 0;
+}
+
+// Largest |behaviour log-prob - the model's recomputed log-prob| over a candidate's tokens,
+// its prompt being `prompt`.
+double logprob_gap(kf::policy::CausalLM& m, const std::vector<int32_t>& prompt, const rp::Candidate& c,
+                   double temperature) {
+  std::vector<int64_t> ids(prompt.begin(), prompt.end());
+  ids.insert(ids.end(), c.completion_tokens.begin(), c.completion_tokens.end());
+  const int64_t T = static_cast<int64_t>(ids.size()), P = static_cast<int64_t>(prompt.size());
+  auto wanted = torch::zeros({1, T - 1}, torch::kBool);
+  wanted.narrow(1, P - 1, T - P).fill_(true);
+  torch::NoGradGuard g;
+  const auto lp =
+      m->selected_logprobs(torch::tensor(ids).unsqueeze(0), torch::ones({1, T}, torch::kLong), wanted, temperature, 64)
+          .logp;
+  double worst = 0;
+  for (int64_t t = 0; t < T - P; ++t)
+    worst =
+        std::max(worst, std::abs(lp[0][P - 1 + t].item<double>() - c.behaviour_logprobs[static_cast<std::size_t>(t)]));
+  return worst;
 }
 
 }  // namespace
@@ -202,4 +236,73 @@ TEST(ActorTurnsTest, TurnsOutOfRangeIsAnErrorNamingTheKey) {
   }
   EXPECT_EQ(actor_options(kf::Config::parse("", "turns_test", {"actors.turns=3"}), 0).turns, 3);
   EXPECT_EQ(actor_options(kf::Config::parse("", "turns_test"), 0).turns, 1);
+}
+
+TEST(ActorTurnsTest, ChatModelsGetTheConversationThroughTheirTemplate) {
+  KF_NEED_TASKS();
+  if (!have_jinja2()) GTEST_SKIP() << "jinja2 is not installed for " << kf::test::python();
+  test::TempDir model;  // Qwen2.5-Coder-Instruct's chat template beside a tiny byte-level policy
+  kf::write_file_atomic(model.path + "/tokenizer_config.json",
+                        kf::read_file(test::source_dir() +
+                                      "/tests/policy/data/chat_templates/qwen2.5-coder-instruct/tokenizer_config.json"));
+  test::RunFixture run("t5");
+  auto o = random_policy_options(2);
+  o.policy_dir = model.path;
+  Actor actor(o, test::tiny_policy(6), load_actor_tasks(o), *run.shm);
+  const auto first = actor.build_task_prompt(*load_actor_tasks(o)[0], 0);
+  ASSERT_EQ(actor.step(), StepResult::pushed);
+  ASSERT_EQ(actor.step(), StepResult::pushed);
+  std::vector<rp::ScoredGroup> out;
+  ASSERT_EQ(run.shm->replay().take_ready(out, 8, 0, 100, 1s), 2u);
+  const auto* t1 = find_turn(out, 1);
+  const auto* t2 = find_turn(out, 2);
+  ASSERT_TRUE(t1 && t2);
+  const auto fb = FeedbackTemplate::load(o.feedback_path);
+  const std::string sys =
+      "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n";
+  for (std::size_t i = 0; i < t2->candidates.size(); ++i) {
+    const auto& c1 = t1->candidates[i];
+    // Qwen's layout written out by hand: system, user, assistant (the answer), user (feedback).
+    const std::string want = sys + "<|im_start|>user\n" + first.user + "<|im_end|>\n<|im_start|>assistant\n" +
+                             answer_text(c1) + "<|im_end|>\n<|im_start|>user\n" +
+                             fb.feedback(c1, t1->results[i], 2, 2, "cpp", "kernel") +
+                             "<|im_end|>\n<|im_start|>assistant\n";
+    EXPECT_EQ(prompt_text(*t2, i), want) << "member " << i;
+  }
+}
+
+TEST(ActorTurnsTest, EngineSamplesEachMemberOfALaterTurnWithItsOwnPrompt) {
+  KF_NEED_TASKS();
+  test::RunFixture run("t6", 32);
+  auto o = random_policy_options(2);
+  o.max_new_tokens = 10;
+  o.exemplars = 0;
+  o.temperature = 0.9;
+  o.top_k = 16;
+  o.engine_max_sequences = 4;
+  o.engine_kv_budget_mb = 16;
+  o.engine_check_every = 4;
+  auto pol = test::tiny_policy(7);
+  auto model = pol.model;
+  Actor actor(o, std::move(pol), load_actor_tasks(o), *run.shm);
+  std::vector<rp::ScoredGroup> out;
+  for (int i = 0; i < 40 && actor.metrics().followup_groups < 1; ++i) actor.step();
+  ASSERT_GE(actor.metrics().followup_groups, 1u);
+  run.shm->replay().take_ready(out, 64, 0, 100, 1s);
+  const rp::ScoredGroup* t2 = find_turn(out, 2);
+  ASSERT_NE(t2, nullptr);
+  const rp::ScoredGroup* t1 = nullptr;
+  for (const auto& g : out)
+    if (g.group_id == t2->candidates[0].parent_group_id) t1 = &g;
+  ASSERT_NE(t1, nullptr) << "the turn-1 group was released to the learner";
+  for (std::size_t i = 0; i < t2->candidates.size(); ++i) {
+    const auto& c = t2->candidates[i];
+    const auto& prompt = c.prompt_tokens.empty() ? t2->prompt_tokens : c.prompt_tokens;
+    const std::string text = TextCodec::bytes().decode(prompt);
+    EXPECT_EQ(text.rfind(TextCodec::bytes().decode(t1->prompt_tokens) + answer_text(t1->candidates[c.parent_index]), 0),
+              0u)
+        << "member " << i << " continues its own turn-1 answer";
+    ASSERT_EQ(c.behaviour_logprobs.size(), c.completion_tokens.size());
+    EXPECT_LT(logprob_gap(model, prompt, c, o.temperature), 1e-4) << "behaviour log-probs under its own prompt";
+  }
 }
