@@ -5,7 +5,7 @@
 // completion positions, in chunks of --logit-chunk, as learner.logit_chunk_tokens; or
 // --logprobs dense: token_logprobs over every position) and the GRPO loss (forward), backward into the gradient buckets
 // (backward), the buckets' all-reduce or reduce-scatter (sync), the global-norm clip and AdamW, plus the all-gather
-// when sharded (optimizer). The device is synchronised between phases so each phase's time is its own (this removes the
+// when sharded (optimizer; not with --shard-params, whose forward and backward gather each layer). The device is synchronised between phases so each phase's time is its own (this removes the
 // learner's overlap of sync with backward).
 //
 // Shape: a named one (tiny, qwen2.5-0.5b) or an HF config.json path (configs/shapes/*.json),
@@ -91,7 +91,7 @@ int main(int argc, char** argv) {
   std::string shape = "tiny", device = "auto", weights = "fp32", comm_kind = "local", logprobs = "chunked";
   int64_t prompt = 32, completion = 64, seqs = 2, micro = 1, steps = 2, warmup = 1, logit_chunk = 1024, lora_rank = 0;
   double peak_tflops = 0, lora_alpha = 16.0;
-  bool shard = false, shard_grads = false, checkpointing = false, bare = false;
+  bool shard = false, shard_grads = false, shard_params = false, checkpointing = false, bare = false;
   app.add_option("--shape", shape, "tiny, qwen2.5-0.5b or an HF config.json path");
   app.add_option("--prompt", prompt, "prompt tokens per sequence");
   app.add_option("--completion", completion, "completion tokens per sequence");
@@ -105,6 +105,9 @@ int main(int argc, char** argv) {
   app.add_option("--comm", comm_kind, "local, or nccl (a 1-rank NCCL communicator: its collectives run for real)");
   app.add_flag("--shard", shard, "sharded optimizer state (learner.dist.shard: optimizer; 1 rank here)");
   app.add_flag("--shard-grads", shard_grads, "sharded gradients too (learner.dist.shard: gradients; implies --shard)");
+  app.add_flag("--shard-params", shard_params,
+               "sharded parameters too (learner.dist.shard: params, ZeRO-3: each layer gathered before its forward and "
+               "backward, freed after; implies --shard-grads)");
   app.add_flag("--checkpointing", checkpointing, "recompute decoder layers in backward");
   app.add_option("--logprobs", logprobs,
                  "chunked (the learner's: completion positions only) or dense (every position)");
@@ -122,8 +125,11 @@ int main(int argc, char** argv) {
       dev = torch::Device(device);
     }
     if (dev.is_cuda() && !dev.has_index()) dev = torch::Device(torch::kCUDA, 0);
+    if (shard_params) shard_grads = true;
     if (shard_grads) shard = true;
     if (weights != "fp32" && weights != "bf16") throw kf::Error("--weights: '" + weights + "' (fp32 or bf16)");
+    if (bare && shard_params)
+      throw kf::Error("--bare times a plain forward + backward: no --shard-params (it has no gradient buckets to free)");
     if (weights == "bf16" && !shard)
       throw kf::Error("--weights bf16 needs --shard (the fp32 master lives in the sharded optimizer)");
     if (seqs < 1 || micro < 1 || prompt < 1 || completion < 1 || steps < 1 || logit_chunk < 1 || lora_rank < 0)
@@ -168,9 +174,16 @@ int main(int argc, char** argv) {
       throw kf::Error("--comm: '" + comm_kind + "' (local or nccl)");
     }
     GradBuckets buckets(params, 25u << 20, comm.get(),
-                        shard_grads ? ShardMode::gradients
-                        : shard     ? ShardMode::optimizer
-                                    : ShardMode::none);
+                        shard_params  ? ShardMode::params
+                        : shard_grads ? ShardMode::gradients
+                        : shard       ? ShardMode::optimizer
+                                      : ShardMode::none,
+                        shard_params ? layer_groups(params) : std::vector<int64_t>{});
+    std::unique_ptr<kf::policy::ParamHooks> gathers;
+    if (shard_params) {
+      gathers = layer_gathers(buckets, layer_groups(params), mc.num_hidden_layers);
+      model->set_param_hooks(gathers.get());
+    }
     OptimConfig oc;
     oc.lr = 1e-6;
     AdamW opt(params, oc, &buckets);
@@ -222,6 +235,7 @@ int main(int argc, char** argv) {
       }
       double t2 = now();
       if (!bare) buckets.finish();
+      buckets.release_all();  // --shard-params: nothing whole between steps
       sync(dev);
       double t3 = now();
       if (!bare) {
@@ -267,9 +281,10 @@ int main(int argc, char** argv) {
     for (const auto& p : params) n_trainable += p.second.numel();
     const std::string cs = shape.substr(shape.rfind('/') + 1) + "/p" + std::to_string(prompt) + "c" +
                            std::to_string(completion) + "x" + std::to_string(seqs) +
-                           (shard_grads ? "/shardgrads"
-                            : shard     ? "/shard"
-                                        : "") +
+                           (shard_params  ? "/shardparams"
+                            : shard_grads ? "/shardgrads"
+                            : shard       ? "/shard"
+                                          : "") +
                            "/" + weights + (comm_kind == "nccl" ? "/nccl" : "") +
                            (lora_rank > 0 ? "/lora" + std::to_string(lora_rank) : "") +
                            (checkpointing ? "/recompute" : "") + (bare ? "/bare" : "/" + logprobs);
@@ -304,6 +319,15 @@ int main(int argc, char** argv) {
     row("peak_memory", peak_mem / (1 << 30), dev.is_cuda() ? "GiB (device)" : "GiB (host RSS)");
     row("optimizer_state", static_cast<double>(opt.state_bytes()) / (1 << 30), "GiB");
     row("gradient_buffers", static_cast<double>(buckets.gradient_bytes()) / (1 << 30), "GiB");
+    // Parameter storage held between steps (--shard-params: this rank's slices only; at one
+    // rank that is every weight, so only the time of the per-layer gathers is informative).
+    int64_t param_bytes = 0;
+    if (shard) {
+      param_bytes = buckets.param_storage_bytes();
+    } else {
+      for (const auto& p : model->parameters()) param_bytes += p.numel() * p.element_size();
+    }
+    row("parameters_between_steps", static_cast<double>(param_bytes) / (1 << 30), "GiB");
     for (const auto& l : bench_rows) std::printf("%s\n", l.c_str());
     return 0;
   } catch (const std::exception& e) {

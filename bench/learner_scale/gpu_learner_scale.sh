@@ -6,9 +6,9 @@
 #    phase split, tokens/s, MFU against PEAK_TFLOPS, peak memory; with and without
 #    recomputation; then the sharded optimizer at one rank (fp32 weights; bf16 weights with
 #    the fp32 master) and through a 1-rank NCCL communicator (reduce-scatter/all-gather run),
-#    and sharded gradients through it;
+#    and sharded gradients and sharded parameters (ZeRO-3, per-layer gathers) through it;
 # 3. with 2 or more GPUs: kf-learner over NCCL on 2 ranks, learner.dist.shard none against
-#    optimizer and gradients on the same synthetic data (3 steps): every rank's checksum must agree within a
+#    optimizer, gradients and params on the same synthetic data (3 steps): every rank's checksum must agree within a
 #    run, and the two runs' weights within 2e-4 absolute, under a tenth of the 3-step update
 #    (NCCL's reduce-scatter and all-reduce may sum in different orders, and Adam enlarges that
 #    for near-zero gradients, so not bitwise on GPU).
@@ -78,10 +78,12 @@ run 7b_lora64            --shape $S7 $L --lora-rank 64 --checkpointing
 run 1p5b_shard_bf16      --shape $S15 $L --shard --weights bf16
 run 1p5b_shard_nccl      --shape $S15 $L --shard --comm nccl
 run 1p5b_shardgrads_nccl --shape $S15 $L --shard-grads --comm nccl
+run 1p5b_shardparams_nccl --shape $S15 $L --shard-params --weights bf16 --comm nccl
+run 1p5b_shardparams_recompute_nccl --shape $S15 $L --shard-params --weights bf16 --checkpointing --comm nccl
 run 7b_lora16_norecompute --shape $S7 $L --lora-rank 16
 if [ "$NGPU" -ge 2 ]; then
-  echo "== 2 ranks over NCCL: learner.dist.shard none vs optimizer vs gradients (kf-learner, synthetic, 3 steps)"
-  for mode in none optimizer gradients; do
+  echo "== 2 ranks over NCCL: learner.dist.shard none vs optimizer vs gradients vs params (kf-learner, synthetic, 3 steps)"
+  for mode in none optimizer gradients params; do
     d="$OUTDIR/shard_$mode"; rm -rf "$d"; mkdir -p "$d"
     printf 'run:\n  name: shard-%s\n  root: %s\n  seed: 5\nlearner:\n  groups_per_step: 8\n  micro_batch_tokens: 96\n  optim:\n    lr: 1.0e-3\n  schedule:\n    warmup_steps: 0\n  snapshot:\n    every: 0\n  checkpoint:\n    every: 0\n  dist:\n    ranks: 2\n    comm: nccl\n    shard: %s\n' \
       "$mode" "$d" "$mode" > "$d/c.yaml"
@@ -94,7 +96,7 @@ if [ "$NGPU" -ge 2 ]; then
     echo "   $mode: rank0 $c0, rank1 $c1; $(grep -o 'AdamW state [^;]*' "$d/rank0.log" | head -1)"
     [ -n "$c0" ] && [ "$c0" = "$c1" ] || { rc=1; echo "   $mode: ranks disagree"; }
   done
-  for mode in optimizer gradients; do
+  for mode in optimizer gradients params; do
   "$PY" - "$OUTDIR/shard_none/weights.safetensors" "$OUTDIR/shard_$mode/weights.safetensors" "$mode" <<'PYEOF' || rc=1
 import sys
 from safetensors.torch import load_file

@@ -1,6 +1,8 @@
 // The libtorch model against HF transformers' fp32 logits (tests/policy/hf_reference.py).
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include "kf/policy/policy.h"
 #include "torch_util.h"
 
@@ -128,6 +130,78 @@ TEST(PolicyModelTest, GradientCheckpointingGivesSameGradients) {
   }
   EXPECT_GT(norm, 1e-3);
   EXPECT_LT(worst, 1e-5);
+}
+
+// ParamHooks (the learner's ZeRO-3): a decoder layer's weights are read only between
+// pre_forward(l) and post_forward(l), and after pre_backward(l). These hooks fill a layer's
+// weights with NaN outside those windows (through .data(), so autograd's version checks do
+// not see it): the log-probs and every gradient must still be exactly those of a run
+// without hooks, with and without recomputation, and the calls come in layer order.
+namespace {
+struct HidingHooks : ParamHooks {
+  std::vector<std::vector<torch::Tensor>> params, saved;
+  std::vector<std::string> calls;
+  explicit HidingHooks(CausalLMImpl& m) {
+    for (std::size_t l = 0; l < m.model->layers->size(); ++l) {
+      params.emplace_back(m.model->layers[l]->parameters());
+      saved.emplace_back();
+      for (const auto& p : params.back()) saved.back().push_back(p.detach().clone());
+      hide(static_cast<int64_t>(l));
+    }
+  }
+  void hide(int64_t l) {
+    torch::NoGradGuard ng;
+    for (auto& p : params[l]) p.data().fill_(std::numeric_limits<float>::quiet_NaN());
+  }
+  void show(int64_t l) {
+    torch::NoGradGuard ng;
+    for (std::size_t i = 0; i < params[l].size(); ++i) params[l][i].data().copy_(saved[l][i]);
+  }
+  void pre_forward(int64_t l) override {
+    calls.push_back("F" + std::to_string(l));
+    if (l >= 0) show(l);
+  }
+  void post_forward(int64_t l) override {
+    calls.push_back("f" + std::to_string(l));
+    hide(l);
+  }
+  void pre_backward(int64_t l) override {
+    calls.push_back("B" + std::to_string(l));
+    for (std::size_t k = 0; k < params.size(); ++k) hide(static_cast<int64_t>(k));
+    show(l);
+  }
+};
+}  // namespace
+
+TEST(PolicyModelTest, ParamHooksBracketEveryUseOfALayersWeights) {
+  for (bool ckpt : {false, true}) {
+    SCOPED_TRACE(ckpt ? "recomputation" : "no recomputation");
+    auto l = load("llama");
+    auto& m = l.p.model;
+    m->train();
+    m->set_gradient_checkpointing(ckpt);
+    auto run = [&](std::vector<torch::Tensor>* grads) {
+      m->zero_grad();
+      const auto lp = m->token_logprobs(l.ids, l.mask);
+      lp.sum().backward();
+      for (const auto& p : m->parameters()) grads->push_back(p.grad().clone());
+      return lp.detach();
+    };
+    std::vector<torch::Tensor> plain, hooked;
+    const auto lp0 = run(&plain);
+    HidingHooks hooks(*m);
+    m->set_param_hooks(&hooks);
+    const auto lp1 = run(&hooked);
+    m->set_param_hooks(nullptr);
+    EXPECT_TRUE(torch::equal(lp0, lp1));
+    ASSERT_EQ(plain.size(), hooked.size());
+    for (std::size_t i = 0; i < plain.size(); ++i) EXPECT_TRUE(torch::equal(plain[i], hooked[i])) << "parameter " << i;
+    const int64_t L = static_cast<int64_t>(m->model->layers->size());
+    std::vector<std::string> want = {"F-1"};
+    for (int64_t k = 0; k < L; ++k) want.insert(want.end(), {"F" + std::to_string(k), "f" + std::to_string(k)});
+    for (int64_t k = L - 1; k >= 0; --k) want.push_back("B" + std::to_string(k));
+    EXPECT_EQ(hooks.calls, want);
+  }
 }
 
 TEST(PolicyModelTest, CudaBf16ForwardRunsOnGpu) {
