@@ -33,7 +33,6 @@
 #include "kf/common/log.h"
 #include "kf/common/run_dir.h"
 #include "kf/evaluator/evaluator.h"
-#include "kf/evaluator/service.h"
 #include "kf/tasks/tasks.h"
 
 #ifndef KF_PYTHON_BUILT

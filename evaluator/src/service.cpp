@@ -1,5 +1,5 @@
-// EvaluatorService (see service.h).
-#include "kf/evaluator/service.h"
+// EvaluatorService (see kf/evaluator/evaluator.h).
+#include "kf/evaluator/evaluator.h"
 
 #include <time.h>
 

@@ -30,7 +30,7 @@
 #include "kf/common/config.h"
 #include "kf/common/error.h"
 #include "kf/common/log.h"
-#include "kf/evaluator/service.h"
+#include "kf/evaluator/evaluator.h"
 #include "kf/tasks/tasks.h"
 
 #ifdef KF_HAVE_NETQUEUE

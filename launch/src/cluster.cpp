@@ -14,7 +14,6 @@
 #include "kf/common/error.h"
 #include "kf/common/log.h"
 #include "kf/evaluator/evaluator.h"
-#include "kf/evaluator/service.h"
 #include "kf/learner/comm.h"
 #include "kf/learner/learner_config.h"
 #include "kf/replay/run_shm.h"

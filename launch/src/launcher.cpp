@@ -20,7 +20,6 @@
 #include "kf/common/log.h"
 #include "kf/common/metrics.h"
 #include "kf/evaluator/evaluator.h"
-#include "kf/evaluator/service.h"
 #include "kf/learner/learner_config.h"
 #include "kf/policy/policy.h"
 #include "kf/replay/run_shm.h"

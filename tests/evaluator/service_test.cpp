@@ -1,6 +1,6 @@
 // EvaluatorService: the evaluator process's loop over real shared memory (RunShm), with
 // the real verifier on the CPU backend.
-#include "kf/evaluator/service.h"
+#include "kf/evaluator/evaluator.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>

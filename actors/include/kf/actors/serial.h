@@ -16,7 +16,6 @@
 
 #include "kf/actors/actor.h"
 #include "kf/evaluator/evaluator.h"
-#include "kf/evaluator/service.h"
 #include "kf/replay/records.h"
 
 namespace kf::actors {
