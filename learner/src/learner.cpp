@@ -289,11 +289,29 @@ void Learner::publish_snapshot() {
 }
 
 NamedTensors Learner::named_weights() {
-  impl_->buckets->gather_all();
+  if (impl_->params_sharded) return sharded_weights_cpu(true);
   NamedTensors out;
   for (const auto& p : model_->named_parameters())
     out.emplace_back(p.key(), p.value().detach().to(torch::kCPU).clone());
-  impl_->buckets->release_all();
+  return out;
+}
+
+// Sharded parameters: the trainable weights as CPU copies, one bucket gathered at a time,
+// so no rank's device ever holds more than one whole bucket for it. Collective; keep false:
+// this rank only takes part (returns nothing).
+NamedTensors Learner::sharded_weights_cpu(bool keep) {
+  auto& b = *impl_->buckets;
+  NamedTensors out(keep ? impl_->params.size() : 0);
+  for (std::size_t k = 0; k < b.buckets(); ++k) {
+    const bool was = b.gathered(static_cast<int64_t>(k));
+    b.gather(static_cast<int64_t>(k));
+    b.wait_gathers();
+    if (keep)
+      for (std::size_t i = 0; i < impl_->params.size(); ++i)
+        if (b.bucket_of(static_cast<int64_t>(i)) == static_cast<int64_t>(k))
+          out[i] = {impl_->params[i].first, impl_->params[i].second.detach().to(torch::kCPU).clone()};
+    if (!was) b.release(static_cast<int64_t>(k));
+  }
   return out;
 }
 
@@ -581,18 +599,15 @@ std::string Learner::checkpoint() {
   std::string path;
   if (deps_.checkpoint_dir.empty()) throw Error("learner: checkpoint() without a checkpoint_dir");
   auto opt_state = impl_->opt->state();  // sharded: gathers the slices to rank 0 (all ranks call)
-  // Sharded parameters: whole weights on every rank while rank 0 writes them.
-  impl_->buckets->gather_all();
-  struct Release {
-    GradBuckets* b;
-    ~Release() { b->release_all(); }
-  } release{impl_->buckets.get()};
+  // Sharded parameters: rank 0 gathers whole weights to CPU a bucket at a time (all ranks call).
+  NamedTensors whole;
+  if (impl_->params_sharded) whole = sharded_weights_cpu(comm.rank() == 0);
   if (comm.rank() == 0) {
     if (impl_->publisher) impl_->publisher->wait();
     ++counters_["checkpoints"];
     CheckpointData d;
     d.step = step_;
-    d.model = impl_->params;
+    d.model = impl_->params_sharded ? std::move(whole) : impl_->params;
     // LoRA: the adapters, plus the frozen base when it is a random init (nothing on disk to
     // rebuild it from); a base loaded from learner.policy is named in state.json instead.
     if (cfg_.lora_rank > 0 && cfg_.policy.empty())

@@ -120,6 +120,7 @@ class Learner {
   struct Impl;
 
  private:
+  std::vector<std::pair<std::string, torch::Tensor>> sharded_weights_cpu(bool keep);
   LearnerConfig cfg_;
   LearnerDeps deps_;
   policy::CausalLM model_{nullptr};
