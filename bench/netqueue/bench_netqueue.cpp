@@ -27,7 +27,7 @@
 #include <thread>
 #include <vector>
 
-#include "kf/netqueue/stream_queue.h"
+#include "kf/netqueue/netqueue.h"
 #include "kf/replay/queue.h"
 #include "kf/replay/segment.h"
 

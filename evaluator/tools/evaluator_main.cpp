@@ -43,7 +43,7 @@
 #include <mutex>
 #include <thread>
 
-#include "kf/netqueue/stream_queue.h"
+#include "kf/netqueue/netqueue.h"
 #endif
 
 namespace {

@@ -21,7 +21,7 @@
 #include "supervisor.h"
 
 #ifdef KF_HAVE_NETQUEUE
-#include "kf/netqueue/stream_queue.h"
+#include "kf/netqueue/netqueue.h"
 #endif
 
 namespace kf::launch {

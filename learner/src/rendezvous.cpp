@@ -11,7 +11,7 @@
 #include "kf/learner/comm.h"
 #include "kf/replay/control.h"
 #ifdef KF_HAVE_NETQUEUE
-#include "kf/netqueue/rendezvous.h"
+#include "kf/netqueue/netqueue.h"
 #endif
 
 namespace kf::learner {

@@ -40,7 +40,7 @@
 #include "kf/policy/policy.h"
 
 #ifdef KF_HAVE_NETQUEUE
-#include "kf/netqueue/group_relay.h"
+#include "kf/netqueue/netqueue.h"
 #endif
 
 namespace {

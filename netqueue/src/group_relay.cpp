@@ -1,5 +1,5 @@
 // GroupRelay: scored groups through Redis lists (RPUSH / BLPOP), and their byte form.
-#include "kf/netqueue/group_relay.h"
+#include "kf/netqueue/netqueue.h"
 
 #include <algorithm>
 #include <cstdio>

@@ -1,5 +1,5 @@
-// KeyStore (see key_store.h).
-#include "kf/netqueue/key_store.h"
+// KeyStore (see kf/netqueue/netqueue.h).
+#include "kf/netqueue/netqueue.h"
 
 #include "conn.h"
 #include "kf/common/error.h"

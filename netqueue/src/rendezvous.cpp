@@ -1,5 +1,5 @@
 // StoreRendezvous: announce, wait, publish / fetch through plain Redis keys (SET PX, MGET).
-#include "kf/netqueue/rendezvous.h"
+#include "kf/netqueue/netqueue.h"
 
 #include <unistd.h>
 

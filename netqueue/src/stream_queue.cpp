@@ -12,7 +12,7 @@
 #include "conn.h"
 #include "kf/common/error.h"
 #include "kf/common/log.h"
-#include "kf/netqueue/stream_queue.h"
+#include "kf/netqueue/netqueue.h"
 
 namespace kf::netqueue {
 

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "../test_support.h"
-#include "kf/netqueue/stream_queue.h"
+#include "kf/netqueue/netqueue.h"
 
 extern char** environ;
 

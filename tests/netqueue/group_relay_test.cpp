@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "kf/common/error.h"
-#include "kf/netqueue/group_relay.h"
+#include "kf/netqueue/netqueue.h"
 #include "test_util.h"
 
 namespace kf::netqueue {

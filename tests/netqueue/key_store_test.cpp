@@ -4,7 +4,7 @@
 #include <string>
 
 #include "kf/common/error.h"
-#include "kf/netqueue/key_store.h"
+#include "kf/netqueue/netqueue.h"
 #include "test_util.h"
 
 namespace kf::netqueue {

@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
-#include "kf/common/error.h"
-#include "kf/netqueue/rendezvous.h"
 #include "../test_support.h"
+#include "kf/common/error.h"
+#include "kf/netqueue/netqueue.h"
 #include "test_util.h"
 
 namespace kf::netqueue {

@@ -7,7 +7,7 @@
 #include <random>
 #include <string>
 
-#include "kf/netqueue/stream_queue.h"
+#include "kf/netqueue/netqueue.h"
 
 namespace kf::netqueue::test {
 

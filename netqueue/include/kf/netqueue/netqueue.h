@@ -1,3 +1,9 @@
+// kf/netqueue/netqueue.h: the netqueue component's one public header. Sections:
+//   StreamQueue, RedisServer     the cross-node queue on Redis Streams (below)
+//   StoreRendezvous              the learner ranks' rendezvous over the same server
+//   GroupRelay                   scored groups for learner ranks on other nodes
+//   KeyStore                     plain keys: snapshot and kernel database for actor nodes
+//
 // kf::netqueue: the cross-node candidate/result queue on Redis Streams (hiredis), and a
 // redis-server the launcher (or a test) can start. Inside a node the shared-memory
 // ShmQueue (replay/) stays the transport; this carries the same byte records (payload +
@@ -33,8 +39,12 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
+
+#include "kf/replay/group_replay.h"
 
 namespace kf::netqueue {
 
@@ -178,6 +188,131 @@ class RedisServer {
   int port_ = 0;
   std::string dir_;
   bool own_dir_ = false;
+};
+
+// --- StoreRendezvous: hands one small blob (the NCCL unique id) from rank 0 to ranks
+// 1..world-1 of a job through the run's Redis server, when the ranks sit on several
+// nodes and share no memory or file system. kf::learner::redis_rendezvous wraps it.
+//
+// Keys (all under the ACL user's `kf:` prefix, scoped by the run name):
+//   kf:rdv:<scope>:<key>:rank:<r>   rank r's announcement: a random token of this process
+//   kf:rdv:<scope>:<key>            rank 0's publication: the tokens of ranks 1..world-1
+//                                   it saw, then the blob
+// Every rank first announces itself. Rank 0 waits until all world-1 others have, then
+// publishes; rank r accepts only a publication that carries its own token, so a value
+// left by an earlier attempt of the same run on the same server is never taken for the
+// current one. Keys expire (timeout + 60 s) and are not persisted.
+//
+// Failures: a timeout throws kf::Error naming the rendezvous, the server and the ranks
+// that never announced themselves (rank 0: the others; rank r: rank 0's publication and
+// whoever is missing). Until the deadline, an unreachable server (the head not up yet)
+// is retried every 200 ms; the last Redis error is in the timeout's message.
+//
+// Threads: one object per thread (one connection).
+
+struct RendezvousConfig {
+  StreamConfig server;  // host, port, user, password, connect/io timeouts (stream unused)
+  std::string scope;    // the run name; no ':' or whitespace
+  int rank = 0;
+  int world = 1;
+  Millis timeout{120000};  // rank 0's wait for the others (publish)
+};
+
+class StoreRendezvous {
+ public:
+  // Checks the config (kf::Error naming the field); connects lazily.
+  explicit StoreRendezvous(RendezvousConfig cfg);
+  ~StoreRendezvous();
+  StoreRendezvous(const StoreRendezvous&) = delete;
+  StoreRendezvous& operator=(const StoreRendezvous&) = delete;
+
+  // Rank 0: announce, wait for ranks 1..world-1 (up to cfg.timeout), publish bytes.
+  void publish(const std::string& key, const std::string& bytes);
+  // Rank r > 0: announce, wait up to timeout for rank 0's publication for this attempt.
+  std::string fetch(const std::string& key, Millis timeout);
+  std::string where() const;  // "rendezvous 'KEY' of run 'SCOPE' at redis at HOST:PORT"
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// --- Scored groups for learner ranks off the replay's node. A learner rank on another node
+// cannot map the head's replay; rank 0 (on the head) takes that rank's share for it and
+// hands it over through the run's Redis server, one request and one reply per learner
+// step (kf-learner --remote-from; docs/netqueue.md, "Groups for learner ranks on other
+// nodes").
+//
+//   kf:lrn:<run>:req:<r>   rank r's requests (a Redis list): step, groups wanted, version, max lag
+//   kf:lrn:<run>:rep:<r>   rank 0's replies: the step and the encoded groups
+//
+// Every rank calls take() once per learner step (the steps are in lockstep: each ends in
+// an all-reduce), so rank 0 serves each remote rank exactly once per step, in order; a
+// reply for another step is an error, never silently used.
+//
+// Failures: kf::Error naming the server, the run, the rank and the step ("no request
+// from rank 2 for step 14 within 300000 ms"). Threads: one object per thread.
+
+// Byte form of a list of scored groups (candidates and results in the replay's record
+// encoding). decode throws kf::Error naming `context` and the field on malformed input.
+std::string encode_groups(const std::vector<replay::ScoredGroup>& groups);
+std::vector<replay::ScoredGroup> decode_groups(const std::string& bytes, const std::string& context);
+
+struct GroupRequest {
+  int64_t step = 0;
+  int64_t groups = 0;
+  int64_t version = 0;
+  int64_t max_lag = 0;
+};
+
+class GroupRelay {
+ public:
+  // Connects (kf::Error naming the server on failure). scope: the run name.
+  GroupRelay(const StreamConfig& server, std::string scope);
+  ~GroupRelay();
+  GroupRelay(const GroupRelay&) = delete;
+  GroupRelay& operator=(const GroupRelay&) = delete;
+
+  // --- a remote rank r: send its request, wait up to timeout for rank 0's reply.
+  std::vector<replay::ScoredGroup> request(int rank, const GroupRequest& req, Millis timeout);
+  // --- rank 0: the next request of rank r (waits up to timeout), then the reply to it.
+  GroupRequest next_request(int rank, Millis timeout);
+  void reply(int rank, int64_t step, const std::vector<replay::ScoredGroup>& groups);
+  std::string where() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// --- KeyStore: plain keys on the run's Redis server (binary-safe values), for what several
+// nodes read and one node writes: the policy snapshot and the kernel database that the
+// head publishes to actor nodes, and the head's run state (docs/cluster.md, "Actor nodes").
+//
+// Every call reconnects first if the connection broke; errors throw kf::Error naming the
+// server ("redis at HOST:PORT: ..."). Keys must lie under the ACL user's prefix (kf:).
+// Threading: one object per thread.
+
+class KeyStore {
+ public:
+  // Connects and AUTHs (throws kf::Error naming the server). Uses host, port, user,
+  // password, connect_timeout and io_timeout of `cfg`.
+  static KeyStore open(const StreamConfig& cfg);
+  KeyStore(KeyStore&&) noexcept;
+  KeyStore& operator=(KeyStore&&) noexcept;
+  ~KeyStore();
+
+  void set(const std::string& key, const std::string& value);
+  // Sets several keys in one atomic step (MSET): readers never see one without the other.
+  void set_many(const std::vector<std::pair<std::string, std::string>>& kv);
+  std::optional<std::string> get(const std::string& key);
+  std::string where() const;  // "redis at HOST:PORT"
+
+  struct Impl;
+
+ private:
+  explicit KeyStore(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace kf::netqueue
