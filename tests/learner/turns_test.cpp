@@ -6,8 +6,10 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstring>
 #include <numeric>
 
+#include "kf/common/error.h"
 #include "kf/learner/batch.h"
 #include "kf/replay/group_replay.h"
 #include "kf/replay/segment.h"
@@ -163,4 +165,35 @@ TEST(LearnerTurnsTest, LeaveOneOutOfOneMemberIsZero) {
   const auto a = turn_advantages({1.0, 3.0}, false, 1e-6);
   EXPECT_DOUBLE_EQ(a[0], -2.0);
   EXPECT_DOUBLE_EQ(a[1], 2.0);
+}
+
+TEST(LearnerTurnsTest, CandidateRecordsOfTheSingleTurnFormatStillDecode) {
+  rp::Candidate c = member(5, 1, 2, {1, 2}, {3, 4});
+  c.parent_group_id = 4;
+  c.parent_index = 3;
+  std::vector<unsigned char> buf(rp::encoded_size(c));
+  rp::encode(c, buf.data());
+  const auto back = rp::decode_candidate(buf.data(), buf.size());
+  EXPECT_EQ(back.turn, 2u);
+  EXPECT_EQ(back.turns, 2u);
+  EXPECT_EQ(back.parent_group_id, 4u);
+  EXPECT_EQ(back.parent_index, 3u);
+  // Version 1 (no turn fields): the same bytes without the last 20, version word 1.
+  std::vector<unsigned char> v1(buf.begin(), buf.end() - 20);
+  const uint32_t one = 1;
+  std::memcpy(v1.data() + 4, &one, 4);
+  const auto old = rp::decode_candidate(v1.data(), v1.size());
+  EXPECT_EQ(old.turn, 1u);
+  EXPECT_EQ(old.turns, 1u);
+  EXPECT_EQ(old.parent_group_id, 0u);
+  EXPECT_EQ(old.completion_tokens, c.completion_tokens);
+  // A turn outside 1..turns is refused, naming the field.
+  c.turn = 3;
+  rp::encode(c, buf.data());
+  try {
+    rp::decode_candidate(buf.data(), buf.size(), "test");
+    ADD_FAILURE() << "turn 3 of 2 decoded";
+  } catch (const kf::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("turn"), std::string::npos) << e.what();
+  }
 }
