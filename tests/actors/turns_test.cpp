@@ -5,6 +5,8 @@
 // compile-error case the real CPU evaluator in serial mode.
 #include <gtest/gtest.h>
 
+#include <torch/cuda.h>
+
 #include <chrono>
 #include <thread>
 
@@ -65,9 +67,10 @@ double logprob_gap(kf::policy::CausalLM& m, const std::vector<int32_t>& prompt, 
   auto wanted = torch::zeros({1, T - 1}, torch::kBool);
   wanted.narrow(1, P - 1, T - P).fill_(true);
   torch::NoGradGuard g;
-  const auto lp =
-      m->selected_logprobs(torch::tensor(ids).unsqueeze(0), torch::ones({1, T}, torch::kLong), wanted, temperature, 64)
-          .logp;
+  const auto dev = m->parameters().front().device();
+  const auto lp = m->selected_logprobs(torch::tensor(ids).unsqueeze(0).to(dev), torch::ones({1, T}, torch::kLong).to(dev),
+                                       wanted.to(dev), temperature, 64)
+                      .logp.to(torch::kCPU, torch::kFloat64);
   double worst = 0;
   for (int64_t t = 0; t < T - P; ++t)
     worst =
@@ -271,9 +274,9 @@ TEST(ActorTurnsTest, ChatModelsGetTheConversationThroughTheirTemplate) {
   }
 }
 
-TEST(ActorTurnsTest, EngineSamplesEachMemberOfALaterTurnWithItsOwnPrompt) {
-  KF_NEED_TASKS();
-  test::RunFixture run("t6", 32);
+namespace {
+void engine_turns(bool cuda) {
+  test::RunFixture run(cuda ? "t7" : "t6", 32);
   auto o = random_policy_options(2);
   o.max_new_tokens = 10;
   o.exemplars = 0;
@@ -282,7 +285,8 @@ TEST(ActorTurnsTest, EngineSamplesEachMemberOfALaterTurnWithItsOwnPrompt) {
   o.engine_max_sequences = 4;
   o.engine_kv_budget_mb = 16;
   o.engine_check_every = 4;
-  auto pol = test::tiny_policy(7);
+  if (cuda) o.device = "cuda";
+  auto pol = cuda ? load_actor_policy("", "tiny", 7, "cuda") : test::tiny_policy(7);  // bf16 on CUDA
   auto model = pol.model;
   Actor actor(o, std::move(pol), load_actor_tasks(o), *run.shm);
   std::vector<rp::ScoredGroup> out;
@@ -303,6 +307,20 @@ TEST(ActorTurnsTest, EngineSamplesEachMemberOfALaterTurnWithItsOwnPrompt) {
               0u)
         << "member " << i << " continues its own turn-1 answer";
     ASSERT_EQ(c.behaviour_logprobs.size(), c.completion_tokens.size());
-    EXPECT_LT(logprob_gap(model, prompt, c, o.temperature), 1e-4) << "behaviour log-probs under its own prompt";
+    // fp32 on the CPU; bf16 on CUDA (the engine's kernels and the full forward round differently)
+    EXPECT_LT(logprob_gap(model, prompt, c, o.temperature), cuda ? 0.1 : 1e-4)
+        << "behaviour log-probs under its own prompt";
   }
+}
+}  // namespace
+
+TEST(ActorTurnsTest, EngineSamplesEachMemberOfALaterTurnWithItsOwnPrompt) {
+  KF_NEED_TASKS();
+  engine_turns(false);
+}
+
+TEST(ActorTurnsTest, CudaEngineSamplesEachMemberOfALaterTurnWithItsOwnPrompt) {
+  KF_NEED_TASKS();
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  engine_turns(true);
 }
