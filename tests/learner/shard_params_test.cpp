@@ -184,6 +184,30 @@ TEST(LearnerShardParamsTest, MatchesUnshardedAndShardedGradientsAtTwoAndFourRank
   }
 }
 
+// bf16 weights (learner.param_dtype: bf16, what `auto` picks on CUDA): the fp32 master is
+// a slice of its own beside the bf16 slice the rank keeps. ZeRO-3 equals ZeRO-2 bitwise,
+// and resumes bitwise (the masters go through the checkpoint).
+TEST(LearnerShardParamsTest, Bf16WeightsEqualShardedGradientsAndResumeBitwise) {
+  lt::TempDir tmp;
+  auto cfg = tiny_config();
+  cfg.param_dtype = "bf16";
+  cfg.shard = ShardMode::params;
+  const auto z3 = run_ranks(cfg, 2, 4, "bf16-z3");
+  expect_ok(z3);
+  ASSERT_FALSE(z3[0].weights.empty());
+  EXPECT_EQ(z3[0].weights[0].second.scalar_type(), torch::kBFloat16);
+  auto z2cfg = cfg;
+  z2cfg.shard = ShardMode::gradients;
+  const auto z2 = run_ranks(z2cfg, 2, 4, "bf16-z2");
+  expect_ok(z2);
+  EXPECT_TRUE(bitwise_equal(z3[0].weights, z2[0].weights)) << max_abs_diff(z3[0].weights, z2[0].weights);
+  const std::string dir = tmp.path + "/checkpoints";
+  expect_ok(run_ranks(cfg, 2, 2, "bf16-first", dir));
+  const auto resumed = run_ranks(cfg, 2, 2, "bf16-resumed", dir, /*resume=*/true);
+  expect_ok(resumed);
+  EXPECT_TRUE(bitwise_equal(resumed[0].weights, z3[0].weights));
+}
+
 // Ranks with different numbers of micro-batches (3 groups over 2 ranks; 1 group over 2,
 // where rank 1 has no data): the short rank runs empty micro-batches so that every rank
 // gathers every layer as often; the weights still match one unsharded rank.
@@ -258,6 +282,13 @@ TEST(LearnerShardParamsTest, ResumeIsExactAndTheCheckpointHoldsWholeWeights) {
   const auto z2 = run_ranks(plain, 2, 2, "resumed-z2", dir, /*resume=*/true);
   expect_ok(z2);
   EXPECT_TRUE(bitwise_equal(z2[0].weights, straight[0].weights));
+  // Re-sharded at another world size: 4 ZeRO-3 ranks resumed from the 2-rank checkpoint
+  // equal 4 ZeRO-2 ranks resumed from it.
+  const auto z3_4 = run_ranks(cfg, 4, 2, "resumed-4", dir, /*resume=*/true);
+  expect_ok(z3_4);
+  const auto z2_4 = run_ranks(plain, 4, 2, "resumed-z2-4", dir, /*resume=*/true);
+  expect_ok(z2_4);
+  EXPECT_TRUE(bitwise_equal(z3_4[0].weights, z2_4[0].weights));
 }
 
 // Rank 0 publishes whole weights while every rank takes part in gathering them.
