@@ -218,9 +218,10 @@ SlurmPlan slurm_plan(const std::function<std::string(const std::string&)>& env,
                 std::to_string(p.nodes) + " node(s) (" + list + "); give one per node or leave it empty");
   int heads = 0, head_at = 0;
   for (std::size_t i = 0; i < roles.size(); ++i) {
-    if (roles[i] != "head" && roles[i] != "evaluators" && roles[i] != "learners" && roles[i] != "all")
+    if (roles[i] != "head" && roles[i] != "evaluators" && roles[i] != "learners" && roles[i] != "actors" &&
+        roles[i] != "all")
       throw Error("cluster.nodes: entry " + std::to_string(i) + " is '" + roles[i] +
-                  "'; each is head, evaluators or learners");
+                  "'; each is head, evaluators, learners or actors");
     if (roles[i] == "head" || roles[i] == "all") ++heads, head_at = static_cast<int>(i);
   }
   if (heads != 1 || (roles.size() > 1 && roles[static_cast<std::size_t>(head_at)] == "all"))

@@ -8,6 +8,8 @@
 //                             (run_evaluator_node) and restarts them; no shared memory
 //   cluster.role = learners   the launcher starts learner ranks whose groups come from the
 //                             head's rank 0 through Redis (run_learner_node); NCCL only
+//   cluster.role = actors     the launcher runs actors on a replay segment of its own and
+//                             sends their groups to the head (actor_nodes.h, run_actor_node)
 //   tools/launch CONFIG --slurm  maps SLURM_NODEID to a role (slurm_plan) and, outside a job
 //                             step, execs the srun line that starts one launcher per node
 //
@@ -33,7 +35,7 @@ class RunShm;
 namespace kf::launch {
 
 struct ClusterOptions {
-  std::string role = "all";  // all | head | evaluators
+  std::string role = "all";  // all | head | evaluators | learners | actors
   std::string node_name;     // cluster.node_name, else the host name
   int head_evaluators = 0;
   std::string host = "127.0.0.1";  // where evaluator nodes reach the head's server

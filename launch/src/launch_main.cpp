@@ -12,6 +12,8 @@
 // folder <run.root>/<run.name>.<node name>. cluster.role learners: learner ranks that meet
 // the head's over NCCL and get their groups from its rank 0 (run_learner_node); the
 // launcher's logs in <run.root>/<run.name>.<node name>, checkpoints in the head's folder.
+// cluster.role actors: actors on a replay segment of this node whose groups go to the head
+// through Redis (run_actor_node), logs and actor metrics in <run.root>/<run.name>.<node name>.
 // Validates the config and the task selection before anything starts, creates the run
 // directory and the run's shared memory, spawns the evaluators (one per GPU, pinned),
 // the actors and the learner ranks (evaluators write results into the replay themselves;
@@ -43,6 +45,7 @@
 #include "kf/common/log.h"
 #include "kf/common/run_dir.h"
 #include "kf/learner/checkpoint.h"
+#include "actor_nodes.h"
 #include "cluster.h"
 #include "launch_common.h"
 #include "kf/launch/launcher.h"
@@ -150,7 +153,7 @@ int main(int argc, char** argv) {
       config_file = run_path + "/config.yaml";
     }
     if (!name.empty()) sets.push_back("run.name=" + name);
-    cfg = kf::Config::load(config_file, sets);
+    cfg = kf::Config::load(config_file, sets, kf::launch::launch_config_schema());
     if (cfg.file_keys() == 0)
       throw kf::Error(config_file + ": the config sets no keys (an empty file); start from configs/default.yaml");
     if (slurm) {
@@ -197,12 +200,14 @@ int main(int argc, char** argv) {
                    plan.hosts[static_cast<std::size_t>(plan.node_id)], "): role ", plan.role, ", head ",
                    plan.head_host);
       sets.insert(sets.end(), plan.sets.begin(), plan.sets.end());
-      cfg = kf::Config::load(config_file, sets);
+      cfg = kf::Config::load(config_file, sets, kf::launch::launch_config_schema());
     }
     if (cfg.get_string("cluster.role") == "evaluators") {
       kf::launch::preflight_evaluator_node(cfg);
     } else if (cfg.get_string("cluster.role") == "learners") {
       kf::launch::preflight_learner_node(cfg);
+    } else if (cfg.get_string("cluster.role") == "actors") {
+      kf::launch::preflight_actor_node(cfg);
     } else {
       kf::launch::preflight(cfg);
       if (!resume.empty()) check_resumable(run_path);
@@ -225,7 +230,8 @@ int main(int argc, char** argv) {
 
   try {
     const bool learner_node = cfg.get_string("cluster.role") == "learners";
-    const bool evaluator_node = cfg.get_string("cluster.role") == "evaluators" || learner_node;
+    const bool actor_node = cfg.get_string("cluster.role") == "actors";
+    const bool evaluator_node = cfg.get_string("cluster.role") == "evaluators" || learner_node || actor_node;
     // An evaluator (or learners) node keeps its logs in a folder of its own beside the head's run.
     kf::RunDir run =
         evaluator_node   ? kf::RunDir::create(cfg.get_string("run.root"), cfg.get_string("run.name") + "." +
@@ -234,7 +240,7 @@ int main(int argc, char** argv) {
                          : kf::RunDir::open(run_path);
     // The snapshot names the run as it is on disk (a taken name got a -2 suffix).
     if (!evaluator_node) sets.push_back("run.name=" + run.name());
-    cfg = kf::Config::load(config_file, sets);
+    cfg = kf::Config::load(config_file, sets, kf::launch::launch_config_schema());
     kf::write_file_atomic(run.path() + "/config.yaml", cfg.to_yaml());  // on resume: --set changes persist
     kf::log_init("launch", 0, run.log_file("launch", 0));
     const auto level = cfg.get_string("run.log_level");
@@ -248,6 +254,11 @@ int main(int argc, char** argv) {
     lo.resumed = !resume.empty();
     lo.signals = &g_signals;
     if (learner_node) return kf::launch::run_learner_node(cfg, run, lo.binary_dir, lo.resumed, &g_signals);
+    if (actor_node) {
+      const std::string worker_config = run.path() + "/actors-config.yaml";
+      kf::write_file_atomic(worker_config, kf::launch::actor_node_worker_config(cfg));
+      return kf::launch::run_actor_node(cfg, run, worker_config, lo.binary_dir, &g_signals);
+    }
     if (evaluator_node) return kf::launch::run_evaluator_node(cfg, run, lo.binary_dir, &g_signals);
     if (cfg.get_string("launch.mode") == "serial") return kf::launch::run_serial(cfg, run, lo);
     kf::launch::Launcher launcher(cfg, run, lo);

@@ -12,6 +12,7 @@
 #include <set>
 #include <thread>
 
+#include "actor_nodes.h"
 #include "cluster.h"
 #include "gpu_util.h"
 #include "kf/actors/actor.h"
@@ -142,6 +143,7 @@ struct Launcher::Impl {
   ClusterOptions cluster;  // role head: the Redis server and the bridge
   std::unique_ptr<HeadServer> redis;
   std::unique_ptr<RemoteBridge> bridge;
+  std::unique_ptr<ActorNodeLink> actor_link;  // role head: groups from actor nodes, weights to them
   Supervisor sup;
   RunMonitor monitor;
   std::unique_ptr<MetricsWriter> metrics;
@@ -449,6 +451,17 @@ void Launcher::Impl::advance_phase() {
 }
 
 void Launcher::Impl::stop_network() {
+  if (actor_link) {
+    actor_link->stop();
+    const ActorLinkCounters c = actor_link->counters();
+    const uint64_t left = actor_link->waiting();
+    log_info("launch: actor nodes: ", c.groups, " group(s) opened here (", c.candidates_queued, " candidate(s) queued, ",
+             c.actor_scored, " scored by their actors, ", c.lost, " reported lost), ", c.groups_dropped,
+             " dropped (replay full), ", c.duplicates, " duplicate(s), ", c.undecodable, " undecodable, ", left,
+             " left in ", kGroupsStream, " unopened; newest policy version sent ", c.weights_version, ", ", c.errors,
+             " redis error(s)");
+    actor_link.reset();
+  }
   if (bridge) {
     bridge->stop();
     const BridgeCounters c = bridge->counters();
@@ -491,6 +504,10 @@ Status Launcher::Impl::status() {
   s.step_budget = cfg.get_int("learner.steps");
   s.time_budget_s = cfg.get_float("launch.max_minutes") * 60;
   if (bridge) monitor.set_remote_verified(bridge->counters().results);
+  if (actor_link) {
+    const ActorLinkCounters c = actor_link->counters();
+    monitor.set_remote_samples(c.candidates_queued, c.actor_scored);
+  }
   monitor.sample_rates(s.elapsed_s, s);
   const auto cq = shm->candidates().raw().stats();
   const auto rp = shm->replay().stats();
@@ -504,6 +521,12 @@ Status Launcher::Impl::status() {
     s.workers.push_back("redis bridge: " + std::to_string(c.on_network) + " on the network, " + std::to_string(c.sent) +
                         " sent, " + std::to_string(c.results) + " back, " + std::to_string(c.duplicates) +
                         " duplicates");
+  }
+  if (actor_link) {
+    const ActorLinkCounters c = actor_link->counters();
+    s.workers.push_back("actor nodes: " + std::to_string(c.groups) + " groups in, " +
+                        std::to_string(c.candidates_queued) + " candidates queued, policy version " +
+                        std::to_string(c.weights_version) + " sent");
   }
   for (const auto& w : sup.workers()) {
     std::string st = w.running()         ? "up"
@@ -577,6 +600,8 @@ Launcher::Launcher(const Config& cfg, const RunDir& run, const LaunchOptions& op
     log_info("launch: head node ", m.cluster.node_name, ": ", m.redis->where(), " (user kf, password from $",
              m.cluster.password_env, "); evaluator nodes connect to ", m.cluster.host, ":", m.cluster.port);
     m.bridge = std::make_unique<RemoteBridge>(*m.shm, m.cluster, cfg.get_bool("evaluator.train_on_degenerate_tasks"));
+    m.actor_link = std::make_unique<ActorNodeLink>(*m.shm, m.cluster, cfg.get_float("actors.group_deadline_s"),
+                                                   static_cast<int>(cfg.get_int("actors.group_size")));
   }
   if (opts.resumed) {
     m.elapsed_base = load_launch_state(run, m.monitor);
@@ -637,8 +662,12 @@ int Launcher::run() {
       m.check_hangs();
       if (m.redis && !m.redis->alive() && m.phase == Phase::running) {
         log_error("launch: the Redis server (", m.redis->where(), ") died; log ", m.run.sub("redis"),
-                  "/redis.log; stopping the run (candidates on the network stay counted in flight)");
+                  "/redis.log; stopping the run (candidates on the network stay counted in flight; resume with "
+                  "tools/launch --resume ",
+                  m.run.path(), " on every node, which starts a fresh server)");
         m.failed = true;
+        // Nothing comes back through a dead server: the drain does not wait for the network.
+        m.stop_network();
         m.begin_drain("the Redis server died");
       }
       next_check = now + 1s;

@@ -139,13 +139,13 @@ ResultSummary RunMonitor::results() const {
 }
 
 void RunMonitor::sample_rates(double elapsed_s, Status& s) {
-  RateSample now{elapsed_s, counters_.sum("actor", kActorPushed),
+  RateSample now{elapsed_s, counters_.sum("actor", kActorPushed) + remote_samples_,
                  counters_.sum("evaluator", kEvalScored) + remote_verified_, counters_.sum("actor", kActorLagSum)};
   rate_.push_back(now);
   while (rate_.size() > 2 && rate_.front().t < elapsed_s - 10.0) rate_.pop_front();
   s.samples = now.samples;
   s.verified = now.verified;
-  s.extraction_failures = counters_.sum("actor", kActorExtractFail);
+  s.extraction_failures = counters_.sum("actor", kActorExtractFail) + remote_extract_fail_;
   using CB = replay::ControlBlock;
   auto secs = [&](const char* role, int c) { return 1e-3 * static_cast<double>(counters_.sum(role, c)); };
   s.generate_s = secs("actor", CB::kWorkMs);

@@ -101,6 +101,13 @@ class RunMonitor {
   // Candidates verified on evaluator nodes (the head's bridge counts their results; their
   // processes are not in this node's control block): added to `verified`.
   void set_remote_verified(uint64_t n) { remote_verified_ = n; }
+  // Candidates from actor nodes (the head's link counts them; their actors are not in this
+  // node's control block): queued ones added to `samples`, the ones their actors scored
+  // (extraction failures) to `extraction_failures`.
+  void set_remote_samples(uint64_t queued, uint64_t actor_scored) {
+    remote_samples_ = queued;
+    remote_extract_fail_ = actor_scored;
+  }
 
   nlohmann::json to_json() const;  // the resume state (totals, not windows)
   // Fills s.eta_s / s.eta_reason from s.step, s.step_budget and s.time_budget_s (sample_rates
@@ -127,7 +134,8 @@ class RunMonitor {
     uint64_t samples, verified, lag_sum;
   };
   std::deque<RateSample> rate_;
-  uint64_t remote_verified_ = 0;  // results from evaluator nodes (set_remote_verified)
+  uint64_t remote_verified_ = 0;
+  uint64_t remote_samples_ = 0, remote_extract_fail_ = 0;  // from actor nodes (set_remote_samples)  // results from evaluator nodes (set_remote_verified)
   double first_step_t_ = -1;      // when this launcher first saw a learner step
   int64_t first_step_ = 0;
 };

@@ -7,6 +7,7 @@
 #include <map>
 
 #include "cluster.h"
+#include "launch_common.h"
 #include "kf/common/config.h"
 #include "kf/common/error.h"
 #include "kf/learner/comm.h"
@@ -93,8 +94,8 @@ TEST(LaunchClusterTest, SlurmMistakesAreNamed) {
             }).find("exactly one node must be the head"),
             std::string::npos);
   EXPECT_NE(error_of([&] {
-              slurm_plan(env_of(e), {"head", "actors"});
-            }).find("entry 1 is 'actors'"),
+              slurm_plan(env_of(e), {"head", "trainers"});
+            }).find("entry 1 is 'trainers'; each is head, evaluators, learners or actors"),
             std::string::npos);
   Env bad = e;
   bad["KF_SLURM_STEP"] = "1";
@@ -202,4 +203,27 @@ TEST(LaunchClusterTest, SlurmLearnersNodesGetTheirPlaceInOrder) {
   EXPECT_EQ(slurm_plan(env_of(e), roles).sets.back(), "cluster.learner_node_index=1");
   e["SLURM_NODEID"] = "2";
   EXPECT_EQ(slurm_plan(env_of(e), roles).sets.size(), 3u);  // not a learners node
+}
+
+// Actor nodes: cluster.nodes may name them; the launcher's schema takes cluster.role actors
+// (the common schema may lack it), and the config an actor node's kf-actor processes read
+// loads with the common schema, with every other key kept.
+TEST(LaunchClusterTest, ActorNodesInTheSlurmPlanAndTheirWorkersConfig) {
+  const Env e = {{"SLURM_JOB_ID", "7"}, {"SLURM_JOB_NODELIST", "n[1-3]"}, {"KF_SLURM_STEP", "1"}, {"SLURM_NODEID", "2"}};
+  const auto p = slurm_plan(env_of(e), {"head", "evaluators", "actors"});
+  EXPECT_EQ(p.role, "actors");
+  EXPECT_EQ(p.head_host, "n1");
+  EXPECT_EQ(p.sets.front(), "cluster.role=actors");
+  const std::string text = "cluster: {role: actors, node_name: a1}\nactors: {group_size: 4}\n";
+  const auto cfg = kf::Config::parse(text, "c.yaml", {}, kf::launch::launch_config_schema());
+  EXPECT_EQ(cfg.get_string("cluster.role"), "actors");
+  const auto worker = kf::Config::parse(kf::launch::actor_node_worker_config(cfg), "w.yaml");
+  EXPECT_EQ(worker.get_string("cluster.role"), "all");
+  EXPECT_EQ(worker.get_int("actors.group_size"), 4);
+  EXPECT_EQ(worker.get_string("cluster.node_name"), "a1");
+  // Any other role is still refused by name.
+  EXPECT_NE(error_of([] {
+              kf::Config::parse("cluster: {role: trainers}\n", "c.yaml", {}, kf::launch::launch_config_schema());
+            }).find("cluster.role"),
+            std::string::npos);
 }

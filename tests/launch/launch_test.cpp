@@ -795,15 +795,16 @@ bool sh_ok(const std::string& cmd, std::string* out = nullptr) {
   return ::pclose(p) == 0;
 }
 
-// Namespaces <p>h (head) and <p>1, <p>2 (evaluator nodes); veth head<->node k on 10.79.k.0/24,
-// the head at 10.79.k.1.
+// Namespaces <p>h (head) and <p>1 .. <p>count (the other nodes); veth head<->node k on
+// 10.79.k.0/24, the head at 10.79.k.1.
 struct Nodes {
   std::string p = "kfl" + std::to_string(getpid());
+  int count = 2;
   std::vector<std::string> made;
   std::string error;
   bool setup() {
     std::vector<std::string> cmds = {"ip netns add " + p + "h", "ip -n " + p + "h link set lo up"};
-    for (int k = 1; k <= 2; ++k) {
+    for (int k = 1; k <= count; ++k) {
       const std::string ns = p + std::to_string(k), a = p + "a" + std::to_string(k), b = p + "b" + std::to_string(k),
                         net = "10.79." + std::to_string(k);
       for (const std::string& c :
@@ -1063,4 +1064,202 @@ TEST(LaunchClusterTest, HeadAndLearnersNodeTrainTogetherOverNccl) {
   EXPECT_NE(rank1.find("takes its groups from rank 0"), std::string::npos) << rank1;
   EXPECT_NE(slurp(tmp.path + "/l1.txt").find("learner ranks 1..1 of 2"), std::string::npos)
       << slurp(tmp.path + "/l1.txt");
+}
+
+namespace {
+// The learner's trained sequences, summed over metrics/learner.jsonl (one line per step).
+int64_t sequences_trained(const std::string& run) {
+  std::istringstream in(slurp(run + "/metrics/learner.jsonl"));
+  int64_t n = 0;
+  for (std::string line; std::getline(in, line);) {
+    try {
+      const auto j = nlohmann::json::parse(line);
+      if (j.contains("sequences")) n += static_cast<int64_t>(j.at("sequences").get<double>());
+    } catch (...) {
+    }
+  }
+  return n;
+}
+
+struct Ledger {
+  int64_t created = -1, scored = -1, lost = -1, queued = -1, in_flight = -1;
+};
+Ledger ledger_of(const std::string& log) {
+  Ledger l;
+  std::smatch m;
+  const std::regex re(
+      "candidates of this session: created ([0-9]+) = scored ([0-9]+) \\+ lost ([0-9]+) \\([^)]*\\) "
+      "\\+ queued ([0-9]+) \\+ in flight ([0-9]+)");
+  if (std::regex_search(log, m, re))
+    l = {std::stoll(m[1]), std::stoll(m[2]), std::stoll(m[3]), std::stoll(m[4]), std::stoll(m[5])};
+  return l;
+}
+}  // namespace
+
+// A head (learner, one actor, Redis), an actor node (one actor on its own replay segment,
+// weights from the head through the store) and two evaluator nodes, each its own kf-launch
+// in its own network namespace. Evaluator node 2 is SIGKILLed mid-run. The run reaches its
+// steps with the same groups trained as a one-node run of the same config; the actor node's
+// groups were opened in the head's replay and verified on the evaluator nodes; nothing lost.
+TEST(LaunchClusterTest, HeadActorNodeAndTwoEvaluatorNodesMatchOneNodeRun) {
+  NEED_LAUNCH();
+  if (::access("/usr/bin/redis-server", X_OK) != 0 && !sh_ok("command -v redis-server"))
+    GTEST_SKIP() << "redis-server is not installed (setup.sh installs it)";
+  t::TempDir tmp("launch-actors");
+  Nodes nodes;
+  nodes.count = 3;
+  bool netns = has_cap_net_admin() && nodes.setup();
+  if (!netns)
+    std::printf("note: %s; the four nodes run on loopback instead of in network namespaces\n",
+                has_cap_net_admin() ? ("cannot make network namespaces: " + nodes.error).c_str() : "no CAP_NET_ADMIN");
+  auto ns = [&](const std::string& k) { return netns ? nodes.p + k : std::string(); };
+  auto head_addr = [&](int k) { return netns ? "10.79." + std::to_string(k) + ".1" : std::string("127.0.0.1"); };
+  const int port = 20000 + (getpid() + 3331) % 20000;
+  const std::string name = "ca" + std::to_string(getpid());
+  const int steps = 2;
+  const std::string cfg = write_config(tmp.path, steps,
+                                       "cluster:\n  redis: {port: " + std::to_string(port) + ", bind: [" +
+                                           head_addr(1) + (netns ? ", " + head_addr(2) + ", " + head_addr(3) : "") +
+                                           "], claim_idle_s: 3, gone_after_s: 3}\n");
+  // The one-node run of the same config: what the cluster's counts must match.
+  const auto t0 = Clock::now();
+  // A queue of two groups: the drain after the last step has little left to score.
+  const std::string small_queue = "replay.candidate_queue.capacity=4";
+  auto one = start({cfg, "--name", name + "-one", "--set", "launch.drain_timeout_s=60", "--set", small_queue},
+                   tmp.path + "/one.txt");
+  ASSERT_EQ(wait_for(one, 120), 0) << slurp(tmp.path + "/one.txt");
+  const auto t1 = Clock::now();
+  const std::string one_run = tmp.path + "/runs/" + name + "-one";
+  const Ledger l1 = ledger_of(slurp(one_run + "/logs/launch-0.log"));
+  ASSERT_GT(l1.created, 0) << slurp(one_run + "/logs/launch-0.log");
+
+  ::setenv("KF_REDIS_PASSWORD", ("pw" + std::to_string(getpid()) + "a5K").c_str(), 1);
+  const std::string run = tmp.path + "/runs/" + name;
+  auto node = [&](const std::string& role, int k) {
+    return std::vector<std::string>{cfg,      "--name", name, "--set", "cluster.role=" + role, "--set",
+                                    "cluster.node_name=n" + std::to_string(k), "--set",
+                                    "cluster.redis.host=" + head_addr(k), "--set", small_queue};
+  };
+  auto head = start_in(ns("h"),
+                       {cfg, "--name", name, "--set", "cluster.role=head", "--set", "cluster.redis.host=" + head_addr(1),
+                        "--set", "launch.drain_timeout_s=60", "--set", small_queue},
+                       tmp.path + "/head.txt");
+  auto ev1 = start_in(ns("1"), node("evaluators", 1), tmp.path + "/n1.txt");
+  auto ev2 = start_in(ns("2"), node("evaluators", 2), tmp.path + "/n2.txt");
+  auto act = start_in(ns("3"), node("actors", 3), tmp.path + "/n3.txt");
+  const std::string n2_log = run + ".n2/logs/evaluator-0.out";
+  ASSERT_TRUE(wait_until([&] { return count_of(slurp(n2_log), " of 001_relu (level") >= 2; }, 120))
+      << slurp(tmp.path + "/head.txt") << slurp(n2_log) << slurp(tmp.path + "/n3.txt");
+  for (pid_t c : children_of(ev2.pid)) ::kill(c, SIGKILL);
+  ::kill(ev2.pid, SIGKILL);
+  EXPECT_EQ(wait_for(ev2, 10), -SIGKILL);
+
+  ASSERT_EQ(wait_for(head, 180), 0) << slurp(tmp.path + "/head.txt");
+  const auto t2 = Clock::now();
+  EXPECT_EQ(wait_for(ev1, 30), 0) << slurp(tmp.path + "/n1.txt");
+  EXPECT_EQ(wait_for(act, 30), 0) << slurp(tmp.path + "/n3.txt");
+  const std::string log = slurp(run + "/logs/launch-0.log");
+  std::printf("one-node run %.1f s, cluster run (head) %.1f s, nodes ended %.1f s later%s\n",
+              std::chrono::duration<double>(t1 - t0).count(), std::chrono::duration<double>(t2 - t1).count(),
+              std::chrono::duration<double>(Clock::now() - t2).count(), netns ? " (network namespaces)" : "");
+  if (std::getenv("KF_TEST_SHOW_LOGS")) std::printf("%s\n----\n%s\n", log.c_str(), slurp(run + ".n3/logs/launch-0.log").c_str());
+  // The fields that must match the one-node run: steps, groups (sequences) trained, and
+  // the account created = scored with nothing lost, queued or in flight.
+  EXPECT_GE(learner_step(run), steps);
+  EXPECT_EQ(sequences_trained(run), sequences_trained(one_run));
+  EXPECT_GT(sequences_trained(run), 0);
+  const Ledger l = ledger_of(log);
+  ASSERT_GT(l.created, 0) << log;
+  EXPECT_EQ(l.created, l.scored) << log;
+  EXPECT_EQ(l.lost + l.queued + l.in_flight, 0) << log;
+  EXPECT_EQ(l1.created, l1.scored);
+  EXPECT_EQ(l1.lost + l1.queued + l1.in_flight, 0);
+  // The actor node's groups were opened in the head's replay and their candidates queued.
+  std::smatch m;
+  const std::regex link(
+      "actor nodes: ([0-9]+) group\\(s\\) opened here \\(([0-9]+) candidate\\(s\\) queued, ([0-9]+) scored by "
+      "their actors, ([0-9]+) reported lost\\), ([0-9]+) dropped \\(replay full\\), ([0-9]+) duplicate");
+  ASSERT_TRUE(std::regex_search(log, m, link)) << log;
+  EXPECT_GT(std::stoll(m[1]), 0) << m[0];
+  EXPECT_EQ(std::stoll(m[4]) + std::stoll(m[5]) + std::stoll(m[6]), 0) << m[0];
+  // The actor node took the head's weights (version logged) and its groups' candidates
+  // were verified on the evaluator nodes (verdict lines name the group).
+  const std::string n3 = slurp(run + ".n3/logs/launch-0.log");
+  EXPECT_NE(n3.find("from the head; the actors load it"), std::string::npos) << n3;
+  std::set<uint64_t> remote_groups;
+  {
+    std::istringstream in(slurp(run + ".n3/metrics/groups-0.jsonl"));
+    for (std::string line; std::getline(in, line);)
+      if (!line.empty()) remote_groups.insert(nlohmann::json::parse(line).at("group").get<uint64_t>());
+  }
+  std::set<uint64_t> ids;
+  std::size_t remote_verdicts = 0;
+  for (const char* n : {".n1", ".n2"}) {
+    std::istringstream in(slurp(run + n + "/metrics/verdicts-0.jsonl"));
+    for (std::string line; std::getline(in, line);) {
+      if (line.empty()) continue;
+      const auto j = nlohmann::json::parse(line);
+      ids.insert(j.at("candidate").get<uint64_t>());
+      remote_verdicts += remote_groups.count(j.at("group").get<uint64_t>());
+    }
+  }
+  EXPECT_GT(remote_verdicts, 0u) << "no candidate of the actor node's groups was verified";
+  EXPECT_EQ(static_cast<int64_t>(ids.size()), l.scored) << "a candidate was scored twice or not at all";
+  // Node 1 took over what node 2's evaluator held when it died.
+  const std::string n1 = slurp(run + ".n1/logs/evaluator-0.out");
+  EXPECT_NE(n1.find("was claimed from a dead or stalled evaluator"), std::string::npos) << n1;
+}
+
+// The head's Redis server is SIGKILLed mid-run: the head says so and stops the run (exit 1,
+// final checkpoint), no candidate is scored twice; --resume on both nodes (a fresh server)
+// finishes the run.
+TEST(LaunchClusterTest, RedisKilledStopsTheRunCleanlyAndResumeFinishes) {
+  NEED_LAUNCH();
+  if (::access("/usr/bin/redis-server", X_OK) != 0 && !sh_ok("command -v redis-server"))
+    GTEST_SKIP() << "redis-server is not installed (setup.sh installs it)";
+  t::TempDir tmp("launch-redis");
+  const int port = 20000 + (getpid() + 1237) % 20000;
+  const std::string name = "rk" + std::to_string(getpid());
+  const int steps = 4;
+  const std::string cfg = write_config(
+      tmp.path, steps, "cluster:\n  redis: {port: " + std::to_string(port) + ", claim_idle_s: 3, gone_after_s: 3}\n");
+  ::setenv("KF_REDIS_PASSWORD", ("pw" + std::to_string(getpid()) + "k3R").c_str(), 1);
+  const std::string run = tmp.path + "/runs/" + name;
+  const std::vector<std::string> node = {"--set", "cluster.role=evaluators", "--set", "cluster.node_name=n1"};
+  auto head = start({cfg, "--name", name, "--set", "cluster.role=head", "--set", "launch.drain_timeout_s=20"},
+                    tmp.path + "/head.txt");
+  std::vector<std::string> a = {cfg, "--name", name};
+  a.insert(a.end(), node.begin(), node.end());
+  auto ev = start(a, tmp.path + "/n1.txt");
+  ASSERT_TRUE(wait_until([&] { return learner_step(run) >= 1; }, 120)) << slurp(tmp.path + "/head.txt");
+  std::smatch m;
+  const std::string before = slurp(run + "/logs/launch-0.log");
+  ASSERT_TRUE(std::regex_search(before, m, std::regex("redis-server pid ([0-9]+)"))) << before;
+  ::kill(std::stoi(m[1]), SIGKILL);
+  EXPECT_EQ(wait_for(head, 90), 1) << slurp(tmp.path + "/head.txt");
+  EXPECT_EQ(wait_for(ev, 30), 0) << slurp(tmp.path + "/n1.txt");
+  const std::string log = slurp(run + "/logs/launch-0.log");
+  EXPECT_NE(log.find("died; log"), std::string::npos) << log;
+  EXPECT_NE(log.find("stopping the run"), std::string::npos) << log;
+  // Nothing scored twice: no duplicate result at the bridge or in the replay.
+  ASSERT_TRUE(std::regex_search(log, m, std::regex("([0-9]+) duplicate result\\(s\\) dropped"))) << log;
+  EXPECT_EQ(m[1], "0") << log;
+  std::set<uint64_t> ids;
+  std::size_t lines = 0;
+  {
+    std::istringstream in(slurp(run + ".n1/metrics/verdicts-0.jsonl"));
+    for (std::string line; std::getline(in, line);)
+      if (!line.empty()) ++lines, ids.insert(nlohmann::json::parse(line).at("candidate").get<uint64_t>());
+  }
+  EXPECT_EQ(ids.size(), lines) << "a candidate was verified twice";
+  const Ledger l = ledger_of(log);
+  EXPECT_EQ(l.created, l.scored + l.lost + l.queued + l.in_flight) << log;
+  // Resume: a fresh server, the run finishes.
+  auto head2 = start({"--resume", run}, tmp.path + "/head2.txt");
+  std::vector<std::string> r = {"--resume", run};
+  r.insert(r.end(), node.begin(), node.end());
+  auto ev2 = start(r, tmp.path + "/n1b.txt");
+  ASSERT_EQ(wait_for(head2, 150), 0) << slurp(tmp.path + "/head2.txt");
+  EXPECT_EQ(wait_for(ev2, 30), 0) << slurp(tmp.path + "/n1b.txt");
+  EXPECT_GE(learner_step(run), steps);
 }
