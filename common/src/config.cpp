@@ -21,9 +21,14 @@ namespace {
 // so a run works from any working directory and its saved config.yaml holds absolute paths:
 // defaults and values in a config file inside the repository against the repository, a
 // config file elsewhere against its own folder, --set values against the working directory.
-const char* const kPathKeys[] = {
-    "run.root",       "tasks.dir",         "tasks.heldout", "actors.prompt.template", "actors.prompt.abi_header",
-    "learner.policy", "learner.init_shape"};
+const char* const kPathKeys[] = {"run.root",
+                                 "tasks.dir",
+                                 "tasks.heldout",
+                                 "actors.prompt.template",
+                                 "actors.prompt.abi_header",
+                                 "actors.prompt.feedback",
+                                 "learner.policy",
+                                 "learner.init_shape"};
 
 std::string source_tree() {
   if (const char* e = std::getenv("KF_SOURCE_DIR"); e && *e) return e;
