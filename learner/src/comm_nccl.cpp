@@ -96,6 +96,17 @@ class NcclComm : public Communicator {
     done.record(*stream_);
     done.block(c10::cuda::getCurrentCUDAStream(device_));
   }
+  std::shared_ptr<void> mark() override {
+    c10::cuda::CUDAGuard guard(device_);
+    auto ev = std::make_shared<at::cuda::CUDAEvent>();
+    ev->record(*stream_);
+    return ev;
+  }
+  void wait_for(const std::shared_ptr<void>& m) override {
+    if (!m) return;
+    c10::cuda::CUDAGuard guard(device_);
+    static_cast<at::cuda::CUDAEvent*>(m.get())->block(c10::cuda::getCurrentCUDAStream(device_));
+  }
   void reduce_scatter_sum(torch::Tensor& t) override {
     reduce_scatter_async(t);
     synchronize();

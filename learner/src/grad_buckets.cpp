@@ -100,6 +100,7 @@ GradBuckets::GradBuckets(const std::vector<std::pair<std::string, torch::Tensor>
     if (params_sharded_) {
       pshard_.push_back(pflat.narrow(0, rank_ * (len / world_), len / world_).clone());
       gathered_.push_back(1);
+      gather_mark_.emplace_back();
       release(static_cast<int64_t>(b));
     }
     if (grads_sharded_) {
@@ -140,11 +141,14 @@ void GradBuckets::gather(int64_t b) {
   s->set_nbytes(nbytes);
   f.narrow(0, shard_offset(b), shard_numel(b)).copy_(pshard_[b]);
   comm_->all_gather_async(f);
+  gather_mark_[b] = comm_->mark();
   gathered_[b] = 1;
 }
 
-void GradBuckets::wait_gathers() {
-  if (params_sharded_) comm_->synchronize();
+void GradBuckets::wait_gathered(int64_t b) {
+  if (!params_sharded_ || !gather_mark_[b]) return;
+  comm_->wait_for(gather_mark_[b]);
+  gather_mark_[b].reset();
 }
 
 void GradBuckets::release(int64_t b) {
@@ -155,12 +159,13 @@ void GradBuckets::release(int64_t b) {
   s->set_data_ptr_noswap(at::DataPtr(nullptr, param_flat_[b].device()));
   s->set_nbytes(0);
   gathered_[b] = 0;
+  gather_mark_[b].reset();
 }
 
 void GradBuckets::gather_all() {
   if (!params_sharded_) return;
   for (std::size_t b = 0; b < param_flat_.size(); ++b) gather(static_cast<int64_t>(b));
-  wait_gathers();
+  for (std::size_t b = 0; b < param_flat_.size(); ++b) wait_gathered(static_cast<int64_t>(b));
 }
 
 void GradBuckets::release_all() {
@@ -324,19 +329,19 @@ class LayerGathers : public policy::ParamHooks {
   void pre_forward(int64_t l) override {
     if (l < 0) {
       for (int64_t o : outer_) b_->gather(o);
-      b_->wait_gathers();
       if (!layer_.empty()) b_->gather(layer_[0]);
+      for (int64_t o : outer_) b_->wait_gathered(o);
       return;
     }
     b_->gather(layer_[l]);  // issued during the layer before: a no-op then
-    b_->wait_gathers();
     if (l + 1 < static_cast<int64_t>(layer_.size())) b_->gather(layer_[l + 1]);
+    b_->wait_gathered(layer_[l]);  // not for l + 1's, which runs while layer l computes
   }
   void post_forward(int64_t l) override { b_->release(layer_[l]); }
   void pre_backward(int64_t l) override {
     b_->gather(layer_[l]);
-    b_->wait_gathers();
     if (l > 0) b_->gather(layer_[l - 1]);
+    b_->wait_gathered(layer_[l]);  // nor for a reduce-scatter queued after that gather
   }
 
  private:

@@ -305,7 +305,7 @@ NamedTensors Learner::sharded_weights_cpu(bool keep) {
   for (std::size_t k = 0; k < b.buckets(); ++k) {
     const bool was = b.gathered(static_cast<int64_t>(k));
     b.gather(static_cast<int64_t>(k));
-    b.wait_gathers();
+    b.wait_gathered(static_cast<int64_t>(k));
     if (keep)
       for (std::size_t i = 0; i < impl_->params.size(); ++i)
         if (b.bucket_of(static_cast<int64_t>(i)) == static_cast<int64_t>(k))

@@ -54,6 +54,14 @@ class Communicator {
   // world() equal slices; afterwards slice r holds what rank r had in its slice r.
   virtual void all_gather(torch::Tensor& t);
   virtual void all_gather_async(torch::Tensor t) { all_gather(t); }
+
+  // A marker of everything queued so far (NCCL: an event recorded on the communicator's
+  // stream); wait_for(m) makes the caller's stream wait for that work only, not for what
+  // was queued after it (synchronize() waits for all). Synchronous backends: nothing to wait for.
+  virtual std::shared_ptr<void> mark() { return nullptr; }
+  virtual void wait_for(const std::shared_ptr<void>& m) {
+    if (m) synchronize();
+  }
 };
 
 // Hand-over of small blobs (the NCCL unique id) from rank 0 to the others.

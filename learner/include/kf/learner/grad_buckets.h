@@ -38,8 +38,8 @@
 // bucket starts wherever the group changes, whatever bucket_bytes says. The flat
 // parameter buffer of a bucket keeps its shape, and the parameters stay views into it,
 // but its storage is freed (0 bytes) while released; gather(b) allocates it again, copies
-// the slice in and all-gathers (async with NCCL; wait_gathers() makes the caller's stream
-// wait), release(b) frees it. A bucket is released as soon as its reduce-scatter is
+// the slice in and all-gathers (async with NCCL; wait_gathered(b) makes the caller's stream
+// wait for that gather only), release(b) frees it. A bucket is released as soon as its reduce-scatter is
 // launched (its gradients are in, so backward is done with its weights). AdamW updates the
 // owned slices only; nothing is all-gathered after the step. Collective: gather() (every
 // rank gathers the same buckets in the same order).
@@ -107,7 +107,7 @@ class GradBuckets {
   // Sharded parameters (params_sharded() only; gather/release are no-ops otherwise).
   bool params_sharded() const { return params_sharded_; }
   void gather(int64_t b);  // whole bucket b's weights (async with NCCL; no-op if gathered)
-  void wait_gathers();     // the caller's stream waits for the gathers issued
+  void wait_gathered(int64_t b);  // the caller's stream waits for bucket b's gather (issued before)
   void release(int64_t b);  // frees bucket b's whole weights (no-op if released)
   bool gathered(int64_t b) const { return params_sharded_ ? gathered_[b] != 0 : true; }
   void gather_all();        // every bucket, waited for (snapshots, checkpoints, checksums)
@@ -144,6 +144,7 @@ class GradBuckets {
   std::vector<torch::Tensor> param_flat_;  // sharded: parameter storage, same layout
   std::vector<torch::Tensor> pshard_;      // sharded parameters: this rank's slices
   std::vector<char> gathered_;             // sharded parameters: bucket's storage allocated
+  std::vector<std::shared_ptr<void>> gather_mark_;  // sharded parameters: Communicator::mark() after the gather
   std::vector<int64_t> bucket_of_;         // per parameter
   std::vector<int64_t> offset_of_;         // per parameter: element offset in its bucket
   std::vector<int64_t> bucket_size_;       // parameters per bucket
