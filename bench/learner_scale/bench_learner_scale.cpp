@@ -91,7 +91,7 @@ int main(int argc, char** argv) {
   std::string shape = "tiny", device = "auto", weights = "fp32", comm_kind = "local", logprobs = "chunked";
   int64_t prompt = 32, completion = 64, seqs = 2, micro = 1, steps = 2, warmup = 1, logit_chunk = 1024, lora_rank = 0;
   double peak_tflops = 0, lora_alpha = 16.0;
-  bool shard = false, shard_grads = false, shard_params = false, checkpointing = false, bare = false;
+  bool shard = false, shard_grads = false, shard_params = false, checkpointing = false, bare = false, pack = false;
   app.add_option("--shape", shape, "tiny, qwen2.5-0.5b or an HF config.json path");
   app.add_option("--prompt", prompt, "prompt tokens per sequence");
   app.add_option("--completion", completion, "completion tokens per sequence");
@@ -109,6 +109,9 @@ int main(int argc, char** argv) {
                "sharded parameters too (learner.dist.shard: params, ZeRO-3: each layer gathered before its forward and "
                "backward, freed after; implies --shard-grads)");
   app.add_flag("--checkpointing", checkpointing, "recompute decoder layers in backward");
+  app.add_flag("--pack", pack,
+               "each micro-batch's sequences packed into one row (learner.pack: positions restart, causal attention "
+               "per sequence)");
   app.add_option("--logprobs", logprobs,
                  "chunked (the learner's: completion positions only) or dense (every position)");
   app.add_option("--logit-chunk", logit_chunk,
@@ -128,6 +131,8 @@ int main(int argc, char** argv) {
     if (shard_params) shard_grads = true;
     if (shard_grads) shard = true;
     if (weights != "fp32" && weights != "bf16") throw kf::Error("--weights: '" + weights + "' (fp32 or bf16)");
+    if (pack && (bare || logprobs == "dense"))
+      throw kf::Error("--pack: the packed row goes through selected_logprobs (no --bare, no --logprobs dense)");
     if (bare && shard_params)
       throw kf::Error("--bare times a plain forward + backward: no --shard-params (it has no gradient buckets to free)");
     if (weights == "bf16" && !shard)
@@ -214,6 +219,19 @@ int main(int argc, char** argv) {
             const auto logits = model->forward(x).narrow(1, 0, T - 1);
             loss = torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(2)}).to(torch::kFloat32),
                                                         x.narrow(1, 1, T - 1).reshape({-1}));
+          } else if (pack) {
+            // One row [1, n T]; the position that would predict the next sequence's first
+            // token is not a completion position.
+            const auto row = x.reshape({1, n * T});
+            auto cp = torch::zeros({1, n * T - 1}, comp.options());
+            auto ap = torch::zeros({1, n * T - 1}, comp.options());
+            for (int64_t q = 0; q < n; ++q) {
+              cp.narrow(1, q * T, T - 1).copy_(comp[m0 + q].unsqueeze(0));
+              ap.narrow(1, q * T, T - 1).copy_(comp[m0 + q].unsqueeze(0) * adv[m0 + q]);
+            }
+            const std::vector<int64_t> segments(n, T);
+            const auto logp = model->selected_logprobs(row, torch::Tensor(), cp, 1.0, logit_chunk, segments).logp;
+            loss = grpo_loss(logp, logp.detach(), torch::Tensor(), ap, cp / n_tok, gc).loss;
           } else {
             const auto w = comp.narrow(0, m0, n) / n_tok;
             const auto logp =
@@ -287,7 +305,8 @@ int main(int argc, char** argv) {
                                           : "") +
                            "/" + weights + (comm_kind == "nccl" ? "/nccl" : "") +
                            (lora_rank > 0 ? "/lora" + std::to_string(lora_rank) : "") +
-                           (checkpointing ? "/recompute" : "") + (bare ? "/bare" : "/" + logprobs);
+                           (checkpointing ? "/recompute" : "") + (pack ? "/packed" : "") +
+                           (bare ? "/bare" : "/" + logprobs);
     std::printf(
         "bench_learner_scale: %s on %s, %lld parameters (%lld trained), %s%s%s%s, %lld seqs x %lld tokens "
         "(micro-batch %lld seqs)\n",

@@ -80,6 +80,7 @@ run 1p5b_shard_nccl      --shape $S15 $L --shard --comm nccl
 run 1p5b_shardgrads_nccl --shape $S15 $L --shard-grads --comm nccl
 run 1p5b_shardparams_nccl --shape $S15 $L --shard-params --weights bf16 --comm nccl
 run 1p5b_shardparams_recompute_nccl --shape $S15 $L --shard-params --weights bf16 --checkpointing --comm nccl
+run 1p5b_full_packed     --shape $S15 $L --pack --micro-seqs 2
 run 7b_lora16_norecompute --shape $S7 $L --lora-rank 16
 if [ "$NGPU" -ge 2 ]; then
   echo "== 2 ranks over NCCL: learner.dist.shard none vs optimizer vs gradients vs params (kf-learner, synthetic, 3 steps)"
