@@ -32,6 +32,21 @@ std::string first_diagnostic(const std::string& diagnostics) {
   return line.substr(0, 240);
 }
 
+// Every line of the compiler's output with its path cut to the file name, as first_diagnostic
+// does for one line: the cache folder is a host path the policy has no business seeing.
+std::string diagnostics_without_paths(const std::string& diagnostics) {
+  std::string out;
+  std::size_t start = 0;
+  while (start < diagnostics.size()) {
+    std::size_t end = diagnostics.find('\n', start);
+    if (end == std::string::npos) end = diagnostics.size();
+    out += first_diagnostic(diagnostics.substr(start, end - start));
+    out += '\n';
+    start = end + 1;
+  }
+  return out;
+}
+
 }  // namespace
 
 replay::Result to_record(const Result& r, const replay::Candidate& c, int evaluator_id,
@@ -42,7 +57,11 @@ replay::Result to_record(const Result& r, const replay::Candidate& c, int evalua
   o.index_in_group = c.index_in_group;
   o.verdict = r.verdict;
   o.cause = r.cause;
-  o.reason = r.reason;
+  // A compile error keeps the compiler's lines (file paths cut to the file name): a follow-up
+  // turn quotes them to the policy. The replay truncates the reason to its result region.
+  o.reason = r.verdict == Verdict::compile_error && !r.diagnostics.empty()
+                 ? r.reason + ":\n" + diagnostics_without_paths(r.diagnostics)
+                 : r.reason;
   o.ref_time_median_us = r.ref_ms.median * 1e3;
   o.ref_time_spread_us = (r.ref_ms.p90 - r.ref_ms.p10) * 1e3;
   o.cand_time_median_us = r.cand_ms.median * 1e3;
