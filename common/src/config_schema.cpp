@@ -159,13 +159,14 @@ const std::vector<ConfigKey>& config_schema() {
        "1024",
        false,
        {},
-       "candidate records in flight (actors -> evaluators)"},
+       "candidate handles in flight (actors -> evaluators; candidates live in their replay groups)"},
       {"replay.candidate_queue.slot_bytes",
        T::Int,
        "131072",
        false,
        {},
-       "largest candidate record (prompt, completion, source)"},
+       "no longer sizes anything: slots hold a fixed-size handle; kept so saved configs of older runs load, and any "
+       "other value than the default is refused"},
       {"replay.candidate_queue.max_claims",
        T::Int,
        "3",
@@ -584,10 +585,11 @@ const std::vector<ConfigKey>& config_schema() {
        T::String,
        "none",
        false,
-       {"none", "optimizer", "gradients"},
+       {"none", "optimizer", "gradients", "params"},
        "optimizer: each rank keeps fp32 master weights and Adam moments for 1/ranks of the parameters (ZeRO-1, "
        "gradients reduce-scattered, parameters all-gathered); gradients: and only its slice of the gradients (ZeRO-2, "
-       "every micro-batch reduced)"},
+       "every micro-batch reduced); params: and only its slice of the weights between uses (ZeRO-3: each decoder "
+       "layer all-gathered before its forward and backward, freed after)"},
       {"learner.snapshot.every",
        T::Int,
        "1",
