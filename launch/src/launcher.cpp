@@ -454,6 +454,7 @@ void Launcher::Impl::stop_network() {
   if (actor_link) {
     actor_link->stop();
     const ActorLinkCounters c = actor_link->counters();
+    monitor.set_remote_samples(c.candidates_queued, c.actor_scored);  // the final counts
     const uint64_t left = actor_link->waiting();
     log_info("launch: actor nodes: ", c.groups, " group(s) opened here (", c.candidates_queued, " candidate(s) queued, ",
              c.actor_scored, " scored by their actors, ", c.lost, " reported lost), ", c.groups_dropped,
@@ -465,6 +466,7 @@ void Launcher::Impl::stop_network() {
   if (bridge) {
     bridge->stop();
     const BridgeCounters c = bridge->counters();
+    monitor.set_remote_verified(c.results);  // the final count (status() no longer sees the bridge)
     log_info("launch: redis bridge: sent ", c.sent, " candidate(s) to remote evaluators, ", c.results,
              " result(s) back, ", c.duplicates, " duplicate result(s) dropped, ", c.unstored, " result(s) not stored, ",
              c.dead, " dead-lettered, ", c.on_network, " still on the network (counted in flight), ", c.errors,

@@ -1205,6 +1205,21 @@ TEST(LaunchClusterTest, HeadActorNodeAndTwoEvaluatorNodesMatchOneNodeRun) {
   }
   EXPECT_GT(remote_verdicts, 0u) << "no candidate of the actor node's groups was verified";
   EXPECT_EQ(static_cast<int64_t>(ids.size()), l.scored) << "a candidate was scored twice or not at all";
+  // The head's metrics count the remote work under the local keys: every candidate the
+  // head queued (its actor's and the actor node's) in samples_total, every result from the
+  // evaluator nodes in verified_total and in the verdict counts.
+  nlohmann::json last;
+  {
+    std::istringstream in(slurp(run + "/metrics/run.jsonl"));
+    for (std::string line; std::getline(in, line);)
+      if (!line.empty()) last = nlohmann::json::parse(line);
+  }
+  ASSERT_TRUE(last.contains("verified_total")) << last.dump();
+  EXPECT_EQ(last.at("verified_total").get<double>(), static_cast<double>(l.scored)) << last.dump();
+  EXPECT_EQ(last.at("samples_total").get<double>(), static_cast<double>(l.created)) << last.dump();
+  int64_t verdicts = 0;
+  for (const auto& [k, v] : last.at("verdicts").items()) verdicts += v.get<int64_t>();
+  EXPECT_GE(verdicts, l.scored) << last.dump();
   // Node 1 took over what node 2's evaluator held when it died.
   const std::string n1 = slurp(run + ".n1/logs/evaluator-0.out");
   EXPECT_NE(n1.find("was claimed from a dead or stalled evaluator"), std::string::npos) << n1;
