@@ -163,7 +163,8 @@ void ActorNodeLink::Impl::publish_state() {
 // does (actors/src/actor.cpp, finish_group). Returns false when the replay stayed full.
 bool ActorNodeLink::Impl::ingest(const replay::ScoredGroup& g) {
   std::vector<replay::Candidate> cands = g.candidates;
-  for (auto& cd : cands) cd.prompt_tokens = g.prompt_tokens;
+  for (auto& cd : cands)  // a member whose prompt is the group's travels without it
+    if (cd.prompt_tokens.empty()) cd.prompt_tokens = g.prompt_tokens;
   const auto deadline = std::chrono::duration_cast<replay::Timeout>(std::chrono::duration<double>(deadline_s));
   if (!shm.replay().open_group(cands, deadline, std::chrono::seconds(5))) return false;
   std::vector<uint64_t> lost;
