@@ -183,7 +183,14 @@ bool ActorNodeLink::Impl::ingest(const replay::ScoredGroup& g) {
       clock_gettime(CLOCK_MONOTONIC, &ts);
       cands[i].t_pushed_ns = int64_t(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
       bool ok = false;
-      while (!ok && !stop.load()) ok = shm.candidates().push(replay::ref_of(cands[i]), 200ms);
+      while (!ok && !stop.load()) {
+        ok = shm.candidates().push(replay::ref_of(cands[i]), 200ms);
+        if (ok) break;
+        try {  // a wait for queue room must not hold back the drain notice to the actor nodes
+          publish_state();
+        } catch (const std::exception&) {  // the loop's next round logs Redis errors
+        }
+      }
       if (ok)
         ++queued;
       else
