@@ -742,7 +742,8 @@ def main(argv=None):
     ap.add_argument("--version", action="version", version="KernelForge " + tree_version())
     ap.add_argument("paths", nargs="+", help="problem files or folders (searched recursively for *.py)")
     ap.add_argument("--out", required=True, help="artifact folder (one subfolder per task)")
-    ap.add_argument("--backends", default="cpu", help="comma list of cpu,cuda (default: cpu)")
+    ap.add_argument("--backends", default="cpu",
+                    help="comma list of cpu,cuda, or auto: cpu, and cuda when a GPU is visible (default: cpu)")
     ap.add_argument("--size", action="append", help="override a size constant: backend:NAME=VALUE")
     ap.add_argument("--skip-fresh", action="store_true", help="skip tasks whose artifact is newer than the file")
     ap.add_argument("--max-memory-gb", type=float, default=None,
@@ -762,6 +763,8 @@ def main(argv=None):
         raise SystemExit(f"import-tasks: --max-memory-gb must be > 0, got {args.max_memory_gb}")
     budget = int(args.max_memory_gb * (1 << 30)) if args.max_memory_gb else kf_memory.mem_available_bytes() // 2 // args.jobs
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
+    if backends == ["auto"]:  # what the test suite imports: its GPU tests need cuda artifacts on a GPU machine
+        backends = ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
     for b in backends:
         if b not in ("cpu", "cuda"):
             raise SystemExit(f"import-tasks: unknown backend {b!r} (cpu or cuda)")
