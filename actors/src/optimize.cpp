@@ -13,7 +13,7 @@
 #include "kf/common/error.h"
 #include "kf/common/log.h"
 #include "kf/common/run_dir.h"
-#include "kf/replay/kernel_db.h"
+#include "kf/replay/replay.h"
 
 extern char** environ;
 

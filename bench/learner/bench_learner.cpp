@@ -16,8 +16,8 @@
 #include "kf/common/log.h"
 #include "kf/learner/comm.h"
 #include "kf/learner/learner.h"
-#include "kf/replay/snapshot.h"
 #include "kf/learner/snapshot_publisher.h"
+#include "kf/replay/replay.h"
 
 #ifdef KF_HAVE_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>

@@ -28,8 +28,7 @@
 #include <vector>
 
 #include "kf/netqueue/netqueue.h"
-#include "kf/replay/queue.h"
-#include "kf/replay/segment.h"
+#include "kf/replay/replay.h"
 
 using namespace kf::netqueue;
 using kf::replay::QueueConfig;

@@ -23,8 +23,7 @@
 #include <thread>
 #include <vector>
 
-#include "kf/replay/queue.h"
-#include "kf/replay/snapshot.h"
+#include "kf/replay/replay.h"
 
 namespace bip = boost::interprocess;
 using namespace kf::replay;

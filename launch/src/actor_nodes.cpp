@@ -16,7 +16,7 @@
 #include "kf/actors/actor_options.h"
 #include "kf/common/error.h"
 #include "kf/common/log.h"
-#include "kf/replay/run_shm.h"
+#include "kf/replay/replay.h"
 #include "launch_common.h"
 #include "supervisor.h"
 

@@ -16,7 +16,7 @@
 #include "kf/evaluator/evaluator.h"
 #include "kf/learner/comm.h"
 #include "kf/learner/learner_config.h"
-#include "kf/replay/run_shm.h"
+#include "kf/replay/replay.h"
 #include "launch_common.h"
 #include "supervisor.h"
 

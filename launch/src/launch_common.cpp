@@ -16,8 +16,7 @@
 
 #include "kf/common/error.h"
 #include "kf/common/log.h"
-#include "kf/replay/control.h"
-#include "kf/replay/segment.h"
+#include "kf/replay/replay.h"
 
 namespace kf::launch {
 

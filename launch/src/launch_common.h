@@ -6,7 +6,7 @@
 
 #include "kf/common/config.h"
 #include "kf/common/run_dir.h"
-#include "kf/replay/run_shm.h"
+#include "kf/replay/replay.h"
 #include "kf/tasks/tasks.h"
 #include "run_monitor.h"
 

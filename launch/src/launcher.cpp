@@ -23,7 +23,7 @@
 #include "kf/evaluator/evaluator.h"
 #include "kf/learner/learner_config.h"
 #include "kf/policy/policy.h"
-#include "kf/replay/run_shm.h"
+#include "kf/replay/replay.h"
 #include "kf/tasks/tasks.h"
 #include "launch_common.h"
 #include "run_monitor.h"

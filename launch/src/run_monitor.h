@@ -22,9 +22,7 @@
 #include <utility>
 #include <vector>
 
-#include "kf/replay/control.h"
-#include "kf/replay/group_replay.h"
-#include "kf/replay/records.h"
+#include "kf/replay/replay.h"
 
 namespace kf::launch {
 

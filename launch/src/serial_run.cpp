@@ -7,13 +7,13 @@
 #include "kf/common/error.h"
 #include "kf/common/log.h"
 #include "kf/common/metrics.h"
+#include "kf/launch/launcher.h"
 #include "kf/learner/comm.h"
 #include "kf/learner/group_source.h"
 #include "kf/learner/learner.h"
 #include "kf/learner/learner_config.h"
-#include "kf/replay/run_shm.h"
+#include "kf/replay/replay.h"
 #include "launch_common.h"
-#include "kf/launch/launcher.h"
 #include "run_monitor.h"
 
 namespace kf::launch {

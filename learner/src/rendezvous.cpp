@@ -9,7 +9,7 @@
 #include "kf/common/error.h"
 #include "kf/common/run_dir.h"
 #include "kf/learner/comm.h"
-#include "kf/replay/control.h"
+#include "kf/replay/replay.h"
 #ifdef KF_HAVE_NETQUEUE
 #include "kf/netqueue/netqueue.h"
 #endif

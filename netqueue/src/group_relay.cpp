@@ -10,7 +10,7 @@
 #include "conn.h"
 #include "kf/common/error.h"
 #include "kf/common/log.h"
-#include "kf/replay/records.h"
+#include "kf/replay/replay.h"
 
 namespace kf::netqueue {
 

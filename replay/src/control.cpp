@@ -1,4 +1,4 @@
-#include "kf/replay/control.h"
+#include "kf/replay/replay.h"
 
 #include <climits>
 #include <cstring>

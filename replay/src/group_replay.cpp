@@ -4,7 +4,7 @@
 // then the head blob (u32 tag, prompt tokens, G x encoded Candidate without the prompt when
 // it is the group's: a later turn's member keeps its own conversation).
 // Slot states: FREE -> FILLING(pid) -> OPEN -> TAKING(pid) -> FREE.
-#include "kf/replay/group_replay.h"
+#include "kf/replay/replay.h"
 
 #include <algorithm>
 #include <climits>

@@ -1,6 +1,6 @@
 // KernelDb implementation. Segment layout after the segment header:
 //   Header | KEntry[capacity] | source[capacity][source_bytes]
-#include "kf/replay/kernel_db.h"
+#include "kf/replay/replay.h"
 
 #include <algorithm>
 #include <cmath>

@@ -4,7 +4,7 @@
 // READING(dead pid) -> QUEUED when reap() puts a dead consumer's claim back.
 // All state changes happen under the header's robust mutex; the owner word is the
 // truth and the ring/free stack are rebuilt from it if a lock owner died.
-#include "kf/replay/queue.h"
+#include "kf/replay/replay.h"
 
 #include <algorithm>
 #include <climits>
@@ -14,7 +14,6 @@
 
 #include "kf/common/error.h"
 #include "kf/common/log.h"
-#include "kf/replay/group_replay.h"
 #include "shm_util.h"
 
 namespace kf::replay {

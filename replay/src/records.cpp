@@ -1,4 +1,4 @@
-#include "kf/replay/records.h"
+#include "kf/replay/replay.h"
 
 #include "codec.h"
 

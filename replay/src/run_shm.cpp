@@ -1,4 +1,4 @@
-#include "kf/replay/run_shm.h"
+#include "kf/replay/replay.h"
 
 #include <fcntl.h>
 #include <sys/file.h>

@@ -1,7 +1,7 @@
 // RunShmConfig from the run's config (the replay.* keys of config_schema.cpp).
 #include "kf/common/config.h"
 #include "kf/common/error.h"
-#include "kf/replay/run_shm.h"
+#include "kf/replay/replay.h"
 
 namespace kf::replay {
 namespace {

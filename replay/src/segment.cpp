@@ -1,4 +1,4 @@
-#include "kf/replay/segment.h"
+#include "kf/replay/replay.h"
 
 #include <sys/mman.h>
 

@@ -1,4 +1,4 @@
-#include "kf/replay/snapshot.h"
+#include "kf/replay/replay.h"
 
 #include <cstdint>
 #include <cstring>

@@ -1,4 +1,4 @@
-#include "kf/replay/testing.h"
+#include "testing.h"
 
 #include "shm_util.h"
 

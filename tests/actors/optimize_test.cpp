@@ -17,7 +17,7 @@
 #include "kf/actors/optimize.h"
 #include "kf/common/config.h"
 #include "kf/policy/policy.h"
-#include "kf/replay/kernel_db.h"
+#include "kf/replay/replay.h"
 #include "test_util.h"
 
 using namespace kf::actors;

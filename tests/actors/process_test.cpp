@@ -9,7 +9,7 @@
 #include <thread>
 
 #include "kf/actors/weights_blob.h"
-#include "kf/replay/run_shm.h"
+#include "kf/replay/replay.h"
 #include "test_util.h"
 
 using namespace kf::actors;

@@ -7,7 +7,7 @@
 #include "kf/actors/prompt.h"
 #include "kf/common/error.h"
 #include "kf/common/run_dir.h"
-#include "kf/replay/kernel_db.h"
+#include "kf/replay/replay.h"
 #include "test_util.h"
 
 using namespace kf::actors;

@@ -13,7 +13,7 @@
 #include "../test_support.h"
 #include "kf/actors/actor_options.h"
 #include "kf/actors/actor_policy.h"
-#include "kf/replay/run_shm.h"
+#include "kf/replay/replay.h"
 #include "kf/tasks/tasks.h"
 
 namespace kf::actors::test {

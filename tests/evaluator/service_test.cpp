@@ -16,7 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kf/common/gpu_lock.h"
-#include "kf/replay/run_shm.h"
+#include "kf/replay/replay.h"
 #include "kf/tasks/tasks.h"
 #include "test_util.h"
 

@@ -13,7 +13,7 @@
 
 #include "actor_nodes.h"
 #include "kf/netqueue/netqueue.h"
-#include "kf/replay/run_shm.h"
+#include "kf/replay/replay.h"
 
 namespace {
 using namespace std::chrono_literals;

@@ -30,8 +30,7 @@
 #include "kf/common/config.h"
 #include "kf/common/run_dir.h"
 #include "kf/policy/policy.h"
-#include "kf/replay/kernel_db.h"
-#include "kf/replay/run_shm.h"
+#include "kf/replay/replay.h"
 #include "kf/tasks/tasks.h"
 
 namespace {

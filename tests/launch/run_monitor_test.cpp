@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
-#include "kf/replay/group_replay.h"
+#include "kf/replay/replay.h"
 #include "run_monitor.h"
 
 using kf::launch::RunMonitor;

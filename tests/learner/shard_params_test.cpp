@@ -15,7 +15,7 @@
 #include "kf/learner/checkpoint.h"
 #include "kf/learner/learner.h"
 #include "kf/policy/policy.h"
-#include "kf/replay/run_shm.h"
+#include "kf/replay/replay.h"
 #include "test_util.h"
 
 using namespace kf::learner;

@@ -11,8 +11,7 @@
 
 #include "kf/common/error.h"
 #include "kf/learner/batch.h"
-#include "kf/replay/group_replay.h"
-#include "kf/replay/segment.h"
+#include "kf/replay/replay.h"
 
 using namespace kf::learner;
 namespace rp = kf::replay;

@@ -13,7 +13,7 @@
 #include <thread>
 
 #include "kf/common/error.h"
-#include "kf/replay/records.h"
+#include "kf/replay/replay.h"
 #include "test_util.h"
 
 using namespace kf::netqueue;

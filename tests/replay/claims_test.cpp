@@ -10,9 +10,7 @@
 #include <set>
 #include <thread>
 
-#include "kf/replay/group_replay.h"
-#include "kf/replay/queue.h"
-#include "kf/replay/run_shm.h"
+#include "kf/replay/replay.h"
 #include "proc_util.h"
 
 using namespace kf::replay;

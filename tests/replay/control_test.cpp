@@ -3,7 +3,7 @@
 
 #include <thread>
 
-#include "kf/replay/control.h"
+#include "kf/replay/replay.h"
 #include "proc_util.h"
 
 using namespace kf::replay;

@@ -13,7 +13,7 @@
 #include <string>
 
 #include "../test_support.h"
-#include "kf/replay/testing.h"
+#include "testing.h"
 
 namespace kf::replay::test {
 

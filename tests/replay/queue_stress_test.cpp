@@ -15,8 +15,7 @@
 #include <set>
 #include <thread>
 
-#include "kf/replay/control.h"
-#include "kf/replay/queue.h"
+#include "kf/replay/replay.h"
 #include "proc_util.h"
 
 using namespace kf::replay;

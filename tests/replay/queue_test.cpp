@@ -6,7 +6,7 @@
 #include <thread>
 
 #include "kf/common/error.h"
-#include "kf/replay/queue.h"
+#include "kf/replay/replay.h"
 #include "proc_util.h"
 
 using namespace kf::replay;

@@ -2,7 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "kf/common/error.h"
-#include "kf/replay/records.h"
+#include "kf/replay/replay.h"
 
 using namespace kf::replay;
 

@@ -8,7 +8,7 @@
 
 #include "kf/common/error.h"
 #include "kf/common/run_dir.h"
-#include "kf/replay/group_replay.h"
+#include "kf/replay/replay.h"
 #include "proc_util.h"
 
 using namespace kf::replay;

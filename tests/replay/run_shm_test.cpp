@@ -7,7 +7,7 @@
 #include <thread>
 
 #include "kf/common/error.h"
-#include "kf/replay/run_shm.h"
+#include "kf/replay/replay.h"
 #include "proc_util.h"
 
 using namespace kf::replay;

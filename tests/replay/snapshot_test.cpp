@@ -5,7 +5,7 @@
 #include <thread>
 
 #include "kf/common/error.h"
-#include "kf/replay/snapshot.h"
+#include "kf/replay/replay.h"
 #include "proc_util.h"
 
 using namespace kf::replay;

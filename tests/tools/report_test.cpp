@@ -17,7 +17,7 @@
 
 #include "../test_support.h"
 #include "kf/common/metrics.h"
-#include "kf/replay/kernel_db.h"
+#include "kf/replay/replay.h"
 
 namespace {
 

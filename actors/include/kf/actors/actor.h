@@ -73,7 +73,7 @@
 #include "kf/actors/rollout.h"
 #include "kf/actors/scheduler.h"
 #include "kf/policy/policy.h"
-#include "kf/replay/run_shm.h"
+#include "kf/replay/replay.h"
 #include "kf/tasks/tasks.h"
 
 namespace kf::actors {

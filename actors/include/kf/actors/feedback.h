@@ -20,7 +20,7 @@
 
 #include "kf/actors/prompt.h"
 #include "kf/policy/policy.h"
-#include "kf/replay/records.h"
+#include "kf/replay/replay.h"
 
 namespace kf::actors {
 

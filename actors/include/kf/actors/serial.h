@@ -16,7 +16,7 @@
 
 #include "kf/actors/actor.h"
 #include "kf/evaluator/evaluator.h"
-#include "kf/replay/records.h"
+#include "kf/replay/replay.h"
 
 namespace kf::actors {
 

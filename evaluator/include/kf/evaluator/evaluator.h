@@ -49,7 +49,7 @@
 #include <vector>
 
 #include "kf/kernel.h"
-#include "kf/replay/records.h"  // defines: Verdict, Cause, verdict_name, cause_name
+#include "kf/replay/replay.h"
 
 namespace kf::evaluator {
 
@@ -294,7 +294,6 @@ std::string gpu_lock_key(int device);
 #ifndef KF_EVALUATOR_CORE_ONLY
 #include "kf/common/config.h"
 #include "kf/common/gpu_memory.h"
-#include "kf/replay/run_shm.h"
 #include "kf/tasks/tasks.h"
 
 namespace kf::evaluator {

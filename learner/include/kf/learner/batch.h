@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "kf/learner/learner_config.h"
-#include "kf/replay/group_replay.h"
+#include "kf/replay/replay.h"
 
 namespace kf::learner {
 

@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "kf/replay/group_replay.h"
+#include "kf/replay/replay.h"
 
 namespace kf::learner {
 

@@ -39,7 +39,7 @@
 #include "kf/learner/learner_config.h"
 #include "kf/learner/snapshot_publisher.h"
 #include "kf/policy/policy.h"
-#include "kf/replay/run_shm.h"
+#include "kf/replay/replay.h"
 
 namespace kf::learner {
 

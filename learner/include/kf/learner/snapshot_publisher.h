@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "kf/policy/policy.h"
-#include "kf/replay/snapshot.h"
+#include "kf/replay/replay.h"
 
 namespace kf::learner {
 

@@ -44,7 +44,7 @@
 #include <utility>
 #include <vector>
 
-#include "kf/replay/group_replay.h"
+#include "kf/replay/replay.h"
 
 namespace kf::netqueue {
 
