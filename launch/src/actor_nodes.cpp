@@ -12,8 +12,7 @@
 #include <set>
 #include <thread>
 
-#include "kf/actors/actor.h"
-#include "kf/actors/actor_options.h"
+#include "kf/actors/actors.h"
 #include "kf/common/error.h"
 #include "kf/common/log.h"
 #include "kf/replay/replay.h"
@@ -489,7 +488,9 @@ int run_actor_node(const Config& cfg, const RunDir& run, const std::string& work
   if (access(bin.c_str(), X_OK) != 0) throw Error("launch: " + bin + " is not built (run ./setup.sh)");
   if (replay::RunShm::probe(run.shm_key()) == replay::SegmentState::Stale) {
     const auto removed = remove_dead_run_shm(run.shm_key(), /*lock_too=*/false);
-    if (!removed.empty()) log_warn("launch: removed the shared memory a dead launcher of this node left");
+    if (!removed.empty())
+      log_warn("launch: actor node ", co.node_name, ": removed the shared memory its dead launcher left (",
+               removed.size(), " part(s)); the groups it had not sent yet are gone (the head never counted them)");
   }
   auto shm = replay::RunShm::create(run.shm_key(), replay::run_shm_config(cfg));
   NodeLink link(*shm, co);

@@ -40,15 +40,15 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "actor_nodes.h"
+#include "cluster.h"
 #include "kf/common/config.h"
 #include "kf/common/error.h"
 #include "kf/common/log.h"
 #include "kf/common/run_dir.h"
-#include "kf/learner/checkpoint.h"
-#include "actor_nodes.h"
-#include "cluster.h"
-#include "launch_common.h"
 #include "kf/launch/launcher.h"
+#include "kf/learner/learner.h"
+#include "launch_common.h"
 
 namespace {
 std::atomic<int> g_signals{0};
@@ -233,9 +233,15 @@ int main(int argc, char** argv) {
     const bool actor_node = cfg.get_string("cluster.role") == "actors";
     const bool evaluator_node = cfg.get_string("cluster.role") == "evaluators" || learner_node || actor_node;
     // An evaluator (or learners) node keeps its logs in a folder of its own beside the head's run.
+    // An actor node's folder names its shared memory: a restarted node takes the same one,
+    // so it finds (and removes) what its killed launcher left there.
+    const std::string node_dir = cfg.get_string("run.root") + "/" + cfg.get_string("run.name") + "." +
+                                 kf::launch::cluster_options(cfg).node_name;
     kf::RunDir run =
-        evaluator_node   ? kf::RunDir::create(cfg.get_string("run.root"), cfg.get_string("run.name") + "." +
-                                                                              kf::launch::cluster_options(cfg).node_name)
+        actor_node && is_dir(node_dir) ? kf::RunDir::open(node_dir)
+        : evaluator_node
+            ? kf::RunDir::create(cfg.get_string("run.root"),
+                                 cfg.get_string("run.name") + "." + kf::launch::cluster_options(cfg).node_name)
         : resume.empty() ? kf::RunDir::create(cfg.get_string("run.root"), cfg.get_string("run.name"))
                          : kf::RunDir::open(run_path);
     // The snapshot names the run as it is on disk (a taken name got a -2 suffix).
