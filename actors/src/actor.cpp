@@ -1,4 +1,4 @@
-#include "kf/actors/actor.h"
+#include "kf/actors/actors.h"
 
 #include "kf/common/metrics.h"
 
@@ -15,12 +15,10 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "kf/actors/extract.h"
-#include "kf/actors/rollout.h"
-#include "kf/actors/weights_blob.h"
 #include "kf/common/error.h"
 #include "kf/common/log.h"
 #include "kf/common/run_dir.h"
+#include "weights_blob.h"
 
 namespace kf::actors {
 

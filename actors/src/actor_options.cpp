@@ -1,4 +1,4 @@
-#include "kf/actors/actor_options.h"
+#include "kf/actors/actors.h"
 
 #include <sys/stat.h>
 

@@ -1,4 +1,4 @@
-#include "kf/actors/actor_policy.h"
+#include "kf/actors/actors.h"
 
 #include <torch/cuda.h>
 

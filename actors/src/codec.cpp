@@ -1,4 +1,4 @@
-#include "kf/actors/codec.h"
+#include "kf/actors/actors.h"
 
 namespace kf::actors {
 

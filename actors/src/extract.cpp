@@ -1,4 +1,4 @@
-#include "kf/actors/extract.h"
+#include "kf/actors/actors.h"
 
 #include <cctype>
 #include <sstream>

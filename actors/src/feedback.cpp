@@ -1,4 +1,4 @@
-#include "kf/actors/feedback.h"
+#include "kf/actors/actors.h"
 
 #include <cmath>
 #include <cstdio>

@@ -1,4 +1,4 @@
-#include "kf/actors/group_sampler.h"
+#include "group_sampler.h"
 
 #include "kf/common/error.h"
 

@@ -1,4 +1,4 @@
-#include "kf/actors/optimize.h"
+#include "kf/actors/actors.h"
 
 #include <fcntl.h>
 #include <spawn.h>

@@ -1,4 +1,4 @@
-#include "kf/actors/prompt.h"
+#include "kf/actors/actors.h"
 
 #include <algorithm>
 #include <cstdio>

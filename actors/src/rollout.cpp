@@ -1,8 +1,8 @@
-#include "kf/actors/rollout.h"
+#include "kf/actors/actors.h"
 
 #include <torch/torch.h>
 
-#include "kf/actors/group_sampler.h"
+#include "group_sampler.h"
 
 namespace kf::actors {
 

@@ -1,4 +1,4 @@
-#include "kf/actors/scheduler.h"
+#include "kf/actors/actors.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,5 @@
-#include "kf/actors/serial.h"
+#include "kf/actors/actors.h"
+#include "kf/evaluator/evaluator.h"
 
 #include <time.h>
 
@@ -20,6 +21,8 @@ SerialRunner::SerialRunner(Actor& actor, evaluator::Evaluator& ev, replay::RunSh
   for (auto& t : tasks) service_->add_task(t);
   service_->on_result([this](const replay::Result& rec, const evaluator::Result&) { results_.push_back(rec); });
 }
+
+SerialRunner::~SerialRunner() = default;  // EvaluatorService is complete here
 
 StepResult SerialRunner::step() {
   const auto r = actor_.step();

@@ -1,4 +1,4 @@
-#include "kf/actors/weights_blob.h"
+#include "weights_blob.h"
 
 #include <algorithm>
 #include <cstdio>

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "kf/actors/actor.h"
+#include "kf/actors/actors.h"
 #include "kf/common/config.h"
 #include "kf/common/error.h"
 #include "kf/common/log.h"

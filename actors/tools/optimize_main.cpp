@@ -22,11 +22,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "kf/actors/actor_options.h"
-#include "kf/actors/actor_policy.h"
-#include "kf/actors/extract.h"
-#include "kf/actors/optimize.h"
-#include "kf/actors/rollout.h"
+#include "kf/actors/actors.h"
 #include "kf/common/config.h"
 #include "kf/common/error.h"
 #include "kf/common/fsutil.h"

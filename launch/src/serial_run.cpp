@@ -3,10 +3,11 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "kf/actors/serial.h"
+#include "kf/actors/actors.h"
 #include "kf/common/error.h"
 #include "kf/common/log.h"
 #include "kf/common/metrics.h"
+#include "kf/evaluator/evaluator.h"
 #include "kf/launch/launcher.h"
 #include "kf/learner/comm.h"
 #include "kf/learner/group_source.h"

@@ -9,8 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "kf/actors/extract.h"
-#include "kf/actors/rollout.h"
+#include "kf/actors/actors.h"
 #include "kf/common/error.h"
 #include "kf/common/log.h"
 #include "kf/evaluator/evaluator.h"

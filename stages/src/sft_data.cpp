@@ -6,7 +6,7 @@
 #include <map>
 #include <random>
 
-#include "kf/actors/actor_options.h"
+#include "kf/actors/actors.h"
 #include "kf/common/error.h"
 #include "kf/common/log.h"
 #include "kf/common/run_dir.h"

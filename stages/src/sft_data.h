@@ -7,8 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "kf/actors/codec.h"
-#include "kf/actors/prompt.h"
+#include "kf/actors/actors.h"
 #include "kf/stages/stages.h"
 
 namespace kf::stages {

@@ -10,7 +10,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "kf/actors/actor_options.h"
+#include "kf/actors/actors.h"
 #include "kf/common/config.h"
 #include "kf/common/error.h"
 #include "kf/common/log.h"

@@ -7,12 +7,12 @@
 
 #include <gtest/gtest.h>
 
-#include "kf/actors/actor.h"
-#include "kf/actors/group_sampler.h"
-#include "kf/actors/weights_blob.h"
-#include "kf/common/error.h"
+#include "group_sampler.h"
+#include "kf/actors/actors.h"
 #include "kf/common/config.h"
+#include "kf/common/error.h"
 #include "test_util.h"
+#include "weights_blob.h"
 
 using namespace kf::actors;
 namespace rp = kf::replay;

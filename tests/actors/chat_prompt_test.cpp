@@ -3,7 +3,7 @@
 // tokens, and a folder without a template keeps the raw text.
 #include <gtest/gtest.h>
 
-#include "kf/actors/prompt.h"
+#include "kf/actors/actors.h"
 #include "kf/common/error.h"
 #include "kf/common/run_dir.h"
 #include "kf/policy/policy.h"

@@ -1,7 +1,7 @@
 // Extraction of the kernel block from completions, well-formed and malformed.
 #include <gtest/gtest.h>
 
-#include "kf/actors/extract.h"
+#include "kf/actors/actors.h"
 
 using kf::actors::extract_kernel;
 using kf::actors::ExtractOptions;

@@ -8,7 +8,7 @@
 #include <regex>
 #include <thread>
 
-#include "kf/actors/group_sampler.h"
+#include "group_sampler.h"
 #include "kf/evaluator/evaluator.h"
 #include "kf/policy/policy.h"
 #include "test_util.h"

@@ -14,7 +14,7 @@
 
 #include <gtest/gtest.h>
 
-#include "kf/actors/optimize.h"
+#include "kf/actors/actors.h"
 #include "kf/common/config.h"
 #include "kf/policy/policy.h"
 #include "kf/replay/replay.h"

@@ -8,9 +8,9 @@
 #include <set>
 #include <thread>
 
-#include "kf/actors/weights_blob.h"
 #include "kf/replay/replay.h"
 #include "test_util.h"
+#include "weights_blob.h"
 
 using namespace kf::actors;
 namespace rp = kf::replay;

@@ -3,8 +3,7 @@
 
 #include <algorithm>
 
-#include "kf/actors/actor_options.h"
-#include "kf/actors/prompt.h"
+#include "kf/actors/actors.h"
 #include "kf/common/error.h"
 #include "kf/common/run_dir.h"
 #include "kf/replay/replay.h"

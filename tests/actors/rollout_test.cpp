@@ -4,7 +4,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "kf/actors/rollout.h"
+#include "kf/actors/actors.h"
 #include "test_util.h"
 
 using namespace kf::actors;

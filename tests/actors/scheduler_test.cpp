@@ -3,7 +3,7 @@
 
 #include <numeric>
 
-#include "kf/actors/scheduler.h"
+#include "kf/actors/actors.h"
 #include "kf/common/error.h"
 
 using namespace kf::actors;

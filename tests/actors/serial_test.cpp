@@ -6,7 +6,8 @@
 
 #include <chrono>
 
-#include "kf/actors/serial.h"
+#include "kf/actors/actors.h"
+#include "kf/evaluator/evaluator.h"
 #include "test_util.h"
 
 using namespace kf::actors;

@@ -11,8 +11,7 @@
 #include <string>
 
 #include "../test_support.h"
-#include "kf/actors/actor_options.h"
-#include "kf/actors/actor_policy.h"
+#include "kf/actors/actors.h"
 #include "kf/replay/replay.h"
 #include "kf/tasks/tasks.h"
 

@@ -10,10 +10,11 @@
 #include <chrono>
 #include <thread>
 
-#include "kf/actors/serial.h"
+#include "kf/actors/actors.h"
 #include "kf/common/config.h"
 #include "kf/common/error.h"
 #include "kf/common/run_dir.h"
+#include "kf/evaluator/evaluator.h"
 #include "kf/policy/policy.h"
 #include "test_util.h"
 

@@ -26,7 +26,7 @@
 #include <thread>
 
 #include "../actors/test_util.h"
-#include "kf/actors/optimize.h"
+#include "kf/actors/actors.h"
 #include "kf/common/config.h"
 #include "kf/common/run_dir.h"
 #include "kf/policy/policy.h"

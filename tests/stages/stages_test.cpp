@@ -9,8 +9,7 @@
 #include <set>
 
 #include "../test_support.h"
-#include "kf/actors/actor_policy.h"
-#include "kf/actors/extract.h"
+#include "kf/actors/actors.h"
 #include "kf/policy/policy.h"
 #include "kf/stages/stages.h"
 #include "kf/tasks/tasks.h"

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "kf/actors/codec.h"
+#include "kf/actors/actors.h"
 #include "kf/evaluator/evaluator.h"
 #include "kf/policy/policy.h"
 
