@@ -412,9 +412,10 @@ const std::vector<ConfigKey>& config_schema() {
        T::String,
        "all",
        false,
-       {"all", "head", "evaluators", "learners"},
+       {"all", "head", "evaluators", "learners", "actors"},
        "all: one node, shared memory only; head: replay, learner, actors and the Redis server; evaluators: evaluators "
-       "fed from the head's Redis; learners: learner ranks whose groups come from the head's rank 0"},
+       "fed from the head's Redis; learners: learner ranks whose groups come from the head's rank 0; actors: actors "
+       "whose groups go to the head's replay"},
       {"cluster.node_name",
        T::String,
        "\"\"",
@@ -447,7 +448,7 @@ const std::vector<ConfigKey>& config_schema() {
        "[]",
        false,
        {},
-       "--slurm: role per node (head, evaluators, learners), by SLURM_NODEID (empty: node 0 head, the rest "
+       "--slurm: role per node (head, evaluators, learners, actors), by SLURM_NODEID (empty: node 0 head, the rest "
        "evaluators)"},
       {"cluster.redis.host",
        T::String,

@@ -230,24 +230,4 @@ void save_launch_state(const RunDir& run, const RunMonitor& monitor, double elap
   write_file_atomic(launch_state_path(run), st.dump(1));
 }
 
-const std::vector<ConfigKey>& launch_config_schema() {
-  static const std::vector<ConfigKey> schema = [] {
-    std::vector<ConfigKey> s = config_schema();
-    for (auto& k : s)
-      if (k.path == "cluster.role" && std::find(k.choices.begin(), k.choices.end(), "actors") == k.choices.end())
-        k.choices.push_back("actors");
-    return s;
-  }();
-  return schema;
-}
-
-std::string actor_node_worker_config(const Config& cfg) {
-  std::string text = cfg.to_yaml();
-  const std::string from = "role: \"actors\"", to = "role: \"all\"";
-  const auto at = text.find(from);
-  if (at != std::string::npos) text.replace(at, from.size(), to);
-  (void)Config::parse(text, cfg.source());  // the workers' schema takes it
-  return text;
-}
-
 }  // namespace kf::launch

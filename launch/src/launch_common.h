@@ -40,14 +40,6 @@ void save_launch_state(const RunDir& run, const RunMonitor& monitor, double elap
 // (kernel_db.json.unreadable-<time>, logged) rather than overwritten.
 std::size_t merge_saved_kernels(replay::RunShm& shm, const RunDir& run);
 
-// The config schema tools/launch reads: config_schema() with `actors` added to the
-// choices of cluster.role (actor nodes, launch/src/actor_nodes.h) where it lacks it.
-const std::vector<ConfigKey>& launch_config_schema();
-// The config text the kf-actor processes of an actor node read: cfg's with cluster.role
-// all (they read only the actor keys, through the common schema). Throws kf::Error if
-// the result does not load.
-std::string actor_node_worker_config(const Config& cfg);
-
 // The run name as tools/launch accepts it: 1..100 characters of [A-Za-z0-9._-], not
 // starting with '.' (it names the run folder; the shared memory is kf.<RunDir::shm_key()>.*).
 // Throws kf::Error naming `key`.

@@ -153,7 +153,7 @@ int main(int argc, char** argv) {
       config_file = run_path + "/config.yaml";
     }
     if (!name.empty()) sets.push_back("run.name=" + name);
-    cfg = kf::Config::load(config_file, sets, kf::launch::launch_config_schema());
+    cfg = kf::Config::load(config_file, sets);
     if (cfg.file_keys() == 0)
       throw kf::Error(config_file + ": the config sets no keys (an empty file); start from configs/default.yaml");
     if (slurm) {
@@ -200,7 +200,7 @@ int main(int argc, char** argv) {
                    plan.hosts[static_cast<std::size_t>(plan.node_id)], "): role ", plan.role, ", head ",
                    plan.head_host);
       sets.insert(sets.end(), plan.sets.begin(), plan.sets.end());
-      cfg = kf::Config::load(config_file, sets, kf::launch::launch_config_schema());
+      cfg = kf::Config::load(config_file, sets);
     }
     if (cfg.get_string("cluster.role") == "evaluators") {
       kf::launch::preflight_evaluator_node(cfg);
@@ -246,7 +246,7 @@ int main(int argc, char** argv) {
                          : kf::RunDir::open(run_path);
     // The snapshot names the run as it is on disk (a taken name got a -2 suffix).
     if (!evaluator_node) sets.push_back("run.name=" + run.name());
-    cfg = kf::Config::load(config_file, sets, kf::launch::launch_config_schema());
+    cfg = kf::Config::load(config_file, sets);
     kf::write_file_atomic(run.path() + "/config.yaml", cfg.to_yaml());  // on resume: --set changes persist
     kf::log_init("launch", 0, run.log_file("launch", 0));
     const auto level = cfg.get_string("run.log_level");
@@ -261,9 +261,7 @@ int main(int argc, char** argv) {
     lo.signals = &g_signals;
     if (learner_node) return kf::launch::run_learner_node(cfg, run, lo.binary_dir, lo.resumed, &g_signals);
     if (actor_node) {
-      const std::string worker_config = run.path() + "/actors-config.yaml";
-      kf::write_file_atomic(worker_config, kf::launch::actor_node_worker_config(cfg));
-      return kf::launch::run_actor_node(cfg, run, worker_config, lo.binary_dir, &g_signals);
+      return kf::launch::run_actor_node(cfg, run, run.path() + "/config.yaml", lo.binary_dir, &g_signals);
     }
     if (evaluator_node) return kf::launch::run_evaluator_node(cfg, run, lo.binary_dir, &g_signals);
     if (cfg.get_string("launch.mode") == "serial") return kf::launch::run_serial(cfg, run, lo);

@@ -7,10 +7,10 @@
 #include <map>
 
 #include "cluster.h"
-#include "launch_common.h"
 #include "kf/common/config.h"
 #include "kf/common/error.h"
-#include "kf/learner/comm.h"
+#include "kf/learner/learner.h"
+#include "launch_common.h"
 #include <torch/torch.h>
 
 namespace {
@@ -205,25 +205,21 @@ TEST(LaunchClusterTest, SlurmLearnersNodesGetTheirPlaceInOrder) {
   EXPECT_EQ(slurm_plan(env_of(e), roles).sets.size(), 3u);  // not a learners node
 }
 
-// Actor nodes: cluster.nodes may name them; the launcher's schema takes cluster.role actors
-// (the common schema may lack it), and the config an actor node's kf-actor processes read
-// loads with the common schema, with every other key kept.
+// Actor nodes: cluster.nodes may name them, and the schema takes cluster.role actors with every
+// other key kept (an actor node's kf-actor processes read the run's own config.yaml).
 TEST(LaunchClusterTest, ActorNodesInTheSlurmPlanAndTheirWorkersConfig) {
-  const Env e = {{"SLURM_JOB_ID", "7"}, {"SLURM_JOB_NODELIST", "n[1-3]"}, {"KF_SLURM_STEP", "1"}, {"SLURM_NODEID", "2"}};
+  const Env e = {
+      {"SLURM_JOB_ID", "7"}, {"SLURM_JOB_NODELIST", "n[1-3]"}, {"KF_SLURM_STEP", "1"}, {"SLURM_NODEID", "2"}};
   const auto p = slurm_plan(env_of(e), {"head", "evaluators", "actors"});
   EXPECT_EQ(p.role, "actors");
   EXPECT_EQ(p.head_host, "n1");
   EXPECT_EQ(p.sets.front(), "cluster.role=actors");
   const std::string text = "cluster: {role: actors, node_name: a1}\nactors: {group_size: 4}\n";
-  const auto cfg = kf::Config::parse(text, "c.yaml", {}, kf::launch::launch_config_schema());
+  const auto cfg = kf::Config::parse(text, "c.yaml");
   EXPECT_EQ(cfg.get_string("cluster.role"), "actors");
-  const auto worker = kf::Config::parse(kf::launch::actor_node_worker_config(cfg), "w.yaml");
-  EXPECT_EQ(worker.get_string("cluster.role"), "all");
-  EXPECT_EQ(worker.get_int("actors.group_size"), 4);
-  EXPECT_EQ(worker.get_string("cluster.node_name"), "a1");
+  EXPECT_EQ(cfg.get_int("actors.group_size"), 4);
+  EXPECT_EQ(cfg.get_string("cluster.node_name"), "a1");
   // Any other role is still refused by name.
-  EXPECT_NE(error_of([] {
-              kf::Config::parse("cluster: {role: trainers}\n", "c.yaml", {}, kf::launch::launch_config_schema());
-            }).find("cluster.role"),
+  EXPECT_NE(error_of([] { kf::Config::parse("cluster: {role: trainers}\n", "c.yaml"); }).find("cluster.role"),
             std::string::npos);
 }
