@@ -14,9 +14,7 @@
 #include <optional>
 
 #include "kf/common/log.h"
-#include "kf/learner/comm.h"
 #include "kf/learner/learner.h"
-#include "kf/learner/snapshot_publisher.h"
 #include "kf/replay/replay.h"
 
 #ifdef KF_HAVE_CUDA

@@ -34,13 +34,13 @@
 #include <string>
 #include <vector>
 
+#include "grad_buckets.h"
 #include "kf/bench/util.h"
 #include "kf/common/error.h"
-#include "kf/learner/comm.h"
-#include "kf/learner/grad_buckets.h"
-#include "kf/learner/loss.h"
-#include "kf/learner/optimizer.h"
+#include "kf/learner/learner.h"
 #include "kf/policy/policy.h"
+#include "loss.h"
+#include "optimizer.h"
 
 #ifdef KF_HAVE_CUDA
 #include <ATen/autocast_mode.h>

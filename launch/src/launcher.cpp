@@ -20,7 +20,7 @@
 #include "kf/common/log.h"
 #include "kf/common/metrics.h"
 #include "kf/evaluator/evaluator.h"
-#include "kf/learner/learner_config.h"
+#include "kf/learner/learner.h"
 #include "kf/policy/policy.h"
 #include "kf/replay/replay.h"
 #include "kf/tasks/tasks.h"

@@ -1,10 +1,10 @@
-#include "kf/learner/batch.h"
+#include "batch.h"
 
 #include <algorithm>
 #include <cmath>
 #include <numeric>
 
-#include "kf/learner/loss.h"
+#include "loss.h"
 
 namespace kf::learner {
 

@@ -1,4 +1,4 @@
-#include "kf/learner/checkpoint.h"
+#include "kf/learner/learner.h"
 
 #include <dirent.h>
 #include <fcntl.h>

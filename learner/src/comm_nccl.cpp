@@ -7,7 +7,7 @@
 
 #include "kf/common/error.h"
 #include "kf/common/log.h"
-#include "kf/learner/comm.h"
+#include "kf/learner/learner.h"
 
 #ifdef KF_HAVE_NCCL
 #include <c10/cuda/CUDAGuard.h>

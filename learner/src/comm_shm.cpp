@@ -25,7 +25,7 @@
 
 #include "kf/common/error.h"
 #include "kf/common/log.h"
-#include "kf/learner/comm.h"
+#include "kf/learner/learner.h"
 
 namespace kf::learner {
 namespace {

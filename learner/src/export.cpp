@@ -1,4 +1,4 @@
-#include "kf/learner/export.h"
+#include "kf/learner/learner.h"
 
 #include <limits.h>
 #include <stdlib.h>
@@ -10,7 +10,6 @@
 #include "kf/common/error.h"
 #include "kf/common/log.h"
 #include "kf/common/run_dir.h"
-#include "kf/learner/checkpoint.h"
 #include "kf/policy/policy.h"
 
 namespace kf::learner {

@@ -1,4 +1,4 @@
-#include "kf/learner/grad_buckets.h"
+#include "grad_buckets.h"
 
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>

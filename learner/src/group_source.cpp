@@ -1,4 +1,4 @@
-#include "kf/learner/group_source.h"
+#include "kf/learner/learner.h"
 
 #include <random>
 

@@ -9,16 +9,14 @@
 #include <nlohmann/json.hpp>
 #include <unordered_map>
 
+#include "batch.h"
+#include "grad_buckets.h"
 #include "kf/common/error.h"
 #include "kf/common/log.h"
 #include "kf/common/run_dir.h"
-#include "kf/learner/batch.h"
-#include "kf/learner/checkpoint.h"
-#include "kf/learner/grad_buckets.h"
-#include "kf/learner/loss.h"
-#include "kf/learner/optimizer.h"
-#include "kf/learner/snapshot_publisher.h"
 #include "kf/policy/policy.h"
+#include "loss.h"
+#include "optimizer.h"
 
 #ifdef KF_HAVE_CUDA
 #include <ATen/cuda/CUDAGeneratorImpl.h>

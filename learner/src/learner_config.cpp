@@ -1,4 +1,4 @@
-#include "kf/learner/learner_config.h"
+#include "kf/learner/learner.h"
 
 #include <unistd.h>
 

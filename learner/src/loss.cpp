@@ -1,4 +1,4 @@
-#include "kf/learner/loss.h"
+#include "loss.h"
 
 #include <algorithm>
 #include <cmath>

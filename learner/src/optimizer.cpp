@@ -1,11 +1,11 @@
-#include "kf/learner/optimizer.h"
+#include "optimizer.h"
 
 #include <algorithm>
 #include <cmath>
 
+#include "grad_buckets.h"
 #include "kf/common/error.h"
 #include "kf/common/log.h"
-#include "kf/learner/grad_buckets.h"
 
 namespace kf::learner {
 

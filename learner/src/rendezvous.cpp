@@ -8,7 +8,7 @@
 
 #include "kf/common/error.h"
 #include "kf/common/run_dir.h"
-#include "kf/learner/comm.h"
+#include "kf/learner/learner.h"
 #include "kf/replay/replay.h"
 #ifdef KF_HAVE_NETQUEUE
 #include "kf/netqueue/netqueue.h"

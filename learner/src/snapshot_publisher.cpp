@@ -1,4 +1,4 @@
-#include "kf/learner/snapshot_publisher.h"
+#include "kf/learner/learner.h"
 
 #include <chrono>
 #include <cstdio>

@@ -4,7 +4,7 @@
 
 #include "kf/common/error.h"
 #include "kf/common/log.h"
-#include "kf/learner/export.h"
+#include "kf/learner/learner.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"Export a learner checkpoint as an HF transformers folder"};

@@ -33,9 +33,6 @@
 #include "kf/common/error.h"
 #include "kf/common/log.h"
 #include "kf/common/metrics.h"
-#include "kf/learner/checkpoint.h"
-#include "kf/learner/comm.h"
-#include "kf/learner/group_source.h"
 #include "kf/learner/learner.h"
 #include "kf/policy/policy.h"
 

@@ -9,7 +9,7 @@
 
 #include "kf/common/error.h"
 
-#include "kf/learner/checkpoint.h"
+#include "kf/learner/learner.h"
 #include "shard_util.h"
 #include "test_util.h"
 

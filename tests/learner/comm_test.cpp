@@ -8,10 +8,9 @@
 #include <cmath>
 #include <cstring>
 
+#include "grad_buckets.h"
 #include "kf/common/error.h"
-#include "kf/learner/checkpoint.h"
-#include "kf/learner/comm.h"
-#include "kf/learner/grad_buckets.h"
+#include "kf/learner/learner.h"
 
 using namespace kf::learner;
 

@@ -5,8 +5,6 @@
 #include <nlohmann/json.hpp>
 
 #include "kf/common/safetensors.h"
-#include "kf/learner/checkpoint.h"
-#include "kf/learner/export.h"
 #include "kf/learner/learner.h"
 #include "kf/policy/policy.h"
 #include "test_util.h"

@@ -11,11 +11,9 @@
 #include <sstream>
 
 #include "kf/common/error.h"
-#include "kf/learner/checkpoint.h"
 #include "kf/learner/learner.h"
-#include "kf/learner/loss.h"
-#include "kf/learner/snapshot_publisher.h"
 #include "kf/policy/policy.h"
+#include "loss.h"
 #include "test_util.h"
 
 using namespace kf::learner;

@@ -14,11 +14,10 @@
 
 #include <ATen/autocast_mode.h>
 
-#include "kf/learner/batch.h"
-#include "kf/learner/group_source.h"
+#include "batch.h"
 #include "kf/learner/learner.h"
-#include "kf/learner/loss.h"
 #include "kf/policy/policy.h"
+#include "loss.h"
 
 using namespace kf::learner;
 

@@ -4,13 +4,12 @@
 
 #include <cmath>
 
+#include "grad_buckets.h"
 #include "kf/common/config.h"
 #include "kf/common/error.h"
-#include "kf/learner/comm.h"
-#include "kf/learner/grad_buckets.h"
-#include "kf/learner/learner_config.h"
-#include "kf/learner/optimizer.h"
+#include "kf/learner/learner.h"
 #include "kf/policy/policy.h"
+#include "optimizer.h"
 #include "shard_util.h"
 
 using namespace kf::learner;

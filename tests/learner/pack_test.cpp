@@ -10,10 +10,9 @@
 #include <cmath>
 #include <set>
 
+#include "batch.h"
 #include "kf/common/config.h"
 #include "kf/common/error.h"
-#include "kf/learner/batch.h"
-#include "kf/learner/checkpoint.h"
 #include "kf/learner/learner.h"
 #include "kf/policy/policy.h"
 #include "test_util.h"

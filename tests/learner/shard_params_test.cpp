@@ -12,7 +12,6 @@
 #include <thread>
 
 #include "kf/common/error.h"
-#include "kf/learner/checkpoint.h"
 #include "kf/learner/learner.h"
 #include "kf/policy/policy.h"
 #include "kf/replay/replay.h"

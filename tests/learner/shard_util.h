@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "kf/learner/checkpoint.h"
+#include "kf/learner/learner.h"
 #include "test_util.h"
 
 namespace kf::learner::test {

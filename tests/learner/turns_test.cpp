@@ -9,8 +9,8 @@
 #include <cstring>
 #include <numeric>
 
+#include "batch.h"
 #include "kf/common/error.h"
-#include "kf/learner/batch.h"
 #include "kf/replay/replay.h"
 
 using namespace kf::learner;

@@ -9,8 +9,7 @@
 #include "../test_support.h"
 #include "kf/common/error.h"
 #include "kf/common/run_dir.h"
-#include "kf/learner/checkpoint.h"
-#include "kf/learner/export.h"
+#include "kf/learner/learner.h"
 #include "kf/policy/policy.h"
 
 using json = nlohmann::json;

@@ -26,7 +26,7 @@
 #include <string>
 #include <vector>
 
-#include "kf/learner/learner_config.h"
+#include "kf/learner/learner.h"
 
 namespace kf::learner {
 

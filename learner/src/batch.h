@@ -17,7 +17,7 @@
 #include <utility>
 #include <vector>
 
-#include "kf/learner/learner_config.h"
+#include "kf/learner/learner.h"
 #include "kf/replay/replay.h"
 
 namespace kf::learner {

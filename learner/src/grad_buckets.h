@@ -53,8 +53,8 @@
 #include <string>
 #include <vector>
 
-#include "kf/learner/comm.h"
-#include "kf/learner/learner_config.h"
+#include "kf/learner/learner.h"
+#include "kf/learner/learner.h"
 
 namespace kf::policy {
 class ParamHooks;
