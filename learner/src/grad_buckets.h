@@ -54,7 +54,6 @@
 #include <vector>
 
 #include "kf/learner/learner.h"
-#include "kf/learner/learner.h"
 
 namespace kf::policy {
 class ParamHooks;
