@@ -32,7 +32,7 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-# The CompileService's defaults (compile.h: CompileOptions::cuda_flags, cuda_arch).
+# The CompileService's defaults (kf/evaluator/evaluator.h: CompileOptions::cuda_flags, cuda_arch).
 NVCC = "/usr/local/cuda/bin/nvcc"
 CUDA_FLAGS = ["-std=c++17", "-O3", "-shared", "-Xcompiler", "-fPIC"]
 CUDA_LIBS = ["-lcublas"]

@@ -1,5 +1,5 @@
 // The policy weight blob of the snapshot store, as the learner publishes it
-// (learner/include/kf/learner/snapshot_publisher.h): a safetensors image in memory (u64
+// (SnapshotPublisher, learner/include/kf/learner/learner.h): a safetensors image in memory (u64
 // header length, JSON header with HF parameter names, dtype, shape and offsets, then the
 // data), metadata "kf_version" = policy version.
 //

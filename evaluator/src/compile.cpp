@@ -1,4 +1,4 @@
-// Compile service (see compile.h): cache lookup, include policy, bounded compiler runs
+// Compile service (see kf/evaluator/evaluator.h): cache lookup, include policy, bounded compiler runs
 // in a confined view (process.h), and the check of the files the compiler opened.
 #include "kf/evaluator/evaluator.h"
 

@@ -19,7 +19,7 @@ uint32_t u32(const Config& c, const std::string& key, uint64_t lo, uint64_t hi) 
 RunShmConfig run_shm_config(const Config& c) {
   RunShmConfig r;
   r.candidates.capacity = u32(c, "replay.candidate_queue.capacity", 2, 1u << 20);
-  // The candidate queue's slots hold one handle each (run_shm.h); a candidate's size is
+  // The candidate queue's slots hold one handle each (RunShm, kf/replay/replay.h); a candidate's size is
   // bounded by replay.groups.group_bytes. A config that still sizes the slots is refused.
   const char* slot_key = "replay.candidate_queue.slot_bytes";
   for (const auto& k : config_schema())

@@ -1,4 +1,4 @@
-// Loads task artifacts (see task.h for the folder layout) and runs their graphs.
+// Loads task artifacts (see kf/tasks/tasks.h for the folder layout) and runs their graphs.
 #include "kf/tasks/tasks.h"
 
 #include <ATen/ATen.h>

@@ -1,4 +1,4 @@
-// Engine (engine.h): continuous batching over a paged KV cache must not change what is
+// Engine (kf/policy/policy.h): continuous batching over a paged KV cache must not change what is
 // sampled. Greedy tokens equal group-at-a-time decoding (policy::Sampler with the shared
 // prefill) for prompts of several lengths decoded concurrently, padding to batch buckets
 // changes nothing, log-probs equal the learner's recomputation under top-k/top-p, admission

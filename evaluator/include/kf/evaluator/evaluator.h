@@ -159,7 +159,7 @@ std::string check_source_policy(const std::string& source);
 
 // --- The evaluator's verdict on one candidate: plain data (no torch), with JSON and text
 // renderings. The verdict and its cause are the record layer's own types (replay/
-// records.h), so the shared-memory Result record carries them as they are.
+// replay.h), so the shared-memory Result record carries them as they are.
 
 using replay::Cause;
 using replay::cause_name;
@@ -181,7 +181,7 @@ struct Result {
   std::string diagnostics;      // compiler errors or worker log tail (truncated)
   TimeSummary ref_ms, cand_ms;  // timed trials
   double speedup = 0;           // ref median / candidate median (ok only); speedup_lo when timing_unstable
-  // The speedup's 95 % interval from the paired trials (stats.h: paired_speedup_interval).
+  // The speedup's 95 % interval from the paired trials (above: paired_speedup_interval).
   double speedup_lo = 0, speedup_hi = 0;
   // Correct, but its time could not be measured stably (spread over max_spread after
   // max_trials): still ok, and `speedup` is then the conservative estimate speedup_lo,
