@@ -111,8 +111,8 @@ Actor::Actor(ActorOptions opts, ActorPolicy policy, std::vector<std::shared_ptr<
       resolve_tree_path(opts_.template_path.empty() ? "configs/prompts/contrastive.txt" : opts_.template_path);
   tpl_ = PromptTemplate::load(tpl);
   if (opts_.turns > 1) {
-    const std::string fb = resolve_tree_path(opts_.feedback_path.empty() ? "configs/prompts/feedback.txt"
-                                                                         : opts_.feedback_path);
+    const std::string fb =
+        resolve_tree_path(opts_.feedback_path.empty() ? "configs/prompts/feedback.txt" : opts_.feedback_path);
     feedback_ = FeedbackTemplate::load(fb);
     log_info("actor ", opts_.id, ": multi-turn refinement, up to ", opts_.turns, " answers per member, feedback ", fb);
   }
@@ -170,20 +170,19 @@ void Actor::log_group(const GroupJob& job, std::size_t completions, const std::m
   for (const auto& [code, n] : codes) failures += n;
   std::size_t prompt_tokens = prompt.tokens.size();  // turn > 1: the longest member conversation
   for (const auto& m : job.members) prompt_tokens = std::max(prompt_tokens, m.tokens.size());
-  nlohmann::json j = {
-      {"t", std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count()},
-      {"actor", opts_.id},
-      {"group", job.group_id},
-      {"task", job.task->name()},
-      {"policy_version", job.version},
-      {"prompt_tokens", prompt_tokens},
-      {"exemplars_offered", prompt.offered},
-      {"exemplars_shown", prompt.shown.size()},
-      {"exemplars_cut", prompt.truncated},
-      {"exemplars_dropped", prompt.dropped},
-      {"completions", completions},
-      {"extraction_failures", failures},
-      {"extraction_codes", codes}};
+  nlohmann::json j = {{"t", std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count()},
+                      {"actor", opts_.id},
+                      {"group", job.group_id},
+                      {"task", job.task->name()},
+                      {"policy_version", job.version},
+                      {"prompt_tokens", prompt_tokens},
+                      {"exemplars_offered", prompt.offered},
+                      {"exemplars_shown", prompt.shown.size()},
+                      {"exemplars_cut", prompt.truncated},
+                      {"exemplars_dropped", prompt.dropped},
+                      {"completions", completions},
+                      {"extraction_failures", failures},
+                      {"extraction_codes", codes}};
   if (opts_.turns > 1) {
     j["turn"] = job.turn;
     j["parent_group"] = job.root_group_id;
@@ -709,7 +708,8 @@ void Actor::release_held() {
     try {
       if (shm_.replay().release_group(id)) ++released;
     } catch (const Error& e) {
-      log_error("actor ", opts_.id, ": releasing held group ", id, " failed (", e.what(), "); it waits for its deadline");
+      log_error("actor ", opts_.id, ": releasing held group ", id, " failed (", e.what(),
+                "); it waits for its deadline");
     }
   }
   log_info("actor ", opts_.id, ": stopping with ", awaiting_.size(), " group(s) awaiting results for a next turn (",
@@ -728,7 +728,8 @@ void Actor::poll_turns() {
     try {
       st = shm_.replay().peek_group(id, &g, /*release=*/true);
     } catch (const Error& e) {
-      log_error("actor ", opts_.id, ": reading held group ", id, " failed (", e.what(), "); its conversations end here");
+      log_error("actor ", opts_.id, ": reading held group ", id, " failed (", e.what(),
+                "); its conversations end here");
       st = replay::GroupPeek::absent;
     }
     if (st == replay::GroupPeek::pending) {
@@ -782,9 +783,8 @@ void Actor::build_followups(Awaiting& aw, const replay::ScoredGroup& g) {
     Member m;
     m.parent_index = prev.turn == 1 ? static_cast<uint32_t>(i) : prev.members[i].parent_index;
     m.conv = prev.turn == 1 ? first_turn(prev.prompt) : prev.members[i].conv;
-    const std::string fb =
-        feedback_.feedback(g.candidates[i], g.results[i], next.turn, static_cast<int>(opts_.turns), lang,
-                           opts_.extract.marker);
+    const std::string fb = feedback_.feedback(g.candidates[i], g.results[i], next.turn, static_cast<int>(opts_.turns),
+                                              lang, opts_.extract.marker);
     add_turn(m.conv, feedback_, aw.answers[i], fb);
     try {
       m.tokens = policy_.codec.encode(render_conversation(m.conv, chat.get()));
@@ -805,8 +805,8 @@ void Actor::build_followups(Awaiting& aw, const replay::ScoredGroup& g) {
   m_.turn_members_too_long += too_long;
   m_.followup_members += next.members.size();
   if (unscored || too_long)
-    log_info("actor ", opts_.id, ": group ", prev.group_id, " (task ", prev.task->name(), ", turn ", prev.turn, "): ",
-             next.members.size(), " member(s) go on to turn ", next.turn, ", ", unscored,
+    log_info("actor ", opts_.id, ": group ", prev.group_id, " (task ", prev.task->name(), ", turn ", prev.turn,
+             "): ", next.members.size(), " member(s) go on to turn ", next.turn, ", ", unscored,
              " without a result (lost, past the deadline, or an environment verdict), ", too_long,
              " over the context budget (actors.prompt.context_tokens - actors.sampling.max_new_tokens = ", budget, ")");
   if (!next.members.empty()) followups_.push_back(std::move(next));

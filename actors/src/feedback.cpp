@@ -19,9 +19,9 @@ FeedbackTemplate FeedbackTemplate::load(const std::string& path) {
   FeedbackTemplate f;
   f.tpl_ = PromptTemplate::load(path);
   // Every section once with every placeholder: a bad file fails here, not mid-run.
-  const std::vector<std::pair<std::string, std::string>> vars = {
-      {"verdict", ""}, {"reason", ""}, {"speedup", ""}, {"max_error", ""},
-      {"lang", ""},    {"marker", ""}, {"turn", ""},    {"turns", ""}};
+  const std::vector<std::pair<std::string, std::string>> vars = {{"verdict", ""},   {"reason", ""}, {"speedup", ""},
+                                                                 {"max_error", ""}, {"lang", ""},   {"marker", ""},
+                                                                 {"turn", ""},      {"turns", ""}};
   for (const char* s : kSections) (void)f.tpl_.render(s, vars);
   (void)f.raw_turn("");
   return f;
@@ -69,8 +69,7 @@ Conversation first_turn(const Prompt& p) {
   return c;
 }
 
-void add_turn(Conversation& conv, const FeedbackTemplate& tpl, const std::string& answer,
-              const std::string& feedback) {
+void add_turn(Conversation& conv, const FeedbackTemplate& tpl, const std::string& answer, const std::string& feedback) {
   conv.messages.push_back({"assistant", answer});
   conv.messages.push_back({"user", feedback});
   conv.raw += answer + tpl.raw_turn(feedback);

@@ -5,8 +5,9 @@
 // completion positions, in chunks of --logit-chunk, as learner.logit_chunk_tokens; or
 // --logprobs dense: token_logprobs over every position) and the GRPO loss (forward), backward into the gradient buckets
 // (backward), the buckets' all-reduce or reduce-scatter (sync), the global-norm clip and AdamW, plus the all-gather
-// when sharded (optimizer; not with --shard-params, whose forward and backward gather each layer). The device is synchronised between phases so each phase's time is its own (this removes the
-// learner's overlap of sync with backward).
+// when sharded (optimizer; not with --shard-params, whose forward and backward gather each layer). The device is
+// synchronised between phases so each phase's time is its own (this removes the learner's overlap of sync with
+// backward).
 //
 // Shape: a named one (tiny, qwen2.5-0.5b) or an HF config.json path (configs/shapes/*.json),
 // random init, no download. Weights fp32 with bf16 autocast on CUDA (the learner's default),
@@ -134,7 +135,8 @@ int main(int argc, char** argv) {
     if (pack && (bare || logprobs == "dense"))
       throw kf::Error("--pack: the packed row goes through selected_logprobs (no --bare, no --logprobs dense)");
     if (bare && shard_params)
-      throw kf::Error("--bare times a plain forward + backward: no --shard-params (it has no gradient buckets to free)");
+      throw kf::Error(
+          "--bare times a plain forward + backward: no --shard-params (it has no gradient buckets to free)");
     if (weights == "bf16" && !shard)
       throw kf::Error("--weights bf16 needs --shard (the fp32 master lives in the sharded optimizer)");
     if (seqs < 1 || micro < 1 || prompt < 1 || completion < 1 || steps < 1 || logit_chunk < 1 || lora_rank < 0)

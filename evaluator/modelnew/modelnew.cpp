@@ -23,7 +23,7 @@
 #include "kf/common/fsutil.h"
 #include "kf/common/gpu_lock.h"
 #include "kf/common/log.h"
-#include "process.h"       // defines: SpawnSpec, Confinement, run_bounded, pick_env
+#include "process.h"  // defines: SpawnSpec, Confinement, run_bounded, pick_env
 #include "sandbox.h"
 #include "sha256.h"        // defines: sha256_hex
 #include "tensor_check.h"  // defines: abi_dtype

@@ -64,7 +64,6 @@ struct CallOutcome {
 };
 const char* outcome_name(CallOutcome::Kind k);
 
-
 class Sandbox {
  public:
   // Spawns the worker for tensors of these layouts (inputs in ABI order, then outputs).

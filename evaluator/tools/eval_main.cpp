@@ -76,7 +76,8 @@ int main(int argc, char** argv) {
       }
       dir = tasks_dir + "/" + task_arg;
     }
-    if (!kf::fsutil::exists(dir + "/task.json")) throw kf::Error("no task artifact at '" + task_arg + "' or '" + dir + "'");
+    if (!kf::fsutil::exists(dir + "/task.json"))
+      throw kf::Error("no task artifact at '" + task_arg + "' or '" + dir + "'");
     task = kf::tasks::Task::load(dir);
     if (!task->has_backend(backend)) throw kf::Error("task " + task->name() + " has no " + backend_s + " artifact");
     if (backend == kf::tasks::Backend::CUDA && !kf::tasks::cuda_available())

@@ -136,7 +136,8 @@ void ActorNodeLink::Impl::publish_kernels() {
   nlohmann::json arr = nlohmann::json::array();
   for (const auto& task : shm.kernels().tasks())
     for (const auto& e : shm.kernels().entries(task))
-      arr.push_back({{"task", e.task}, {"speedup", e.speedup}, {"policy_version", e.policy_version}, {"source", e.source}});
+      arr.push_back(
+          {{"task", e.task}, {"speedup", e.speedup}, {"policy_version", e.policy_version}, {"source", e.source}});
   const uint64_t version = ++c.kernels_published;
   store.set(kKernelsKey, arr.dump());
   store.set(kKernelsVersionKey, std::to_string(version));
@@ -395,9 +396,9 @@ struct NodeLink {
       try {
         for (const auto& e : nlohmann::json::parse(*text)) {
           ++total;
-          const auto got = shm.kernels().insert({e.at("task").get<std::string>(), e.at("speedup").get<double>(),
-                                                 e.at("policy_version").get<int64_t>(),
-                                                 e.at("source").get<std::string>(), 0});
+          const auto got =
+              shm.kernels().insert({e.at("task").get<std::string>(), e.at("speedup").get<double>(),
+                                    e.at("policy_version").get<int64_t>(), e.at("source").get<std::string>(), 0});
           if (got == replay::InsertOutcome::inserted) ++added;
         }
       } catch (const std::exception& ex) {
@@ -414,7 +415,7 @@ struct NodeLink {
   // Candidates the actors queued: marked forwarded in this node's replay (its group is
   // complete once every candidate is), then the claim is released.
   void claim_forwarded() {
-    if (!outbox.empty()) return;  // kf:groups is full: the actors wait for queue room
+    if (!outbox.empty()) return;              // kf:groups is full: the actors wait for queue room
     std::vector<replay::CandidateRef> batch;  // handles: the candidates stay in their groups here
     std::vector<replay::ShmQueue::Slot> claims;
     if (shm.candidates().claim(batch, claims, 64, 0ms) == 0) return;
@@ -434,7 +435,8 @@ struct NodeLink {
         shm.candidates().raw().drop(&claims[i], 1);
         ++orphans;
         log_warn("launch: actor node ", co.node_name, ": candidate ", batch[i].candidate_id, " of group ",
-                 batch[i].group_id, " has no open group on this node any more (its deadline passed); counted lost (dropped)");
+                 batch[i].group_id,
+                 " has no open group on this node any more (its deadline passed); counted lost (dropped)");
       }
     }
   }
@@ -500,8 +502,8 @@ int run_actor_node(const Config& cfg, const RunDir& run, const std::string& work
     WorkerSpec w;
     w.role = "actor";
     w.id = i;
-    w.argv = {bin, "--run", run.shm_key(), "--config", worker_config, "--id", std::to_string(i), "--run-dir",
-              run.path()};
+    w.argv = {bin,    "--run",           run.shm_key(), "--config", worker_config,
+              "--id", std::to_string(i), "--run-dir",   run.path()};
     w.log_path = run.sub("logs") + "/actor-" + std::to_string(i) + ".out";
     sup.add(w);
   }
@@ -580,11 +582,11 @@ int run_actor_node(const Config& cfg, const RunDir& run, const std::string& work
   while (Clock::now() < until && link.step() && !link.outbox.empty()) {
   }
   const auto l = shm->candidate_ledger();
-  log_info("launch: actor node ", co.node_name, " finished (", why.empty() ? "every actor exited" : why, "): ",
-           link.groups_sent, " group(s) sent to the head, ", link.forwarded, " candidate(s) forwarded, ",
-           link.orphans, " lost here (group gone), ", link.outbox.size(), " group(s) never sent; candidates of this node: created ",
-           l.created, " = forwarded ", l.scored, " + lost ", l.lost(), " + queued ", l.queued, " + in flight ",
-           l.in_flight);
+  log_info("launch: actor node ", co.node_name, " finished (", why.empty() ? "every actor exited" : why,
+           "): ", link.groups_sent, " group(s) sent to the head, ", link.forwarded, " candidate(s) forwarded, ",
+           link.orphans, " lost here (group gone), ", link.outbox.size(),
+           " group(s) never sent; candidates of this node: created ", l.created, " = forwarded ", l.scored, " + lost ",
+           l.lost(), " + queued ", l.queued, " + in flight ", l.in_flight);
   shm->shutdown();
   return failed ? 1 : 0;
 #endif

@@ -42,7 +42,7 @@ inline constexpr const char* kWeightsKey = "kf:weights";  // "KFW1" + version (i
 inline constexpr const char* kWeightsVersionKey = "kf:weights:version";
 inline constexpr const char* kKernelsKey = "kf:kernels";  // JSON: [{task, speedup, policy_version, source}]
 inline constexpr const char* kKernelsVersionKey = "kf:kernels:version";
-inline constexpr const char* kRunStateKey = "kf:run:state";  // running | draining
+inline constexpr const char* kRunStateKey = "kf:run:state";      // running | draining
 inline constexpr const char* kActorNodesKey = "kf:actor_nodes";  // set by actor nodes: the head publishes
 // evaluator_id of the placeholder result an actor node writes into its own replay for a
 // candidate it forwarded (never leaves the node).

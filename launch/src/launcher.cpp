@@ -455,11 +455,11 @@ void Launcher::Impl::stop_network() {
     const ActorLinkCounters c = actor_link->counters();
     monitor.set_remote_samples(c.candidates_queued, c.actor_scored);  // the final counts
     const uint64_t left = actor_link->waiting();
-    log_info("launch: actor nodes: ", c.groups, " group(s) opened here (", c.candidates_queued, " candidate(s) queued, ",
-             c.actor_scored, " scored by their actors, ", c.lost, " reported lost), ", c.groups_dropped,
-             " dropped (replay full), ", c.duplicates, " duplicate(s), ", c.undecodable, " undecodable, ", left,
-             " left in ", kGroupsStream, " unopened; newest policy version sent ", c.weights_version, ", ", c.errors,
-             " redis error(s)");
+    log_info("launch: actor nodes: ", c.groups, " group(s) opened here (", c.candidates_queued,
+             " candidate(s) queued, ", c.actor_scored, " scored by their actors, ", c.lost, " reported lost), ",
+             c.groups_dropped, " dropped (replay full), ", c.duplicates, " duplicate(s), ", c.undecodable,
+             " undecodable, ", left, " left in ", kGroupsStream, " unopened; newest policy version sent ",
+             c.weights_version, ", ", c.errors, " redis error(s)");
     actor_link.reset();
   }
   if (bridge) {

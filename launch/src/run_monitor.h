@@ -133,8 +133,10 @@ class RunMonitor {
   };
   std::deque<RateSample> rate_;
   uint64_t remote_verified_ = 0;
-  uint64_t remote_samples_ = 0, remote_extract_fail_ = 0;  // from actor nodes (set_remote_samples)  // results from evaluator nodes (set_remote_verified)
-  double first_step_t_ = -1;      // when this launcher first saw a learner step
+  uint64_t remote_samples_ = 0,
+           remote_extract_fail_ =
+               0;  // from actor nodes (set_remote_samples)  // results from evaluator nodes (set_remote_verified)
+  double first_step_t_ = -1;  // when this launcher first saw a learner step
   int64_t first_step_ = 0;
 };
 

@@ -63,9 +63,8 @@ StepBatch build_step_batch(const std::vector<replay::ScoredGroup>& groups, int64
         ++out.counts.candidates_environment;
         continue;
       }
-      if (c.completion_tokens.empty() || c.behaviour_logprobs.size() != c.completion_tokens.size() ||
-          prompt.empty() || !ids_in_range(prompt, vocab_size) ||
-          !ids_in_range(c.completion_tokens, vocab_size)) {
+      if (c.completion_tokens.empty() || c.behaviour_logprobs.size() != c.completion_tokens.size() || prompt.empty() ||
+          !ids_in_range(prompt, vocab_size) || !ids_in_range(c.completion_tokens, vocab_size)) {
         ++out.counts.candidates_malformed;
         continue;
       }

@@ -57,10 +57,10 @@ GradBuckets::GradBuckets(const std::vector<std::pair<std::string, torch::Tensor>
   std::vector<int64_t> group_seen;
   for (int64_t i = n - 1; i >= 0; --i) {
     const int64_t numel = params_[i].numel();
-    const bool split = params_sharded_
-                           ? members.empty() || groups[i] != groups[members.back().back()]
-                           : members.empty() ||
-                                 (elems.back() > 0 && (elems.back() + numel) * 4 > static_cast<int64_t>(bucket_bytes));
+    const bool split =
+        params_sharded_
+            ? members.empty() || groups[i] != groups[members.back().back()]
+            : members.empty() || (elems.back() > 0 && (elems.back() + numel) * 4 > static_cast<int64_t>(bucket_bytes));
     if (split && params_sharded_) {
       if (std::find(group_seen.begin(), group_seen.end(), groups[i]) != group_seen.end())
         throw Error("learner gradient buckets: parameter '" + params[i].first + "' of group " +
@@ -176,7 +176,8 @@ void GradBuckets::store_shards() {
   if (!params_sharded_) return;
   torch::NoGradGuard ng;
   for (std::size_t b = 0; b < param_flat_.size(); ++b) {
-    if (!gathered_[b]) throw Error("learner gradient buckets: store_shards with bucket " + std::to_string(b) + " released");
+    if (!gathered_[b])
+      throw Error("learner gradient buckets: store_shards with bucket " + std::to_string(b) + " released");
     pshard_[b].copy_(param_flat_[b].narrow(0, shard_offset(b), shard_numel(b)));
   }
 }

@@ -105,11 +105,11 @@ class GradBuckets {
 
   // Sharded parameters (params_sharded() only; gather/release are no-ops otherwise).
   bool params_sharded() const { return params_sharded_; }
-  void gather(int64_t b);  // whole bucket b's weights (async with NCCL; no-op if gathered)
+  void gather(int64_t b);         // whole bucket b's weights (async with NCCL; no-op if gathered)
   void wait_gathered(int64_t b);  // the caller's stream waits for bucket b's gather (issued before)
-  void release(int64_t b);  // frees bucket b's whole weights (no-op if released)
+  void release(int64_t b);        // frees bucket b's whole weights (no-op if released)
   bool gathered(int64_t b) const { return params_sharded_ ? gathered_[b] != 0 : true; }
-  void gather_all();        // every bucket, waited for (snapshots, checkpoints, checksums)
+  void gather_all();  // every bucket, waited for (snapshots, checkpoints, checksums)
   void release_all();
   // After changing gathered weights in place (loading a checkpoint): this rank's slices
   // take the gathered values. Every bucket must be gathered.
@@ -140,13 +140,13 @@ class GradBuckets {
   std::vector<int64_t> in_flight_;  // buckets reduced, not yet added to acc_
   std::vector<char> seen_;          // per parameter: staged in the open round
   bool round_open_ = false;
-  std::vector<torch::Tensor> param_flat_;  // sharded: parameter storage, same layout
-  std::vector<torch::Tensor> pshard_;      // sharded parameters: this rank's slices
-  std::vector<char> gathered_;             // sharded parameters: bucket's storage allocated
+  std::vector<torch::Tensor> param_flat_;           // sharded: parameter storage, same layout
+  std::vector<torch::Tensor> pshard_;               // sharded parameters: this rank's slices
+  std::vector<char> gathered_;                      // sharded parameters: bucket's storage allocated
   std::vector<std::shared_ptr<void>> gather_mark_;  // sharded parameters: Communicator::mark() after the gather
-  std::vector<int64_t> bucket_of_;         // per parameter
-  std::vector<int64_t> offset_of_;         // per parameter: element offset in its bucket
-  std::vector<int64_t> bucket_size_;       // parameters per bucket
+  std::vector<int64_t> bucket_of_;                  // per parameter
+  std::vector<int64_t> offset_of_;                  // per parameter: element offset in its bucket
+  std::vector<int64_t> bucket_size_;                // parameters per bucket
   std::vector<int64_t> pending_;
   std::vector<torch::Tensor> params_;
   Communicator* comm_;

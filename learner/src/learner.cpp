@@ -127,9 +127,10 @@ Learner::Learner(LearnerConfig cfg, LearnerDeps deps) : cfg_(std::move(cfg)), de
   impl_->autocast = dev.is_cuda() && cfg_.precision != "fp32";
   const bool lora = cfg_.lora_rank > 0;
   if (lora && cfg_.shard == ShardMode::params)
-    throw Error("learner.dist.shard: params (ZeRO-3) cannot be combined with learner.lora.rank > 0 (LoRA trains "
-                "small adapters on a frozen base that every rank holds whole); use learner.dist.shard: gradients or "
-                "none with LoRA");
+    throw Error(
+        "learner.dist.shard: params (ZeRO-3) cannot be combined with learner.lora.rank > 0 (LoRA trains "
+        "small adapters on a frozen base that every rank holds whole); use learner.dist.shard: gradients or "
+        "none with LoRA");
   // The weights' dtype (learner.param_dtype). bf16 weights keep an fp32 master copy in the
   // optimizer. "auto": with LoRA the frozen base in the compute dtype (bf16 under autocast;
   // the adapters are fp32 anyway); full fine-tuning bf16 only when sharded under autocast,

@@ -11,8 +11,7 @@ using detail::Conn;
 
 struct KeyStore::Impl {
   Conn conn;
-  explicit Impl(const StreamConfig& c)
-      : conn(c.host, c.port, c.user, c.password, c.connect_timeout, c.io_timeout) {}
+  explicit Impl(const StreamConfig& c) : conn(c.host, c.port, c.user, c.password, c.connect_timeout, c.io_timeout) {}
   Conn& live() {
     if (conn.broken()) conn.reconnect();
     return conn;

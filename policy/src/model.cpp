@@ -281,20 +281,21 @@ struct LayerCheckpoint : public torch::autograd::Function<LayerCheckpoint> {
       out = layer->forward(x, RopeTables{saved[1], saved[2]}, mask, nullptr, 0);
     }
     torch::autograd::backward({out}, {grads[0]});
-    return {x.grad(),      torch::Tensor(), torch::Tensor(), torch::Tensor(),
+    return {x.grad(),        torch::Tensor(), torch::Tensor(), torch::Tensor(),
             torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
 }  // namespace
 
-torch::Tensor CausalLMImpl::run_layer(int64_t l, const torch::Tensor& x, const RopeTables& r,
-                                      const torch::Tensor& mask, KVCache* cache, bool ckpt) {
+torch::Tensor CausalLMImpl::run_layer(int64_t l, const torch::Tensor& x, const RopeTables& r, const torch::Tensor& mask,
+                                      KVCache* cache, bool ckpt) {
   auto* layer = model->layers[l]->as<DecoderLayerImpl>();
   if (hooks_) hooks_->pre_forward(l);
   torch::Tensor y;
   if (ckpt)
-    y = LayerCheckpoint::apply(x, r.cos, r.sin, mask.defined() ? mask : torch::empty({0}, x.options().dtype(torch::kBool)),
+    y = LayerCheckpoint::apply(x, r.cos, r.sin,
+                               mask.defined() ? mask : torch::empty({0}, x.options().dtype(torch::kBool)),
                                reinterpret_cast<int64_t>(layer), reinterpret_cast<int64_t>(hooks_), l);
   else
     y = layer->forward(x, r, mask, cache, l);
@@ -381,8 +382,7 @@ torch::Tensor CausalLMImpl::hidden_packed(const torch::Tensor& ids, const std::v
   auto x = model->embed_tokens(ids.to(dev, torch::kInt64));
   const bool ckpt = checkpointing_ && torch::GradMode::is_enabled();
   if (ckpt && !x.requires_grad()) x = x.detach().requires_grad_(true);  // as in hidden()
-  for (int64_t l = 0; l < static_cast<int64_t>(model->layers->size()); ++l)
-    x = run_layer(l, x, r, lens, nullptr, ckpt);
+  for (int64_t l = 0; l < static_cast<int64_t>(model->layers->size()); ++l) x = run_layer(l, x, r, lens, nullptr, ckpt);
   return model->norm(x);
 }
 

@@ -736,8 +736,8 @@ std::size_t CandidateQueue::claim(std::vector<Candidate>& out, std::vector<ShmQu
         if (unresolved) unresolved->scored.push_back(r);
       } else {
         raw().drop(&slots[i], 1);
-        log_error(who, ": candidate ", r.candidate_id, " (group ", r.group_id, ", index ", r.index_in_group,
-                  "): ", why, "; counted lost (candidate queue: dropped), nothing is scored, going on");
+        log_error(who, ": candidate ", r.candidate_id, " (group ", r.group_id, ", index ", r.index_in_group, "): ", why,
+                  "; counted lost (candidate queue: dropped), nothing is scored, going on");
         if (unresolved) unresolved->gone.push_back(r);
       }
     }

@@ -1135,14 +1135,23 @@ TEST(LaunchClusterTest, HeadActorNodeAndTwoEvaluatorNodesMatchOneNodeRun) {
   ::setenv("KF_REDIS_PASSWORD", ("pw" + std::to_string(getpid()) + "a5K").c_str(), 1);
   const std::string run = tmp.path + "/runs/" + name;
   auto node = [&](const std::string& role, int k) {
-    return std::vector<std::string>{cfg,      "--name", name, "--set", "cluster.role=" + role, "--set",
-                                    "cluster.node_name=n" + std::to_string(k), "--set",
-                                    "cluster.redis.host=" + head_addr(k), "--set", small_queue};
+    return std::vector<std::string>{cfg,
+                                    "--name",
+                                    name,
+                                    "--set",
+                                    "cluster.role=" + role,
+                                    "--set",
+                                    "cluster.node_name=n" + std::to_string(k),
+                                    "--set",
+                                    "cluster.redis.host=" + head_addr(k),
+                                    "--set",
+                                    small_queue};
   };
-  auto head = start_in(ns("h"),
-                       {cfg, "--name", name, "--set", "cluster.role=head", "--set", "cluster.redis.host=" + head_addr(1),
-                        "--set", "launch.drain_timeout_s=60", "--set", small_queue},
-                       tmp.path + "/head.txt");
+  auto head =
+      start_in(ns("h"),
+               {cfg, "--name", name, "--set", "cluster.role=head", "--set", "cluster.redis.host=" + head_addr(1),
+                "--set", "launch.drain_timeout_s=60", "--set", small_queue},
+               tmp.path + "/head.txt");
   auto ev1 = start_in(ns("1"), node("evaluators", 1), tmp.path + "/n1.txt");
   auto ev2 = start_in(ns("2"), node("evaluators", 2), tmp.path + "/n2.txt");
   auto act = start_in(ns("3"), node("actors", 3), tmp.path + "/n3.txt");
@@ -1161,7 +1170,8 @@ TEST(LaunchClusterTest, HeadActorNodeAndTwoEvaluatorNodesMatchOneNodeRun) {
   std::printf("one-node run %.1f s, cluster run (head) %.1f s, nodes ended %.1f s later%s\n",
               std::chrono::duration<double>(t1 - t0).count(), std::chrono::duration<double>(t2 - t1).count(),
               std::chrono::duration<double>(Clock::now() - t2).count(), netns ? " (network namespaces)" : "");
-  if (std::getenv("KF_TEST_SHOW_LOGS")) std::printf("%s\n----\n%s\n", log.c_str(), slurp(run + ".n3/logs/launch-0.log").c_str());
+  if (std::getenv("KF_TEST_SHOW_LOGS"))
+    std::printf("%s\n----\n%s\n", log.c_str(), slurp(run + ".n3/logs/launch-0.log").c_str());
   // The fields that must match the one-node run: steps, groups (sequences) trained, and
   // the account created = scored with nothing lost, queued or in flight.
   EXPECT_GE(learner_step(run), steps);

@@ -52,8 +52,8 @@ SyntheticConfig synth() {
 struct RankResult {
   std::string error;
   uint64_t checksum = 0;
-  Named weights;                     // whole, gathered
-  int64_t bytes_between_steps = -1;  // param_storage_bytes() after the last step
+  Named weights;                           // whole, gathered
+  int64_t bytes_between_steps = -1;        // param_storage_bytes() after the last step
   int64_t model_bytes_between_steps = -1;  // of that, the model's own parameter tensors
   std::vector<StepStats> steps;
   std::string checkpoint;  // rank 0: the path checkpoint() returned

@@ -190,9 +190,8 @@ TEST_F(ReplayRunShmTest, HungRunIsStaleOnlyWithoutAnyFreshHeartbeat) {
 }
 
 TEST(RunShmConfigTest, ReplayKeysReachTheSegmentsAndBadValuesNameTheKey) {
-  const kf::Config c =
-      kf::Config::parse("replay:\n  groups:\n    capacity: 17\n  candidate_queue:\n    capacity: 64\n",
-                        "test.yaml", {"replay.kernels.max_per_task=5"});
+  const kf::Config c = kf::Config::parse("replay:\n  groups:\n    capacity: 17\n  candidate_queue:\n    capacity: 64\n",
+                                         "test.yaml", {"replay.kernels.max_per_task=5"});
   const kf::replay::RunShmConfig r = kf::replay::run_shm_config(c);
   EXPECT_EQ(r.replay.capacity, 17u);
   EXPECT_EQ(r.candidates.capacity, 64u);
@@ -201,8 +200,7 @@ TEST(RunShmConfigTest, ReplayKeysReachTheSegmentsAndBadValuesNameTheKey) {
   EXPECT_EQ(r.candidates.max_claims, 3u);  // schema default
   // The candidate queue holds handles: a config that sizes its slots is refused by key name.
   try {
-    kf::replay::run_shm_config(
-        kf::Config::parse("replay:\n  candidate_queue:\n    slot_bytes: 65536\n", "old.yaml"));
+    kf::replay::run_shm_config(kf::Config::parse("replay:\n  candidate_queue:\n    slot_bytes: 65536\n", "old.yaml"));
     FAIL() << "expected kf::Error";
   } catch (const kf::Error& e) {
     EXPECT_NE(std::string(e.what()).find("replay.candidate_queue.slot_bytes"), std::string::npos) << e.what();

@@ -98,7 +98,8 @@ class ModelNewTest : public ::testing::TestWithParam<Entry> {};
 
 TEST_P(ModelNewTest, VerdictReasonAndCustomCodeFlag) {
   const Entry& e = GetParam();
-  if (e.cuda && !kf::tasks::cuda_available()) GTEST_SKIP() << "no CUDA device visible: " << e.file << " runs on the GPU machine";
+  if (e.cuda && !kf::tasks::cuda_available())
+    GTEST_SKIP() << "no CUDA device visible: " << e.file << " runs on the GPU machine";
   at::set_num_threads(2);
   const auto b = e.cuda ? kf::tasks::Backend::CUDA : kf::tasks::Backend::CPU;
   modelnew::Outcome o = modelnew::evaluate(*task(e.task), b, read(e.file), options(e.cuda), 1);

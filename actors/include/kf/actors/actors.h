@@ -574,16 +574,16 @@ class Actor {
     std::chrono::steady_clock::time_point since;
   };
   FeedbackTemplate feedback_;
-  std::map<uint64_t, Awaiting> awaiting_;                        // by group id
-  std::deque<GroupJob> followups_;                               // next turns, sampled first
+  std::map<uint64_t, Awaiting> awaiting_;                                 // by group id
+  std::deque<GroupJob> followups_;                                        // next turns, sampled first
   std::map<uint64_t, std::pair<uint64_t, std::size_t>> member_requests_;  // engine: request -> (group, member)
-  void poll_turns();                                             // held groups -> followups_
+  void poll_turns();                                                      // held groups -> followups_
   void release_held();  // lets the learner take the held groups; drops unsampled next turns
   void build_followups(Awaiting& aw, const replay::ScoredGroup& g);
   std::vector<RolloutSample> sample_members(const GroupJob& job);  // one completion per member
-  std::unique_ptr<policy::Engine> engine_;  // null: one group at a time
-  std::map<uint64_t, GroupJob> in_flight_;  // engine requests by group id
-  std::optional<GroupJob> next_group();     // task + prompt, or none (no usable task now)
+  std::unique_ptr<policy::Engine> engine_;                         // null: one group at a time
+  std::map<uint64_t, GroupJob> in_flight_;                         // engine requests by group id
+  std::optional<GroupJob> next_group();                            // task + prompt, or none (no usable task now)
   policy::SamplingParams sampling_params(uint64_t group_id);
   bool queue_has_room(uint64_t groups);
   StepResult step_engine(std::chrono::steady_clock::time_point t0);
@@ -652,8 +652,8 @@ class SerialRunner {
                std::vector<std::shared_ptr<const tasks::Task>> tasks, tasks::Backend backend,
                const std::string& verdict_log = "");  // ServiceOptions::verdict_log
   ~SerialRunner();
-  StepResult step();                                  // actor.step() then evaluate_pending()
-  std::size_t evaluate_pending();                     // drains the candidate queue; returns how many evaluated
+  StepResult step();               // actor.step() then evaluate_pending()
+  std::size_t evaluate_pending();  // drains the candidate queue; returns how many evaluated
   const SerialStats& stats() const { return stats_; }
   const std::vector<replay::Result>& results() const { return results_; }  // every result produced
 

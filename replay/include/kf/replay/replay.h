@@ -74,7 +74,7 @@ class ShmSegment {
  public:
   static constexpr std::size_t kHeaderBytes = 512;
   static constexpr uint64_t kSegmentMagic = 0x3130304D48534B46ULL;  // "KFSHM001"
-  static constexpr uint32_t kLayoutVersion = 3;  // 3: replay group slots carry a held flag
+  static constexpr uint32_t kLayoutVersion = 3;                     // 3: replay group slots carry a held flag
 
   // Creates `name` with `bytes` (header included), zero-filled. An existing segment
   // of that name that is stale is removed and replaced (logged); a live one makes
@@ -329,8 +329,8 @@ struct QueueLedger {
   uint64_t requeued = 0;       // events: claims of dead consumers put back, and give_back() calls
   uint64_t lost_producer = 0;  // producer died between acquire and commit
   uint64_t lost_consumer = 0;  // consumer died holding it and max_claims was used up (or 0)
-  uint64_t dropped = 0;        // a consumer gave up on it (drop(): its group was gone, or its result could not be stored)
-  uint64_t corrupt = 0;        // failed its checksum or decoding
+  uint64_t dropped = 0;  // a consumer gave up on it (drop(): its group was gone, or its result could not be stored)
+  uint64_t corrupt = 0;  // failed its checksum or decoding
   uint64_t lost_run_died = 0;  // still queued or claimed when the launcher died (salvage_or_count)
   uint64_t queued = 0;         // committed, waiting
   uint64_t in_flight = 0;      // claimed by a live (or not yet reaped) consumer
@@ -471,8 +471,8 @@ class CandidateQueue : public RecordQueue<CandidateRef> {
   // "evaluator 2"), the candidate, its group and what happens next, and appended to
   // *unresolved when given. Returns how many resolved; takes again (without waiting) while
   // every handle taken failed to resolve and the queue holds more.
-  std::size_t claim(std::vector<Candidate>& out, std::vector<ShmQueue::Slot>& claims, std::size_t max,
-                    Timeout timeout, const std::string& who, Unresolved* unresolved = nullptr);
+  std::size_t claim(std::vector<Candidate>& out, std::vector<ShmQueue::Slot>& claims, std::size_t max, Timeout timeout,
+                    const std::string& who, Unresolved* unresolved = nullptr);
   // Convenience for tools and tests acting as evaluators: claim() as "consumer", then
   // release every resolved claim.
   std::size_t pop_batch(std::vector<Candidate>& out, std::size_t max, Timeout timeout);
@@ -770,9 +770,8 @@ void parallel_copy(void* dst, const void* src, std::size_t n, int threads);
 // --- RunShm: all shared-memory segments of one run, named "kf.<run>.<part>"
 // (ctl, cand, replay, kdb, snap). A candidate lives in its replay group; the candidate
 // queue ("cand") carries handles of candidates (CandidateQueue), and evaluators write
-// results into the groups (ReplayBuffer::add_result): no queue carries a payload. The launcher creates them; workers attach by
-// run name. Parts share one random incarnation id, so a worker never mixes a stale
-// segment with a fresh one.
+// results into the groups (ReplayBuffer::add_result): no queue carries a payload. The launcher creates them; workers
+// attach by run name. Parts share one random incarnation id, so a worker never mixes a stale segment with a fresh one.
 //
 // Stale runs: create() finds an existing run of the same name stale if its creator
 // is dead (pid + start time), or if neither the creator (heartbeat()) nor any process
@@ -855,7 +854,7 @@ class RunShm {
   bool creator_ = false;
   bool shut_ = false;
   std::unique_ptr<ControlBlock> control_;
-  std::unique_ptr<ReplayBuffer> replay_;          // before candidates_: the queue resolves in it
+  std::unique_ptr<ReplayBuffer> replay_;  // before candidates_: the queue resolves in it
   std::unique_ptr<CandidateQueue> candidates_;
   std::unique_ptr<KernelDb> kernels_;
   std::unique_ptr<SnapshotStore> snapshots_;
