@@ -253,6 +253,15 @@ Prompt Actor::build_task_prompt(const tasks::Task& task, uint64_t seed) {
   return build_prompt(tpl_, policy_.codec, it->second, ex, po);
 }
 
+// A next turn goes before a new task.
+std::optional<Actor::GroupJob> Actor::next_job() {
+  if (followups_.empty()) return next_group();
+  GroupJob job = std::move(followups_.front());
+  followups_.pop_front();
+  job.version = version_;
+  return job;
+}
+
 std::optional<Actor::GroupJob> Actor::next_group() {
   // Task and prompt.
   if (picks_ % static_cast<uint64_t>(opts_.stats_refresh_every) == 0) {
@@ -325,14 +334,7 @@ StepResult Actor::step() {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     return StepResult::no_task;
   }
-  std::optional<GroupJob> job;
-  if (!followups_.empty()) {  // a next turn goes before a new task
-    job = std::move(followups_.front());
-    followups_.pop_front();
-    job->version = version_;
-  } else {
-    job = next_group();
-  }
+  std::optional<GroupJob> job = next_job();
   if (!job) return StepResult::no_task;
 
   // Back-pressure: wait for room for the whole group before spending time sampling.
@@ -386,14 +388,7 @@ StepResult Actor::step_engine(Clock::time_point t0) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
       continue;
     }
-    std::optional<GroupJob> job;
-    if (!followups_.empty()) {  // a next turn goes before a new task
-      job = std::move(followups_.front());
-      followups_.pop_front();
-      job->version = version_;
-    } else {
-      job = next_group();
-    }
+    std::optional<GroupJob> job = next_job();
     if (!job) break;
     if (job->turn > 1) {  // one request per member: each has its own conversation
       const uint64_t gid = job->group_id;

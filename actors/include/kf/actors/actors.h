@@ -584,6 +584,7 @@ class Actor {
   std::unique_ptr<policy::Engine> engine_;                         // null: one group at a time
   std::map<uint64_t, GroupJob> in_flight_;                         // engine requests by group id
   std::optional<GroupJob> next_group();                            // task + prompt, or none (no usable task now)
+  std::optional<GroupJob> next_job();                              // the oldest follow-up turn, else next_group()
   policy::SamplingParams sampling_params(uint64_t group_id);
   bool queue_has_room(uint64_t groups);
   StepResult step_engine(std::chrono::steady_clock::time_point t0);
