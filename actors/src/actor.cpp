@@ -27,6 +27,13 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double secs(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
 
+// Adds the seconds from its construction to its end of scope to one of the time split's counters.
+struct AddSeconds {
+  double& acc;
+  Clock::time_point t0 = Clock::now();
+  ~AddSeconds() { acc += secs(t0, Clock::now()); }
+};
+
 int64_t mono_ns() {
   timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -203,6 +210,7 @@ bool Actor::refresh_weights() {
   const auto info = snaps.latest();
   // Newer than what is loaded (-1: the initial weights) and not already found bad.
   if (info.version < 0 || info.version <= loaded_version_ || info.version == rejected_version_) return false;
+  AddSeconds timed{m_.weights_s};
   const auto got = snaps.read(blob_, 1);
   if (got.version < 0) return false;
   const std::string ctx = "snapshot v" + std::to_string(got.version) + " (" + shm_.run() + ")";
@@ -324,13 +332,14 @@ bool Actor::queue_has_room(uint64_t groups) {
 }
 
 StepResult Actor::step() {
-  const auto t0 = Clock::now();
+  AddSeconds elapsed{m_.elapsed_s};  // every return counts
   auto& ctl = shm_.control();
   ctl.heartbeat(slot_);
-  if (engine_) return step_engine(t0);
+  if (engine_) return step_engine();
   refresh_weights();
   poll_turns();
   if (opts_.wait_for_snapshot && m_.snapshots_loaded == 0) {
+    AddSeconds idle{m_.idle_s};
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     return StepResult::no_task;
   }
@@ -355,16 +364,15 @@ StepResult Actor::step() {
                                                policy_.valid_vocab, opts_.extract, opts_.shared_prefill);
   const double sampled_s = secs(s0, Clock::now());
   m_.sample_s += sampled_s;
+  if (job->turn > 1) m_.followup_sample_s += sampled_s;
   shm_.control().add_counter(slot_, replay::ControlBlock::kWorkMs, static_cast<uint64_t>(sampled_s * 1e3));
   shm_.control().add_counter(slot_, replay::ControlBlock::kGpuWaitMs,
                              static_cast<uint64_t>((gpu_share_.wait_seconds() - m_.gpu_wait_s) * 1e3));
   m_.gpu_wait_s = gpu_share_.wait_seconds();
-  const auto res = finish_group(std::move(*job), std::move(samples));
-  m_.elapsed_s += secs(t0, Clock::now());
-  return res;
+  return finish_group(std::move(*job), std::move(samples));
 }
 
-StepResult Actor::step_engine(Clock::time_point t0) {
+StepResult Actor::step_engine() {
   auto& ctl = shm_.control();
   // Weights change only while no group is in flight: a newer snapshot stops new groups
   // until the engine drains, then loads.
@@ -378,13 +386,13 @@ StepResult Actor::step_engine(Clock::time_point t0) {
   // Top up: enough groups to fill max_sequences, plus one waiting to join as rows end.
   const auto G = static_cast<uint64_t>(opts_.group_size);
   const uint64_t want = (static_cast<uint64_t>(opts_.engine_max_sequences) + G - 1) / G + 1;
-  const auto bp0 = Clock::now();
   while (may_add && in_flight_.size() < want && !stopping()) {
     if (!queue_has_room(in_flight_.size() + 1)) {
       if (!in_flight_.empty()) break;  // the groups in flight make progress meanwhile
       const auto st = ctl.state();
       if (st == replay::RunState::stopped || st == replay::RunState::draining) return StepResult::stopped;
       ctl.heartbeat(slot_);
+      AddSeconds waited{m_.backpressure_s};
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
       continue;
     }
@@ -430,9 +438,9 @@ StepResult Actor::step_engine(Clock::time_point t0) {
     }
     in_flight_.emplace(job->group_id, std::move(*job));
   }
-  m_.backpressure_s += secs(bp0, Clock::now());
   if (in_flight_.empty()) {
     if (stopping()) return StepResult::stopped;
+    AddSeconds idle{m_.idle_s};
     std::this_thread::sleep_for(std::chrono::milliseconds(opts_.wait_for_snapshot ? 50 : 1));
     return StepResult::no_task;
   }
@@ -469,7 +477,6 @@ StepResult Actor::step_engine(Clock::time_point t0) {
     const auto got = finish_group(std::move(job), std::move(samples));
     if (res == StepResult::no_task || got != StepResult::pushed) res = got;
   }
-  m_.elapsed_s += secs(t0, Clock::now());
   return res;
 }
 
@@ -529,6 +536,7 @@ StepResult Actor::finish_group(GroupJob job, std::vector<RolloutSample> samples)
   const bool hold = job.turn < opts_.turns;  // the next turn reads the results before the learner takes them
   bool opened = false;
   try {
+    AddSeconds waited{m_.push_wait_s};  // waits only while the replay buffer is full
     opened = shm_.replay().open_group(cands, deadline, std::chrono::seconds(5), hold);
   } catch (const Error& e) {
     log_error("actor ", opts_.id, ": group for task ", task->name(), " not opened (", e.what(),
@@ -568,6 +576,7 @@ StepResult Actor::finish_group(GroupJob job, std::vector<RolloutSample> samples)
       continue;
     }
     bool ok = false;
+    AddSeconds waited{m_.push_wait_s};  // waits only while the candidate queue is full
     while (!ok) {
       c.t_pushed_ns = mono_ns();
       ok = queue.push(replay::ref_of(c), std::chrono::milliseconds(200));  // the handle: c lives in its group
@@ -606,9 +615,17 @@ std::string Actor::metrics_json() const {
   j["tokens_per_s"] = m_.sample_s > 0 ? double(m_.completion_tokens) / m_.sample_s : 0.0;
   j["policy_lag_mean"] = m_.pushed ? m_.lag_sum / double(m_.pushed) : 0.0;
   j["policy_lag_max"] = m_.lag_max;
-  j["backpressure_s"] = m_.backpressure_s;
+  // The time split of step() (ActorMetrics).
+  j["elapsed_s"] = m_.elapsed_s;
   j["sample_s"] = m_.sample_s;
   j["gpu_wait_s"] = m_.gpu_wait_s;
+  j["backpressure_s"] = m_.backpressure_s;
+  j["push_wait_s"] = m_.push_wait_s;
+  j["weights_s"] = m_.weights_s;
+  j["idle_s"] = m_.idle_s;
+  j["turn_s"] = m_.turn_s;
+  j["other_s"] = std::max(0.0, m_.elapsed_s - m_.sample_s - m_.backpressure_s - m_.push_wait_s - m_.weights_s -
+                                   m_.idle_s - m_.turn_s);
   j["snapshots_loaded"] = m_.snapshots_loaded;
   j["snapshots_rejected"] = m_.snapshots_rejected;
   j["groups_dropped"] = m_.groups_dropped;
@@ -624,6 +641,9 @@ std::string Actor::metrics_json() const {
     j["turn_groups_timed_out"] = m_.turn_groups_timed_out;
     j["turn_members_unscored"] = m_.turn_members_unscored;
     j["turn_members_too_long"] = m_.turn_members_too_long;
+    j["turn_groups_read"] = m_.turn_groups_read;
+    j["turn_hold_mean_s"] = m_.turn_groups_read ? m_.turn_hold_s / double(m_.turn_groups_read) : 0.0;
+    if (!engine_) j["followup_sample_s"] = m_.followup_sample_s;
   }
   if (engine_) {
     const auto es = engine_->stats();
@@ -715,6 +735,8 @@ void Actor::release_held() {
 }
 
 void Actor::poll_turns() {
+  if (awaiting_.empty()) return;
+  AddSeconds timed{m_.turn_s};
   for (auto it = awaiting_.begin(); it != awaiting_.end();) {
     const uint64_t id = it->first;
     Awaiting& aw = it->second;
@@ -748,6 +770,8 @@ void Actor::poll_turns() {
       it = awaiting_.erase(it);
       continue;
     }
+    ++m_.turn_groups_read;
+    m_.turn_hold_s += secs(aw.since, Clock::now());
     build_followups(aw, g);
     it = awaiting_.erase(it);
   }

@@ -488,8 +488,16 @@ struct ActorMetrics {
   int64_t policy_version = 0;
   double lag_sum = 0;
   int64_t lag_max = 0;
+  // Where step()'s wall time goes (elapsed_s): sampling, waiting for queue room before
+  // sampling, handing a sampled group over (replay buffer or candidate queue full),
+  // loading snapshots, nothing to sample, and the multi-turn bookkeeping; the rest
+  // (extraction, prompts, group log) is elapsed_s minus these.
   double sample_s = 0, backpressure_s = 0, elapsed_s = 0;
   double gpu_wait_s = 0;                             // of sample_s: waiting for the GPU while the evaluator timed
+  double push_wait_s = 0;                            // a sampled group waiting for replay or queue room
+  double weights_s = 0;                              // reading and loading policy snapshots
+  double idle_s = 0;                                 // nothing to sample (first snapshot, no usable task, engine empty)
+  double turn_s = 0;                                 // polling held groups, building follow-up prompts
   std::map<std::string, uint64_t> extraction_codes;  // failure code -> count
   std::map<std::string, uint64_t> finish_reasons;    // "eos", "loop", "length" -> completions
   // multi-turn (actors.turns > 1)
@@ -499,6 +507,9 @@ struct ActorMetrics {
   uint64_t turn_groups_timed_out = 0;  // held groups never ready within group_deadline_s (+60 s)
   uint64_t turn_members_unscored = 0;  // members without a result (lost, deadline) or environment verdicts
   uint64_t turn_members_too_long = 0;  // conversations over the context budget
+  uint64_t turn_groups_read = 0;       // held groups whose results were read (then released to the learner)
+  double turn_hold_s = 0;              // summed over those: opened -> read (the learner could not take them)
+  double followup_sample_s = 0;        // of sample_s: sampling turn > 1 groups (one group at a time only)
 };
 
 enum class StepResult { pushed, dropped, stopped, no_task };
@@ -587,7 +598,7 @@ class Actor {
   std::optional<GroupJob> next_job();                              // the oldest follow-up turn, else next_group()
   policy::SamplingParams sampling_params(uint64_t group_id);
   bool queue_has_room(uint64_t groups);
-  StepResult step_engine(std::chrono::steady_clock::time_point t0);
+  StepResult step_engine();
   StepResult finish_group(GroupJob job, std::vector<RolloutSample> samples);  // extract, open, push
   void log_group(const GroupJob& job, std::size_t completions, const std::map<std::string, uint64_t>& codes);
 };
