@@ -346,15 +346,16 @@ StepResult Actor::step() {
   std::optional<GroupJob> job = next_job();
   if (!job) return StepResult::no_task;
 
-  // Back-pressure: wait for room for the whole group before spending time sampling.
-  const auto bp0 = Clock::now();
+  // Back-pressure: wait for room for the whole group before spending time sampling. Held
+  // groups are read meanwhile: the learner takes each one as soon as its results are in.
   while (!queue_has_room(1)) {
     const auto st = ctl.state();
     if (stopping() || st == replay::RunState::stopped || st == replay::RunState::draining) return StepResult::stopped;
     ctl.heartbeat(slot_);
+    poll_turns();
+    AddSeconds waited{m_.backpressure_s};
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  m_.backpressure_s += secs(bp0, Clock::now());
 
   // Sample.
   const auto sp = sampling_params(job->group_id);
@@ -383,15 +384,22 @@ StepResult Actor::step_engine() {
   poll_turns();
   const bool may_add =
       !(opts_.wait_for_snapshot && m_.snapshots_loaded == 0) && !(snapshot_waiting && !engine_->idle());
-  // Top up: enough groups to fill max_sequences, plus one waiting to join as rows end.
+  // Top up: enough sequences to fill max_sequences, plus one group waiting to join as rows
+  // end. Sequences, not groups: a later turn's group holds only the members that went on.
   const auto G = static_cast<uint64_t>(opts_.group_size);
-  const uint64_t want = (static_cast<uint64_t>(opts_.engine_max_sequences) + G - 1) / G + 1;
-  while (may_add && in_flight_.size() < want && !stopping()) {
+  const uint64_t want = static_cast<uint64_t>(opts_.engine_max_sequences) + G;
+  auto sequences = [&]() {
+    uint64_t n = 0;
+    for (const auto& [id, j] : in_flight_) n += j.turn > 1 ? j.members_pending : G;
+    return n;
+  };
+  while (may_add && sequences() < want && !stopping()) {
     if (!queue_has_room(in_flight_.size() + 1)) {
       if (!in_flight_.empty()) break;  // the groups in flight make progress meanwhile
       const auto st = ctl.state();
       if (st == replay::RunState::stopped || st == replay::RunState::draining) return StepResult::stopped;
       ctl.heartbeat(slot_);
+      poll_turns();
       AddSeconds waited{m_.backpressure_s};
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
       continue;
@@ -533,7 +541,25 @@ StepResult Actor::finish_group(GroupJob job, std::vector<RolloutSample> samples)
   // the candidate from the group, so the group must exist before its handle is queued.
   const auto deadline =
       std::chrono::duration_cast<replay::Timeout>(std::chrono::duration<double>(opts_.group_deadline_s));
-  const bool hold = job.turn < opts_.turns;  // the next turn reads the results before the learner takes them
+  // Members that may answer again. A conversation holds at least its prompt and its answer
+  // (the feedback comes on top), so a member whose prompt and answer already fill the
+  // context budget ends here: known now, not after its result. A group none of whose members
+  // can go on is not held: the learner takes it as soon as it is scored.
+  std::vector<bool> may_go_on(samples.size(), false);
+  uint64_t too_long = 0;
+  const std::size_t budget = static_cast<std::size_t>(opts_.context_tokens - opts_.max_new_tokens);
+  if (job.turn < opts_.turns) {
+    for (std::size_t i = 0; i < samples.size(); ++i) {
+      const auto& comp = samples[i].completion;
+      const std::size_t answer =
+          comp.tokens.size() - (comp.finish_reason == "eos" && !comp.tokens.empty() ? std::size_t(1) : 0);
+      const std::size_t conv = (job.turn > 1 ? job.members[i].tokens.size() : prompt.tokens.size()) + answer;
+      may_go_on[i] = conv < budget;
+      if (!may_go_on[i]) ++too_long;
+    }
+  }
+  // The next turn reads the results before the learner takes them.
+  const bool hold = std::find(may_go_on.begin(), may_go_on.end(), true) != may_go_on.end();
   bool opened = false;
   try {
     AddSeconds waited{m_.push_wait_s};  // waits only while the replay buffer is full
@@ -552,9 +578,17 @@ StepResult Actor::finish_group(GroupJob job, std::vector<RolloutSample> samples)
   ctl.add_counter(slot_, 1, 1);
   log_group(job, cands.size(), group_codes);
   if (job.turn > 1) ++m_.followup_groups;
+  if (too_long) {
+    m_.turn_members_too_long += too_long;
+    log_info("actor ", opts_.id, ": group ", group_id, " (task ", task->name(), ", turn ", job.turn, "): ", too_long,
+             " of ", samples.size(), " member(s) end here, their prompt and answer filling the context budget (",
+             "actors.prompt.context_tokens - actors.sampling.max_new_tokens = ", budget, ")",
+             hold ? "" : "; the group is not held, the learner takes it once scored");
+  }
   if (hold) {
     Awaiting aw;
     aw.job = job;
+    aw.may_go_on = may_go_on;
     for (const auto& s : samples) aw.answers.push_back(s.text);
     aw.since = Clock::now();
     awaiting_.emplace(group_id, std::move(aw));
@@ -576,14 +610,17 @@ StepResult Actor::finish_group(GroupJob job, std::vector<RolloutSample> samples)
       continue;
     }
     bool ok = false;
-    AddSeconds waited{m_.push_wait_s};  // waits only while the candidate queue is full
     while (!ok) {
       c.t_pushed_ns = mono_ns();
-      ok = queue.push(replay::ref_of(c), std::chrono::milliseconds(200));  // the handle: c lives in its group
+      {
+        AddSeconds waited{m_.push_wait_s};                                    // blocks only while the queue is full
+        ok = queue.push(replay::ref_of(c), std::chrono::milliseconds(100));  // the handle: c lives in its group
+      }
       if (ok) break;
       const auto st = ctl.state();
       if (stopping() || st == replay::RunState::stopped || st == replay::RunState::draining) break;
       ctl.heartbeat(slot_);
+      poll_turns();  // held groups whose results came in go to the learner meanwhile
     }
     if (!ok) {
       unpushed.push_back(c.id);
@@ -794,6 +831,7 @@ void Actor::build_followups(Awaiting& aw, const replay::ScoredGroup& g) {
   const std::size_t budget = static_cast<std::size_t>(opts_.context_tokens - opts_.max_new_tokens);
   uint64_t unscored = 0, too_long = 0;
   for (std::size_t i = 0; i < g.candidates.size() && i < aw.answers.size(); ++i) {
+    if (i < aw.may_go_on.size() && !aw.may_go_on[i]) continue;  // counted when the group was opened
     if (i >= g.results.size() || (i < g.missing.size() && g.missing[i]) ||
         g.results[i].cause == replay::Cause::environment) {
       ++unscored;
@@ -831,15 +869,16 @@ void Actor::build_followups(Awaiting& aw, const replay::ScoredGroup& g) {
   if (!next.members.empty()) followups_.push_back(std::move(next));
 }
 
+// The members decode together, one row each (their conversations differ: left-padded to the
+// longest, as policy::Sampler batches prompts), not one after another.
 std::vector<RolloutSample> Actor::sample_members(const GroupJob& job) {
-  std::vector<RolloutSample> out;
-  for (std::size_t i = 0; i < job.members.size(); ++i) {
-    const auto sp = sampling_params(job.group_id ^ splitmix(uint64_t(i) + 1));
-    auto s = rollout_group(policy_.model, policy_.codec, job.members[i].tokens, 1, sp, policy_.valid_vocab,
-                           opts_.extract, opts_.shared_prefill);
-    out.push_back(std::move(s.at(0)));
-  }
-  return out;
+  std::vector<std::vector<int32_t>> prompts;
+  prompts.reserve(job.members.size());
+  for (const auto& m : job.members) prompts.push_back(m.tokens);
+  auto sp = sampling_params(job.group_id);
+  sp.shared_prefill = false;
+  policy::Sampler sampler(policy_.model, nullptr);
+  return rollout_samples(policy_.codec, sampler.generate(prompts, sp), opts_.extract);
 }
 
 }  // namespace kf::actors

@@ -327,3 +327,140 @@ TEST(ActorTurnsTest, CudaEngineSamplesEachMemberOfALaterTurnWithItsOwnPrompt) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   engine_turns(true);
 }
+
+namespace {
+// A run whose candidate queue holds `queue` handles: the actor meets back-pressure at once.
+struct SmallQueueRun {
+  std::string name;
+  std::unique_ptr<rp::RunShm> shm;
+  SmallQueueRun(const std::string& tag, uint32_t queue) : name(test::run_name(tag)) {
+    rp::RunShmConfig c;
+    c.candidates.capacity = queue;
+    c.replay.capacity = 16;
+    c.replay.group_bytes = 4u << 20;
+    c.kernels = {64, 64 * 1024, 16};
+    c.snapshot.max_bytes = 8u << 20;
+    shm = rp::RunShm::create(name, c);
+    shm->control().set_state(rp::RunState::running);
+  }
+  ~SmallQueueRun() { shm->shutdown(); }
+};
+
+void score_all(rp::ReplayBuffer& replay, const std::vector<rp::Candidate>& cands) {
+  for (const auto& c : cands) {
+    rp::Result r;
+    r.candidate_id = c.id;
+    r.group_id = c.group_id;
+    r.index_in_group = c.index_in_group;
+    r.verdict = rp::Verdict::compile_error;
+    r.reason = "error: expected ';' before '}' token";
+    r.reward = -1;
+    r.evaluator_id = 0;
+    ASSERT_TRUE(replay.add_result(r));
+  }
+}
+}  // namespace
+
+// A held group whose results come in while the actor waits for room in the candidate queue
+// goes to the learner then, not after the actor's next group: the learner is not held up
+// by the actor's back-pressure.
+TEST(ActorTurnsTest, HeldGroupReachesTheLearnerWhileTheActorWaitsForQueueRoom) {
+  KF_NEED_TASKS();
+  SmallQueueRun run("t8", 2);  // one group of 2
+  auto o = random_policy_options(2);
+  o.score_extraction_failures = false;  // every candidate goes through the queue
+  Actor actor(o, test::tiny_policy(8), load_actor_tasks(o), *run.shm);
+  ASSERT_EQ(actor.step(), StepResult::pushed);  // group A, held; its 2 handles fill the queue
+  auto& queue = run.shm->candidates();
+  std::vector<rp::Candidate> a;
+  ASSERT_EQ(queue.pop_batch(a, 2, 1s), 2u);  // the test is A's evaluator
+  // Someone else's group fills the queue again: the actor's next group must wait.
+  std::vector<rp::Candidate> other(2);
+  for (uint32_t i = 0; i < 2; ++i) {
+    other[i].id = 900 + i;
+    other[i].task = "001_relu";
+    other[i].group_id = 4343;
+    other[i].index_in_group = i;
+    other[i].prompt_tokens = {1, 2};
+  }
+  ASSERT_TRUE(run.shm->replay().open_group(other, 60s));
+  for (const auto& c : other) ASSERT_TRUE(queue.push(rp::ref_of(c), 1s));
+
+  std::thread stepper([&] { actor.step(); });  // polls A (pending), picks a new task, waits for room
+  std::this_thread::sleep_for(300ms);
+  score_all(run.shm->replay(), a);  // A's results arrive while the actor waits
+  std::vector<rp::ScoredGroup> out;
+  const std::size_t got = run.shm->replay().take_ready(out, 8, 0, 100, 3s);
+  const bool waiting = run.shm->replay().stats().opened == 2;  // A and the other group: the step's is not open yet
+  std::vector<rp::Candidate> drain;
+  queue.pop_batch(drain, 2, 1s);  // room again: the step samples and pushes its group
+  stepper.join();
+  queue.pop_batch(drain, 2, 1s);  // and room for the next
+  ASSERT_EQ(got, 1u) << "the scored turn-1 group stayed held while the actor waited for queue room";
+  EXPECT_EQ(out[0].group_id, a[0].group_id);
+  EXPECT_TRUE(waiting) << "the group was taken while the actor still waited";
+  EXPECT_EQ(actor.metrics().turn_groups_read, 1u);
+  EXPECT_EQ(actor.metrics().followup_members, 2u) << "A's members go on to turn 2";
+  EXPECT_GT(actor.metrics().backpressure_s, 0.2);
+  EXPECT_EQ(actor.metrics().groups, 2u);
+  EXPECT_EQ(actor.step(), StepResult::pushed);  // turn 2 of A goes before a new task
+  EXPECT_EQ(actor.metrics().followup_groups, 1u);
+}
+
+// A member whose prompt and answer already fill the context budget cannot get a next turn;
+// the actor knows it when it samples. A group none of whose members can go on is not held:
+// the learner takes it once scored, as with one turn.
+TEST(ActorTurnsTest, GroupWithNoMemberThatFitsANextTurnIsNotHeld) {
+  KF_NEED_TASKS();
+  test::RunFixture run("t9");
+  auto o = random_policy_options(2);
+  o.exemplars = 0;
+  auto tasks = load_actor_tasks(o);
+  std::size_t prompt_len = 0;
+  {
+    test::RunFixture probe("t9p");
+    Actor a(o, test::tiny_policy(9), tasks, *probe.shm);
+    prompt_len = a.build_task_prompt(*tasks[0], 0).tokens.size();
+  }
+  // Room for the prompt and one more token: any answer fills the budget.
+  o.context_tokens = static_cast<int64_t>(prompt_len) + o.max_new_tokens + 1;
+  Actor actor(o, test::tiny_policy(9), tasks, *run.shm);
+  ASSERT_EQ(actor.step(), StepResult::pushed);
+  std::vector<rp::ScoredGroup> out;
+  ASSERT_EQ(run.shm->replay().take_ready(out, 8, 0, 100, 0ms), 1u)
+      << "the group was held though no member's conversation can fit a next turn";
+  EXPECT_EQ(out[0].candidates[0].turn, 1u);
+  EXPECT_EQ(actor.metrics().turn_members_too_long, 2u);
+  ASSERT_EQ(actor.step(), StepResult::pushed);  // a new task: there is no next turn to sample
+  EXPECT_EQ(actor.metrics().followup_groups, 0u);
+  EXPECT_EQ(actor.metrics().followup_members, 0u);
+  EXPECT_EQ(actor.metrics().turn_members_too_long, 4u);
+}
+
+// Turn 2 without the engine: the members' conversations differ, and they decode together,
+// each under its own prompt (behaviour log-probs as the learner recomputes them).
+TEST(ActorTurnsTest, LaterTurnMembersDecodeTogetherEachUnderItsOwnPrompt) {
+  KF_NEED_TASKS();
+  test::RunFixture run("t10");
+  auto o = random_policy_options(2);
+  o.group_size = 4;
+  o.exemplars = 0;
+  o.temperature = 0.9;
+  auto pol = test::tiny_policy(10);
+  auto model = pol.model;
+  Actor actor(o, std::move(pol), load_actor_tasks(o), *run.shm);
+  ASSERT_EQ(actor.step(), StepResult::pushed);
+  ASSERT_EQ(actor.step(), StepResult::pushed);
+  ASSERT_EQ(actor.metrics().followup_groups, 1u);
+  std::vector<rp::ScoredGroup> out;
+  ASSERT_EQ(run.shm->replay().take_ready(out, 8, 0, 100, 1s), 2u);
+  const auto* t2 = find_turn(out, 2);
+  ASSERT_NE(t2, nullptr);
+  ASSERT_EQ(t2->candidates.size(), 4u);
+  for (std::size_t i = 0; i < t2->candidates.size(); ++i) {
+    const auto& c = t2->candidates[i];
+    const auto& prompt = c.prompt_tokens.empty() ? t2->prompt_tokens : c.prompt_tokens;
+    ASSERT_EQ(c.behaviour_logprobs.size(), c.completion_tokens.size());
+    EXPECT_LT(logprob_gap(model, prompt, c, o.temperature), 1e-4) << "member " << i;
+  }
+}

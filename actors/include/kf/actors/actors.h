@@ -439,7 +439,8 @@ std::string completion_text(const TextCodec& codec, const policy::Completion& c)
 //
 // With actors.engine.max_sequences > 0 the actor samples through a rollout engine
 // (policy/engine.h): each step() tops the engine up with new groups (up to max_sequences
-// sequences running plus one group waiting), runs it until at least one group has finished,
+// sequences running plus one group waiting; a later turn's group counts its members), runs it
+// until at least one group has finished,
 // and pushes the finished groups. New snapshots are loaded only while no group is in
 // flight (the actor stops adding groups until they finish), so a group's tokens and
 // behaviour log-probs all come from the weights of the version it carries.
@@ -455,15 +456,19 @@ std::string completion_text(const TextCodec& codec, const policy::Completion& c)
 // once per version) and the old weights stay.
 //
 // Multi-turn refinement (actors.turns = T > 1): a group whose members may revise is opened
-// held (replay/group_replay.h). Each step() first polls the held groups; once one is scored,
-// every member with a result gets a follow-up: its conversation so far (the first prompt, its
-// answer, the verifier's feedback from configs/prompts/feedback.txt: compiler lines, error
-// figures, speedup) rendered through the chat template, or as plain text. The follow-ups of
-// one group form the next turn's group (own group id; each candidate carries its turn, the
-// turn-1 group id and its member index there, and its own prompt tokens), sampled before any
-// new task, one completion per member. A member without a result (lost, deadline passed),
-// with an environment verdict, or whose conversation no longer fits the context ends there
-// (counted). A held group that is evicted, dropped stale or taken at its deadline ends its
+// held (replay/group_replay.h). The held groups are polled at the start of every step() and
+// while the actor waits for room in the candidate queue (before sampling, or pushing), so a
+// scored group goes to the learner without waiting for the actor's next group. Once one is
+// scored, every member with a result gets a follow-up: its conversation so far (the first
+// prompt, its answer, the verifier's feedback from configs/prompts/feedback.txt: compiler
+// lines, error figures, speedup) rendered through the chat template, or as plain text. The
+// follow-ups of one group form the next turn's group (own group id; each candidate carries its
+// turn, the turn-1 group id and its member index there, and its own prompt tokens), sampled
+// before any new task, one completion per member, the members decoding together. A member
+// whose prompt and answer already fill the context budget ends when it is sampled (a group with
+// no member left to go on is not held); one without a result (lost, deadline passed), with an
+// environment verdict, or whose rendered conversation does not fit ends when the group is read
+// (all counted). A held group that is evicted, dropped stale or taken at its deadline ends its
 // conversations (counted, logged); polling never blocks.
 //
 // With metrics_dir, every opened group also gets one line in
@@ -582,6 +587,7 @@ class Actor {
   struct Awaiting {
     GroupJob job;
     std::vector<std::string> answers;  // completion texts by index_in_group
+    std::vector<bool> may_go_on;       // by index_in_group: prompt + answer leave room in the context
     std::chrono::steady_clock::time_point since;
   };
   FeedbackTemplate feedback_;
