@@ -345,6 +345,239 @@ PROMPT_TITLE = ("By prompt (the actors' metrics/groups-*.jsonl joined with the v
                 "the completions):")
 
 
+# --- multi-turn refinement ----------------------------------------------------------
+
+MASK64 = (1 << 64) - 1
+
+
+def splitmix(x):
+    x = (x + 0x9E3779B97F4A7C15) & MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
+    return x ^ (x >> 31)
+
+
+def member_index(group, candidate, completions):
+    """A candidate's index in its group, for verdict lines that do not carry it: the actor
+    makes a candidate's id from its group id and its index (actors/src/actor.cpp,
+    finish_group). None when no index below `completions` gives that id."""
+    if not (is_int(group) and is_int(candidate)):
+        return None
+    for i in range(int(completions)):
+        if splitmix((group ^ ((i + 1) * 0x9E3779B97F4A7C15)) & MASK64) == candidate:
+            return i
+    return None
+
+
+def is_int(v):
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+TURN_VERDICTS = ["ok", "incorrect", "compile_error", "runtime_error", "timeout", "rejected_cheat"]
+NO_KERNEL = "no kernel"
+
+
+def member_state(r):
+    """A verdict line's outcome for the per-turn tables: the verdict, or "no kernel" for an
+    evaluator's compile_error of a completion without an extractable kernel."""
+    reason = r.get("reason") if isinstance(r.get("reason"), str) else ""
+    if r["verdict"] == "compile_error" and reason.startswith("extract"):
+        return NO_KERNEL
+    return r["verdict"]
+
+
+def turn_split(groups, records):
+    """Multi-turn refinement (actors.turns > 1): per turn, what the members produced, and per
+    member from turn t to turn t+1 whether its answer got better. None for a single-turn run
+    (no group line or verdict line of a turn above 1).
+
+    A verdict's turn is its line's "turn", else its group line's (metrics/groups-*.jsonl);
+    a member is named by its turn-1 group and its index there: the line's "parent_group" /
+    "parent_index", else the group line's "parent_group" and the member's index in its group
+    (from the candidate id), which is the turn-1 index only when no member of the
+    conversation's group ended before this turn (the group has as many completions as the
+    turn-1 group). A member of a known group without a verdict line had no extractable
+    kernel (the actor scored it itself) when the group's extraction failures account for
+    all such members."""
+    by_id = {}
+    for g in groups:
+        by_id.setdefault(g["group"], g)
+
+    def line_turn(g):
+        t = g.get("turn")
+        return t if is_int(t) and t >= 1 else 1
+
+    if not (any(line_turn(g) > 1 for g in by_id.values())
+            or any(is_int(r.get("turn")) and r["turn"] > 1 for r in records)):
+        return None
+
+    def root_of(g):  # a group line's turn-1 group
+        p = g.get("parent_group")
+        return p if line_turn(g) > 1 and is_int(p) and p != 0 else g["group"]
+
+    def identity(g):  # member index == turn-1 index for every member of this group
+        if line_turn(g) == 1:
+            return True
+        root = by_id.get(root_of(g))
+        return root is not None and root is not g and num(root, "completions") == num(g, "completions")
+
+    # Each group of a known turn: its line (if any) and its verdict lines.
+    cells = {}  # group id -> {"turn", "line", "verdicts": [(record, root key or None)]}
+    unknown_turn = 0
+    for r in records:
+        gid = r.get("group")
+        line = by_id.get(gid) if is_int(gid) else None
+        t = r.get("turn")
+        if not (is_int(t) and t >= 1):
+            t = line_turn(line) if line is not None else None
+        if t is None:
+            unknown_turn += 1
+            continue
+        key = None
+        pi, pg = r.get("parent_index"), r.get("parent_group")
+        if is_int(pi) and pi >= 0 and (t == 1 or (is_int(pg) and pg != 0)):
+            key = (gid if t == 1 else pg, pi)
+        elif line is not None and identity(line):
+            idx = member_index(gid, r.get("candidate"), num(line, "completions"))
+            if idx is not None:
+                key = (root_of(line), idx)
+        c = cells.setdefault(gid, {"turn": t, "line": line, "verdicts": []})
+        c["verdicts"].append((r, key))
+    for gid, g in by_id.items():
+        cells.setdefault(gid, {"turn": line_turn(g), "line": g, "verdicts": []})
+
+    rows, states = {}, {}  # states: (turn-1 group, index) -> {turn: (state, speedup)}
+    unjoined = 0
+    for gid, c in cells.items():
+        t, line, vs = c["turn"], c["line"], c["verdicts"]
+        row = rows.setdefault(t, {"turn": t, "groups": 0, "members": 0, "no_kernel": 0, "verified": 0,
+                                  "speeds": [], **{v: 0 for v in TURN_VERDICTS}})
+        row["groups"] += 1
+        members = int(num(line, "completions")) if line is not None else len(vs)
+        failures = int(num(line, "extraction_failures") or 0) if line is not None else 0
+        row["members"] += members
+        row["no_kernel"] += failures
+        for r, key in vs:
+            s = member_state(r)
+            speed = num(r, "speedup") if s == "ok" else None
+            if s in TURN_VERDICTS:
+                row[s] += 1
+                row["verified"] += 1
+                if speed is not None:
+                    row["speeds"].append(speed)
+            if key is None:
+                unjoined += 1
+            else:
+                states.setdefault(key, {}).setdefault(t, (s, speed))
+        # The members without a verdict line, where their turn-1 index is known.
+        if line is not None and identity(line) and all(key is not None for _, key in vs):
+            root = root_of(line)
+            seen = {key for _, key in vs if key is not None}
+            missing = [(root, i) for i in range(members) if (root, i) not in seen]
+            if missing and len(missing) <= failures:
+                for key in missing:
+                    states.setdefault(key, {}).setdefault(t, (NO_KERNEL, None))
+
+    turns = []
+    for t in sorted(rows):
+        row = rows[t]
+        n, speeds = row["members"], sorted(row.pop("speeds"))
+        row["fast1"] = sum(1 for s in speeds if s > 1.0)
+        row["unscored"] = max(0, n - row["no_kernel"] - row["verified"])
+        for key in TURN_VERDICTS + ["no_kernel", "fast1", "unscored"]:
+            row[key + "_pct"] = 100.0 * row[key] / n if n else None
+        row["mean_speedup"] = sum(speeds) / len(speeds) if speeds else None
+        row["median_speedup"] = statistics.median(speeds) if speeds else None
+        turns.append(row)
+
+    pairs = []
+    for t in sorted(rows):
+        if t + 1 not in rows:
+            continue
+        p = {"from_turn": t, "to_turn": t + 1, "next_members": rows[t + 1]["members"], "pairs": 0,
+             "fixed": 0, "broke": 0, "still_failing": 0, "faster": 0, "slower": 0, "same_speed": 0,
+             "both_ok": 0, "transitions": {}}
+        ratios = []
+        for key in sorted(states, key=repr):
+            s = states[key]
+            if t not in s or t + 1 not in s:
+                continue
+            (a, sa), (b, sb) = s[t], s[t + 1]
+            p["pairs"] += 1
+            tr = f"{a} -> {b}"
+            p["transitions"][tr] = p["transitions"].get(tr, 0) + 1
+            if a != "ok" and b != "ok":
+                p["still_failing"] += 1
+            elif a != "ok":
+                p["fixed"] += 1
+            elif b != "ok":
+                p["broke"] += 1
+            else:
+                p["both_ok"] += 1
+                if sa is not None and sb is not None and sa > 0 and sb > 0:
+                    ratios.append(sb / sa)
+                if sa is None or sb is None or sa == sb:
+                    p["same_speed"] += 1
+                else:
+                    p["faster" if sb > sa else "slower"] += 1
+        p["improved"] = p["fixed"] + p["faster"]
+        p["worse"] = p["broke"] + p["slower"]
+        p["stayed"] = p["still_failing"] + p["same_speed"]
+        p["unpaired"] = max(0, p["next_members"] - p["pairs"])
+        ratios.sort()
+        p["median_ratio"] = statistics.median(ratios) if ratios else None
+        p["ratios"] = len(ratios)
+        p["transitions"] = dict(sorted(p["transitions"].items(), key=lambda kv: (-kv[1], kv[0])))
+        pairs.append(p)
+    return {"turns": turns, "pairs": pairs, "unknown_turn": unknown_turn, "unjoined": unjoined}
+
+
+TURN_HEADERS = ["turn", "groups", "members", "ok %", "fast_1 %", "incorrect %", "compile error %", "no kernel %",
+                "runtime error %", "timeout %", "cheat %", "unscored %", "mean", "median"]
+
+
+def turn_rows(summary):
+    return [[str(t["turn"]), str(t["groups"]), str(t["members"]), pct(t["ok_pct"]), pct(t["fast1_pct"]),
+             pct(t["incorrect_pct"]), pct(t["compile_error_pct"]), pct(t["no_kernel_pct"]),
+             pct(t["runtime_error_pct"]), pct(t["timeout_pct"]), pct(t["rejected_cheat_pct"]),
+             pct(t["unscored_pct"]), spd(t["mean_speedup"]), spd(t["median_speedup"])]
+            for t in summary["turns"]["turns"]]
+
+
+PAIR_HEADERS = ["turns", "went on", "paired", "improved", "worse", "stayed", "fixed", "broke", "faster", "slower",
+                "still failing", "both ok", "median ratio"]
+
+
+def pair_rows(summary):
+    return [[f"{p['from_turn']}->{p['to_turn']}", str(p["next_members"]), str(p["pairs"]), str(p["improved"]),
+             str(p["worse"]), str(p["stayed"]), str(p["fixed"]), str(p["broke"]), str(p["faster"]),
+             str(p["slower"]), str(p["still_failing"]), str(p["both_ok"]), spd(p["median_ratio"])]
+            for p in summary["turns"]["pairs"]]
+
+
+TURN_TITLE = ("Per turn (multi-turn refinement; shares of the members, the completions of the turn's groups; "
+              "speedups are of the ok results):")
+PAIR_TITLE = ("Turn t -> t+1, per member (its turn-1 group and index; improved = fixed (not ok -> ok) + faster, "
+              "worse = broke (ok -> not ok) + slower; median ratio = speedup at t+1 / at t where both are ok):")
+
+
+def turn_notes(summary):
+    ts = summary["turns"]
+    notes = []
+    for p in ts["pairs"]:
+        top = ", ".join(f"{k} {v}" for k, v in list(p["transitions"].items())[:6])
+        if top:
+            notes.append(f"{p['from_turn']}->{p['to_turn']} transitions: {top}")
+        if p["unpaired"]:
+            notes.append(f"{p['from_turn']}->{p['to_turn']}: {p['unpaired']} of the {p['next_members']} turn-"
+                         f"{p['to_turn']} members could not be paired with their turn-{p['from_turn']} answer "
+                         "(no verdict line, or a group some members left, with verdict lines without parent_index)")
+    if ts["unknown_turn"]:
+        notes.append(f"{ts['unknown_turn']} verdict line(s) of groups without a group line and without a turn: "
+                     "left out of the per-turn tables")
+    return notes
+
+
 MAX_VERSION_BUCKETS = 6
 
 
@@ -652,6 +885,15 @@ def print_verdict_tables(summary):
         print(PROMPT_TITLE)
         print(text_table(PROMPT_HEADERS, prompt_rows(summary)))
         print()
+    if summary.get("turns"):
+        print(TURN_TITLE)
+        print(text_table(TURN_HEADERS, turn_rows(summary)))
+        if summary["turns"]["pairs"]:
+            print(PAIR_TITLE)
+            print(text_table(PAIR_HEADERS, pair_rows(summary)))
+        for note in turn_notes(summary):
+            print(note)
+        print()
     if summary["time_split"]:
         print("Verification time by verdict (evaluator process seconds; shares of verify s):")
         print(text_table(TIME_HEADERS, time_rows(summary)))
@@ -940,6 +1182,15 @@ def verdict_html(summary, windows_png):
         parts.append("<h2>By prompt</h2>")
         parts.append(f"<p>{e(PROMPT_TITLE)}</p>")
         parts.append(html_table(PROMPT_HEADERS, prompt_rows(summary)))
+    if summary.get("turns"):
+        parts.append("<h2>Per turn</h2>")
+        parts.append(f"<p>{e(TURN_TITLE)}</p>")
+        parts.append(html_table(TURN_HEADERS, turn_rows(summary)))
+        if summary["turns"]["pairs"]:
+            parts.append(f"<p>{e(PAIR_TITLE)}</p>")
+            parts.append(html_table(PAIR_HEADERS, pair_rows(summary)))
+        for note in turn_notes(summary):
+            parts.append(f"<p>{e(note)}</p>")
     parts.append("<h2>Rejected as cheats</h2>")
     cheats = summary["cheats"]
     if not cheats:
@@ -1083,6 +1334,10 @@ def main(argv):
             sources.append(os.path.relpath(path, run_dir))
     if summary is not None and group_lines:
         summary["prompts"] = prompt_split(group_lines, verdicts)
+    if summary is not None:
+        turns = turn_split(group_lines, verdicts)
+        if turns is not None:
+            summary["turns"] = turns
     if args.pool:
         if summary is None:
             die(2, f"--pool: {run_dir} has no usable verdict records in {os.path.join(metrics, 'verdicts-*.jsonl')} to pool")

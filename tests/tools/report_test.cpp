@@ -101,6 +101,99 @@ void expect_matplotlib(const Result& r) {
       << "); install requirements.txt with ./setup.sh: " << r.err;
 }
 
+// A candidate's id as the actor makes it from its group id and index (actors/src/actor.cpp,
+// finish_group): what the report uses to find a member in verdict lines without its index.
+uint64_t splitmix(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ULL;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+  return x ^ (x >> 31);
+}
+uint64_t candidate_id(uint64_t group, uint32_t index) {
+  return splitmix(group ^ (uint64_t(index) + 1) * 0x9E3779B97F4A7C15ULL);
+}
+
+// A two-turn run (actors.turns = 2, G = 4). Turn 1: group A (relu: ok 1.0, incorrect,
+// compile_error, no kernel), B (gelu: ok 2.0, ok 1.0, incorrect, runtime_error), C (softmax:
+// rejected_cheat, timeout, ok 1.2, ok 0.8; no member goes on). Turn 2: A2, all four members
+// (ok 2.0, ok 1.5, compile_error, ok 0.5); B2, members 1-3 of B (member 0 ended), so its
+// index i is B's member i + 1 (ok 0.5, incorrect, ok 3.0). with_fields: verdict lines carry
+// turn, parent_group and parent_index; without them the report finds turns from the group
+// lines and members from the candidate ids.
+struct TurnRun {
+  uint64_t a = 0x9c3e5a7710000001ULL, b = 0x9c3e5a7710000002ULL, c = 0x9c3e5a7710000003ULL;
+  uint64_t a2 = 0xf00dfeed20000004ULL, b2 = 0xf00dfeed20000005ULL;
+};
+
+std::string write_turn_run(const kf::test::TempDir& tmp, const std::string& name, bool with_fields) {
+  const std::string run = tmp.path + "/" + name;
+  ::mkdir(run.c_str(), 0755);
+  ::mkdir((run + "/metrics").c_str(), 0755);
+  const double t0 = 1796300000.0;
+  {
+    kf::MetricsWriter status(run + "/metrics", "run");
+    status.write(1, {{"verified_total", 0}});
+  }
+  const TurnRun ids;
+  auto group = [&](double t, uint64_t id, const char* task, int turn, uint64_t parent, int completions,
+                   int failures) {
+    return nlohmann::json({{"t", t},
+                           {"actor", 0},
+                           {"group", id},
+                           {"task", task},
+                           {"policy_version", 0},
+                           {"prompt_tokens", 900},
+                           {"exemplars_offered", 0},
+                           {"exemplars_shown", 0},
+                           {"exemplars_cut", 0},
+                           {"exemplars_dropped", 0},
+                           {"completions", completions},
+                           {"extraction_failures", failures},
+                           {"extraction_codes", nlohmann::json::object()},
+                           {"turn", turn},
+                           {"parent_group", parent}})
+               .dump() +
+           "\n";
+  };
+  // The last line is torn (an actor killed mid-write): skipped with a warning.
+  kf::test::write_file(run + "/metrics/groups-0.jsonl",
+                       group(t0 + 1, ids.a, "001_relu", 1, 0, 4, 1) + group(t0 + 2, ids.b, "002_gelu", 1, 0, 4, 0) +
+                           group(t0 + 3, ids.c, "021_softmax", 1, 0, 4, 0) +
+                           group(t0 + 60, ids.a2, "001_relu", 2, ids.a, 4, 0) +
+                           group(t0 + 61, ids.b2, "002_gelu", 2, ids.b, 3, 0) + "{\"group\": 77, \"ta");
+  auto verdict = [&](double t, uint64_t gid, uint32_t index, int turn, uint64_t root, uint32_t root_index,
+                     const char* task, const char* v, double speedup) {
+    nlohmann::json j = nlohmann::json::parse(verdict_line(t0 + t, 0, 0, task, 1, v, speedup));
+    j["candidate"] = candidate_id(gid, index);
+    j["group"] = gid;
+    if (with_fields) {
+      j["turn"] = turn;
+      j["parent_group"] = turn > 1 ? root : 0;
+      j["parent_index"] = root_index;
+    }
+    return j.dump() + "\n";
+  };
+  kf::test::write_file(
+      run + "/metrics/verdicts-0.jsonl",
+      verdict(10, ids.a, 0, 1, 0, 0, "001_relu", "ok", 1.0) + verdict(11, ids.a, 1, 1, 0, 1, "001_relu", "incorrect", 0) +
+          verdict(12, ids.a, 2, 1, 0, 2, "001_relu", "compile_error", 0) +
+          verdict(13, ids.b, 0, 1, 0, 0, "002_gelu", "ok", 2.0) + verdict(14, ids.b, 1, 1, 0, 1, "002_gelu", "ok", 1.0) +
+          verdict(15, ids.b, 2, 1, 0, 2, "002_gelu", "incorrect", 0) +
+          verdict(16, ids.b, 3, 1, 0, 3, "002_gelu", "runtime_error", 0) +
+          verdict(17, ids.c, 0, 1, 0, 0, "021_softmax", "rejected_cheat", 0) +
+          verdict(18, ids.c, 1, 1, 0, 1, "021_softmax", "timeout", 0) +
+          verdict(19, ids.c, 2, 1, 0, 2, "021_softmax", "ok", 1.2) +
+          verdict(20, ids.c, 3, 1, 0, 3, "021_softmax", "ok", 0.8) +
+          verdict(70, ids.a2, 0, 2, ids.a, 0, "001_relu", "ok", 2.0) +
+          verdict(71, ids.a2, 1, 2, ids.a, 1, "001_relu", "ok", 1.5) +
+          verdict(72, ids.a2, 2, 2, ids.a, 2, "001_relu", "compile_error", 0) +
+          verdict(73, ids.a2, 3, 2, ids.a, 3, "001_relu", "ok", 0.5) +
+          verdict(74, ids.b2, 0, 2, ids.b, 1, "002_gelu", "ok", 0.5) +
+          verdict(75, ids.b2, 1, 2, ids.b, 2, "002_gelu", "incorrect", 0) +
+          verdict(76, ids.b2, 2, 2, ids.b, 3, "002_gelu", "ok", 3.0));
+  return run;
+}
+
 }  // namespace
 
 TEST(ReportTest, PlotsAndBestKernelPerTask) {
@@ -521,7 +614,121 @@ TEST(ReportTest, PromptKindsAreJoinedWithTheVerdictsOnTheGroup) {
   EXPECT_DOUBLE_EQ(p[0]["mean_ok_speedup"].get<double>(), 1.5);
   EXPECT_TRUE(p[1]["mean_ok_speedup"].is_null());
   EXPECT_TRUE(contains(r.out, "By prompt")) << r.out;
+  // Group lines without a turn (a single-turn run): no per-turn tables.
+  EXPECT_FALSE(w.contains("turns")) << w.dump(1);
+  EXPECT_FALSE(contains(r.out, "Per turn")) << r.out;
   EXPECT_TRUE(contains(kf::test::read_file(run + "/report/index.html"), "By prompt")) << "index.html";
+}
+
+// Per turn: groups, members, verdict shares of the members, fast_1 and the ok speedups; per
+// member from turn 1 to turn 2 (joined on the turn-1 group and index): what got better.
+// Joining B2 on its own index instead (B2's member 0 is B's member 1) would pair ok 2.0 with
+// ok 0.5 and ok 1.0 with incorrect: 1 broke, 1 still failing, median ratio 1.125.
+TEST(ReportTest, MultiTurnRunsGetPerTurnTables) {
+  kf::test::TempDir tmp("report");
+  const std::string run = write_turn_run(tmp, "fields", true);
+  const Result r = report({run}, tmp.path);
+  expect_matplotlib(r);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_TRUE(contains(r.err, run + "/metrics/groups-0.jsonl: 1 line(s) are not JSON objects with group, task and "
+                                    "completions (line 6); skipped them"))
+      << r.err;
+  const auto w = nlohmann::json::parse(kf::test::read_file(run + "/report/windows.json"));
+  ASSERT_TRUE(w.contains("turns")) << w.dump(1);
+  const auto& turns = w["turns"]["turns"];
+  ASSERT_EQ(turns.size(), 2u) << turns.dump(1);
+  const auto& t1 = turns[0];
+  EXPECT_EQ(t1["turn"], 1);
+  EXPECT_EQ(t1["groups"], 3);
+  EXPECT_EQ(t1["members"], 12);
+  EXPECT_EQ(t1["verified"], 11);
+  EXPECT_EQ(t1["no_kernel"], 1);
+  EXPECT_EQ(t1["ok"], 5);
+  EXPECT_EQ(t1["incorrect"], 2);
+  EXPECT_EQ(t1["compile_error"], 1);
+  EXPECT_EQ(t1["runtime_error"], 1);
+  EXPECT_EQ(t1["timeout"], 1);
+  EXPECT_EQ(t1["rejected_cheat"], 1);
+  EXPECT_EQ(t1["unscored"], 0);
+  EXPECT_EQ(t1["fast1"], 2);  // 2.0 and 1.2
+  EXPECT_NEAR(t1["ok_pct"].get<double>(), 500.0 / 12, 1e-9);
+  EXPECT_NEAR(t1["fast1_pct"].get<double>(), 200.0 / 12, 1e-9);
+  EXPECT_NEAR(t1["no_kernel_pct"].get<double>(), 100.0 / 12, 1e-9);
+  EXPECT_DOUBLE_EQ(t1["mean_speedup"].get<double>(), 1.2);  // 1.0 2.0 1.0 1.2 0.8
+  EXPECT_DOUBLE_EQ(t1["median_speedup"].get<double>(), 1.0);
+  const auto& t2 = turns[1];
+  EXPECT_EQ(t2["turn"], 2);
+  EXPECT_EQ(t2["groups"], 2);
+  EXPECT_EQ(t2["members"], 7);
+  EXPECT_EQ(t2["ok"], 5);
+  EXPECT_EQ(t2["incorrect"], 1);
+  EXPECT_EQ(t2["compile_error"], 1);
+  EXPECT_EQ(t2["fast1"], 3);
+  EXPECT_NEAR(t2["ok_pct"].get<double>(), 500.0 / 7, 1e-9);
+  EXPECT_DOUBLE_EQ(t2["mean_speedup"].get<double>(), 1.5);  // 2.0 1.5 0.5 0.5 3.0
+  EXPECT_DOUBLE_EQ(t2["median_speedup"].get<double>(), 1.5);
+
+  const auto& pairs = w["turns"]["pairs"];
+  ASSERT_EQ(pairs.size(), 1u) << pairs.dump(1);
+  const auto& p = pairs[0];
+  EXPECT_EQ(p["from_turn"], 1);
+  EXPECT_EQ(p["to_turn"], 2);
+  EXPECT_EQ(p["next_members"], 7);
+  EXPECT_EQ(p["pairs"], 7);
+  EXPECT_EQ(p["unpaired"], 0);
+  EXPECT_EQ(p["fixed"], 3);  // A: incorrect -> ok, no kernel -> ok; B: runtime_error -> ok
+  EXPECT_EQ(p["broke"], 0);
+  EXPECT_EQ(p["faster"], 1);  // A member 0: 1.0 -> 2.0
+  EXPECT_EQ(p["slower"], 1);  // B member 1: 1.0 -> 0.5
+  EXPECT_EQ(p["still_failing"], 2);
+  EXPECT_EQ(p["both_ok"], 2);
+  EXPECT_EQ(p["improved"], 4);
+  EXPECT_EQ(p["worse"], 1);
+  EXPECT_EQ(p["stayed"], 2);
+  EXPECT_DOUBLE_EQ(p["median_ratio"].get<double>(), 1.25);  // 2 and 0.5
+  EXPECT_EQ(p["transitions"]["no kernel -> ok"], 1);
+  EXPECT_EQ(p["transitions"]["incorrect -> ok"], 1);
+  EXPECT_EQ(p["transitions"]["runtime_error -> ok"], 1);
+  EXPECT_EQ(p["transitions"]["ok -> ok"], 2);
+  EXPECT_EQ(p["transitions"]["incorrect -> incorrect"], 1);
+  EXPECT_EQ(p["transitions"]["compile_error -> compile_error"], 1);
+
+  for (const char* line :
+       {"turn  groups  members  ok %  fast_1 %  incorrect %  compile error %  no kernel %  runtime error %  timeout %  "
+        "cheat %  unscored %   mean  median\n",
+        "   1       3       12  41.7      16.7         16.7              8.3          8.3              8.3        8.3  "
+        "    8.3         0.0  1.200   1.000\n",
+        "   2       2        7  71.4      42.9         14.3             14.3          0.0              0.0        0.0  "
+        "    0.0         0.0  1.500   1.500\n",
+        "turns  went on  paired  improved  worse  stayed  fixed  broke  faster  slower  still failing  both ok  "
+        "median ratio\n",
+        " 1->2        7       7         4      1       2      3      0       1       1              2        2         "
+        "1.250\n"})
+    EXPECT_TRUE(contains(r.out, line)) << "missing: " << line << "\nin:\n" << r.out;
+  const std::string page = kf::test::read_file(run + "/report/index.html");
+  EXPECT_TRUE(contains(page, "<h2>Per turn</h2>")) << page;
+  EXPECT_TRUE(contains(page,
+                       "<tr><td>1-&gt;2</td><td>7</td><td>7</td><td>4</td><td>1</td><td>2</td><td>3</td><td>0</td>"
+                       "<td>1</td><td>1</td><td>2</td><td>2</td><td>1.250</td></tr>"))
+      << page;
+
+  // Verdict lines without turn, parent_group and parent_index: the turns come from the group
+  // lines, the members from the candidate ids. A2 kept all of A's members, so its index is
+  // A's; B2 did not, so its members cannot be paired (counted, said).
+  const std::string bare = write_turn_run(tmp, "bare", false);
+  const Result rb = report({bare}, tmp.path);
+  ASSERT_EQ(rb.rc, 0) << rb.err;
+  const auto wb = nlohmann::json::parse(kf::test::read_file(bare + "/report/windows.json"));
+  ASSERT_EQ(wb["turns"]["turns"], w["turns"]["turns"]) << wb["turns"].dump(1);
+  const auto& pb = wb["turns"]["pairs"][0];
+  EXPECT_EQ(pb["pairs"], 4) << pb.dump(1);
+  EXPECT_EQ(pb["unpaired"], 3);
+  EXPECT_EQ(pb["fixed"], 2);
+  EXPECT_EQ(pb["faster"], 1);
+  EXPECT_EQ(pb["slower"], 0);
+  EXPECT_EQ(pb["still_failing"], 1);
+  EXPECT_DOUBLE_EQ(pb["median_ratio"].get<double>(), 2.0);
+  EXPECT_TRUE(contains(rb.out, "1->2: 3 of the 7 turn-2 members could not be paired")) << rb.out;
 }
 
 // Compile errors counted by the compiler's first error line, its location dropped, in the
