@@ -16,8 +16,9 @@ each path written. From the verdict logs, when there are any: windows.json and w
 (per 1-minute window: verified, correct %, fast_1 %, mean / median / best / within-task
 speedup of the ok results; the first-vs-final-window ratios and the within-task trend), a
 per-level table, compile errors by first error line, what each kind of prompt produced
-(with the actors' group lines) and the rejected cheats with their reasons; the tables are
-also printed as text. Without verdict logs (runs older than them) that part is skipped
+(with the actors' group lines), per turn for multi-turn runs (what each turn produced, and
+per member whether its next answer got better) and the rejected cheats with their reasons;
+the tables are also printed as text. Without verdict logs (runs older than them) that part is skipped
 with one line on stdout.
 --pool RUN_DIR2 ... (repeatable) adds the within-task trend of RUN_DIR and those runs
 together ("within_task_pooled" in windows.json, and a printed line): each run's ok speedups
@@ -571,7 +572,8 @@ def turn_notes(summary):
         if p["unpaired"]:
             notes.append(f"{p['from_turn']}->{p['to_turn']}: {p['unpaired']} of the {p['next_members']} turn-"
                          f"{p['to_turn']} members could not be paired with their turn-{p['from_turn']} answer "
-                         "(no verdict line, or a group some members left, with verdict lines without parent_index)")
+                         "(their answer before has no verdict line, or their verdict lines carry no parent_index and "
+                         "some members of the conversation ended before)")
     if ts["unknown_turn"]:
         notes.append(f"{ts['unknown_turn']} verdict line(s) of groups without a group line and without a turn: "
                      "left out of the per-turn tables")
