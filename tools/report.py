@@ -349,6 +349,7 @@ PROMPT_TITLE = ("By prompt (the actors' metrics/groups-*.jsonl joined with the v
 # --- multi-turn refinement ----------------------------------------------------------
 
 MASK64 = (1 << 64) - 1
+MAX_MEMBERS = 4096  # a group line claiming more completions is not searched member by member
 
 
 def splitmix(x):
@@ -362,9 +363,9 @@ def member_index(group, candidate, completions):
     """A candidate's index in its group, for verdict lines that do not carry it: the actor
     makes a candidate's id from its group id and its index (actors/src/actor.cpp,
     finish_group). None when no index below `completions` gives that id."""
-    if not (is_int(group) and is_int(candidate)):
+    if not (is_int(group) and is_int(candidate)) or completions is None:
         return None
-    for i in range(int(completions)):
+    for i in range(min(int(completions), MAX_MEMBERS)):
         if splitmix((group ^ ((i + 1) * 0x9E3779B97F4A7C15)) & MASK64) == candidate:
             return i
     return None
@@ -474,7 +475,7 @@ def turn_split(groups, records):
         if line is not None and identity(line) and all(key is not None for _, key in vs):
             root = root_of(line)
             seen = {key for _, key in vs if key is not None}
-            missing = [(root, i) for i in range(members) if (root, i) not in seen]
+            missing = [(root, i) for i in range(min(members, MAX_MEMBERS)) if (root, i) not in seen]
             if missing and len(missing) <= failures:
                 for key in missing:
                     states.setdefault(key, {}).setdefault(t, (NO_KERNEL, None))
