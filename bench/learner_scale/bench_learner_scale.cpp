@@ -90,7 +90,8 @@ struct Autocast {
 int main(int argc, char** argv) {
   CLI::App app{"bench_learner_scale: one learner step of a model shape, split into phases"};
   std::string shape = "tiny", device = "auto", weights = "fp32", comm_kind = "local", logprobs = "chunked";
-  int64_t prompt = 32, completion = 64, seqs = 2, micro = 1, steps = 2, warmup = 1, logit_chunk = 1024, lora_rank = 0;
+  int64_t prompt = 32, completion = 64, seqs = 2, micro = 1, steps = 2, warmup = 1, logit_chunk = 1024, lora_rank = 0,
+          recompute_layers = -1;
   double peak_tflops = 0, lora_alpha = 16.0;
   bool shard = false, shard_grads = false, shard_params = false, checkpointing = false, bare = false, pack = false;
   app.add_option("--shape", shape, "tiny, qwen2.5-0.5b or an HF config.json path");
@@ -110,6 +111,8 @@ int main(int argc, char** argv) {
                "sharded parameters too (learner.dist.shard: params, ZeRO-3: each layer gathered before its forward and "
                "backward, freed after; implies --shard-grads)");
   app.add_flag("--checkpointing", checkpointing, "recompute decoder layers in backward");
+  app.add_option("--recompute-layers", recompute_layers,
+                 "with --checkpointing, recompute only the first N decoder layers (learner.recompute_layers; -1: all)");
   app.add_flag("--pack", pack,
                "each micro-batch's sequences packed into one row (learner.pack: positions restart, causal attention "
                "per sequence)");
@@ -139,6 +142,7 @@ int main(int argc, char** argv) {
           "--bare times a plain forward + backward: no --shard-params (it has no gradient buckets to free)");
     if (weights == "bf16" && !shard)
       throw kf::Error("--weights bf16 needs --shard (the fp32 master lives in the sharded optimizer)");
+    if (recompute_layers < -1) throw kf::Error("--recompute-layers must be >= -1 (-1: every layer)");
     if (seqs < 1 || micro < 1 || prompt < 1 || completion < 1 || steps < 1 || logit_chunk < 1 || lora_rank < 0)
       throw kf::Error(
           "--seqs, --micro-seqs, --prompt, --completion, --steps and --logit-chunk must be >= 1, --lora-rank >= 0");
@@ -155,6 +159,7 @@ int main(int argc, char** argv) {
     kf::policy::CausalLM model(mc, torch::TensorOptions().dtype(wdtype).device(dev));
     model->init_random(1);
     model->set_gradient_checkpointing(checkpointing);
+    model->set_recompute_layers(recompute_layers);
     model->train();
     if (lora_rank > 0) {
       kf::policy::LoraConfig lc;
@@ -299,16 +304,17 @@ int main(int argc, char** argv) {
     int64_t n_params = 0, n_trainable = 0;
     for (const auto& p : model->parameters()) n_params += p.numel();
     for (const auto& p : params) n_trainable += p.second.numel();
-    const std::string cs = shape.substr(shape.rfind('/') + 1) + "/p" + std::to_string(prompt) + "c" +
-                           std::to_string(completion) + "x" + std::to_string(seqs) +
-                           (shard_params  ? "/shardparams"
-                            : shard_grads ? "/shardgrads"
-                            : shard       ? "/shard"
-                                          : "") +
-                           "/" + weights + (comm_kind == "nccl" ? "/nccl" : "") +
-                           (lora_rank > 0 ? "/lora" + std::to_string(lora_rank) : "") +
-                           (checkpointing ? "/recompute" : "") + (pack ? "/packed" : "") +
-                           (bare ? "/bare" : "/" + logprobs);
+    const std::string cs =
+        shape.substr(shape.rfind('/') + 1) + "/p" + std::to_string(prompt) + "c" + std::to_string(completion) + "x" +
+        std::to_string(seqs) +
+        (shard_params  ? "/shardparams"
+         : shard_grads ? "/shardgrads"
+         : shard       ? "/shard"
+                       : "") +
+        "/" + weights + (comm_kind == "nccl" ? "/nccl" : "") +
+        (lora_rank > 0 ? "/lora" + std::to_string(lora_rank) : "") +
+        (checkpointing ? "/recompute" + (recompute_layers >= 0 ? std::to_string(recompute_layers) : "") : "") +
+        (pack ? "/packed" : "") + (bare ? "/bare" : "/" + logprobs);
     std::printf(
         "bench_learner_scale: %s on %s, %lld parameters (%lld trained), %s%s%s%s, %lld seqs x %lld tokens "
         "(micro-batch %lld seqs)\n",

@@ -13,7 +13,11 @@
 #    (NCCL's reduce-scatter and all-reduce may sum in different orders, and Adam enlarges that
 #    for near-zero gradients, so not bitwise on GPU).
 # 4. 7B shape with LoRA (rank 16 and 64, bare forward+backward beside it, with and without recomputation).
-# Env: PEAK_TFLOPS (default: measured here with an 8192^3 bf16 matmul), SEQS (2), KF_PYTHON.
+# 5. with LEARNER_GIB set: the 7B LoRA rows again while two other processes (standing in for
+#    two evaluators at their worst: every claim of the shared budget held at once) hold all of
+#    the card but LEARNER_GIB, and selective recomputation (RECOMPUTE_LAYERS, a list).
+# Env: PEAK_TFLOPS (default: measured here with an 8192^3 bf16 matmul), SEQS (2), KF_PYTHON,
+#      CASES (names of the rows to run, default all), LEARNER_GIB, RECOMPUTE_LAYERS ("8 12 16").
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUTDIR=${OUT:-$PWD/gpu-learner-scale-out}; mkdir -p "$OUTDIR"
@@ -57,6 +61,7 @@ rows="$OUTDIR/rows.txt"; : > "$rows"
 rc=0
 run() {  # name, args...
   local name=$1; shift
+  [ -z "${CASES:-}" ] || [[ $name == *beside* || " $CASES " == *" $name "* ]] || return 0
   echo "== $name: $*"
   timeout 300 $BENCH "$@" --peak-tflops "$PEAK" > "$OUTDIR/$name.txt" 2> "$OUTDIR/$name.log"
   local r=$?
@@ -82,6 +87,30 @@ run 1p5b_shardparams_nccl --shape $S15 $L --shard-params --weights bf16 --comm n
 run 1p5b_shardparams_recompute_nccl --shape $S15 $L --shard-params --weights bf16 --checkpointing --comm nccl
 run 1p5b_full_packed     --shape $S15 $L --pack --micro-seqs 2
 run 7b_lora16_norecompute --shape $S7 $L --lora-rank 16
+if [ -n "${LEARNER_GIB:-}" ]; then
+  # Two holders take the card's free memory but LEARNER_GIB, half each, in their own CUDA
+  # contexts (as two evaluator processes would), and keep it until killed.
+  free_gib=$(nvidia-smi --query-gpu=memory.free --format=csv,noheader,nounits -i 0 | awk '{print $1/1024}')
+  hold=$(awk -v f="$free_gib" -v l="$LEARNER_GIB" 'BEGIN{h=(f-l)/2; print (h>0?h:0)}')
+  echo "== beside two evaluators: $free_gib GiB free; two processes hold $hold GiB each; the learner gets the rest"
+  holders=()
+  for i in 1 2; do
+    "$PY" -c "
+import torch, time, sys
+x = torch.empty(int($hold * 2**30), dtype=torch.uint8, device='cuda')
+print('holding', x.numel() / 2**30, 'GiB', flush=True)
+time.sleep(3600)" > "$OUTDIR/holder$i.log" 2>&1 &
+    holders+=($!)
+  done
+  sleep 15
+  nvidia-smi --query-gpu=memory.used,memory.free --format=csv | tee "$OUTDIR/beside_mem.txt"
+  for k in ${RECOMPUTE_LAYERS:-8 12 16}; do
+    run 7b_lora16_beside_recompute$k --shape $S7 $L --lora-rank 16 --checkpointing --recompute-layers "$k"
+  done
+  run 7b_lora16_beside_recompute_all --shape $S7 $L --lora-rank 16 --checkpointing
+  run 7b_lora16_beside_bare --shape $S7 $L --lora-rank 16 --checkpointing --recompute-layers "${BARE_RECOMPUTE:-8}" --bare
+  kill "${holders[@]}" 2>/dev/null; wait "${holders[@]}" 2>/dev/null
+fi
 if [ "$NGPU" -ge 2 ]; then
   echo "== 2 ranks over NCCL: learner.dist.shard none vs optimizer vs gradients vs params (kf-learner, synthetic, 3 steps)"
   for mode in none optimizer gradients params; do

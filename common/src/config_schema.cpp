@@ -115,6 +115,7 @@ const Bound kBounds[] = {
     {"learner.checkpoint.keep", 1, GE},
     {"learner.logit_chunk_tokens", 1, GE},
     {"learner.recompute_min_params", 0, GE},
+    {"learner.recompute_layers", -1, GE},
     {"learner.lora.rank", 0, GE},
     {"learner.lora.alpha", 0, GT},
 };
@@ -613,6 +614,13 @@ const std::vector<ConfigKey>& config_schema() {
        {},
        "recompute decoder layers in backward (as learner.gradient_checkpointing) for models of at least this many "
        "parameters (0: only by learner.gradient_checkpointing)"},
+      {"learner.recompute_layers",
+       T::Int,
+       "-1",
+       false,
+       {},
+       "with recomputation on, recompute only the first N decoder layers and keep the others' activations (-1: "
+       "every layer; docs/learner-scale.md \"Memory\")"},
       {"learner.logit_chunk_tokens",
        T::Int,
        "1024",

@@ -64,6 +64,14 @@ torch::Tensor from_hex(const std::string& s) {
   return t;
 }
 
+// The start-up line's words on recomputation: which layers, when not all.
+std::string recompute_note(bool on, int64_t layers, const policy::ModelConfig& mc) {
+  if (!on || layers == 0) return "";
+  if (layers < 0 || layers >= mc.num_hidden_layers) return ", layers recomputed in backward";
+  return ", " + std::to_string(layers) + " of " + std::to_string(mc.num_hidden_layers) +
+         " layers recomputed in backward";
+}
+
 }  // namespace
 
 std::vector<std::pair<std::string, double>> step_scalars(const StepStats& st) {
@@ -166,6 +174,7 @@ Learner::Learner(LearnerConfig cfg, LearnerDeps deps) : cfg_(std::move(cfg)), de
   const bool recompute =
       cfg_.gradient_checkpointing || (cfg_.recompute_min_params > 0 && model_params >= cfg_.recompute_min_params);
   model_->set_gradient_checkpointing(recompute);
+  model_->set_recompute_layers(cfg_.recompute_layers);
   model_->train();
   impl_->config_json = policy::model_config_to_json(mc);
   // Rank 0's weights are everyone's (random init or a checkpoint on a shared disk).
@@ -245,7 +254,7 @@ Learner::Learner(LearnerConfig cfg, LearnerDeps deps) : cfg_(std::move(cfg)), de
            : base_dtype == torch::kBFloat16 ? ", bf16 weights with an fp32 master in the optimizer"
                                             : ", fp32 weights",
            "), ", impl_->buckets->buckets(), " gradient buckets on ", dev.str(),
-           impl_->autocast ? " (bf16 autocast)" : " (fp32)", recompute ? ", layers recomputed in backward" : "",
+           impl_->autocast ? " (bf16 autocast)" : " (fp32)", recompute_note(recompute, cfg_.recompute_layers, mc),
            cfg_.pack ? ", sequences packed into rows of " : ", padded micro-batches of ", cfg_.micro_batch_tokens,
            " tokens; ", deps_.comm->name());
 }

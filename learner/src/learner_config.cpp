@@ -70,6 +70,7 @@ LearnerConfig learner_config_from(const kf::Config& c) {
   l.checkpoint_keep = c.get_int("learner.checkpoint.keep");
   l.logit_chunk_tokens = c.get_int("learner.logit_chunk_tokens");
   l.recompute_min_params = c.get_int("learner.recompute_min_params");
+  l.recompute_layers = c.get_int("learner.recompute_layers");
   l.lora_rank = c.get_int("learner.lora.rank");
   l.lora_alpha = c.get_float("learner.lora.alpha");
   l.lora_targets = c.get_strings("learner.lora.targets");
@@ -101,6 +102,7 @@ LearnerConfig learner_config_from(const kf::Config& c) {
   require(l.checkpoint_keep >= 1, src + "learner.checkpoint.keep", "must be >= 1");
   require(l.logit_chunk_tokens >= 1, src + "learner.logit_chunk_tokens", "must be >= 1");
   require(l.recompute_min_params >= 0, src + "learner.recompute_min_params", "must be >= 0 (0: off)");
+  require(l.recompute_layers >= -1, src + "learner.recompute_layers", "must be >= -1 (-1: every layer)");
   require(l.lora_rank >= 0, src + "learner.lora.rank", "must be >= 0 (0: no LoRA)");
   require(l.lora_alpha > 0, src + "learner.lora.alpha", "must be > 0");
   // ZeRO-3 shards trainable weights; LoRA's trainable weights are the adapters (megabytes)

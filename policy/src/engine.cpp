@@ -34,16 +34,8 @@ double secs(Clock::time_point a, Clock::time_point b) { return std::chrono::dura
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-torch::Tensor rotate_half(const torch::Tensor& x) {
-  const int64_t h = x.size(-1) / 2;
-  return torch::cat({-x.narrow(-1, h, h), x.narrow(-1, 0, h)}, -1);
-}
-
-// x [B, heads, 1, D]; tables [B, 1, D] (model.cpp's apply_rope, same arithmetic).
-torch::Tensor apply_rope(const torch::Tensor& x, const RopeTables& r) {
-  const auto cos = r.cos.unsqueeze(1), sin = r.sin.unsqueeze(1);
-  return x * cos + rotate_half(x) * sin;
-}
+// x [B, heads, 1, D]; tables [B, 1, D]: the model's rotary embedding (same arithmetic).
+torch::Tensor apply_rope(const torch::Tensor& x, const RopeTables& r) { return rotary(x, r.cos, r.sin); }
 
 // KV-length buckets: n blocks rounded up to a multiple of a quarter of its power of two
 // (at most 25% padding, about four buckets per doubling).

@@ -17,9 +17,12 @@ LinearImpl::LinearImpl(int64_t in, int64_t out, bool has_bias, torch::TensorOpti
 torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
   auto y = torch::nn::functional::linear(x, weight, bias);
   if (!lora_A || !lora_active) return y;
-  // Unmerged: the adapter path runs beside the frozen projection (fp32 adapters on a bf16
-  // base cast the input to theirs; under autocast both matmuls run in bf16 anyway).
-  const auto xa = x.scalar_type() == lora_A->weight.scalar_type() ? x : x.to(lora_A->weight.scalar_type());
+  // Unmerged: the adapter path runs beside the frozen projection. fp32 adapters on a bf16
+  // base cast the input to theirs, except under autocast: both matmuls run in bf16 there
+  // anyway, and an fp32 copy would be cast back and kept for backward, a second copy of
+  // every adapted projection's input beside the one the base projection keeps.
+  const bool autocast = at::autocast::is_autocast_enabled(x.device().type());
+  const auto xa = autocast || x.scalar_type() == lora_A->weight.scalar_type() ? x : x.to(lora_A->weight.scalar_type());
   const auto d = torch::nn::functional::linear(torch::nn::functional::linear(xa, lora_A->weight), lora_B->weight);
   return y + (d * lora_scale).to(y.scalar_type());
 }
@@ -54,25 +57,123 @@ RMSNormImpl::RMSNormImpl(int64_t dim, double eps_, torch::TensorOptions opts) : 
   weight = register_parameter("weight", torch::ones({dim}, opts));
 }
 
-torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
-  // HF: variance in fp32, cast back to the input dtype, then scale by the weight.
-  const auto xf = x.to(torch::kFloat32);
-  const auto var = xf.pow(2).mean(-1, /*keepdim=*/true);
-  return weight * (xf * torch::rsqrt(var + eps)).to(x.scalar_type());
-}
+torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) { return rms_norm(x, weight, eps); }
 
 namespace {
+
+bool records_grad(std::initializer_list<const torch::Tensor*> ts) {
+  if (!torch::GradMode::is_enabled()) return false;
+  for (const auto* t : ts)
+    if (t->defined() && t->requires_grad()) return true;
+  return false;
+}
+
+// HF: variance in fp32, cast back to the input dtype, then scale by the weight.
+torch::Tensor rms_norm_plain(const torch::Tensor& x, const torch::Tensor& w, double eps, torch::Tensor* rstd_out) {
+  const auto xf = x.to(torch::kFloat32);
+  const auto rstd = torch::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  if (rstd_out) *rstd_out = rstd;
+  return w * (xf * rstd).to(x.scalar_type());
+}
+
+// Backward of each op of rms_norm_plain in turn, with the dtype casts autograd makes
+// between them (a gradient takes its input's dtype), so the result matches the plain
+// expression's gradient to rounding.
+struct RmsNormFn : public torch::autograd::Function<RmsNormFn> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& w,
+                               double eps) {
+    torch::Tensor rstd;
+    auto y = rms_norm_plain(x, w, eps, &rstd);
+    ctx->save_for_backward({x, w, rstd});
+    return y;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &x = saved[0], &w = saved[1], &rstd = saved[2];
+    const auto& g = grads[0];
+    const auto xf = x.to(torch::kFloat32);
+    const auto n = (xf * rstd).to(x.scalar_type());
+    torch::Tensor gw;
+    if (ctx->needs_input_grad(1)) gw = at::sum_to(g * n, w.sizes()).to(w.scalar_type());
+    torch::Tensor gx;
+    if (ctx->needs_input_grad(0)) {
+      const auto g_hat = (g * w).to(x.scalar_type()).to(torch::kFloat32);
+      const auto g_rstd = (g_hat * xf).sum(-1, /*keepdim=*/true);
+      const auto g_var = g_rstd * -0.5 * rstd.pow(3);
+      const auto g_sq = g_var.expand_as(xf) / static_cast<double>(xf.size(-1));
+      gx = (g_hat * rstd + g_sq * (xf * 2)).to(x.scalar_type());
+    }
+    return {gx, gw, torch::Tensor()};
+  }
+};
+
+struct SwigluFn : public torch::autograd::Function<SwigluFn> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& gate,
+                               const torch::Tensor& up) {
+    ctx->save_for_backward({gate, up});
+    return torch::silu(gate) * up;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &gate = saved[0], &up = saved[1];
+    const auto& g = grads[0];
+    torch::Tensor g_gate, g_up;
+    if (ctx->needs_input_grad(1)) g_up = (g * torch::silu(gate)).to(up.scalar_type());
+    if (ctx->needs_input_grad(0)) g_gate = at::silu_backward((g * up).to(gate.scalar_type()), gate);
+    return {g_gate, g_up};
+  }
+};
 
 torch::Tensor rotate_half(const torch::Tensor& x) {
   const int64_t h = x.size(-1) / 2;
   return torch::cat({-x.narrow(-1, h, h), x.narrow(-1, 0, h)}, -1);
 }
 
-torch::Tensor apply_rope(const torch::Tensor& x, const RopeTables& r) {
-  // x [B, heads, T, D]; tables [B, T, D] broadcast over heads.
-  const auto cos = r.cos.unsqueeze(1), sin = r.sin.unsqueeze(1);
-  return x * cos + rotate_half(x) * sin;
+// The adjoint of rotate_half: rotate_half(y) = [-y2, y1], so a gradient [z1, z2] gives [z2, -z1].
+torch::Tensor rotate_half_adjoint(const torch::Tensor& z) {
+  const int64_t h = z.size(-1) / 2;
+  return torch::cat({z.narrow(-1, h, h), -z.narrow(-1, 0, h)}, -1);
 }
+
+struct RotaryFn : public torch::autograd::Function<RotaryFn> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& cos,
+                               const torch::Tensor& sin) {
+    ctx->save_for_backward({cos, sin});
+    ctx->saved_data["dtype"] = static_cast<int64_t>(x.scalar_type());
+    return x * cos + rotate_half(x) * sin;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto dt = static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt());
+    const auto& g = grads[0];
+    auto gx = (g * saved[0]).to(dt) + rotate_half_adjoint((g * saved[1]).to(dt));
+    return {gx, torch::Tensor(), torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
+  if (!records_grad({&x, &weight})) return rms_norm_plain(x, weight, eps, nullptr);
+  return RmsNormFn::apply(x, weight, eps);
+}
+
+torch::Tensor swiglu(const torch::Tensor& gate, const torch::Tensor& up) {
+  if (!records_grad({&gate, &up})) return torch::silu(gate) * up;
+  return SwigluFn::apply(gate, up);
+}
+
+torch::Tensor rotary(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
+  // x [B, heads, T, D]; tables [B, T, D] broadcast over heads.
+  const auto c = cos.unsqueeze(1), s = sin.unsqueeze(1);
+  if (!records_grad({&x})) return x * c + rotate_half(x) * s;
+  return RotaryFn::apply(x, c, s);
+}
+
+namespace {
 
 // inv_freq exactly as HF computes it (fp32 pow), including linear and llama3 scaling.
 torch::Tensor make_inv_freq(const ModelConfig& c) {
@@ -113,8 +214,8 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const RopeTables& r
   auto q = q_proj(x).view({B, T, heads, head_dim}).transpose(1, 2);
   auto k = k_proj(x).view({B, T, kv_heads, head_dim}).transpose(1, 2);
   auto v = v_proj(x).view({B, T, kv_heads, head_dim}).transpose(1, 2);
-  q = apply_rope(q, rope);
-  k = apply_rope(k, rope);
+  q = rotary(q, rope.cos, rope.sin);
+  k = rotary(k, rope.cos, rope.sin);
   if (cache && cache->static_slot.defined()) {
     cache->k[layer].index_copy_(2, cache->static_slot, k);
     cache->v[layer].index_copy_(2, cache->static_slot, v);
@@ -139,9 +240,17 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const RopeTables& r
     auto qg = q.reshape({B, kv_heads, groups, head_dim});
     o = at::scaled_dot_product_attention(qg, k, v, m, 0.0, false).reshape({B, heads, 1, head_dim});
   } else {
-    // Prefill/training: expand K/V to all heads so the flash/memory-efficient kernels apply
-    // (SDPA's enable_gqa is not supported by all of them).
-    if (groups > 1) {
+    // Prefill/training. Flash attention reads grouped K/V heads as they are (enable_gqa), so
+    // on CUDA in half precision without a mask nothing is expanded, and backward keeps
+    // K/V at their own size. Elsewhere K/V are expanded to all heads: the memory-efficient
+    // kernel (masks, fp32) does not take grouped heads, and the math one would hold T x T.
+    const auto dt = q.device().type();
+    const auto compute = dt == c10::DeviceType::CUDA && at::autocast::is_autocast_enabled(dt)
+                             ? at::autocast::get_autocast_dtype(dt)
+                             : q.scalar_type();
+    const bool native_gqa = groups > 1 && !m && dt == c10::DeviceType::CUDA &&
+                            (compute == at::kBFloat16 || compute == at::kHalf) && head_dim % 8 == 0 && head_dim <= 256;
+    if (groups > 1 && !native_gqa) {
       k = k.repeat_interleave(groups, 1);
       v = v.repeat_interleave(groups, 1);
     }
@@ -153,10 +262,11 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const RopeTables& r
       int64_t off = 0;
       for (int64_t i = 0; i < mask.numel(); off += len[i++])
         parts.push_back(at::scaled_dot_product_attention(q.narrow(2, off, len[i]), k.narrow(2, off, len[i]),
-                                                         v.narrow(2, off, len[i]), {}, 0.0, /*is_causal=*/true));
+                                                         v.narrow(2, off, len[i]), {}, 0.0, /*is_causal=*/true,
+                                                         std::nullopt, native_gqa));
       o = parts.size() == 1 ? parts[0] : torch::cat(parts, 2);
     } else {
-      o = at::scaled_dot_product_attention(q, k, v, m, 0.0, /*is_causal=*/!mask.defined());
+      o = at::scaled_dot_product_attention(q, k, v, m, 0.0, /*is_causal=*/!mask.defined(), std::nullopt, native_gqa);
     }
   }
   return o_proj(o.transpose(1, 2).reshape({B, T, heads * head_dim}));
@@ -168,7 +278,7 @@ MLPImpl::MLPImpl(const ModelConfig& c, torch::TensorOptions opts) {
   down_proj = register_module("down_proj", Linear(c.intermediate_size, c.hidden_size, c.mlp_bias, opts));
 }
 
-torch::Tensor MLPImpl::forward(const torch::Tensor& x) { return down_proj(torch::silu(gate_proj(x)) * up_proj(x)); }
+torch::Tensor MLPImpl::forward(const torch::Tensor& x) { return down_proj(swiglu(gate_proj(x), up_proj(x))); }
 
 DecoderLayerImpl::DecoderLayerImpl(const ModelConfig& c, torch::TensorOptions opts) {
   self_attn = register_module("self_attn", Attention(c, opts));
@@ -353,12 +463,13 @@ torch::Tensor CausalLMImpl::hidden(const torch::Tensor& ids, const torch::Tensor
   const RopeTables r = rope(positions);
   if (hooks_) hooks_->pre_forward(-1);
   auto x = model->embed_tokens(ids_d);
-  const bool ckpt = checkpointing_ && !cache && torch::GradMode::is_enabled();
+  const bool ckpt = checkpointing_ && recompute_layers_ != 0 && !cache && torch::GradMode::is_enabled();
   // A frozen embedding (LoRA) gives an input that needs no gradient; a checkpointed layer
   // whose inputs need none would cut its adapters off from the loss. As HF's
   // enable_input_require_grads does, the input then becomes a leaf that asks for one.
   if (ckpt && !x.requires_grad()) x = x.detach().requires_grad_(true);
-  for (int64_t l = 0; l < static_cast<int64_t>(model->layers->size()); ++l) x = run_layer(l, x, r, mask, cache, ckpt);
+  for (int64_t l = 0; l < static_cast<int64_t>(model->layers->size()); ++l)
+    x = run_layer(l, x, r, mask, cache, ckpt && recomputes(l));
   if (cache) cache->length += T;
   return model->norm(x);
 }
@@ -380,9 +491,10 @@ torch::Tensor CausalLMImpl::hidden_packed(const torch::Tensor& ids, const std::v
   const RopeTables r = rope(torch::tensor(pos, torch::kInt64).to(dev).unsqueeze(0));
   if (hooks_) hooks_->pre_forward(-1);
   auto x = model->embed_tokens(ids.to(dev, torch::kInt64));
-  const bool ckpt = checkpointing_ && torch::GradMode::is_enabled();
+  const bool ckpt = checkpointing_ && recompute_layers_ != 0 && torch::GradMode::is_enabled();
   if (ckpt && !x.requires_grad()) x = x.detach().requires_grad_(true);  // as in hidden()
-  for (int64_t l = 0; l < static_cast<int64_t>(model->layers->size()); ++l) x = run_layer(l, x, r, lens, nullptr, ckpt);
+  for (int64_t l = 0; l < static_cast<int64_t>(model->layers->size()); ++l)
+    x = run_layer(l, x, r, lens, nullptr, ckpt && recomputes(l));
   return model->norm(x);
 }
 

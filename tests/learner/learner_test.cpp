@@ -396,14 +396,17 @@ TEST(LearnerDataParallelTest, TwoAndFourRanksGiveTheOneRankUpdateWithIdenticalWe
     for (int r = 1; r < ranks; ++r) EXPECT_EQ(many.checksums[r], many.checksums[0]) << "rank " << r << " of " << ranks;
     ASSERT_EQ(many.weights.size(), one.weights.size());
     double worst = 0, worst_kbias = 0;
+    std::string worst_name;
     for (const auto& [name, w] : one.weights) {
       const double d = (many.weights.at(name) - w).abs().max().item<double>();
       // k_proj.bias has a mathematically zero gradient (softmax ignores a per-row shift), so
       // Adam amplifies its rounding noise: it is compared loosely.
-      if (name.find("k_proj.bias") != std::string::npos)
+      if (name.find("k_proj.bias") != std::string::npos) {
         worst_kbias = std::max(worst_kbias, d);
-      else
-        worst = std::max(worst, d);
+      } else if (d > worst) {
+        worst = d;
+        worst_name = name;
+      }
     }
     EXPECT_LT(worst_kbias, 1e-3) << ranks << " ranks";
     // Adam is blind to a gradient scale, so the loss and the gradient norm (before the
@@ -418,11 +421,14 @@ TEST(LearnerDataParallelTest, TwoAndFourRanksGiveTheOneRankUpdateWithIdenticalWe
       EXPECT_EQ(one.steps[s]["tokens"], many.steps[s]["tokens"]);
     }
     // The same update up to float summation order (3 AdamW steps of lr 1e-3 move weights ~3e-3).
-    // Float summation order differs; a near-zero gradient element turns that into up to a
-    // few percent of one Adam step (measured: 1.8e-5 with 2 ranks).
-    EXPECT_LT(worst, 0.02 * moved) << ranks << " ranks";
-    std::printf("%d ranks: max |w - w_1rank| = %.3g (k_proj.bias %.3g; update size %.3g)\n", ranks, worst, worst_kbias,
-                moved);
+    // Float summation order differs; Adam turns that into up to a tenth of one step for a
+    // near-zero gradient element (o_proj here). Measured 7.8e-5 (2 ranks) and 8.2e-5 (4
+    // ranks); the rounding of RMSNorm's backward alone moved them from 1.8e-5 and 4.2e-5.
+    // A rank's missing or doubled contribution moves whole steps, and the gradient norm
+    // above catches a wrong scale.
+    EXPECT_LT(worst, 0.05 * moved) << ranks << " ranks";
+    std::printf("%d ranks: max |w - w_1rank| = %.3g in %s (k_proj.bias %.3g; update size %.3g)\n", ranks, worst,
+                worst_name.c_str(), worst_kbias, moved);
   }
 }
 

@@ -110,26 +110,34 @@ TEST(PolicyModelTest, TokenLogprobsMatchLogits) {
   EXPECT_LT(t::max_abs_diff(lp, ref), kTol);
 }
 
+// Every layer recomputed, only the first (selective recomputation), or none: the same
+// gradients as keeping every activation.
 TEST(PolicyModelTest, GradientCheckpointingGivesSameGradients) {
   auto l = load("llama");
   auto& m = l.p.model;
-  auto grads = [&](bool ckpt) {
+  ASSERT_GE(m->model->layers->size(), 2u) << "selective recomputation needs a kept and a recomputed layer";
+  auto grads = [&](bool ckpt, int64_t layers) {
     m->zero_grad();
     m->set_gradient_checkpointing(ckpt);
+    m->set_recompute_layers(layers);
     m->token_logprobs(l.ids, l.mask).sum().backward();
     std::vector<torch::Tensor> out;
     for (const auto& p : m->parameters()) out.push_back(p.grad().clone());
     return out;
   };
-  const auto a = grads(false), b = grads(true);
-  ASSERT_EQ(a.size(), b.size());
-  double worst = 0, norm = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    worst = std::max(worst, t::max_abs_diff(a[i], b[i]));
-    norm = std::max(norm, a[i].abs().max().item<double>());
+  const auto a = grads(false, -1);
+  for (int64_t layers : {-1, 1, 0}) {
+    SCOPED_TRACE("recompute_layers " + std::to_string(layers));
+    const auto b = grads(true, layers);
+    ASSERT_EQ(a.size(), b.size());
+    double worst = 0, norm = 0;
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      worst = std::max(worst, t::max_abs_diff(a[i], b[i]));
+      norm = std::max(norm, a[i].abs().max().item<double>());
+    }
+    EXPECT_GT(norm, 1e-3);
+    EXPECT_LT(worst, 1e-5);
   }
-  EXPECT_GT(norm, 1e-3);
-  EXPECT_LT(worst, 1e-5);
 }
 
 // ParamHooks (the learner's ZeRO-3): a decoder layer's weights are read only between
@@ -174,12 +182,14 @@ struct HidingHooks : ParamHooks {
 }  // namespace
 
 TEST(PolicyModelTest, ParamHooksBracketEveryUseOfALayersWeights) {
-  for (bool ckpt : {false, true}) {
-    SCOPED_TRACE(ckpt ? "recomputation" : "no recomputation");
+  for (int64_t recompute : {-2, -1, 1}) {  // -2: none; -1: every layer; 1: the first only
+    const bool ckpt = recompute != -2;
+    SCOPED_TRACE(!ckpt ? "no recomputation" : recompute < 0 ? "recomputation" : "first layer recomputed");
     auto l = load("llama");
     auto& m = l.p.model;
     m->train();
     m->set_gradient_checkpointing(ckpt);
+    m->set_recompute_layers(ckpt ? recompute : -1);
     auto run = [&](std::vector<torch::Tensor>* grads) {
       m->zero_grad();
       const auto lp = m->token_logprobs(l.ids, l.mask);

@@ -116,6 +116,9 @@ struct LearnerConfig {
   // Activation recomputation is on for models of at least this many parameters even when
   // gradient_checkpointing is false (0: never automatically).
   int64_t recompute_min_params = 3000000000;
+  // With recomputation on, recompute only the first N decoder layers and keep the others'
+  // activations (-1: every layer). Fewer recomputed layers: faster steps, more memory.
+  int64_t recompute_layers = -1;
   // Completion positions per chunk of the vocabulary projection + log-softmax.
   int64_t logit_chunk_tokens = 1024;
   // LoRA: rank 0 trains every weight; rank > 0 freezes the base and trains adapters on

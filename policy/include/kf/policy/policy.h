@@ -339,6 +339,19 @@ TORCH_MODULE(RMSNorm);
 // The matmul runs in the autocast dtype when autocast is on for h's device, else in the
 // weight's dtype; softmax in fp32. logp is differentiable in h and weight; entropy (the
 // exact entropy of each row's distribution, fp32 [N]) is not.
+// Memory-lean building blocks of the decoder layer. Each is a custom autograd function
+// whose forward gives exactly the plain expression's result, but which keeps fewer
+// activations for backward (recomputing cheap elementwise terms there instead):
+//  - rms_norm: HF's RMSNorm (variance in fp32, cast back to x's dtype, times w); keeps x and
+//    one fp32 scale per row instead of fp32 copies of x;
+//  - swiglu: silu(gate) * up; keeps gate and up, not silu(gate);
+//  - rotary: x * cos + rotate_half(x) * sin (x [B, heads, T, D], tables [B, T, D]); keeps
+//    only the tables, which every layer shares.
+// tests/policy/lean_layers_test.cpp compares their gradients with the plain expressions'.
+torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
+torch::Tensor swiglu(const torch::Tensor& gate, const torch::Tensor& up);
+torch::Tensor rotary(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
+
 struct TokenLogprobs {
   torch::Tensor logp, entropy;
 };
@@ -461,6 +474,11 @@ class CausalLMImpl : public torch::nn::Module {
   // Recompute each layer in backward instead of keeping its activations.
   void set_gradient_checkpointing(bool on) { checkpointing_ = on; }
   bool gradient_checkpointing() const { return checkpointing_; }
+  // Selective recomputation: with checkpointing on, only the first n decoder layers are
+  // recomputed and the others keep their activations (n < 0, the default: every layer).
+  // Each kept layer costs its activations' memory and saves one layer forward in backward.
+  void set_recompute_layers(int64_t n) { recompute_layers_ = n; }
+  int64_t recompute_layers() const { return recompute_layers_; }
   // Sharded parameters (see ParamHooks); nullptr (the default): the weights are always whole.
   // The hooks must outlive every forward and backward that runs while they are set.
   void set_param_hooks(ParamHooks* hooks) { hooks_ = hooks; }
@@ -479,8 +497,10 @@ class CausalLMImpl : public torch::nn::Module {
   torch::TensorOptions opts_;
   torch::Tensor inv_freq_;  // fp32 [head_dim / 2] on the model's device
   bool checkpointing_ = false;
+  int64_t recompute_layers_ = -1;
   ParamHooks* hooks_ = nullptr;
   LoraConfig lora_;
+  bool recomputes(int64_t layer) const { return recompute_layers_ < 0 || layer < recompute_layers_; }
   // Decoder layer l over x (recomputed in backward when ckpt), with the ParamHooks calls.
   torch::Tensor run_layer(int64_t l, const torch::Tensor& x, const RopeTables& r, const torch::Tensor& mask,
                           KVCache* cache, bool ckpt);
