@@ -680,6 +680,7 @@ std::string Actor::metrics_json() const {
     j["turn_members_too_long"] = m_.turn_members_too_long;
     j["turn_groups_read"] = m_.turn_groups_read;
     j["turn_hold_mean_s"] = m_.turn_groups_read ? m_.turn_hold_s / double(m_.turn_groups_read) : 0.0;
+    j["turn_release_delay_mean_s"] = m_.turn_groups_read ? m_.turn_release_delay_s / double(m_.turn_groups_read) : 0.0;
     if (!engine_) j["followup_sample_s"] = m_.followup_sample_s;
   }
   if (engine_) {
@@ -809,6 +810,11 @@ void Actor::poll_turns() {
     }
     ++m_.turn_groups_read;
     m_.turn_hold_s += secs(aw.since, Clock::now());
+    int64_t last_scored = 0;  // when its last result came in: from then on only the actor held it
+    for (std::size_t i = 0; i < g.results.size(); ++i)
+      if (!(i < g.missing.size() && g.missing[i])) last_scored = std::max(last_scored, g.results[i].t_scored_ns);
+    if (last_scored > 0 && !g.deadline_hit)
+      m_.turn_release_delay_s += static_cast<double>(std::max<int64_t>(0, mono_ns() - last_scored)) * 1e-9;
     build_followups(aw, g);
     it = awaiting_.erase(it);
   }

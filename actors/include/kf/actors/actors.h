@@ -514,6 +514,7 @@ struct ActorMetrics {
   uint64_t turn_members_too_long = 0;  // conversations over the context budget
   uint64_t turn_groups_read = 0;       // held groups whose results were read (then released to the learner)
   double turn_hold_s = 0;              // summed over those: opened -> read (the learner could not take them)
+  double turn_release_delay_s = 0;     // summed over those: last result in -> read (the actor's share of the hold)
   double followup_sample_s = 0;        // of sample_s: sampling turn > 1 groups (one group at a time only)
 };
 
