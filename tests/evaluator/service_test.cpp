@@ -157,6 +157,11 @@ TEST(EvaluatorServiceTest, ScoresQueuedCandidatesWritesResultsIntoTheGroupAndSto
   EXPECT_EQ(logged[101]["policy_version"], 5);
   EXPECT_EQ(logged[101]["evaluator"], 3);
   EXPECT_EQ(logged[101]["group"], 77);
+  EXPECT_EQ(logged[101]["index"], 0);  // the candidate's place in its group
+  EXPECT_EQ(logged[102]["index"], 1);
+  EXPECT_EQ(logged[101]["turn"], 1);  // a single-turn candidate: no parent
+  EXPECT_EQ(logged[101]["parent_group"], 0);
+  EXPECT_EQ(logged[101]["parent_index"], 0);
   EXPECT_DOUBLE_EQ(logged[101]["speedup"].get<double>(), by_id[101].speedup);
   EXPECT_GT(logged[101]["compile_s"].get<double>(), 0);
   EXPECT_GT(logged[101]["t"].get<double>(), 1.7e9);           // unix seconds

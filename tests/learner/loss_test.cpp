@@ -8,6 +8,7 @@
 #include <c10/core/impl/alloc_cpu.h>
 
 #include <atomic>
+#include <functional>
 #include <mutex>
 #include <unordered_map>
 #include <cmath>
@@ -402,6 +403,22 @@ TEST(LearnerChunkedHeadTest, ChunkedHeadPeaksLowerThanFullLogitsInAForwardBackwa
 
 // ---- layer recomputation ----
 
+namespace {
+// CPU bf16 autocast, standing in for CUDA's, for one scope: off again even if the scope
+// throws (later tests run in fp32).
+struct CpuBf16Autocast {
+  CpuBf16Autocast() {
+    at::autocast::set_autocast_enabled(at::kCPU, true);
+    at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+    at::autocast::increment_nesting();
+  }
+  ~CpuBf16Autocast() {
+    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+    at::autocast::set_autocast_enabled(at::kCPU, false);
+  }
+};
+}  // namespace
+
 TEST(LearnerMemoryTest, RecomputedLayersRunUnderTheForwardsAutocastState) {
   // CPU autocast stands in for CUDA's: the forward runs in bf16, backward is called
   // outside the autocast region (as the learner does), so a recompute that ignored the
@@ -418,17 +435,7 @@ TEST(LearnerMemoryTest, RecomputedLayersRunUnderTheForwardsAutocastState) {
   for (auto* m : {&plain, &ckpt}) {
     torch::Tensor loss;
     {
-      struct CpuAutocast {  // off again even if the forward throws (later tests run in fp32)
-        CpuAutocast() {
-          at::autocast::set_autocast_enabled(at::kCPU, true);
-          at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
-          at::autocast::increment_nesting();
-        }
-        ~CpuAutocast() {
-          if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-          at::autocast::set_autocast_enabled(at::kCPU, false);
-        }
-      } on;
+      CpuBf16Autocast on;
       loss = ((*m)->token_logprobs(ids) * coef).sum();
     }
     loss.backward();
@@ -445,38 +452,46 @@ TEST(LearnerMemoryTest, RecomputedLayersRunUnderTheForwardsAutocastState) {
   EXPECT_LT(worst, 1e-5) << "recomputed layers did not run under the forward's autocast";
 }
 
-TEST(LearnerMemoryTest, ModelsAboveTheSizeThresholdRecomputeLayersWithTheSameUpdateAndLessMemory) {
-  auto& counter = CountingCpuAllocator::get();
+namespace {
+// Two learner steps of the tiny model (2 decoder layers) on long rows, where activations
+// dominate its weights, with `tweak` applied to the config: the CPU allocator's peak during
+// the first step, and the weights' checksum after both.
+uint64_t memory_run(const std::function<void(LearnerConfig&)>& tweak, int64_t* peak) {
   SyntheticConfig sc;
   sc.seed = 4;
-  sc.prompt_min = sc.prompt_max = 160;  // long rows: activations dominate the tiny weights
+  sc.prompt_min = sc.prompt_max = 160;
   sc.completion_min = sc.completion_max = 96;
   sc.equal_reward_every = 0;
-  auto run = [&](int64_t min_params, int64_t* peak) {
-    LearnerConfig c;
-    c.init_shape = "tiny";
-    c.seed = 2;
-    c.groups_per_step = 2;
-    c.micro_batch_tokens = 4096;
-    c.optim.lr = 1e-3;
-    c.schedule.warmup_steps = 0;
-    c.snapshot_every = c.checkpoint_every = 0;
-    c.deterministic = true;
-    c.recompute_min_params = min_params;  // the tiny model has ~110 k parameters
-    auto comm = make_local_comm();
-    SyntheticSource src(sc);
-    src.groups_per_step_total = 2;
-    LearnerDeps d;
-    d.comm = comm.get();
-    d.source = &src;
-    Learner l(c, d);
-    *peak = counter.peak_during([&] { EXPECT_TRUE(l.step().updated); });
-    EXPECT_TRUE(l.step().updated);
-    return l.weights_checksum();
-  };
+  LearnerConfig c;
+  c.init_shape = "tiny";
+  c.seed = 2;
+  c.groups_per_step = 2;
+  c.micro_batch_tokens = 4096;
+  c.optim.lr = 1e-3;
+  c.schedule.warmup_steps = 0;
+  c.snapshot_every = c.checkpoint_every = 0;
+  c.deterministic = true;
+  tweak(c);
+  auto comm = make_local_comm();
+  SyntheticSource src(sc);
+  src.groups_per_step_total = 2;
+  LearnerDeps d;
+  d.comm = comm.get();
+  d.source = &src;
+  Learner l(c, d);
+  EXPECT_EQ(l.model()->recompute_layers(), c.recompute_layers);
+  *peak = CountingCpuAllocator::get().peak_during([&] { EXPECT_TRUE(l.step().updated); });
+  EXPECT_TRUE(l.step().updated);
+  return l.weights_checksum();
+}
+}  // namespace
+
+TEST(LearnerMemoryTest, ModelsAboveTheSizeThresholdRecomputeLayersWithTheSameUpdateAndLessMemory) {
+  // The tiny model has ~110 k parameters.
+  auto threshold = [](int64_t n) { return [n](LearnerConfig& c) { c.recompute_min_params = n; }; };
   int64_t peak_keep = 0, peak_recompute = 0;
-  const auto keep = run(0, &peak_keep);
-  const auto recompute = run(1, &peak_recompute);
+  const auto keep = memory_run(threshold(0), &peak_keep);
+  const auto recompute = memory_run(threshold(1), &peak_recompute);
   std::printf("step peak bytes: activations kept %lld, layers recomputed %lld\n", static_cast<long long>(peak_keep),
               static_cast<long long>(peak_recompute));
   EXPECT_EQ(recompute, keep) << "recomputation changed the update";
@@ -484,40 +499,19 @@ TEST(LearnerMemoryTest, ModelsAboveTheSizeThresholdRecomputeLayersWithTheSameUpd
 }
 
 // learner.recompute_layers: recomputing only the first layer gives the update of every
-// layer recomputed and of none, bitwise, at a peak between theirs.
+// layer recomputed and of none, bitwise, at a peak between theirs. (With one layer kept
+// the peak is barely above full recomputation's: backward recomputes a layer anyway.)
 TEST(LearnerMemoryTest, SelectiveRecomputationGivesTheSameUpdateAtAPeakBetween) {
-  auto& counter = CountingCpuAllocator::get();
-  SyntheticConfig sc;
-  sc.seed = 4;
-  sc.prompt_min = sc.prompt_max = 160;
-  sc.completion_min = sc.completion_max = 96;
-  sc.equal_reward_every = 0;
-  auto run = [&](int64_t layers, int64_t* peak) {
-    LearnerConfig c;
-    c.init_shape = "tiny";  // 2 decoder layers
-    c.seed = 2;
-    c.groups_per_step = 2;
-    c.micro_batch_tokens = 4096;
-    c.optim.lr = 1e-3;
-    c.schedule.warmup_steps = 0;
-    c.snapshot_every = c.checkpoint_every = 0;
-    c.deterministic = true;
-    c.gradient_checkpointing = true;
-    c.recompute_layers = layers;
-    auto comm = make_local_comm();
-    SyntheticSource src(sc);
-    src.groups_per_step_total = 2;
-    LearnerDeps d;
-    d.comm = comm.get();
-    d.source = &src;
-    Learner l(c, d);
-    EXPECT_EQ(l.model()->recompute_layers(), layers);
-    *peak = counter.peak_during([&] { EXPECT_TRUE(l.step().updated); });
-    EXPECT_TRUE(l.step().updated);
-    return l.weights_checksum();
+  auto layers = [](int64_t n) {
+    return [n](LearnerConfig& c) {
+      c.gradient_checkpointing = true;
+      c.recompute_layers = n;
+    };
   };
   int64_t peak_all = 0, peak_first = 0, peak_none = 0;
-  const auto all = run(-1, &peak_all), first = run(1, &peak_first), none = run(0, &peak_none);
+  const auto all = memory_run(layers(-1), &peak_all);
+  const auto first = memory_run(layers(1), &peak_first);
+  const auto none = memory_run(layers(0), &peak_none);
   std::printf("step peak bytes: every layer recomputed %lld, the first only %lld, none %lld\n",
               static_cast<long long>(peak_all), static_cast<long long>(peak_first), static_cast<long long>(peak_none));
   EXPECT_EQ(first, all);
@@ -587,17 +581,7 @@ TEST(LearnerMemoryTest, LeanLayersKeepLessForBackwardThanThePlainExpressions) {
   // A later layer's input: the residual stream, which needs a gradient.
   const auto x = torch::randn({1, T, H}).to(torch::kBFloat16).requires_grad_(true);
   auto kept = [&](auto&& forward, torch::Tensor* out) {
-    struct CpuAutocast {
-      CpuAutocast() {
-        at::autocast::set_autocast_enabled(at::kCPU, true);
-        at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
-        at::autocast::increment_nesting();
-      }
-      ~CpuAutocast() {
-        if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-        at::autocast::set_autocast_enabled(at::kCPU, false);
-      }
-    } on;
+    CpuBf16Autocast on;
     int64_t before = 0, after = 0;
     counter.peak_during([&] {
       {
