@@ -8,6 +8,7 @@
 #include <torch/cuda.h>
 
 #include <chrono>
+#include <set>
 #include <thread>
 
 #include "kf/actors/actors.h"
@@ -445,7 +446,8 @@ TEST(ActorTurnsTest, LaterTurnMembersDecodeTogetherEachUnderItsOwnPrompt) {
   auto o = random_policy_options(2);
   o.group_size = 4;
   o.exemplars = 0;
-  o.temperature = 0.9;
+  o.temperature = 1.0;
+  o.max_new_tokens = 256;  // long enough for some answers to end at EOS: conversations of different lengths
   auto pol = test::tiny_policy(10);
   auto model = pol.model;
   Actor actor(o, std::move(pol), load_actor_tasks(o), *run.shm);
@@ -457,6 +459,11 @@ TEST(ActorTurnsTest, LaterTurnMembersDecodeTogetherEachUnderItsOwnPrompt) {
   const auto* t2 = find_turn(out, 2);
   ASSERT_NE(t2, nullptr);
   ASSERT_EQ(t2->candidates.size(), 4u);
+  std::set<std::size_t> lengths;
+  for (const auto& c : t2->candidates)
+    lengths.insert((c.prompt_tokens.empty() ? t2->prompt_tokens : c.prompt_tokens).size());
+  EXPECT_GT(lengths.size(), 1u) << "the members' conversations differ in length: the batch is left-padded ("
+                                << *lengths.begin() << " tokens each)";
   for (std::size_t i = 0; i < t2->candidates.size(); ++i) {
     const auto& c = t2->candidates[i];
     const auto& prompt = c.prompt_tokens.empty() ? t2->prompt_tokens : c.prompt_tokens;
