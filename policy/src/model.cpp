@@ -1,9 +1,13 @@
 #include "kf/policy/policy.h"
 
+#include <ATen/SDPBackend.h>
 #include <ATen/autocast_mode.h>
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <mutex>
+#include <tuple>
 
 #include "kf/common/error.h"
 
@@ -200,6 +204,28 @@ torch::Tensor make_inv_freq(const ModelConfig& c) {
 
 }  // namespace
 
+namespace {
+
+// Whether SDPA runs causal attention over grouped K/V heads on a fused kernel (flash or
+// cuDNN) for this layout. Otherwise it would take the math kernel, which holds T x T
+// weights, and expanding K/V is the better choice. Asked once per layout with small
+// tensors: the choice depends on the device, dtype, head counts and head size, not on T.
+bool fused_grouped_attention(int64_t heads, int64_t kv_heads, int64_t head_dim, at::ScalarType dtype,
+                             torch::Device device) {
+  static std::mutex mu;
+  static std::map<std::tuple<int64_t, int64_t, int64_t, int, int>, bool> known;
+  const auto key =
+      std::make_tuple(heads, kv_heads, head_dim, static_cast<int>(dtype), static_cast<int>(device.index()));
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto it = known.find(key); it != known.end()) return it->second;
+  const auto o = torch::TensorOptions().dtype(dtype).device(device);
+  const auto q = torch::empty({1, heads, 8, head_dim}, o), kv = torch::empty({1, kv_heads, 8, head_dim}, o);
+  const auto backend = static_cast<at::SDPBackend>(at::_fused_sdp_choice(q, kv, kv, {}, 0.0, true, std::nullopt, true));
+  return known[key] = backend == at::SDPBackend::flash_attention || backend == at::SDPBackend::cudnn_attention;
+}
+
+}  // namespace
+
 AttentionImpl::AttentionImpl(const ModelConfig& c, torch::TensorOptions opts)
     : heads(c.num_attention_heads), kv_heads(c.num_key_value_heads), head_dim(c.head_dim) {
   q_proj = register_module("q_proj", Linear(c.hidden_size, heads * head_dim, c.qkv_bias, opts));
@@ -249,7 +275,8 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const RopeTables& r
                              ? at::autocast::get_autocast_dtype(dt)
                              : q.scalar_type();
     const bool native_gqa = groups > 1 && !m && dt == c10::DeviceType::CUDA &&
-                            (compute == at::kBFloat16 || compute == at::kHalf) && head_dim % 8 == 0 && head_dim <= 256;
+                            (compute == at::kBFloat16 || compute == at::kHalf) &&
+                            fused_grouped_attention(heads, kv_heads, head_dim, compute, q.device());
     if (groups > 1 && !native_gqa) {
       k = k.repeat_interleave(groups, 1);
       v = v.repeat_interleave(groups, 1);
