@@ -85,7 +85,7 @@ struct ActorNodeLink::Impl {
   std::string state_sent;
   bool nodes_seen = false;  // an actor node set kActorNodesKey
   uint64_t kernels_mark = ~0ull;
-  Clock::time_point next_weights{}, next_kernels{}, next_state{};
+  Clock::time_point next_weights{}, next_kernels{}, next_state{}, next_nodes{};
 
   Impl(replay::RunShm& s, const ClusterOptions& o, double d, int g)
       : shm(s),
@@ -96,6 +96,7 @@ struct ActorNodeLink::Impl {
         store(netqueue::KeyStore::open(head_stream(o, true))),
         depth_conn(netqueue::StreamQueue::open(head_stream(o, true))) {}
 
+  void look_for_nodes();
   void publish_weights();
   void publish_kernels();
   void publish_state();
@@ -103,6 +104,20 @@ struct ActorNodeLink::Impl {
   bool ingest(const replay::ScoredGroup& g);
   void loop();
 };
+
+// Whether an actor node has announced itself (checked every second until one has).
+void ActorNodeLink::Impl::look_for_nodes() {
+  if (nodes_seen) return;
+  const auto now = Clock::now();
+  if (now < next_nodes) return;
+  next_nodes = now + 1s;
+  if (const auto v = store.get(kActorNodesKey)) {
+    nodes_seen = true;
+    log_info("launch: actor nodes: ", *v, " connected (the head now publishes weights and kernels for them)");
+  }
+  std::lock_guard<std::mutex> g(mu);
+  c.nodes_seen = nodes_seen;
+}
 
 void ActorNodeLink::Impl::publish_weights() {
   const auto now = Clock::now();
@@ -112,7 +127,7 @@ void ActorNodeLink::Impl::publish_weights() {
   if (latest.version < 0 || latest.version <= c.weights_version) return;
   // Nothing goes to the store until an actor node has announced itself (a 7 B snapshot is
   // 14 GB: a run without actor nodes must not copy it into the server at every publish).
-  if (!nodes_seen && !(nodes_seen = store.get(kActorNodesKey).has_value())) return;
+  if (!nodes_seen) return;  // look_for_nodes
   std::vector<unsigned char> blob;
   const auto info = shm.snapshots().read(blob);
   if (info.version < 0) return;
@@ -168,7 +183,7 @@ bool ActorNodeLink::Impl::ingest(const replay::ScoredGroup& g) {
   const auto deadline = std::chrono::duration_cast<replay::Timeout>(std::chrono::duration<double>(deadline_s));
   if (!shm.replay().open_group(cands, deadline, std::chrono::seconds(5))) return false;
   std::vector<uint64_t> lost;
-  uint64_t scored = 0, queued = 0;
+  uint64_t scored = 0, queued = 0, lag_sum = 0;
   for (std::size_t i = 0; i < cands.size(); ++i) {
     const bool missing = i < g.missing.size() && g.missing[i];
     const replay::Result& r = g.results[i];
@@ -191,10 +206,15 @@ bool ActorNodeLink::Impl::ingest(const replay::ScoredGroup& g) {
         } catch (const std::exception&) {  // the loop's next round logs Redis errors
         }
       }
-      if (ok)
+      if (ok) {
         ++queued;
-      else
+        // The lag a local actor counts when it pushes (counter 7): the newest version here
+        // minus the candidate's behaviour policy.
+        lag_sum += static_cast<uint64_t>(
+            std::max<int64_t>(0, shm.snapshots().latest().version - cands[i].policy_version));
+      } else {
         lost.push_back(cands[i].id);
+      }
     }
   }
   if (!lost.empty()) shm.replay().mark_lost(lost);
@@ -203,6 +223,7 @@ bool ActorNodeLink::Impl::ingest(const replay::ScoredGroup& g) {
   c.candidates_queued += queued;
   c.actor_scored += scored;
   c.lost += lost.size();
+  c.lag_sum += lag_sum;
   return true;
 }
 
@@ -259,6 +280,7 @@ void ActorNodeLink::Impl::loop() {
   while (!stop.load()) {
     try {
       publish_state();
+      look_for_nodes();
       publish_weights();
       publish_kernels();
       take_groups();
@@ -515,6 +537,17 @@ int run_actor_node(const Config& cfg, const RunDir& run, const std::string& work
     log_info("launch: started ", sup.workers()[i].name(), " pid ", sup.workers()[i].pid);
   }
   shm->control().set_state(replay::RunState::running);
+  // The head's time split: this node's actors' generating and GPU-wait seconds.
+  NodeReporter reporter(co);
+  CounterTotals totals;
+  auto node_seconds = [&] {
+    totals.update(shm->control().peers(std::chrono::hours(1)));
+    NodeSeconds s;
+    s.generate_s = 1e-3 * static_cast<double>(totals.sum("actor", replay::ControlBlock::kWorkMs));
+    s.gpu_wait_s = 1e-3 * static_cast<double>(totals.sum("actor", replay::ControlBlock::kGpuWaitMs));
+    return s;
+  };
+  auto next_report = Clock::now();
   const int max_restarts = static_cast<int>(cfg.get_int("launch.max_restarts"));
   const double backoff = cfg.get_float("launch.restart_backoff_s");
   const double status_every = cfg.get_float("launch.status_every_s");
@@ -567,6 +600,10 @@ int run_actor_node(const Config& cfg, const RunDir& run, const std::string& work
       sup.signal_role("", SIGTERM);
     }
     if (link.head_state != "running" && !stopping) stop_actors("the head's run drains");
+    if (Clock::now() >= next_report) {
+      next_report = Clock::now() + 250ms;
+      reporter.report(node_seconds());
+    }
     bool pending = false;
     for (const auto& w : sup.workers()) pending = pending || w.restart_pending;
     if (sup.running() == 0 && !pending) break;
@@ -581,12 +618,15 @@ int run_actor_node(const Config& cfg, const RunDir& run, const std::string& work
   const auto until = Clock::now() + 2s;
   while (Clock::now() < until && link.step() && !link.outbox.empty()) {
   }
+  const NodeSeconds secs = node_seconds();
+  if (!link.failing) reporter.report(secs, /*force=*/true);  // the head's server still answers
   const auto l = shm->candidate_ledger();
   log_info("launch: actor node ", co.node_name, " finished (", why.empty() ? "every actor exited" : why,
            "): ", link.groups_sent, " group(s) sent to the head, ", link.forwarded, " candidate(s) forwarded, ",
            link.orphans, " lost here (group gone), ", link.outbox.size(),
            " group(s) never sent; candidates of this node: created ", l.created, " = forwarded ", l.scored, " + lost ",
-           l.lost(), " + queued ", l.queued, " + in flight ", l.in_flight);
+           l.lost(), " + queued ", l.queued, " + in flight ", l.in_flight, "; generate ", secs.generate_s,
+           " s, GPU wait ", secs.gpu_wait_s, " s (reported to the head as session ", reporter.session(), ")");
   shm->shutdown();
   return failed ? 1 : 0;
 #endif

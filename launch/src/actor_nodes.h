@@ -59,6 +59,8 @@ struct ActorLinkCounters {
   int64_t weights_version = -1;    // newest snapshot published to the store
   uint64_t kernels_published = 0;  // kernel database publishes
   uint64_t errors = 0;             // Redis errors (each logged; the link retries)
+  uint64_t lag_sum = 0;            // policy lag of the queued candidates, summed (head's version - theirs)
+  bool nodes_seen = false;         // an actor node has announced itself (kActorNodesKey)
 };
 
 class ActorNodeLink {

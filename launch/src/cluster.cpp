@@ -8,7 +8,9 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <fstream>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "kf/common/error.h"
@@ -97,6 +99,23 @@ void check_learner_layout(const Config& cfg, const ClusterOptions& o) {
 }
 }  // namespace
 
+void check_head_actors(const Config& cfg, const std::vector<std::string>& roles) {
+  const std::string role = cfg.get_string("cluster.role");
+  if (cfg.get_int("cluster.head_actors") != 0 || (role != "head" && role != "all")) return;
+  if (role == "all")
+    throw error_at(cfg.source(),
+                   "cluster.head_actors: 0 on one node (cluster.role all): nothing would sample; it applies to a head "
+                   "with actor nodes (cluster.role head, nodes with cluster.role actors), -1 runs actors.count");
+  if (!roles.empty() && std::find(roles.begin(), roles.end(), "actors") == roles.end())
+    throw error_at(cfg.source(),
+                   "cluster.head_actors: 0, but no node of the run is an actor node (cluster.nodes: no 'actors' entry" +
+                       std::string(cfg.get_strings("cluster.nodes").empty() ? "; without cluster.nodes --slurm makes "
+                                                                              "every node but the head an evaluator node"
+                                                                            : "") +
+                       "): nothing would sample; list actor nodes in cluster.nodes or let the head run actors "
+                       "(cluster.head_actors -1 or more)");
+}
+
 ClusterOptions cluster_options(const Config& cfg) {
   ClusterOptions o;
   o.role = cfg.get_string("cluster.role");
@@ -107,6 +126,8 @@ ClusterOptions cluster_options(const Config& cfg) {
       throw error_at(cfg.source(), "cluster.node_name: '" + o.node_name +
                                        "' may hold only letters, digits, '-', '_' and '.' (it names folders)");
   o.head_evaluators = static_cast<int>(cfg.get_int("cluster.head_evaluators"));
+  o.head_actors = static_cast<int>(cfg.get_int("cluster.head_actors"));
+  check_head_actors(cfg, cfg.get_strings("cluster.nodes"));
   o.host = cfg.get_string("cluster.redis.host");
   o.port = static_cast<int>(cfg.get_int("cluster.redis.port"));
   o.bound = static_cast<uint64_t>(cfg.get_int("cluster.redis.bound"));
@@ -227,6 +248,7 @@ SlurmPlan slurm_plan(const std::function<std::string(const std::string&)>& env,
     throw Error("cluster.nodes: exactly one node must be the head (got " + std::to_string(heads) + ")");
   p.head_host = p.hosts[static_cast<std::size_t>(head_at)];
   p.role = roles[static_cast<std::size_t>(p.node_id)];
+  p.roles = roles;
   if (p.in_step) {
     p.sets = {"cluster.role=" + p.role, "cluster.redis.host=" + p.head_host,
               "cluster.node_name=" + p.hosts[static_cast<std::size_t>(p.node_id)]};
@@ -295,7 +317,10 @@ struct RemoteBridge::Impl {
   replay::RunShm& shm;
   ClusterOptions co;
   bool train_on_degenerate = false;
-  netqueue::StreamQueue out, in;
+  netqueue::StreamQueue out, in, reports;
+  std::map<std::string, NodeSeconds> node_secs;  // newest report per node session (under mu)
+  Clock::time_point next_reports{};
+  bool bad_report_logged = false;
   struct Held {
     replay::ShmQueue::Slot claim;
     std::string task, source;
@@ -310,16 +335,54 @@ struct RemoteBridge::Impl {
   std::thread thread;
   bool failing = false;
 
-  Impl(replay::RunShm& s, const ClusterOptions& o, bool tod, netqueue::StreamQueue q_out, netqueue::StreamQueue q_in)
-      : shm(s), co(o), train_on_degenerate(tod), out(std::move(q_out)), in(std::move(q_in)) {}
+  Impl(replay::RunShm& s, const ClusterOptions& o, bool tod, netqueue::StreamQueue q_out, netqueue::StreamQueue q_in,
+       netqueue::StreamQueue q_reports)
+      : shm(s),
+        co(o),
+        train_on_degenerate(tod),
+        out(std::move(q_out)),
+        in(std::move(q_in)),
+        reports(std::move(q_reports)) {}
 
   std::size_t dead_seen = 0;  // entries of kf:candidates:dead already handled
   std::chrono::steady_clock::time_point next_dead_check{};
   void results_back();
   void candidates_out(bool wait);
   void dead_letters();
+  void node_reports();
   void loop();
 };
+
+// Evaluator and actor nodes' seconds (NodeReporter): the newest report per session.
+void RemoteBridge::Impl::node_reports() {
+  const auto now = Clock::now();
+  if (now < next_reports) return;
+  next_reports = now + 250ms;
+  const auto msgs = reports.take(256, 0ms);
+  if (msgs.empty()) return;
+  std::vector<std::string> ids;
+  for (const auto& m : msgs) {
+    ids.push_back(m.id);
+    try {
+      auto [session, secs] = decode_node_report(m.data, std::string(kNodeSecondsStream) + " entry " + m.id);
+      std::lock_guard<std::mutex> g(mu);
+      NodeSeconds& n = node_secs[session];
+      // Reports of one session only grow; one delivered late must not take a figure back.
+      n.generate_s = std::max(n.generate_s, secs.generate_s);
+      n.compile_s = std::max(n.compile_s, secs.compile_s);
+      n.verify_s = std::max(n.verify_s, secs.verify_s);
+      n.gpu_wait_s = std::max(n.gpu_wait_s, secs.gpu_wait_s);
+      n.verdicts = std::max(n.verdicts, secs.verdicts);
+      ++c.reports;
+    } catch (const std::exception& e) {
+      if (!bad_report_logged)
+        log_error("launch: redis bridge: ", e.what(), "; dropped (the time split leaves it out; further ones are "
+                  "dropped silently)");
+      bad_report_logged = true;
+    }
+  }
+  reports.ack(ids);
+}
 
 void RemoteBridge::Impl::results_back() {
   const auto msgs = in.take(256, 50ms);
@@ -456,6 +519,7 @@ void RemoteBridge::Impl::loop() {
     try {
       results_back();
       dead_letters();
+      node_reports();
       candidates_out(held.empty());
       if (failing) log_info("launch: redis bridge: the server at ", co.host, ":", co.port, " answers again");
       failing = false;
@@ -486,8 +550,12 @@ RemoteBridge::RemoteBridge(replay::RunShm& shm, const ClusterOptions& co, bool t
   rc.group = "replay";
   rc.consumer = "replay-" + co.node_name;
   rc.bound = 1u << 30;  // results are appended by ack_forward; the candidates' bound limits them
+  netqueue::StreamConfig nc = rc;
+  nc.stream = kNodeSecondsStream;
+  nc.group = "head";
+  nc.consumer = "head-" + co.node_name;
   impl_ = std::make_unique<Impl>(shm, co, train_on_degenerate_tasks, netqueue::StreamQueue::open(sc),
-                                 netqueue::StreamQueue::open(rc));
+                                 netqueue::StreamQueue::open(rc), netqueue::StreamQueue::open(nc));
   Impl* m = impl_.get();
   m->thread = std::thread([m] { m->loop(); });
 }
@@ -511,6 +579,18 @@ BridgeCounters RemoteBridge::counters() const {
 bool RemoteBridge::idle() const {
   return counters().on_network == 0 && impl_->shm.candidates().raw().stats().queued == 0;
 }
+
+std::map<std::string, NodeSeconds> RemoteBridge::node_seconds() const {
+  std::lock_guard<std::mutex> g(impl_->mu);
+  return impl_->node_secs;
+}
+
+uint64_t RemoteBridge::reported_verdicts() const {
+  std::lock_guard<std::mutex> g(impl_->mu);
+  uint64_t n = 0;
+  for (const auto& [k, v] : impl_->node_secs) n += v.verdicts;
+  return n;
+}
 #else
 struct RemoteBridge::Impl {};
 RemoteBridge::RemoteBridge(replay::RunShm&, const ClusterOptions&, bool) {
@@ -520,6 +600,111 @@ RemoteBridge::~RemoteBridge() = default;
 void RemoteBridge::stop() {}
 BridgeCounters RemoteBridge::counters() const { return {}; }
 bool RemoteBridge::idle() const { return true; }
+std::map<std::string, NodeSeconds> RemoteBridge::node_seconds() const { return {}; }
+uint64_t RemoteBridge::reported_verdicts() const { return 0; }
+#endif
+
+// ---------------------------------------------------------------- node seconds
+
+std::string encode_node_report(const std::string& session, const NodeSeconds& s) {
+  return nlohmann::json{{"session", session},   {"generate_s", s.generate_s}, {"compile_s", s.compile_s},
+                        {"verify_s", s.verify_s}, {"gpu_wait_s", s.gpu_wait_s}, {"verdicts", s.verdicts}}
+      .dump();
+}
+
+std::pair<std::string, NodeSeconds> decode_node_report(const std::string& text, const std::string& context) {
+  try {
+    const auto j = nlohmann::json::parse(text);
+    NodeSeconds s{j.at("generate_s").get<double>(), j.at("compile_s").get<double>(), j.at("verify_s").get<double>(),
+                  j.at("gpu_wait_s").get<double>(), j.at("verdicts").get<uint64_t>()};
+    const std::string session = j.at("session").get<std::string>();
+    if (session.empty()) throw Error("empty session");
+    return {session, s};
+  } catch (const std::exception& e) {
+    throw Error(context + ": not a node report (" + e.what() + ")");
+  }
+}
+
+void add_verdict_seconds(const std::string& path, uint64_t* offset, NodeSeconds* s) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return;
+  in.seekg(static_cast<std::streamoff>(*offset));
+  std::string chunk((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::size_t end = chunk.rfind('\n');
+  if (end == std::string::npos) return;  // no complete line yet
+  for (std::size_t a = 0, b; a <= end; a = b + 1) {
+    b = chunk.find('\n', a);
+    if (b == a) continue;
+    try {
+      const auto j = nlohmann::json::parse(chunk.substr(a, b - a));
+      s->compile_s += j.value("compile_s", 0.0);
+      s->verify_s += j.value("verify_s", 0.0);
+      ++s->verdicts;
+    } catch (const std::exception&) {  // a line torn by a killed evaluator: left out
+    }
+  }
+  *offset += end + 1;
+}
+
+#ifdef KF_HAVE_NETQUEUE
+struct NodeReporter::Impl {
+  ClusterOptions co;
+  std::string session;
+  std::unique_ptr<netqueue::StreamQueue> q;
+  NodeSeconds sent;
+  bool any_sent = false, failing = false;
+  Clock::time_point next{};
+};
+NodeReporter::NodeReporter(const ClusterOptions& co) : impl_(std::make_unique<Impl>()) {
+  impl_->co = co;
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                      std::chrono::system_clock::now().time_since_epoch())
+                      .count();
+  impl_->session = co.node_name + "/" + std::to_string(::getpid()) + "/" + std::to_string(ms);
+}
+NodeReporter::~NodeReporter() = default;
+const std::string& NodeReporter::session() const { return impl_->session; }
+void NodeReporter::report(const NodeSeconds& s, bool force) {
+  Impl& m = *impl_;
+  const auto now = Clock::now();
+  if (!force && now < m.next) return;
+  if (m.any_sent && s == m.sent) return;
+  m.next = now + 500ms;
+  try {
+    if (!m.q) {
+      netqueue::StreamConfig sc;
+      sc.host = m.co.host;
+      sc.port = m.co.port;
+      sc.password = m.co.password;
+      sc.stream = kNodeSecondsStream;
+      sc.group = "head";
+      sc.bound = 4096;
+      sc.connect_timeout = 1000ms;
+      sc.io_timeout = 2000ms;
+      m.q = std::make_unique<netqueue::StreamQueue>(netqueue::StreamQueue::open(sc));
+    }
+    // Cumulative figures: a report that finds the stream full is dropped, the next carries it.
+    if (m.q->push(0, encode_node_report(m.session, s), 100ms)) {
+      m.sent = s;
+      m.any_sent = true;
+    }
+    m.failing = false;
+  } catch (const std::exception& e) {
+    m.q.reset();
+    if (!m.failing)
+      log_warn("launch: node ", m.co.node_name, ": reporting its seconds to the head failed (", e.what(),
+               "); the head's time split misses them until a report gets through");
+    m.failing = true;
+  }
+}
+#else
+struct NodeReporter::Impl {
+  std::string session;
+};
+NodeReporter::NodeReporter(const ClusterOptions&) : impl_(std::make_unique<Impl>()) {}
+NodeReporter::~NodeReporter() = default;
+const std::string& NodeReporter::session() const { return impl_->session; }
+void NodeReporter::report(const NodeSeconds&, bool) {}
 #endif
 
 // ---------------------------------------------------------------- evaluator node
@@ -669,9 +854,21 @@ int run_evaluator_node(const Config& cfg, const RunDir& run, const std::string& 
   const double backoff = cfg.get_float("launch.restart_backoff_s");
   const double status_every = cfg.get_float("launch.status_every_s");
   auto next_status = Clock::now() + std::chrono::milliseconds(static_cast<long long>(status_every * 1000));
+  // The head's time split: the compile and verify seconds of this node's verdict lines.
+  NodeReporter reporter(co);
+  NodeSeconds secs;
+  std::vector<uint64_t> offsets(static_cast<std::size_t>(n), 0);
+  auto next_read = Clock::now();
   int handled = 0;
   bool failed = false;
   for (;;) {
+    if (Clock::now() >= next_read) {
+      next_read = Clock::now() + 250ms;
+      for (int i = 0; i < n; ++i)
+        add_verdict_seconds(run.sub("metrics") + "/verdicts-" + std::to_string(i) + ".jsonl",
+                            &offsets[static_cast<std::size_t>(i)], &secs);
+      reporter.report(secs);
+    }
     const int sig = signals ? signals->load() : 0;
     if (sig > handled) {
       handled = sig;

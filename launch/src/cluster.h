@@ -3,7 +3,9 @@
 //
 //   cluster.role = all        one node, shared memory only (the default; nothing here runs)
 //   cluster.role = head       the launcher starts redis-server (password, bound addresses)
-//                             and a RemoteBridge thread; cluster.head_evaluators local evaluators
+//                             and a RemoteBridge thread; cluster.head_evaluators local evaluators,
+//                             cluster.head_actors local actors (-1: actors.count; 0: only
+//                             actor nodes sample)
 //   cluster.role = evaluators the launcher starts N `kf-evaluator --remote` processes
 //                             (run_evaluator_node) and restarts them; no shared memory
 //   cluster.role = learners   the launcher starts learner ranks whose groups come from the
@@ -27,6 +29,7 @@
 
 #include "kf/common/config.h"
 #include "kf/common/run_dir.h"
+#include "run_monitor.h"
 
 namespace kf::replay {
 class RunShm;
@@ -38,6 +41,7 @@ struct ClusterOptions {
   std::string role = "all";  // all | head | evaluators | learners | actors
   std::string node_name;     // cluster.node_name, else the host name
   int head_evaluators = 0;
+  int head_actors = -1;  // cluster.head_actors (-1: actors.count)
   std::string host = "127.0.0.1";  // where evaluator nodes reach the head's server
   int port = 6390;
   std::vector<std::string> bind;  // head: listen addresses (numeric)
@@ -56,6 +60,9 @@ struct ClusterOptions {
   int head_ranks() const { return head_learner_ranks > 0 ? head_learner_ranks : learner_world; }
   bool learners_split() const { return head_ranks() < learner_world; }
   int first_learner_rank() const { return head_ranks() + learner_node_index * learner_ranks; }
+  // The actors this node's launcher runs itself: on a head cluster.head_actors unless -1,
+  // else actors.count (one node, actor nodes).
+  int local_actors(int actors_count) const { return role == "head" && head_actors >= 0 ? head_actors : actors_count; }
 };
 
 // From cluster.* (throws kf::Error naming the key, or the environment variable of
@@ -63,6 +70,11 @@ struct ClusterOptions {
 ClusterOptions cluster_options(const Config& cfg);
 // Whether this build can run role head/evaluators (kf_netqueue was built: hiredis found).
 bool cluster_supported();
+// A head with cluster.head_actors 0 needs actor nodes: throws kf::Error naming the key when
+// the node roles (cluster.nodes, or the Slurm plan's) hold no `actors` node, or when the
+// role is `all` (one node: nothing would sample). Empty roles: unknown here (a head started
+// by hand; the launcher then waits cluster.redis.gone_after_s for the first actor node).
+void check_head_actors(const Config& cfg, const std::vector<std::string>& roles);
 
 // --- Slurm
 // "node[01-03,07],gpu5,x[1-2]" -> node01 node02 node03 node07 gpu5 x1 x2 (zero padding kept).
@@ -76,6 +88,7 @@ struct SlurmPlan {
   int nodes = 1;                   // entries of SLURM_JOB_NODELIST
   std::vector<std::string> hosts;  // the expanded node list
   std::string role;                // this node's role (in_step), from cluster.nodes or 0 = head
+  std::vector<std::string> roles;  // every node's role, in node order
   std::string head_host;           // the node whose role is head
   std::vector<std::string> sets;   // --set overrides a node's launcher gets (role, host, node name)
 };
@@ -111,6 +124,7 @@ struct BridgeCounters {
   uint64_t unstored = 0;    // the replay could not store it: dropped, candidate counted lost
   uint64_t dead = 0;        // dead-lettered (killed or hung max_deliveries evaluators): counted lost
   uint64_t errors = 0;      // Redis errors (each logged; the bridge retries)
+  uint64_t reports = 0;     // node reports taken from kf:node_seconds
 };
 
 class RemoteBridge {
@@ -124,11 +138,45 @@ class RemoteBridge {
   BridgeCounters counters() const;
   // No candidate queued in shared memory and none on the network.
   bool idle() const;
+  // The newest seconds each node launcher session reported (kNodeSecondsStream), and the
+  // verdict lines they summed, over the sessions this bridge heard from.
+  std::map<std::string, NodeSeconds> node_seconds() const;
+  uint64_t reported_verdicts() const;
 
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// --- Seconds of work on other nodes, for the head's time split. Each evaluator or actor
+// node's launcher sums its processes' seconds (evaluator nodes: compile_s and verify_s of
+// their evaluators' verdict lines; actor nodes: their actors' control-block counters) and
+// pushes the cumulative figures of its session, as JSON, to this stream at most every
+// 0.5 s when they changed; the head's bridge takes them (consumer group "head") and keeps
+// the newest per session. A session is one launcher of one node ("<node>/<pid>/<start ms>").
+inline constexpr const char* kNodeSecondsStream = "kf:node_seconds";
+
+class NodeReporter {
+ public:
+  explicit NodeReporter(const ClusterOptions& co);
+  ~NodeReporter();
+  // Sends s when it changed since the last send and `every` has passed (or force). A Redis
+  // error is logged once per episode and the next call tries again (nothing is queued up:
+  // the figures are cumulative).
+  void report(const NodeSeconds& s, bool force = false);
+  const std::string& session() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+// One report as JSON, and back (throws kf::Error naming `context` on a malformed report).
+std::string encode_node_report(const std::string& session, const NodeSeconds& s);
+std::pair<std::string, NodeSeconds> decode_node_report(const std::string& text, const std::string& context);
+// Adds the complete lines appended to an evaluator's verdict log since *offset (compile_s,
+// verify_s, one verdict each) and moves *offset past them; a torn last line waits for the
+// next call. A missing file adds nothing.
+void add_verdict_seconds(const std::string& path, uint64_t* offset, NodeSeconds* s);
 
 // What an evaluator node needs before it starts (evaluator keys, tasks.dir, run name,
 // cluster keys and the password); throws kf::Error naming the key.

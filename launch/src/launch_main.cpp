@@ -201,6 +201,7 @@ int main(int argc, char** argv) {
                    plan.head_host);
       sets.insert(sets.end(), plan.sets.begin(), plan.sets.end());
       cfg = kf::Config::load(config_file, sets);
+      kf::launch::check_head_actors(cfg, plan.roles);  // the allocation's roles: is there an actor node?
     }
     if (cfg.get_string("cluster.role") == "evaluators") {
       kf::launch::preflight_evaluator_node(cfg);

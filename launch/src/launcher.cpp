@@ -107,7 +107,9 @@ void preflight(const Config& cfg) {
   if (local_ranks > 1 && gpus > 0 && local_ranks > gpus)
     throw Error((local_ranks < lc.ranks ? "cluster.head_learner_ranks: " : "learner.dist.ranks: ") +
                 std::to_string(local_ranks) + " ranks on this node but " + std::to_string(gpus) + " visible GPUs");
-  if (ao.device.rfind("cuda", 0) == 0 && gpus == 0)
+  // A head with cluster.head_actors 0 runs no actor: actors.device is the actor nodes' business.
+  const int local_actors = cluster_options(cfg).local_actors(static_cast<int>(cfg.get_int("actors.count")));
+  if (local_actors > 0 && ao.device.rfind("cuda", 0) == 0 && gpus == 0)
     throw Error("actors.device: " + ao.device + " but no GPU is visible (use cpu)");
 }
 
@@ -153,6 +155,8 @@ struct Launcher::Impl {
   bool failed = false;
   std::string stop_reason;
   Clock::time_point t0 = Clock::now(), phase_since = Clock::now();
+  int local_actors = 1;                   // actors this launcher runs (cluster.head_actors on a head)
+  Clock::time_point network_idle_since{};  // draining: when the network first had nothing out
   double elapsed_base = 0;  // seconds of earlier launches of a resumed run
   uint64_t checkpoints_seen = 0;
   int learner_ranks = 1;
@@ -243,7 +247,9 @@ void Launcher::Impl::plan_workers() {
     sup.add(w);
   }
   std::vector<int> rest(cpus.begin() + static_cast<long>(pin ? next : 0), cpus.end());
-  const int actors = static_cast<int>(cfg.get_int("actors.count"));
+  // A head runs cluster.head_actors of its own (-1: actors.count); 0 leaves sampling to actor nodes.
+  const int actors = cluster.local_actors(static_cast<int>(cfg.get_int("actors.count")));
+  local_actors = actors;
   learner_ranks = static_cast<int>(cfg.get_int("learner.dist.ranks"));
   const int share = std::max<int>(1, static_cast<int>(rest.size()) / std::max(1, actors + learner_ranks));
   for (int i = 0; i < actors; ++i) {
@@ -406,7 +412,15 @@ void Launcher::Impl::advance_phase() {
     const double limit = cfg.get_float("launch.drain_timeout_s");
     // Remote evaluators score what is on the network too; after the drain's SIGKILL the
     // rest stays counted in flight.
-    const bool remote_done = !bridge || bridge->idle() || escalation >= 2;
+    bool remote_done = !bridge || bridge->idle() || escalation >= 2;
+    // The last verdicts' seconds reach the head a moment after their results (evaluator
+    // nodes report every 0.5 s): wait up to 3 s until the reports cover every result back.
+    if (bridge && remote_done && escalation < 2) {
+      if (network_idle_since == Clock::time_point{}) network_idle_since = Clock::now();
+      const BridgeCounters c = bridge->counters();
+      remote_done = bridge->reported_verdicts() >= c.results ||
+                    Clock::now() - network_idle_since > std::chrono::seconds(3);
+    }
     const bool drained = sup.running("actor") == 0 && sup.running("evaluator") == 0 && remote_done;
     if (!drained && in_phase > limit && escalation == 0) {
       escalation = 1;
@@ -453,7 +467,7 @@ void Launcher::Impl::stop_network() {
   if (actor_link) {
     actor_link->stop();
     const ActorLinkCounters c = actor_link->counters();
-    monitor.set_remote_samples(c.candidates_queued, c.actor_scored);  // the final counts
+    monitor.set_remote_samples(c.candidates_queued, c.actor_scored, c.lag_sum);  // the final counts
     const uint64_t left = actor_link->waiting();
     log_info("launch: actor nodes: ", c.groups, " group(s) opened here (", c.candidates_queued,
              " candidate(s) queued, ", c.actor_scored, " scored by their actors, ", c.lost, " reported lost), ",
@@ -466,6 +480,7 @@ void Launcher::Impl::stop_network() {
     bridge->stop();
     const BridgeCounters c = bridge->counters();
     monitor.set_remote_verified(c.results);  // the final count (status() no longer sees the bridge)
+    monitor.merge_node_seconds(bridge->node_seconds());
     log_info("launch: redis bridge: sent ", c.sent, " candidate(s) to remote evaluators, ", c.results,
              " result(s) back, ", c.duplicates, " duplicate result(s) dropped, ", c.unstored, " result(s) not stored, ",
              c.dead, " dead-lettered, ", c.on_network, " still on the network (counted in flight), ", c.errors,
@@ -504,10 +519,13 @@ Status Launcher::Impl::status() {
   s.step = learner_step;
   s.step_budget = cfg.get_int("learner.steps");
   s.time_budget_s = cfg.get_float("launch.max_minutes") * 60;
-  if (bridge) monitor.set_remote_verified(bridge->counters().results);
+  if (bridge) {
+    monitor.set_remote_verified(bridge->counters().results);
+    monitor.merge_node_seconds(bridge->node_seconds());
+  }
   if (actor_link) {
     const ActorLinkCounters c = actor_link->counters();
-    monitor.set_remote_samples(c.candidates_queued, c.actor_scored);
+    monitor.set_remote_samples(c.candidates_queued, c.actor_scored, c.lag_sum);
   }
   monitor.sample_rates(s.elapsed_s, s);
   const auto cq = shm->candidates().raw().stats();
@@ -525,9 +543,9 @@ Status Launcher::Impl::status() {
   }
   if (actor_link) {
     const ActorLinkCounters c = actor_link->counters();
-    s.workers.push_back("actor nodes: " + std::to_string(c.groups) + " groups in, " +
-                        std::to_string(c.candidates_queued) + " candidates queued, policy version " +
-                        std::to_string(c.weights_version) + " sent");
+    s.workers.push_back(std::string("actor nodes: ") + (c.nodes_seen ? "" : "none connected yet, ") +
+                        std::to_string(c.groups) + " groups in, " + std::to_string(c.candidates_queued) +
+                        " candidates queued, policy version " + std::to_string(c.weights_version) + " sent");
   }
   for (const auto& w : sup.workers()) {
     std::string st = w.running()         ? "up"
@@ -603,6 +621,10 @@ Launcher::Launcher(const Config& cfg, const RunDir& run, const LaunchOptions& op
     m.bridge = std::make_unique<RemoteBridge>(*m.shm, m.cluster, cfg.get_bool("evaluator.train_on_degenerate_tasks"));
     m.actor_link = std::make_unique<ActorNodeLink>(*m.shm, m.cluster, cfg.get_float("actors.group_deadline_s"),
                                                    static_cast<int>(cfg.get_int("actors.group_size")));
+    if (m.local_actors == 0)
+      log_info("launch: the head runs no actor of its own (cluster.head_actors 0): every group comes from actor "
+               "nodes; the run stops if none connects within cluster.redis.gone_after_s (",
+               m.cluster.gone_after.count() / 1000.0, " s)");
   }
   if (opts.resumed) {
     m.elapsed_base = load_launch_state(run, m.monitor);
@@ -670,6 +692,16 @@ int Launcher::run() {
         // Nothing comes back through a dead server: the drain does not wait for the network.
         m.stop_network();
         m.begin_drain("the Redis server died");
+      }
+      // A head that runs no actor of its own needs an actor node: without one nothing samples.
+      if (m.actor_link && m.local_actors == 0 && m.phase == Phase::running && !m.actor_link->counters().nodes_seen &&
+          now - m.t0 > m.cluster.gone_after) {
+        log_error("launch: cluster.head_actors is 0 and no actor node has connected to ", m.cluster.host, ":",
+                  m.cluster.port, " within cluster.redis.gone_after_s (", m.cluster.gone_after.count() / 1000.0,
+                  " s): nothing samples; stopping the run (start nodes with cluster.role actors, or let the head run "
+                  "actors: cluster.head_actors -1 or more)");
+        m.failed = true;
+        m.begin_drain("no actor node connected");
       }
       next_check = now + 1s;
       const uint64_t ckpts = m.monitor.counters().sum("learner", 7);

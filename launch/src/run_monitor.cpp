@@ -138,9 +138,33 @@ ResultSummary RunMonitor::results() const {
   return s;
 }
 
+void RunMonitor::merge_node_seconds(const std::map<std::string, NodeSeconds>& by_session) {
+  for (const auto& [k, v] : by_session) {
+    NodeSeconds& n = node_seconds_[k];
+    n.generate_s = std::max(n.generate_s, v.generate_s);
+    n.compile_s = std::max(n.compile_s, v.compile_s);
+    n.verify_s = std::max(n.verify_s, v.verify_s);
+    n.gpu_wait_s = std::max(n.gpu_wait_s, v.gpu_wait_s);
+    n.verdicts = std::max(n.verdicts, v.verdicts);
+  }
+}
+
+NodeSeconds RunMonitor::node_seconds() const {
+  NodeSeconds t;
+  for (const auto& [k, v] : node_seconds_) {
+    t.generate_s += v.generate_s;
+    t.compile_s += v.compile_s;
+    t.verify_s += v.verify_s;
+    t.gpu_wait_s += v.gpu_wait_s;
+    t.verdicts += v.verdicts;
+  }
+  return t;
+}
+
 void RunMonitor::sample_rates(double elapsed_s, Status& s) {
   RateSample now{elapsed_s, counters_.sum("actor", kActorPushed) + remote_samples_,
-                 counters_.sum("evaluator", kEvalScored) + remote_verified_, counters_.sum("actor", kActorLagSum)};
+                 counters_.sum("evaluator", kEvalScored) + remote_verified_,
+                 counters_.sum("actor", kActorLagSum) + remote_lag_sum_};
   rate_.push_back(now);
   while (rate_.size() > 2 && rate_.front().t < elapsed_s - 10.0) rate_.pop_front();
   s.samples = now.samples;
@@ -148,11 +172,12 @@ void RunMonitor::sample_rates(double elapsed_s, Status& s) {
   s.extraction_failures = counters_.sum("actor", kActorExtractFail) + remote_extract_fail_;
   using CB = replay::ControlBlock;
   auto secs = [&](const char* role, int c) { return 1e-3 * static_cast<double>(counters_.sum(role, c)); };
-  s.generate_s = secs("actor", CB::kWorkMs);
-  s.compile_s = secs("evaluator", CB::kCompileMs);
-  s.verify_s = secs("evaluator", CB::kWorkMs);
+  const NodeSeconds nodes = node_seconds();  // evaluator and actor nodes (a head only)
+  s.generate_s = secs("actor", CB::kWorkMs) + nodes.generate_s;
+  s.compile_s = secs("evaluator", CB::kCompileMs) + nodes.compile_s;
+  s.verify_s = secs("evaluator", CB::kWorkMs) + nodes.verify_s;
   s.learn_s = secs("learner", CB::kWorkMs);
-  s.gpu_wait_s = secs("actor", CB::kGpuWaitMs) + secs("learner", CB::kGpuWaitMs);
+  s.gpu_wait_s = secs("actor", CB::kGpuWaitMs) + secs("learner", CB::kGpuWaitMs) + nodes.gpu_wait_s;
   const RateSample& old = rate_.front();
   const double dt = now.t - old.t;
   if (dt > 0.5) {
@@ -201,10 +226,18 @@ std::string eta_text(const Status& s) {
 
 nlohmann::json RunMonitor::to_json() const {
   std::lock_guard<std::mutex> g(mu_);
+  nlohmann::json nodes = nlohmann::json::object();
+  for (const auto& [k, v] : node_seconds_)
+    nodes[k] = {{"generate_s", v.generate_s},
+                {"compile_s", v.compile_s},
+                {"verify_s", v.verify_s},
+                {"gpu_wait_s", v.gpu_wait_s},
+                {"verdicts", v.verdicts}};
   return {{"results_total", total_},
           {"verdicts", verdicts_},
           {"best_speedup", best_ever_},
-          {"counters", counters_.to_json()}};
+          {"counters", counters_.to_json()},
+          {"node_seconds", nodes}};
 }
 
 void RunMonitor::from_json(const nlohmann::json& j) {
@@ -215,6 +248,15 @@ void RunMonitor::from_json(const nlohmann::json& j) {
       verdicts_[it.key()] += it.value().get<uint64_t>();
   best_ever_ = std::max(best_ever_, j.value("best_speedup", 0.0));
   if (j.contains("counters")) counters_.from_json(j["counters"]);
+  if (j.contains("node_seconds")) {
+    std::map<std::string, NodeSeconds> saved;
+    for (auto it = j["node_seconds"].begin(); it != j["node_seconds"].end(); ++it) {
+      const auto& v = it.value();
+      saved[it.key()] = {v.value("generate_s", 0.0), v.value("compile_s", 0.0), v.value("verify_s", 0.0),
+                         v.value("gpu_wait_s", 0.0), v.value("verdicts", uint64_t{0})};
+    }
+    merge_node_seconds(saved);
+  }
 }
 
 std::string render_status(const Status& s) {

@@ -38,6 +38,17 @@ struct ResultSummary {
   double frac(const char* verdict) const;  // share of the window with that verdict (0 if none)
 };
 
+// Seconds of work one launcher session of an evaluator or actor node reported to the head
+// (cluster.h, kNodeSecondsStream): cumulative over that session.
+struct NodeSeconds {
+  double generate_s = 0, compile_s = 0, verify_s = 0, gpu_wait_s = 0;
+  uint64_t verdicts = 0;  // verdict lines summed (evaluator nodes)
+  bool operator==(const NodeSeconds& o) const {
+    return generate_s == o.generate_s && compile_s == o.compile_s && verify_s == o.verify_s &&
+           gpu_wait_s == o.gpu_wait_s && verdicts == o.verdicts;
+  }
+};
+
 // Per-role sums of control-block counters over all processes ever seen.
 class CounterTotals {
  public:
@@ -74,7 +85,8 @@ struct Status {
   double gpu_busy = -1;  // 0..1, -1: unknown
   // Where the time went, summed over the processes of a role since the start (seconds):
   // actors generating, evaluators compiling and verifying, learner ranks training, and
-  // actors + learners waiting for the GPU while an evaluator timed.
+  // actors + learners waiting for the GPU while an evaluator timed. On a head, the seconds
+  // evaluator and actor nodes reported are included (merge_node_seconds).
   double generate_s = 0, compile_s = 0, verify_s = 0, learn_s = 0, gpu_wait_s = 0;
   std::string phase;                 // running / draining / stopping
   std::vector<std::string> workers;  // "actor 0 up", "evaluator 0 restarting (2)", ...
@@ -102,10 +114,17 @@ class RunMonitor {
   // Candidates from actor nodes (the head's link counts them; their actors are not in this
   // node's control block): queued ones added to `samples`, the ones their actors scored
   // (extraction failures) to `extraction_failures`.
-  void set_remote_samples(uint64_t queued, uint64_t actor_scored) {
+  // lag_sum: the policy lag of those queued candidates, summed (the head's newest version
+  // when each was queued minus the candidate's), as the actors' counter 7.
+  void set_remote_samples(uint64_t queued, uint64_t actor_scored, uint64_t lag_sum = 0) {
     remote_samples_ = queued;
     remote_extract_fail_ = actor_scored;
+    remote_lag_sum_ = lag_sum;
   }
+  // Seconds other nodes reported, per launcher session: each field of a session keeps the
+  // largest value seen (reports are cumulative; a resumed head merges what it saved).
+  void merge_node_seconds(const std::map<std::string, NodeSeconds>& by_session);
+  NodeSeconds node_seconds() const;  // summed over sessions
 
   nlohmann::json to_json() const;  // the resume state (totals, not windows)
   // Fills s.eta_s / s.eta_reason from s.step, s.step_budget and s.time_budget_s (sample_rates
@@ -132,10 +151,9 @@ class RunMonitor {
     uint64_t samples, verified, lag_sum;
   };
   std::deque<RateSample> rate_;
-  uint64_t remote_verified_ = 0;
-  uint64_t remote_samples_ = 0,
-           remote_extract_fail_ =
-               0;  // from actor nodes (set_remote_samples)  // results from evaluator nodes (set_remote_verified)
+  uint64_t remote_verified_ = 0;                                            // set_remote_verified
+  uint64_t remote_samples_ = 0, remote_extract_fail_ = 0, remote_lag_sum_ = 0;  // set_remote_samples
+  std::map<std::string, NodeSeconds> node_seconds_;                         // merge_node_seconds
   double first_step_t_ = -1;  // when this launcher first saw a learner step
   int64_t first_step_ = 0;
 };

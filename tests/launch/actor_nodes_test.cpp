@@ -165,3 +165,41 @@ TEST(LaunchActorNodesTest, WeightsGoToTheStoreOnlyOnceAnActorNodeAnnouncedItself
   EXPECT_EQ(ks.get(kf::launch::kRunStateKey).value_or(""), "draining");
   shm->shutdown();
 }
+
+// Node seconds travel from a node's reporter to the head's bridge through the server: the
+// newest cumulative figures per session, unchanged figures not sent again.
+TEST(LaunchActorNodesTest, NodeReportsReachTheHeadsBridge) {
+  kf::netqueue::ServerOptions so;
+  so.password = "nodeSecondsTestPw" + std::to_string(getpid());
+  auto srv = kf::netqueue::RedisServer::start(so);
+  kf::launch::ClusterOptions co;
+  co.role = "head";
+  co.node_name = "head";
+  co.host = "127.0.0.1";
+  co.port = srv.port();
+  co.password = so.password;
+  co.bound = 16;
+  const std::string name = "kfns" + std::to_string(getpid());
+  kf::replay::RunShmConfig rc;
+  rc.candidates.capacity = 8;
+  auto shm = kf::replay::RunShm::create(name, rc);
+  kf::launch::RemoteBridge bridge(*shm, co, false);
+  kf::launch::ClusterOptions node = co;
+  node.role = "evaluators";
+  node.node_name = "n1";
+  kf::launch::NodeReporter rep(node);
+  EXPECT_EQ(rep.session().rfind("n1/" + std::to_string(getpid()) + "/", 0), 0u) << rep.session();
+  rep.report({0, 1.5, 2.5, 0, 3});
+  ASSERT_TRUE(wait_until([&] { return bridge.reported_verdicts() == 3; }, 5000ms));
+  rep.report({0, 2.0, 4.0, 0, 5}, /*force=*/true);
+  ASSERT_TRUE(wait_until([&] { return bridge.reported_verdicts() == 5; }, 5000ms));
+  const auto got = bridge.node_seconds();
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_DOUBLE_EQ(got.at(rep.session()).compile_s, 2.0);
+  EXPECT_DOUBLE_EQ(got.at(rep.session()).verify_s, 4.0);
+  rep.report({0, 2.0, 4.0, 0, 5}, /*force=*/true);  // unchanged: not sent
+  std::this_thread::sleep_for(400ms);
+  EXPECT_EQ(bridge.counters().reports, 2u);
+  bridge.stop();
+  shm->shutdown();
+}

@@ -3,7 +3,9 @@
 // srun line; and cluster.* config errors (no password, a role this build cannot run).
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <unistd.h>
 
+#include <fstream>
 #include <map>
 
 #include "cluster.h"
@@ -222,4 +224,89 @@ TEST(LaunchClusterTest, ActorNodesInTheSlurmPlanAndTheirWorkersConfig) {
   // Any other role is still refused by name.
   EXPECT_NE(error_of([] { kf::Config::parse("cluster: {role: trainers}\n", "c.yaml"); }).find("cluster.role"),
             std::string::npos);
+}
+
+// A head that runs no actor of its own (cluster.head_actors 0) needs actor nodes: on one
+// node, or in an allocation whose roles name no actor node, it is refused naming the key.
+TEST(LaunchClusterTest, HeadWithoutActorsNeedsActorNodes) {
+  ::setenv("KF_TEST_HEAD_ACTORS_PW", "s3cret", 1);
+  auto cfg = [](const std::string& cluster) {
+    return kf::Config::parse("actors: {count: 3}\ncluster: {" + cluster + "redis: {password_env: KF_TEST_HEAD_ACTORS_PW}}\n",
+                             "h.yaml");
+  };
+  // The default: the head runs actors.count, as one node does.
+  EXPECT_EQ(kf::launch::cluster_options(cfg("")).local_actors(3), 3);
+  const std::string one = error_of([&] { kf::launch::cluster_options(cfg("head_actors: 0, ")); });
+  EXPECT_NE(one.find("cluster.head_actors: 0 on one node"), std::string::npos) << one;
+  EXPECT_NE(one.find("h.yaml"), std::string::npos) << one;
+  EXPECT_NE(one.find("nothing would sample"), std::string::npos) << one;
+  // Below -1: the schema's bound names the key.
+  EXPECT_NE(error_of([&] { cfg("head_actors: -2, "); }).find("cluster.head_actors"), std::string::npos);
+  if (!kf::launch::cluster_supported()) return;
+  // cluster.nodes without an actor node.
+  const std::string none =
+      error_of([&] { kf::launch::cluster_options(cfg("role: head, head_actors: 0, nodes: [head, evaluators], ")); });
+  EXPECT_NE(none.find("cluster.head_actors: 0, but no node of the run is an actor node"), std::string::npos) << none;
+  const auto ok = kf::launch::cluster_options(cfg("role: head, head_actors: 0, nodes: [head, actors, evaluators], "));
+  EXPECT_EQ(ok.local_actors(3), 0);
+  // A head started by hand (no cluster.nodes): accepted; the launcher waits for actor nodes.
+  EXPECT_EQ(kf::launch::cluster_options(cfg("role: head, head_actors: 2, ")).local_actors(3), 2);
+  EXPECT_EQ(kf::launch::cluster_options(cfg("role: head, head_actors: 0, ")).local_actors(3), 0);
+  // Other roles keep actors.count (an actor node runs actors.count with the same config).
+  EXPECT_EQ(kf::launch::cluster_options(cfg("role: actors, head_actors: 0, ")).local_actors(3), 3);
+  // --slurm without cluster.nodes: every node but the head evaluates, so no actor node.
+  Env e = {{"SLURM_JOB_ID", "9"}, {"SLURM_JOB_NODELIST", "n[1-3]"}, {"KF_SLURM_STEP", "1"}, {"SLURM_NODEID", "0"}};
+  const auto plan = slurm_plan(env_of(e), {});
+  const std::string slurm =
+      error_of([&] { kf::launch::check_head_actors(cfg("role: head, head_actors: 0, "), plan.roles); });
+  EXPECT_NE(slurm.find("without cluster.nodes --slurm makes every node but the head an evaluator node"),
+            std::string::npos)
+      << slurm;
+  EXPECT_EQ(error_of([&] {
+              kf::launch::check_head_actors(cfg("role: head, head_actors: 0, "),
+                                            slurm_plan(env_of(e), {"head", "actors", "evaluators"}).roles);
+            }),
+            "");
+}
+
+// An evaluator node's seconds come from its evaluators' verdict lines: complete lines only,
+// each once, however the file grows between reads.
+TEST(LaunchClusterTest, VerdictSecondsAreSummedOncePerCompleteLine) {
+  char tmpl[] = "/tmp/kf-verdicts-XXXXXX";
+  const int fd = ::mkstemp(tmpl);
+  ASSERT_GE(fd, 0);
+  ::close(fd);
+  const std::string path = tmpl;
+  uint64_t offset = 0;
+  kf::launch::NodeSeconds s;
+  kf::launch::add_verdict_seconds(path + ".missing", &offset, &s);
+  EXPECT_EQ(offset, 0u);
+  {
+    std::ofstream out(path);
+    out << R"({"candidate": 1, "compile_s": 1.25, "verify_s": 0.5})" << "\n"
+        << R"({"candidate": 2, "compile_s": 0.25, "verify_s": 2.0})" << "\n"
+        << R"({"candidate": 3, "compile_s": 9)";  // torn: the evaluator is mid-write
+  }
+  kf::launch::add_verdict_seconds(path, &offset, &s);
+  EXPECT_DOUBLE_EQ(s.compile_s, 1.5);
+  EXPECT_DOUBLE_EQ(s.verify_s, 2.5);
+  EXPECT_EQ(s.verdicts, 2u);
+  kf::launch::add_verdict_seconds(path, &offset, &s);  // nothing new: nothing added
+  EXPECT_EQ(s.verdicts, 2u);
+  {
+    std::ofstream out(path, std::ios::app);
+    out << R"(, "verify_s": 1.0})" << "\n";
+  }
+  kf::launch::add_verdict_seconds(path, &offset, &s);
+  EXPECT_DOUBLE_EQ(s.compile_s, 10.5);
+  EXPECT_DOUBLE_EQ(s.verify_s, 3.5);
+  EXPECT_EQ(s.verdicts, 3u);
+  const auto [session, back] =
+      kf::launch::decode_node_report(kf::launch::encode_node_report("n1/42/7", s), "test report");
+  EXPECT_EQ(session, "n1/42/7");
+  EXPECT_TRUE(back == s);
+  EXPECT_NE(error_of([] { kf::launch::decode_node_report("{\"session\": \"x\"}", "kf:node_seconds entry 1-0"); })
+                .find("kf:node_seconds entry 1-0: not a node report"),
+            std::string::npos);
+  ::unlink(path.c_str());
 }

@@ -105,3 +105,42 @@ TEST(RunMonitorResultsTest, VerdictMixComesFromTheReplaysResultNotesEachOnce) {
   EXPECT_DOUBLE_EQ(s.mean_reward, 0.0);
   rp::ShmSegment::remove(name);
 }
+
+// On a head, the seconds evaluator and actor nodes report join the time split: the newest
+// report of each node session counts once (a late, smaller one takes nothing back), sessions
+// add up, and a resumed launcher keeps them (its launch state) without counting any twice.
+// The candidates from actor nodes carry their policy lag into the status's lag.
+TEST(RunMonitorNodeSecondsTest, NodeReportsJoinTheTimeSplitOnceAndSurviveAResume) {
+  using kf::launch::NodeSeconds;
+  RunMonitor m(100);
+  Status s;
+  m.sample_rates(0, s);
+  EXPECT_EQ(s.compile_s, 0.0);
+  m.merge_node_seconds({{"n1/10/1", NodeSeconds{0, 2.0, 3.0, 0, 4}}, {"a1/11/1", NodeSeconds{5.0, 0, 0, 0.5, 0}}});
+  m.merge_node_seconds({{"n1/10/1", NodeSeconds{0, 1.0, 1.0, 0, 2}}});  // an older report, delivered late
+  m.merge_node_seconds({{"n1/10/1", NodeSeconds{0, 2.5, 3.5, 0, 5}}});  // the newest
+  m.set_remote_samples(4, 1, 6);  // 4 candidates queued from actor nodes, lag 6 in all
+  m.sample_rates(1, s);
+  EXPECT_DOUBLE_EQ(s.compile_s, 2.5);
+  EXPECT_DOUBLE_EQ(s.verify_s, 3.5);
+  EXPECT_DOUBLE_EQ(s.generate_s, 5.0);
+  EXPECT_DOUBLE_EQ(s.gpu_wait_s, 0.5);
+  EXPECT_DOUBLE_EQ(s.policy_lag, 1.5);
+  EXPECT_EQ(s.samples, 4u);
+  EXPECT_NE(kf::launch::render_status(s).find("time: generate 5 s  compile 2 s  verify 4 s"), std::string::npos)
+      << kf::launch::render_status(s);
+  bool has = false;
+  for (const auto& [k, v] : kf::launch::status_scalars(s)) has |= (k == "verify_s" && v == 3.5);
+  EXPECT_TRUE(has);
+  // A resumed launcher: the saved totals, then the same sessions report again (a node that
+  // kept running) and a new session of a restarted node adds its own.
+  RunMonitor r(100);
+  r.from_json(nlohmann::json::parse(m.to_json().dump()));
+  r.merge_node_seconds({{"n1/10/1", NodeSeconds{0, 2.5, 3.5, 0, 5}}, {"n1/20/9", NodeSeconds{0, 1.0, 0.5, 0, 1}}});
+  Status t;
+  r.sample_rates(0, t);
+  EXPECT_DOUBLE_EQ(t.compile_s, 3.5);
+  EXPECT_DOUBLE_EQ(t.verify_s, 4.0);
+  EXPECT_DOUBLE_EQ(t.generate_s, 5.0);
+  EXPECT_EQ(r.node_seconds().verdicts, 6u);
+}
