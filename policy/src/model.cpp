@@ -20,7 +20,11 @@ LinearImpl::LinearImpl(int64_t in, int64_t out, bool has_bias, torch::TensorOpti
 
 torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
   auto y = torch::nn::functional::linear(x, weight, bias);
-  if (!lora_A || !lora_active) return y;
+  if (!adapted()) return y;
+  return y + adapter(x, y.scalar_type());
+}
+
+torch::Tensor LinearImpl::adapter(const torch::Tensor& x, at::ScalarType out) {
   // Unmerged: the adapter path runs beside the frozen projection. fp32 adapters on a bf16
   // base cast the input to theirs, except under autocast: both matmuls run in bf16 there
   // anyway, and an fp32 copy would be cast back and kept for backward, a second copy of
@@ -28,7 +32,7 @@ torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
   const bool autocast = at::autocast::is_autocast_enabled(x.device().type());
   const auto xa = autocast || x.scalar_type() == lora_A->weight.scalar_type() ? x : x.to(lora_A->weight.scalar_type());
   const auto d = torch::nn::functional::linear(torch::nn::functional::linear(xa, lora_A->weight), lora_B->weight);
-  return y + (d * lora_scale).to(y.scalar_type());
+  return (d * lora_scale).to(out);
 }
 
 void LinearImpl::add_lora(int64_t rank, double scale, torch::TensorOptions opts, at::Generator& gen) {
@@ -112,21 +116,108 @@ struct RmsNormFn : public torch::autograd::Function<RmsNormFn> {
   }
 };
 
-struct SwigluFn : public torch::autograd::Function<SwigluFn> {
+// The autocast state of a device type, recorded in forward and re-entered in backward:
+// autocast is per thread, and backward runs on the autograd engine's thread.
+struct AutocastState {
+  c10::DeviceType device = c10::DeviceType::CPU;
+  bool on = false;
+  at::ScalarType dtype = at::kFloat;
+  static AutocastState of(c10::DeviceType dt) {
+    AutocastState a;
+    a.device = dt;
+    a.on = (dt == c10::DeviceType::CUDA || dt == c10::DeviceType::CPU) && at::autocast::is_autocast_enabled(dt);
+    if (a.on) a.dtype = at::autocast::get_autocast_dtype(dt);
+    return a;
+  }
+  void save(torch::autograd::AutogradContext* ctx) const {
+    ctx->saved_data["autocast_device"] = static_cast<int64_t>(device);
+    ctx->saved_data["autocast"] = on;
+    ctx->saved_data["autocast_dtype"] = static_cast<int64_t>(dtype);
+  }
+  static AutocastState load(torch::autograd::AutogradContext* ctx) {
+    AutocastState a;
+    a.device = static_cast<c10::DeviceType>(ctx->saved_data["autocast_device"].toInt());
+    a.on = ctx->saved_data["autocast"].toBool();
+    a.dtype = static_cast<at::ScalarType>(ctx->saved_data["autocast_dtype"].toInt());
+    return a;
+  }
+};
+
+// Enters a recorded autocast state for one scope and restores the thread's own after it,
+// even if the scope throws. A state with autocast off changes nothing.
+class AutocastScope {
+ public:
+  explicit AutocastScope(const AutocastState& a) : a_(a) {
+    if (!a_.on) return;
+    was_ = at::autocast::is_autocast_enabled(a_.device);
+    was_dtype_ = at::autocast::get_autocast_dtype(a_.device);
+    at::autocast::set_autocast_enabled(a_.device, true);
+    at::autocast::set_autocast_dtype(a_.device, a_.dtype);
+    at::autocast::increment_nesting();
+  }
+  ~AutocastScope() {
+    if (!a_.on) return;
+    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+    at::autocast::set_autocast_enabled(a_.device, was_);
+    at::autocast::set_autocast_dtype(a_.device, was_dtype_);
+  }
+  AutocastScope(const AutocastScope&) = delete;
+  AutocastScope& operator=(const AutocastScope&) = delete;
+
+ private:
+  AutocastState a_;
+  bool was_ = false;
+  at::ScalarType was_dtype_ = at::kFloat;
+};
+
+// down(silu(gate) * up), keeping gate and up only. Backward recomputes the product (cheap,
+// elementwise) and back-propagates by hand through down's matmul (no second forward
+// matmul) and the product, the op sequence autograd would run; only down's adapters go
+// through autograd, which accumulates their gradients into their .grad as a reentrant
+// checkpoint does. weight and bias are inputs so that their gradients, when they need them,
+// go through autograd's own accumulation; an empty bias stands for none.
+struct SwigluDownFn : public torch::autograd::Function<SwigluDownFn> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& gate,
-                               const torch::Tensor& up) {
-    ctx->save_for_backward({gate, up});
-    return torch::silu(gate) * up;
+                               const torch::Tensor& up, const torch::Tensor& weight, const torch::Tensor& bias,
+                               int64_t down_ptr) {
+    auto* down = reinterpret_cast<LinearImpl*>(down_ptr);
+    ctx->saved_data["down"] = down_ptr;
+    AutocastState::of(gate.device().type()).save(ctx);
+    ctx->save_for_backward({gate, up, weight});
+    return down->forward(torch::silu(gate) * up);
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    const auto &gate = saved[0], &up = saved[1];
-    const auto& g = grads[0];
+    const auto &gate = saved[0], &up = saved[1], &weight = saved[2];
+    auto* down = reinterpret_cast<LinearImpl*>(ctx->saved_data["down"].toInt());
+    const auto state = AutocastState::load(ctx);
+    const auto& gy = grads[0];
+    const bool need_p = ctx->needs_input_grad(0) || ctx->needs_input_grad(1);
+    auto p = torch::silu(gate) * up;
+    torch::Tensor g_p, g_weight, g_bias;
+    // The matmul ran in the autocast dtype when autocast was on, on a cast of the weight.
+    const auto g2 = gy.reshape({-1, gy.size(-1)});
+    if (need_p) g_p = at::matmul(gy, state.on ? weight.to(state.dtype) : weight).to(p.scalar_type());
+    if (ctx->needs_input_grad(2))
+      g_weight = g2.t().mm(p.reshape({-1, p.size(-1)}).to(g2.scalar_type())).to(weight.scalar_type());
+    if (ctx->needs_input_grad(3) && down->bias.defined()) g_bias = g2.sum(0).to(down->bias.scalar_type());
+    if (down->adapted()) {
+      auto leaf = p.detach().requires_grad_(need_p);
+      torch::Tensor d;
+      {
+        torch::AutoGradMode enable(true);
+        AutocastScope scope(state);  // the adapter's matmuls as in forward; backward outside it
+        d = down->adapter(leaf, gy.scalar_type());
+      }
+      if (d.requires_grad()) torch::autograd::backward({d}, {gy});
+      if (need_p && leaf.grad().defined()) g_p.add_(leaf.grad());
+    }
+    p = torch::Tensor();
     torch::Tensor g_gate, g_up;
-    if (ctx->needs_input_grad(1)) g_up = (g * torch::silu(gate)).to(up.scalar_type());
-    if (ctx->needs_input_grad(0)) g_gate = at::silu_backward((g * up).to(gate.scalar_type()), gate);
-    return {g_gate, g_up};
+    if (ctx->needs_input_grad(1)) g_up = g_p * torch::silu(gate);
+    if (ctx->needs_input_grad(0)) g_gate = at::silu_backward(g_p * up, gate);
+    return {g_gate, g_up, g_weight, g_bias, torch::Tensor()};
   }
 };
 
@@ -165,9 +256,13 @@ torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, doub
   return RmsNormFn::apply(x, weight, eps);
 }
 
-torch::Tensor swiglu(const torch::Tensor& gate, const torch::Tensor& up) {
-  if (!records_grad({&gate, &up})) return torch::silu(gate) * up;
-  return SwigluFn::apply(gate, up);
+torch::Tensor swiglu_down(const torch::Tensor& gate, const torch::Tensor& up, LinearImpl& down) {
+  const torch::Tensor none;
+  const auto& a = down.adapted() ? down.lora_A->weight : none;
+  const auto& b = down.adapted() ? down.lora_B->weight : none;
+  if (!records_grad({&gate, &up, &down.weight, &down.bias, &a, &b})) return down.forward(torch::silu(gate) * up);
+  const auto bias = down.bias.defined() ? down.bias : torch::empty({0}, down.weight.options());
+  return SwigluDownFn::apply(gate, up, down.weight, bias, reinterpret_cast<int64_t>(&down));
 }
 
 torch::Tensor rotary(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin) {
@@ -305,7 +400,7 @@ MLPImpl::MLPImpl(const ModelConfig& c, torch::TensorOptions opts) {
   down_proj = register_module("down_proj", Linear(c.intermediate_size, c.hidden_size, c.mlp_bias, opts));
 }
 
-torch::Tensor MLPImpl::forward(const torch::Tensor& x) { return down_proj(swiglu(gate_proj(x), up_proj(x))); }
+torch::Tensor MLPImpl::forward(const torch::Tensor& x) { return swiglu_down(gate_proj(x), up_proj(x), *down_proj); }
 
 DecoderLayerImpl::DecoderLayerImpl(const ModelConfig& c, torch::TensorOptions opts) {
   self_attn = register_module("self_attn", Attention(c, opts));
@@ -371,14 +466,9 @@ struct LayerCheckpoint : public torch::autograd::Function<LayerCheckpoint> {
     ctx->saved_data["hooks"] = hooks_ptr;
     ctx->saved_data["index"] = index;
     ctx->saved_data["mask"] = mask;
-    // Autocast is thread-local and backward runs on the autograd engine's thread: the
-    // recompute must run under the forward's autocast state, or it would recompute in
+    // The recompute must run under the forward's autocast state, or it would recompute in
     // another precision (slower, and not the activations the forward used).
-    const auto dt = x.device().type();
-    const bool ac =
-        (dt == c10::DeviceType::CUDA || dt == c10::DeviceType::CPU) && at::autocast::is_autocast_enabled(dt);
-    ctx->saved_data["autocast"] = ac;
-    ctx->saved_data["autocast_dtype"] = static_cast<int64_t>(ac ? at::autocast::get_autocast_dtype(dt) : at::kFloat);
+    AutocastState::of(x.device().type()).save(ctx);
     ctx->save_for_backward({x, cos, sin});
     auto* layer = reinterpret_cast<DecoderLayerImpl*>(layer_ptr);
     return layer->forward(x, RopeTables{cos, sin}, mask, nullptr, 0);
@@ -395,26 +485,7 @@ struct LayerCheckpoint : public torch::autograd::Function<LayerCheckpoint> {
     torch::Tensor out;
     {
       torch::AutoGradMode enable(true);
-      const auto dt = x.device().type();
-      const bool ac = ctx->saved_data["autocast"].toBool();
-      const bool was = ac && at::autocast::is_autocast_enabled(dt);
-      const auto was_dtype = ac ? at::autocast::get_autocast_dtype(dt) : at::kFloat;
-      if (ac) {
-        at::autocast::set_autocast_enabled(dt, true);
-        at::autocast::set_autocast_dtype(dt, static_cast<at::ScalarType>(ctx->saved_data["autocast_dtype"].toInt()));
-        at::autocast::increment_nesting();
-      }
-      struct Restore {  // the engine thread's own autocast state, even if forward throws
-        bool ac, was;
-        c10::DeviceType dt;
-        at::ScalarType dtype;
-        ~Restore() {
-          if (!ac) return;
-          if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-          at::autocast::set_autocast_enabled(dt, was);
-          at::autocast::set_autocast_dtype(dt, dtype);
-        }
-      } restore{ac, was, dt, was_dtype};
+      AutocastScope scope(AutocastState::load(ctx));
       out = layer->forward(x, RopeTables{saved[1], saved[2]}, mask, nullptr, 0);
     }
     torch::autograd::backward({out}, {grads[0]});

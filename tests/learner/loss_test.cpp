@@ -499,9 +499,11 @@ TEST(LearnerMemoryTest, ModelsAboveTheSizeThresholdRecomputeLayersWithTheSameUpd
 }
 
 // learner.recompute_layers: recomputing only the first layer gives the update of every
-// layer recomputed and of none, bitwise, at a peak between theirs. (With one layer kept
-// the peak is barely above full recomputation's: backward recomputes a layer anyway.)
-TEST(LearnerMemoryTest, SelectiveRecomputationGivesTheSameUpdateAtAPeakBetween) {
+// layer recomputed and of none, bitwise, below the peak of none. Keeping the last layer
+// costs nothing: backward rebuilds a recomputed layer's activations anyway, and a
+// recomputed last layer also keeps its input (measured: every layer 13.03 MB, the first
+// only 12.50 MB, none 18.84 MB).
+TEST(LearnerMemoryTest, SelectiveRecomputationGivesTheSameUpdateBelowThePeakOfNone) {
   auto layers = [](int64_t n) {
     return [n](LearnerConfig& c) {
       c.gradient_checkpointing = true;
@@ -516,16 +518,16 @@ TEST(LearnerMemoryTest, SelectiveRecomputationGivesTheSameUpdateAtAPeakBetween) 
               static_cast<long long>(peak_all), static_cast<long long>(peak_first), static_cast<long long>(peak_none));
   EXPECT_EQ(first, all);
   EXPECT_EQ(none, all);
-  EXPECT_LT(peak_all, peak_first);
   EXPECT_LT(peak_first, peak_none);
+  EXPECT_LT(peak_all, peak_none);
 }
 
-// The lean layer functions (policy rms_norm, swiglu, rotary) and LoRA under autocast keep
+// The lean layer functions (policy rms_norm, swiglu_down, rotary) and LoRA under autocast keep
 // less for backward than the plain expressions they replaced. One decoder layer of a bf16
 // base with fp32 adapters on all seven projections under (CPU) bf16 autocast, the 7 B LoRA
 // setting, forward only: the bytes still allocated after it (the graph's saved tensors and
 // the output) against a re-implementation with the plain expressions and the same weights.
-// Measured here: 1,904 against 3,056 bytes per token (H 64, I 128).
+// Measured here: 1,634 against 3,056 bytes per token (H 64, I 128).
 namespace {
 torch::Tensor plain_norm(const torch::Tensor& x, const kf::policy::RMSNorm& n) {
   const auto xf = x.to(torch::kFloat32);
@@ -600,8 +602,9 @@ TEST(LearnerMemoryTest, LeanLayersKeepLessForBackwardThanThePlainExpressions) {
   ASSERT_TRUE(y_lean.requires_grad() && y_plain.requires_grad());
   EXPECT_TRUE(torch::equal(y_lean, y_plain)) << "the lean layer changed the forward result";
   // Per token, at least: each norm's fp32 copy of x less the bf16 x the lean norm keeps
-  // (2 x 2H bytes), silu(gate) (2I), q and its rotated half (4H).
-  const int64_t want = T * (8 * H + 2 * I);
+  // (2 x 2H bytes), silu(gate) and the product down's adapter keeps (2 x 2I), q and its
+  // rotated half (4H).
+  const int64_t want = T * (8 * H + 4 * I);
   std::printf(
       "one layer's forward keeps %lld bytes per token (plain expressions: %lld; lower bound on the saving %lld)\n",
       static_cast<long long>(lean / T), static_cast<long long>(plain / T), static_cast<long long>(want / T));

@@ -1,9 +1,12 @@
-// The memory-lean layer functions (rms_norm, swiglu, rotary) against the plain expressions
+// The memory-lean layer functions (rms_norm, swiglu_down, rotary) against the plain expressions
 // they replace: the same forward result, bitwise, and the same gradients to rounding, in
 // fp32 and in the mixed dtypes bf16 autocast gives them (bf16 activations, fp32 weights or
 // tables). Without grad mode they take the plain path (no autograd node).
 #include <gtest/gtest.h>
+#include <algorithm>
 #include <torch/torch.h>
+
+#include <ATen/autocast_mode.h>
 
 #include "kf/policy/policy.h"
 #include "torch_util.h"
@@ -93,12 +96,71 @@ TEST(LeanLayersTest, RmsNormOfAFrozenWeightGivesOnlyTheInputGradient) {
   expect_same(lean, plain, 1e-6);
 }
 
-TEST(LeanLayersTest, SwigluMatchesThePlainExpression) {
-  for (const auto& c : kCases) {
-    SCOPED_TRACE(c10::toString(c.act));
-    auto make = [&] { return std::vector<torch::Tensor>{leaf({5, 96}, c.act, 3, 3.0), leaf({5, 96}, c.act, 4)}; };
-    const auto lean = run([](auto& in) { return swiglu(in[0], in[1]); }, make);
-    const auto plain = run([](auto& in) { return torch::silu(in[0]) * in[1]; }, make);
+// swiglu_down against down(silu(gate) * up): the output bitwise, and the gradients of gate,
+// up and every trainable parameter of down (weight and bias when fine-tuned, the adapters
+// with LoRA), in the settings the learner trains in.
+struct DownCase {
+  const char* name;
+  torch::ScalarType act, weight;
+  bool bias, lora, autocast;  // autocast: CPU bf16 autocast around forward (CUDA's stand-in)
+  double tol;
+};
+
+struct CpuAutocastScope {
+  explicit CpuAutocastScope(bool on) : on(on) {
+    if (!on) return;
+    at::autocast::set_autocast_enabled(at::kCPU, true);
+    at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+    at::autocast::increment_nesting();
+  }
+  ~CpuAutocastScope() {
+    if (!on) return;
+    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+    at::autocast::set_autocast_enabled(at::kCPU, false);
+  }
+  bool on;
+};
+
+std::vector<torch::Tensor> run_down(const DownCase& c, bool lean) {
+  const int64_t in = 48, out = 24;
+  torch::manual_seed(11);
+  auto down = std::make_shared<LinearImpl>(in, out, c.bias, torch::TensorOptions().dtype(c.weight));
+  {
+    torch::NoGradGuard ng;
+    down->weight.normal_(0, 0.1);
+    if (c.bias) down->bias.normal_(0, 0.1);
+  }
+  if (c.lora) {
+    auto gen = at::detail::createCPUGenerator(3);
+    down->add_lora(4, 2.0, torch::TensorOptions().dtype(torch::kFloat32), gen);
+    torch::NoGradGuard ng;
+    down->lora_B->weight.normal_(0, 0.1);  // B = 0 would hide a wrong adapter gradient of A
+  }
+  auto gate = leaf({3, 5, in}, c.act, 12, 2.0), up = leaf({3, 5, in}, c.act, 13);
+  torch::Tensor y;
+  {
+    CpuAutocastScope ac(c.autocast);
+    y = lean ? swiglu_down(gate, up, *down) : down->forward(torch::silu(gate) * up);
+  }
+  torch::manual_seed(99);
+  y.backward(torch::randn(y.sizes()).to(y.scalar_type()));
+  std::vector<torch::Tensor> r{y.detach(), gate.grad(), up.grad()};
+  for (const auto& p : down->parameters()) r.push_back(p.requires_grad() ? p.grad() : torch::Tensor());
+  return r;
+}
+
+TEST(LeanLayersTest, SwigluDownMatchesThePlainExpression) {
+  const DownCase cases[] = {
+      {"fp32, fine-tuned weight and bias", torch::kFloat32, torch::kFloat32, true, false, false, 1e-6},
+      {"fp32, frozen base with adapters", torch::kFloat32, torch::kFloat32, false, true, false, 1e-6},
+      {"bf16 autocast over fp32 weights (fine-tuning)", torch::kBFloat16, torch::kFloat32, true, false, true, 1e-2},
+      {"bf16 autocast, bf16 base, fp32 adapters (LoRA)", torch::kBFloat16, torch::kBFloat16, false, true, true, 1e-2}};
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.name);
+    const auto lean = run_down(c, true), plain = run_down(c, false);
+    ASSERT_EQ(lean.size(), plain.size());
+    const auto trained = std::count_if(plain.begin() + 3, plain.end(), [](const auto& g) { return g.defined(); });
+    EXPECT_EQ(trained, 2) << "weight and bias, or the two adapters";
     expect_same(lean, plain, c.tol);
   }
 }
@@ -136,7 +198,8 @@ TEST(LeanLayersTest, ComparisonDetectsAWrongRotation) {
 TEST(LeanLayersTest, WithoutGradModeTheyRecordNothing) {
   auto x = leaf({2, 8}, torch::kFloat32, 1), w = leaf({8}, torch::kFloat32, 2);
   torch::NoGradGuard ng;
-  for (const auto& y : {rms_norm(x, w, 1e-6), swiglu(x, x)}) EXPECT_FALSE(y.requires_grad());
+  for (const auto& y : {rms_norm(x, w, 1e-6), rotary(x.view({1, 1, 2, 8}), w.view({1, 1, 8}), w.view({1, 1, 8}))})
+    EXPECT_FALSE(y.requires_grad());
   EXPECT_TRUE(torch::equal(rms_norm(x, w, 1e-6), plain_rms_norm(x, w, 1e-6)));
 }
 

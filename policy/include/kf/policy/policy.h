@@ -306,6 +306,9 @@ class LinearImpl : public torch::nn::Module {
  public:
   LinearImpl(int64_t in, int64_t out, bool bias, torch::TensorOptions opts);
   torch::Tensor forward(const torch::Tensor& x);
+  bool adapted() const { return lora_A && lora_active; }
+  // The adapters' term of forward, (alpha / r) B (A x), in dtype `out` (adapted() only).
+  torch::Tensor adapter(const torch::Tensor& x, at::ScalarType out);
   // Adds trainable adapters of `rank` (A ~ U(-1/sqrt(in), 1/sqrt(in)) from gen, B = 0) in
   // `opts` and freezes weight and bias.
   void add_lora(int64_t rank, double scale, torch::TensorOptions opts, at::Generator& gen);
@@ -344,12 +347,13 @@ TORCH_MODULE(RMSNorm);
 // activations for backward (recomputing cheap elementwise terms there instead):
 //  - rms_norm: HF's RMSNorm (variance in fp32, cast back to x's dtype, times w); keeps x and
 //    one fp32 scale per row instead of fp32 copies of x;
-//  - swiglu: silu(gate) * up; keeps gate and up, not silu(gate);
+//  - swiglu_down: down(silu(gate) * up) (down's adapters included); keeps gate and up, not
+//    silu(gate) nor the product, which down (its weight's gradient, its adapters) would keep;
 //  - rotary: x * cos + rotate_half(x) * sin (x [B, heads, T, D], tables [B, T, D]); keeps
 //    only the tables, which every layer shares.
 // tests/policy/lean_layers_test.cpp compares their gradients with the plain expressions'.
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
-torch::Tensor swiglu(const torch::Tensor& gate, const torch::Tensor& up);
+torch::Tensor swiglu_down(const torch::Tensor& gate, const torch::Tensor& up, LinearImpl& down);
 torch::Tensor rotary(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin);
 
 struct TokenLogprobs {
