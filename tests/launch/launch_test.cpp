@@ -1080,6 +1080,27 @@ int64_t sequences_trained(const std::string& run) {
   return n;
 }
 
+// compile_s + verify_s summed over a verdict log's lines.
+std::pair<double, double> verdict_seconds(const std::string& path) {
+  std::istringstream in(slurp(path));
+  double c = 0, v = 0;
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty()) continue;
+    const auto j = nlohmann::json::parse(line);
+    c += j.at("compile_s").get<double>();
+    v += j.at("verify_s").get<double>();
+  }
+  return {c, v};
+}
+
+nlohmann::json last_run_line(const std::string& run) {
+  nlohmann::json last;
+  std::istringstream in(slurp(run + "/metrics/run.jsonl"));
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty()) last = nlohmann::json::parse(line);
+  return last;
+}
+
 struct Ledger {
   int64_t created = -1, scored = -1, lost = -1, queued = -1, in_flight = -1;
 };
@@ -1095,11 +1116,14 @@ Ledger ledger_of(const std::string& log) {
 }
 }  // namespace
 
-// A head (learner, one actor, Redis), an actor node (one actor on its own replay segment,
-// weights from the head through the store) and two evaluator nodes, each its own kf-launch
-// in its own network namespace. Evaluator node 2 is SIGKILLed mid-run. The run reaches its
-// steps with the same groups trained as a one-node run of the same config; the actor node's
-// groups were opened in the head's replay and verified on the evaluator nodes; nothing lost.
+// A head (learner and Redis, no actor of its own: cluster.head_actors 0), an actor node (two
+// actors on its own replay segment, weights from the head through the store) and two evaluator
+// nodes, each its own kf-launch in its own network namespace. Evaluator node 2 is SIGKILLed
+// mid-run. The run reaches its steps with the same groups trained as a one-node run of the
+// same config; every group came from the actor node, was opened in the head's replay and
+// verified on the evaluator nodes; nothing lost. The head's time split holds the nodes'
+// seconds: generating from the actor node, compiling and verifying from the evaluator nodes'
+// verdict lines.
 TEST(LaunchClusterTest, HeadActorNodeAndTwoEvaluatorNodesMatchOneNodeRun) {
   NEED_LAUNCH();
   if (::access("/usr/bin/redis-server", X_OK) != 0 && !sh_ok("command -v redis-server"))
@@ -1147,14 +1171,20 @@ TEST(LaunchClusterTest, HeadActorNodeAndTwoEvaluatorNodesMatchOneNodeRun) {
                                     "--set",
                                     small_queue};
   };
+  // The head waits cluster.redis.gone_after_s for the actor node: longer than the nodes' 3 s.
   auto head =
       start_in(ns("h"),
                {cfg, "--name", name, "--set", "cluster.role=head", "--set", "cluster.redis.host=" + head_addr(1),
-                "--set", "launch.drain_timeout_s=60", "--set", small_queue},
+                "--set", "launch.drain_timeout_s=60", "--set", small_queue, "--set", "cluster.head_actors=0", "--set",
+                "cluster.redis.gone_after_s=60"},
                tmp.path + "/head.txt");
   auto ev1 = start_in(ns("1"), node("evaluators", 1), tmp.path + "/n1.txt");
   auto ev2 = start_in(ns("2"), node("evaluators", 2), tmp.path + "/n2.txt");
-  auto act = start_in(ns("3"), node("actors", 3), tmp.path + "/n3.txt");
+  // Two actors on the actor node (the head runs none): candidates enough that node 2 holds
+  // one when it is killed.
+  auto actor_args = node("actors", 3);
+  actor_args.insert(actor_args.end(), {"--set", "actors.count=2"});
+  auto act = start_in(ns("3"), actor_args, tmp.path + "/n3.txt");
   const std::string n2_log = run + ".n2/logs/evaluator-0.out";
   ASSERT_TRUE(wait_until([&] { return count_of(slurp(n2_log), " of 001_relu (level") >= 2; }, 120))
       << slurp(tmp.path + "/head.txt") << slurp(n2_log) << slurp(tmp.path + "/n3.txt");
@@ -1192,6 +1222,10 @@ TEST(LaunchClusterTest, HeadActorNodeAndTwoEvaluatorNodesMatchOneNodeRun) {
   ASSERT_TRUE(std::regex_search(log, m, link)) << log;
   EXPECT_GT(std::stoll(m[1]), 0) << m[0];
   EXPECT_EQ(std::stoll(m[4]) + std::stoll(m[5]) + std::stoll(m[6]), 0) << m[0];
+  // The head ran no actor: every candidate it created came from the actor node.
+  EXPECT_NE(log.find("the head runs no actor of its own (cluster.head_actors 0)"), std::string::npos) << log;
+  EXPECT_EQ(log.find("started actor"), std::string::npos) << log;
+  EXPECT_EQ(std::stoll(m[2]) + std::stoll(m[3]), l.created) << m[0];
   // The actor node took the head's weights (version logged) and its groups' candidates
   // were verified on the evaluator nodes (verdict lines name the group).
   const std::string n3 = slurp(run + ".n3/logs/launch-0.log");
@@ -1218,12 +1252,7 @@ TEST(LaunchClusterTest, HeadActorNodeAndTwoEvaluatorNodesMatchOneNodeRun) {
   // The head's metrics count the remote work under the local keys: every candidate the
   // head queued (its actor's and the actor node's) in samples_total, every result from the
   // evaluator nodes in verified_total and in the verdict counts.
-  nlohmann::json last;
-  {
-    std::istringstream in(slurp(run + "/metrics/run.jsonl"));
-    for (std::string line; std::getline(in, line);)
-      if (!line.empty()) last = nlohmann::json::parse(line);
-  }
+  const nlohmann::json last = last_run_line(run);
   ASSERT_TRUE(last.contains("verified_total")) << last.dump();
   EXPECT_EQ(last.at("verified_total").get<double>(), static_cast<double>(l.scored)) << last.dump();
   EXPECT_EQ(last.at("samples_total").get<double>(), static_cast<double>(l.created)) << last.dump();
@@ -1233,6 +1262,48 @@ TEST(LaunchClusterTest, HeadActorNodeAndTwoEvaluatorNodesMatchOneNodeRun) {
   // Node 1 took over what node 2's evaluator held when it died.
   const std::string n1 = slurp(run + ".n1/logs/evaluator-0.out");
   EXPECT_NE(n1.find("was claimed from a dead or stalled evaluator"), std::string::npos) << n1;
+  // The time split: no local actor or evaluator, so every second is a node's. Node 1 ran to
+  // the end (all its verdict lines reported before the head stopped); node 2 was killed (its
+  // last lines may have gone unreported). The actor node's generating seconds: at most its
+  // own final figure.
+  const auto [c1, v1] = verdict_seconds(run + ".n1/metrics/verdicts-0.jsonl");
+  const auto [c2, v2] = verdict_seconds(run + ".n2/metrics/verdicts-0.jsonl");
+  const double compile_s = last.at("compile_s").get<double>(), verify_s = last.at("verify_s").get<double>();
+  EXPECT_GT(verify_s, 0.0) << last.dump();
+  EXPECT_GT(compile_s, 0.0) << last.dump();
+  EXPECT_GE(verify_s, v1 - 1e-6) << last.dump();
+  EXPECT_LE(verify_s, v1 + v2 + 1e-6) << last.dump();
+  EXPECT_GE(compile_s, c1 - 1e-6) << last.dump();
+  EXPECT_LE(compile_s, c1 + c2 + 1e-6) << last.dump();
+  ASSERT_TRUE(std::regex_search(n3, m, std::regex("; generate ([0-9.e+-]+) s, GPU wait"))) << n3;
+  EXPECT_GT(last.at("generate_s").get<double>(), 0.0) << last.dump();
+  EXPECT_LE(last.at("generate_s").get<double>(), std::stod(m[1]) + 1e-6) << last.dump() << m[0];
+}
+
+// A head with cluster.head_actors 0 and no actor node: nothing would sample, so the head
+// stops the run after cluster.redis.gone_after_s with an error naming the key (exit 1).
+TEST(LaunchClusterTest, HeadWithoutActorsStopsWhenNoActorNodeConnects) {
+  NEED_LAUNCH();
+  if (::access("/usr/bin/redis-server", X_OK) != 0 && !sh_ok("command -v redis-server"))
+    GTEST_SKIP() << "redis-server is not installed (setup.sh installs it)";
+  t::TempDir tmp("launch-noactors");
+  const int port = 20000 + (getpid() + 5557) % 20000;
+  const std::string name = "na" + std::to_string(getpid());
+  const std::string cfg = write_config(
+      tmp.path, 4, "cluster:\n  redis: {port: " + std::to_string(port) + ", gone_after_s: 2}\n  head_actors: 0\n");
+  ::setenv("KF_REDIS_PASSWORD", ("pw" + std::to_string(getpid()) + "n0A").c_str(), 1);
+  // On one node the same key is refused before anything starts.
+  auto one = start({cfg, "--name", name + "-one"}, tmp.path + "/one.txt");
+  EXPECT_EQ(wait_for(one, 60), 2) << slurp(tmp.path + "/one.txt");
+  EXPECT_NE(slurp(tmp.path + "/one.txt").find("cluster.head_actors: 0 on one node"), std::string::npos)
+      << slurp(tmp.path + "/one.txt");
+  EXPECT_FALSE(exists(tmp.path + "/runs/" + name + "-one"));
+  auto head = start({cfg, "--name", name, "--set", "cluster.role=head"}, tmp.path + "/head.txt");
+  EXPECT_EQ(wait_for(head, 120), 1) << slurp(tmp.path + "/head.txt");
+  const std::string log = slurp(tmp.path + "/runs/" + name + "/logs/launch-0.log");
+  EXPECT_NE(log.find("cluster.head_actors is 0 and no actor node has connected"), std::string::npos) << log;
+  EXPECT_EQ(log.find("started actor"), std::string::npos) << log;
+  EXPECT_NE(log.find("stopped after a failure (no actor node connected)"), std::string::npos) << log;
 }
 
 // The head's Redis server is SIGKILLed mid-run: the head says so and stops the run (exit 1,
