@@ -613,7 +613,7 @@ StepResult Actor::finish_group(GroupJob job, std::vector<RolloutSample> samples)
     while (!ok) {
       c.t_pushed_ns = mono_ns();
       {
-        AddSeconds waited{m_.push_wait_s};                                    // blocks only while the queue is full
+        AddSeconds waited{m_.push_wait_s};                                   // blocks only while the queue is full
         ok = queue.push(replay::ref_of(c), std::chrono::milliseconds(100));  // the handle: c lives in its group
       }
       if (ok) break;
@@ -661,8 +661,8 @@ std::string Actor::metrics_json() const {
   j["weights_s"] = m_.weights_s;
   j["idle_s"] = m_.idle_s;
   j["turn_s"] = m_.turn_s;
-  j["other_s"] = std::max(0.0, m_.elapsed_s - m_.sample_s - m_.backpressure_s - m_.push_wait_s - m_.weights_s -
-                                   m_.idle_s - m_.turn_s);
+  j["other_s"] = std::max(
+      0.0, m_.elapsed_s - m_.sample_s - m_.backpressure_s - m_.push_wait_s - m_.weights_s - m_.idle_s - m_.turn_s);
   j["snapshots_loaded"] = m_.snapshots_loaded;
   j["snapshots_rejected"] = m_.snapshots_rejected;
   j["groups_dropped"] = m_.groups_dropped;
