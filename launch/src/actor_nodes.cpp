@@ -210,8 +210,8 @@ bool ActorNodeLink::Impl::ingest(const replay::ScoredGroup& g) {
         ++queued;
         // The lag a local actor counts when it pushes (counter 7): the newest version here
         // minus the candidate's behaviour policy.
-        lag_sum += static_cast<uint64_t>(
-            std::max<int64_t>(0, shm.snapshots().latest().version - cands[i].policy_version));
+        lag_sum +=
+            static_cast<uint64_t>(std::max<int64_t>(0, shm.snapshots().latest().version - cands[i].policy_version));
       } else {
         lost.push_back(cands[i].id);
       }

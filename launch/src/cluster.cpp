@@ -107,13 +107,14 @@ void check_head_actors(const Config& cfg, const std::vector<std::string>& roles)
                    "cluster.head_actors: 0 on one node (cluster.role all): nothing would sample; it applies to a head "
                    "with actor nodes (cluster.role head, nodes with cluster.role actors), -1 runs actors.count");
   if (!roles.empty() && std::find(roles.begin(), roles.end(), "actors") == roles.end())
-    throw error_at(cfg.source(),
-                   "cluster.head_actors: 0, but no node of the run is an actor node (cluster.nodes: no 'actors' entry" +
-                       std::string(cfg.get_strings("cluster.nodes").empty() ? "; without cluster.nodes --slurm makes "
-                                                                              "every node but the head an evaluator node"
-                                                                            : "") +
-                       "): nothing would sample; list actor nodes in cluster.nodes or let the head run actors "
-                       "(cluster.head_actors -1 or more)");
+    throw error_at(
+        cfg.source(),
+        "cluster.head_actors: 0, but no node of the run is an actor node (cluster.nodes: no 'actors' entry" +
+            std::string(cfg.get_strings("cluster.nodes").empty() ? "; without cluster.nodes --slurm makes "
+                                                                   "every node but the head an evaluator node"
+                                                                 : "") +
+            "): nothing would sample; list actor nodes in cluster.nodes or let the head run actors "
+            "(cluster.head_actors -1 or more)");
 }
 
 ClusterOptions cluster_options(const Config& cfg) {
@@ -376,7 +377,8 @@ void RemoteBridge::Impl::node_reports() {
       ++c.reports;
     } catch (const std::exception& e) {
       if (!bad_report_logged)
-        log_error("launch: redis bridge: ", e.what(), "; dropped (the time split leaves it out; further ones are "
+        log_error("launch: redis bridge: ", e.what(),
+                  "; dropped (the time split leaves it out; further ones are "
                   "dropped silently)");
       bad_report_logged = true;
     }
@@ -607,7 +609,7 @@ uint64_t RemoteBridge::reported_verdicts() const { return 0; }
 // ---------------------------------------------------------------- node seconds
 
 std::string encode_node_report(const std::string& session, const NodeSeconds& s) {
-  return nlohmann::json{{"session", session},   {"generate_s", s.generate_s}, {"compile_s", s.compile_s},
+  return nlohmann::json{{"session", session},     {"generate_s", s.generate_s}, {"compile_s", s.compile_s},
                         {"verify_s", s.verify_s}, {"gpu_wait_s", s.gpu_wait_s}, {"verdicts", s.verdicts}}
       .dump();
 }
@@ -657,9 +659,9 @@ struct NodeReporter::Impl {
 };
 NodeReporter::NodeReporter(const ClusterOptions& co) : impl_(std::make_unique<Impl>()) {
   impl_->co = co;
-  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                      std::chrono::system_clock::now().time_since_epoch())
-                      .count();
+  const auto ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count();
   impl_->session = co.node_name + "/" + std::to_string(::getpid()) + "/" + std::to_string(ms);
 }
 NodeReporter::~NodeReporter() = default;

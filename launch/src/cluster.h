@@ -41,7 +41,7 @@ struct ClusterOptions {
   std::string role = "all";  // all | head | evaluators | learners | actors
   std::string node_name;     // cluster.node_name, else the host name
   int head_evaluators = 0;
-  int head_actors = -1;  // cluster.head_actors (-1: actors.count)
+  int head_actors = -1;            // cluster.head_actors (-1: actors.count)
   std::string host = "127.0.0.1";  // where evaluator nodes reach the head's server
   int port = 6390;
   std::vector<std::string> bind;  // head: listen addresses (numeric)

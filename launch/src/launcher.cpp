@@ -155,9 +155,9 @@ struct Launcher::Impl {
   bool failed = false;
   std::string stop_reason;
   Clock::time_point t0 = Clock::now(), phase_since = Clock::now();
-  int local_actors = 1;                   // actors this launcher runs (cluster.head_actors on a head)
+  int local_actors = 1;                    // actors this launcher runs (cluster.head_actors on a head)
   Clock::time_point network_idle_since{};  // draining: when the network first had nothing out
-  double elapsed_base = 0;  // seconds of earlier launches of a resumed run
+  double elapsed_base = 0;                 // seconds of earlier launches of a resumed run
   uint64_t checkpoints_seen = 0;
   int learner_ranks = 1;
   int64_t learner_step = 0;  // rank 0's own step (control-block counter 11 of learner 0)
@@ -418,8 +418,8 @@ void Launcher::Impl::advance_phase() {
     if (bridge && remote_done && escalation < 2) {
       if (network_idle_since == Clock::time_point{}) network_idle_since = Clock::now();
       const BridgeCounters c = bridge->counters();
-      remote_done = bridge->reported_verdicts() >= c.results ||
-                    Clock::now() - network_idle_since > std::chrono::seconds(3);
+      remote_done =
+          bridge->reported_verdicts() >= c.results || Clock::now() - network_idle_since > std::chrono::seconds(3);
     }
     const bool drained = sup.running("actor") == 0 && sup.running("evaluator") == 0 && remote_done;
     if (!drained && in_phase > limit && escalation == 0) {
@@ -622,9 +622,10 @@ Launcher::Launcher(const Config& cfg, const RunDir& run, const LaunchOptions& op
     m.actor_link = std::make_unique<ActorNodeLink>(*m.shm, m.cluster, cfg.get_float("actors.group_deadline_s"),
                                                    static_cast<int>(cfg.get_int("actors.group_size")));
     if (m.local_actors == 0)
-      log_info("launch: the head runs no actor of its own (cluster.head_actors 0): every group comes from actor "
-               "nodes; the run stops if none connects within cluster.redis.gone_after_s (",
-               m.cluster.gone_after.count() / 1000.0, " s)");
+      log_info(
+          "launch: the head runs no actor of its own (cluster.head_actors 0): every group comes from actor "
+          "nodes; the run stops if none connects within cluster.redis.gone_after_s (",
+          m.cluster.gone_after.count() / 1000.0, " s)");
   }
   if (opts.resumed) {
     m.elapsed_base = load_launch_state(run, m.monitor);

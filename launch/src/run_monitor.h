@@ -151,9 +151,9 @@ class RunMonitor {
     uint64_t samples, verified, lag_sum;
   };
   std::deque<RateSample> rate_;
-  uint64_t remote_verified_ = 0;                                            // set_remote_verified
+  uint64_t remote_verified_ = 0;                                                // set_remote_verified
   uint64_t remote_samples_ = 0, remote_extract_fail_ = 0, remote_lag_sum_ = 0;  // set_remote_samples
-  std::map<std::string, NodeSeconds> node_seconds_;                         // merge_node_seconds
+  std::map<std::string, NodeSeconds> node_seconds_;                             // merge_node_seconds
   double first_step_t_ = -1;  // when this launcher first saw a learner step
   int64_t first_step_ = 0;
 };

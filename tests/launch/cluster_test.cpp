@@ -231,8 +231,8 @@ TEST(LaunchClusterTest, ActorNodesInTheSlurmPlanAndTheirWorkersConfig) {
 TEST(LaunchClusterTest, HeadWithoutActorsNeedsActorNodes) {
   ::setenv("KF_TEST_HEAD_ACTORS_PW", "s3cret", 1);
   auto cfg = [](const std::string& cluster) {
-    return kf::Config::parse("actors: {count: 3}\ncluster: {" + cluster + "redis: {password_env: KF_TEST_HEAD_ACTORS_PW}}\n",
-                             "h.yaml");
+    return kf::Config::parse(
+        "actors: {count: 3}\ncluster: {" + cluster + "redis: {password_env: KF_TEST_HEAD_ACTORS_PW}}\n", "h.yaml");
   };
   // The default: the head runs actors.count, as one node does.
   EXPECT_EQ(kf::launch::cluster_options(cfg("")).local_actors(3), 3);
@@ -283,8 +283,10 @@ TEST(LaunchClusterTest, VerdictSecondsAreSummedOncePerCompleteLine) {
   EXPECT_EQ(offset, 0u);
   {
     std::ofstream out(path);
-    out << R"({"candidate": 1, "compile_s": 1.25, "verify_s": 0.5})" << "\n"
-        << R"({"candidate": 2, "compile_s": 0.25, "verify_s": 2.0})" << "\n"
+    out << R"({"candidate": 1, "compile_s": 1.25, "verify_s": 0.5})"
+        << "\n"
+        << R"({"candidate": 2, "compile_s": 0.25, "verify_s": 2.0})"
+        << "\n"
         << R"({"candidate": 3, "compile_s": 9)";  // torn: the evaluator is mid-write
   }
   kf::launch::add_verdict_seconds(path, &offset, &s);
@@ -295,7 +297,8 @@ TEST(LaunchClusterTest, VerdictSecondsAreSummedOncePerCompleteLine) {
   EXPECT_EQ(s.verdicts, 2u);
   {
     std::ofstream out(path, std::ios::app);
-    out << R"(, "verify_s": 1.0})" << "\n";
+    out << R"(, "verify_s": 1.0})"
+        << "\n";
   }
   kf::launch::add_verdict_seconds(path, &offset, &s);
   EXPECT_DOUBLE_EQ(s.compile_s, 10.5);
@@ -305,8 +308,9 @@ TEST(LaunchClusterTest, VerdictSecondsAreSummedOncePerCompleteLine) {
       kf::launch::decode_node_report(kf::launch::encode_node_report("n1/42/7", s), "test report");
   EXPECT_EQ(session, "n1/42/7");
   EXPECT_TRUE(back == s);
-  EXPECT_NE(error_of([] { kf::launch::decode_node_report("{\"session\": \"x\"}", "kf:node_seconds entry 1-0"); })
-                .find("kf:node_seconds entry 1-0: not a node report"),
+  EXPECT_NE(error_of([] {
+              kf::launch::decode_node_report("{\"session\": \"x\"}", "kf:node_seconds entry 1-0");
+            }).find("kf:node_seconds entry 1-0: not a node report"),
             std::string::npos);
   ::unlink(path.c_str());
 }

@@ -1172,12 +1172,11 @@ TEST(LaunchClusterTest, HeadActorNodeAndTwoEvaluatorNodesMatchOneNodeRun) {
                                     small_queue};
   };
   // The head waits cluster.redis.gone_after_s for the actor node: longer than the nodes' 3 s.
-  auto head =
-      start_in(ns("h"),
-               {cfg, "--name", name, "--set", "cluster.role=head", "--set", "cluster.redis.host=" + head_addr(1),
-                "--set", "launch.drain_timeout_s=60", "--set", small_queue, "--set", "cluster.head_actors=0", "--set",
-                "cluster.redis.gone_after_s=60"},
-               tmp.path + "/head.txt");
+  auto head = start_in(ns("h"),
+                       {cfg, "--name", name, "--set", "cluster.role=head", "--set",
+                        "cluster.redis.host=" + head_addr(1), "--set", "launch.drain_timeout_s=60", "--set",
+                        small_queue, "--set", "cluster.head_actors=0", "--set", "cluster.redis.gone_after_s=60"},
+                       tmp.path + "/head.txt");
   auto ev1 = start_in(ns("1"), node("evaluators", 1), tmp.path + "/n1.txt");
   auto ev2 = start_in(ns("2"), node("evaluators", 2), tmp.path + "/n2.txt");
   // Two actors on the actor node (the head runs none): candidates enough that node 2 holds
