@@ -1303,6 +1303,13 @@ TEST(LaunchClusterTest, HeadWithoutActorsStopsWhenNoActorNodeConnects) {
   EXPECT_NE(log.find("cluster.head_actors is 0 and no actor node has connected"), std::string::npos) << log;
   EXPECT_EQ(log.find("started actor"), std::string::npos) << log;
   EXPECT_NE(log.find("stopped after a failure (no actor node connected)"), std::string::npos) << log;
+  // --resume keeps cluster.head_actors 0 (the run's config.yaml): the resumed head again runs
+  // no actor, waits for actor nodes and stops the same way.
+  auto again = start({"--resume", tmp.path + "/runs/" + name}, tmp.path + "/head2.txt");
+  EXPECT_EQ(wait_for(again, 120), 1) << slurp(tmp.path + "/head2.txt");
+  const std::string log2 = slurp(tmp.path + "/runs/" + name + "/logs/launch-0.log");
+  EXPECT_EQ(count_of(log2, "cluster.head_actors is 0 and no actor node has connected"), 2u) << log2;
+  EXPECT_EQ(log2.find("started actor"), std::string::npos) << log2;
 }
 
 // The head's Redis server is SIGKILLed mid-run: the head says so and stops the run (exit 1,
