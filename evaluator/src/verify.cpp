@@ -1180,12 +1180,21 @@ void Session::run() {
   timing_start = Clock::now();
   for (; t < o.warmup; ++t) trial(t, false);
   ref_est_ms = std::max(ref_est_ms, 0.001);
+  // A candidate far slower than the reference in its first timed trials is timed no
+  // further: its speedup is known well enough, and each of its trials holds the GPU timing
+  // lock that every other evaluator on the GPU waits for. The checks placed among the
+  // trials still run. Stopping can only keep a slow measurement, never make one faster.
+  constexpr int kSlowTrials = 3;
+  bool slow = false;
   for (int n = 0; n < o.trials; ++n) {
     for (const auto& it : pl.among[size_t(n)]) {
       run_item(it);
       ++checks_among;
     }
+    if (slow) continue;
     trial(t++, true);
+    slow = o.slow_speedup > 0 && int(cand_ms.size()) >= kSlowTrials &&
+           summarize(ref_ms).median < o.slow_speedup * summarize(cand_ms).median;
   }
   // A gap between the two clocks over the slack on every trial gets more trials, as a wide
   // spread does (the evaluator's own wake-up delays on a loaded host add to some trials; a
@@ -1193,11 +1202,15 @@ void Session::run() {
   auto gap_over_slack = [&] {
     return summarize(ext_gap).min > std::max(o.timer_slack_ms, o.timer_slack_frac * summarize(cand_ms).median);
   };
-  while (int(cand_ms.size()) < o.max_trials &&
+  while (!slow && int(cand_ms.size()) < o.max_trials &&
          (summarize(cand_ms).spread() > o.max_spread || summarize(ref_ms).spread() > o.max_spread || gap_over_slack()))
     trial(t++, true);
   timing_ms = ms_since(*timing_start);
   const int n_timed = int(cand_ms.size());
+  if (slow)
+    check("timing.slow_candidate", true,
+          "timing stopped after " + std::to_string(n_timed) + " timed trials: speedup " +
+              fmt(summarize(ref_ms).median / summarize(cand_ms).median) + ", under " + fmt(o.slow_speedup));
   check("timing.outputs_checked", true, std::to_string(n_timed) + " timed calls verified");
   if (gpu_lock)
     check("timing.gpu_lock", true,

@@ -421,6 +421,30 @@ TEST(EvaluatorTest, CallOrderIsDrawnPerCandidateWithChecksAmongAndAfterTiming) {
   EXPECT_EQ(near, 1) << to_text(a);
 }
 
+// A correct kernel hundreds of times slower than the reference is timed 3 times, not 10 or
+// more (each timed trial holds the GPU timing lock others wait for): still ok, its speedup
+// from those trials, the stop named in the checks. With slow_speedup 0 it gets every trial.
+TEST(EvaluatorTest, FarSlowerCandidateIsTimedOnlyThreeTimes) {
+  at::set_num_threads(2);
+  const std::string src = test::read_kernel("cpu/slow_relu.cpp");
+  Result r = evaluator().evaluate(*task("001_relu"), kf::tasks::Backend::CPU, src, 5);
+  ASSERT_EQ(r.verdict, Verdict::ok) << to_text(r);
+  EXPECT_LT(r.speedup, 0.05) << to_text(r);
+  EXPECT_EQ(r.cand_ms.n, 3) << to_text(r);
+  EXPECT_EQ(r.timed_trials, 3);
+  bool named = false;
+  for (const auto& c : r.checks) named = named || c.name == "timing.slow_candidate";
+  EXPECT_TRUE(named) << to_text(r);
+  static Evaluator every([] {
+    EvalOptions o = test_options();
+    o.slow_speedup = 0;
+    return o;
+  }());
+  Result all = every.evaluate(*task("001_relu"), kf::tasks::Backend::CPU, src, 5);
+  ASSERT_EQ(all.verdict, Verdict::ok) << to_text(all);
+  EXPECT_GE(all.cand_ms.n, test_options().trials);
+}
+
 // Correct is never failed for noise: a time that cannot be measured stably (here every
 // spread is over a limit of 0) is ok, flagged, with the interval's low end as the speedup.
 TEST(EvaluatorTest, UnstableTimingIsOkWithTheConservativeSpeedup) {

@@ -337,6 +337,10 @@ struct EvalOptions {
   // stays ok, flagged timing_unstable, with the conservative speedup (the interval's low end).
   int max_trials = 30;
   double max_spread = 0.5;  // (p90 - p10) / median, for reference and candidate
+  // A candidate whose speedup after 3 timed trials is under this is timed no further (the
+  // checks among the trials still run): a kernel 1000x slower than the reference held the
+  // GPU timing lock for a minute otherwise. 0: always time every trial.
+  double slow_speedup = 0.05;
   bool flush_cache = true;
   // CUDA: each timed trial holds the run's exclusive GPU timing lock (kf/common/gpu_lock.h),
   // so learners and actors sharing the GPU pause meanwhile. Empty dir: $KF_GPU_LOCK_DIR or /tmp.
