@@ -367,13 +367,7 @@ void RemoteBridge::Impl::node_reports() {
     try {
       auto [session, secs] = decode_node_report(m.data, std::string(kNodeSecondsStream) + " entry " + m.id);
       std::lock_guard<std::mutex> g(mu);
-      NodeSeconds& n = node_secs[session];
-      // Reports of one session only grow; one delivered late must not take a figure back.
-      n.generate_s = std::max(n.generate_s, secs.generate_s);
-      n.compile_s = std::max(n.compile_s, secs.compile_s);
-      n.verify_s = std::max(n.verify_s, secs.verify_s);
-      n.gpu_wait_s = std::max(n.gpu_wait_s, secs.gpu_wait_s);
-      n.verdicts = std::max(n.verdicts, secs.verdicts);
+      node_secs[session].raise_to(secs);
       ++c.reports;
     } catch (const std::exception& e) {
       if (!bad_report_logged)

@@ -139,14 +139,7 @@ ResultSummary RunMonitor::results() const {
 }
 
 void RunMonitor::merge_node_seconds(const std::map<std::string, NodeSeconds>& by_session) {
-  for (const auto& [k, v] : by_session) {
-    NodeSeconds& n = node_seconds_[k];
-    n.generate_s = std::max(n.generate_s, v.generate_s);
-    n.compile_s = std::max(n.compile_s, v.compile_s);
-    n.verify_s = std::max(n.verify_s, v.verify_s);
-    n.gpu_wait_s = std::max(n.gpu_wait_s, v.gpu_wait_s);
-    n.verdicts = std::max(n.verdicts, v.verdicts);
-  }
+  for (const auto& [k, v] : by_session) node_seconds_[k].raise_to(v);
 }
 
 NodeSeconds RunMonitor::node_seconds() const {

@@ -13,6 +13,7 @@
 // Threading: add_result() may run on another thread than the rest; everything else is
 // called by one thread (the launcher's main loop).
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -43,6 +44,15 @@ struct ResultSummary {
 struct NodeSeconds {
   double generate_s = 0, compile_s = 0, verify_s = 0, gpu_wait_s = 0;
   uint64_t verdicts = 0;  // verdict lines summed (evaluator nodes)
+  // Reports of one session only grow: keep each figure's largest, so one delivered late
+  // never takes a figure back.
+  void raise_to(const NodeSeconds& o) {
+    generate_s = std::max(generate_s, o.generate_s);
+    compile_s = std::max(compile_s, o.compile_s);
+    verify_s = std::max(verify_s, o.verify_s);
+    gpu_wait_s = std::max(gpu_wait_s, o.gpu_wait_s);
+    verdicts = std::max(verdicts, o.verdicts);
+  }
   bool operator==(const NodeSeconds& o) const {
     return generate_s == o.generate_s && compile_s == o.compile_s && verify_s == o.verify_s &&
            gpu_wait_s == o.gpu_wait_s && verdicts == o.verdicts;
