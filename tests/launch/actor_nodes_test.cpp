@@ -19,6 +19,18 @@ namespace {
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
+// The head's options against a test's own Redis server on this host, with a small stream bound.
+kf::launch::ClusterOptions head_options(int port, const std::string& password) {
+  kf::launch::ClusterOptions co;
+  co.role = "head";
+  co.node_name = "head";
+  co.host = "127.0.0.1";
+  co.port = port;
+  co.password = password;
+  co.bound = 16;
+  return co;
+}
+
 bool wait_until(const std::function<bool()>& f, std::chrono::milliseconds limit) {
   const auto until = Clock::now() + limit;
   while (Clock::now() < until) {
@@ -67,13 +79,7 @@ TEST(LaunchActorNodesTest, HeadOpensARemoteGroupQueuesItsHandlesAndDropsARedeliv
   kf::netqueue::ServerOptions so;
   so.password = "actorNodesTestPw" + std::to_string(getpid());
   auto srv = kf::netqueue::RedisServer::start(so);
-  kf::launch::ClusterOptions co;
-  co.role = "head";
-  co.node_name = "head";
-  co.host = "127.0.0.1";
-  co.port = srv.port();
-  co.password = so.password;
-  co.bound = 16;
+  auto co = head_options(srv.port(), so.password);
   const std::string name = "kfant" + std::to_string(getpid());
   kf::replay::RunShmConfig rc;
   rc.candidates.capacity = 8;
@@ -172,13 +178,7 @@ TEST(LaunchActorNodesTest, NodeReportsReachTheHeadsBridge) {
   kf::netqueue::ServerOptions so;
   so.password = "nodeSecondsTestPw" + std::to_string(getpid());
   auto srv = kf::netqueue::RedisServer::start(so);
-  kf::launch::ClusterOptions co;
-  co.role = "head";
-  co.node_name = "head";
-  co.host = "127.0.0.1";
-  co.port = srv.port();
-  co.password = so.password;
-  co.bound = 16;
+  auto co = head_options(srv.port(), so.password);
   const std::string name = "kfns" + std::to_string(getpid());
   kf::replay::RunShmConfig rc;
   rc.candidates.capacity = 8;
