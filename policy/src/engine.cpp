@@ -34,9 +34,6 @@ double secs(Clock::time_point a, Clock::time_point b) { return std::chrono::dura
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// x [B, heads, 1, D]; tables [B, 1, D]: the model's rotary embedding (same arithmetic).
-torch::Tensor apply_rope(const torch::Tensor& x, const RopeTables& r) { return rotary(x, r.cos, r.sin); }
-
 // KV-length buckets: n blocks rounded up to a multiple of a quarter of its power of two
 // (at most 25% padding, about four buckets per doubling).
 int64_t blocks_bucket(int64_t n) {
@@ -194,8 +191,8 @@ struct Engine::Impl {
       auto q = att.q_proj(a).view({B, 1, heads, hd}).transpose(1, 2);
       auto k = att.k_proj(a).view({B, 1, kvh, hd}).transpose(1, 2);
       const auto v = att.v_proj(a).view({B, kvh, hd});
-      q = apply_rope(q, r);
-      const auto kr = apply_rope(k, r).reshape({B, kvh, hd});
+      q = rotary(q, r.cos, r.sin);  // the model's rotary embedding: q [B, heads, 1, D]
+      const auto kr = rotary(k, r.cos, r.sin).reshape({B, kvh, hd});
       pk[l].index_copy_(0, slot, kr);
       pv[l].index_copy_(0, slot, v);
       w.kb[l].index_copy_(0, wslot, kr);
