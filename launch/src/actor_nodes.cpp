@@ -113,6 +113,9 @@ void ActorNodeLink::Impl::look_for_nodes() {
   next_nodes = now + 1s;
   if (const auto v = store.get(kActorNodesKey)) {
     nodes_seen = true;
+    // A node that just announced itself waits for both: publish them in this pass, not at
+    // the next period of each.
+    next_weights = next_kernels = now;
     log_info("launch: actor nodes: ", *v, " connected (the head now publishes weights and kernels for them)");
   }
   std::lock_guard<std::mutex> g(mu);

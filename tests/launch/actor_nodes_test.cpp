@@ -166,7 +166,8 @@ TEST(LaunchActorNodesTest, WeightsGoToTheStoreOnlyOnceAnActorNodeAnnouncedItself
   EXPECT_EQ(version, 9);
   EXPECT_EQ(n, blob.size() / 2);
   EXPECT_EQ(std::memcmp(rec->data() + 20, blob.data(), n), 0);
-  EXPECT_TRUE(ks.get(kf::launch::kKernelsVersionKey).has_value());  // the (empty) kernel database too
+  // The (empty) kernel database too, in the same pass as the first weights.
+  EXPECT_TRUE(ks.get(kf::launch::kKernelsVersionKey).has_value());
   link.stop();
   EXPECT_EQ(ks.get(kf::launch::kRunStateKey).value_or(""), "draining");
   shm->shutdown();
