@@ -17,18 +17,22 @@
 #    two evaluators at their worst: every claim of the shared budget held at once) hold all of
 #    the card but LEARNER_GIB, and selective recomputation (RECOMPUTE_LAYERS, a list).
 # Env: PEAK_TFLOPS (default: measured here with an 8192^3 bf16 matmul), SEQS (2), KF_PYTHON,
-#      CASES (names of the rows to run, default all), LEARNER_GIB, RECOMPUTE_LAYERS ("8 12 16").
+#      CASES (names of the rows to run, default all), LEARNER_GIB, RECOMPUTE_LAYERS ("8 12 16"),
+#      KF_BENCH_BUILD_DIR.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUTDIR=${OUT:-$PWD/gpu-learner-scale-out}; mkdir -p "$OUTDIR"
 PY=${KF_PYTHON:-/opt/torch/.venv/bin/python3}; [ -x "$PY" ] || PY=$(command -v python3)
 export PATH=/usr/local/cuda/bin:$(dirname "$PY"):$PATH NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
-B=build-gpu-learner-scale
+# KF_BENCH_BUILD_DIR: an existing build folder with the bench's targets (dev/gpu_tests.sh's
+# build-gpu, say) is built in as configured, which saves compiling the libraries twice.
+B=${KF_BENCH_BUILD_DIR:-build-gpu-learner-scale}
 SEQS=${SEQS:-2}
 DEPS=(); [ -d .deps/usr ] && DEPS=(-DKF_DEPS_PREFIX="$PWD/.deps/usr") && export LD_LIBRARY_PATH="$PWD/.deps/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUTDIR/gpus.txt"
 NGPU=$(nvidia-smi -L | wc -l)
 echo "== configure + build (bench_learner_scale kf-learner)"
+[ -n "${KF_BENCH_BUILD_DIR:-}" ] && [ -f "$B/build.ninja" ] || \
 timeout 120 cmake -S . -B $B -G Ninja -DKF_PYTHON="$PY" -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_BUILD_TYPE=Release \
   -DKF_BUILD_TESTS=OFF -DKF_SKIP_COMPONENTS="evaluator;actors" "${DEPS[@]}" > "$OUTDIR/configure.log" 2>&1 \
   || { tail -30 "$OUTDIR/configure.log"; exit 1; }
