@@ -75,7 +75,7 @@ int main(int argc, char** argv) {
     kf::log_info("actor ", id, ": stopped after ", actor.metrics().groups, " groups");
     return 0;
   } catch (const std::exception& e) {
-    kf::log_error("actor ", id, ": ", e.what(), "; exiting (code 1), the launcher restarts it");
+    kf::log_error("actor ", id, ": ", kf::message_of(e), "; exiting (code 1), the launcher restarts it");
     return 1;
   }
 }

@@ -262,7 +262,7 @@ int main(int argc, char** argv) {
       throw kf::Error(model_dir + "/config.json: not found (is '" + model_dir + "' an HF folder from tools/export?)");
     pol = load_actor_policy(model_dir, o.init_shape, o.seed, o.device);
   } catch (const std::exception& e) {
-    return usage_error(std::string("cannot load the model: ") + e.what());
+    return usage_error(std::string("cannot load the model: ") + kf::message_of(e));
   }
 
   // --- prompt
@@ -306,7 +306,7 @@ int main(int argc, char** argv) {
       cands.push_back(std::move(k));
     }
   } catch (const std::exception& e) {
-    kf::log_error("kf-optimize: sampling failed: ", e.what(), "; exiting (code 3)");
+    kf::log_error("kf-optimize: sampling failed: ", kf::message_of(e), "; exiting (code 3)");
     return 3;
   }
   const double sample_s = secs_since(t_sample);

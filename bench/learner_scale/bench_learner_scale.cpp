@@ -358,7 +358,7 @@ int main(int argc, char** argv) {
     for (const auto& l : bench_rows) std::printf("%s\n", l.c_str());
     return 0;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "bench_learner_scale: %s\n", e.what());
+    std::fprintf(stderr, "bench_learner_scale: %s\n", kf::message_of(e).c_str());
     return 1;
   }
 }

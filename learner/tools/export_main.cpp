@@ -28,7 +28,7 @@ int main(int argc, char** argv) {
     std::printf("exported %s -> %s\n", used.c_str(), out.c_str());
     return 0;
   } catch (const std::exception& e) {
-    kf::log_error("export failed: ", e.what(), "; nothing usable was written to ", out);
+    kf::log_error("export failed: ", kf::message_of(e), "; nothing usable was written to ", out);
     return 1;
   }
 }

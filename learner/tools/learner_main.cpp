@@ -376,7 +376,13 @@ int main(int argc, char** argv) {
     std::printf("WEIGHTS_CHECKSUM %016llx\n", static_cast<unsigned long long>(learner.weights_checksum()));
     return 0;
   } catch (const std::exception& e) {
-    kf::log_error("learner rank ", rank, " failed: ", e.what(), "; exiting with status 1");
+    const std::string what = kf::message_of(e);
+    // The same step runs out of memory again after a restart: say which keys lower the need.
+    const char* hint = what.find("out of memory") != std::string::npos
+                           ? " (fewer tokens per micro-batch, learner.micro_batch_tokens, or more recomputed "
+                             "layers, learner.recompute_layers, lower the learner's memory; docs/learner-memory.md)"
+                           : "";
+    kf::log_error("learner rank ", rank, " failed: ", what, hint, "; exiting with status 1");
     return 1;
   }
 }

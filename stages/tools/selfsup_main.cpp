@@ -126,7 +126,7 @@ int main(int argc, char** argv) {
                     t.mean_speedup_correct);
     return 0;
   } catch (const std::exception& e) {
-    log_error("selfsup: failed: ", e.what(), "; the rounds finished so far are in ", o.out_dir,
+    log_error("selfsup: failed: ", kf::message_of(e), "; the rounds finished so far are in ", o.out_dir,
               "/selfsup.jsonl (exit 1)");
     return 1;
   }

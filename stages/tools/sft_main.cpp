@@ -214,7 +214,7 @@ int main(int argc, char** argv) {
              rep.seconds, " s");
     return 0;
   } catch (const std::exception& e) {
-    log_error("sft: failed: ", e.what(), "; nothing more is written (exit 1)");
+    log_error("sft: failed: ", kf::message_of(e), "; nothing more is written (exit 1)");
     return 1;
   }
 }

@@ -3,6 +3,7 @@
 
 #include <limits>
 
+#include "kf/common/error.h"
 #include "kf/policy/policy.h"
 #include "torch_util.h"
 
@@ -265,4 +266,19 @@ TEST(PolicyModelTest, ComparisonDetectsWrongRopeTheta) {
   const std::string refs = t::refs_dir() + "/qwen2/refs.safetensors";
   torch::NoGradGuard g;
   EXPECT_GT(t::max_abs_diff(m->forward(t::load_tensor(refs, "ids")), t::load_tensor(refs, "logits")), 1e-3);
+}
+
+// A libtorch error reaches a process's log line as its message only: c10::Error's what()
+// carries a C++ backtrace ("Exception raised from ...", "frame #N: ...") that kf::message_of cuts.
+TEST(PolicyModelTest, LibtorchErrorsReachTheLogWithoutTheirBacktrace) {
+  try {
+    (void)torch::zeros({2, 3}).view({4});
+    FAIL() << "view of 6 elements as 4 did not throw";
+  } catch (const std::exception& e) {
+    const std::string full = e.what(), msg = kf::message_of(e);
+    EXPECT_NE(msg.find("shape '[4]' is invalid for input of size 6"), std::string::npos) << msg;
+    EXPECT_EQ(msg.find("frame #"), std::string::npos) << msg;
+    EXPECT_EQ(msg.find("Exception raised from"), std::string::npos) << msg;
+    EXPECT_LT(msg.size(), full.size()) << "nothing was cut: " << full;  // what() had the backtrace
+  }
 }

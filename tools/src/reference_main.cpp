@@ -6,6 +6,7 @@
 #include <ATen/Parallel.h>
 
 #include "kf/common/cli.h"
+#include "kf/common/error.h"
 #include <cstdio>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -79,7 +80,7 @@ int main(int argc, char** argv) {
           row["trials_ms"] = s.trials_ms;
         }
       } catch (const std::exception& e) {
-        status = e.what();
+        status = kf::message_of(e);
       }
       row["status"] = status;
       if (status != "ok") ++failures;
@@ -95,7 +96,7 @@ int main(int argc, char** argv) {
     }
     if (!json_out) std::printf("%zu tasks, %d failed\n", tasks.size(), failures);
   } catch (const std::exception& e) {
-    kf::log_error("kf-reference failed: ", e.what(), "; stopping");
+    kf::log_error("kf-reference failed: ", kf::message_of(e), "; stopping");
     return 2;
   }
   return failures ? 1 : 0;
