@@ -174,7 +174,7 @@ int run_remote(const kf::Config& cfg, const kf::evaluator::EvalOptions& eo, cons
         c = kf::replay::decode_candidate(reinterpret_cast<const unsigned char*>(m.data.data()), m.data.size(),
                                          where + " entry " + m.id);
       } catch (const std::exception& e) {
-        kf::log_error("evaluator ", id, ": ", e.what(), "; scored runtime_error (environment)");
+        kf::log_error("evaluator ", id, ": ", kf::message_of(e), "; scored runtime_error (environment)");
         c = kf::replay::Candidate{};
         c.id = m.tag;
         r.verdict = kf::evaluator::Verdict::runtime_error;
@@ -219,9 +219,9 @@ int run_remote(const kf::Config& cfg, const kf::evaluator::EvalOptions& eo, cons
             level = t->level();
             r = ev.evaluate(*t, so.backend, c.source, c.id);
           } catch (const std::exception& e) {
-            kf::log_error("evaluator ", id, ": verifying candidate ", c.id, " failed: ", e.what(),
+            kf::log_error("evaluator ", id, ": verifying candidate ", c.id, " failed: ", kf::message_of(e),
                           "; scored runtime_error (environment), the evaluator goes on");
-            fail(kf::evaluator::Verdict::runtime_error, std::string("evaluator error: ") + e.what(),
+            fail(kf::evaluator::Verdict::runtime_error, std::string("evaluator error: ") + kf::message_of(e),
                  kf::evaluator::Cause::environment);
           }
         }
@@ -327,7 +327,8 @@ int main(int argc, char** argv) {
     try {
       return run_remote(remote_cfg, eo, so, id);
     } catch (const std::exception& e) {
-      kf::log_error("evaluator ", id, ": fatal: ", e.what(), "; exiting (the node's launcher restarts evaluators)");
+      kf::log_error("evaluator ", id, ": fatal: ", kf::message_of(e),
+                    "; exiting (the node's launcher restarts evaluators)");
       return 3;
     }
   }
@@ -354,7 +355,7 @@ int main(int argc, char** argv) {
                  ", lost because their group was gone ", st.lost_group_gone);
     return 0;
   } catch (const std::exception& e) {
-    kf::log_error("evaluator ", id, ": fatal: ", e.what(), "; exiting (the launcher restarts evaluators)");
+    kf::log_error("evaluator ", id, ": fatal: ", kf::message_of(e), "; exiting (the launcher restarts evaluators)");
     return 3;
   }
 }
