@@ -51,6 +51,7 @@ EvalOptions eval_options(const Config& c) {
   o.reward.timeout = c.get_float("evaluator.reward.timeout");
   o.reward.incorrect = c.get_float("evaluator.reward.incorrect");
   o.reward.rejected_cheat = c.get_float("evaluator.reward.rejected_cheat");
+  o.reward.ok_bonus = c.get_float("evaluator.reward.ok_bonus");
   return o;
 }
 

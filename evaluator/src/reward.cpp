@@ -31,62 +31,80 @@ double RewardModel::failure_reward(Verdict v) const {
   return 0;
 }
 
-double RewardModel::score(Verdict v, double speedup) {
+namespace {
+double window_mean(const std::deque<double>& r, double sum) { return r.empty() ? 0 : sum / double(r.size()); }
+double window_std(const std::deque<double>& r, double sum, double sum2) {
+  if (r.empty()) return 0;
+  const double n = double(r.size()), m = sum / n;
+  return std::sqrt(std::max(0.0, sum2 / n - m * m));
+}
+}  // namespace
+
+const RewardModel::Window* RewardModel::window_of(const std::string& task) const {
+  const auto it = windows_.find(task);
+  return it == windows_.end() ? nullptr : &it->second;
+}
+
+double RewardModel::score(Verdict v, double speedup, const std::string& task) {
   if (v != Verdict::ok) return failure_reward(v);
-  const double c = o_.clip;
   if (!(speedup > 0) || !std::isfinite(speedup)) return failure_reward(Verdict::runtime_error);
+  return o_.ok_bonus + speed_score(speedup, task);
+}
+
+double RewardModel::speed_score(double speedup, const std::string& task) {
+  const double c = o_.clip;
   if (o_.kind == "speedup") return std::clamp(speedup - 1.0, -c, c);
   if (o_.kind == "log_speedup") return std::clamp(std::log(speedup), -c, c);
   std::lock_guard<std::mutex> lk(mu_);
-  // Score against the statistics before this sample, then add it.
+  // Score against this task's statistics before this sample, then add it.
+  auto& w = windows_[task];
   double r;
-  const int n = int(recent_.size());
+  const int n = int(w.recent.size());
   if (n < o_.min_samples) {
     r = std::clamp(speedup - 1.0, -c, c);
   } else {
-    const double mean = sum_ / n;
-    const double var = std::max(0.0, sum2_ / n - mean * mean);
-    r = std::clamp((speedup - mean) / std::max(std::sqrt(var), o_.min_std), -c, c);
+    const double mean = window_mean(w.recent, w.sum), sd = window_std(w.recent, w.sum, w.sum2);
+    r = std::clamp((speedup - mean) / std::max(sd, o_.min_std), -c, c);
   }
-  recent_.push_back(speedup);
-  sum_ += speedup;
-  sum2_ += speedup * speedup;
-  if (int(recent_.size()) > o_.window) {
-    sum_ -= recent_.front();
-    sum2_ -= recent_.front() * recent_.front();
-    recent_.pop_front();
+  w.recent.push_back(speedup);
+  w.sum += speedup;
+  w.sum2 += speedup * speedup;
+  if (int(w.recent.size()) > o_.window) {
+    w.sum -= w.recent.front();
+    w.sum2 -= w.recent.front() * w.recent.front();
+    w.recent.pop_front();
   }
   return r;
 }
 
 double RewardModel::score(const Result& r) {
-  if (r.verdict == Verdict::ok && r.task_degenerate) return neutral_reward();
-  return score(r.verdict, r.speedup);
+  if (r.verdict == Verdict::ok && r.task_degenerate) return neutral_reward(r.task);
+  return score(r.verdict, r.speedup, r.task);
 }
 
-double RewardModel::neutral_reward() const {
-  if (o_.kind != "cuda_l1") return 0;  // clip(1 - 1), clip(log 1)
+double RewardModel::neutral_reward(const std::string& task) const {
+  if (o_.kind != "cuda_l1") return o_.ok_bonus;  // clip(1 - 1), clip(log 1)
   std::lock_guard<std::mutex> lk(mu_);
-  const int n = int(recent_.size());
-  if (n < o_.min_samples) return 0;
-  const double mean = sum_ / n;
-  const double var = std::max(0.0, sum2_ / n - mean * mean);
-  return std::clamp((1.0 - mean) / std::max(std::sqrt(var), o_.min_std), -o_.clip, o_.clip);
+  const Window* w = window_of(task);
+  if (!w || int(w->recent.size()) < o_.min_samples) return o_.ok_bonus;
+  const double mean = window_mean(w->recent, w->sum), sd = window_std(w->recent, w->sum, w->sum2);
+  return o_.ok_bonus + std::clamp((1.0 - mean) / std::max(sd, o_.min_std), -o_.clip, o_.clip);
 }
 
-double RewardModel::running_mean() const {
+double RewardModel::running_mean(const std::string& task) const {
   std::lock_guard<std::mutex> lk(mu_);
-  return recent_.empty() ? 0 : sum_ / double(recent_.size());
+  const Window* w = window_of(task);
+  return w ? window_mean(w->recent, w->sum) : 0;
 }
-double RewardModel::running_std() const {
+double RewardModel::running_std(const std::string& task) const {
   std::lock_guard<std::mutex> lk(mu_);
-  if (recent_.empty()) return 0;
-  const double n = double(recent_.size()), m = sum_ / n;
-  return std::sqrt(std::max(0.0, sum2_ / n - m * m));
+  const Window* w = window_of(task);
+  return w ? window_std(w->recent, w->sum, w->sum2) : 0;
 }
-int RewardModel::samples() const {
+int RewardModel::samples(const std::string& task) const {
   std::lock_guard<std::mutex> lk(mu_);
-  return int(recent_.size());
+  const Window* w = window_of(task);
+  return w ? int(w->recent.size()) : 0;
 }
 
 }  // namespace kf::evaluator

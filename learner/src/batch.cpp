@@ -23,6 +23,19 @@ bool ids_in_range(const std::vector<int32_t>& ids, int64_t vocab) {
 }
 }  // namespace
 
+void shuffle_within_group(std::vector<double>& rewards, uint64_t seed, int64_t version, uint64_t group_id) {
+  // splitmix64 of (seed, version, group): the same permutation on every rank and on a rerun.
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull ^ (static_cast<uint64_t>(version) + 0x632BE59BD9B4E019ull) * 0xBF58476D1CE4E5B9ull ^
+               group_id * 0x94D049BB133111EBull;
+  auto next = [&x] {
+    uint64_t z = (x += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  };
+  for (std::size_t i = rewards.size(); i > 1; --i) std::swap(rewards[i - 1], rewards[next() % i]);  // Fisher-Yates
+}
+
 std::vector<double> turn_advantages(const std::vector<double>& rewards, bool std_normalize, double eps) {
   std::vector<double> a(rewards.size(), 0.0);
   if (rewards.size() < 2) return a;
@@ -82,6 +95,10 @@ StepBatch build_step_batch(const std::vector<replay::ScoredGroup>& groups, int64
     }
     std::vector<double> rewards;
     for (const auto& s : seqs) rewards.push_back(s.reward);
+    if (cfg.grpo.shuffle_rewards) {
+      shuffle_within_group(rewards, cfg.seed, current_version, g.group_id);
+      for (std::size_t i = 0; i < seqs.size(); ++i) seqs[i].reward = rewards[i];
+    }
     if (rewards_all_equal(rewards)) {
       ++out.counts.skipped_equal;
       continue;

@@ -56,6 +56,10 @@ struct StepBatch {
 // Multi-turn groups (a candidate's turns > 1, actors.turns): each turn is its own group, a
 // member's prompt is its own conversation (Candidate::prompt_tokens when set) and the
 // advantages are turn_advantages (docs/learner.md, "Multi-turn refinement").
+// The placebo of learner.grpo.shuffle_rewards: a permutation of one group's rewards drawn
+// from (seed, version, group id), so every rank and a rerun draw the same one.
+void shuffle_within_group(std::vector<double>& rewards, uint64_t seed, int64_t version, uint64_t group_id);
+
 StepBatch build_step_batch(const std::vector<replay::ScoredGroup>& groups, int64_t current_version,
                            const LearnerConfig& cfg, int64_t vocab_size = 0);
 

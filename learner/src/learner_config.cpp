@@ -31,6 +31,7 @@ LearnerConfig learner_config_from(const kf::Config& c) {
   l.gradient_checkpointing = c.get_bool("learner.gradient_checkpointing");
   l.deterministic = c.get_bool("learner.deterministic");
   l.grpo.std_normalize = c.get_bool("learner.grpo.std_normalize");
+  l.grpo.shuffle_rewards = c.get_bool("learner.grpo.shuffle_rewards");
   l.grpo.adv_eps = c.get_float("learner.grpo.adv_eps");
   l.grpo.ratio = c.get_string("learner.grpo.ratio") == "decoupled" ? RatioMode::decoupled : RatioMode::behaviour;
   l.grpo.clip_low = c.get_float("learner.grpo.clip_low");

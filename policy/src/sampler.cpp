@@ -26,7 +26,6 @@ std::pair<torch::Tensor, torch::Tensor> sample_tokens(const torch::Tensor& logit
     return {tok, lp};
   }
   const auto x = p.temperature == 1.0 ? logits : logits / p.temperature;
-  const auto logp = torch::log_softmax(x, -1);
   auto filtered = x;
   if (p.top_k > 0 && p.top_k < V) {
     const auto kth = std::get<0>(x.topk(p.top_k, -1)).narrow(-1, p.top_k - 1, 1);
@@ -42,6 +41,11 @@ std::pair<torch::Tensor, torch::Tensor> sample_tokens(const torch::Tensor& logit
   // Gumbel-max: argmax(logits + Gumbel noise) samples from softmax(filtered logits).
   const auto u = torch::rand(filtered.sizes(), gen, filtered.options()).clamp_(1e-20, 1.0 - 1e-7);
   const auto tok = (filtered - torch::log(-torch::log(u))).argmax(-1);
+  // The behaviour log-prob is that of the distribution the token was drawn from (tempered,
+  // then cut by top-k / top-p and renormalised): the learner's importance ratio and PPO
+  // clip compare its policy with exactly what sampled, so with a cut the ratio also
+  // carries the correction from the sampled to the tempered distribution.
+  const auto logp = torch::log_softmax(filtered, -1);
   return {tok, logp.gather(-1, tok.unsqueeze(-1)).squeeze(-1)};
 }
 

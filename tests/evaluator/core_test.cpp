@@ -66,6 +66,54 @@ TEST(RewardTest, CudaL1NormalisesWithRunningStatsAndClips) {
   EXPECT_DOUBLE_EQ(m.score(Verdict::ok, 100.0), 2.0);   // clipped
 }
 
+// cuda_l1 compares a kernel with its peers on the same task: a task with large speedups
+// does not set the scale for another, and scoring one task leaves another's statistics alone.
+TEST(RewardTest, CudaL1NormalisesWithinEachTask) {
+  RewardOptions o;
+  o.min_samples = 4;
+  RewardModel m(o);
+  for (double s : {9.0, 10.0, 11.0, 10.0}) m.score(Verdict::ok, s, "fast_task");
+  for (double s : {0.9, 1.0, 1.1, 1.0}) m.score(Verdict::ok, s, "slow_task");
+  EXPECT_EQ(m.samples("fast_task"), 4);
+  EXPECT_EQ(m.samples("slow_task"), 4);
+  EXPECT_NEAR(m.running_mean("fast_task"), 10.0, 1e-12);
+  EXPECT_NEAR(m.running_mean("slow_task"), 1.0, 1e-12);
+  const double sd = std::sqrt(0.005);  // of 0.9, 1.0, 1.1, 1.0
+  // 1.05x is above its own task's mean: a positive reward (pooled with the fast task it was about -1).
+  EXPECT_NEAR(m.score(Verdict::ok, 1.05, "slow_task"), 0.05 / sd, 1e-9);
+  EXPECT_NEAR(m.running_mean("fast_task"), 10.0, 1e-12);  // untouched by the other task
+  // A task seen for the first time is in its own warm-up: clip(speedup - 1).
+  EXPECT_NEAR(m.score(Verdict::ok, 1.5, "new_task"), 0.5, 1e-12);
+  // score(Result) takes the task from the result.
+  Result r;
+  r.verdict = Verdict::ok;
+  r.speedup = 10.5;
+  r.task = "fast_task";
+  EXPECT_GT(m.score(r), 0.0);
+  r.task = "slow_task";
+  r.speedup = 0.95;
+  EXPECT_LT(m.score(r), 0.0);
+  // The neutral reward of a degenerate result is 1.0x scored against its own task.
+  EXPECT_LT(m.neutral_reward("fast_task"), -1.9);
+  EXPECT_DOUBLE_EQ(m.neutral_reward("no_such_task"), 0.0);
+}
+
+// ok_bonus: a correctness term added to every ok reward (any kind), never to a failure.
+TEST(RewardTest, OkBonusRaisesEveryCorrectKernelAndNoFailure) {
+  for (const char* kind : {"speedup", "log_speedup", "cuda_l1"}) {
+    RewardOptions o;
+    o.kind = kind;
+    o.ok_bonus = 1.0;
+    o.incorrect = -1.0;
+    RewardModel with(o);
+    o.ok_bonus = 0.0;
+    RewardModel without(o);
+    EXPECT_DOUBLE_EQ(with.score(Verdict::ok, 0.3, "t"), without.score(Verdict::ok, 0.3, "t") + 1.0) << kind;
+    EXPECT_DOUBLE_EQ(with.score(Verdict::incorrect, 0.0, "t"), -1.0) << kind;
+    EXPECT_DOUBLE_EQ(with.neutral_reward("t"), without.neutral_reward("t") + 1.0) << kind;
+  }
+}
+
 TEST(RewardTest, WindowForgetsOldSamples) {
   RewardOptions o;
   o.window = 3;

@@ -160,8 +160,48 @@ TEST(PolicySamplerTest, TopPKeepsOnlyTheNucleus) {
   EXPECT_LE(tok.max().item<int64_t>(), 1);
   const double frac0 = (tok == 0).to(torch::kFloat64).mean().item<double>();
   EXPECT_NEAR(frac0, 0.5 / 0.8, 0.03);
-  // Log-probs are those of the untruncated distribution.
-  EXPECT_NEAR(lp[0].item<float>(), std::log(tok[0].item<int64_t>() == 0 ? 0.5 : 0.3), 1e-5);
+  // Log-probs are those of the distribution sampled from: the nucleus, renormalised.
+  for (int64_t i = 0; i < 8; ++i)
+    EXPECT_NEAR(lp[i].item<float>(), std::log(tok[i].item<int64_t>() == 0 ? 0.5 / 0.8 : 0.3 / 0.8), 1e-5);
+}
+
+TEST(PolicySamplerTest, BehaviourLogprobsAreThoseOfTheDistributionSampledFrom) {
+  // Logits 2, 1, 0, -1 at temperature 0.5: softmax(x / T) is the tempered distribution.
+  const auto base = torch::tensor({2.0, 1.0, 0.0, -1.0}, torch::kFloat32);
+  const auto logits = base.unsqueeze(0).repeat({6000, 1});
+  auto gen = at::globalContext().defaultGenerator(torch::kCPU).clone();
+  gen.set_current_seed(11);
+  const auto tempered = torch::softmax(base / 0.5, -1);
+  auto expect_logprobs = [&](const SamplingParams& sp, const torch::Tensor& probs, const char* what) {
+    auto [tok, lp] = sample_tokens(logits, sp, -1, gen);
+    for (int64_t v = 0; v < 4; ++v) {
+      const auto is_v = tok == v;
+      const double p = probs[v].item<double>();
+      const double freq = is_v.to(torch::kFloat64).mean().item<double>();
+      // Drawn as often as the distribution says (4 sigma of 6000 draws), and reported as that log-prob.
+      EXPECT_NEAR(freq, p, 4 * std::sqrt(std::max(p * (1 - p), 1e-4) / 6000) + 1e-9) << what << " token " << v;
+      if (p == 0) {
+        EXPECT_EQ(is_v.sum().item<int64_t>(), 0) << what << " token " << v << " is outside the cut";
+      } else if (is_v.any().item<bool>()) {
+        EXPECT_NEAR(lp.masked_select(is_v)[0].item<float>(), std::log(p), 1e-5) << what << " token " << v;
+      }
+    }
+  };
+  SamplingParams sp;
+  sp.temperature = 0.5;
+  expect_logprobs(sp, tempered, "temperature only");
+  sp.top_k = 2;  // the two largest, renormalised
+  auto k2 = tempered.clone();
+  k2.narrow(0, 2, 2).zero_();
+  expect_logprobs(sp, k2 / k2.sum(), "top_k 2");
+  sp.top_k = 0;
+  sp.top_p = 0.9;  // tempered probabilities 0.865, 0.117, 0.016, 0.002: the first two reach 0.9
+  expect_logprobs(sp, k2 / k2.sum(), "top_p 0.9");
+  sp.top_k = 3;
+  sp.top_p = 0.999;  // top-k first (3 left), then the nucleus of those three: all three
+  auto k3 = tempered.clone();
+  k3[3] = 0;
+  expect_logprobs(sp, k3 / k3.sum(), "top_k 3 then top_p 0.999");
 }
 
 TEST(PolicySamplerTest, StopsAtEosAndStopStrings) {

@@ -49,6 +49,10 @@ struct GrpoConfig {
   double behaviour_weight_cap = 5.0;  // decoupled: pi_prox / pi_behaviour capped here
   double kl_coef = 0.0;               // k3 KL to the frozen reference
   Aggregation aggregation = Aggregation::token;
+  // Placebo: permute the rewards within each group (seeded by run seed, step and group id)
+  // before advantages are taken. The update then has the same size and noise as a real one
+  // and no signal: the control arm of a learning experiment.
+  bool shuffle_rewards = false;
 };
 
 struct PairwiseConfig {
