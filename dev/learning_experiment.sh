@@ -7,7 +7,8 @@
 #   dev/learning_experiment.sh start [SECONDS]   configure + build, detach, follow
 #   dev/learning_experiment.sh wait [SECONDS]    follow (default 570 s) until it ends
 # Environment: KF_PYTHON (python with torch), KF_ARM_MINUTES (default 6), KF_SCORE_N
-# (default 48 samples per task and policy), KF_SCORE_SEED (default 1).
+# (default 48 samples per task and policy), KF_SCORE_SEED (default 1), KF_SCORE_S (default 420:
+# tools/score-policy --time-limit; a task not scored for all three policies is left out).
 # Carry [".deps"] (TBB and seccomp.h for the GPU machine).
 # The pipeline:
 #  1. build (build-gpu/) while the suite is imported;
@@ -66,7 +67,7 @@ pipeline() {
   . dev/gpu_session.sh
   mkdir -p "$PACK"
   gpu_session_start "$WORK/logs"
-  local minutes=${KF_ARM_MINUTES:-6} n=${KF_SCORE_N:-48} seed=${KF_SCORE_SEED:-1}
+  local minutes=${KF_ARM_MINUTES:-6} n=${KF_SCORE_N:-48} seed=${KF_SCORE_SEED:-1} score_s=${KF_SCORE_S:-420}
   export KF_BUILD_DIR=$ROOT/$BUILD KF_TASKS_DIR=$ROOT/$BUILD/tasks KF_PYTHON=$PY PYTHONUNBUFFERED=1
   gpu_build kf-launch kf-actor kf-learner kf-evaluator kf-sandbox-worker kf-export kf-optimize kf-eval
   gpu_import_wait
@@ -100,7 +101,7 @@ pipeline() {
     local model=$WORK/policy-$s
     [ $s = start ] && model=policies/default
     tools/score-policy --model "$model" --out $WORK/scores-$s --include $TASKS -n "$n" --backend cpu \
-      --config $ARM_CFG --set actors.device=cuda:0 --set evaluator.cpu_threads=2 --seed "$seed" --jobs 2 \
+      --config $ARM_CFG --set actors.device=cuda:0 --set evaluator.cpu_threads=2 --seed "$seed" --jobs 2 --time-limit "$score_s" \
       --label "$s" > $WORK/logs/score-$s.txt 2>&1 &
     pids+=($!)
   done
