@@ -387,6 +387,12 @@ bool excluded_from_training(const ScoredGroup& g) {
   return false;
 }
 
+bool is_probe(const ScoredGroup& g) {
+  for (const auto& c : g.candidates)
+    if (c.probe) return true;
+  return false;
+}
+
 std::size_t ReplayBuffer::mark_lost(const std::vector<uint64_t>& ids) {
   Header* h = hdr();
   std::size_t marked = 0;

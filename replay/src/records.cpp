@@ -11,9 +11,9 @@ constexpr uint32_t kCandidateTag = 0x444E4143;  // "CAND"
 constexpr uint32_t kResultTag = 0x53455252;     // "RRES"
 constexpr uint32_t kRefTag = 0x46455243;        // "CREF"
 constexpr uint32_t kRefVersion = 1;
-// Candidates: 2 added turn, turns, parent_group_id and parent_index at the end; 1 still
-// decodes, as a single-turn candidate.
-constexpr uint32_t kRecordVersion = 2;
+// Candidates: 2 added turn, turns, parent_group_id and parent_index at the end, 3 the probe
+// byte after them; 1 still decodes, as a single-turn candidate, and 1 and 2 as no probe.
+constexpr uint32_t kRecordVersion = 3;
 // Results: 2 added speedup_lo/hi and the flags, 3 the cause byte after the verdict.
 // 1 and 2 still decode, with cause kernel.
 constexpr uint32_t kResultVersion = 3;
@@ -51,7 +51,7 @@ const char* cause_name(Cause c) {
 std::size_t encoded_size(const Candidate& c) {
   return 8 + 8 + (4 + c.task.size()) + 8 + 4 + 8 + (4 + c.prompt_tokens.size() * 4) +
          (4 + c.completion_tokens.size() * 4) + (4 + c.behaviour_logprobs.size() * 4) + (4 + c.source.size()) +
-         (4 + c.extraction_error.size()) + 4 + 8 + 8 + 4 + 4 + 8 + 4;
+         (4 + c.extraction_error.size()) + 4 + 8 + 8 + 4 + 4 + 8 + 4 + 1;
 }
 
 void encode(const Candidate& c, unsigned char* dst) {
@@ -75,6 +75,7 @@ void encode(const Candidate& c, unsigned char* dst) {
   w.put(c.turns);
   w.put(c.parent_group_id);
   w.put(c.parent_index);
+  w.put(static_cast<uint8_t>(c.probe ? 1 : 0));
 }
 
 Candidate decode_candidate(const unsigned char* src, std::size_t n, const std::string& context) {
@@ -104,6 +105,11 @@ Candidate decode_candidate(const unsigned char* src, std::size_t n, const std::s
     c.parent_index = r.get<uint32_t>("parent_index");
     if (c.turn < 1 || c.turn > c.turns)
       r.fail("turn", std::to_string(c.turn) + " outside 1.." + std::to_string(c.turns) + " (turns)");
+  }
+  if (v >= 3) {
+    const auto probe = r.get<uint8_t>("probe");
+    if (probe > 1) r.fail("probe", std::to_string(probe) + ", expected 0 or 1");
+    c.probe = probe == 1;
   }
   if (r.left() != 0) r.fail("end", std::to_string(r.left()) + " trailing bytes");
   return c;

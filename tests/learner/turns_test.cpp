@@ -177,8 +177,9 @@ TEST(LearnerTurnsTest, CandidateRecordsOfTheSingleTurnFormatStillDecode) {
   EXPECT_EQ(back.turns, 2u);
   EXPECT_EQ(back.parent_group_id, 4u);
   EXPECT_EQ(back.parent_index, 3u);
-  // Version 1 (no turn fields): the same bytes without the last 20, version word 1.
-  std::vector<unsigned char> v1(buf.begin(), buf.end() - 20);
+  // Version 1 (no turn fields): the same bytes without the last 21 (the turn fields, then
+  // version 3's probe byte), version word 1.
+  std::vector<unsigned char> v1(buf.begin(), buf.end() - 21);
   const uint32_t one = 1;
   std::memcpy(v1.data() + 4, &one, 4);
   const auto old = rp::decode_candidate(v1.data(), v1.size());

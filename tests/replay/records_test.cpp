@@ -191,3 +191,52 @@ TEST(ReplayRecordsTest, VersionTwoResultDecodesAsTheKernelsCause) {
     EXPECT_NE(std::string(e.what()).find("field version"), std::string::npos) << e.what();
   }
 }
+
+// Record version 3 carries the probe flag (actors.probe); records of versions 1 and 2 (before
+// it) still decode, as samples to train on.
+TEST(ReplayRecordsTest, ProbeFlagRoundTripsAndOlderCandidatesDecodeAsNoProbe) {
+  Candidate c;
+  c.id = 5;
+  c.task = "001_relu";
+  c.prompt_tokens = {1, 2, 3};
+  c.completion_tokens = {4, 5};
+  c.behaviour_logprobs = {-0.5f, -0.25f};
+  c.source = "int x;";
+  c.turn = 1;
+  c.turns = 1;
+  c.probe = true;
+  std::vector<unsigned char> buf(encoded_size(c));
+  encode(c, buf.data());
+  EXPECT_EQ(buf[4], 3) << "record version";
+  const Candidate d = decode_candidate(buf.data(), buf.size());
+  EXPECT_TRUE(d.probe);
+  EXPECT_EQ(d.completion_tokens, c.completion_tokens);
+  c.probe = false;
+  encode(c, buf.data());
+  EXPECT_FALSE(decode_candidate(buf.data(), buf.size()).probe);
+
+  // Version 2: the same bytes without the probe byte.
+  c.probe = true;
+  encode(c, buf.data());
+  std::vector<unsigned char> v2(buf.begin(), buf.end() - 1);
+  v2[4] = 2;
+  const Candidate d2 = decode_candidate(v2.data(), v2.size());
+  EXPECT_FALSE(d2.probe);
+  EXPECT_EQ(d2.task, "001_relu");
+  EXPECT_EQ(d2.source, "int x;");
+  // Version 1: without turn (4), turns (4), parent_group_id (8), parent_index (4) either.
+  std::vector<unsigned char> v1(buf.begin(), buf.end() - 21);
+  v1[4] = 1;
+  const Candidate d1 = decode_candidate(v1.data(), v1.size());
+  EXPECT_FALSE(d1.probe);
+  EXPECT_EQ(d1.turn, 1u);
+  EXPECT_EQ(d1.behaviour_logprobs, c.behaviour_logprobs);
+  // A probe byte other than 0 or 1 is named.
+  buf.back() = 2;
+  try {
+    decode_candidate(buf.data(), buf.size(), "q");
+    FAIL() << "probe byte 2 accepted";
+  } catch (const kf::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("probe"), std::string::npos) << e.what();
+  }
+}

@@ -212,6 +212,9 @@ struct Candidate {
   uint32_t turns = 1;
   uint64_t parent_group_id = 0;
   uint32_t parent_index = 0;
+  // A probe sample (actors.probe, docs/metrics.md "Learning curve"): drawn on a fixed prompt
+  // with a fixed seed to measure the policy; verified like any other, never trained on.
+  bool probe = false;
 };
 
 // What the candidate queue carries: a fixed-size handle of a candidate that lives in its
@@ -538,6 +541,9 @@ struct ScoredGroup {
 // task is degenerate and the evaluator was not told to train on such tasks): the learner
 // drops the whole group, since every candidate of a group shares its task.
 bool excluded_from_training(const ScoredGroup& g);
+// True when the group's candidates are probe samples (Candidate::probe): the learner
+// never trains on them.
+bool is_probe(const ScoredGroup& g);
 
 // What peek_group found.
 enum class GroupPeek {
