@@ -15,6 +15,7 @@
 
 #include <chrono>
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -29,6 +30,7 @@
 #include "kf/common/log.h"
 #include "kf/evaluator/evaluator.h"
 #include "kf/tasks/tasks.h"
+#include "check_plan.h"
 #include "sandbox.h"
 #include "tensor_check.h"
 
@@ -46,6 +48,14 @@ struct Stop {
 };
 
 double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
+
+// A seed from the operating system's entropy (std::random_device reads getrandom or
+// /dev/urandom), never 0.
+uint64_t fresh_seed() {
+  std::random_device rd;
+  const uint64_t s = (uint64_t(rd()) << 32) ^ uint64_t(rd());
+  return s ? s : 1;
+}
 
 uint64_t mix(uint64_t a, uint64_t b) {
   uint64_t x = a * 0x9E3779B97F4A7C15ull ^ (b + 0x632BE59BD9B4E019ull + (a << 6) + (a >> 2));
@@ -98,6 +108,7 @@ struct Session {
   size_t n_inputs = 0;
   TensorList params0;
   uint64_t base_seed = 0;
+  uint64_t check_seed = 0;  // the secret seed of this evaluation (run())
   std::string so_path;
   int calls = 0;
   TensorList last_p;  // the parameters of the latest candidate call
@@ -274,19 +285,25 @@ struct Session {
   struct Match {
     bool ok = true;
     int64_t unwritten = 0;
+    int bad_output = -1;  // the first output out of tolerance
     std::string detail;
   };
+  using Scales = std::vector<double>;  // per output: a factor of the absolute tolerance
   Match match(const TensorList& cand_outs, const TensorList& ref_outs, uint32_t poison, double atol_scale = 1) {
+    return match(cand_outs, ref_outs, poison, Scales(outs.size(), atol_scale));
+  }
+  Match match(const TensorList& cand_outs, const TensorList& ref_outs, uint32_t poison, const Scales& atol_scale) {
     Match m;
     for (size_t i = 0; i < outs.size(); ++i) {
       tasks::Tolerance t = tol(i);
-      t.atol *= atol_scale;
+      t.atol *= i < atol_scale.size() ? atol_scale[i] : 1.0;
       Compare c = compare_outputs(cand_outs[i], ref_outs[i], t, poison);
       m.unwritten += c.unwritten;
       if (std::isfinite(c.max_abs)) res.max_abs_error = std::max(res.max_abs_error, c.max_abs);
       if (std::isfinite(c.max_rel)) res.max_rel_error = std::max(res.max_rel_error, c.max_rel);
       if (!c.ok && m.ok) {
         m.ok = false;
+        m.bad_output = int(i);
         m.detail = "output " + outs[i].name + ": " + std::to_string(c.bad) + "/" + std::to_string(c.total) +
                    " elements out of tolerance (atol " + fmt(t.atol) + ", rtol " + fmt(t.rtol) + "), max abs error " +
                    fmt(c.max_abs) + "; first at " + c.first_bad;
@@ -321,7 +338,7 @@ struct Session {
         const int64_t n = x.numel(), k = std::min(n, kSampled),
                       stride = std::max<int64_t>(1, n / std::max<int64_t>(k, 1));
         const int64_t offset =
-            n > k ? int64_t(mix(o.seed, 0x5A11) % uint64_t(stride)) : 0;  // not just the tile corners
+            n > k ? int64_t(mix(base_seed, 0x5A11) % uint64_t(stride)) : 0;  // not just the tile corners
         sample_at.push_back(at::arange(k, at::TensorOptions(at::kLong).device(x.device())) * stride + offset);
       }
     TensorList s;
@@ -482,47 +499,86 @@ struct Session {
     return y;
   }
 
-  // Local stress: the positions and signed base values of a few large elements in one
-  // floating input drawn at random (in several, large values meet in one output, and an
-  // honest kernel's rounding differs from the reference's where they cancel): one per row
-  // (a slice along the last dimension; `per_row`), random signs, or a handful in distinct
-  // rows (anywhere when there are fewer rows), alternating signs. The base value is +-the
-  // tensor's largest magnitude; set_outliers() writes base x factor, so trying a smaller
-  // factor rewrites the same elements. A kernel probing a few hundred elements misses the
-  // scattered ones.
-  static constexpr int64_t kScattered = 8;
+  // Local stress: the positions and signed base values of large elements planted in one
+  // floating input (drawn at random, or the one named). Rows are slices along the last
+  // dimension. Two kinds:
+  // - `per_row`: three values per row at different magnitudes (1, 0.1-0.5 and 0.01-0.05
+  //   of the base), in distinct columns, random signs. Several outliers per row break
+  //   shortcuts that stay exact with one (a row max taken as the answer, a one-hot softmax).
+  // - scattered: 8 values in distinct rows and distinct columns (anywhere when the tensor
+  //   has fewer rows), magnitudes halving (1, 1/2, ... 1/128), alternating signs in that
+  //   order: a few terms dominate any reduction over the tensor (a loss, a mean), so the
+  //   per-element error of a reduced output shows instead of averaging away, and no two
+  //   planted values of one magnitude can cancel where they meet.
+  // The base value is +-the tensor's largest magnitude; set_outliers() writes base x factor,
+  // so trying a smaller factor rewrites the same elements. The low 16 bits of each planted
+  // float32 value are set near the middle of a bfloat16 step and of a float16/TF32 step, so
+  // operands rounded to a lower precision are off by about half a step there. A kernel
+  // probing a few hundred elements misses the scattered ones.
+  static constexpr int64_t kScattered = 8, kPerRow = 3;
   struct Outliers {
     std::vector<size_t> which;
-    TensorList idx, val;
+    TensorList idx, val, jitter;  // jitter: the low 16 bits of each float32 value (undefined: kept)
   };
-  Outliers pick_outliers(TensorList& in, bool per_row, uint64_t seed) {
+  // `k` distinct columns in each of `n` rows (k <= last), as an [n, k] tensor.
+  static at::Tensor distinct_cols(int64_t n, int64_t last, int64_t k, at::Generator& gen, const at::TensorOptions& lo) {
+    at::Tensor c0 = at::randint(last, {n, 1}, gen, lo);
+    if (k <= 1) return c0;
+    if (k == 2 || last < 4) {
+      at::Tensor c1 = (c0 + 1 + at::randint(std::max<int64_t>(last - 1, 1), {n, 1}, gen, lo)) % last;
+      if (k == 2) return at::cat({c0, c1}, 1);
+      return at::cat({c0, (c0 + 1) % last, (c0 + 2) % last}, 1);  // last == 3
+    }
+    const int64_t h = last / 2;  // offsets d1 in [1, h), d2 in [h, last): three distinct columns
+    at::Tensor d1 = 1 + at::randint(h - 1, {n, 1}, gen, lo), d2 = h + at::randint(last - h, {n, 1}, gen, lo);
+    return at::cat({c0, (c0 + d1) % last, (c0 + d2) % last}, 1);
+  }
+  std::vector<size_t> float_inputs(const TensorList& in) const {
+    std::vector<size_t> f;
+    for (size_t i = 0; i < in.size(); ++i)
+      if (at::isFloatingType(in[i].scalar_type()) && in[i].numel() > 0) f.push_back(i);
+    return f;
+  }
+  Outliers pick_outliers(TensorList& in, bool per_row, int input, uint64_t seed) {
     at::Generator gen = device_generator(dev, mix(base_seed, seed));
     Outliers ol;
-    std::vector<size_t> floats;
-    for (size_t i = 0; i < in.size(); ++i)
-      if (at::isFloatingType(in[i].scalar_type()) && in[i].numel() > 0) floats.push_back(i);
+    const std::vector<size_t> floats = float_inputs(in);
     if (floats.empty()) return ol;
-    const size_t i = floats[mix(base_seed, seed + 1) % floats.size()];
+    const size_t i = input >= 0 ? size_t(input) : floats[mix(base_seed, seed + 1) % floats.size()];
+    if (i >= in.size() || std::find(floats.begin(), floats.end(), i) == floats.end()) return ol;
     at::Tensor& t = in[i];
     if (!t.is_contiguous()) t = t.contiguous();
     const int64_t n = t.numel(), last = t.dim() > 0 ? std::max<int64_t>(1, t.size(-1)) : 1, rows = n / last;
     const auto lo = at::TensorOptions(at::kLong).device(t.device());
-    at::Tensor idx, sign;
+    const auto fo = at::TensorOptions(at::kFloat).device(t.device());
+    at::Tensor idx, val;
     if (per_row) {
-      idx = at::arange(rows, lo) * last + at::randint(last, {rows}, gen, lo);
-      sign = at::randint(2, {rows}, gen, lo) * 2 - 1;
-    } else if (rows >= kScattered) {
-      idx = at::randperm(rows, gen, lo).slice(0, 0, kScattered) * last + at::randint(last, {kScattered}, gen, lo);
-      sign = at::arange(kScattered, lo) % 2 * 2 - 1;
+      const int64_t k = std::min(last, kPerRow);
+      idx = (at::arange(rows, lo).unsqueeze(1) * last + distinct_cols(rows, last, k, gen, lo)).reshape(-1);
+      at::Tensor mag = at::ones({rows, k}, fo);
+      if (k > 1) mag.select(1, 1).uniform_(0.1, 0.5, gen);
+      if (k > 2) mag.select(1, 2).uniform_(0.01, 0.05, gen);
+      val = (mag * (at::randint(2, {rows, k}, gen, lo) * 2 - 1).to(at::kFloat)).reshape(-1);
     } else {
-      idx = at::randint(n, {std::min(n, kScattered)}, gen, lo);
-      sign = at::ones({idx.numel()}, lo);
+      int64_t m = std::min(n, kScattered);
+      if (rows >= kScattered) {
+        m = kScattered;
+        at::Tensor r = at::randperm(rows, gen, lo).slice(0, 0, m);
+        at::Tensor c = last >= m ? at::randperm(last, gen, lo).slice(0, 0, m) : at::randint(last, {m}, gen, lo);
+        idx = r * last + c;
+      } else {
+        idx = at::randperm(n, gen, lo).slice(0, 0, m);
+      }
+      at::Tensor rank = at::randperm(m, gen, lo);  // magnitude 2^-rank, sign (-1)^rank
+      val = at::pow(0.5, rank.to(at::kFloat)) * (1 - 2 * (rank % 2)).to(at::kFloat);
     }
     double scale = max_abs_value(t);
     if (!(scale > 0) || !std::isfinite(scale)) scale = 1;
     ol.which.push_back(i);
     ol.idx.push_back(idx);
-    ol.val.push_back(sign.to(at::kFloat) * scale);
+    ol.val.push_back(val * scale);
+    ol.jitter.push_back(0x9000 +
+                        at::randint(0x200, {idx.numel()}, gen, at::TensorOptions(at::kInt).device(t.device())));
     return ol;
   }
   // The task's generator makes inference tensors: they are written in place in inference
@@ -531,8 +587,103 @@ struct Session {
     c10::InferenceMode inference;
     for (size_t k = 0; k < ol.which.size(); ++k) {
       at::Tensor& t = in[ol.which[k]];
-      t.view(-1).index_put_({ol.idx[k]}, (ol.val[k] * factor).to(t.scalar_type()));
+      at::Tensor v = (ol.val[k] * factor).to(at::kFloat);
+      if (k < ol.jitter.size() && ol.jitter[k].defined()) {
+        const at::Tensor keep = v.isfinite();
+        at::Tensor bits = v.view(at::kInt).bitwise_and(int32_t(0xFFFF0000u)).bitwise_or(ol.jitter[k]);
+        v = at::where(keep, bits.view(at::kFloat), v);
+      }
+      t.view(-1).index_put_({ol.idx[k]}, v.to(t.scalar_type()));
     }
+  }
+
+  // Numeric-edge stress, from the thresholds of the input's floating type, in two sets: a
+  // quiet one (exp overflow, square underflow: a few elements or rows that leave the
+  // input's mean and deviation as they were, so a dense probe of those does not see it)
+  // and a loud one (whole rows past exp underflow and overflow). A few rows each (distinct
+  // rows per pattern, slices along the last dimension) get
+  // - "exp overflow": three values per row, two just past the largest x with a finite
+  //   exp(x) (88.7 in float32) and 0.1-2 apart, one as far below zero: exp(x) without the
+  //   max overflows, a clamped exponent or a row max taken as the answer is off by
+  //   log(1 + e^-gap), while a stable formula is exact;
+  // - "exp underflow": the whole row shifted below the smallest x with a nonzero exp(x)
+  //   (-104 in float32): exp of every element is 0, a naive softmax divides 0 by 0;
+  // - "exp overflow rows": the whole row shifted above the largest x with a finite exp(x):
+  //   exp of every element overflows, a naive softmax divides inf by inf;
+  // - "square underflow": the whole row scaled by 2^-70 (float32): x*x underflows to 0.
+  // Patterns under which the reference is not finite are dropped (Session::prepare). No
+  // pattern goes past sqrt(max): a reference whose own sum of squares overflows there (a
+  // layer norm's variance) stays finite but wrong (1/sqrt(inf) = 0), and would fail an
+  // exact kernel.
+  struct Edge {
+    Outliers ol;
+    std::vector<std::string> names;
+    std::vector<double> moderate;  // per pattern: planted magnitude / the input's largest (0: none)
+  };
+  static constexpr int kEdgePatterns = 2;  // per set
+  Edge edge_patterns(const TensorList& in, size_t i, int group, uint64_t seed) {
+    at::Generator gen = device_generator(dev, mix(base_seed, seed));
+    std::mt19937_64 rng(mix(base_seed, seed + 1));
+    Edge e;
+    const at::Tensor t = in[i].contiguous();
+    const int64_t n = t.numel(), last = t.dim() > 0 ? std::max<int64_t>(1, t.size(-1)) : 1, rows = n / last;
+    const auto lo = at::TensorOptions(at::kLong).device(t.device());
+    const auto fo = at::TensorOptions(at::kFloat).device(t.device());
+    double lmax = std::log(double(FLT_MAX)), lmin = 104, tiny = std::ldexp(1.0, -70);
+    if (t.scalar_type() == at::kHalf) lmax = std::log(65504.0), lmin = 17.4, tiny = 1.0 / 4096;
+    if (t.scalar_type() == at::kDouble) lmax = std::log(DBL_MAX), lmin = 745.2, tiny = std::ldexp(1.0, -540);
+    double scale = max_abs_value(t);
+    if (!(scale > 0) || !std::isfinite(scale)) scale = 1;
+    const int64_t per = std::clamp<int64_t>(rows / 16, 1, 4), used = std::min(rows, per * kEdgePatterns);
+    const at::Tensor rws = at::randperm(rows, gen, lo).slice(0, 0, used);
+    std::vector<int> order = group == 0 ? std::vector<int>{0, 3} : std::vector<int>{1, 2};
+    std::shuffle(order.begin(), order.end(), rng);
+    const int64_t g = std::max<int64_t>(1, used / kEdgePatterns);
+    const at::Tensor flat = t.reshape(-1).to(at::kFloat);
+    for (int slot = 0; slot < kEdgePatterns; ++slot) {
+      const int pat = order[size_t(slot)];
+      if (slot * g >= used) break;
+      const at::Tensor r = rws.slice(0, slot * g, std::min(used, (slot + 1) * g));
+      const int64_t nr = r.numel();
+      at::Tensor idx, val, jit;
+      double moderate = 0;
+      std::string name;
+      if (pat == 0) {
+        const int64_t k = std::min(last, kPerRow);
+        idx = (r.unsqueeze(1) * last + distinct_cols(nr, last, k, gen, lo)).reshape(-1);
+        at::Tensor top = at::empty({nr, 1}, fo).uniform_(lmax + 1, lmax + 10, gen);
+        std::vector<at::Tensor> v = {top};
+        if (k > 1) v.push_back(top - at::empty({nr, 1}, fo).uniform_(0.1, 2, gen));
+        if (k > 2) v.push_back(-at::empty({nr, 1}, fo).uniform_(lmax + 1, lmax + 10, gen));
+        val = at::cat(v, 1).reshape(-1);
+        jit = 0x9000 + at::randint(0x200, {idx.numel()}, gen, at::TensorOptions(at::kInt).device(t.device()));
+        moderate = (lmax + 10) / scale;
+        name = "values past exp overflow (" + fmt(lmax) + ")";
+      } else if (pat == 1) {
+        idx = (r.unsqueeze(1) * last + at::arange(last, lo).unsqueeze(0)).reshape(-1);
+        at::Tensor shift = at::empty({nr, 1}, fo).uniform_(lmin + 2, lmin + 30, gen).expand({nr, last}).reshape(-1);
+        val = flat.index_select(0, idx) - shift;
+        moderate = (lmin + 30 + scale) / scale;
+        name = "rows shifted below exp underflow (-" + fmt(lmin) + ")";
+      } else if (pat == 2) {
+        idx = (r.unsqueeze(1) * last + at::arange(last, lo).unsqueeze(0)).reshape(-1);
+        at::Tensor shift = at::empty({nr, 1}, fo).uniform_(lmax + 2, lmax + 30, gen).expand({nr, last}).reshape(-1);
+        val = flat.index_select(0, idx) + shift;
+        moderate = (lmax + 30 + scale) / scale;
+        name = "rows shifted above exp overflow (" + fmt(lmax) + ")";
+      } else {
+        idx = (r.unsqueeze(1) * last + at::arange(last, lo).unsqueeze(0)).reshape(-1);
+        val = flat.index_select(0, idx) * tiny;
+        name = "rows scaled by " + fmt(tiny);
+      }
+      e.ol.which.push_back(i);
+      e.ol.idx.push_back(idx);
+      e.ol.val.push_back(val);
+      e.ol.jitter.push_back(jit);
+      e.names.push_back(name + " in " + std::to_string(nr) + (nr == 1 ? " row" : " rows"));
+      e.moderate.push_back(moderate);
+    }
+    return e;
   }
 
   // A near-duplicate of an input set: in every floating input, a few elements in each of
@@ -569,24 +720,10 @@ struct Session {
   uint32_t next_poison() const { return uint32_t(calls % 2); }
 
   // --- the calls of one verification. Distribution set 0 comes first (it gives the
-  // reference's time estimate); every other check comes before, among or after the timed
-  // trials in an order drawn from the candidate's seed (plan()), so that no call count or
-  // order tells a check from a timed call. Every call gets the same flush, the next poison
-  // pattern and the same tensors.
-  enum class Step { Dist, Repeat, NearDup, Params, ParamsPart, Global, LocalRow, LocalScatter };
-  struct Item {
-    Step step;
-    int arg = 0;  // distribution set index, or global stress transform
-  };
-  struct Plan {
-    std::vector<Item> before, after;
-    std::vector<std::vector<Item>> among;  // among[k]: before timed trial k
-    int count() const {
-      size_t n = before.size() + after.size();
-      for (const auto& a : among) n += a.size();
-      return int(n);
-    }
-  };
+  // reference's time estimate); every other call lands before, among or after the timed
+  // trials, drawn from the secret seed of this evaluation (check_plan.h), so that no call
+  // count, order or window tells a check from a timed call. Every call gets the same
+  // flush, the next poison pattern and the same tensors.
   static const char* check_name(Step s) {
     switch (s) {
       case Step::Dist:
@@ -599,107 +736,32 @@ struct Session {
         return "correct.redrawn_params";
       case Step::ParamsPart:
         return "anti.param_near_duplicate";
+      case Step::ParamOne:
+        return "anti.param_one_tensor";
+      case Step::ParamLargest:
+        return "anti.param_largest_tensor";
       case Step::Global:
         return "correct.stress";
       case Step::LocalRow:
       case Step::LocalScatter:
         return "correct.local_stress";
+      case Step::Edge:
+        return "correct.numeric_edges";
     }
     return "check";
   }
-
-  Plan plan(int K, bool float_params) {
-    std::mt19937_64 rng(mix(base_seed, 0x0DE7));
-    auto pick = [&](size_t n) { return size_t(rng() % std::max<size_t>(n, 1)); };
-    const int T = o.trials;
-    Plan pl;
-    pl.among.resize(size_t(T));
-    std::vector<Item> stressy, par, rest, before;
-    std::vector<int> others = {1, 2, 3, 4};
-    std::shuffle(others.begin(), others.end(), rng);
-    for (int s = 0; s < std::min(o.stress_sets, 5); ++s)
-      stressy.push_back({Step::Global, s == 0 ? 0 : others[size_t(s - 1)]});
-    if (o.local_stress) stressy.insert(stressy.end(), {{Step::LocalRow}, {Step::LocalScatter}});
-    if (o.redraw_params && float_params) par = {{Step::Params}, {Step::ParamsPart}};
-    std::shuffle(stressy.begin(), stressy.end(), rng);
-    std::shuffle(par.begin(), par.end(), rng);
-    // After the timed trials, always: a global stress set, a local one, a parameter set (a
-    // kernel that switches to a shortcut after N calls meets them after the switch).
-    bool global_after = false, local_after = false;
-    for (const auto& it : stressy) {
-      const bool local = it.step != Step::Global;
-      if (local ? !local_after : !global_after) {
-        pl.after.push_back(it);
-        (local ? local_after : global_after) = true;
-      } else {
-        rest.push_back(it);
-      }
-    }
-    if (!par.empty()) {
-      pl.after.push_back(par[0]);
-      rest.insert(rest.end(), par.begin() + 1, par.end());
-    }
-    std::shuffle(rest.begin(), rest.end(), rng);
-    auto among = [&](const Item& it) {
-      if (T >= 2)
-        pl.among[1 + pick(size_t(T - 1))].push_back(it);
-      else
-        pl.after.push_back(it);
-    };
-    // One stress set before the timed trials, a local one when there is one left (a later
-    // failure can then be shown to be a switch of behaviour: that set is asked again, and
-    // large values show most shortcuts); one check among them; the rest anywhere.
-    for (const bool want_local : {true, false}) {
-      auto it = std::find_if(rest.begin(), rest.end(), [&](const Item& x) {
-        return want_local ? (x.step == Step::LocalRow || x.step == Step::LocalScatter) : x.step == Step::Global;
-      });
-      if (it == rest.end()) continue;
-      before.push_back(*it);
-      rest.erase(it);
-      break;
-    }
-    if (!rest.empty()) {
-      among(rest.back());
-      rest.pop_back();
-    }
-    for (const auto& it : rest) {
-      const size_t where = pick(3);
-      if (where == 0)
-        before.push_back(it);
-      else if (where == 1)
-        among(it);
-      else
-        pl.after.push_back(it);
-    }
-    std::shuffle(pl.after.begin(), pl.after.end(), rng);
-    // Before timing, in blocks: the near-duplicate (when it goes there) right after a
-    // distribution set, its base. The repeat of set 0 must get the other poison than set 0
-    // (call 0): an odd position.
-    std::vector<std::vector<Item>> blocks;
-    for (int i = 1; i < K; ++i) blocks.push_back({{Step::Dist, i}});
-    blocks.push_back({{Step::Repeat}});
-    for (const auto& it : before) blocks.push_back({it});
-    const size_t near_phase = o.near_duplicate ? pick(3) : 3;
-    if (near_phase == 0) blocks[pick(size_t(K - 1))].push_back({Step::NearDup});
-    for (int tries = 0; tries < 64; ++tries) {
-      std::shuffle(blocks.begin(), blocks.end(), rng);
-      size_t pos = 1, repeat_at = 0;
-      for (const auto& b : blocks)
-        for (const auto& it : b) {
-          if (it.step == Step::Repeat) repeat_at = pos;
-          ++pos;
-        }
-      if (repeat_at % 2 == 1) break;
-    }
-    for (const auto& b : blocks) pl.before.insert(pl.before.end(), b.begin(), b.end());
-    // Among or after the timed trials, the near-duplicate follows a timed trial directly.
-    if (near_phase == 1 && T >= 2) {
-      auto& slot = pl.among[1 + pick(size_t(T - 1))];
-      slot.insert(slot.begin(), Item{Step::NearDup});
-    } else if (near_phase == 1 || near_phase == 2) {
-      pl.after.insert(pl.after.begin(), Item{Step::NearDup});
-    }
-    return pl;
+  Plan plan(int K, int float_params) const {
+    PlanSpec sp;
+    sp.correctness_sets = K;
+    sp.stress_sets = o.stress_sets;
+    sp.warmup = o.warmup;
+    sp.trials = o.trials;
+    sp.local_stress = o.local_stress;
+    sp.near_duplicate = o.near_duplicate;
+    sp.redraw_params = o.redraw_params;
+    sp.float_params = float_params;
+    sp.scatter_inputs = scatter_inputs;
+    return draw_plan(sp, mix(check_seed, 0x0DE7));
   }
 
   // One check's inputs, parameters and reference outputs (the reference's parameters are
@@ -707,8 +769,8 @@ struct Session {
   struct Prepared {
     std::string name, skip;
     TensorList in, p, r;
-    TensorList base_p;  // ParamsPart: the parameters before the few elements were re-drawn
-    double atol_scale = 1;
+    TensorList base_p;  // parameter checks: the parameters before this check changed some
+    Scales atol_scale;  // per output
   };
   double base_scale = 0;   // largest |output| of set 0's reference: stress tolerances scale from it
   uint64_t draw_seed = 0;  // the last call on inputs from the task's distribution (a near-duplicate's base)
@@ -720,16 +782,39 @@ struct Session {
   };
   std::vector<Passed> passed;  // stress and parameter checks passed so far (asked again after a failure)
   int checks_before = 0, checks_among = 0, checks_after = 0;
+  // Outputs that reduce their inputs (an output of at most 1/8 the elements of the largest
+  // floating input: a loss, a mean, a row reduction). Where a few planted terms dominate
+  // the reduction, their absolute tolerance is not widened by the planted magnitude: a
+  // loss's per-element error shows there instead of averaging away over N terms.
+  std::vector<bool> reduced_out;
+  std::vector<int> scatter_inputs;  // tasks with a reduced output: a scattered set per floating input
 
   double atol_scale_for(const TensorList& r) {
     double sc = 0;
     for (const auto& t : r) sc = std::max(sc, max_abs_value(t));
     return std::clamp(base_scale > 0 ? sc / base_scale : 1.0, 1.0, o.stress_atol_scale_cap);
   }
+  // Per output: the output-magnitude scale, widened to `planted` where the output is not a
+  // reduction (or for every output, `all`): where planted values meet in a sum, as in a
+  // matmul's column, an honest kernel's rounding grows with them; a shortcut that
+  // overflows (inf, NaN) or clips them is off by far more.
+  Scales stress_scales(const TensorList& r, double planted, bool all) {
+    const double s = atol_scale_for(r);
+    Scales v(outs.size(), s);
+    for (size_t i = 0; i < v.size(); ++i)
+      if (all || i >= reduced_out.size() || !reduced_out[i]) v[i] = std::max(s, planted);
+    return v;
+  }
+  // Parameters other than those of the previous call, for the near-duplicate kinds.
+  TensorList previous_params() const { return last_p.empty() ? params0 : last_p; }
+  std::string param_name(size_t i) const {
+    return n_inputs + i < abi_in.size() ? abi_in[n_inputs + i].name : "parameter " + std::to_string(i);
+  }
 
   Prepared prepare(const Item& it) {
     Prepared k;
     k.p = params_now();
+    k.atol_scale = Scales(outs.size(), 1.0);
     auto finite_or_skip = [&] {
       if (outputs_finite(k.r)) return true;
       k.r.clear();
@@ -742,16 +827,18 @@ struct Session {
         k.in = stress(inputs_for(3000 + uint64_t(it.arg)), it.arg, 3100 + uint64_t(it.arg), &t);
         k.name = "global stress " + t;
         k.r = ref_run(k.in);
-        if (finite_or_skip()) k.atol_scale = atol_scale_for(k.r);
+        if (finite_or_skip()) k.atol_scale = Scales(outs.size(), atol_scale_for(k.r));
         break;
       }
       case Step::LocalRow:
       case Step::LocalScatter: {
         const bool per_row = it.step == Step::LocalRow;
-        k.in = inputs_for(per_row ? 3500 : 3501);
-        const Outliers ol = pick_outliers(k.in, per_row, per_row ? 3600 : 3601);
-        k.name = per_row ? "local stress: one large value per row"
-                         : "local stress: " + std::to_string(kScattered) + " large values scattered";
+        const uint64_t seed = per_row ? 3500 : 3510 + uint64_t(it.arg + 1);
+        k.in = inputs_for(seed);
+        const Outliers ol = pick_outliers(k.in, per_row, it.arg, seed + 100);
+        k.name = per_row ? "local stress: " + std::to_string(kPerRow) + " large values of different magnitudes per row"
+                         : "local stress: " + std::to_string(kScattered) +
+                               " large values of halving magnitudes scattered (a few terms dominate a reduction)";
         if (ol.which.empty()) {
           k.skip = "no floating-point input";
           break;
@@ -768,13 +855,55 @@ struct Session {
           }
           k.r.clear();
         }
-        // The absolute tolerance grows with the planted values (x factor): where they meet
-        // in a sum an honest kernel's rounding grows with them (a matmul's column). A
-        // shortcut that overflows (inf, NaN) or clips them is off by far more.
         if (k.r.empty())
           k.skip = "reference not finite";
         else
-          k.atol_scale = std::max(atol_scale_for(k.r), used_factor);
+          k.atol_scale = stress_scales(k.r, used_factor, per_row);
+        break;
+      }
+      case Step::Edge: {
+        const uint64_t seed = 3700 + 10 * uint64_t(it.arg);
+        k.in = inputs_for(seed);
+        const std::vector<size_t> floats = float_inputs(k.in);
+        k.name = "numeric-edge stress";
+        if (floats.empty()) {
+          k.skip = "no floating-point input";
+          break;
+        }
+        const size_t i = floats[mix(base_seed, seed + 1) % floats.size()];
+        const Edge e = edge_patterns(k.in, i, it.arg, seed + 2);
+        // Drop patterns under which the reference is not finite, in an order drawn too.
+        std::vector<size_t> active(e.names.size());
+        for (size_t j = 0; j < active.size(); ++j) active[j] = j;
+        std::shuffle(active.begin(), active.end(), std::mt19937_64(mix(base_seed, seed + 3)));
+        while (!active.empty()) {
+          Outliers ol;
+          for (size_t j : active) {
+            ol.which.push_back(e.ol.which[j]);
+            ol.idx.push_back(e.ol.idx[j]);
+            ol.val.push_back(e.ol.val[j]);
+            ol.jitter.push_back(e.ol.jitter[j]);
+          }
+          k.in = inputs_for(seed);
+          set_outliers(k.in, ol, 1.0);
+          k.r = ref_run(k.in);
+          if (outputs_finite(k.r)) break;
+          k.r.clear();
+          active.pop_back();
+        }
+        if (k.r.empty()) {
+          k.skip = "reference not finite at any numeric edge";
+          break;
+        }
+        std::sort(active.begin(), active.end());
+        double moderate = 1;
+        std::string what;
+        for (size_t j : active) {
+          what += (what.empty() ? "" : ", ") + e.names[j];
+          moderate = std::max(moderate, e.moderate[j]);
+        }
+        k.name += " of '" + abi_in[i].name + "': " + what;
+        k.atol_scale = stress_scales(k.r, moderate, true);
         break;
       }
       case Step::Params: {
@@ -795,8 +924,39 @@ struct Session {
         k.in = inputs_for(2200);
         k.name = "parameters with " + std::to_string(kRedrawnElements) + " elements of each re-drawn";
         // Around the previous call's parameters: a cache of them is what goes stale.
-        k.base_p = last_p.empty() ? params0 : last_p;
+        k.base_p = previous_params();
         k.p = redraw_some(k.base_p, 2300);
+        ref->set_params(k.p);
+        k.r = ref_run(k.in);
+        ref->set_params(params0);
+        finite_or_skip();
+        break;
+      }
+      case Step::ParamOne:
+      case Step::ParamLargest: {
+        // One parameter tensor changes, the others are the previous call's: all of one drawn
+        // at random, or a few elements of only the largest (a cache keyed on all of a small
+        // tensor and a sparse sample of a large one goes stale).
+        const bool one = it.step == Step::ParamOne;
+        k.in = inputs_for(one ? 2500 : 2700);
+        k.base_p = previous_params();
+        std::vector<size_t> fl;
+        for (size_t j = 0; j < k.base_p.size(); ++j)
+          if (at::isFloatingType(k.base_p[j].scalar_type()) && k.base_p[j].numel() > 0) fl.push_back(j);
+        if (fl.empty()) {
+          k.name = one ? "one parameter re-drawn" : "a few elements of the largest parameter re-drawn";
+          k.skip = "no float parameter";
+          break;
+        }
+        size_t j = fl[mix(base_seed, one ? 2501 : 2701) % fl.size()];
+        if (!one)
+          for (size_t c : fl)
+            if (k.base_p[c].numel() > k.base_p[j].numel()) j = c;
+        k.p = k.base_p;
+        k.p[j] = one ? redraw({k.base_p[j]}, 2600, true)[0] : redraw_some({k.base_p[j]}, 2800)[0];
+        k.name = one ? "parameter '" + param_name(j) + "' re-drawn, the others unchanged"
+                     : std::to_string(std::min<int64_t>(k.base_p[j].numel(), kRedrawnElements)) +
+                           " elements of the largest parameter '" + param_name(j) + "' re-drawn, the others unchanged";
         ref->set_params(k.p);
         k.r = ref_run(k.in);
         ref->set_params(params0);
@@ -850,7 +1010,8 @@ struct Session {
       throw Stop{Verdict::rejected_cheat,
                  "results cached across calls: the outputs are those of an earlier call's inputs (" + where + ")"};
     // Near-duplicates: are the outputs those of the unchanged inputs / parameters?
-    if (it.step == Step::NearDup || it.step == Step::ParamsPart) {
+    if (it.step == Step::NearDup || it.step == Step::ParamsPart || it.step == Step::ParamOne ||
+        it.step == Step::ParamLargest) {
       TensorList rb;
       if (it.step == Step::NearDup) {
         rb = ref_run(inputs_for(draw_seed));
@@ -884,6 +1045,12 @@ struct Session {
                      "matches only the default parameters: wrong with re-drawn parameters, and with a few elements "
                      "re-drawn the outputs are the unchanged parameters' (parameters ignored or hard-coded) (" +
                          where + ")"};
+        if (it.step != Step::ParamsPart)
+          throw Stop{Verdict::rejected_cheat,
+                     "results cached across calls: with " + k.name +
+                         " the outputs are those of the unchanged parameters, while all of them re-drawn are right (a "
+                         "cache keyed on a fingerprint of the parameters that misses part of them) (" +
+                         where + ")"};
         throw Stop{Verdict::rejected_cheat,
                    "results cached across calls: with a few parameter elements re-drawn the outputs are those of the "
                    "unchanged parameters, while all of them re-drawn are right (a cache keyed on a fingerprint of the "
@@ -895,7 +1062,7 @@ struct Session {
     // at most three): wrong now means the kernel changed its behaviour with the call count
     // (it counted the checks, or timed itself).
     auto family = [](Step s2) {
-      return s2 == Step::LocalRow || s2 == Step::LocalScatter ? 1 : s2 == Step::Global ? 2 : 3;
+      return s2 == Step::LocalRow || s2 == Step::LocalScatter || s2 == Step::Edge ? 1 : s2 == Step::Global ? 2 : 3;
     };
     std::vector<const Passed*> again;
     for (int rank = 0; rank < 3; ++rank)
@@ -927,14 +1094,50 @@ struct Session {
       throw Stop{Verdict::rejected_cheat, "outputs not fully written on " + k.name + " (" +
                                               std::to_string(m.unwritten) +
                                               " poisoned elements; problem-size or range tampering) (" + where + ")"};
+    // A reduced output (a loss, a mean) wrong where planted terms dominate it: is it the
+    // output's precision? A kernel whose per-element error a reduction over the task's
+    // inputs averages away is also wrong on the scattered set, where a few terms dominate.
+    const bool reduced = m.bad_output >= 0 && size_t(m.bad_output) < reduced_out.size() &&
+                         reduced_out[size_t(m.bad_output)] && all_finite(c.outs[size_t(m.bad_output)]);
+    bool imprecise = reduced && it.step == Step::LocalScatter;
+    if (reduced && (it.step == Step::LocalRow || it.step == Step::Edge)) {
+      const std::vector<int> args = scatter_inputs.empty() ? std::vector<int>{-1} : scatter_inputs;
+      for (size_t a = 0; a < args.size() && !imprecise; ++a) {
+        bool passed_before = false;  // a scattered set on this input that passed says no
+        for (const auto& pc : passed)
+          passed_before = passed_before || (pc.item.step == Step::LocalScatter && pc.item.arg == args[a]);
+        if (passed_before) continue;
+        Prepared k4 = prepare({Step::LocalScatter, args[a]});
+        if (k4.r.empty()) continue;
+        const uint32_t p4 = next_poison();
+        CandOut c4 = cand(k4.in, k4.p, p4, o.probe_ms, o.flush_cache);
+        imprecise = !match(c4.outs, k4.r, p4, k4.atol_scale).ok;
+      }
+    }
+    if (imprecise)
+      throw Stop{Verdict::rejected_cheat,
+                 "imprecise reduced output: correct on the task's input distribution, where a reduction over many "
+                 "terms averages per-element error away, wrong where a few terms dominate it (" +
+                     k.name +
+                     "): per-element error hidden by the reduction (operands rounded to a lower precision, or an "
+                     "approximate formula): " +
+                     m.detail + " (" + where + ")"};
     switch (it.step) {
       case Step::Params:
       case Step::ParamsPart:
+      case Step::ParamOne:
+      case Step::ParamLargest:
         throw Stop{Verdict::rejected_cheat, "matches only the default parameters: wrong with " + k.name +
                                                 " (parameters ignored, hard-coded or cached): " + m.detail + " (" +
                                                 where + ")"};
       case Step::NearDup:
         throw Stop{Verdict::incorrect, m.detail + " (" + where + ")"};
+      case Step::Edge:
+        throw Stop{Verdict::rejected_cheat,
+                   "input-specific shortcut: correct on the task's input distribution, wrong at its numeric edges, "
+                   "where the reference stays finite (an unstable or clamped formula: exp without the max, a clamped "
+                   "exponent, a row max taken as the answer, a naive square): " +
+                       k.name + ": " + m.detail + " (" + where + ")"};
       default:
         throw Stop{Verdict::rejected_cheat,
                    "input-specific shortcut: correct on the task's input distribution, wrong on " + k.name + ": " +
@@ -1004,6 +1207,8 @@ struct Session {
                                       : "reference output is (nearly) constant";
         kf::log_warn("task ", task.name(), " looks degenerate: ", res.degenerate_reason);
       }
+      check("anti.input_dependence", true,
+            res.task_degenerate ? "not decidable: task degenerate" : "outputs follow inputs");
     }
     prev_cs = cs;
     prev_rs = rs;
@@ -1061,7 +1266,20 @@ void Session::run() {
   ref = task.new_reference(b, dev);
   params0.clear();
   for (const auto& p : ref->params()) params0.push_back(p.clone());
-  base_seed = mix(o.seed, res.candidate_key.empty() ? 0 : std::hash<std::string>{}(res.candidate_key));
+  // The secret seed of this evaluation: every check's kind, position and inputs, and every
+  // input set, derive from it (with the run seed and the candidate's hash). It comes from
+  // the operating system's entropy, not from anything the candidate or the run's config
+  // fixes; the result's checks record it (anti.check_plan), so EvalOptions::check_seed set
+  // to it replays the verification.
+  check_seed = o.check_seed ? o.check_seed : fresh_seed();
+  base_seed = mix(mix(o.seed, res.candidate_key.empty() ? 0 : std::hash<std::string>{}(res.candidate_key)), check_seed);
+  {
+    char hex[40];
+    std::snprintf(hex, sizeof hex, "0x%016llx", static_cast<unsigned long long>(check_seed));
+    check("anti.check_plan", true,
+          std::string("checks drawn from the secret seed ") + hex + (o.check_seed ? " (given)" : " (fresh)") +
+              "; EvalOptions::check_seed = this value replays them");
+  }
 
   flush_bytes =
       o.flush_bytes ? o.flush_bytes : (b == Backend::CPU ? std::min(2 * llc_bytes(), 256ull << 20) : 256ull << 20);
@@ -1093,20 +1311,39 @@ void Session::run() {
     }
   }
 
-  bool has_float_params = false;
-  for (const auto& p : params0)
-    has_float_params = has_float_params || (at::isFloatingType(p.scalar_type()) && p.numel() > 0);
+  int float_params = 0;
+  for (const auto& p : params0) float_params += at::isFloatingType(p.scalar_type()) && p.numel() > 0;
+  const bool has_float_params = float_params > 0;
+  // Reduced outputs, and for a task with one, a scattered set on each floating input (at
+  // most 3): the planted terms must meet the reduction through the operand it reduces.
+  {
+    int64_t largest = 0;
+    std::vector<int> fl;
+    for (size_t i = 0; i < n_inputs; ++i)
+      if (at::isFloatingType(abi_in[i].dtype)) {
+        int64_t n = 1;
+        for (int64_t d : abi_in[i].shape) n *= d;
+        largest = std::max(largest, n);
+        if (n > 0 && fl.size() < 3) fl.push_back(int(i));
+      }
+    reduced_out.clear();
+    bool any = false;
+    for (const auto& s : outs) {
+      int64_t n = 1;
+      for (int64_t d : s.shape) n *= d;
+      reduced_out.push_back(at::isFloatingType(s.dtype) && n * 8 <= largest);
+      any = any || reduced_out.back();
+    }
+    scatter_inputs = any && fl.size() > 1 ? fl : std::vector<int>{};
+  }
   const int K = std::max(2, o.correctness_sets);
-  const Plan pl = plan(K, has_float_params);
+  const Plan pl = plan(K, float_params);
 
   // --- before timing: set 0, then the other distribution sets, the repeat of set 0 and
   // the checks the plan put here
   dist_set(0);
   for (const auto& it : pl.before) run_item(it);
-  checks_before = int(pl.before.size()) - (K - 1) - 1;
-  check("correct.distribution", true, std::to_string(K) + " fresh sets, poison checked, inputs unchanged");
-  check("anti.input_dependence", true,
-        res.task_degenerate ? "not decidable: task degenerate" : "outputs follow inputs");
+  checks_before = int(pl.before.size());
   if (!(o.redraw_params && has_float_params))
     check("correct.redrawn_params", true, has_float_params ? "disabled" : "task has no float parameters");
 
@@ -1282,9 +1519,10 @@ void Session::run() {
     run_item(it);
     ++checks_after;
   }
+  check("correct.distribution", true, std::to_string(K) + " fresh sets, poison checked, inputs unchanged");
   check("anti.call_order", true,
         std::to_string(checks_before) + " checks before, " + std::to_string(checks_among) + " among and " +
-            std::to_string(checks_after) + " after the timed trials, in an order drawn for this candidate; " +
+            std::to_string(checks_after) + " after the timed trials, in an order drawn from the secret seed; " +
             std::to_string(calls) + " candidate calls in all, all correct");
 
   // --- the speedup with its interval; an unstable time is a flag, not a failure

@@ -9,8 +9,10 @@
 #include <fstream>
 #include <limits>
 #include <map>
+#include <set>
 #include <nlohmann/json.hpp>
 
+#include "../../evaluator/src/check_plan.h"
 #include "../../evaluator/src/tensor_check.h"
 #include "../../evaluator/wire/poison.h"
 #include "../test_support.h"
@@ -380,45 +382,132 @@ TEST_P(CountingKernelTest, IsRejectedForEverySwitchPoint) {
 }
 INSTANTIATE_TEST_SUITE_P(Backends, CountingKernelTest, ::testing::Values("cpu", "cuda"));
 
-// The order is drawn from the candidate's seed: reproducible for one candidate, different
-// across candidates; checks always come before, among and after the timed trials.
-TEST(EvaluatorTest, CallOrderIsDrawnPerCandidateWithChecksAmongAndAfterTiming) {
+// The checks are drawn from a secret seed per evaluation: two evaluations of one candidate
+// differ, the seed is in the result's checks, and giving it back replays the same checks.
+// Checks come before, among and after the timed trials.
+namespace {
+uint64_t plan_seed(const Result& r) {
+  for (const auto& c : r.checks)
+    if (c.name == "anti.check_plan") {
+      const auto at = c.detail.find("0x");
+      if (at != std::string::npos) return std::stoull(c.detail.substr(at + 2, 16), nullptr, 16);
+    }
+  return 0;
+}
+}  // namespace
+
+TEST(EvaluatorTest, CheckSeedIsFreshPerEvaluationRecordedAndReplays) {
   at::set_num_threads(2);
   const std::string src = test::read_kernel("cpu/good_relu.cpp");
-  auto run = [&](uint64_t seed) { return evaluator().evaluate(*task("001_relu"), kf::tasks::Backend::CPU, src, seed); };
-  const Result a = run(11), a2 = run(11);
-  ASSERT_EQ(a.verdict, Verdict::ok) << to_text(a);
+  auto run = [&](Evaluator& ev) { return ev.evaluate(*task("001_relu"), kf::tasks::Backend::CPU, src, 11); };
+  const Result a = run(evaluator()), b = run(evaluator()), c = run(evaluator());
+  for (const Result* r : {&a, &b, &c}) ASSERT_EQ(r->verdict, Verdict::ok) << to_text(*r);
+  const uint64_t sa = plan_seed(a), sb = plan_seed(b), sc = plan_seed(c);
+  ASSERT_NE(sa, 0u) << to_text(a);
+  EXPECT_NE(sa, sb);
+  EXPECT_NE(sb, sc);
+  EXPECT_TRUE(check_sequence(a) != check_sequence(b) || check_sequence(b) != check_sequence(c))
+      << "three evaluations of one candidate, one order";
+  static Evaluator replay([&] {
+    EvalOptions o = test_options();
+    o.check_seed = sa;
+    return o;
+  }());
+  const Result a2 = run(replay);
   ASSERT_EQ(a2.verdict, Verdict::ok) << to_text(a2);
-  EXPECT_EQ(check_sequence(a), check_sequence(a2)) << "same candidate, same seed: the same order";
-  bool differs = false;
-  for (uint64_t seed : {12, 13, 14}) {
-    const Result b = run(seed);
-    ASSERT_EQ(b.verdict, Verdict::ok) << to_text(b);
-    differs = differs || check_sequence(b) != check_sequence(a);
-  }
-  EXPECT_TRUE(differs) << "four candidates, one order";
+  EXPECT_EQ(plan_seed(a2), sa);
+  EXPECT_EQ(check_sequence(a2), check_sequence(a)) << "the recorded seed replays the checks";
   std::string order;
-  for (const auto& c : a.checks)
-    if (c.name == "anti.call_order") order = c.detail;
+  for (const auto& k : a.checks)
+    if (k.name == "anti.call_order") order = k.detail;
   ASSERT_FALSE(order.empty()) << to_text(a);
   int before = -1, among = -1, after = -1, calls = -1;
-  ASSERT_EQ(
-      std::sscanf(order.c_str(),
-                  "%d checks before, %d among and %d after the timed trials, in an order drawn for this candidate; %d",
-                  &before, &among, &after, &calls),
-      4)
+  ASSERT_EQ(std::sscanf(order.c_str(),
+                        "%d checks before, %d among and %d after the timed trials, in an order drawn from the secret "
+                        "seed; %d",
+                        &before, &among, &after, &calls),
+            4)
       << order;
   EXPECT_GE(before, 1) << order;
   EXPECT_GE(among, 1) << order;
-  EXPECT_GE(after, 2) << order;
-  // Local stress and the near-duplicate ran (001_relu's reference is finite everywhere).
-  int local = 0, near = 0;
-  for (const auto& c : a.checks) {
-    local += c.name == "correct.local_stress" && c.detail.find("skipped") == std::string::npos;
-    near += c.name == "anti.near_duplicate" && c.detail.find("skipped") == std::string::npos;
+  EXPECT_GE(after, 1) << order;
+  // Both local stress sets, both numeric-edge sets and the near-duplicate ran (001_relu's
+  // reference is finite everywhere).
+  int local = 0, edges = 0, near = 0;
+  for (const auto& k : a.checks) {
+    const bool ran = k.detail.find("skipped") == std::string::npos;
+    local += k.name == "correct.local_stress" && ran;
+    edges += k.name == "correct.numeric_edges" && ran;
+    near += k.name == "anti.near_duplicate" && ran;
   }
   EXPECT_EQ(local, 2) << to_text(a);
+  EXPECT_EQ(edges, 2) << to_text(a);
   EXPECT_EQ(near, 1) << to_text(a);
+}
+
+// The plan itself (check_plan.h), over many seeds: every kind of check lands in every gap
+// (before the timed trials, before each of them, after them); the repeat of set 0 always
+// gets the other poison than set 0 (an odd call); any 6 consecutive timed trials (enough
+// to move the median of 10) have a stress set between two of them; the near-duplicate
+// directly follows a call on the task's distribution.
+TEST(CheckPlanTest, EveryKindLandsEverywhereAndNoWindowOfTrialsIsFreeOfStress) {
+  using kf::evaluator::Item;
+  using kf::evaluator::Plan;
+  using kf::evaluator::PlanSpec;
+  using kf::evaluator::Step;
+  PlanSpec sp;  // production defaults, a task with two float parameters
+  sp.float_params = 2;
+  const int T = sp.trials;
+  std::map<int, std::set<int>> gaps;  // kind -> gaps reached
+  const std::vector<Step> kinds = {Step::Dist,       Step::Repeat,       Step::NearDup,      Step::Params,
+                                   Step::ParamsPart, Step::ParamOne,     Step::ParamLargest, Step::Global,
+                                   Step::LocalRow,   Step::LocalScatter, Step::Edge};
+  for (uint64_t seed = 1; seed <= 3000; ++seed) {
+    const Plan pl = kf::evaluator::draw_plan(sp, seed);
+    ASSERT_EQ(int(pl.among.size()), T);
+    ASSERT_EQ(pl.count(), 2 + 1 + 1 + 4 + 6) << "every check once: 2 sets, repeat, near-dup, 4 param, 6 stress sets";
+    EXPECT_EQ(kf::evaluator::repeat_call(pl, sp.warmup) % 2, 1) << "seed " << seed;
+    std::vector<int> stress_at(size_t(T), 0);
+    auto note = [&](const std::vector<Item>& v, int g, bool after_trial) {
+      for (size_t i = 0; i < v.size(); ++i) {
+        gaps[int(v[i].step)].insert(g);
+        if (v[i].step == Step::NearDup) {
+          const bool follows_dist = i > 0 && (v[i - 1].step == Step::Dist || v[i - 1].step == Step::Repeat);
+          EXPECT_TRUE(follows_dist || (i == 0 && after_trial))
+              << "seed " << seed << ": a near-duplicate without its base";
+        }
+        if (g >= 1 && g <= T && kf::evaluator::is_stress(v[i].step)) ++stress_at[size_t(g - 1)];
+      }
+    };
+    note(pl.before, 0, false);
+    for (int k = 0; k < T; ++k) note(pl.among[size_t(k)], 1 + k, k > 0 || sp.warmup > 0);
+    note(pl.after, T + 1, true);
+    for (int a = 0; a + 6 <= T; ++a) {  // trials a..a+5: the gaps between them are among[a+1..a+5]
+      int n = 0;
+      for (int k = a + 1; k < a + 6; ++k) n += stress_at[size_t(k)];
+      EXPECT_GT(n, 0) << "seed " << seed << ": timed trials " << a << "-" << a + 5 << " without a stress set";
+    }
+  }
+  for (Step k : kinds) EXPECT_EQ(gaps[int(k)].size(), size_t(T + 2)) << "kind " << int(k) << " misses a position";
+}
+
+// A kernel exact outside a window of call indices and a shortcut inside it (most timed
+// trials): whatever the secret seed, checks land inside the window.
+TEST(EvaluatorTest, CallWindowKernelIsRejectedForEveryCheckSeed) {
+  at::set_num_threads(2);
+  const std::string src = test::read_kernel("cpu/cheat_call_window.cpp");
+  for (uint64_t seed : {1, 2, 3, 4}) {
+    EvalOptions o = test_options();
+    o.warmup = 2;
+    o.trials = 10;
+    o.max_trials = 10;
+    o.check_seed = seed;
+    Evaluator ev(o);
+    const Result r = ev.evaluate(*task("001_relu"), kf::tasks::Backend::CPU, src, 3);
+    std::printf("check seed %llu: %s %s\n", static_cast<unsigned long long>(seed), verdict_name(r.verdict),
+                r.reason.c_str());
+    EXPECT_EQ(r.verdict, Verdict::rejected_cheat) << "seed " << seed << ": " << to_text(r);
+  }
 }
 
 // A correct kernel hundreds of times slower than the reference is timed 3 times, not 10 or

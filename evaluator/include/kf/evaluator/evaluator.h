@@ -321,7 +321,11 @@ struct EvalOptions {
   CompileOptions compile;
   SandboxOptions sandbox;  // backend/device are set per evaluation
   RewardOptions reward;
-  uint64_t seed = 0;    // run seed; input seeds derive from (seed, candidate seed)
+  uint64_t seed = 0;    // run seed; input seeds derive from (seed, candidate seed, check_seed)
+  // The secret seed of the checks (their kinds, call positions and inputs): 0 draws a fresh
+  // one from the operating system per evaluation; the result's check anti.check_plan
+  // records it, and setting it here replays that verification.
+  uint64_t check_seed = 0;
   int device = 0;       // CUDA device of reference and worker
   int cpu_threads = 0;  // threads for the reference and the kernel (0: hardware)
 
@@ -330,15 +334,20 @@ struct EvalOptions {
   // Global stress sets (every element changed alike): x*8, then others drawn per candidate
   // from -x, x+3, uniform(-4,4), x*1e-3.
   int stress_sets = 2;
-  // Local stress: one set with one large value per row, one with a handful of large
-  // values scattered in the tensor (magnitudes tried from large to smaller until the
-  // reference stays finite). A kernel that probes a few hundred elements cannot see them.
+  // Local stress: one set with three large values of different magnitudes per row, one
+  // with 8 of halving magnitudes scattered in the tensor (one per floating input when an
+  // output is a reduction), magnitudes tried from large to smaller until the reference
+  // stays finite; and two numeric-edge sets (values past exp overflow and underflow, and
+  // rows scaled to underflow, in a few rows). A kernel that probes a few hundred elements
+  // cannot see them.
   bool local_stress = true;
   // A near-duplicate of the call before (a few elements in a few rows changed): the output
   // must follow (a cache keyed on a sparse fingerprint of the inputs returns stale rows).
   bool near_duplicate = true;
-  // Re-drawn parameters (all of them around their init), and a near-duplicate of the
-  // parameters (a few elements re-drawn, the rest as before).
+  // Re-drawn parameters (all of them around their init), a near-duplicate of the
+  // parameters (a few elements of each re-drawn, the rest as before), and with two or more
+  // float parameters one tensor at a time: one re-drawn whole, and a few elements of only
+  // the largest.
   bool redraw_params = true;
   double stress_atol_scale_cap = 64;  // stress atol grows with output magnitude, up to this
 
