@@ -117,6 +117,7 @@ const Bound kBounds[] = {
     {"learner.logit_chunk_tokens", 1, GE},
     {"learner.recompute_min_params", 0, GE},
     {"learner.recompute_layers", -1, GE},
+    {"learner.kl_start_max_params", 0, GE},
     {"learner.lora.rank", 0, GE},
     {"learner.lora.alpha", 0, GT},
 };
@@ -646,6 +647,13 @@ const std::vector<ConfigKey>& config_schema() {
        {},
        "with recomputation on, recompute only the first N decoder layers and keep the others' activations (-1: "
        "every layer; docs/learner-scale.md \"Memory\")"},
+      {"learner.kl_start_max_params",
+       T::Int,
+       "1000000000",
+       false,
+       {},
+       "log kl_start (KL to the start policy) for policies of at most this many parameters, or whenever the "
+       "reference log-probs are computed anyway (kl_coef, pairwise); 0: only then (docs/learner.md)"},
       {"learner.logit_chunk_tokens",
        T::Int,
        "1024",

@@ -57,6 +57,10 @@ StepBatch build_step_batch(const std::vector<replay::ScoredGroup>& groups, int64
   StepBatch out;
   for (const auto& g : groups) {
     ++out.counts.groups_in;
+    if (replay::is_probe(g)) {  // the learning-curve probe measures the policy; it is not trained on
+      ++out.counts.probe_groups;
+      continue;
+    }
     if (current_version - g.policy_version > cfg.max_staleness) {
       ++out.counts.dropped_stale;
       continue;

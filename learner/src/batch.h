@@ -35,6 +35,7 @@ struct BatchCounts {
   int64_t groups_in = 0, groups_used = 0, dropped_stale = 0, skipped_equal = 0, skipped_small = 0;
   int64_t candidates_missing = 0, candidates_malformed = 0;
   int64_t candidates_environment = 0;  // verdicts the machine caused (Result::cause == Cause::environment)
+  int64_t probe_groups = 0;            // probe groups (actors.probe): measured, never trained on
 };
 
 struct StepBatch {
@@ -45,7 +46,9 @@ struct StepBatch {
   int64_t completion_tokens() const;
 };
 
-// Filters and scores `groups` for a learner at `current_version`. A group is dropped
+// Filters and scores `groups` for a learner at `current_version`. A probe group
+// (replay::is_probe: the actors' learning-curve probe) is never trained on: it is counted
+// in groups_in and probe_groups and left out. A group is dropped
 // when current_version - policy_version > max_staleness (counted), skipped when its
 // rewards are all equal (GRPO and pairwise: no signal) or fewer than two candidates
 // have results and usable tokens. Candidates with a missing result, no completion

@@ -97,6 +97,7 @@ std::vector<std::pair<std::string, double>> step_scalars(const StepStats& st) {
                                                      {"gpu_wait_seconds", st.gpu_wait_seconds},
                                                      {"buckets_in_backward", double(st.buckets_in_backward)},
                                                      {"padding_fraction", st.padding_fraction}};
+  if (st.kl_start >= 0) out.emplace_back("kl_start", st.kl_start);
   // Truncation is known only when the model names its end-of-sequence ids.
   if (st.truncated_fraction >= 0) out.emplace_back("truncated_fraction", st.truncated_fraction);
   return out;
@@ -116,6 +117,7 @@ struct Learner::Impl {
   policy::GpuShare gpu_share;  // shared hold of a GPU the run's evaluator may be timing on
   bool autocast = false;
   bool reference_is_base = false;  // LoRA: reference log-probs from the model, adapters off
+  bool kl_start = false;           // log kl_start: KL to the start policy (the reference)
   std::string config_json;
 };
 
@@ -205,9 +207,11 @@ Learner::Learner(LearnerConfig cfg, LearnerDeps deps) : cfg_(std::move(cfg)), de
   // only: every weight, or with LoRA just the adapters.
   for (const auto& p : model_->named_parameters())
     if (p.value().requires_grad()) impl_->params.emplace_back(p.key(), p.value());
-  if (cfg_.needs_reference() && lora) {
+  // The reference is the start policy: for kl_coef, the pairwise objective and kl_start.
+  impl_->kl_start = cfg_.logs_kl_start(model_params);
+  if ((cfg_.needs_reference() || impl_->kl_start) && lora) {
     impl_->reference_is_base = true;  // the frozen base itself: the model with adapters off
-  } else if (cfg_.needs_reference()) {
+  } else if (cfg_.needs_reference() || impl_->kl_start) {
     impl_->reference = policy::CausalLM(mc, opts);
     torch::NoGradGuard ng;
     auto rp = impl_->reference->named_parameters();
@@ -239,9 +243,10 @@ Learner::Learner(LearnerConfig cfg, LearnerDeps deps) : cfg_(std::move(cfg)), de
   if (deps_.snapshots && deps_.comm->rank() == 0 && cfg_.snapshot_every > 0)
     impl_->publisher = std::make_unique<SnapshotPublisher>(
         model_, deps_.snapshots, cfg_.snapshot_dtype == "fp32" ? torch::kFloat32 : torch::kBFloat16);
-  for (const char* k : {"steps", "empty_steps", "groups_in", "groups_used", "dropped_stale", "skipped_equal",
-                        "skipped_small", "candidates_missing", "candidates_malformed", "candidates_environment",
-                        "groups_excluded", "waiting_steps", "tokens", "sequences", "pairs", "publishes", "checkpoints"})
+  for (const char* k :
+       {"steps", "empty_steps", "groups_in", "groups_used", "dropped_stale", "skipped_equal", "skipped_small",
+        "candidates_missing", "candidates_malformed", "candidates_environment", "groups_excluded", "probe_groups",
+        "waiting_steps", "tokens", "sequences", "pairs", "publishes", "checkpoints"})
     counters_[k] = 0;
   int64_t trainable = 0;
   for (const auto& [name, t] : impl_->params) trainable += t.numel();
@@ -366,6 +371,7 @@ StepStats Learner::step() {
     }
   }
   auto groups = std::move(pending_);
+  const int64_t before_in = counters_["groups_in"];
   pending_.clear();
   // Groups of tasks the evaluator flagged degenerate (exclude_from_training): their
   // rewards measure nothing, so they are left out; one log line per task.
@@ -397,6 +403,7 @@ StepStats Learner::step() {
   counters_["candidates_missing"] += bc.candidates_missing;
   counters_["candidates_malformed"] += bc.candidates_malformed;
   counters_["candidates_environment"] += bc.candidates_environment;
+  counters_["probe_groups"] += bc.probe_groups;
 
   // GPU work from here to the optimizer step holds the GPU shared, paused between
   // micro-batches so an evaluator's timed trial waits at most one micro-batch.
@@ -414,13 +421,21 @@ StepStats Learner::step() {
   // Packed: rows of whole sequences (pairwise: whole groups) back to back, no padding.
   const auto mbs = cfg_.pack ? pack_sequences(batch, cfg_.micro_batch_tokens, cfg_.uses_pairwise())
                              : pack_micro_batches(batch, cfg_.micro_batch_tokens);
-  std::vector<double> cv = {static_cast<double>(batch.completion_tokens()), static_cast<double>(batch.seqs.size()),
-                            static_cast<double>(batch.pairs.size()), static_cast<double>(bc.groups_used),
-                            static_cast<double>(truncated)};
+  // Groups taken this step, the degenerate ones left out before the batch included.
+  const auto taken = counters_["groups_in"] - before_in;
+  std::vector<double> cv = {static_cast<double>(batch.completion_tokens()),
+                            static_cast<double>(batch.seqs.size()),
+                            static_cast<double>(batch.pairs.size()),
+                            static_cast<double>(bc.groups_used),
+                            static_cast<double>(truncated),
+                            static_cast<double>(taken),
+                            static_cast<double>(bc.skipped_equal),
+                            static_cast<double>(bc.probe_groups)};
   // Per rank: its longest completion, then (sharded parameters) its micro-batch count.
-  cv.resize(5 + 2 * comm.world(), 0.0);
-  cv[5 + comm.rank()] = static_cast<double>(longest);
-  cv[5 + comm.world() + comm.rank()] = static_cast<double>(mbs.size());
+  constexpr int64_t kShared = 8;  // the sums above
+  cv.resize(kShared + 2 * comm.world(), 0.0);
+  cv[kShared + comm.rank()] = static_cast<double>(longest);
+  cv[kShared + comm.world() + comm.rank()] = static_cast<double>(mbs.size());
   auto counts = torch::tensor(cv, torch::kFloat64).to(deps_.device);
   comm.all_reduce_sum(counts);
   const auto c = counts.to(torch::kCPU);
@@ -429,9 +444,12 @@ StepStats Learner::step() {
   st.sequences = static_cast<int64_t>(n_seq);
   st.pairs = static_cast<int64_t>(n_pairs);
   st.groups = static_cast<int64_t>(c[3].item<double>());
+  st.groups_in = static_cast<int64_t>(c[5].item<double>());
+  st.skipped_equal = static_cast<int64_t>(c[6].item<double>());
+  st.probe_groups = static_cast<int64_t>(c[7].item<double>());
   if (n_seq > 0) {
     st.response_length_mean = n_tok / n_seq;
-    st.response_length_max = static_cast<int64_t>(c.narrow(0, 5, comm.world()).max().item<double>());
+    st.response_length_max = static_cast<int64_t>(c.narrow(0, kShared, comm.world()).max().item<double>());
     if (!eos.empty()) st.truncated_fraction = c[4].item<double>() / n_seq;
   }
   const bool any_grpo = cfg_.uses_grpo() && n_seq > 0;
@@ -439,8 +457,9 @@ StepStats Learner::step() {
   // Sharded parameters: every forward and backward gathers each layer, a collective, so
   // every rank runs as many micro-batches as the busiest one (the others run empty ones).
   const std::size_t n_mb =
-      impl_->params_sharded ? static_cast<std::size_t>(c.narrow(0, 5 + comm.world(), comm.world()).max().item<double>())
-                            : mbs.size();
+      impl_->params_sharded
+          ? static_cast<std::size_t>(c.narrow(0, kShared + comm.world(), comm.world()).max().item<double>())
+          : mbs.size();
   if (!any_grpo && !any_pairs) {
     ++counters_["empty_steps"];
     st.step = step_;
@@ -451,8 +470,9 @@ StepStats Learner::step() {
 
   impl_->buckets->zero();
   // grpo loss, pairwise loss, clipped, ratio, kl, micro-batches, then token sums of the
-  // behaviour KL (k3) and of the entropy, then padding and all token slots of the rows.
-  auto stats = torch::zeros({10}, dopts);
+  // behaviour KL (k3) and of the entropy, then padding and all token slots of the rows, then
+  // the token sum of the KL to the start policy (k3).
+  auto stats = torch::zeros({11}, dopts);
   for (std::size_t k = 0; k < mbs.size(); ++k) {
     if (k > 0) impl_->gpu_share.pause_point();
     if (k + 1 == mbs.size()) impl_->buckets->arm();
@@ -492,6 +512,11 @@ StepStats Learner::step() {
       const auto d = logp.detach() - beh;  // log r, r = pi / pi_behaviour
       stats[6] += ((torch::exp(d) - 1 - d) * comp).sum().to(torch::kFloat64);
       stats[7] += (cur.entropy * comp).sum().to(torch::kFloat64);
+      if (impl_->kl_start && ref.defined()) {  // KL(current || start): d = log p_start - log p
+        // fp64: early in a run d is tiny and exp(d) - 1 - d cancels in fp32.
+        const auto ds = ref.to(torch::kFloat64) - logp.detach().to(torch::kFloat64);
+        stats[10] += ((torch::exp(ds) - 1 - ds) * comp.to(torch::kFloat64)).sum();
+      }
     }
     torch::Tensor loss = torch::zeros({}, logp.options());
     if (any_grpo) {
@@ -563,6 +588,7 @@ StepStats Learner::step() {
   st.kl_behaviour = s[6].item<double>() / n_tok;
   st.entropy = s[7].item<double>() / n_tok;
   st.padding_fraction = s[9].item<double>() > 0 ? s[8].item<double>() / s[9].item<double>() : 0.0;
+  if (impl_->kl_start) st.kl_start = s[10].item<double>() / n_tok;
   impl_->gpu_share.leave();
   if (cfg_.grpo.aggregation == Aggregation::sequence || !any_grpo) st.clip_fraction = st.mean_ratio = 0;
   st.updated = true;
@@ -704,7 +730,12 @@ void Learner::load_checkpoint(const std::string& path, bool restore_shm) {
   impl_->buckets->store_shards();
   for (const auto& [name, t] : read_tensors(path + "/optimizer.safetensors"))
     impl_->opt->load_state_tensor(name, t.to(deps_.device));
-  if (impl_->reference) {
+  if (impl_->reference && !std::ifstream(path + "/reference.safetensors").good()) {
+    // A checkpoint of a run that kept no reference (kl_start and kl_coef off): the copy
+    // made at start-up from learner.policy (or the seeded init) is the start policy.
+    log_info("learner rank ", deps_.comm->rank(), ": ", path,
+             " holds no reference weights; the start policy is taken from learner.policy (or the seeded init)");
+  } else if (impl_->reference) {
     auto rp = impl_->reference->named_parameters();
     for (const auto& [name, t] : read_tensors(path + "/reference.safetensors")) {
       auto* p = rp.find(name);

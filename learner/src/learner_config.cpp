@@ -72,6 +72,7 @@ LearnerConfig learner_config_from(const kf::Config& c) {
   l.logit_chunk_tokens = c.get_int("learner.logit_chunk_tokens");
   l.recompute_min_params = c.get_int("learner.recompute_min_params");
   l.recompute_layers = c.get_int("learner.recompute_layers");
+  l.kl_start_max_params = c.get_int("learner.kl_start_max_params");
   l.lora_rank = c.get_int("learner.lora.rank");
   l.lora_alpha = c.get_float("learner.lora.alpha");
   l.lora_targets = c.get_strings("learner.lora.targets");
@@ -104,6 +105,7 @@ LearnerConfig learner_config_from(const kf::Config& c) {
   require(l.logit_chunk_tokens >= 1, src + "learner.logit_chunk_tokens", "must be >= 1");
   require(l.recompute_min_params >= 0, src + "learner.recompute_min_params", "must be >= 0 (0: off)");
   require(l.recompute_layers >= -1, src + "learner.recompute_layers", "must be >= -1 (-1: every layer)");
+  require(l.kl_start_max_params >= 0, src + "learner.kl_start_max_params", "must be >= 0 (0: only when free)");
   require(l.lora_rank >= 0, src + "learner.lora.rank", "must be >= 0 (0: no LoRA)");
   require(l.lora_alpha > 0, src + "learner.lora.alpha", "must be > 0");
   // ZeRO-3 shards trainable weights; LoRA's trainable weights are the adapters (megabytes)

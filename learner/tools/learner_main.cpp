@@ -283,6 +283,8 @@ int main(int argc, char** argv) {
     if (rank == 0 && (shm || run_dir_given))
       metrics = std::make_unique<kf::MetricsWriter>(run_dir + "/metrics", "learner");
     int64_t empty_steps = 0;  // since the last metrics line
+    // Groups since the last metrics line (all ranks): taken, skipped for equal rewards, probes.
+    int64_t groups_in = 0, skipped_equal = 0, probe_groups = 0;
     auto last_line = std::chrono::steady_clock::now();
     bool run_stopped = false;
     while (forever || learner.steps_done() < lc.steps) {
@@ -318,11 +320,17 @@ int main(int argc, char** argv) {
       if (metrics) {
         const auto now = std::chrono::steady_clock::now();
         if (!st.updated) ++empty_steps;
+        groups_in += st.groups_in;
+        skipped_equal += st.skipped_equal;
+        probe_groups += st.probe_groups;
         if (st.updated || now - last_line >= std::chrono::seconds(30)) {
           std::vector<std::pair<std::string, double>> m = {{"updated", st.updated ? 1.0 : 0.0},
                                                            {"groups", double(st.groups)},
                                                            {"seconds", st.seconds},
-                                                           {"empty_steps", double(empty_steps)}};
+                                                           {"empty_steps", double(empty_steps)},
+                                                           {"groups_in", double(groups_in)},
+                                                           {"skipped_equal", double(skipped_equal)},
+                                                           {"probe_groups", double(probe_groups)}};
           if (st.updated) {
             const auto trained = kf::learner::step_scalars(st);
             m.insert(m.end(), trained.begin(), trained.end());
@@ -334,6 +342,7 @@ int main(int argc, char** argv) {
             metrics.reset();
           }
           empty_steps = 0;
+          groups_in = skipped_equal = probe_groups = 0;
           last_line = now;
         }
       }

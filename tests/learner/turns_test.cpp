@@ -2,6 +2,7 @@
 // two-turn conversation group goes through the real replay buffer (turn 1 opened held, read
 // and released as the actor does; turn 2 with one prompt per member) and build_step_batch
 // gives each turn its per-turn leave-one-out advantages, computed here from the rewards.
+// The learning-curve probe's groups (held and read the same way) are never trained on.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -196,4 +197,48 @@ TEST(LearnerTurnsTest, CandidateRecordsOfTheSingleTurnFormatStillDecode) {
   } catch (const kf::Error& e) {
     EXPECT_NE(std::string(e.what()).find("turn"), std::string::npos) << e.what();
   }
+}
+
+// The actors' learning-curve probe (actors.probe): a probe group travels the real replay
+// buffer as actor 0 handles it (opened held, scored, read and released), and the learner
+// takes it with a group to train on. build_step_batch counts it and leaves it out: none of
+// its tokens reach the batch, even though its rewards differ (a group it would train on).
+TEST(LearnerBatchTest, ProbeGroupsAreCountedAndNeverTrainedOn) {
+  Shm shm;
+  auto single = [](uint64_t group, uint32_t index, bool probe) {
+    rp::Candidate c = member(group, index, 1, {1, 2, 3}, {40 + int32_t(group), 41, int32_t(index)});
+    c.turns = 1;
+    c.probe = probe;
+    return c;
+  };
+  std::vector<rp::Candidate> probe, train;
+  for (uint32_t i = 0; i < 3; ++i) probe.push_back(single(20, i, true));
+  for (uint32_t i = 0; i < 3; ++i) train.push_back(single(21, i, false));
+  ASSERT_TRUE(shm.rb.open_group(probe, 10s, 0ms, /*hold=*/true));
+  ASSERT_TRUE(shm.rb.open_group(train, 10s, 0ms));
+  score(shm.rb, probe, {1.0, -3.0, 0.5});
+  score(shm.rb, train, {2.0, -3.0, 1.0});
+  rp::ScoredGroup seen;
+  ASSERT_EQ(shm.rb.peek_group(20, &seen, /*release=*/true), rp::GroupPeek::ready);
+  std::vector<rp::ScoredGroup> taken;
+  ASSERT_EQ(shm.rb.take_ready(taken, 8, 0, 100, 0ms), 2u);
+  std::size_t probes = 0;
+  for (const auto& g : taken) probes += rp::is_probe(g) ? 1 : 0;
+  EXPECT_EQ(probes, 1u) << "the probe flag travels in the group's candidate records";
+
+  LearnerConfig cfg;
+  const auto b = build_step_batch(taken, 0, cfg);
+  EXPECT_EQ(b.counts.groups_in, 2);
+  EXPECT_EQ(b.counts.probe_groups, 1);
+  EXPECT_EQ(b.counts.groups_used, 1);
+  EXPECT_EQ(b.counts.skipped_equal, 0);
+  ASSERT_EQ(b.seqs.size(), 3u);
+  for (const auto& s : b.seqs) EXPECT_EQ(s.tokens[3], 40 + 21) << "a probe completion reached the batch";
+  // The same group without the flag is trained on.
+  for (auto& g : taken)
+    for (auto& c : g.candidates) c.probe = false;
+  const auto all = build_step_batch(taken, 0, cfg);
+  EXPECT_EQ(all.counts.probe_groups, 0);
+  EXPECT_EQ(all.counts.groups_used, 2);
+  EXPECT_EQ(all.seqs.size(), 6u);
 }

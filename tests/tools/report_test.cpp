@@ -903,13 +903,19 @@ TEST(ReportTest, LearnerRunWritesStepMetrics) {
     const auto& l = lines[i];
     EXPECT_EQ(l["step"], i + 1) << l;
     EXPECT_EQ(l["updated"], 1) << l;
-    for (const char* key :
-         {"time", "loss", "grad_norm", "lr", "groups", "tokens", "seconds", "clip_fraction", "publish_stall_ms",
-          "kl_behaviour", "entropy", "response_length_mean", "response_length_max"})
+    for (const char* key : {"time", "loss", "grad_norm", "lr", "groups", "tokens", "seconds", "clip_fraction",
+                            "publish_stall_ms", "kl_behaviour", "entropy", "response_length_mean",
+                            "response_length_max", "kl_start", "groups_in", "skipped_equal", "probe_groups"})
       EXPECT_TRUE(l.contains(key) && l[key].is_number()) << key << " in " << l;
     EXPECT_GT(l["tokens"].get<int64_t>(), 0) << l;
     EXPECT_GT(l["grad_norm"].get<double>(), 0.0) << l;
+    EXPECT_GE(l["groups_in"].get<int64_t>(), l["groups"].get<int64_t>()) << l;
+    EXPECT_EQ(l["probe_groups"], 0) << l;  // the synthetic stream has no probe
   }
+  // KL to the start policy (the tiny model is under learner.kl_start_max_params): none
+  // before the first update, some once the weights moved (little at this learning rate).
+  EXPECT_EQ(lines[0]["kl_start"].get<double>(), 0.0) << lines[0];
+  EXPECT_GT(lines[2]["kl_start"].get<double>(), 0.0) << lines[2];
   bool events = false;
   for (const auto& e : std::filesystem::directory_iterator(run + "/metrics"))
     events |= e.path().filename().string().rfind("events.out.tfevents.", 0) == 0 &&

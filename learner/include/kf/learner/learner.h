@@ -123,6 +123,11 @@ struct LearnerConfig {
   // With recomputation on, recompute only the first N decoder layers and keep the others'
   // activations (-1: every layer). Fewer recomputed layers: faster steps, more memory.
   int64_t recompute_layers = -1;
+  // kl_start (KL to the start policy, docs/learner.md): computed when the step takes the
+  // reference log-probs anyway (kl_coef, pairwise) or the policy has at most this many
+  // parameters (one more no-grad forward per micro-batch; without LoRA a frozen copy of
+  // the start weights too). 0: only when it comes free.
+  int64_t kl_start_max_params = 1000000000;
   // Completion positions per chunk of the vocabulary projection + log-softmax.
   int64_t logit_chunk_tokens = 1024;
   // LoRA: rank 0 trains every weight; rank > 0 freezes the base and trains adapters on
@@ -134,6 +139,10 @@ struct LearnerConfig {
   bool uses_grpo() const { return objective != Objective::pairwise; }
   bool uses_pairwise() const { return objective != Objective::grpo; }
   bool needs_reference() const { return uses_pairwise() || (uses_grpo() && grpo.kl_coef != 0.0); }
+  // Whether the steps log kl_start for a policy of `params` parameters.
+  bool logs_kl_start(int64_t params) const {
+    return needs_reference() || (kl_start_max_params > 0 && params <= kl_start_max_params);
+  }
 };
 
 // Reads the `learner.*` keys (and run.seed). Throws kf::Error naming the key for a value
@@ -437,6 +446,13 @@ struct StepStats {
   int64_t buckets_in_backward = 0;
   // Share of the micro-batches' token slots that were padding, all ranks (0 when packed).
   double padding_fraction = 0;
+  // k3 estimate of KL(current || start policy) over all ranks' completion tokens: mean of
+  // exp(d) - 1 - d, d = log p_start - log p (LearnerConfig::kl_start_max_params); -1 when
+  // not computed.
+  double kl_start = -1;
+  // Groups this step took, all ranks (set also on steps that did not train): in all, skipped
+  // for equal rewards, and probe groups (Candidate::probe), never trained on.
+  int64_t groups_in = 0, skipped_equal = 0, probe_groups = 0;
 };
 
 // The figures of a step that trained, by name (metrics/learner.jsonl, TensorBoard).
@@ -500,7 +516,7 @@ class Learner {
 // step-<12 digits>, holding
 //   model.safetensors       trainable weights (fp32, HF names)
 //   optimizer.safetensors   AdamW exp_avg / exp_avg_sq per parameter
-//   reference.safetensors   the frozen reference (only when the objective needs one)
+//   reference.safetensors   the frozen reference, the start policy (when the objective or kl_start needs one)
 //   config.json, tokenizer.json   the policy's HF config (and tokenizer, if it has one)
 //   state.json              step, version, schedule, RNG states, counters, config echo
 //   replay.bin, kernel_db.json    replay contents and kernel database (rank 0, when attached)
