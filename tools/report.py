@@ -9,10 +9,14 @@ Reads (each optional; a missing or corrupt file is skipped with a warning naming
                                    level, verdict, speedup, reason, ...)
   RUN_DIR/metrics/groups-*.jsonl   each actor's lines, one per group (the prompt's exemplars
                                    shown and cut, completions, extraction failures)
+  RUN_DIR/metrics/probe.jsonl      actor 0's learning-curve probe, one line per probed
+                                   policy version (reward_mean, pass_rate, per task)
   RUN_DIR/kernels/kernel_db.json   the kernel database saved at checkpoint
-Writes into --out (default RUN_DIR/report): reward.png, speedup.png, verdicts.png,
-throughput.png and index.html (the plots plus the best kernel of each task), and prints
-each path written. From the verdict logs, when there are any: windows.json and windows.png
+Writes into --out (default RUN_DIR/report): reward.png, learner.png, learning.png (the
+learning curve: probe reward and pass rate by policy version next to kl_start, entropy,
+clip fraction, completion lengths and the share of groups skipped for equal rewards),
+speedup.png, verdicts.png, throughput.png and index.html (the plots, the probe table plus the
+best kernel of each task), and prints each path written. From the verdict logs, when there are any: windows.json and windows.png
 (per 1-minute window: verified, correct %, fast_1 %, mean / median / best / within-task
 speedup of the ok results; the first-vs-final-window ratios and the within-task trend), a
 per-level table, compile errors by first error line, what each kind of prompt produced
@@ -1122,6 +1126,127 @@ def plot_windows(plt, summary, out):
     return save(fig, out, "windows.png")
 
 
+def skipped_share(rec):
+    """Share of the trained-on groups a learner line skipped for equal rewards (probe groups
+    are not trained on and do not count), or None."""
+    taken, skipped, probes = num(rec, "groups_in"), num(rec, "skipped_equal"), num(rec, "probe_groups") or 0.0
+    if taken is None or skipped is None or taken - probes <= 0:
+        return None
+    return skipped / (taken - probes)
+
+
+def probe_points(probes):
+    """Probe lines (metrics/probe.jsonl) by policy version, oldest first; a version probed
+    twice (actor 0 restarted) keeps its last line."""
+    by_version = {}
+    for r in probes or []:
+        v = num(r, "policy_version")
+        if v is None:
+            v = num(r, "step")
+        if v is not None and num(r, "reward_mean") is not None:
+            by_version[int(v)] = r
+    return [by_version[v] for v in sorted(by_version)]
+
+
+def learner_at(learner, version):
+    """The last learner line that trained at a step <= version (the step that made the policy
+    version `version` is step `version`), or None."""
+    best = None
+    for r in learner or []:
+        s = num(r, "step")
+        if s is not None and s <= version and num(r, "updated") != 0.0 and num(r, "loss") is not None:
+            if best is None or s >= num(best, "step"):
+                best = r
+    return best
+
+
+LEARNING_HEADERS = ["policy version", "samples", "scored", "mean reward", "pass %", "lost groups",
+                    "kl_start", "entropy", "clip fraction", "completion tokens", "skipped equal %"]
+
+
+def learning_rows(probes, learner):
+    rows = []
+    for p in probe_points(probes):
+        v = int(num(p, "policy_version") if num(p, "policy_version") is not None else num(p, "step"))
+        at = learner_at(learner, v) or {}
+        share = skipped_share(at) if at else None
+        pass_rate = num(p, "pass_rate")
+        rows.append([str(v), fmt(num(p, "samples")), fmt(num(p, "scored")), f"{num(p, 'reward_mean'):.3f}",
+                     "–" if pass_rate is None else f"{100 * pass_rate:.1f}", fmt(num(p, "lost_groups")),
+                     fmt(num(at, "kl_start")), fmt(num(at, "entropy")), fmt(num(at, "clip_fraction")),
+                     fmt(num(at, "response_length_mean")), "–" if share is None else f"{100 * share:.1f}"])
+    return rows
+
+
+LEARNING_TITLE = ("Learning curve (metrics/probe.jsonl): actor 0's probe, the same fixed prompts and seeds at each "
+                  "probed policy version, never trained on; mean reward and pass % over its scored samples. The "
+                  "learner columns are those of the last step that trained at or before that version "
+                  "(metrics/learner.jsonl; skipped equal % = groups skipped for equal rewards / groups trained "
+                  "on or skipped).")
+
+
+def print_learning_table(probes, learner):
+    rows = learning_rows(probes, learner)
+    if not rows:
+        return
+    print(LEARNING_TITLE)
+    print(text_table(LEARNING_HEADERS, rows))
+    print()
+
+
+def plot_learning(plt, probes, learner, out):
+    """The learning curve: the probe's reward and pass rate by policy version, next to what
+    the learner saw on the same axis (learner step = the policy version it produced)."""
+    fig, axes = plt.subplots(4, 2, figsize=(12, 14))
+    (a, b), (c, d), (e, f), (g, h) = axes
+    points = probe_points(probes)
+    versions = [int(num(p, "policy_version") if num(p, "policy_version") is not None else num(p, "step"))
+                for p in points]
+    curves = [("mean, all probe tasks", versions, [num(p, "reward_mean") for p in points])]
+    tasks = sorted({t for p in points for t in (p.get("tasks") or {}) if isinstance(p.get("tasks"), dict)})
+    for t in tasks:
+        xs, ys = [], []
+        for v, p in zip(versions, points):
+            rec = (p.get("tasks") or {}).get(t)
+            if isinstance(rec, dict) and num(rec, "reward_mean") is not None and (num(rec, "scored") or 0) > 0:
+                xs.append(v)
+                ys.append(num(rec, "reward_mean"))
+        curves.append((t, xs, ys))
+    plot_lines(a, curves, "policy version", "mean reward", "probe (metrics/probe.jsonl)")
+    a.set_title("Probe: mean reward on fixed prompts")
+    plot_lines(b, [("pass rate (ok / scored)", versions, [num(p, "pass_rate") for p in points])],
+               "policy version", "fraction", "probe (metrics/probe.jsonl)")
+    b.set_title("Probe: pass rate")
+    plot_lines(c, [("KL to the start policy (k3)", *series(learner, "step", "kl_start"))],
+               "learner step", "KL", "kl_start (metrics/learner.jsonl)")
+    c.set_title("KL to the start policy")
+    plot_lines(d, [("entropy", *series(learner, "step", "entropy"))],
+               "learner step", "nats / token", "entropy (metrics/learner.jsonl)")
+    d.set_title("Entropy")
+    plot_lines(e, [("clip fraction", *series(learner, "step", "clip_fraction"))],
+               "learner step", "fraction of completion tokens", "clip_fraction (metrics/learner.jsonl)")
+    e.set_title("Clipped tokens")
+    plot_lines(f, [("mean", *series(learner, "step", "response_length_mean")),
+                   ("max", *series(learner, "step", "response_length_max"))],
+               "learner step", "completion tokens", "response lengths (metrics/learner.jsonl)")
+    f.set_title("Completion length")
+    xs, ys = [], []
+    for r in learner or []:
+        s, share = num(r, "step"), skipped_share(r)
+        if s is not None and share is not None:
+            xs.append(s)
+            ys.append(share)
+    plot_lines(g, [("skipped for equal rewards", xs, ys)], "learner step", "share of the groups",
+               "groups_in / skipped_equal (metrics/learner.jsonl)")
+    g.set_title("Groups without signal")
+    plot_lines(h, [("scored", versions, [num(p, "scored") for p in points]),
+                   ("samples", versions, [num(p, "samples") for p in points])],
+               "policy version", "probe samples", "probe (metrics/probe.jsonl)")
+    h.set_title("Probe samples")
+    fig.tight_layout()
+    return save(fig, out, "learning.png")
+
+
 def save(fig, out, name):
     path = os.path.join(out, name)
     fig.savefig(path, dpi=90, bbox_inches="tight")
@@ -1209,8 +1334,9 @@ def verdict_html(summary, windows_png):
     return parts
 
 
-def write_html(out, run_dir, pngs, run, learner, kernels, sources, verdicts=None):
-    """verdicts: (summary, windows.png path) from the verdict logs, or None when there are none."""
+def write_html(out, run_dir, pngs, run, learner, kernels, sources, verdicts=None, probes=None):
+    """verdicts: (summary, windows.png path) from the verdict logs, or None when there are none;
+    probes: the lines of metrics/probe.jsonl."""
     e = html.escape
     parts = [
         "<!DOCTYPE html>", "<html><head><meta charset=\"utf-8\">",
@@ -1237,6 +1363,13 @@ def write_html(out, run_dir, pngs, run, learner, kernels, sources, verdicts=None
     for title, path in pngs:
         name = os.path.basename(path)
         parts.append(f"<h3>{e(title)}</h3><img src=\"{e(name)}\" alt=\"{e(title)}\">")
+        if name == "learning.png":
+            rows = learning_rows(probes, learner)
+            if rows:
+                parts.append(f"<p>{e(LEARNING_TITLE)}</p>")
+                parts.append(html_table(LEARNING_HEADERS, rows))
+            else:
+                parts.append("<p>No learning-curve probe in this run (metrics/probe.jsonl; actors.probe.every).</p>")
     if verdicts is not None:
         parts += verdict_html(*verdicts)
     parts.append("<h2>Best kernel per task</h2>")
@@ -1295,6 +1428,10 @@ def main(argv):
 
     learner = load(os.path.join(metrics, "learner.jsonl"))
     run = load(os.path.join(metrics, "run.jsonl"))
+    probe_path = os.path.join(metrics, "probe.jsonl")
+    probes = read_jsonl(probe_path) if os.path.exists(probe_path) else None  # runs without the probe: none
+    if probes is not None:
+        sources.append(os.path.relpath(probe_path, run_dir))
     actors = []
     for path in sorted(glob.glob(os.path.join(metrics, "actor-*.jsonl"))):
         recs = read_jsonl(path)
@@ -1354,6 +1491,7 @@ def main(argv):
             pool.append(recs)
         summary["within_task_pooled"] = pooled_within_task(pool)
         summary["pooled_runs"] = [run_dir] + args.pool
+    print_learning_table(probes, learner)
     if summary is not None:
         print_verdict_tables(summary)
     elif verdict_paths:
@@ -1366,6 +1504,7 @@ def main(argv):
     try:
         pngs = [("Reward and loss", plot_reward(plt, learner, run, out)),
                 ("Learner health", plot_learner(plt, learner, run, out)),
+                ("Learning curve", plot_learning(plt, probes, learner, out)),
                 ("Speedup", plot_speedup(plt, run, out)),
                 ("Verdict mix", plot_verdicts(plt, run, out)),
                 ("Throughput, queues and lag", plot_throughput(plt, run, actors, learner, out))]
@@ -1373,7 +1512,7 @@ def main(argv):
         if summary is not None:
             extra = [plot_windows(plt, summary, out), write_windows_json(out, summary)]
         page = write_html(out, run_dir, pngs, run, learner, kernels, sources,
-                          (summary, extra[0]) if summary is not None else None)
+                          (summary, extra[0]) if summary is not None else None, probes)
     except OSError as ex:
         die(1, f"{ex.filename or out}: cannot write ({ex.strerror})")
     for path in [path for _, path in pngs] + extra:

@@ -151,6 +151,7 @@ Actor::Actor(ActorOptions opts, ActorPolicy policy, std::vector<std::shared_ptr<
   log_info("actor ", opts_.id, ": ", tasks_.size(), " tasks, G=", opts_.group_size, ", K=", opts_.exemplars, ", mode ",
            prompt_mode_name(opts_.mode), ", context ", opts_.context_tokens, " tokens, template ", tpl,
            ", chat template ", chat ? chat->source() : std::string("none (raw text)"));
+  setup_probe();
 }
 
 Actor::~Actor() {
@@ -194,6 +195,7 @@ void Actor::log_group(const GroupJob& job, std::size_t completions, const std::m
     j["turn"] = job.turn;
     j["parent_group"] = job.root_group_id;
   }
+  if (job.probe) j["probe"] = true;
   const std::string line = j.dump() + "\n";
   // One line per write, flushed: a killed actor loses at most the line it was writing.
   if (std::fwrite(line.data(), 1, line.size(), groups_log_) != line.size() || std::fflush(groups_log_) != 0) {
@@ -343,6 +345,7 @@ StepResult Actor::step() {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     return StepResult::no_task;
   }
+  if (probe_due()) return run_probe();
   std::optional<GroupJob> job = next_job();
   if (!job) return StepResult::no_task;
 
@@ -382,6 +385,8 @@ StepResult Actor::step_engine() {
       latest.version >= 0 && latest.version > loaded_version_ && latest.version != rejected_version_;
   if (engine_->idle()) refresh_weights();
   poll_turns();
+  // The probe samples through rollout_group (its fixed seed), so only while nothing decodes.
+  if (engine_->idle() && probe_due() && !(opts_.wait_for_snapshot && m_.snapshots_loaded == 0)) return run_probe();
   const bool may_add =
       !(opts_.wait_for_snapshot && m_.snapshots_loaded == 0) && !(snapshot_waiting && !engine_->idle());
   // Top up: enough sequences to fill max_sequences, plus one group waiting to join as rows
@@ -512,7 +517,8 @@ StepResult Actor::finish_group(GroupJob job, std::vector<RolloutSample> samples)
     c.policy_version = version;
     c.prompt_tokens = job.turn > 1 ? job.members[i].tokens : prompt.tokens;
     c.turn = static_cast<uint32_t>(job.turn);
-    c.turns = static_cast<uint32_t>(opts_.turns);
+    c.turns = job.probe ? 1u : static_cast<uint32_t>(opts_.turns);
+    c.probe = job.probe;
     c.parent_group_id = job.turn > 1 ? job.root_group_id : 0;
     c.parent_index = job.turn > 1 ? job.members[i].parent_index : static_cast<uint32_t>(i);
     c.completion_tokens = comp.tokens;
@@ -548,7 +554,7 @@ StepResult Actor::finish_group(GroupJob job, std::vector<RolloutSample> samples)
   std::vector<bool> may_go_on(samples.size(), false);
   uint64_t too_long = 0;
   const std::size_t budget = static_cast<std::size_t>(opts_.context_tokens - opts_.max_new_tokens);
-  if (job.turn < opts_.turns) {
+  if (!job.probe && job.turn < opts_.turns) {
     for (std::size_t i = 0; i < samples.size(); ++i) {
       const auto& comp = samples[i].completion;
       const std::size_t answer =
@@ -558,8 +564,8 @@ StepResult Actor::finish_group(GroupJob job, std::vector<RolloutSample> samples)
       if (!may_go_on[i]) ++too_long;
     }
   }
-  // The next turn reads the results before the learner takes them.
-  const bool hold = std::find(may_go_on.begin(), may_go_on.end(), true) != may_go_on.end();
+  // The next turn reads the results before the learner takes them; so does a probe.
+  const bool hold = job.probe || std::find(may_go_on.begin(), may_go_on.end(), true) != may_go_on.end();
   bool opened = false;
   try {
     AddSeconds waited{m_.push_wait_s};  // waits only while the replay buffer is full
@@ -572,6 +578,7 @@ StepResult Actor::finish_group(GroupJob job, std::vector<RolloutSample> samples)
     ++m_.groups_dropped;
     ctl.add_counter(slot_, 6, 1);
     log_warn("actor ", opts_.id, ": replay buffer full for 5 s, group for task ", task->name(), " dropped");
+    if (job.probe) ++probe_rounds_[version].rec.lost_groups;
     return StepResult::dropped;
   }
   ++m_.groups;
@@ -585,7 +592,11 @@ StepResult Actor::finish_group(GroupJob job, std::vector<RolloutSample> samples)
              "actors.prompt.context_tokens - actors.sampling.max_new_tokens = ", budget, ")",
              hold ? "" : "; the group is not held, the learner takes it once scored");
   }
-  if (hold) {
+  if (job.probe) {
+    probe_groups_[group_id] = {version, task->name()};
+    probe_since_[group_id] = Clock::now();
+    ++probe_rounds_[version].pending;
+  } else if (hold) {
     Awaiting aw;
     aw.job = job;
     aw.may_go_on = may_go_on;
@@ -755,6 +766,21 @@ void Actor::run(const std::atomic<bool>* stop) {
 }
 
 void Actor::release_held() {
+  if (!probe_groups_.empty()) {
+    std::size_t released = 0;
+    for (const auto& [id, vt] : probe_groups_) {
+      try {
+        if (shm_.replay().release_group(id)) ++released;
+      } catch (const Error& e) {
+        log_error("actor ", opts_.id, ": releasing probe group ", id, " failed (", e.what(),
+                  "); it waits for its deadline");
+      }
+    }
+    log_info("actor ", opts_.id, ": stopping with ", probe_groups_.size(), " probe group(s) not yet scored (", released,
+             " released); their probe is not recorded");
+    probe_groups_.clear();
+    probe_since_.clear();
+  }
   if (awaiting_.empty() && followups_.empty()) return;
   std::size_t released = 0;
   for (const auto& [id, aw] : awaiting_) {
@@ -773,6 +799,7 @@ void Actor::release_held() {
 }
 
 void Actor::poll_turns() {
+  poll_probes();
   if (awaiting_.empty()) return;
   AddSeconds timed{m_.turn_s};
   for (auto it = awaiting_.begin(); it != awaiting_.end();) {
@@ -885,6 +912,255 @@ std::vector<RolloutSample> Actor::sample_members(const GroupJob& job) {
   sp.shared_prefill = false;
   policy::Sampler sampler(policy_.model, nullptr);
   return rollout_samples(policy_.codec, sampler.generate(prompts, sp), opts_.extract);
+}
+
+// --- Learning-curve probe (actors.probe; docs/metrics.md "Learning curve").
+
+namespace {
+uint64_t name_hash(const std::string& s) {  // FNV-1a: a task's name to a seed, stable across builds
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (unsigned char ch : s) h = (h ^ ch) * 0x100000001b3ULL;
+  return h;
+}
+constexpr std::size_t kDefaultProbeTasks = 4;
+}  // namespace
+
+std::vector<std::string> Actor::probe_task_names() const {
+  std::vector<std::string> out;
+  for (const auto& p : probe_) out.push_back(p.task->name());
+  return out;
+}
+
+void Actor::setup_probe() {
+  if (opts_.probe_every <= 0 || opts_.id != 0) return;
+  std::vector<std::string> names = opts_.probe_tasks;
+  if (names.empty()) {
+    for (const auto& t : tasks_) names.push_back(t->name());
+    std::sort(names.begin(), names.end());
+    if (names.size() > kDefaultProbeTasks) names.resize(kDefaultProbeTasks);
+  }
+  for (const auto& name : names) {
+    ProbeTask pt;
+    for (const auto& t : tasks_)
+      if (t->name() == name) pt.task = t.get();
+    if (!pt.task) {  // not in the schedule (a held-out task, say): loaded for the probe alone
+      const std::string dir = opts_.tasks_dir + "/" + name;
+      try {
+        pt.owned = tasks::Task::load(dir);
+      } catch (const Error& e) {
+        throw Error("actors.probe.tasks: task '" + name + "' cannot be loaded from " + opts_.tasks_dir + ": " +
+                    e.what());
+      }
+      if (!pt.owned->has_backend(opts_.backend))
+        throw Error("actors.probe.tasks: task '" + name + "' has no " + tasks::backend_name(opts_.backend) +
+                    " artifact (import it with --backends)");
+      pt.task = pt.owned.get();
+    }
+    pt.seed = splitmix(opts_.seed ^ name_hash(name) ^ 0x9B0BE5EEDULL);
+    probe_.push_back(std::move(pt));
+  }
+  // Prompts fixed by an earlier incarnation of this actor (a restart) are kept.
+  if (!opts_.metrics_dir.empty()) {
+    const std::string path = opts_.metrics_dir + "/probe-prompts.json";
+    std::ifstream in(path);
+    if (in) {
+      try {
+        const auto j = nlohmann::json::parse(in);
+        for (auto& pt : probe_) {
+          const auto it = j.find(pt.task->name());
+          if (it == j.end()) continue;
+          pt.prompt.tokens = it->at("tokens").get<std::vector<int32_t>>();
+          pt.prompt.text = it->value("text", std::string());
+          pt.prompt.mode = opts_.mode;
+        }
+      } catch (const std::exception& e) {
+        log_warn("actor ", opts_.id, ": ", path, " is not a probe prompt file (", e.what(),
+                 "); the probe prompts are built again");
+        for (auto& pt : probe_) pt.prompt = Prompt{};
+      }
+    }
+  }
+  std::string list;
+  for (const auto& pt : probe_) list += (list.empty() ? "" : ", ") + pt.task->name();
+  log_info("actor ", opts_.id, ": learning-curve probe every ", opts_.probe_every,
+           " policy versions (from v0): ", opts_.probe_samples, " samples of each of ", list);
+}
+
+void Actor::save_probe_prompts() {
+  if (opts_.metrics_dir.empty()) return;
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& pt : probe_)
+    if (!pt.prompt.tokens.empty()) j[pt.task->name()] = {{"tokens", pt.prompt.tokens}, {"text", pt.prompt.text}};
+  try {
+    ::mkdir(opts_.metrics_dir.c_str(), 0755);
+    write_file_atomic(opts_.metrics_dir + "/probe-prompts.json", j.dump());
+  } catch (const Error& e) {
+    log_warn("actor ", opts_.id, ": cannot save the probe prompts (", e.what(),
+             "); a restarted actor builds them again");
+  }
+}
+
+StepResult Actor::run_probe() {
+  const int64_t v = version_;
+  probe_next_ = (v / opts_.probe_every + 1) * opts_.probe_every;
+  auto& ctl = shm_.control();
+  probe_rounds_[v].rec.version = v;
+  bool built = false;
+  StepResult res = StepResult::pushed;
+  for (auto& pt : probe_) {
+    if (pt.prompt.tokens.empty()) {
+      try {
+        pt.prompt = build_task_prompt(*pt.task, pt.seed);
+        built = true;
+      } catch (const Error& e) {
+        log_error("actor ", opts_.id, ": probe task ", pt.task->name(), ": ", e.what(), "; it is not probed");
+        ++probe_rounds_[v].rec.lost_groups;
+        continue;
+      }
+    }
+    // Room for the whole group first, as for any group.
+    while (!queue_has_room(1)) {
+      const auto st = ctl.state();
+      if (stopping() || st == replay::RunState::stopped || st == replay::RunState::draining) {
+        probe_rounds_.erase(v);  // an incomplete probe is not recorded
+        return StepResult::stopped;
+      }
+      ctl.heartbeat(slot_);
+      poll_turns();
+      AddSeconds waited{m_.backpressure_s};
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    ++counter_;
+    GroupJob job;
+    job.task = pt.task;
+    job.group_id = fresh_id(opts_.id, counter_);
+    job.version = v;
+    job.prompt = pt.prompt;
+    job.probe = true;
+    auto sp = sampling_params(job.group_id);
+    sp.seed = pt.seed;  // the same noise for sample i at every probe
+    const auto s0 = Clock::now();
+    auto samples = rollout_group(policy_.model, policy_.codec, pt.prompt.tokens, opts_.probe_samples, sp,
+                                 policy_.valid_vocab, opts_.extract, opts_.shared_prefill);
+    const double sampled_s = secs(s0, Clock::now());
+    m_.sample_s += sampled_s;
+    ctl.add_counter(slot_, replay::ControlBlock::kWorkMs, static_cast<uint64_t>(sampled_s * 1e3));
+    ctl.add_counter(slot_, replay::ControlBlock::kGpuWaitMs,
+                    static_cast<uint64_t>((gpu_share_.wait_seconds() - m_.gpu_wait_s) * 1e3));
+    m_.gpu_wait_s = gpu_share_.wait_seconds();
+    const auto got = finish_group(std::move(job), std::move(samples));
+    if (got != StepResult::pushed) res = got;
+    if (got == StepResult::stopped) break;
+  }
+  if (built) save_probe_prompts();
+  // No group opened (every task failed): the probe is recorded as lost at once.
+  auto it = probe_rounds_.find(v);
+  if (it != probe_rounds_.end() && it->second.pending == 0) {
+    if (res != StepResult::stopped) finish_probe(it->second);
+    probe_rounds_.erase(it);
+  }
+  return res;
+}
+
+void Actor::poll_probes() {
+  for (auto it = probe_groups_.begin(); it != probe_groups_.end();) {
+    const uint64_t id = it->first;
+    const auto [v, task] = it->second;
+    replay::ScoredGroup g;
+    replay::GroupPeek st = replay::GroupPeek::absent;
+    try {
+      st = shm_.replay().peek_group(id, &g, /*release=*/true);
+    } catch (const Error& e) {
+      log_error("actor ", opts_.id, ": reading probe group ", id, " failed (", e.what(), ")");
+    }
+    if (st == replay::GroupPeek::pending) {
+      // The replay deadline makes a group ready; this guards against one that never is.
+      if (secs(probe_since_[id], Clock::now()) <= opts_.group_deadline_s + 60) {
+        ++it;
+        continue;
+      }
+      shm_.replay().release_group(id);
+      st = replay::GroupPeek::absent;
+    }
+    auto rit = probe_rounds_.find(v);
+    if (rit != probe_rounds_.end()) {
+      ProbeRound& round = rit->second;
+      if (st == replay::GroupPeek::absent) {
+        ++round.rec.lost_groups;
+        log_warn("actor ", opts_.id, ": probe group ", id, " (task ", task, ", v", v,
+                 ") left the replay buffer before it was read; the probe of v", v, " goes on without it");
+      } else {
+        ProbeTally& t = round.rec.tasks[task];
+        for (std::size_t i = 0; i < g.candidates.size(); ++i) {
+          ++t.samples;
+          if (i >= g.results.size() || (i < g.missing.size() && g.missing[i]) ||
+              g.results[i].cause == replay::Cause::environment)
+            continue;
+          ++t.scored;
+          t.reward_sum += g.results[i].reward;
+          if (g.results[i].verdict == replay::Verdict::ok) ++t.ok;
+        }
+      }
+      if (--round.pending == 0) {
+        finish_probe(round);
+        probe_rounds_.erase(rit);
+      }
+    }
+    probe_since_.erase(id);
+    it = probe_groups_.erase(it);
+  }
+}
+
+void Actor::finish_probe(ProbeRound& round) {
+  ProbeRecord& r = round.rec;
+  for (const auto& [task, t] : r.tasks) {
+    r.all.samples += t.samples;
+    r.all.scored += t.scored;
+    r.all.ok += t.ok;
+    r.all.reward_sum += t.reward_sum;
+  }
+  probe_done_.push_back(r);
+  char line[160];
+  std::snprintf(line, sizeof line, "mean reward %.3f, pass rate %.1f %% (%llu of %llu samples scored, %zu tasks",
+                r.reward_mean(), 100.0 * r.pass_rate(), static_cast<unsigned long long>(r.all.scored),
+                static_cast<unsigned long long>(r.all.samples), r.tasks.size());
+  log_info("actor ", opts_.id, ": probe of v", r.version, ": ", line,
+           r.lost_groups ? ", " + std::to_string(r.lost_groups) + " group(s) lost)" : std::string(")"));
+  // The launcher's status line reads it (rendezvous key "probe", <= 256 bytes).
+  const std::string brief = nlohmann::json{
+      {"version", r.version},
+      {"reward", r.reward_mean()},
+      {"pass", r.pass_rate()},
+      {"scored", r.all.scored},
+      {"samples",
+       r.all.samples}}.dump();
+  try {
+    shm_.control().rendezvous_put("probe", brief.data(), brief.size());
+  } catch (const Error& e) {
+    log_warn("actor ", opts_.id, ": probe not published to the status line (", e.what(), ")");
+  }
+  if (opts_.metrics_dir.empty() || probe_metrics_failed_) return;
+  try {
+    if (!probe_metrics_) probe_metrics_ = std::make_unique<MetricsWriter>(opts_.metrics_dir, "probe");
+    nlohmann::json per_task = nlohmann::json::object();
+    for (const auto& [task, t] : r.tasks)
+      per_task[task] = {{"samples", t.samples},
+                        {"scored", t.scored},
+                        {"ok", t.ok},
+                        {"reward_mean", t.scored ? t.reward_sum / double(t.scored) : 0.0}};
+    probe_metrics_->write(r.version,
+                          {{"policy_version", double(r.version)},
+                           {"reward_mean", r.reward_mean()},
+                           {"pass_rate", r.pass_rate()},
+                           {"samples", double(r.all.samples)},
+                           {"scored", double(r.all.scored)},
+                           {"ok", double(r.all.ok)},
+                           {"lost_groups", double(r.lost_groups)}},
+                          nlohmann::json{{"tasks", per_task}});
+  } catch (const Error& e) {
+    probe_metrics_failed_ = true;
+    log_error("actor ", opts_.id, ": cannot write the probe metrics (", e.what(), "); the probe goes on without them");
+  }
 }
 
 }  // namespace kf::actors

@@ -117,6 +117,12 @@ ActorOptions actor_options(const Config& cfg, int actor_id) {
     if (o.turns < 1 || o.turns > 8) throw bad("actors.turns", "must be in [1, 8] (1: single turn)");
   }
   if (declared("actors.prompt.feedback")) o.feedback_path = cfg.get_string("actors.prompt.feedback");
+  o.probe_every = cfg.get_int("actors.probe.every");
+  if (o.probe_every < 0) throw bad("actors.probe.every", "must be >= 0 (0: off)");
+  o.probe_tasks = cfg.get_strings("actors.probe.tasks");
+  o.probe_samples = cfg.get_int("actors.probe.samples");
+  if (o.probe_samples < 1 || o.probe_samples > 64)
+    throw bad("actors.probe.samples", "must be in [1, 64] (one replay group holds at most 64)");
   o.group_deadline_s = cfg.get_float("actors.group_deadline_s");
   if (o.group_deadline_s <= 0) throw bad("actors.group_deadline_s", "must be > 0");
   o.wait_for_snapshot = cfg.get_bool("actors.wait_for_snapshot");

@@ -146,6 +146,11 @@ std::string verdict_json_line(const replay::Candidate& c, const Result& r, int l
                             {"reason", r.reason.substr(0, 300)},
                             {"diagnostic", r.verdict == Verdict::compile_error ? first_diagnostic(r.diagnostics) : ""}};
   // A cut multi-byte character is replaced, not thrown on.
+  if (c.probe) {  // a learning-curve probe sample (actors.probe): never trained on
+    nlohmann::json p = j;
+    p["probe"] = true;
+    return p.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  }
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 

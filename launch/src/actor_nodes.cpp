@@ -527,8 +527,11 @@ int run_actor_node(const Config& cfg, const RunDir& run, const std::string& work
     WorkerSpec w;
     w.role = "actor";
     w.id = i;
-    w.argv = {bin,    "--run",           run.shm_key(), "--config", worker_config,
-              "--id", std::to_string(i), "--run-dir",   run.path()};
+    // The learning-curve probe is the head's actor 0's alone (docs/metrics.md): a node's
+    // actor 0 would probe the same versions again into the same run folder.
+    w.argv = {bin,           "--run", run.shm_key(),         "--config",
+              worker_config, "--id",  std::to_string(i),     "--run-dir",
+              run.path(),    "--set", "actors.probe.every=0"};
     w.log_path = run.sub("logs") + "/actor-" + std::to_string(i) + ".out";
     sup.add(w);
   }

@@ -535,6 +535,8 @@ Status Launcher::Impl::status() {
   s.open_groups = rp.open_now;
   s.policy_version = shm->snapshots().latest().version;
   s.gpu_busy = gpu.busy();
+  if (const auto probe = shm->control().rendezvous_get("probe", std::chrono::nanoseconds(0)))
+    apply_probe_brief(*probe, s);
   if (bridge) {
     const BridgeCounters c = bridge->counters();
     s.workers.push_back("redis bridge: " + std::to_string(c.on_network) + " on the network, " + std::to_string(c.sent) +

@@ -252,6 +252,24 @@ void RunMonitor::from_json(const nlohmann::json& j) {
   }
 }
 
+void apply_probe_brief(const std::string& brief, Status& s) {
+  const auto j = nlohmann::json::parse(brief, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("version") || !j["version"].is_number_integer()) return;
+  s.probe_version = j["version"].get<int64_t>();
+  s.probe_reward = j.value("reward", 0.0);
+  s.probe_pass = j.value("pass", 0.0);
+  s.probe_scored = j.value("scored", uint64_t{0});
+}
+
+namespace {
+// "probe v10: reward -0.53, pass 41%" or "probe: none yet".
+std::string probe_text(const Status& s) {
+  if (s.probe_version < 0) return "probe: none yet";
+  return "probe v" + std::to_string(s.probe_version) + ": reward " + fmt("%.2f", s.probe_reward) + ", pass " +
+         fmt("%.0f%%", 100 * s.probe_pass) + " (" + std::to_string(s.probe_scored) + " scored)";
+}
+}  // namespace
+
 std::string render_status(const Status& s) {
   std::string o;
   const int width = 30;
@@ -270,7 +288,7 @@ std::string render_status(const Status& s) {
        fmt("%.0f%%", 100 * r.fast1_frac) + "\n";
   o += "speedup mean " + fmt("%.2fx", r.mean_speedup) + "  median " + fmt("%.2fx", r.median_speedup) + "  best " +
        fmt("%.2fx", r.best_speedup) + " (ever " + fmt("%.2fx", r.best_speedup_ever) + ")  reward " +
-       fmt("%.2f", r.mean_reward) + "\n";
+       fmt("%.2f", r.mean_reward) + "  " + probe_text(s) + "\n";
   o += "queue: candidates " + std::to_string(s.candidate_queue) + "  ready groups " + std::to_string(s.ready_groups) +
        "  open " + std::to_string(s.open_groups) + "  lag " + fmt("%.1f", s.policy_lag) + "  GPU busy " +
        (s.gpu_busy < 0 ? std::string("n/a") : fmt("%.0f%%", 100 * s.gpu_busy)) + "\n";
@@ -295,6 +313,7 @@ std::string render_status_line(const Status& s) {
        fmt(" best %.2fx", r.best_speedup_ever) + ", queue " + std::to_string(s.candidate_queue) + ", ready " +
        std::to_string(s.ready_groups) + fmt(", lag %.1f", s.policy_lag) +
        (s.gpu_busy < 0 ? std::string(", GPU n/a") : fmt(", GPU %.0f%%", 100 * s.gpu_busy));
+  if (s.probe_version >= 0) o += ", " + probe_text(s);
   return o;
 }
 
@@ -331,6 +350,11 @@ std::vector<std::pair<std::string, double>> status_scalars(const Status& s) {
   };
   if (s.gpu_busy >= 0) v.push_back({"gpu_busy_frac", s.gpu_busy});
   if (s.eta_s >= 0) v.push_back({"eta_s", s.eta_s});
+  if (s.probe_version >= 0) {
+    v.push_back({"probe_version", static_cast<double>(s.probe_version)});
+    v.push_back({"probe_reward", s.probe_reward});
+    v.push_back({"probe_pass_rate", s.probe_pass});
+  }
   return v;
 }
 

@@ -100,7 +100,16 @@ struct Status {
   double generate_s = 0, compile_s = 0, verify_s = 0, learn_s = 0, gpu_wait_s = 0;
   std::string phase;                 // running / draining / stopping
   std::vector<std::string> workers;  // "actor 0 up", "evaluator 0 restarting (2)", ...
+  // The last learning-curve probe (actors.probe): policy version (-1: none yet), mean reward
+  // and pass rate over its scored samples, how many were scored.
+  int64_t probe_version = -1;
+  double probe_reward = 0, probe_pass = 0;
+  uint64_t probe_scored = 0;
 };
+
+// Fills the probe fields of `s` from actor 0's brief (control-block rendezvous key "probe",
+// {"version", "reward", "pass", "scored", "samples"}); a brief that does not parse is ignored.
+void apply_probe_brief(const std::string& brief, Status& s);
 
 class RunMonitor {
  public:

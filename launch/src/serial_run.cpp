@@ -113,6 +113,7 @@ int run_serial(const Config& cfg, const RunDir& run, const LaunchOptions& opts) 
       monitor.sample_rates(s.elapsed_s, s);
       s.policy_version = learner.version();
       s.ready_groups = shm->replay().stats().ready_now;
+      if (const auto probe = ctl.rendezvous_get("probe", std::chrono::nanoseconds(0))) apply_probe_brief(*probe, s);
       log_info(render_status_line(s));
       run_metrics.write(s.step, status_scalars(s), {{"phase", s.phase}, {"verdicts", s.results.verdicts}});
       next_status = Clock::now() + std::chrono::milliseconds(static_cast<long long>(status_every * 1000));

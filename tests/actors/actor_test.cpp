@@ -1,6 +1,7 @@
 // Group sampling, the weights blob, and an in-process Actor on a real RunShm: snapshot
 // pickup, a mismatching snapshot, an empty kernel database, failed extractions as results,
 // the per-group prompt log.
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
@@ -349,4 +350,181 @@ TEST(ActorTest, MissingTasksAreLeftOutAndNoneLeftIsAnError) {
   Actor actor(opts, test::tiny_policy(0), load_actor_tasks(opts), *run.shm);
   EXPECT_EQ(actor.step(), StepResult::no_task);
   EXPECT_THROW(actor.step(), kf::Error);
+}
+
+namespace {
+void publish(rp::RunShm& shm, ActorPolicy& p, int64_t version) {
+  const auto blob = make_weights_blob(p.model, version);
+  shm.snapshots().publish(version, blob.data(), blob.size());
+}
+void score_all(rp::RunShm& shm, const std::vector<rp::Candidate>& cands, const std::vector<double>& rewards) {
+  for (std::size_t i = 0; i < cands.size(); ++i) {
+    rp::Result r;
+    r.candidate_id = cands[i].id;
+    r.group_id = cands[i].group_id;
+    r.index_in_group = cands[i].index_in_group;
+    r.verdict = rewards[i] > 0 ? rp::Verdict::ok : rp::Verdict::compile_error;
+    r.reward = rewards[i];
+    ASSERT_TRUE(shm.replay().add_result(r));
+  }
+}
+}  // namespace
+
+// The learning-curve probe (actors.probe, docs/metrics.md): actor 0 samples it at version 0
+// and then at the first version at or past each multiple of probe_every, before any new
+// group; the prompt is fixed at the first probe (a kernel added to the database later
+// changes the training prompts, not the probe's) and so is each sample's seed, so the same
+// weights write the same completions at every probe, and a restarted actor keeps the prompt.
+// Its groups are held until the actor read their results, then recorded and released.
+TEST(ActorTest, ProbeDrawsTheSamePromptsAndSeedsAtItsVersionsAndIsRecorded) {
+  KF_NEED_TASKS();
+  RunFixture run;
+  kf::test::TempDir tmp("actor-probe");
+  auto opts = small_options();
+  opts.metrics_dir = tmp.path + "/metrics";
+  opts.template_path = tmp.path + "/template.txt";  // a short prompt: a fast prefill
+  kf::test::write_file(opts.template_path, test::kShortTemplate);
+  opts.probe_every = 2;
+  opts.probe_samples = 3;
+  auto weights = test::tiny_policy(0);
+  std::vector<std::vector<rp::Candidate>> probes;  // by probe, in index order
+  {
+    Actor actor(opts, test::tiny_policy(0), load_actor_tasks(opts), *run.shm);
+    EXPECT_EQ(actor.probe_task_names(), std::vector<std::string>{"001_relu"});  // the first 4 tasks by name
+    auto expect_probe = [&](int64_t version) {
+      ASSERT_EQ(actor.step(), StepResult::pushed) << "v" << version;
+      auto c = drain(*run.shm);
+      ASSERT_EQ(c.size(), 3u) << "v" << version;
+      for (uint32_t i = 0; i < 3; ++i) {
+        EXPECT_TRUE(c[i].probe);
+        EXPECT_EQ(c[i].policy_version, version);
+        EXPECT_EQ(c[i].index_in_group, i);
+        EXPECT_EQ(c[i].turns, 1u);
+        EXPECT_EQ(c[i].group_id, c[0].group_id);
+      }
+      probes.push_back(c);
+    };
+    auto expect_training = [&](int64_t version, std::vector<rp::Candidate>* out = nullptr) {
+      ASSERT_EQ(actor.step(), StepResult::pushed) << "v" << version;
+      const auto c = drain(*run.shm);
+      ASSERT_EQ(c.size(), 2u) << "v" << version;
+      for (const auto& x : c) {
+        EXPECT_FALSE(x.probe);
+        EXPECT_EQ(x.policy_version, version);
+      }
+      if (out) *out = c;
+    };
+    expect_probe(0);
+    ASSERT_EQ(probes.size(), 1u);
+    // Each sample has its own noise: the three completions are not all the same.
+    EXPECT_FALSE(probes[0][0].completion_tokens == probes[0][1].completion_tokens &&
+                 probes[0][1].completion_tokens == probes[0][2].completion_tokens);
+    std::vector<rp::Candidate> t0, t1;
+    expect_training(0, &t0);
+    ASSERT_EQ(t0.size(), 2u);
+    EXPECT_EQ(t0[0].prompt_tokens, probes[0][0].prompt_tokens);  // the database is still empty
+    run.shm->kernels().insert({"001_relu", 1.25, -1, "extern \"C\" int kf_forward() { return 0; }\n", 0});
+    publish(*run.shm, weights, 1);
+    expect_training(1, &t1);  // v1: not a probe version
+    ASSERT_EQ(t1.size(), 2u);
+    EXPECT_NE(t1[0].prompt_tokens, probes[0][0].prompt_tokens) << "the training prompt shows the new exemplar";
+    publish(*run.shm, weights, 2);  // the same weights as v0
+    expect_probe(2);
+    ASSERT_EQ(probes.size(), 2u);
+    for (uint32_t i = 0; i < 3; ++i) {
+      EXPECT_EQ(probes[1][i].prompt_tokens, probes[0][i].prompt_tokens) << "the probe prompt is fixed";
+      EXPECT_EQ(probes[1][i].completion_tokens, probes[0][i].completion_tokens) << "sample " << i << "'s seed";
+      EXPECT_EQ(probes[1][i].behaviour_logprobs, probes[0][i].behaviour_logprobs);
+    }
+    expect_training(2);
+    publish(*run.shm, weights, 3);
+    expect_training(3);
+    publish(*run.shm, weights, 5);  // past 4: probed at 5, the first version at or past it
+    expect_probe(5);
+    ASSERT_EQ(probes.size(), 3u);
+    expect_training(5);
+    EXPECT_TRUE(actor.probe_records().empty()) << "no probe group is scored yet";
+
+    // The evaluators score the probes; the actor reads them at its next step.
+    std::vector<rp::ScoredGroup> ready;
+    EXPECT_EQ(run.shm->replay().take_ready(ready, 64, 5, 100, std::chrono::milliseconds(0)), 0u)
+        << "no group is ready: the training groups and the held probe groups wait for results";
+    score_all(*run.shm, probes[0], {-3.0, 1.0, 0.5});
+    score_all(*run.shm, probes[1], {1.0, 1.0, 1.0});
+    score_all(*run.shm, probes[2], {-3.0, -3.0, 2.0});
+    EXPECT_EQ(run.shm->replay().take_ready(ready, 64, 5, 100, std::chrono::milliseconds(0)), 0u)
+        << "a scored probe group waits until the actor read it";
+    publish(*run.shm, weights, 6);
+    expect_probe(6);  // polled at the start of the step
+    ASSERT_EQ(actor.probe_records().size(), 3u);
+    std::map<int64_t, ProbeRecord> rec;
+    for (const auto& r : actor.probe_records()) rec[r.version] = r;
+    ASSERT_EQ(rec.count(0) + rec.count(2) + rec.count(5), 3u);
+    EXPECT_EQ(rec[0].all.samples, 3u);
+    EXPECT_EQ(rec[0].all.scored, 3u);
+    EXPECT_EQ(rec[0].all.ok, 2u);
+    EXPECT_DOUBLE_EQ(rec[0].reward_mean(), (-3.0 + 1.0 + 0.5) / 3);
+    EXPECT_DOUBLE_EQ(rec[0].pass_rate(), 2.0 / 3);
+    EXPECT_DOUBLE_EQ(rec[2].reward_mean(), 1.0);
+    EXPECT_DOUBLE_EQ(rec[5].pass_rate(), 1.0 / 3);
+    EXPECT_EQ(rec[5].tasks.at("001_relu").ok, 1u);
+    // Read, then released: the learner takes the three probe groups (and leaves them out).
+    ready.clear();
+    run.shm->replay().take_ready(ready, 64, 6, 100, std::chrono::milliseconds(0));
+    std::size_t probe_groups = 0;
+    for (const auto& g : ready) probe_groups += rp::is_probe(g) ? 1 : 0;
+    EXPECT_EQ(probe_groups, 3u);
+    // The status line's brief: the last probe finished.
+    const auto brief = run.shm->control().rendezvous_get("probe", std::chrono::nanoseconds(0));
+    ASSERT_TRUE(brief.has_value());
+    const auto b = nlohmann::json::parse(*brief);
+    EXPECT_EQ(b["version"].get<int64_t>(), actor.probe_records().back().version);
+    EXPECT_DOUBLE_EQ(b["reward"].get<double>(), actor.probe_records().back().reward_mean());
+  }
+  // metrics/probe.jsonl: one line per probe; the group log marks the probe groups.
+  const auto lines = read_json_lines(opts.metrics_dir + "/probe.jsonl");
+  ASSERT_EQ(lines.size(), 3u);
+  for (const auto& l : lines) {
+    EXPECT_EQ(l["step"], l["policy_version"]);
+    EXPECT_EQ(l["samples"], 3);
+    EXPECT_EQ(l["tasks"]["001_relu"]["samples"], 3) << l;
+    if (l["policy_version"] == 0) {
+      EXPECT_DOUBLE_EQ(l["reward_mean"].get<double>(), (-3.0 + 1.0 + 0.5) / 3);
+      EXPECT_DOUBLE_EQ(l["pass_rate"].get<double>(), 2.0 / 3);
+    }
+  }
+  std::size_t probe_lines = 0, group_lines = 0;
+  for (const auto& g : read_json_lines(opts.metrics_dir + "/groups-0.jsonl")) {
+    ++group_lines;
+    probe_lines += g.value("probe", false) ? 1 : 0;
+  }
+  EXPECT_EQ(probe_lines, 4u);  // v0, v2, v5, v6
+  EXPECT_EQ(group_lines, 9u);  // and five training groups
+
+  // A restarted actor 0 keeps the probe prompt (probe-prompts.json), though the database
+  // now holds a kernel, and draws the same completions from the same weights.
+  {
+    Actor again(opts, test::tiny_policy(0), load_actor_tasks(opts), *run.shm);
+    ASSERT_EQ(again.step(), StepResult::pushed);
+    const auto c = drain(*run.shm);
+    ASSERT_EQ(c.size(), 3u);
+    for (uint32_t i = 0; i < 3; ++i) {
+      EXPECT_TRUE(c[i].probe);
+      EXPECT_EQ(c[i].policy_version, 6);
+      EXPECT_EQ(c[i].prompt_tokens, probes[0][i].prompt_tokens);
+      EXPECT_EQ(c[i].completion_tokens, probes[0][i].completion_tokens);
+    }
+  }
+  // Only actor 0 probes; a probe task that does not exist is named.
+  opts.id = 1;
+  EXPECT_TRUE(Actor(opts, test::tiny_policy(0), load_actor_tasks(opts), *run.shm).probe_task_names().empty());
+  opts.id = 0;
+  opts.probe_tasks = {"no_such_task"};
+  try {
+    Actor bad(opts, test::tiny_policy(0), load_actor_tasks(opts), *run.shm);
+    FAIL() << "a missing probe task was accepted";
+  } catch (const kf::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("actors.probe.tasks"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("no_such_task"), std::string::npos) << e.what();
+  }
 }

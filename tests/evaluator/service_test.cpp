@@ -456,3 +456,21 @@ TEST(EvaluatorServiceTest, ServiceOptionsComeFromTheConfigAndABadCacheLimitIsNam
     EXPECT_NE(std::string(e.what()).find("evaluator.cache_limit_gb"), std::string::npos) << e.what();
   }
 }
+
+// The verdict log line of a learning-curve probe sample (Candidate::probe, actors.probe) says
+// so ("probe": true); other lines carry no probe field.
+TEST(EvaluatorServiceTest, VerdictLineOfAProbeSampleSaysSo) {
+  replay::Candidate c = candidate(9, "001_relu", "int x;", 2);
+  Result r;
+  r.verdict = Verdict::incorrect;
+  r.reward = -3.0;
+  c.probe = true;
+  const auto probe = nlohmann::json::parse(verdict_json_line(c, r, 1, 0));
+  EXPECT_EQ(probe.value("probe", false), true) << probe;
+  EXPECT_EQ(probe["candidate"], 9);
+  EXPECT_EQ(probe["policy_version"], 5);
+  EXPECT_EQ(probe["verdict"], "incorrect");
+  c.probe = false;
+  const auto plain = nlohmann::json::parse(verdict_json_line(c, r, 1, 0));
+  EXPECT_FALSE(plain.contains("probe")) << plain;
+}

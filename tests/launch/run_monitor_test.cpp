@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <map>
+
 #include "kf/replay/replay.h"
 #include "run_monitor.h"
 
@@ -143,4 +145,48 @@ TEST(RunMonitorNodeSecondsTest, NodeReportsJoinTheTimeSplitOnceAndSurviveAResume
   EXPECT_DOUBLE_EQ(t.verify_s, 4.0);
   EXPECT_DOUBLE_EQ(t.generate_s, 5.0);
   EXPECT_EQ(r.node_seconds().verdicts, 6u);
+}
+
+// Actor 0's learning-curve probe reaches the status through the control block's rendezvous
+// key "probe" (docs/metrics.md, "Learning curve"): both views and run.jsonl show the last one.
+TEST(RunMonitorProbeTest, StatusViewsShowTheLastProbe) {
+  namespace rp = kf::replay;
+  const std::string name = "kfmonprobe" + std::to_string(::getpid());
+  auto ctl = rp::ControlBlock::create(name);
+  RunMonitor m(100);
+  auto s = at(12, 0, 0);
+  m.sample_rates(0, s);
+  // No probe yet: nothing in the line, "none yet" in the full view, no scalars.
+  EXPECT_FALSE(ctl.rendezvous_get("probe", std::chrono::nanoseconds(0)).has_value());
+  EXPECT_EQ(kf::launch::render_status_line(s).find("probe"), std::string::npos);
+  EXPECT_NE(kf::launch::render_status(s).find("probe: none yet"), std::string::npos) << kf::launch::render_status(s);
+  for (const auto& [k, v] : kf::launch::status_scalars(s)) EXPECT_NE(k.rfind("probe_", 0), 0u) << k;
+
+  // The brief as the actor writes it, twice: the newer one wins.
+  const std::string older = R"({"version":0,"reward":-2.5,"pass":0.125,"scored":16,"samples":16})";
+  const std::string newer = R"({"version":10,"reward":-0.53125,"pass":0.4375,"scored":32,"samples":32})";
+  ctl.rendezvous_put("probe", older.data(), older.size());
+  ctl.rendezvous_put("probe", newer.data(), newer.size());
+  const auto brief = ctl.rendezvous_get("probe", std::chrono::nanoseconds(0));
+  ASSERT_TRUE(brief.has_value());
+  kf::launch::apply_probe_brief(*brief, s);
+  EXPECT_EQ(s.probe_version, 10);
+  EXPECT_DOUBLE_EQ(s.probe_reward, -0.53125);
+  EXPECT_DOUBLE_EQ(s.probe_pass, 0.4375);
+  EXPECT_EQ(s.probe_scored, 32u);
+  const std::string line = kf::launch::render_status_line(s);
+  EXPECT_NE(line.find("probe v10: reward -0.53, pass 44% (32 scored)"), std::string::npos) << line;
+  EXPECT_NE(kf::launch::render_status(s).find("probe v10: reward -0.53, pass 44% (32 scored)"), std::string::npos);
+  std::map<std::string, double> sc;
+  for (const auto& [k, v] : kf::launch::status_scalars(s)) sc[k] = v;
+  EXPECT_EQ(sc.at("probe_version"), 10.0);
+  EXPECT_EQ(sc.at("probe_reward"), -0.53125);
+  EXPECT_EQ(sc.at("probe_pass_rate"), 0.4375);
+
+  // A brief that does not parse, or lacks the version, changes nothing.
+  kf::launch::apply_probe_brief("{\"version\": 1", s);
+  kf::launch::apply_probe_brief(R"({"reward": 5})", s);
+  EXPECT_EQ(s.probe_version, 10);
+  EXPECT_DOUBLE_EQ(s.probe_reward, -0.53125);
+  rp::ShmSegment::remove(name);
 }

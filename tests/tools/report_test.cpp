@@ -59,7 +59,8 @@ void expect_png(const std::string& path) {
   EXPECT_EQ(b.substr(b.size() - 8, 4), "IEND") << path;
 }
 
-const char* const kPlots[] = {"reward.png", "learner.png", "speedup.png", "verdicts.png", "throughput.png"};
+const char* const kPlots[] = {"reward.png",  "learner.png",  "learning.png",
+                              "speedup.png", "verdicts.png", "throughput.png"};
 
 bool exists(const std::string& path) {
   struct stat st;
@@ -932,4 +933,73 @@ TEST(ReportTest, LearnerRunWritesStepMetrics) {
   expect_png(run + "/report/learner.png");  // the per-step health plot from the real learner's lines
   EXPECT_TRUE(contains(kf::test::read_file(run + "/report/index.html"), "Latest learner step</h2><p>step 3,"));
 #endif
+}
+
+// The learning curve: actor 0's probe lines (metrics/probe.jsonl, as MetricsWriter writes them)
+// next to the learner's lines. learning.png is drawn; index.html and stdout get one row per
+// probed version with the learner's figures of the last step at or before it; a version
+// probed twice keeps its last line. A run without probe lines says so on the page.
+TEST(ReportTest, LearningCurveFromProbeAndLearnerLines) {
+  kf::test::TempDir tmp("report");
+  const std::string run = tmp.path + "/run";
+  ::mkdir(run.c_str(), 0755);
+  {
+    kf::MetricsWriter learner(run + "/metrics", "learner");
+    for (int s = 1; s <= 12; ++s)
+      learner.write(s, {{"updated", 1},
+                        {"loss", 0.5},
+                        {"groups", 3},
+                        {"groups_in", s == 10 ? 5 : 4},
+                        {"skipped_equal", 1},
+                        {"probe_groups", s == 10 ? 1 : 0},
+                        {"kl_start", 0.001 * s},
+                        {"entropy", 2.0 - 0.05 * s},
+                        {"clip_fraction", 0.01 * s},
+                        {"response_length_mean", 100.0 + s},
+                        {"response_length_max", 300}});
+    kf::MetricsWriter probe(run + "/metrics", "probe");
+    auto line = [&](int v, double reward, double pass) {
+      probe.write(
+          v,
+          {{"policy_version", v},
+           {"reward_mean", reward},
+           {"pass_rate", pass},
+           {"samples", 16},
+           {"scored", 16},
+           {"ok", pass * 16},
+           {"lost_groups", 0}},
+          nlohmann::json{{"tasks",
+                          {{"001_relu", {{"samples", 8}, {"scored", 8}, {"ok", 2}, {"reward_mean", reward - 0.5}}},
+                           {"002_gelu", {{"samples", 8}, {"scored", 8}, {"ok", 2}, {"reward_mean", reward + 0.5}}}}}});
+    };
+    line(0, -2.0, 0.25);
+    line(10, -1.5, 0.375);  // superseded: actor 0 probed v10 twice
+    line(10, -1.25, 0.5);
+  }
+  const Result r = report({run}, tmp.path);
+  expect_matplotlib(r);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  expect_png(run + "/report/learning.png");
+  EXPECT_TRUE(contains(r.out, run + "/report/learning.png")) << r.out;
+  // v0: before any learner step; v10: the learner's step-10 line (skipped equal 1 of 5 - 1).
+  EXPECT_TRUE(contains(r.out, "Learning curve (metrics/probe.jsonl)")) << r.out;
+  const std::string page = kf::test::read_file(run + "/report/index.html");
+  EXPECT_TRUE(contains(page,
+                       "<tr><td>0</td><td>16</td><td>16</td><td>-2.000</td><td>25.0</td><td>0</td>"
+                       "<td>–</td><td>–</td><td>–</td><td>–</td><td>–</td></tr>"))
+      << page;
+  EXPECT_TRUE(contains(page,
+                       "<tr><td>10</td><td>16</td><td>16</td><td>-1.250</td><td>50.0</td><td>0</td>"
+                       "<td>0.01</td><td>1.5</td><td>0.1</td><td>110</td><td>25.0</td></tr>"))
+      << page;
+  EXPECT_FALSE(contains(page, "-1.500")) << "the superseded line of v10 is shown";
+  EXPECT_TRUE(contains(r.out, "10       16      16       -1.250    50.0")) << r.out;
+
+  // Without probe lines: the plot is still drawn, the page says why there is no table.
+  ::unlink((run + "/metrics/probe.jsonl").c_str());
+  const Result bare = report({run}, tmp.path);
+  ASSERT_EQ(bare.rc, 0) << bare.err;
+  expect_png(run + "/report/learning.png");
+  EXPECT_TRUE(contains(kf::test::read_file(run + "/report/index.html"), "No learning-curve probe in this run"));
+  EXPECT_FALSE(contains(bare.out, "Learning curve (metrics/probe.jsonl)")) << bare.out;
 }

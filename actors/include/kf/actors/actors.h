@@ -38,6 +38,9 @@ namespace kf::evaluator {
 class Evaluator;
 class EvaluatorService;
 }  // namespace kf::evaluator
+namespace kf {
+class MetricsWriter;  // kf/common/metrics.h
+}
 
 namespace kf::actors {
 
@@ -313,6 +316,12 @@ struct ActorOptions {
   // multi-turn refinement: a member may revise its answer after the verifier's feedback, up
   // to `turns` answers in all (1: single turn). Each turn is its own replay group.
   int64_t turns = 1;
+  // learning-curve probe (actors.probe, docs/metrics.md "Learning curve"): actor 0 samples
+  // probe_samples completions of each probe task on a fixed prompt with a fixed seed at
+  // policy version 0 and then every probe_every versions; never trained on. 0: off.
+  int64_t probe_every = 0;
+  std::vector<std::string> probe_tasks;  // empty: the first 4 of the actor's tasks by name
+  int64_t probe_samples = 8;
   // flow
   double group_deadline_s = 600;
   bool wait_for_snapshot = false;  // sample only after the first snapshot arrives
@@ -455,6 +464,19 @@ std::string completion_text(const TextCodec& codec, const policy::Completion& c)
 // the schedule (logged); a snapshot that does not match the model is ignored (logged
 // once per version) and the old weights stay.
 //
+// Learning-curve probe (actors.probe.every = N > 0, actor 0 only; docs/metrics.md "Learning
+// curve"): at policy version 0 and then at the first version loaded at or past each multiple
+// of N, before any new group, the actor samples one group of probe_samples completions for
+// each probe task. A probe task's prompt is built once (the run's prompt mode) and kept for
+// the run (<metrics_dir>/probe-prompts.json keeps it across restarts), and its sampling seed
+// is fixed (run.seed and the task's name): at every probe, sample i of a task draws the same
+// noise, so two probes of the same weights write the same completions. Probe candidates carry
+// Candidate::probe; their groups are opened held, verified like any other, read by the actor
+// once scored (then released: the learner takes them and leaves them out), and each probe's
+// figures (ProbeRecord) go to <metrics_dir>/probe.jsonl and to the control block's rendezvous
+// key "probe" (the launcher's status line). With the rollout engine the probe runs while the
+// engine is idle (new weights load only then), through rollout_group, so its seed holds.
+//
 // Multi-turn refinement (actors.turns = T > 1): a group whose members may revise is opened
 // held (replay/group_replay.h). The held groups are polled at the start of every step() and
 // while the actor waits for room in the candidate queue (before sampling, or pushing), so a
@@ -520,6 +542,23 @@ struct ActorMetrics {
 
 enum class StepResult { pushed, dropped, stopped, no_task };
 
+// Learning-curve probe (actors.probe): what one probe of one policy version scored, over
+// its tasks and per task. A sample is scored when it has a result whose cause is the kernel
+// (not lost, past the deadline, or an environment verdict); reward_mean and pass_rate (ok
+// share) are over the scored samples.
+struct ProbeTally {
+  uint64_t samples = 0, scored = 0, ok = 0;
+  double reward_sum = 0;
+};
+struct ProbeRecord {
+  int64_t version = 0;
+  ProbeTally all;
+  uint64_t lost_groups = 0;  // probe groups gone before the actor read them (evicted, dropped)
+  std::map<std::string, ProbeTally> tasks;
+  double reward_mean() const { return all.scored ? all.reward_sum / double(all.scored) : 0.0; }
+  double pass_rate() const { return all.scored ? double(all.ok) / double(all.scored) : 0.0; }
+};
+
 class Actor {
  public:
   // `tasks`: the candidates for scheduling (load_actor_tasks). `shm` must outlive the actor.
@@ -542,6 +581,10 @@ class Actor {
   std::string metrics_json() const;
   // Builds the prompt step() would for this task (tests, tools).
   Prompt build_task_prompt(const tasks::Task& task, uint64_t seed);
+  // The probes completed so far (every probe group read or lost), oldest first.
+  const std::vector<ProbeRecord>& probe_records() const { return probe_done_; }
+  // The probe tasks in order (empty: no probe).
+  std::vector<std::string> probe_task_names() const;
 
  private:
   ActorOptions opts_;
@@ -583,6 +626,7 @@ class Actor {
     std::vector<Member> members;                  // turn > 1: one prompt per member
     std::vector<policy::Completion> completions;  // engine, turn > 1: per member as they finish
     std::size_t members_pending = 0;
+    bool probe = false;  // a probe group (actors.probe): held, single turn, Candidate::probe
   };
   // A held group whose results the next turn needs.
   struct Awaiting {
@@ -607,6 +651,31 @@ class Actor {
   bool queue_has_room(uint64_t groups);
   StepResult step_engine();
   StepResult finish_group(GroupJob job, std::vector<RolloutSample> samples);  // extract, open, push
+  // --- learning-curve probe (actors.probe; actor 0 only)
+  struct ProbeTask {
+    const tasks::Task* task = nullptr;
+    std::shared_ptr<const tasks::Task> owned;  // a probe task outside the schedule (held out)
+    uint64_t seed = 0;                         // the fixed sampling (and exemplar) seed
+    Prompt prompt;                             // fixed at the first probe (tokens empty until then)
+  };
+  struct ProbeRound {
+    ProbeRecord rec;
+    std::size_t pending = 0;  // groups opened and not read yet
+  };
+  std::vector<ProbeTask> probe_;
+  int64_t probe_next_ = 0;                                            // the next version to probe at (or past)
+  std::map<int64_t, ProbeRound> probe_rounds_;                        // by version, until every group is read
+  std::map<uint64_t, std::pair<int64_t, std::string>> probe_groups_;  // held group -> (version, task)
+  std::map<uint64_t, std::chrono::steady_clock::time_point> probe_since_;
+  std::vector<ProbeRecord> probe_done_;
+  std::unique_ptr<MetricsWriter> probe_metrics_;
+  bool probe_metrics_failed_ = false;
+  void setup_probe();
+  bool probe_due() const { return !probe_.empty() && version_ >= probe_next_; }
+  StepResult run_probe();  // one group per probe task at the current version
+  void poll_probes();      // read the scored probe groups; finish complete probes
+  void finish_probe(ProbeRound& round);
+  void save_probe_prompts();
   void log_group(const GroupJob& job, std::size_t completions, const std::map<std::string, uint64_t>& codes);
 };
 
