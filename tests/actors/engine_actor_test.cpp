@@ -137,3 +137,48 @@ TEST(ActorEngineTest, EngineKeysAreReadAndCheckedFromTheConfig) {
   EXPECT_EQ(actor_options(kf::Config::parse("run:\n  seed: 1\n", "d.yaml"), 0).engine_max_sequences, 0)
       << "off by default: one group at a time";
 }
+
+// The learning-curve probe with the rollout engine (docs/metrics.md, "Learning curve"): it
+// runs while the engine is idle (at the start, and once a new snapshot drained the engine),
+// through rollout_group with its fixed seed, so the same weights published again as a later
+// version write the same probe completions, whatever the engine decoded in between.
+TEST(ActorEngineTest, ProbeRunsWhileTheEngineIsIdleWithItsFixedSeed) {
+  KF_NEED_TASKS();
+  EngineRun run;
+  auto opts = engine_options();
+  opts.probe_every = 1;
+  opts.probe_samples = 3;
+  auto v0 = test::tiny_policy(0);
+  Actor actor(opts, test::tiny_policy(0), load_actor_tasks(opts), *run.shm);
+  ASSERT_EQ(actor.step(), StepResult::pushed);
+  const auto first = drain(*run.shm);
+  ASSERT_EQ(first.size(), 3u);
+  for (const auto& c : first) {
+    EXPECT_TRUE(c.probe);
+    EXPECT_EQ(c.policy_version, 0);
+  }
+  // The engine's groups, then v1 (the same weights): the engine drains, loads it, probes.
+  std::size_t trained = 0;
+  for (int i = 0; i < 8 && trained < 4; ++i) {
+    actor.step();
+    for (const auto& c : drain(*run.shm)) {
+      EXPECT_FALSE(c.probe);
+      ++trained;
+    }
+  }
+  EXPECT_GE(trained, 4u);
+  const auto blob = make_weights_blob(v0.model, 1);
+  run.shm->snapshots().publish(1, blob.data(), blob.size());
+  std::vector<rp::Candidate> second;
+  for (int i = 0; i < 20 && second.size() < 3; ++i) {
+    actor.step();
+    for (auto& c : drain(*run.shm))
+      if (c.probe) second.push_back(std::move(c));
+  }
+  ASSERT_EQ(second.size(), 3u);
+  for (std::size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(second[i].policy_version, 1);
+    EXPECT_EQ(second[i].prompt_tokens, first[i].prompt_tokens);
+    EXPECT_EQ(second[i].completion_tokens, first[i].completion_tokens) << "sample " << i;
+  }
+}
