@@ -26,6 +26,7 @@
 #include <thread>
 
 #include "../actors/test_util.h"
+#include "launch_util.h"
 #include "kf/actors/actors.h"
 #include "kf/common/config.h"
 #include "kf/common/run_dir.h"
@@ -39,6 +40,10 @@ namespace t = kf::test;
 
 using kf::actors::test::exists;
 using kf::actors::test::tasks_dir;
+using kf::launch::test::Launch;
+using kf::launch::test::slurp;
+using kf::launch::test::start;
+using kf::launch::test::wait_for;
 
 #define NEED_LAUNCH()                                                                            \
   do {                                                                                           \
@@ -103,48 +108,6 @@ std::string write_config(const std::string& dir, int steps, const std::string& e
   return p;
 }
 
-struct Launch {
-  pid_t pid = -1;
-  std::string out;  // stdout + stderr file
-};
-
-Launch start(const std::vector<std::string>& args, const std::string& out) {
-  Launch l;
-  l.out = out;
-  l.pid = ::fork();
-  if (l.pid == 0) {
-    // A test that fails or times out must not leave a running cluster behind to slow the
-    // next tests down: the launcher dies with the test process (its workers with it).
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    const int fd = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    ::dup2(fd, 1);
-    ::dup2(fd, 2);
-    std::vector<std::string> a = {t::build_dir() + "/launch/kf-launch"};
-    a.insert(a.end(), args.begin(), args.end());
-    std::vector<char*> argv;
-    for (auto& s : a) argv.push_back(s.data());
-    argv.push_back(nullptr);
-    ::execv(argv[0], argv.data());
-    _exit(127);
-  }
-  return l;
-}
-
-// Exit code, or -signal; -1000 on timeout (the launcher is then killed).
-int wait_for(const Launch& l, double timeout_s) {
-  const auto until = Clock::now() + std::chrono::milliseconds(static_cast<long long>(timeout_s * 1000));
-  for (;;) {
-    int st = 0;
-    if (::waitpid(l.pid, &st, WNOHANG) == l.pid) return WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st);
-    if (Clock::now() > until) {
-      ::kill(l.pid, SIGKILL);
-      ::waitpid(l.pid, &st, 0);
-      return -1000;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-}
-
 bool wait_until(const std::function<bool()>& cond, double timeout_s) {
   const auto until = Clock::now() + std::chrono::milliseconds(static_cast<long long>(timeout_s * 1000));
   while (Clock::now() < until) {
@@ -153,8 +116,6 @@ bool wait_until(const std::function<bool()>& cond, double timeout_s) {
   }
   return false;
 }
-
-std::string slurp(const std::string& p) { return exists(p) ? t::read_file(p) : ""; }
 
 // The highest learner step written to metrics/learner.jsonl.
 int64_t learner_step(const std::string& run) {
