@@ -550,6 +550,78 @@ TEST(LearnerMetricsTest, StepReportsBehaviourKlEntropyGradNormLrAndResponseLengt
   EXPECT_LE(st2.clip_fraction, 1.0);
 }
 
+// kl_start, the k3 KL to the start policy (docs/learner.md): 0 at the first step; after an
+// update, the mean over the step's completion tokens of exp(d) - 1 - d, d = log p_start -
+// log p, computed here from the full logits of the start model and of the updated one. The
+// same with LoRA (the start policy is the base, adapters off); absent when
+// kl_start_max_params is 0 and nothing else keeps a reference.
+TEST(LearnerMetricsTest, KlStartIsTheK3KlToTheStartWeights) {
+  for (const bool lora : {false, true}) {
+    auto cfg = tiny_config();
+    cfg.optim.lr = 3e-3;
+    if (lora) {
+      cfg.lora_rank = 4;
+      cfg.lora_alpha = 8;
+      cfg.optim.lr = 2e-2;
+    }
+    FixedSource src;
+    src.g = SyntheticSource(synth()).make_group(0, 0, 0, 4);
+    src.g.results[0].reward = 1.0;
+    src.g.results[1].reward = -1.0;
+    auto comm = make_local_comm();
+    LearnerDeps d;
+    d.comm = comm.get();
+    d.source = &src;
+    Learner l(cfg, d);
+    auto m = l.model();
+    score_with(m, src.g);
+    // Per-token log-probs of every completion under a model, in batch order.
+    auto token_logprobs = [&](kf::policy::CausalLM& model) {
+      torch::NoGradGuard ng;
+      std::vector<double> out;
+      for (const auto& c : src.g.candidates) {
+        std::vector<int64_t> ids(src.g.prompt_tokens.begin(), src.g.prompt_tokens.end());
+        for (auto t : c.completion_tokens) ids.push_back(t);
+        const auto lp = model->token_logprobs(torch::tensor(ids).view({1, -1}))
+                            .narrow(1, src.g.prompt_tokens.size() - 1, c.completion_tokens.size());
+        for (int64_t j = 0; j < lp.size(1); ++j) out.push_back(lp[0][j].item<double>());
+      }
+      return out;
+    };
+    const auto start = token_logprobs(m);
+    const auto st1 = l.step();
+    ASSERT_TRUE(st1.updated);
+    EXPECT_EQ(st1.kl_start, 0.0) << "lora " << lora;
+    const auto now = token_logprobs(m);  // the weights step 2 computes with
+    double k3 = 0;
+    for (std::size_t t = 0; t < now.size(); ++t) {
+      const double dd = start[t] - now[t];
+      k3 += std::exp(dd) - 1 - dd;
+    }
+    k3 /= static_cast<double>(now.size());
+    const auto st2 = l.step();
+    ASSERT_TRUE(st2.updated);
+    EXPECT_GT(k3, 1e-6) << "the update did not move the policy (lora " << lora << ")";
+    EXPECT_NEAR(st2.kl_start, k3, 1e-3 * k3 + 1e-9) << "lora " << lora;
+    bool logged = false;
+    for (const auto& [k, v] : step_scalars(st2)) logged |= k == "kl_start" && v == st2.kl_start;
+    EXPECT_TRUE(logged);
+  }
+  // Off: no reference is kept for it, nothing logged.
+  auto cfg = tiny_config();
+  cfg.kl_start_max_params = 0;
+  SyntheticSource src(synth());
+  auto comm = make_local_comm();
+  LearnerDeps d;
+  d.comm = comm.get();
+  d.source = &src;
+  Learner l(cfg, d);
+  const auto st = l.step();
+  ASSERT_TRUE(st.updated);
+  EXPECT_LT(st.kl_start, 0.0);
+  for (const auto& [k, v] : step_scalars(st)) EXPECT_NE(k, "kl_start");
+}
+
 // ---- LoRA ----
 
 namespace {
