@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "kf/actors/actors.h"
 #include "kf/evaluator/evaluator.h"
@@ -88,5 +90,57 @@ TEST(SerialTest, OverfitPolicyKernelIsVerifiedAndLandsInReplayAndKernelDb) {
   EXPECT_EQ(best->policy_version, 0);
 
   // The next prompt of this task (contrastive mode) shows that kernel as an exemplar.
+  shm->shutdown();
+}
+
+// The learning-curve probe through the real evaluator (serial mode): with the actor's
+// extraction failures sent to the evaluator, every probe sample gets a verdict line that
+// says "probe": true, and the training group's lines do not; the actor then records the
+// probe from the group's results.
+TEST(SerialTest, ProbeSamplesAreVerifiedAndTheirVerdictLinesSaySo) {
+  KF_NEED_TASKS();
+  test::TempDir tmp;
+  const std::string tpl = tmp.path + "/short.txt";
+  test::write_file(tpl, "=== plain ===\nTask {{task}} ({{lang}} {{marker}}):\n");
+  rp::RunShmConfig c;
+  c.candidates = {16, 256 * 1024};
+  c.replay.capacity = 8;
+  auto shm = rp::RunShm::create(test::run_name("sp"), c);
+  shm->control().set_state(rp::RunState::running);
+  ActorOptions o;
+  o.tasks_dir = test::tasks_dir();
+  o.include = {"001_relu"};
+  o.mode = PromptMode::plain;
+  o.template_path = tpl;
+  o.abi_header_path = test::source_dir() + "/evaluator/include/kf/kernel.h";
+  o.group_size = 2;
+  o.max_new_tokens = 8;
+  o.score_extraction_failures = false;  // every sample goes to the evaluator
+  o.probe_every = 5;
+  o.probe_samples = 3;
+  auto tasks = load_actor_tasks(o);
+  Actor actor(o, test::tiny_policy(0), tasks, *shm);
+  kf::evaluator::EvalOptions eo;
+  eo.compile.cache_dir = test::build_dir() + "/actors-test-eval-cache";
+  kf::evaluator::Evaluator ev(eo);
+  const std::string log = tmp.path + "/verdicts-0.jsonl";
+  SerialRunner serial(actor, ev, *shm, tasks, kf::tasks::Backend::CPU, log);
+  ASSERT_EQ(serial.step(), StepResult::pushed);  // the probe of v0
+  ASSERT_EQ(serial.step(), StepResult::pushed);  // a training group; the probe is read first
+  std::size_t probe_lines = 0, other_lines = 0;
+  std::istringstream in(test::read_text(log));
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty()) continue;
+    const auto j = nlohmann::json::parse(line);
+    (j.value("probe", false) ? probe_lines : other_lines) += 1;
+  }
+  EXPECT_EQ(probe_lines, 3u);
+  EXPECT_EQ(other_lines, 2u);
+  ASSERT_EQ(actor.probe_records().size(), 1u);
+  const auto& r = actor.probe_records()[0];
+  EXPECT_EQ(r.version, 0);
+  EXPECT_EQ(r.all.samples, 3u);
+  EXPECT_EQ(r.all.scored, 3u);
+  EXPECT_EQ(r.all.ok, 0u);  // an untrained model writes no kernel
   shm->shutdown();
 }
