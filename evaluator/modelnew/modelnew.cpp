@@ -8,10 +8,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <nlohmann/json.hpp>
@@ -58,69 +60,132 @@ void write_text(const std::string& p, const std::string& s, mode_t mode = 0644) 
   ::chmod(p.c_str(), mode);
 }
 
-// The interpreter's install: what the view must hold for `python -I` to import torch.
-struct PythonInstall {
-  std::string exe;                 // KF_PYTHON as configured (a venv's python is fine)
-  std::vector<std::string> roots;  // folders to bind at their own paths
+// A folder of the host is shown in the view at its own path, unless that path is one the
+// view hides or makes itself (its private /tmp, /kf, /dev, /proc, /sys) or is not plain
+// (a space, a quote: torch's build files do not quote paths): then it is shown at
+// /kf/host/<n>. So the interpreter, the toolkit and the scripts are found wherever the
+// checkout lives (under /tmp, in a path with spaces, on a read-only file system).
+struct Placement {
+  std::vector<std::pair<std::string, std::string>> roots;  // (host folder, folder in the view)
+  // The path in the view of a host path under one of the roots (else the path itself).
+  std::string in_view(const std::string& host) const {
+    for (const auto& [h, v] : roots)
+      if (host == h || host.rfind(h + "/", 0) == 0) return v + host.substr(h.size());
+    return host;
+  }
+  void add(const std::string& host) {
+    for (const auto& [h, v] : roots)
+      if (host == h || host.rfind(h + "/", 0) == 0) return;  // covered
+    auto under = [&](const char* top) { return host == top || host.rfind(std::string(top) + "/", 0) == 0; };
+    bool plain = true;
+    for (char ch : host)
+      plain = plain && (std::isalnum(static_cast<unsigned char>(ch)) || std::strchr("/._+-", ch) != nullptr);
+    const bool moved = !plain || under("/tmp") || under("/kf") || under("/dev") || under("/proc") || under("/sys");
+    roots.push_back({host, moved ? "/kf/host/" + std::to_string(roots.size()) : host});
+  }
 };
 
-const PythonInstall& python_install() {
-  static std::once_flag once;
-  static PythonInstall pi;
-  static std::string err;
-  std::call_once(once, [] {
-    pi.exe = KF_PYTHON_PATH;
-    SpawnSpec s;
-    s.argv = {pi.exe, "-I", "-c",
-              "import sys,os,json;print(json.dumps([sys.prefix,sys.base_prefix,os.path.realpath(sys.executable)]+"
-              "[p for p in sys.path if p]))"};
-    s.env = pick_env({"PATH", "LD_LIBRARY_PATH"});
-    BoundedRun r = run_bounded(s, 60, 1 << 16);
-    if (!WIFEXITED(r.status) || WEXITSTATUS(r.status) != 0) {
-      err = "python '" + pi.exe + "' does not run: " + describe_wait_status(r.status) + " " + r.output;
-      return;
-    }
-    std::vector<std::string> cand;
-    try {
-      for (const auto& p : json::parse(r.output)) cand.push_back(p.get<std::string>());
-    } catch (const std::exception& e) {
-      err = std::string("python's path list: ") + e.what();
-      return;
-    }
-    cand[2] = fs::path(cand[2]).parent_path().parent_path().string();  // .../bin/python3 -> ...
-    cand.push_back(fs::path(pi.exe).parent_path().parent_path().string());
-    std::sort(cand.begin(), cand.end());
-    for (const auto& c : cand) {
-      std::error_code ec;
-      if (!fs::is_directory(c, ec) || c == "/" || c == "/usr" || c.rfind("/usr/", 0) == 0) continue;
-      bool covered = false;
-      for (const auto& r2 : pi.roots) covered = covered || c == r2 || c.rfind(r2 + "/", 0) == 0;
-      if (!covered) pi.roots.push_back(c);
-    }
-  });
-  if (!err.empty()) throw Error("modelnew: " + err);
-  return pi;
+// The interpreter's install: what the view must hold for `python -I` to import torch.
+struct PythonInstall {
+  std::string exe;  // the interpreter as configured (a venv's python is fine), on the host
+  Placement place;  // its folders (none under /usr, which the view binds whole)
+  std::string view_exe() const { return place.in_view(exe); }
+};
+
+std::string real_path(const std::string& p) {
+  std::error_code ec;
+  const fs::path r = fs::canonical(p, ec);
+  return ec ? p : r.string();
+}
+
+const PythonInstall& python_install(const std::string& exe) {
+  static std::mutex mu;
+  static std::map<std::string, PythonInstall> done;
+  std::lock_guard<std::mutex> lk(mu);
+  auto it = done.find(exe);
+  if (it != done.end()) return it->second;
+  PythonInstall pi;
+  pi.exe = exe;
+  SpawnSpec s;
+  s.argv = {pi.exe, "-I", "-c",
+            "import sys,os,json;print(json.dumps([sys.prefix,sys.base_prefix,os.path.realpath(sys.executable)]+"
+            "[p for p in sys.path if p]))"};
+  s.env = pick_env({"PATH", "LD_LIBRARY_PATH"});
+  BoundedRun r = run_bounded(s, 60, 1 << 16);
+  if (!WIFEXITED(r.status) || WEXITSTATUS(r.status) != 0)
+    throw Error("modelnew: python '" + pi.exe + "' does not run: " + describe_wait_status(r.status) + " " + r.output);
+  std::vector<std::string> cand;
+  try {
+    for (const auto& p : json::parse(r.output)) cand.push_back(p.get<std::string>());
+  } catch (const std::exception& e) {
+    throw Error("modelnew: python '" + pi.exe + "': its path list: " + e.what());
+  }
+  cand[2] = fs::path(cand[2]).parent_path().parent_path().string();  // .../bin/python3 -> ...
+  cand.push_back(fs::path(pi.exe).parent_path().parent_path().string());
+  std::sort(cand.begin(), cand.end());  // parents before their children
+  for (const auto& c : cand) {
+    std::error_code ec;
+    if (!fs::is_directory(c, ec) || c == "/" || c == "/usr" || c.rfind("/usr/", 0) == 0) continue;
+    pi.place.add(c);
+  }
+  return done.emplace(exe, std::move(pi)).first->second;
+}
+
+// The CUDA toolkit load_inline builds with: the configured nvcc's install, by its real path
+// (named paths may lead through links the view does not hold: on NVIDIA's packages
+// /usr/local/cuda -> /etc/alternatives/cuda -> /usr/local/cuda-X, and the view has no /etc).
+// Empty when there is no nvcc.
+std::string toolkit_root(const EvalOptions& o) {
+  const std::string nvcc = o.compile.nvcc.empty() ? "/usr/local/cuda/bin/nvcc" : o.compile.nvcc;
+  if (::access(nvcc.c_str(), X_OK) != 0) return "";
+  return fs::path(real_path(nvcc)).parent_path().parent_path().string();
+}
+
+// Everything the confined processes see of the host, for one configuration.
+struct Setup {
+  const PythonInstall* py = nullptr;
+  std::string scripts;  // worker.py, build_ext.py, mn_common.py (host folder)
+  std::string toolkit;  // CUDA toolkit root on the host ("" without one)
+  Placement extra;      // the toolkit, when it is not under /usr or the interpreter's folders
+  std::string toolkit_in_view() const { return toolkit.empty() ? "" : extra.in_view(py->place.in_view(toolkit)); }
+};
+
+Setup setup_of(const Options& o) {
+  Setup st;
+  st.py = &python_install(o.python.empty() ? std::string(KF_PYTHON_PATH) : o.python);
+  st.scripts = o.scripts_dir.empty() ? std::string(KF_MN_DIR) : o.scripts_dir;
+  for (const char* f : {"worker.py", "build_ext.py", "mn_common.py"})
+    if (!fsutil::exists(st.scripts + "/" + f)) throw error_at(st.scripts + "/" + f, "missing (modelnew scripts_dir)");
+  st.toolkit = toolkit_root(o.eval);
+  if (!st.toolkit.empty() && st.toolkit != "/usr" && st.toolkit.rfind("/usr/", 0) != 0 &&
+      st.py->place.in_view(st.toolkit) == st.toolkit)
+    st.extra.add(st.toolkit);
+  // Placement numbers its moved folders from 0: the toolkit's must not meet the interpreter's.
+  for (auto& [h, v] : st.extra.roots)
+    if (v.rfind("/kf/host/", 0) == 0) v = "/kf/host/t" + v.substr(std::strlen("/kf/host/"));
+  return st;
 }
 
 // The private view shared by the compile step and the worker: the system (/usr and the /lib*,
-// /bin links), the Python install, our scripts, /dev/{null,zero,random,urandom}.
-Confinement base_view(const std::string& mount_point) {
+// /bin links), the Python install, the CUDA toolkit, our scripts, /dev/{null,zero,random,urandom}.
+Confinement base_view(const std::string& mount_point, const Setup& st) {
   Confinement c;
   c.enabled = true;
   c.mount_point = mount_point;
   c.binds.push_back({"/usr", "/usr"});
   for (const char* top : {"/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"}) {
-    struct stat st;
-    if (::lstat(top, &st) != 0) continue;
-    if (S_ISLNK(st.st_mode)) {
+    struct stat st2;
+    if (::lstat(top, &st2) != 0) continue;
+    if (S_ISLNK(st2.st_mode)) {
       std::error_code ec;
       c.symlinks.push_back({fs::read_symlink(top, ec).string(), top});
-    } else if (S_ISDIR(st.st_mode)) {
+    } else if (S_ISDIR(st2.st_mode)) {
       c.binds.push_back({top, top});
     }
   }
-  for (const auto& r : python_install().roots) c.binds.push_back({r, r});
-  c.binds.push_back({KF_MN_DIR, kViewMn});
+  for (const auto& [h, v] : st.py->place.roots) c.binds.push_back({h, v});
+  for (const auto& [h, v] : st.extra.roots) c.binds.push_back({h, v});
+  c.binds.push_back({st.scripts, kViewMn});
   for (const char* d : {"/dev/null", "/dev/zero", "/dev/random", "/dev/urandom"})
     c.binds.push_back({d, d, /*writable=*/true, /*devices=*/true});
   c.uid = kNobody;
@@ -198,12 +263,14 @@ Build build(const tasks::Task& task, tasks::Backend b, const std::string& source
   Build out;
   const std::string cache = cache_dir(o.eval);
   const std::string spec = task_spec_json(task, b);
-  const PythonInstall& py = python_install();
-  // The build scripts are part of the key: a changed compile step builds (and fails) afresh.
-  static const std::string scripts = sha256_hex(read_text(std::string(KF_MN_DIR) + "/build_ext.py") +
-                                                read_text(std::string(KF_MN_DIR) + "/mn_common.py"));
+  const Setup st = setup_of(o);
+  const PythonInstall& py = *st.py;
+  // The build scripts and the toolkit are part of the key: a changed compile step builds
+  // (and fails) afresh.
+  const std::string scripts =
+      sha256_hex(read_text(st.scripts + "/build_ext.py") + read_text(st.scripts + "/mn_common.py"));
   out.cr.key = sha256_hex("modelnew\n" + std::string(tasks::backend_name(b)) + "\n" + o.eval.compile.cuda_arch + "\n" +
-                          py.exe + "\n" + scripts + "\n" + spec + "\n" + source);
+                          py.exe + "\n" + st.toolkit + "\n" + scripts + "\n" + spec + "\n" + source);
   const std::string root = cache + "/modelnew";
   if (!fsutil::make_dirs(root, 0755)) throw error_at(root, std::string("cannot create: ") + std::strerror(errno));
   ::chmod(cache.c_str(), 0755);
@@ -232,21 +299,25 @@ Build build(const tasks::Task& task, tasks::Backend b, const std::string& source
     throw error_at(work, std::string("chown to nobody: ") + std::strerror(errno));
 
   SpawnSpec s;
-  s.argv = {py.exe, "-I", "-B", std::string(kViewMn) + "/build_ext.py", kViewJob};
+  s.argv = {py.view_exe(), "-I", "-B", std::string(kViewMn) + "/build_ext.py", kViewJob};
   const std::string arch = o.eval.compile.cuda_arch;  // sm_90 -> 9.0
   std::string arch_list = arch.rfind("sm_", 0) == 0 && arch.size() >= 5
                               ? arch.substr(3, arch.size() - 4) + "." + arch.substr(arch.size() - 1)
                               : "9.0";
+  // The toolkit by its real path (toolkit_root); without one, torch's own search finds none.
+  const std::string cuda_home = st.toolkit_in_view();
   s.env = pick_env({"LD_LIBRARY_PATH"});
   s.env.insert(s.env.end(),
-               {"PATH=" + fs::path(py.exe).parent_path().string() + ":/usr/local/cuda/bin:/usr/bin:/bin", "HOME=/tmp",
-                "TMPDIR=/tmp", "LANG=C", "CUDA_HOME=/usr/local/cuda",
+               {"PATH=" + fs::path(py.view_exe()).parent_path().string() +
+                    (cuda_home.empty() ? "" : ":" + cuda_home + "/bin") + ":/usr/bin:/bin",
+                "HOME=/tmp", "TMPDIR=/tmp", "LANG=C",
                 // /usr/bin/c++ and cc lead through /etc/alternatives, which the view does not hold
                 "CXX=g++", "CC=gcc", "TORCH_CUDA_ARCH_LIST=" + arch_list, "TORCH_EXTENSIONS_DIR=/tmp/torch_extensions",
                 "MAX_JOBS=" + std::to_string(std::max(1, o.eval.compile.jobs > 0 ? o.eval.compile.jobs : 2)),
                 "PYTHONDONTWRITEBYTECODE=1", "USER=nobody", "LOGNAME=nobody"});
+  if (!cuda_home.empty()) s.env.push_back("CUDA_HOME=" + cuda_home);
   s.cwd = kViewJob;
-  s.confine = base_view(view_root(cache));
+  s.confine = base_view(view_root(cache), st);
   s.confine.binds.push_back({work, kViewJob, /*writable=*/true});
   s.confine.tmp_options = "size=2g,mode=1777";
   s.rlimits.push_back({int(RLIMIT_CPU), (unsigned long long)(o.build_timeout_s * 4)});
@@ -293,8 +364,8 @@ Build build(const tasks::Task& task, tasks::Backend b, const std::string& source
 // The worker's spawn: python worker.py in the view, the job read-only at /kf/job, the
 // sandbox's scratch at /kf/scratch holding spec.json; the identity comes from the view.
 std::function<void(SpawnSpec&)> worker_spawn(const std::string& job, const std::string& spec_json, bool cuda,
-                                             const std::string& cache) {
-  return [job, spec_json, cuda, cache](SpawnSpec& s) {
+                                             const std::string& cache, const Setup& st) {
+  return [job, spec_json, cuda, cache, st](SpawnSpec& s) {
     std::string scratch;
     std::vector<std::string> rest;
     for (size_t i = 1; i < s.argv.size(); ++i) {
@@ -307,8 +378,7 @@ std::function<void(SpawnSpec&)> worker_spawn(const std::string& job, const std::
     }
     if (scratch.empty()) throw Error("modelnew: the sandbox passed no --scratch folder");
     write_text(scratch + "/spec.json", spec_json);
-    const PythonInstall& py = python_install();
-    s.argv = {py.exe, "-I", "-B", std::string(kViewMn) + "/worker.py"};
+    s.argv = {st.py->view_exe(), "-I", "-B", std::string(kViewMn) + "/worker.py"};
     s.argv.insert(s.argv.end(), rest.begin(), rest.end());
     s.argv.push_back("--no-drop-root");  // the view already made the worker nobody
     std::vector<std::string> env;
@@ -320,7 +390,7 @@ std::function<void(SpawnSpec&)> worker_spawn(const std::string& job, const std::
                            "USER=nobody", "LOGNAME=nobody", "TORCHINDUCTOR_CACHE_DIR=/tmp/inductor"});
     s.env = env;
     s.cwd = kViewScratch;
-    s.confine = base_view(view_root(cache));
+    s.confine = base_view(view_root(cache), st);
     s.confine.binds.push_back({KF_MN_CONFINE_LIB, kViewLib});
     s.confine.binds.push_back({job, kViewJob});
     s.confine.binds.push_back({scratch, kViewScratch});
@@ -415,7 +485,10 @@ double time_reference_kb(tasks::Reference& ref, const std::vector<at::Tensor>& i
   return sum / trials;
 }
 
-Probe run_probe(const tasks::Task& task, tasks::Backend b, const Build& bd, const Options& o, uint64_t seed) {
+// time_cpp_reference: also time the task's C++ reference here, KernelBench's way, in this
+// process (the alike timing gives the reference's time from a worker instead).
+Probe run_probe(const tasks::Task& task, tasks::Backend b, const Build& bd, const Options& o, uint64_t seed,
+                bool time_cpp_reference) {
   Probe p;
   const bool cuda = b == tasks::Backend::CUDA;
   const at::Device dev =
@@ -436,8 +509,9 @@ Probe run_probe(const tasks::Task& task, tasks::Backend b, const Build& bd, cons
   so.threads = o.eval.cpu_threads > 0 ? o.eval.cpu_threads : at::get_num_threads();
   so.slots = 1;
   so.flush_bytes = 0;
-  so.worker_path = python_install().exe;
-  so.adjust_spawn = worker_spawn(bd.job, spec.dump(), cuda, cache_dir(o.eval));
+  const Setup st = setup_of(o);
+  so.worker_path = st.py->exe;
+  so.adjust_spawn = worker_spawn(bd.job, spec.dump(), cuda, cache_dir(o.eval), st);
   std::vector<TensorLayout> li, lo;
   for (const auto& s : ins) li.push_back({abi_dtype(s.dtype), s.shape});
   for (const auto& s : ps) li.push_back({abi_dtype(s.dtype), s.shape});
@@ -499,13 +573,183 @@ Probe run_probe(const tasks::Task& task, tasks::Backend b, const Build& bd, cons
       last = x;
     }
   }
-  if (!last.empty()) {
+  if (!last.empty() && time_cpp_reference) {
     std::optional<GpuTimingLock::Hold> hold;
     if (cuda && lock)
       hold.emplace(lock.get(), true, std::chrono::milliseconds(int64_t(o.eval.gpu_lock_timeout_s * 1000)));
     p.ref_ms = time_reference_kb(*ref, last, cuda, o.kb_perf_trials);
   }
   return p;
+}
+
+// --- timing alike: the reference and the candidate in Python workers of one kind
+//
+// The protocol run times its reference in the evaluator (the task's C++ replay, in a
+// process with other threads, another allocator history and no worker protocol around
+// it) and the candidate in the Python worker: a copy of the reference measured 1.13-1.81x
+// there on the CPU. Here the task's own Model runs as a ModelNew in a second worker of
+// the same kind (same interpreter, view, confinement, threads, cache flush, protocol),
+// and the two are called in turn on the same fresh inputs and parameters, each timed by
+// the evaluator's clock between the worker's start and end marks. The candidate's outputs
+// of these calls are compared with the reference worker's and its inputs must be
+// unchanged, so the calls that set the speedup are checked calls too.
+struct Alike {
+  std::vector<double> ref_ms, cand_ms;
+  std::string unavailable;  // why there is no measurement (then the protocol's times stand)
+  Verdict verdict = Verdict::ok;
+  std::string reason;  // the candidate failed in this run
+};
+
+std::string reference_as_modelnew(const tasks::Task& task) {
+  return task.source() + "\n\n# KernelForge: the task's own Model, timed as a ModelNew\nModelNew = Model\n";
+}
+
+unsigned long long flush_bytes_of(const EvalOptions& o, bool cuda) {
+  if (!o.flush_cache) return 0;
+  if (o.flush_bytes) return o.flush_bytes;
+  if (cuda) return 256ull << 20;
+  unsigned long long llc = 32ull << 20;
+  for (int idx = 4; idx >= 0; --idx) {
+    std::ifstream f("/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(idx) + "/size");
+    std::string v;
+    if (f >> v && !v.empty()) {
+      llc = std::stoull(v) << (v.back() == 'K' ? 10 : v.back() == 'M' ? 20 : 0);
+      break;
+    }
+  }
+  return std::min(2 * llc, 256ull << 20);
+}
+
+Alike time_alike(const tasks::Task& task, tasks::Backend b, const Build& cand, const Options& o, uint64_t seed,
+                 double est_ms) {
+  Alike a;
+  const bool cuda = b == tasks::Backend::CUDA;
+  const at::Device dev =
+      cuda ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(o.eval.device)) : at::Device(at::kCPU);
+  Options ro = o;
+  Build rb = build(task, b, reference_as_modelnew(task), ro);
+  if (!rb.cr.ok) {
+    a.unavailable = "the task's Model did not build as a ModelNew: " + rb.cr.diagnostics.substr(0, 300);
+    return a;
+  }
+  tasks::ExactFp32Scope exact;
+  auto ref = task.new_reference(b, dev);  // the task's parameters, as the protocol run uses them
+  const auto params = ref->params();
+  const auto& ins = task.inputs(b);
+  const auto& ps = task.params(b);
+  const auto& outs = task.outputs(b);
+  const Setup st = setup_of(o);
+  SandboxOptions so = o.eval.sandbox;
+  so.backend = abi_backend(b);
+  so.device = o.eval.device;
+  so.threads = o.eval.cpu_threads > 0 ? o.eval.cpu_threads : at::get_num_threads();
+  so.slots = 1;
+  so.flush_bytes = flush_bytes_of(o.eval, cuda);
+  so.worker_path = st.py->exe;
+  std::vector<TensorLayout> li, lo;
+  for (const auto& x : ins) li.push_back({abi_dtype(x.dtype), x.shape});
+  for (const auto& x : ps) li.push_back({abi_dtype(x.dtype), x.shape});
+  for (const auto& x : outs) lo.push_back({abi_dtype(x.dtype), x.shape});
+  json ref_spec = json::parse(task_spec_json(task, b));
+  ref_spec["exact_fp32"] = true;  // as the protocol's reference: no TF32
+  SandboxOptions rso = so;
+  rso.adjust_spawn = worker_spawn(rb.job, ref_spec.dump(), cuda, cache_dir(o.eval), st);
+  so.adjust_spawn = worker_spawn(cand.job, task_spec_json(task, b), cuda, cache_dir(o.eval), st);
+  // Both workers start before either runs; the reference's first.
+  auto rsb = Sandbox::start(rso, li, lo);
+  auto csb = Sandbox::start(so, li, lo);
+  struct Guard {
+    Sandbox* s;
+    ~Guard() { s->stop(); }
+  } g1{rsb.get()}, g2{csb.get()};
+  CallOutcome lr = rsb->load(rb.cr.so_path);
+  if (!lr.ok()) {
+    a.unavailable = "the reference worker did not load: " + lr.message;
+    return a;
+  }
+  CallOutcome lc = csb->load(cand.cr.so_path);
+  if (!lc.ok()) {
+    a.verdict = Verdict::runtime_error;
+    a.reason = "timing run: load failed: " + lc.message;
+    return a;
+  }
+  const at::Device slot_dev = csb->device_resident() ? dev : at::Device(at::kCPU);
+  std::unique_ptr<GpuTimingLock> lock;
+  if (cuda && o.eval.gpu_lock) lock = std::make_unique<GpuTimingLock>(o.eval.gpu_lock_dir, gpu_lock_key(o.eval.device));
+  const double timeout = std::max(o.eval.min_call_timeout_s, 20.0 * est_ms / 1000.0);
+  auto stage = [&](Sandbox& sb, const std::vector<at::Tensor>& x) {
+    for (size_t t = 0; t < ins.size(); ++t) view_of(sb.input(0, int(t)), ins[t], slot_dev).copy_(x[t]);
+    for (size_t t = 0; t < ps.size(); ++t) view_of(sb.input(0, int(ins.size() + t)), ps[t], slot_dev).copy_(params[t]);
+  };
+  auto fail = [&](const CallOutcome& c, const std::string& where) {
+    a.verdict = c.kind == CallOutcome::Timeout     ? Verdict::timeout
+                : c.kind == CallOutcome::Forbidden ? Verdict::rejected_cheat
+                                                   : Verdict::runtime_error;
+    a.reason = "timing run, " + where + ": " + std::string(outcome_name(c.kind)) + ": " + c.message;
+  };
+  const int warmup = std::max(1, o.eval.warmup);
+  constexpr int kSlowTrials = 3;
+  for (int t = 0;; ++t) {
+    const int timed = t - warmup;
+    if (timed >= 0) {
+      const int n = int(a.cand_ms.size());
+      const bool slow = o.eval.slow_speedup > 0 && n >= kSlowTrials &&
+                        summarize(a.ref_ms).median < o.eval.slow_speedup * summarize(a.cand_ms).median;
+      const bool wide =
+          summarize(a.ref_ms).spread() > o.eval.max_spread || summarize(a.cand_ms).spread() > o.eval.max_spread;
+      if (slow || (n >= o.eval.trials && (!wide || n >= o.eval.max_trials))) break;
+    }
+    const std::string where = (timed >= 0 ? "timed trial " : "warm-up ") + std::to_string(std::max(timed, t));
+    const auto x = task.make_inputs(b, seed * 1000003ull + 104729ull * uint64_t(t + 1), dev);
+    stage(*rsb, x);
+    stage(*csb, x);
+    if (cuda) tasks::synchronize(dev);  // the workers' own syncs do not wait for this process's copies
+    std::optional<GpuTimingLock::Hold> hold;
+    if (lock) hold.emplace(lock.get(), true, std::chrono::milliseconds(int64_t(o.eval.gpu_lock_timeout_s * 1000)));
+    const uint32_t poison = uint32_t(t & 1);
+    CallOutcome cr, cc;
+    if (t % 2 == 0) {
+      cr = rsb->run(0, poison, so.flush_bytes > 0, 0, timeout);
+      if (cr.ok()) cc = csb->run(0, poison, so.flush_bytes > 0, 0, timeout);
+    } else {
+      cc = csb->run(0, poison, so.flush_bytes > 0, 0, timeout);
+      if (cc.ok()) cr = rsb->run(0, poison, so.flush_bytes > 0, 0, timeout);
+    }
+    hold.reset();
+    if (!cc.ok() && cc.kind != CallOutcome::Environment && (t % 2 == 1 || cr.ok())) {
+      fail(cc, where);
+      return a;
+    }
+    if (!cr.ok() || !cc.ok()) {
+      a.unavailable = "the reference worker failed at " + where + ": " + std::string(outcome_name(cr.kind)) + ": " +
+                      (cr.ok() ? cc.message : cr.message);
+      return a;
+    }
+    for (size_t i = 0; i < outs.size(); ++i) {
+      const at::Tensor got = view_of(const_cast<void*>(csb->output_at_return(0, int(i))), outs[i], slot_dev).to(dev);
+      const at::Tensor want = view_of(const_cast<void*>(rsb->output_at_return(0, int(i))), outs[i], slot_dev).to(dev);
+      const Compare cmp = compare_outputs(got, want, task.tolerance(b, i), poison);
+      if (!cmp.ok || cmp.unwritten > 0) {
+        a.verdict = Verdict::incorrect;
+        a.reason = "timing run, " + where + ": output " + std::to_string(i) + ": " + std::to_string(cmp.bad) + "/" +
+                   std::to_string(cmp.total) + " elements out of tolerance (" + std::to_string(cmp.unwritten) +
+                   " unwritten), max abs error " + std::to_string(cmp.max_abs) +
+                   ": the candidate computed otherwise in the calls that set its speedup";
+        return a;
+      }
+    }
+    for (size_t i = 0; i < ins.size(); ++i)
+      if (!at::equal(view_of(csb->input(0, int(i)), ins[i], slot_dev).to(dev), x[i])) {
+        a.verdict = Verdict::rejected_cheat;
+        a.reason = "timing run, " + where + ": modifies its inputs (input " + std::to_string(i) + ")";
+        return a;
+      }
+    if (timed >= 0) {
+      a.ref_ms.push_back(cr.external_ms);
+      a.cand_ms.push_back(cc.external_ms);
+    }
+  }
+  return a;
 }
 
 std::vector<std::string> global_functions(const std::string& source) {
@@ -519,6 +763,28 @@ std::vector<std::string> global_functions(const std::string& source) {
 
 bool is_modelnew_candidate(const std::string& path) { return fsutil::extension(path) == ".py"; }
 
+bool is_modelnew_source(const std::string& source) {
+  // A Python class statement (C++ has no `class X(...):` line ending in a colon) and an import of torch.
+  static const std::regex cls(R"((^|\n)class[ \t]+ModelNew[ \t]*(\([^)\n]*\))?[ \t]*:[ \t]*(#[^\n]*)?(\r?\n|$))");
+  static const std::regex imp(R"((^|\n)[ \t]*(import[ \t]+torch|from[ \t]+torch[\w.]*[ \t]+import)\b)");
+  return std::regex_search(source, cls) && std::regex_search(source, imp);
+}
+
+std::function<Result(const tasks::Task&, tasks::Backend, const std::string&, uint64_t)> service_scorer(Evaluator& ev,
+                                                                                                       Options opts) {
+  opts.probe = false;
+  return [&ev, opts](const tasks::Task& task, tasks::Backend b, const std::string& source, uint64_t id) {
+    Result r = evaluate(task, b, source, opts, id).result;
+    r.reward = ev.reward_model().score(r);  // the run's reward statistics, not a fresh model's
+    return r;
+  };
+}
+
+void install_in_service(ServiceOptions& so, Evaluator& ev, const Options& opts) {
+  so.other_format = is_modelnew_source;
+  so.score_other = service_scorer(ev, opts);
+}
+
 CompileResult compile(const tasks::Task& task, tasks::Backend b, const std::string& source, const Options& opts) {
   return build(task, b, source, opts).cr;
 }
@@ -529,8 +795,9 @@ Outcome evaluate(const tasks::Task& task, tasks::Backend b, const std::string& s
   const bool cuda = b == tasks::Backend::CUDA;
   Build bd = build(task, b, source, opts);
   EvalOptions eo = opts.eval;
-  eo.sandbox.worker_path = python_install().exe;
-  eo.sandbox.adjust_spawn = worker_spawn(bd.job, task_spec_json(task, b), cuda, cache_dir(opts.eval));
+  const Setup st = setup_of(opts);
+  eo.sandbox.worker_path = st.py->exe;
+  eo.sandbox.adjust_spawn = worker_spawn(bd.job, task_spec_json(task, b), cuda, cache_dir(opts.eval), st);
   // The worker's clock covers forward (with .contiguous() and a device sync); the copy of the
   // returned tensors into the harness's outputs follows it, inside the evaluator's clock. The
   // slack between the two clocks grows by that copy at a conservative bandwidth (CPU 4 GB/s,
@@ -545,13 +812,72 @@ Outcome evaluate(const tasks::Task& task, tasks::Backend b, const std::string& s
     r.reason = "compile error (ModelNew compile step)";
   name_worker_failure(r);
 
+  // The speedup: reference and candidate timed alike (time_alike), when the protocol passed.
+  if (r.verdict == Verdict::ok && opts.time_alike) {
+    const auto t_alike = Clock::now();
+    Alike a;
+    try {
+      a = time_alike(task, b, bd, opts, candidate_seed ^ 0x7a11ull, std::max(r.ref_ms.median, r.cand_ms.median));
+    } catch (const std::exception& e) {
+      a = Alike{};
+      a.unavailable = e.what();
+    }
+    const std::string before = "the protocol run's reference (the task's C++ replay in the evaluator) " +
+                               std::to_string(r.ref_ms.median) + " ms, candidate " + std::to_string(r.cand_ms.median) +
+                               " ms";
+    if (a.verdict != Verdict::ok) {
+      r.verdict = a.verdict;
+      r.reason = a.reason;
+      r.cause = Cause::kernel;
+      r.speedup = 0;
+      r.checks.push_back({"modelnew.timing_alike", false, a.reason});
+    } else if (!a.unavailable.empty() || a.cand_ms.empty()) {
+      log_warn("modelnew: ", task.name(), ": reference and candidate could not be timed alike (", a.unavailable,
+               "); the protocol run's times stand");
+      r.checks.push_back({"modelnew.timing_alike", true, "unavailable (" + a.unavailable + "); " + before});
+    } else {
+      r.ref_ms = summarize(a.ref_ms);
+      r.cand_ms = summarize(a.cand_ms);
+      const SpeedupInterval iv = paired_speedup_interval(a.ref_ms, a.cand_ms);
+      r.speedup_lo = iv.lo;
+      r.speedup_hi = iv.hi;
+      r.timing_unstable = r.cand_ms.spread() > opts.eval.max_spread || r.ref_ms.spread() > opts.eval.max_spread;
+      // The two calls of a pair run back to back, so the median of the per-pair ratios
+      // cancels load that changes between pairs (other processes on a shared host), which
+      // moves the ratio of medians by 10-45 % on a loaded 2-core machine.
+      std::vector<double> ratios;
+      for (size_t i = 0; i < a.cand_ms.size(); ++i) ratios.push_back(a.ref_ms[i] / std::max(a.cand_ms[i], 1e-9));
+      out.alike_speedup = quantile(ratios, 0.5);
+      r.speedup = r.timing_unstable ? iv.lo : out.alike_speedup;
+      char buf[512];
+      std::snprintf(buf, sizeof buf,
+                    "the task's Model in a Python worker like the candidate's, %zu interleaved pairs by the "
+                    "evaluator's clock: reference %.4f ms, candidate %.4f ms (medians), per-pair speedup %.3f, "
+                    "95%% interval [%.3f, %.3f]%s; ",
+                    a.cand_ms.size(), r.ref_ms.median, r.cand_ms.median, out.alike_speedup, iv.lo, iv.hi,
+                    r.timing_unstable ? " (spread too wide: the speedup is the interval's low end)" : "");
+      r.checks.push_back({"modelnew.timing_alike", true, buf + before});
+    }
+    r.verify_s += std::chrono::duration<double>(Clock::now() - t_alike).count();
+  }
+
   const bool loaded = r.verdict == Verdict::ok || r.verdict == Verdict::incorrect ||
                       r.verdict == Verdict::rejected_cheat ||
                       (r.verdict == Verdict::runtime_error && r.reason.rfind("forward raised", 0) == 0);
   if (opts.probe && loaded) {
     Probe p;
     try {
-      p = run_probe(task, b, bd, opts, candidate_seed ^ 0x6b62ull);
+      p = run_probe(task, b, bd, opts, candidate_seed ^ 0x6b62ull, !opts.time_alike);
+      // KernelBench's reference time alike too: the task's Model probed in a worker of the
+      // same kind on the same inputs (the same seed), its forward timed as the candidate's.
+      if (opts.time_alike && p.evidence.is_object()) {
+        const Build rb = build(task, b, reference_as_modelnew(task), opts);
+        if (!rb.cr.ok) throw Error("the task's Model did not build as a ModelNew: " + rb.cr.diagnostics.substr(0, 300));
+        const Probe rp = run_probe(task, b, rb, opts, candidate_seed ^ 0x6b62ull, false);
+        if (!rp.error.empty() || !rp.evidence.is_object() || !rp.evidence.contains("kb_time"))
+          throw Error("the reference's probe: " + (rp.error.empty() ? "no KernelBench timing" : rp.error));
+        p.ref_ms = rp.evidence["kb_time"].value("mean_ms", 0.0);
+      }
     } catch (const std::exception& e) {
       p.error = e.what();
       log_warn("modelnew: the probe of ", task.name(), " failed (", e.what(),
@@ -638,6 +964,7 @@ std::string to_json(const Outcome& o, int indent) {
   m["kb_ref_ms"] = o.kb_ref_ms;
   m["kb_cand_ms"] = o.kb_cand_ms;
   m["kb_speedup"] = o.kb_speedup;
+  m["alike_speedup"] = o.alike_speedup;
   m["evidence"] = o.evidence_json.empty() ? json(nullptr) : json::parse(o.evidence_json);
   j["modelnew"] = m;
   return j.dump(indent);

@@ -16,6 +16,7 @@
 // Threading: evaluate() uses the device's timing (one caller per GPU at a time, as Evaluator).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -27,9 +28,17 @@ struct Options {
   EvalOptions eval;              // the ABI path's options (trials, sets, limits, seeds)
   double build_timeout_s = 900;  // the compile step (load_inline of a CUDA extension takes ~30 s)
   bool probe = true;             // run the probe (custom-code evidence, KernelBench protocol)
-  int kb_correct_trials = 5;     // KernelBench: num_correct_trials
-  int kb_perf_trials = 100;      // KernelBench: num_perf_trials
-  double kb_tol = 1e-2;          // KernelBench: atol = rtol
+  // The speedup from the task's Model run as a ModelNew in a Python worker like the
+  // candidate's, interleaved with it (false: the protocol run's C++ reference in the
+  // evaluator, which a copy of the reference beats by 1.1-1.8x on the CPU).
+  bool time_alike = true;
+  int kb_correct_trials = 5;  // KernelBench: num_correct_trials
+  int kb_perf_trials = 100;   // KernelBench: num_perf_trials
+  double kb_tol = 1e-2;       // KernelBench: atol = rtol
+  // The interpreter (empty: the build's KF_PYTHON) and the folder of worker.py, build_ext.py
+  // and mn_common.py (empty: this source tree's evaluator/modelnew). Either may live
+  // anywhere: under /tmp, in a path with spaces, on a read-only file system.
+  std::string python, scripts_dir;
 };
 
 struct Outcome {
@@ -46,10 +55,25 @@ struct Outcome {
   int kb_correct = 0, kb_trials = 0;                     // input sets within kb_tol
   double kb_ref_ms = 0, kb_cand_ms = 0, kb_speedup = 0;  // means of kb_perf_trials
   std::string evidence_json;                             // the worker's raw evidence (untrusted, reported as is)
+  // Reference and candidate timed alike (Options::time_alike): the median of the per-pair
+  // speedups (result.speedup unless the timing was unstable); 0 when not measured.
+  double alike_speedup = 0;
 };
 
 // True for a candidate path this module handles (a .py file).
 bool is_modelnew_candidate(const std::string& path);
+
+// True for a candidate source in KernelBench's format: Python (an import of torch) defining
+// `class ModelNew`. A run's candidates carry no file name: kf-evaluator decides by this.
+bool is_modelnew_source(const std::string& source);
+
+// What kf-evaluator installs as ServiceOptions::score_other (other_format: is_modelnew_source):
+// a ModelNew source through evaluate() without the probe (its evidence is reported, never
+// scored), its reward from `ev`'s reward model (the run's statistics, not a fresh model's).
+std::function<Result(const tasks::Task&, tasks::Backend, const std::string&, uint64_t)> service_scorer(Evaluator& ev,
+                                                                                                       Options opts);
+// Sets so.other_format and so.score_other as above.
+void install_in_service(ServiceOptions& so, Evaluator& ev, const Options& opts);
 
 // Compiles, verifies and probes one candidate. Never throws for anything the candidate
 // does; throws kf::Error for problems of the task or the installation.

@@ -42,7 +42,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import mn_common  # noqa: E402
 
 # --- protocol.h, mirrored
-K_MAX_TENSORS, K_MAX_SLOTS = 64, 4
+K_MAX_TENSORS, K_MAX_SLOTS = 4096, 4
 FD_SHM, FD_CMD, FD_REPLY = 3, 4, 5
 MAGIC = 0x4B464556414C3031
 OP_LOAD, OP_RUN, OP_QUIT = 1, 2, 3
@@ -155,6 +155,10 @@ def main():
         if cuda:
             import torch.profiler  # noqa: F401
     torch.set_num_threads(max(1, args["threads"]))
+    if spec.get("exact_fp32"):  # the task's own Model timed as the reference: exact fp32, as the C++ reference
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        torch.set_float32_matmul_precision("highest")
     dtypes = {0: torch.float32, 1: torch.float16, 2: torch.bfloat16, 3: torch.float64, 4: torch.int32,
               5: torch.int64, 6: torch.int16, 7: torch.int8, 8: torch.uint8, 9: torch.bool}
 
@@ -307,6 +311,13 @@ def main():
     now = time.monotonic_ns
     cuda_memcpy = cudart.cudaMemcpy if cuda else None
     cuda_sync = cudart.cudaDeviceSynchronize if cuda else None
+
+    def cuda_error():
+        # A failed device sync, or an error left by an earlier launch: its name, else "".
+        e = cuda_sync() or cudart.cudaGetLastError()
+        if not e:
+            return ""
+        return "%s (%s)" % (cudart.cudaGetErrorName(e).decode(), cudart.cudaGetErrorString(e).decode())
     current_stream = torch.cuda.current_stream if cuda else None
     no_grad = torch.no_grad
     model = None
@@ -383,6 +394,13 @@ def main():
             if cuda:
                 cuda_sync()
         t1 = now()
+        if cuda:
+            cerr = cuda_error()
+            if cerr:  # the context is unusable: say so, as kf-sandbox-worker does, and exit
+                mark = Reply(kind=K_MARK_END, status=ST_CUDA_ERROR, rc=rc, elapsed_ns=t1 - t0)
+                mark.msg = ("CUDA error after forward: %s%s" % (cerr, "" if rc == 0 else " (" + why + ")")).encode()[:500]
+                send(mark)
+                os._exit(4)
         if rc == 0 and cuda and not probe and side_ns > max(100_000, (t1 - t0) // 20):
             rc = RC_SIDE_STREAM
             why = ("unsynchronised side stream: the GPU was still busy %.3f ms after forward returned and its "
@@ -413,7 +431,12 @@ def main():
 
         as0 = time.monotonic_ns()
         if cuda:
-            torch.cuda.synchronize()
+            cerr = cuda_error()
+            if cerr:
+                rep.status = ST_CUDA_ERROR
+                rep.msg = ("CUDA error after return (deferred work?): %s" % cerr).encode()[:500]
+                send(rep)
+                os._exit(4)
         rep.after_sync_ns = time.monotonic_ns() - as0
         if probe and call_no == int(spec.get("evidence_call", 1)):
             evidence = probe_evidence(model, args_s, spec, state, torch, cuda, dev)
@@ -428,6 +451,13 @@ def main():
     os._exit(0)
 
 
+def typed(lib):
+    lib.cudaMemcpy.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    lib.cudaGetErrorName.restype = ctypes.c_char_p
+    lib.cudaGetErrorString.restype = ctypes.c_char_p
+    return lib
+
+
 def load_cudart():
     # The CUDA runtime torch already loaded (its soname differs per CUDA major version).
     with open("/proc/self/maps") as f:
@@ -435,13 +465,11 @@ def load_cudart():
             path = line.split()[-1]
             if "libcudart.so" in os.path.basename(path):
                 lib = ctypes.CDLL(path)
-                lib.cudaMemcpy.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-                return lib
+                return typed(lib)
     for name in ("libcudart.so.13", "libcudart.so.12", "libcudart.so"):
         try:
             lib = ctypes.CDLL(name)
-            lib.cudaMemcpy.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-            return lib
+            return typed(lib)
         except OSError:
             pass
     die("no CUDA runtime library found")
@@ -637,6 +665,11 @@ if __name__ == "__main__":
         main()
     except SystemExit:
         raise
-    except BaseException:
+    except BaseException as exc:
+        # The cause goes into the verdict's reason (the Sandbox quotes the "fatal:" line):
+        # the exception, and where in this file it was raised.
         traceback.print_exc()
-        die("worker error")
+        tb = traceback.extract_tb(exc.__traceback__)
+        here = [f for f in tb if f.filename == os.path.abspath(__file__)]
+        at = " (worker.py line %d, in %s)" % (here[-1].lineno, here[-1].name) if here else ""
+        die("worker error: %s%s" % (one_line(exc), at))

@@ -216,6 +216,8 @@ Result EvaluatorService::score(const replay::Candidate& c) {
               "; it is scored runtime_error and the evaluator goes on");
     return fail(Verdict::runtime_error, "evaluator: " + err, Cause::environment);
   }
+  if (o_.other_format && o_.score_other && o_.other_format(c.source))
+    return o_.score_other(*t, o_.backend, c.source, c.id);
   return ev_.evaluate(*t, o_.backend, c.source, c.id);
 }
 
@@ -295,8 +297,11 @@ std::size_t EvaluatorService::step() {
   // Compile the whole batch on the pool while the first candidates are verified.
   const Backend abi = abi_backend(o_.backend);
   std::vector<std::shared_future<CompileResult>> compiles(batch.size());
-  for (std::size_t i = 0; i < batch.size(); ++i)
-    if (!batch[i].source.empty()) compiles[i] = ev_.compiler().submit(batch[i].source, abi);
+  std::vector<char> other(batch.size(), 0);  // another format (ServiceOptions::other_format): not compiled here
+  for (std::size_t i = 0; i < batch.size(); ++i) {
+    other[i] = !batch[i].source.empty() && o_.other_format && o_.score_other && o_.other_format(batch[i].source);
+    if (!batch[i].source.empty() && !other[i]) compiles[i] = ev_.compiler().submit(batch[i].source, abi);
+  }
   for (std::size_t i = 0; i < batch.size(); ++i) {
     if (i > 0 && o_.stop && o_.stop->load()) {
       log_warn("evaluator ", o_.evaluator_id, ": stopping on a signal; ", batch.size() - i,
@@ -313,9 +318,13 @@ std::size_t EvaluatorService::step() {
     } else {
       std::string oom;  // why, when the GPU ran out of memory
       try {
-        Attempt a = evaluate_once(ev_, *t, o_.backend, compiles[i].get(), c.id);
-        r = std::move(a.result);
-        oom = std::move(a.out_of_memory);
+        if (other[i]) {
+          r = o_.score_other(*t, o_.backend, c.source, c.id);
+        } else {
+          Attempt a = evaluate_once(ev_, *t, o_.backend, compiles[i].get(), c.id);
+          r = std::move(a.result);
+          oom = std::move(a.out_of_memory);
+        }
       } catch (const kf::Error& e) {
         // The task or the installation, not the candidate: say so, score it, go on.
         log_error("evaluator ", o_.evaluator_id, ": verifying candidate ", c.id, " failed: ", e.what(),

@@ -5,6 +5,8 @@
 // empty and no actor process is left.
 // The backend is run.backend (auto: CUDA when a GPU is visible); tasks come from tasks.dir.
 // With --run-dir, every verdict is also appended to DIR/metrics/verdicts-<id>.jsonl.
+// Candidates in KernelBench's format (Python defining class ModelNew) are verified by
+// evaluator/modelnew/ under the same protocol; all others are ABI kernels.
 // SIGINT/SIGTERM: finish the candidate in hand, then exit 0.
 // Exit: 0 stopped cleanly, 2 usage or config error, 3 could not attach / fatal error.
 //
@@ -32,6 +34,7 @@
 #include "kf/common/log.h"
 #include "kf/evaluator/evaluator.h"
 #include "kf/tasks/tasks.h"
+#include "modelnew.h"  // KernelBench ModelNew candidates (Python): evaluator/modelnew/
 
 #ifdef KF_HAVE_NETQUEUE
 #include <unistd.h>
@@ -86,6 +89,9 @@ int run_remote(const kf::Config& cfg, const kf::evaluator::EvalOptions& eo, cons
   const std::string where = "redis at " + sc.host + ":" + std::to_string(sc.port);
 
   kf::evaluator::Evaluator ev(eo);
+  kf::evaluator::modelnew::Options mo;
+  mo.eval = eo;
+  const auto score_modelnew = kf::evaluator::modelnew::service_scorer(ev, mo);
   std::map<std::string, std::shared_ptr<const kf::tasks::Task>> tasks;
   // The node's verdict log (--run-dir: <node folder>/metrics/verdicts-<id>.jsonl), the same
   // lines as on one node, so tools/report reads an evaluator node's folder too.
@@ -217,7 +223,8 @@ int run_remote(const kf::Config& cfg, const kf::evaluator::EvalOptions& eo, cons
               t = it->second;
             }
             level = t->level();
-            r = ev.evaluate(*t, so.backend, c.source, c.id);
+            r = kf::evaluator::modelnew::is_modelnew_source(c.source) ? score_modelnew(*t, so.backend, c.source, c.id)
+                                                                      : ev.evaluate(*t, so.backend, c.source, c.id);
           } catch (const std::exception& e) {
             kf::log_error("evaluator ", id, ": verifying candidate ", c.id, " failed: ", kf::message_of(e),
                           "; scored runtime_error (environment), the evaluator goes on");
@@ -336,6 +343,9 @@ int main(int argc, char** argv) {
   try {
     auto shm = kf::replay::RunShm::attach(run);
     kf::evaluator::Evaluator ev(eo);
+    kf::evaluator::modelnew::Options mo;
+    mo.eval = eo;
+    kf::evaluator::modelnew::install_in_service(so, ev, mo);  // KernelBench-format (.py) candidates
     kf::evaluator::EvaluatorService service(ev, *shm, so);
     kf::log_info("evaluator ", id, ": attached to run ", run, ", backend ", kf::tasks::backend_name(so.backend),
                  ", tasks from ", so.tasks_dir);

@@ -44,7 +44,7 @@
 namespace kf::evaluator::proto {
 
 constexpr uint64_t kMagic = 0x4b464556414c3031ull;  // "KFEVAL01"
-constexpr int kMaxTensors = 64;
+constexpr int kMaxTensors = 4096;  // inputs, then parameters and buffers (DenseNet201: over 1,000)
 constexpr int kMaxSlots = 4;
 constexpr int kFdShm = 3, kFdCmd = 4, kFdReply = 5;
 constexpr std::size_t kAlign = 4096;

@@ -525,6 +525,11 @@ struct ServiceOptions {
   // up to `batch` verifications (the launcher kills evaluators 15 s after SIGTERM).
   const std::atomic<bool>* stop = nullptr;
   bool train_on_degenerate_tasks = false;  // evaluator.train_on_degenerate_tasks
+  // Candidates of another format (kf-evaluator sets both: KernelBench ModelNew sources go to
+  // evaluator/modelnew/): a source other_format accepts is not compiled as an ABI kernel;
+  // score_other gives its verdict.
+  std::function<bool(const std::string& source)> other_format;
+  std::function<Result(const tasks::Task&, tasks::Backend, const std::string& source, uint64_t id)> score_other;
 };
 
 // From the run's config: run.backend, tasks.dir, evaluator.cache_limit_gb,
