@@ -639,7 +639,7 @@ struct Session {
     std::vector<int> order = group == 0 ? std::vector<int>{0, 3} : std::vector<int>{1, 2};
     std::shuffle(order.begin(), order.end(), rng);
     const int64_t g = std::max<int64_t>(1, used / kEdgePatterns);
-    const at::Tensor flat = t.reshape(-1).to(at::kFloat);
+    const at::Tensor flat = t.reshape(-1);  // rows taken are converted, not the tensor (GiBs on a GPU task)
     for (int slot = 0; slot < kEdgePatterns; ++slot) {
       const int pat = order[size_t(slot)];
       if (slot * g >= used) break;
@@ -662,18 +662,18 @@ struct Session {
       } else if (pat == 1) {
         idx = (r.unsqueeze(1) * last + at::arange(last, lo).unsqueeze(0)).reshape(-1);
         at::Tensor shift = at::empty({nr, 1}, fo).uniform_(lmin + 2, lmin + 30, gen).expand({nr, last}).reshape(-1);
-        val = flat.index_select(0, idx) - shift;
+        val = flat.index_select(0, idx).to(at::kFloat) - shift;
         moderate = (lmin + 30 + scale) / scale;
         name = "rows shifted below exp underflow (-" + fmt(lmin) + ")";
       } else if (pat == 2) {
         idx = (r.unsqueeze(1) * last + at::arange(last, lo).unsqueeze(0)).reshape(-1);
         at::Tensor shift = at::empty({nr, 1}, fo).uniform_(lmax + 2, lmax + 30, gen).expand({nr, last}).reshape(-1);
-        val = flat.index_select(0, idx) + shift;
+        val = flat.index_select(0, idx).to(at::kFloat) + shift;
         moderate = (lmax + 30 + scale) / scale;
         name = "rows shifted above exp overflow (" + fmt(lmax) + ")";
       } else {
         idx = (r.unsqueeze(1) * last + at::arange(last, lo).unsqueeze(0)).reshape(-1);
-        val = flat.index_select(0, idx) * tiny;
+        val = flat.index_select(0, idx).to(at::kFloat) * tiny;
         name = "rows scaled by " + fmt(tiny);
       }
       e.ol.which.push_back(i);
