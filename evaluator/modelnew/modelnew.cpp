@@ -586,8 +586,8 @@ Probe run_probe(const tasks::Task& task, tasks::Backend b, const Build& bd, cons
 //
 // The protocol run times its reference in the evaluator (the task's C++ replay, in a
 // process with other threads, another allocator history and no worker protocol around
-// it) and the candidate in the Python worker: a copy of the reference measured 1.13-1.81x
-// there on the CPU. Here the task's own Model runs as a ModelNew in a second worker of
+// it) and the candidate in the Python worker: a copy of the reference measured 0.41-0.75x
+// there on the CPU (docs/kernelbench.md). Here the task's own Model runs as a ModelNew in a second worker of
 // the same kind (same interpreter, view, confinement, threads, cache flush, protocol),
 // and the two are called in turn on the same fresh inputs and parameters, each timed by
 // the evaluator's clock between the worker's start and end marks. The candidate's outputs
