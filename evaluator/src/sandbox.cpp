@@ -19,6 +19,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <thread>
 
 #include "kf/common/error.h"
@@ -82,6 +83,23 @@ std::string gpu_lock_key(int device) {
   return std::to_string(device);
 }
 
+void exec_with_worker_openmp() {
+  const char* policy = std::getenv("OMP_WAIT_POLICY");
+  const char* spin = std::getenv("GOMP_SPINCOUNT");
+  if (policy && std::strcmp(policy, "PASSIVE") == 0 && spin && std::strcmp(spin, "0") == 0) return;
+  std::ifstream f("/proc/self/cmdline", std::ios::binary);
+  std::string all((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  std::vector<char*> argv;
+  for (size_t i = 0; i < all.size(); i += std::strlen(&all[i]) + 1) argv.push_back(&all[i]);
+  argv.push_back(nullptr);
+  setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
+  setenv("GOMP_SPINCOUNT", "0", 1);
+  if (argv.size() > 1) execv("/proc/self/exe", argv.data());
+  kf::log_warn("evaluator: could not execute itself again with OMP_WAIT_POLICY=PASSIVE (", std::strerror(errno),
+               "); the reference's OpenMP threads spin while the candidate's sleep, so timings are biased on a "
+               "loaded host");
+}
+
 namespace {
 using Clock = std::chrono::steady_clock;
 double since_ms(Clock::time_point a, Clock::time_point b) {
@@ -118,6 +136,23 @@ int64_t thread_cpu_ns(pid_t pid, pid_t tid) {
   int64_t ns = 0;
   f >> ns;
   return ns;
+}
+
+// How long one thread has waited on a run queue (its second /proc schedstat field, ns):
+// runnable, but another task had the CPU. 0 if it is gone.
+int64_t thread_wait_ns(pid_t pid, pid_t tid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/task/" + std::to_string(tid) + "/schedstat");
+  int64_t cpu = 0, wait = 0;
+  f >> cpu >> wait;
+  return wait;
+}
+
+// How long the calling thread has waited on a run queue (ns).
+int64_t self_wait_ns() {
+  std::ifstream f("/proc/thread-self/schedstat");
+  int64_t cpu = 0, wait = 0;
+  f >> cpu >> wait;
+  return wait;
 }
 
 // Resident bytes of a process, or 0 if it is gone.
@@ -640,6 +675,7 @@ CallOutcome Sandbox::load(const std::string& so_path) {
   if (I.dead) return {CallOutcome::Protocol, "sandbox is not running"};
   proto::Command c{};
   c.op = proto::OP_LOAD;
+  if (so_path.empty()) return {CallOutcome::LoadFailed, "empty path"};  // would load the empty kernel
   if (so_path.size() >= sizeof c.path) return {CallOutcome::LoadFailed, "path too long"};
   if (I.o.drop_root && geteuid() == 0) {
     // The worker runs as nobody: every folder on the way must be searchable by others
@@ -671,6 +707,26 @@ CallOutcome Sandbox::load(const std::string& so_path) {
   return out;
 }
 
+CallOutcome Sandbox::load_empty() {
+  Impl& I = *impl_;
+  CallOutcome out;
+  if (I.dead) return {CallOutcome::Protocol, "sandbox is not running"};
+  proto::Command c{};
+  c.op = proto::OP_LOAD;  // an empty path: the worker's own empty kernel (protocol.h)
+  if (!I.send(c, out)) return out;
+  proto::Reply rep;
+  if (!I.wait_reply(rep, Clock::now() + std::chrono::milliseconds(int64_t(I.o.start_timeout_s * 1000)), out)) {
+    if (out.kind == CallOutcome::Timeout) out.message = "start-up did not finish in time (killed)";
+    return out;
+  }
+  if (!I.wait_stop(Clock::now() + std::chrono::seconds(2), out)) return out;
+  if (rep.status != proto::ST_OK) {
+    out.kind = CallOutcome::LoadFailed;
+    out.message = rep.msg;
+  }
+  return out;
+}
+
 CallOutcome Sandbox::run(int slot, uint32_t poison, bool flush_cache, double /*probe_ms*/, double timeout_s) {
   Impl& I = *impl_;
   CallOutcome out;
@@ -687,7 +743,8 @@ CallOutcome Sandbox::run(int slot, uint32_t poison, bool flush_cache, double /*p
 
   // --- before the clock: resume, start mark, freeze 0
   out.threads_before = thread_count(I.pid);
-  const int64_t others0 = I.others_cpu();
+  const int64_t others0 = I.others_cpu(), wait0 = thread_wait_ns(I.pid, I.pid), cpu0 = I.process_cpu();
+  const int64_t ev0 = self_wait_ns();
   const auto t_resume = Clock::now();
   I.resume();
   proto::Reply start, end;
@@ -699,14 +756,17 @@ CallOutcome Sandbox::run(int slot, uint32_t poison, bool flush_cache, double /*p
     return I.classify_death(out, true);
   }
   if (!I.wait_stop(Clock::now() + std::chrono::seconds(2), out)) return out;
-  const int64_t others1 = I.others_cpu();
+  const auto t_stop0 = Clock::now();
+  const int64_t ev1 = self_wait_ns();
+  const int64_t others1 = I.others_cpu(), cpu1 = I.process_cpu(), wait1 = thread_wait_ns(I.pid, I.pid);
+  out.before_cpu_ms = (cpu1 - cpu0) / 1e6;
   out.idle_cpu_ms = (others1 - others0) / 1e6;
   out.resume_ms = since_ms(t_resume, t_start);
   const double wall_before = since_ms(t_resume, Clock::now());
   out.presync_ms = start.presync_ns / 1e6;
 
   // --- the call: resume, end mark, freeze 1
-  const int64_t c_start = I.process_cpu();
+  const int64_t c_start = I.process_cpu(), ev2 = self_wait_ns();
   const auto t_go = Clock::now();
   I.resume();
   if (!I.wait_reply(end, deadline, out, &t_end)) return out;
@@ -726,12 +786,24 @@ CallOutcome Sandbox::run(int slot, uint32_t poison, bool flush_cache, double /*p
     return I.classify_death(out, false);
   }
   if (!I.wait_stop(Clock::now() + std::chrono::seconds(2), out)) return out;
-  const int64_t c_stop1 = I.process_cpu();
+  const auto t_stop1 = Clock::now();
+  out.evaluator_wait_ms = ((ev1 - ev0) + (self_wait_ns() - ev2)) / 1e6;
+  const int64_t c_stop1 = I.process_cpu(), wait2 = thread_wait_ns(I.pid, I.pid), others_b = I.others_cpu();
   out.threads_after = thread_count(I.pid);
 
   // --- with every thread stopped: the evidence
   double settle_ms = 0;
   I.snapshot(slot, &settle_ms);
+  // Our clock over the two windows in which the worker ran before its outputs were taken
+  // (the stops between them are ours: CPU accounting, with every thread stopped), less the
+  // time the worker's main thread waited on a run queue in them (the kernel's schedstat)
+  // beyond the CPU its other threads used there: on a loaded host a resumed worker waits
+  // for a CPU, which is not the candidate's time, while a main thread kept waiting by the
+  // candidate's own busy threads is. Work done anywhere in the windows runs, or blocks the
+  // main thread, on this clock.
+  auto waited = [](int64_t wait, int64_t others) { return std::max<int64_t>(0, wait - others) / 1e6; };
+  out.outside_ms = since_ms(t_resume, t_stop0) - waited(wait1 - wait0, others1 - others0) + since_ms(t_go, t_stop1) -
+                   waited(wait2 - wait1, others_b - others1) + settle_ms;
 
   // --- after return: the worker's own device sync and clean-up, freeze 2
   const int64_t others2 = I.others_cpu();

@@ -41,8 +41,24 @@ struct CallOutcome {
   Kind kind = Ok;
   std::string message;  // the cause in words (signal, call, CUDA error, ...)
   int rc = 0;
-  double elapsed_ms = 0;   // the worker's clock: sync, call, sync
+  double elapsed_ms = 0;   // the worker's clock: sync, call, sync (the candidate can forge it)
   double external_ms = 0;  // this process's clock between the worker's start and end marks
+  // This process's clock over every window in which the worker ran up to the outputs at
+  // return: from the resume before its start mark until it was seen stopped at freeze 0,
+  // and from the resume that starts the call until it was seen stopped at freeze 1 (CUDA:
+  // plus the settle probe that waits for the device), less the time the worker's main
+  // thread waited on a run queue in them (kernel accounting: a loaded host's delay, not the
+  // candidate's work). Work the candidate does anywhere in the worker before the outputs are
+  // taken (inside the worker's read of the command, before its clock, after its end mark)
+  // is inside it; the fixed cost of the protocol is calibrated against an empty call
+  // (load_empty) and subtracted by the verifier.
+  double outside_ms = 0;
+  // CPU time of all the worker's threads from the resume to the start mark (the worker's
+  // own part is a read and a write): work done before the worker's clock shows here.
+  double before_cpu_ms = 0;
+  // How long this process's calling thread waited on a run queue in those windows: a late
+  // look at the worker's end on a loaded host, which lengthens outside_ms.
+  double evaluator_wait_ms = 0;
   double presync_ms = 0;
   // CPU time of ALL the worker's threads (its main thread included), from the kernel's
   // accounting read by this process: before the start mark (from the resume), after the
@@ -77,6 +93,9 @@ class Sandbox {
   // Loads the candidate. Throws kf::Error (an installation problem, not the candidate's)
   // when the worker's user could not read so_path (a 0700 folder on the way).
   CallOutcome load(const std::string& so_path);
+  // Loads the worker's own empty kernel (returns 0, touches nothing): a worker that runs no
+  // untrusted code, whose calls measure the protocol's fixed cost (outside_ms).
+  CallOutcome load_empty();
   // One call of kf_forward on slot `slot`: outputs poisoned with `poison` (0 or 1) and
   // caches flushed if asked (here, with the worker stopped); after return the worker is
   // frozen, the outputs copied, then it is let finish its own clean-up and frozen again.

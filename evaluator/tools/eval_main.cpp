@@ -23,6 +23,7 @@
 using namespace kf::evaluator;
 
 int main(int argc, char** argv) {
+  exec_with_worker_openmp();  // OpenMP threads sleep when they wait, as the worker's (evaluator.h)
   CLI::App app{"Verify a candidate kernel against a task and time it"};
   std::string task_arg, kernel_path, backend_s, tasks_dir, arch = "sm_90", cache;
   bool json = false;

@@ -288,6 +288,7 @@ int run_remote(const kf::Config& cfg, const kf::evaluator::EvalOptions& eo, cons
 }  // namespace
 
 int main(int argc, char** argv) {
+  kf::evaluator::exec_with_worker_openmp();  // OpenMP threads sleep when they wait, as the worker's (evaluator.h)
   CLI::App app{"KernelForge evaluator process"};
   std::string run, config_file, run_dir;
   std::vector<std::string> sets;

@@ -241,6 +241,22 @@ std::string confine(const ConfineOptions& o) {
   }
   add_cond(SCMP_SYS(setrlimit), SCMP_ACT_ERRNO(EPERM), SCMP_A1(SCMP_CMP_NE, 0));
   add_cond(SCMP_SYS(prlimit64), SCMP_ACT_ERRNO(EPERM), SCMP_A2(SCMP_CMP_NE, 0));
+  add_cond(SCMP_SYS(prlimit64), SCMP_ACT_ERRNO(EPERM), SCMP_A0(SCMP_CMP_NE, 0));
+  // Scheduling of any other thread or process: none. Affinity, priority, policy and I/O
+  // priority persist while the worker is stopped, so changing the evaluator's threads'
+  // would slow the reference (squeezed onto one core, at low priority) while none of the
+  // candidate's code runs. Each call may name only the calling thread (0). Priority,
+  // policy, I/O priority and page migration of another target trap (the verdict names the
+  // call); affinity of another thread fails with EPERM instead: pthread_setaffinity_np
+  // names even the caller's own threads by id, and an honest kernel that pins its threads
+  // runs unpinned rather than being scored a cheat.
+  add_cond(SCMP_SYS(sched_setaffinity), SCMP_ACT_ERRNO(EPERM), SCMP_A0(SCMP_CMP_NE, 0));
+  for (const char* name : {"sched_setscheduler", "sched_setparam", "sched_setattr", "migrate_pages", "move_pages"})
+    add_cond(seccomp_syscall_resolve_name(name), deny, SCMP_A0(SCMP_CMP_NE, 0));
+  add_cond(SCMP_SYS(setpriority), deny, SCMP_A0(SCMP_CMP_NE, 0 /*PRIO_PROCESS*/));
+  add_cond(SCMP_SYS(setpriority), deny, SCMP_A1(SCMP_CMP_NE, 0));
+  add_cond(SCMP_SYS(ioprio_set), deny, SCMP_A0(SCMP_CMP_NE, 1 /*IOPRIO_WHO_PROCESS*/));
+  add_cond(SCMP_SYS(ioprio_set), deny, SCMP_A1(SCMP_CMP_NE, 0));
   // No more privileges via prctl tricks is covered by no_new_privs; forbid re-enabling dumping.
   add_cond(SCMP_SYS(prctl), SCMP_ACT_ERRNO(EPERM), SCMP_A0(SCMP_CMP_EQ, PR_SET_DUMPABLE));
 

@@ -11,7 +11,9 @@
 //               ptrace and cross-process memory, io_uring (it bypasses seccomp), signals
 //               to other processes, kernel/namespace/admin calls, SysV IPC; and, so that
 //               none of the candidate's code runs outside kf_forward, signal handlers,
-//               timers, SIGCONT/SIGKILL to itself and lowered rlimits.
+//               timers, SIGCONT/SIGKILL to itself and lowered rlimits; no change to the
+//               scheduling (affinity, priority, policy, I/O priority) of any thread but
+//               the caller's own, so the evaluator's threads stay as they were.
 //   life        the parent-death signal is armed again after the identity change (which
 //               clears it): the worker dies with its evaluator, whatever its uid.
 // A denied call raises SIGSYS; the handler records the call number in shared memory and

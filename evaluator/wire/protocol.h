@@ -81,7 +81,8 @@ struct Command {
   uint32_t slot;
   uint32_t poison;       // Poison pattern for scratch (host staging: outputs too)
   uint32_t flush_cache;  // host staging only: overwrite a cache-sized buffer before the call
-  char path[1024];       // OP_LOAD: the shared object
+  char path[1024];       // OP_LOAD: the shared object; empty: the worker's own empty kernel
+                         // (the evaluator's calibration worker, which loads nothing else)
 };
 
 enum Status : uint32_t {

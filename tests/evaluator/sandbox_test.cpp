@@ -1,10 +1,13 @@
 // Sandbox worker: ABI marshalling, poison, containment of malicious kernels, restart.
 // Real processes, real seccomp, real compilers; no torch.
 #include <gtest/gtest.h>
+#include <sched.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -572,3 +575,129 @@ TEST(SandboxCudaTest, LateGpuWorkIsSeenAndHonestWorkIsNot) {
   EXPECT_EQ(busy, 5);
 }
 #endif
+
+// --- the trust boundary: what the candidate can do inside the worker does not reach the
+// evaluator's evidence or other processes
+
+namespace {
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+// The evaluator's clock around a worker running `so` (empty: the worker's own empty
+// kernel) on a ReLU of `n` floats, per call after two warm-ups: outside_ms and the
+// worker's own elapsed_ms (medians); outputs checked against the ReLU when `check`.
+struct Clocks {
+  double outside = 0, worker = 0, call_cpu = 0;
+};
+Clocks clocks_of(const std::string& so, int64_t n, bool check) {
+  auto sb = Sandbox::start(cpu_opts(), {{KF_FLOAT32, {n}}}, {{KF_FLOAT32, {n}}});
+  EXPECT_TRUE((so.empty() ? sb->load_empty() : sb->load(so)).ok());
+  std::vector<double> outside, worker, cpu;
+  for (int i = 0; i < 10; ++i) {
+    auto* x = static_cast<float*>(sb->input(i % 2, 0));
+    for (int64_t k = 0; k < n; ++k) x[k] = float(k % 13) - 6 + float(i);
+    CallOutcome o = sb->run(i % 2, uint32_t(i % 2), false, 0, 10);
+    EXPECT_TRUE(o.ok()) << o.message << sb->log_tail();
+    if (check) {
+      const auto* y = static_cast<const float*>(sb->output_at_return(i % 2, 0));
+      int64_t wrong = 0;
+      for (int64_t k = 0; k < n; ++k) wrong += y[k] != std::max(0.f, float(k % 13) - 6 + float(i));
+      EXPECT_EQ(wrong, 0) << "call " << i;
+    }
+    if (i < 2) continue;
+    outside.push_back(o.outside_ms);
+    worker.push_back(o.elapsed_ms);
+    cpu.push_back(o.call_cpu_ms);
+  }
+  return {median_of(outside), median_of(worker), median_of(cpu)};
+}
+}  // namespace
+
+// A candidate that rewrites the worker's dynamic-linking table (its GOT entry for read(),
+// made writable with mprotect) computes each call's outputs inside the worker's read of
+// the command, before the worker's clock starts: the worker's clock says almost nothing,
+// while the evaluator's measure around the worker, less that of an empty call, holds the
+// whole ReLU. Before the start mark that measure is the CPU the worker used (a resumed
+// worker waits for a CPU there on a loaded host), so the ReLU is compared with the CPU
+// time an honest single-threaded ReLU takes in its call.
+TEST(SandboxTest, WorkBeforeTheWorkersClockIsOnTheEvaluatorsClock) {
+  const int64_t n = 1 << 23;  // 32 MiB: milliseconds of single-threaded ReLU
+  const Clocks empty = clocks_of("", n, false);
+  const Clocks cheat = clocks_of(build(test::read_kernel("cpu/cheat_work_before_clock.cpp")), n, true);
+  const std::string honest_src = R"(#include <kf/kernel.h>
+extern "C" int kf_forward(kf::Context*, const kf::Tensor* in, int, kf::Tensor* out, int) {
+  const float* x = (const float*)in[0].data; float* y = (float*)out[0].data; const long n = in[0].numel();
+  for (long i = 0; i < n; ++i) y[i] = x[i] > 0.f ? x[i] : 0.f;  // the cheat's loop
+  return 0;
+})";
+  const Clocks honest = clocks_of(build(honest_src), n, true);
+  std::printf("outside/worker clock (call CPU), ms: empty %.3f/%.3f, honest %.3f/%.3f (%.3f), cheat %.3f/%.3f\n",
+              empty.outside, empty.worker, honest.outside, honest.worker, honest.call_cpu, cheat.outside, cheat.worker);
+  EXPECT_LT(empty.outside, 0.5 * honest.call_cpu) << "the protocol's own cost is small next to the work";
+  EXPECT_LT(cheat.worker, 0.1 * honest.call_cpu) << "the cheat hides its work from the worker's clock";
+  EXPECT_GT(cheat.outside - empty.outside, 0.6 * honest.call_cpu) << "the evaluator's measure must hold the work";
+  EXPECT_GT(honest.outside - empty.outside, 0.9 * honest.worker);
+}
+
+// Scheduling of other threads: a candidate running with the evaluator's own uid (no drop
+// to nobody, as for a non-root evaluator) cannot pin the evaluator's threads to one CPU
+// (EPERM) nor lower their priority (forbidden: the call is named).
+TEST(SandboxTest, OtherThreadsSchedulingCannotBeChanged) {
+  SandboxOptions o = cpu_opts();
+  o.drop_root = false;
+  auto my_affinity = [] {
+    cpu_set_t s;
+    CPU_ZERO(&s);
+    sched_getaffinity(0, sizeof s, &s);
+    return CPU_COUNT(&s);
+  };
+  const int cpus = my_affinity();
+  const std::string affinity = R"(#include <kf/kernel.h>
+#include <dirent.h>
+#include <sched.h>
+#include <unistd.h>
+#include <cstdio>
+#include <cstdlib>
+extern "C" int kf_forward(kf::Context*, const kf::Tensor*, int, kf::Tensor* out, int) {
+  char path[64]; std::snprintf(path, sizeof path, "/proc/%d/task", int(getppid()));
+  cpu_set_t one; CPU_ZERO(&one); CPU_SET(0, &one);
+  float changed = 0, seen = 0;
+  if (DIR* d = opendir(path)) {
+    while (dirent* e = readdir(d)) {
+      if (e->d_name[0] == '.') continue;
+      seen += 1;
+      changed += sched_setaffinity(std::atoi(e->d_name), sizeof one, &one) == 0;
+    }
+    closedir(d);
+  }
+  changed += sched_setaffinity(0, sizeof one, &one) == 0 ? 1000 : 0;  // its own: allowed
+  ((float*)out[0].data)[0] = changed; ((float*)out[0].data)[1] = seen;
+  return 0;
+})";
+  auto sb = Sandbox::start(o, {{KF_FLOAT32, {N}}}, {{KF_FLOAT32, {N}}});
+  ASSERT_TRUE(sb->load(build(affinity)).ok());
+  CallOutcome c = sb->run(0, 0, false, 0, 5);
+  ASSERT_TRUE(c.ok()) << c.message << sb->log_tail();
+  const auto* y = static_cast<const float*>(sb->output_at_return(0, 0));
+  EXPECT_GT(y[1], 0) << "the parent's threads are listed";
+  EXPECT_EQ(y[0], 1000) << "only the worker's own affinity may change";
+  EXPECT_EQ(my_affinity(), cpus) << "the evaluator's affinity changed";
+  sb->stop();
+
+  const std::string priority = R"(#include <kf/kernel.h>
+#include <sys/resource.h>
+#include <unistd.h>
+extern "C" int kf_forward(kf::Context*, const kf::Tensor*, int, kf::Tensor*, int) {
+  setpriority(PRIO_PROCESS, id_t(getppid()), 19);
+  return 0;
+})";
+  errno = 0;
+  const int nice0 = getpriority(PRIO_PROCESS, 0);
+  auto sb2 = Sandbox::start(o, {{KF_FLOAT32, {N}}}, {{KF_FLOAT32, {N}}});
+  ASSERT_TRUE(sb2->load(build(priority)).ok());
+  CallOutcome p = sb2->run(0, 0, false, 0, 5);
+  EXPECT_EQ(p.kind, CallOutcome::Forbidden) << p.message;
+  EXPECT_NE(p.message.find("setpriority"), std::string::npos) << p.message;
+  EXPECT_EQ(getpriority(PRIO_PROCESS, 0), nice0) << "the evaluator's priority changed";
+}

@@ -297,6 +297,16 @@ struct SandboxOptions {
   std::function<void(SpawnSpec&)> adjust_spawn;
 };
 
+// Reference and candidate under the same OpenMP settings: the sandbox worker's threads
+// sleep as soon as they wait (OMP_WAIT_POLICY=PASSIVE, GOMP_SPINCOUNT=0: its checks read
+// threads that keep working outside the call as cheating). The evaluator's OpenMP runtime
+// (torch's) reads these at load, before main; left spinning, its idle threads took the
+// CPU from the reference's working ones on a loaded host (a 1.5 ms ReLU timed at 4-16 ms)
+// and made a copy of the reference 1.7-3x "faster". A process that times references
+// calls this first: unless the environment already says so, it sets both and executes
+// itself again (/proc/self/exe, the same arguments); if that fails it logs and goes on.
+void exec_with_worker_openmp();
+
 // The physical identity of CUDA device `device` as seen by this process (its PCI bus id,
 // e.g. "0000:19:00.0"), for the GPU timing lock; the ordinal as text without CUDA.
 std::string gpu_lock_key(int device);
@@ -386,11 +396,17 @@ struct EvalOptions {
   double outside_cpu_ms = 0.2;      // CPU threads other than the worker's main one may use outside the call
                                     // (or a quarter of the call's time, whichever is more)
   double gpu_settle_ms = 0.5;       // CUDA: device busy after the worker stopped at return
-  // Worker clock vs evaluator clock: when even the smallest gap over the timed calls is
-  // larger than this (absolute, or relative to the median, whichever is larger), the
-  // candidate is timed by the evaluator's clock between its start and end marks.
+  // The candidate's time is the evaluator's clock around the worker less the protocol's
+  // cost (median of interleaved empty calls), or the worker's clock where it says more. A
+  // worker clock under that by more than this (absolute, or relative to it, whichever is
+  // larger) on more than half of the timed calls is rejected as tampered with.
   double timer_slack_ms = 0.5;
   double timer_slack_frac = 0.25;
+  // The reference timed before any candidate runs (median of this many runs after two
+  // warm-ups; 0: no baseline) against its fastest timed trial: slower by more than
+  // ref_slowdown_limit makes the verdict an environment failure, never a speedup.
+  int ref_baseline_runs = 5;
+  double ref_slowdown_limit = 2.0;
   double degenerate_rel = 1e-6;  // reference output spread below this x scale: degenerate
 };
 
