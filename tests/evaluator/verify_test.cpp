@@ -520,6 +520,27 @@ TEST(EvaluatorTest, CallWindowKernelIsRejectedForEveryCheckSeed) {
   }
 }
 
+// A kernel that switches to an approximation wrong on the task's own distribution after
+// 12 calls (cpu/cheat_self_timing): whatever lands after the switch, a distribution set,
+// the repeat of set 0 or a timed trial, the reason names the switch (set 0 is asked again).
+TEST(EvaluatorTest, SwitchAfterCallsIsNamedCallOrderWhereverTheSetsLand) {
+  at::set_num_threads(2);
+  const std::string src = test::read_kernel("cpu/cheat_self_timing.cpp");
+  for (uint64_t seed : {1, 2, 3, 4, 5, 6}) {
+    EvalOptions o = test_options();
+    o.warmup = 2;
+    o.trials = 10;
+    o.max_trials = 10;
+    o.check_seed = seed;
+    Evaluator ev(o);
+    const Result r = ev.evaluate(*task("002_gelu"), kf::tasks::Backend::CPU, src, 3);
+    std::printf("check seed %llu: %s %s\n", static_cast<unsigned long long>(seed), verdict_name(r.verdict),
+                r.reason.substr(0, 160).c_str());
+    EXPECT_EQ(r.verdict, Verdict::rejected_cheat) << "seed " << seed << ": " << to_text(r);
+    EXPECT_NE(r.reason.find("call order"), std::string::npos) << "seed " << seed << ": " << r.reason;
+  }
+}
+
 // A correct kernel hundreds of times slower than the reference is timed 3 times, not 10 or
 // more (each timed trial holds the GPU timing lock others wait for): still ok, its speedup
 // from those trials, the stop named in the checks. With slow_speedup 0 it gets every trial.
