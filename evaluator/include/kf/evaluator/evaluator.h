@@ -402,8 +402,8 @@ struct EvalOptions {
   // larger) on more than half of the timed calls is rejected as tampered with.
   double timer_slack_ms = 0.5;
   double timer_slack_frac = 0.25;
-  // The reference timed before any candidate runs (median of this many runs after two
-  // warm-ups; 0: no baseline) against its fastest timed trial: slower by more than
+  // The reference timed before any candidate runs (this many runs after two
+  // warm-ups; 0: no baseline), fastest run against fastest timed trial: slower by more than
   // ref_slowdown_limit makes the verdict an environment failure, never a speedup.
   int ref_baseline_runs = 5;
   double ref_slowdown_limit = 2.0;
