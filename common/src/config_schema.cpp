@@ -316,11 +316,11 @@ const std::vector<ConfigKey>& config_schema() {
       {"actors.sampling.shared_prefill", T::Bool, "true", false, {}, "prefill the prompt once per group"},
       {"actors.probe.every",
        T::Int,
-       "10",
+       "0",
        false,
        {},
        "learning-curve probe: actor 0 samples the probe tasks at policy version 0 and every N versions (0: off; "
-       "docs/metrics.md \"Learning curve\")"},
+       "the shipped run configs say 10; docs/metrics.md \"Learning curve\")"},
       {"actors.probe.tasks",
        T::StringList,
        "[]",
