@@ -47,10 +47,27 @@ int main(int argc, char** argv) {
                  "spread (p90-p10)/median of the trials above this after --max-trials: the timing is flagged "
                  "unstable and the speedup is its 95 % interval's lower bound");
   app.add_option("--max-trials", o.max_trials, "most timed trials while the spread is too wide");
+  std::string check_seed;
+  app.add_option("--check-seed", check_seed,
+                 "replay a verification: the secret seed its check anti.check_plan recorded (0x...); default: a "
+                 "fresh one");
   int kb_trials = 100;  // ModelNew candidates only
   app.add_option("--kb-trials", kb_trials, ".py (ModelNew) candidates: KernelBench-protocol timed trials")
       ->check(CLI::PositiveNumber);
   KF_CLI_PARSE(app, argc, argv);
+  if (!check_seed.empty()) {
+    size_t used = 0;
+    try {
+      o.check_seed = std::stoull(check_seed, &used, 0);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != check_seed.size() || o.check_seed == 0) {
+      std::fprintf(stderr, "tools/eval: --check-seed: '%s' is not a nonzero number (e.g. 0x5a11c0de5eed0001)\n",
+                   check_seed.c_str());
+      return 2;
+    }
+  }
   kf::log_init("evaluator", 0);
   kf::log_set_level(kf::LogLevel::Warn);
   o.compile.cuda_arch = arch;

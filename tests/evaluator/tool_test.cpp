@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
 
 #include "kf/common/config.h"
 #include "kf/common/error.h"
@@ -37,6 +39,31 @@ TEST(EvalToolTest, GoodKernelExitsZeroWithJsonReport) {
   EXPECT_EQ(j["verdict"], "ok");
   EXPECT_GT(j["speedup"].get<double>(), 0);
   EXPECT_TRUE(j["checks"].is_array());
+}
+
+// --check-seed replays a verification: the seed recorded in anti.check_plan gives the same
+// checks in the same order; a value that is not a nonzero number is a usage error (2).
+TEST(EvalToolTest, CheckSeedReplaysTheChecksAndRejectsGarbage) {
+  auto plan = [](const std::string& out) {
+    std::vector<std::string> v;
+    for (const auto& c : nlohmann::json::parse(out)["checks"]) {
+      std::string d = c["detail"];
+      d = d.substr(0, d.rfind(" [at "));
+      if (c["name"].get<std::string>().rfind("timing.", 0) == 0 || c["name"] == "anti.timer" ||
+          c["name"].get<std::string>().rfind("env.", 0) == 0 || c["name"] == "anti.before_clock" ||
+          c["name"] == "anti.after_return")
+        continue;  // measured figures, not the plan
+      v.push_back(c["name"].get<std::string>() + ": " + d);
+    }
+    return v;
+  };
+  std::string a, b, bad;
+  const std::string args = "001_relu " + kernel("cpu/good_relu.cpp") + " --json --check-seed 0x5a11c0de5eed0001";
+  ASSERT_EQ(run(args, &a), 0) << a;
+  ASSERT_EQ(run(args, &b), 0) << b;
+  EXPECT_NE(a.find("secret seed 0x5a11c0de5eed0001 (given)"), std::string::npos) << a;
+  EXPECT_EQ(plan(a), plan(b));
+  EXPECT_EQ(run("001_relu " + kernel("cpu/good_relu.cpp") + " --check-seed zz", &bad), 2);
 }
 
 // The speedup comes with its 95 % interval from the paired trials, in the text and the
