@@ -255,6 +255,12 @@ TEST(ModelNewTest, CopyOfTheReferenceMeasuresOneX) {
     o.eval.max_trials = 30;
     o.eval.max_spread = 0.5;
     modelnew::Outcome out = modelnew::evaluate(*task(name), kf::tasks::Backend::CPU, src, o, 7);
+    // An environment verdict (the protocol run's C++ reference slowed against its own
+    // baseline: this host's load, not the candidate) says nothing about the timing: again.
+    for (int again = 0; again < 2 && out.result.cause == Cause::environment; ++again) {
+      std::printf("%s: environment verdict (%s); measured again\n", name.c_str(), out.result.reason.c_str());
+      out = modelnew::evaluate(*task(name), kf::tasks::Backend::CPU, src, o, 8 + again);
+    }
     const Result& r = out.result;
     ASSERT_EQ(verdict_name(r.verdict), std::string("ok")) << r.reason << "\n" << r.diagnostics;
     std::string alike;
