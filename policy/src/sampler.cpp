@@ -13,18 +13,21 @@
 
 namespace kf::policy {
 
-std::pair<torch::Tensor, torch::Tensor> sample_tokens(const torch::Tensor& logits_in, const SamplingParams& p,
-                                                      int64_t valid_vocab, at::Generator& gen) {
-  const double neg_inf = -std::numeric_limits<double>::infinity();
+namespace {
+torch::Tensor masked_logits(const torch::Tensor& logits_in, int64_t valid_vocab) {
   auto logits = logits_in.to(torch::kFloat32);
   const int64_t V = logits.size(-1);
   if (valid_vocab > 0 && valid_vocab < V)
-    logits = logits.clone(), logits.narrow(-1, valid_vocab, V - valid_vocab).fill_(neg_inf);
-  if (p.temperature <= 0) {
-    auto tok = logits.argmax(-1);
-    auto lp = torch::log_softmax(logits, -1).gather(-1, tok.unsqueeze(-1)).squeeze(-1);
-    return {tok, lp};
-  }
+    logits = logits.clone(),
+    logits.narrow(-1, valid_vocab, V - valid_vocab).fill_(-std::numeric_limits<double>::infinity());
+  return logits;
+}
+}  // namespace
+
+torch::Tensor sampling_logits(const torch::Tensor& logits_in, const SamplingParams& p, int64_t valid_vocab) {
+  const double neg_inf = -std::numeric_limits<double>::infinity();
+  const auto logits = masked_logits(logits_in, valid_vocab);
+  const int64_t V = logits.size(-1);
   const auto x = p.temperature == 1.0 ? logits : logits / p.temperature;
   auto filtered = x;
   if (p.top_k > 0 && p.top_k < V) {
@@ -38,6 +41,18 @@ std::pair<torch::Tensor, torch::Tensor> sample_tokens(const torch::Tensor& logit
     const auto drop = (probs.cumsum(-1) - probs) > p.top_p;
     filtered = torch::full_like(filtered, neg_inf).scatter(-1, idx, sorted.masked_fill(drop, neg_inf));
   }
+  return filtered;
+}
+
+std::pair<torch::Tensor, torch::Tensor> sample_tokens(const torch::Tensor& logits_in, const SamplingParams& p,
+                                                      int64_t valid_vocab, at::Generator& gen) {
+  if (p.temperature <= 0) {
+    const auto logits = masked_logits(logits_in, valid_vocab);
+    auto tok = logits.argmax(-1);
+    auto lp = torch::log_softmax(logits, -1).gather(-1, tok.unsqueeze(-1)).squeeze(-1);
+    return {tok, lp};
+  }
+  const auto filtered = sampling_logits(logits_in, p, valid_vocab);
   // Gumbel-max: argmax(logits + Gumbel noise) samples from softmax(filtered logits).
   const auto u = torch::rand(filtered.sizes(), gen, filtered.options()).clamp_(1e-20, 1.0 - 1e-7);
   const auto tok = (filtered - torch::log(-torch::log(u))).argmax(-1);

@@ -42,22 +42,14 @@ std::vector<rp::Candidate> drain(rp::RunShm& shm) {
   return all;
 }
 
-// Largest |behaviour log-prob - the model's recomputed log-prob| over a candidate's tokens.
-double logprob_gap(kf::policy::CausalLM& m, const rp::Candidate& c, double temperature) {
-  std::vector<int64_t> ids(c.prompt_tokens.begin(), c.prompt_tokens.end());
-  ids.insert(ids.end(), c.completion_tokens.begin(), c.completion_tokens.end());
-  const int64_t T = static_cast<int64_t>(ids.size()), P = static_cast<int64_t>(c.prompt_tokens.size());
-  auto wanted = torch::zeros({1, T - 1}, torch::kBool);
-  wanted.narrow(1, P - 1, T - P).fill_(true);
-  torch::NoGradGuard g;
-  const auto lp =
-      m->selected_logprobs(torch::tensor(ids).unsqueeze(0), torch::ones({1, T}, torch::kLong), wanted, temperature, 64)
-          .logp;
-  double worst = 0;
-  for (int64_t t = 0; t < T - P; ++t)
-    worst =
-        std::max(worst, std::abs(lp[0][P - 1 + t].item<double>() - c.behaviour_logprobs[static_cast<std::size_t>(t)]));
-  return worst;
+// Largest |behaviour log-prob - the log-prob of the distribution the actor sampled from
+// (temperature, top-k, top-p of `o`)| over a candidate's tokens.
+double logprob_gap(kf::policy::CausalLM& m, const rp::Candidate& c, const ActorOptions& o) {
+  kf::policy::SamplingParams sp;
+  sp.temperature = o.temperature;
+  sp.top_k = o.top_k;
+  sp.top_p = o.top_p;
+  return test::sampler_logprob_gap(m, c.prompt_tokens, c.completion_tokens, c.behaviour_logprobs, sp);
 }
 
 }  // namespace
@@ -84,7 +76,7 @@ TEST(ActorEngineTest, GroupsInFlightArePushedWholeAndSnapshotsWaitForThemToFinis
   }
   // One full forward per checked candidate (long contrastive prompts): the first and last.
   for (const auto* c : {&all.front(), &all.back()})
-    EXPECT_LT(logprob_gap(v0.model, *c, opts.temperature), 1e-4) << "behaviour log-probs are the sampling model's";
+    EXPECT_LT(logprob_gap(v0.model, *c, opts), 1e-4) << "behaviour log-probs are the sampling model's";
   for (const auto& [g, n] : per_group) EXPECT_EQ(n, 2) << "group " << g << " pushed whole";
 
   // The learner publishes v1 while groups are in flight: they finish under v0, then v1
@@ -109,11 +101,11 @@ TEST(ActorEngineTest, GroupsInFlightArePushedWholeAndSnapshotsWaitForThemToFinis
   // Groups were in flight at the publish: the first pushed after it is v0's, sampled by
   // v0's weights to its end (the snapshot waited for it).
   ASSERT_EQ(after.front().policy_version, 0);
-  EXPECT_LT(logprob_gap(v0.model, after.front(), opts.temperature), 1e-4) << "an in-flight group saw new weights";
+  EXPECT_LT(logprob_gap(v0.model, after.front(), opts), 1e-4) << "an in-flight group saw new weights";
   // The last candidate is v1's: its log-probs are v1's, not v0's (no mixed weights).
   ASSERT_EQ(after.back().policy_version, 1);
-  EXPECT_LT(logprob_gap(v1.model, after.back(), opts.temperature), 1e-4);
-  EXPECT_GT(logprob_gap(v0.model, after.back(), opts.temperature), 1e-2);
+  EXPECT_LT(logprob_gap(v1.model, after.back(), opts), 1e-4);
+  EXPECT_GT(logprob_gap(v0.model, after.back(), opts), 1e-2);
   EXPECT_TRUE(seen_v1);
   EXPECT_EQ(actor.metrics().candidates, actor.metrics().pushed);
   EXPECT_NE(actor.metrics_json().find("\"engine_kv_blocks_peak\""), std::string::npos) << actor.metrics_json();

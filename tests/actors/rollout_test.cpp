@@ -52,37 +52,54 @@ TEST(RolloutTest, MemorisedKernelIsSampledDecodedAndExtractedWithTheCallersMarke
   EXPECT_EQ(refused[0].kernel.error.rfind("extract: ", 0), 0u) << refused[0].kernel.error;
 }
 
-// The importance ratio needs the learner's log-probs of the sampled tokens to be the ones
-// the sampler reported: same temperature, with top-k and top-p active while sampling. The
-// learner recomputes through the chunked head at completion positions only; on the CPU in
-// fp32 the two agree to float rounding.
-TEST(RolloutTest, LearnerRecomputedLogprobsEqualTheSamplersUnderTopKAndTopP) {
+// The importance ratio compares the learner's log-probs with the behaviour log-probs the
+// sampler reported. Those are the log-probs of the distribution each token was drawn from:
+// with top-k and top-p active, the cut and renormalised tempered distribution (one full
+// forward through policy::sampling_logits gives them, to float rounding); with no cut, the
+// learner's own recompute through the chunked head at completion positions.
+TEST(RolloutTest, BehaviourLogprobsAreTheSampledDistributionsAndTheLearnersWithoutACut) {
   auto pol = test::tiny_policy(21);
   const std::vector<int32_t> prompt = {'a', 'b', 'c', 'd', 'e'};
-  kf::policy::SamplingParams sp;
-  sp.temperature = 0.7;
-  sp.top_k = 8;
-  sp.top_p = 0.9;
-  sp.max_new_tokens = 24;
-  sp.eos_ids = {};
-  sp.seed = 5;
-  ExtractOptions ex;
-  const auto got = rollout_group(pol.model, pol.codec, prompt, 3, sp, pol.valid_vocab, ex);
-  ASSERT_EQ(got.size(), 3u);
-  torch::NoGradGuard g;
-  for (const auto& r : got) {
-    std::vector<int64_t> ids(prompt.begin(), prompt.end());
-    ids.insert(ids.end(), r.completion.tokens.begin(), r.completion.tokens.end());
-    const int64_t T = static_cast<int64_t>(ids.size()), P = static_cast<int64_t>(prompt.size());
-    auto wanted = torch::zeros({1, T - 1}, torch::kBool);
-    wanted.narrow(1, P - 1, T - P).fill_(true);  // position p predicts token p + 1
-    const auto lp = pol.model
-                        ->selected_logprobs(torch::tensor(ids).unsqueeze(0), torch::ones({1, T}, torch::kLong), wanted,
-                                            sp.temperature, /*chunk=*/7)
-                        .logp;
-    ASSERT_EQ(r.completion.logprobs.size(), r.completion.tokens.size());
-    for (int64_t t = 0; t < T - P; ++t)
-      EXPECT_NEAR(lp[0][P - 1 + t].item<double>(), r.completion.logprobs[static_cast<std::size_t>(t)], 1e-4)
-          << "token " << t;
+  for (const bool cut : {true, false}) {
+    kf::policy::SamplingParams sp;
+    sp.temperature = 0.7;
+    sp.top_k = cut ? 8 : 0;
+    sp.top_p = cut ? 0.9 : 1.0;
+    sp.max_new_tokens = 24;
+    sp.eos_ids = {};
+    sp.seed = 5;
+    ExtractOptions ex;
+    const auto got = rollout_group(pol.model, pol.codec, prompt, 3, sp, pol.valid_vocab, ex);
+    ASSERT_EQ(got.size(), 3u);
+    torch::NoGradGuard g;
+    for (const auto& r : got) {
+      ASSERT_EQ(r.completion.logprobs.size(), r.completion.tokens.size());
+      EXPECT_LT(
+          test::sampler_logprob_gap(pol.model, prompt, r.completion.tokens, r.completion.logprobs, sp, pol.valid_vocab),
+          1e-4)
+          << (cut ? "top-k 8, top-p 0.9" : "no cut");
+      std::vector<int64_t> ids(prompt.begin(), prompt.end());
+      ids.insert(ids.end(), r.completion.tokens.begin(), r.completion.tokens.end());
+      const int64_t T = static_cast<int64_t>(ids.size()), P = static_cast<int64_t>(prompt.size());
+      auto wanted = torch::zeros({1, T - 1}, torch::kBool);
+      wanted.narrow(1, P - 1, T - P).fill_(true);  // position p predicts token p + 1
+      const auto lp = pol.model
+                          ->selected_logprobs(torch::tensor(ids).unsqueeze(0), torch::ones({1, T}, torch::kLong),
+                                              wanted, sp.temperature, /*chunk=*/7)
+                          .logp;
+      double worst = 0, below = 0;
+      for (int64_t t = 0; t < T - P; ++t) {
+        const double d = r.completion.logprobs[static_cast<std::size_t>(t)] - lp[0][P - 1 + t].item<double>();
+        worst = std::max(worst, std::abs(d));
+        below = std::min(below, d);
+      }
+      if (cut) {
+        // The cut renormalises over fewer tokens: never below the learner's, and above it somewhere.
+        EXPECT_GT(below, -1e-4);
+        EXPECT_GT(worst, 1e-3) << "top-k 8 of a 256-token vocabulary cut nothing";
+      } else {
+        EXPECT_LT(worst, 1e-4) << "without a cut the behaviour log-probs are the learner's";
+      }
+    }
   }
 }

@@ -102,6 +102,28 @@ inline int memorise(policy::CausalLM model, const std::vector<int32_t>& prompt, 
   return -1;
 }
 
+// Largest |behaviour log-prob - the log-prob of the distribution the sampler draws from| over
+// a completion after `prompt`: one full forward of `m`, cut as policy::sampling_logits cuts
+// (temperature, top-k, top-p), renormalised. Without a cut it is the learner's recompute.
+inline double sampler_logprob_gap(policy::CausalLM& m, const std::vector<int32_t>& prompt,
+                                  const std::vector<int32_t>& completion, const std::vector<float>& behaviour,
+                                  const policy::SamplingParams& sp, int64_t valid_vocab = 0) {
+  std::vector<int64_t> ids(prompt.begin(), prompt.end());
+  ids.insert(ids.end(), completion.begin(), completion.end());
+  const int64_t T = static_cast<int64_t>(ids.size()), P = static_cast<int64_t>(prompt.size());
+  torch::NoGradGuard g;
+  const auto dev = m->parameters().front().device();
+  const auto logits = m->forward(torch::tensor(ids).unsqueeze(0).to(dev)).narrow(1, P - 1, T - P).squeeze(0);
+  const auto lp = torch::log_softmax(policy::sampling_logits(logits, sp, valid_vocab), -1)
+                      .gather(-1, torch::tensor(std::vector<int64_t>(ids.begin() + P, ids.end())).to(dev).unsqueeze(-1))
+                      .squeeze(-1)
+                      .to(torch::kCPU, torch::kFloat64);
+  double worst = 0;
+  for (int64_t t = 0; t < T - P; ++t)
+    worst = std::max(worst, std::abs(lp[t].item<double>() - behaviour[static_cast<std::size_t>(t)]));
+  return worst;
+}
+
 // A unique run name for shared memory.
 inline std::string run_name(const std::string& tag) { return "kfat" + tag + std::to_string(::getpid()); }
 

@@ -59,25 +59,15 @@ bool have_jinja2() {
   return std::system(cmd.c_str()) == 0;
 }
 
-// Largest |behaviour log-prob - the model's recomputed log-prob| over a candidate's tokens,
-// its prompt being `prompt`.
+// Largest |behaviour log-prob - the log-prob of the distribution the actor sampled from
+// (temperature, top-k, top-p of `o`)| over a candidate's tokens, its prompt being `prompt`.
 double logprob_gap(kf::policy::CausalLM& m, const std::vector<int32_t>& prompt, const rp::Candidate& c,
-                   double temperature) {
-  std::vector<int64_t> ids(prompt.begin(), prompt.end());
-  ids.insert(ids.end(), c.completion_tokens.begin(), c.completion_tokens.end());
-  const int64_t T = static_cast<int64_t>(ids.size()), P = static_cast<int64_t>(prompt.size());
-  auto wanted = torch::zeros({1, T - 1}, torch::kBool);
-  wanted.narrow(1, P - 1, T - P).fill_(true);
-  torch::NoGradGuard g;
-  const auto dev = m->parameters().front().device();
-  const auto lp = m->selected_logprobs(torch::tensor(ids).unsqueeze(0).to(dev),
-                                       torch::ones({1, T}, torch::kLong).to(dev), wanted.to(dev), temperature, 64)
-                      .logp.to(torch::kCPU, torch::kFloat64);
-  double worst = 0;
-  for (int64_t t = 0; t < T - P; ++t)
-    worst =
-        std::max(worst, std::abs(lp[0][P - 1 + t].item<double>() - c.behaviour_logprobs[static_cast<std::size_t>(t)]));
-  return worst;
+                   const ActorOptions& o) {
+  kf::policy::SamplingParams sp;
+  sp.temperature = o.temperature;
+  sp.top_k = o.top_k;
+  sp.top_p = o.top_p;
+  return test::sampler_logprob_gap(m, prompt, c.completion_tokens, c.behaviour_logprobs, sp);
 }
 
 }  // namespace
@@ -312,8 +302,7 @@ void engine_turns(bool cuda) {
         << "member " << i << " continues its own turn-1 answer";
     ASSERT_EQ(c.behaviour_logprobs.size(), c.completion_tokens.size());
     // fp32 on the CPU; bf16 on CUDA (the engine's kernels and the full forward round differently)
-    EXPECT_LT(logprob_gap(model, prompt, c, o.temperature), cuda ? 0.1 : 1e-4)
-        << "behaviour log-probs under its own prompt";
+    EXPECT_LT(logprob_gap(model, prompt, c, o), cuda ? 0.1 : 1e-4) << "behaviour log-probs under its own prompt";
   }
 }
 }  // namespace
@@ -468,6 +457,6 @@ TEST(ActorTurnsTest, LaterTurnMembersDecodeTogetherEachUnderItsOwnPrompt) {
     const auto& c = t2->candidates[i];
     const auto& prompt = c.prompt_tokens.empty() ? t2->prompt_tokens : c.prompt_tokens;
     ASSERT_EQ(c.behaviour_logprobs.size(), c.completion_tokens.size());
-    EXPECT_LT(logprob_gap(model, prompt, c, o.temperature), 1e-4) << "member " << i;
+    EXPECT_LT(logprob_gap(model, prompt, c, o), 1e-4) << "member " << i;
   }
 }

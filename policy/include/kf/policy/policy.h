@@ -649,8 +649,15 @@ struct Completion {
 // at its first mismatch from the end. The Sampler's loop stop; exposed for tests.
 int64_t loop_period(const std::vector<int32_t>& tokens, const SamplingParams& p);
 
+// The logits sample_tokens draws from (temperature > 0): logits [.., V] as fp32 divided by
+// the temperature, ids >= valid_vocab (when 0 < valid_vocab < V) and tokens outside top-k /
+// top-p set to -inf. log_softmax of it is the distribution a token is sampled from, whose
+// log-prob the sampler reports as the behaviour log-prob.
+torch::Tensor sampling_logits(const torch::Tensor& logits, const SamplingParams& p, int64_t valid_vocab);
+
 // Samples one token per row from logits [B, V] (fp32). Returns (tokens int64 [B],
-// log-probs fp32 [B]). Runs on the logits' device, no host sync. Exposed for tests.
+// log-probs fp32 [B], of the distribution sampled from: sampling_logits). Runs on the
+// logits' device, no host sync. Exposed for tests.
 std::pair<torch::Tensor, torch::Tensor> sample_tokens(const torch::Tensor& logits, const SamplingParams& p,
                                                       int64_t valid_vocab, at::Generator& gen);
 
