@@ -1070,6 +1070,7 @@ struct Session {
   [[noreturn]] void check_failed(const Item& it, const Prepared& k, const CandOut& c, const Match& m, uint32_t poison,
                                  const std::string& where) {
     const TensorList cs = sampled(c.outs);  // before any later call reuses the slot
+    const bool bad_finite = m.bad_output >= 0 && all_finite(c.outs[size_t(m.bad_output)]);  // likewise
     if (replays_earlier_call(cs, k.r))
       throw Stop{Verdict::rejected_cheat,
                  "results cached across calls: the outputs are those of an earlier call's inputs (" + where + ")"};
@@ -1122,6 +1123,16 @@ struct Session {
                        where + ")"};
       }
     }
+    // The same inputs with the other poison in outputs and scratch: right now means the
+    // answer followed the garbage (checks land on odd and even calls alike).
+    {
+      CandOut c2 = cand(k.in, k.p, poison ^ 1u, o.probe_ms, o.flush_cache);
+      if (match(c2.outs, k.r, poison ^ 1u, k.atol_scale).ok)
+        throw Stop{Verdict::rejected_cheat,
+                   "reads uninitialised memory: the result depends on the garbage in output/scratch memory (correct "
+                   "with one poison pattern, wrong with the other) (" +
+                       where + ")"};
+    }
     // Checks that passed earlier, asked again (the same kind first, then the same family,
     // at most three): wrong now means the kernel changed its behaviour with the call count
     // (it counted the checks, or timed itself).
@@ -1161,8 +1172,7 @@ struct Session {
     // A reduced output (a loss, a mean) wrong where planted terms dominate it: is it the
     // output's precision? A kernel whose per-element error a reduction over the task's
     // inputs averages away is also wrong on the scattered set, where a few terms dominate.
-    const bool reduced = m.bad_output >= 0 && size_t(m.bad_output) < reduced_out.size() &&
-                         reduced_out[size_t(m.bad_output)] && all_finite(c.outs[size_t(m.bad_output)]);
+    const bool reduced = bad_finite && size_t(m.bad_output) < reduced_out.size() && reduced_out[size_t(m.bad_output)];
     bool imprecise = reduced && it.step == Step::LocalScatter;
     if (reduced && (it.step == Step::LocalRow || it.step == Step::Edge)) {
       const std::vector<int> args = scatter_inputs.empty() ? std::vector<int>{-1} : scatter_inputs;
