@@ -44,7 +44,8 @@ inline Launch start(const std::vector<std::string>& args, const std::string& out
 
 // Exit code, or -signal; -1000 on timeout (the launcher is then killed).
 inline int wait_for(const Launch& l, double timeout_s) {
-  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<long long>(timeout_s * 1000));
+  const auto until =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(static_cast<long long>(timeout_s * 1000));
   for (;;) {
     int st = 0;
     if (::waitpid(l.pid, &st, WNOHANG) == l.pid) return WIFEXITED(st) ? WEXITSTATUS(st) : -WTERMSIG(st);
@@ -57,8 +58,6 @@ inline int wait_for(const Launch& l, double timeout_s) {
   }
 }
 
-inline std::string slurp(const std::string& p) {
-  return kf::actors::test::exists(p) ? kf::test::read_file(p) : "";
-}
+inline std::string slurp(const std::string& p) { return kf::actors::test::exists(p) ? kf::test::read_file(p) : ""; }
 
 }  // namespace kf::launch::test

@@ -8,8 +8,12 @@
 //   - RL: the share of the correct kernel and the mean reward the learner trains on must
 //     rise by the margins below.
 //   - Placebo (learner.grpo.shuffle_rewards: the same run, with rewards permuted within each
-//     group): the share must stay within kPlaceboBand of the start, and the reward must not
-//     rise by RL's margin. Updates of the same size without the signal do not learn.
+//     group): the share must not rise by more than kPlaceboRise, and the reward must not rise
+//     by RL's margin. Updates of the same size without the signal do not learn. The band is
+//     one-sided on purpose: AdamW moves every weight by about lr a step whatever the
+//     gradient, so signal-free updates are a random walk of the same step size as RL's, and
+//     a walk that breaks part of the memorised decision lowers the share (measured 0.25 ->
+//     0.067 in one run, docs/results/2026-12-07-learning-causes.md); a fall is no learning.
 // Each arm prints one "[ learning ]" line (shares, reward windows, steps, seconds).
 #include <gtest/gtest.h>
 
@@ -40,7 +44,7 @@ constexpr int kSteps = 12;             // learner steps of each arm, one group e
 constexpr int kGroupSize = 8;          // samples per group
 constexpr double kShareGain = 0.30;    // RL: share at the end >= start + this
 constexpr double kRewardGain = 0.25;   // RL: mean reward, last window - first window >= this
-constexpr double kPlaceboBand = 0.15;  // placebo: |share at the end - start| <= this
+constexpr double kPlaceboRise = 0.15;  // placebo: share at the end - start <= this
 constexpr int kWindow = 24;            // verdicts per reward window (first and last)
 
 // The kernel with the comparison `op`: '>' is ReLU, '<' keeps the negative part (wrong).
@@ -65,11 +69,12 @@ std::string config_text(const std::string& dir, const std::string& policy_dir, b
          // about the loop, and verification is its slowest part on 2 cores.
          "evaluator: {correctness_sets: 2, stress_sets: 0, redraw_params: false, flush_cache: false, trials: 3,\n"
          "            max_trials: 3, warmup: 1, max_spread: 100,\n"
-         "            reward: {kind: speedup, incorrect: -1, compile_error: -1, runtime_error: -1, timeout: -1}}\n"
+         "            reward: {kind: speedup, ok_bonus: 1.0, incorrect: -1, compile_error: -1, runtime_error: -1,\n"
+         "                     timeout: -1}}\n"
          "learner:\n  policy: " +
          policy_dir + "\n  temperature: 1.0\n  steps: " + std::to_string(kSteps) +
          "\n  groups_per_step: 1\n  take_timeout_ms: 200\n  max_staleness: 1\n"
-         "  optim: {lr: 3.0e-3}\n  schedule: {warmup_steps: 0}\n"
+         "  optim: {lr: 3.0e-5}\n  schedule: {warmup_steps: 0}\n"
          "  grpo: {shuffle_rewards: " +
          (placebo ? "true" : "false") +
          "}\n"
@@ -146,9 +151,9 @@ int memorise_branch(kf::policy::CausalLM model, const Branch& b, double share, f
         return step;
       }
     }
-    const auto ce = torch::nn::functional::cross_entropy(
-        logits.reshape({-1, logits.size(-1)}), target.reshape({-1}),
-        torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone));
+    const auto ce =
+        torch::nn::functional::cross_entropy(logits.reshape({-1, logits.size(-1)}), target.reshape({-1}),
+                                             torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone));
     const auto loss = (ce.view({2, T - P}).mean(1) * weight).sum();
     opt.zero_grad();
     loss.backward();
@@ -191,7 +196,7 @@ struct Arm {
   double seconds = 0;
 };
 
-// The run's verdict lines, in candidate order.
+// The run's verdict lines, in the order they were written (candidate ids are random).
 std::vector<nlohmann::json> verdicts(const std::string& run) {
   std::vector<nlohmann::json> out;
   for (const auto& name : kf::list_dir(run + "/metrics")) {
@@ -200,8 +205,8 @@ std::vector<nlohmann::json> verdicts(const std::string& run) {
     for (std::string line; std::getline(in, line);)
       if (!line.empty()) out.push_back(nlohmann::json::parse(line));
   }
-  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) {
-    return a.at("candidate").template get<int64_t>() < b.at("candidate").template get<int64_t>();
+  std::stable_sort(out.begin(), out.end(), [](const auto& a, const auto& b) {
+    return a.at("t").template get<double>() < b.at("t").template get<double>();
   });
   return out;
 }
@@ -262,14 +267,15 @@ Arm run_arm(bool placebo) {
       "[ learning ] arm %s: share %.3f -> %.3f, reward first %d %.3f -> last %d %.3f, %lld verdicts (%lld off the "
       "two kernels), %lld steps, %.0f s\n",
       placebo ? "placebo" : "rl", a.share_start, a.share_end, kWindow, a.reward_first, kWindow, a.reward_last,
-      static_cast<long long>(a.verdicts), static_cast<long long>(a.off_path), static_cast<long long>(a.steps), a.seconds);
+      static_cast<long long>(a.verdicts), static_cast<long long>(a.off_path), static_cast<long long>(a.steps),
+      a.seconds);
   return a;
 }
 
-#define NEED_LAUNCH()                                                                                \
-  do {                                                                                               \
-    if (tasks_dir().empty()) GTEST_SKIP() << "task 001_relu is not imported (run setup.sh)";         \
-    if (!exists(t::build_dir() + "/launch/kf-launch")) GTEST_SKIP() << "kf-launch is not built";     \
+#define NEED_LAUNCH()                                                                            \
+  do {                                                                                           \
+    if (tasks_dir().empty()) GTEST_SKIP() << "task 001_relu is not imported (run setup.sh)";     \
+    if (!exists(t::build_dir() + "/launch/kf-launch")) GTEST_SKIP() << "kf-launch is not built"; \
   } while (0)
 
 }  // namespace
@@ -288,6 +294,6 @@ TEST(LaunchLearningTest, ShuffledRewardsPlaceboDoesNotLearn) {
   const Arm a = run_arm(true);
   EXPECT_NEAR(a.share_start, kStartShare, 0.04);
   EXPECT_EQ(a.steps, kSteps);
-  EXPECT_LE(std::abs(a.share_end - a.share_start), kPlaceboBand) << "the placebo moved the share";
+  EXPECT_LE(a.share_end - a.share_start, kPlaceboRise) << "the placebo raised the share";
   EXPECT_LT(a.reward_last, a.reward_first + kRewardGain) << "the placebo raised the reward by RL's margin";
 }
