@@ -136,34 +136,43 @@ TEST(EngineTest, PaddingToBatchBucketsDoesNotChangeResults) {
   }
 }
 
-// The learner's importance ratios need its recomputed log-probs of the sampled tokens to be
-// the engine's: same temperature, top-k and top-p active while sampling.
-TEST(EngineTest, LogprobsEqualTheLearnersRecomputationUnderTopKAndTopP) {
+// The engine reports the log-probs of the distribution it sampled from: the tempered
+// distribution cut by top-k and top-p and renormalised (sampling_logits of one full
+// forward); without a cut those are the learner's recomputed log-probs.
+TEST(EngineTest, LogprobsAreTheSampledDistributionsAndTheLearnersWithoutACut) {
   auto m = tiny_model(5);
-  SamplingParams p;
-  p.temperature = 0.7;
-  p.top_k = 8;
-  p.top_p = 0.9;
-  p.valid_vocab = 256;
-  Engine e(m, small_pool());
-  const auto cs = cases();
-  const auto got = run(e, cs, p);
-  torch::NoGradGuard g;
-  for (std::size_t i = 0; i < cs.size(); ++i)
-    for (const auto& c : got.at(100 + i).completions) {
-      std::vector<int64_t> ids(cs[i].prompt.begin(), cs[i].prompt.end());
-      ids.insert(ids.end(), c.tokens.begin(), c.tokens.end());
-      const int64_t T = static_cast<int64_t>(ids.size()), P = static_cast<int64_t>(cs[i].prompt.size());
-      auto wanted = torch::zeros({1, T - 1}, torch::kBool);
-      wanted.narrow(1, P - 1, T - P).fill_(true);
-      const auto lp = m->selected_logprobs(torch::tensor(ids).unsqueeze(0), torch::ones({1, T}, torch::kLong), wanted,
-                                           p.temperature, /*chunk=*/7)
-                          .logp;
-      ASSERT_EQ(c.logprobs.size(), c.tokens.size());
-      for (int64_t t = 0; t < T - P; ++t)
-        EXPECT_NEAR(lp[0][P - 1 + t].item<double>(), c.logprobs[static_cast<std::size_t>(t)], 1e-4)
-            << "request " << i << " token " << t;
-    }
+  for (const bool cut : {true, false}) {
+    SamplingParams p;
+    p.temperature = 0.7;
+    p.top_k = cut ? 8 : 0;
+    p.top_p = cut ? 0.9 : 1.0;
+    p.valid_vocab = 256;
+    Engine e(m, small_pool());
+    const auto cs = cases();
+    const auto got = run(e, cs, p);
+    torch::NoGradGuard g;
+    for (std::size_t i = 0; i < cs.size(); ++i)
+      for (const auto& c : got.at(100 + i).completions) {
+        std::vector<int64_t> ids(cs[i].prompt.begin(), cs[i].prompt.end());
+        ids.insert(ids.end(), c.tokens.begin(), c.tokens.end());
+        const int64_t T = static_cast<int64_t>(ids.size()), P = static_cast<int64_t>(cs[i].prompt.size());
+        ASSERT_EQ(c.logprobs.size(), c.tokens.size());
+        const auto logits = m->forward(torch::tensor(ids).unsqueeze(0)).narrow(1, P - 1, T - P).squeeze(0);
+        const auto sampled = torch::log_softmax(sampling_logits(logits, p, p.valid_vocab), -1);
+        auto wanted = torch::zeros({1, T - 1}, torch::kBool);
+        wanted.narrow(1, P - 1, T - P).fill_(true);
+        const auto learner = m->selected_logprobs(torch::tensor(ids).unsqueeze(0), torch::ones({1, T}, torch::kLong),
+                                                  wanted, p.temperature, /*chunk=*/7)
+                                 .logp;
+        for (int64_t t = 0; t < T - P; ++t) {
+          const double got_lp = c.logprobs[static_cast<std::size_t>(t)];
+          EXPECT_NEAR(sampled[t][ids[static_cast<std::size_t>(P + t)]].item<double>(), got_lp, 1e-4)
+              << "request " << i << " token " << t << (cut ? " (top-k 8, top-p 0.9)" : "");
+          if (!cut)
+            EXPECT_NEAR(learner[0][P - 1 + t].item<double>(), got_lp, 1e-4) << "request " << i << " token " << t;
+        }
+      }
+  }
 }
 
 TEST(EngineTest, AdmissionWaitsForFreeBlocks) {
