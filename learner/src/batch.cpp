@@ -25,7 +25,8 @@ bool ids_in_range(const std::vector<int32_t>& ids, int64_t vocab) {
 
 void shuffle_within_group(std::vector<double>& rewards, uint64_t seed, int64_t version, uint64_t group_id) {
   // splitmix64 of (seed, version, group): the same permutation on every rank and on a rerun.
-  uint64_t x = seed * 0x9E3779B97F4A7C15ull ^ (static_cast<uint64_t>(version) + 0x632BE59BD9B4E019ull) * 0xBF58476D1CE4E5B9ull ^
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull ^
+               (static_cast<uint64_t>(version) + 0x632BE59BD9B4E019ull) * 0xBF58476D1CE4E5B9ull ^
                group_id * 0x94D049BB133111EBull;
   auto next = [&x] {
     uint64_t z = (x += 0x9E3779B97F4A7C15ull);

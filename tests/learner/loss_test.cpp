@@ -205,7 +205,7 @@ TEST(LearnerBatchTest, ShuffledRewardsArePermutedWithinEachGroupReproducibly) {
       const auto& s = a.seqs[4 * g + i];
       sum += s.reward;
       if (s.reward == 1) best = static_cast<int>(i);
-      EXPECT_EQ(s.reward, b.seqs[4 * g + i].reward);  // the same draw on a rerun (and on every rank)
+      EXPECT_EQ(s.reward, b.seqs[4 * g + i].reward);   // the same draw on a rerun (and on every rank)
       EXPECT_DOUBLE_EQ(s.advantage, s.reward - 0.25);  // advantages of the shuffled rewards
     }
     EXPECT_DOUBLE_EQ(sum, 1.0);  // a permutation: the group's rewards, reordered

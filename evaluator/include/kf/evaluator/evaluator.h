@@ -262,7 +262,7 @@ class RewardModel {
     std::deque<double> recent;
     double sum = 0, sum2 = 0;
   };
-  const Window* window_of(const std::string& task) const;  // null when the task has none; mu_ held
+  const Window* window_of(const std::string& task) const;       // null when the task has none; mu_ held
   double speed_score(double speedup, const std::string& task);  // the kind's score, without ok_bonus
   RewardOptions o_;
   mutable std::mutex mu_;
@@ -331,7 +331,7 @@ struct EvalOptions {
   CompileOptions compile;
   SandboxOptions sandbox;  // backend/device are set per evaluation
   RewardOptions reward;
-  uint64_t seed = 0;    // run seed; input seeds derive from (seed, candidate seed, check_seed)
+  uint64_t seed = 0;  // run seed; input seeds derive from (seed, candidate seed, check_seed)
   // The secret seed of the checks (their kinds, call positions and inputs): 0 draws a fresh
   // one from the operating system per evaluation; the result's check anti.check_plan
   // records it, and setting it here replays that verification.
