@@ -8,12 +8,12 @@
 //   - RL: the share of the correct kernel and the mean reward the learner trains on must
 //     rise by the margins below.
 //   - Placebo (learner.grpo.shuffle_rewards: the same run, with rewards permuted within each
-//     group): the share must not rise by more than kPlaceboRise, and the reward must not rise
-//     by RL's margin. Updates of the same size without the signal do not learn. The band is
-//     one-sided on purpose: AdamW moves every weight by about lr a step whatever the
-//     gradient, so signal-free updates are a random walk of the same step size as RL's, and
-//     a walk that breaks part of the memorised decision lowers the share (measured 0.25 ->
-//     0.067 in one run, docs/results/2026-12-07-learning-causes.md); a fall is no learning.
+//     group): the share must rise by less than kPlaceboRise, and the reward by less than
+//     RL's margin. The band is one-sided and wide on purpose: AdamW moves every weight by
+//     about lr a step whatever the gradient, so signal-free updates are a random walk of
+//     RL's step size (12 steps: RL's drift is 12 steps, the walk's spread about sqrt(12));
+//     in five runs the placebo's share ended between 0.067 and 0.598. What the test asserts
+//     is that updates without the signal do not reach what RL reaches.
 // Each arm prints one "[ learning ]" line (shares, reward windows, steps, seconds).
 #include <gtest/gtest.h>
 
@@ -42,9 +42,12 @@ using kf::launch::test::slurp;
 constexpr double kStartShare = 0.25;   // the correct kernel's probability at the branch
 constexpr int kSteps = 12;             // learner steps of each arm, one group each
 constexpr int kGroupSize = 8;          // samples per group
-constexpr double kShareGain = 0.30;    // RL: share at the end >= start + this
-constexpr double kRewardGain = 0.25;   // RL: mean reward, last window - first window >= this
-constexpr double kPlaceboRise = 0.15;  // placebo: share at the end - start <= this
+// Margins from five runs of both arms on the 2-core machine (docs/results/2026-12-07-learning-causes.md):
+// RL's share rose by 0.65-0.69 and its reward by 0.64-0.84 in all five; the placebo's share
+// moved by -0.18 to +0.35 and its reward by -0.16 to +0.33.
+constexpr double kShareGain = 0.50;    // RL: share at the end >= start + this
+constexpr double kRewardGain = 0.50;   // RL: mean reward, last window - first window >= this
+constexpr double kPlaceboRise = 0.45;  // placebo: share at the end - start < this
 constexpr int kWindow = 24;            // verdicts per reward window (first and last)
 
 // The kernel with the comparison `op`: '>' is ReLU, '<' keeps the negative part (wrong).
@@ -294,6 +297,6 @@ TEST(LaunchLearningTest, ShuffledRewardsPlaceboDoesNotLearn) {
   const Arm a = run_arm(true);
   EXPECT_NEAR(a.share_start, kStartShare, 0.04);
   EXPECT_EQ(a.steps, kSteps);
-  EXPECT_LE(a.share_end - a.share_start, kPlaceboRise) << "the placebo raised the share";
+  EXPECT_LT(a.share_end - a.share_start, kPlaceboRise) << "the placebo raised the share as RL does";
   EXPECT_LT(a.reward_last, a.reward_first + kRewardGain) << "the placebo raised the reward by RL's margin";
 }
