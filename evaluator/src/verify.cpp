@@ -50,6 +50,7 @@ struct Stop {
   Verdict verdict;
   std::string reason;
   Cause cause = Cause::kernel;
+  bool retry = false;  // the host was loaded: worth one more try against the same baseline
 };
 
 double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
@@ -179,6 +180,10 @@ struct Session {
   double lock_wait_ms = 0;
   std::optional<Clock::time_point> timing_start;  // set when the timed trials begin
   double timing_ms = 0;                           // warm-ups and timed trials, when they all ran
+  // The reference's baseline runs, measured before any candidate process existed; a retry
+  // gets the first try's (a second one, measured after a candidate ran, proves nothing).
+  std::vector<double> base_ms;
+  bool base_given = false;
 
   // The timing lock for one scope: exclusive around each timed trial; shared around
   // untimed GPU work (input sets, the runs and comparisons of the checks), as actors and
@@ -1406,8 +1411,7 @@ void Session::run() {
   // scheduling: the timed trials are compared with both (a slowed reference is the
   // environment's failure, never a speedup).
   const std::vector<ThreadSched> sched0 = thread_sched();
-  std::vector<double> base_ms;
-  if (o.ref_baseline_runs > 0) {
+  if (!base_given && o.ref_baseline_runs > 0) {
     TensorList in;
     {
       GpuLockScope gpu(*this, /*exclusive=*/false);
@@ -1658,7 +1662,10 @@ void Session::run() {
     throw Stop{Verdict::rejected_cheat, "work outside the timed region: the GPU was busy for " + fmt(max_presync) +
                                             " ms before the clock started (work launched outside kf_forward)"};
   check("anti.gpu_idle_before_call", true, b == Backend::CUDA ? "device idle at start" : "n/a on CPU");
-  if (4 * late_trials > n_timed)
+  // At least two calls: one late burst of an honest kernel's runtime threads on a loaded
+  // host (3.4 ms once in 3 calls) failed it; work moved past the return to buy time must
+  // be there on most calls.
+  if (late_trials >= 2 && 4 * late_trials > n_timed)
     throw Stop{Verdict::rejected_cheat, "work escaping the timed region: other threads used more than " +
                                             fmt(o.late_cpu_ms) + " ms of CPU after kf_forward returned in " +
                                             of_timed(late_trials) + " (max " + fmt(max_late) + " ms)"};
@@ -1743,13 +1750,16 @@ void Session::run() {
                    changed + "); the reference's times are not comparable (restored where possible)",
                Cause::environment};
   if (!base_ms.empty()) {
-    // The fastest runs: a loaded host slows some runs, a persistent change (fewer CPUs, a
-    // lower priority) slows every one. (Medians: on the CI VM every other baseline run
-    // took 20x longer, back to back, for reasons of the VM's memory.)
+    // The timed trials' fastest run against the baseline's median: a loaded host slows some
+    // runs, a persistent change (fewer CPUs, a lower priority) slows every one, the fastest
+    // included. Not fastest against fastest: one lucky baseline run (1.32 ms beside a
+    // median of 4.76 ms, seen on a loaded 2-core host) failed an honest kernel's
+    // verification; on the VM where every other baseline run took 20x longer the median
+    // makes the check lenient, never wrong.
     const TimeSummary base = summarize(base_ms);
     const double fastest = *std::min_element(ref_ms.begin(), ref_ms.end()),
                  base_fastest = *std::min_element(base_ms.begin(), base_ms.end());
-    const double slower = fastest / base_fastest, limit = o.ref_slowdown_limit;
+    const double slower = fastest / std::max(base.median, 1e-9), limit = o.ref_slowdown_limit;
     if (slower > limit)
       throw Stop{Verdict::runtime_error,
                  "environment: the reference ran " + fmt(slower) + "x slower in the timed trials (fastest " +
@@ -1757,10 +1767,10 @@ void Session::run() {
                      " ms) than in its baseline before any candidate ran (fastest " + fmt(base_fastest) +
                      " ms, median " + fmt(base.median) + " ms), over the limit " + fmt(limit) +
                      "x: the host was loaded or the evaluator's threads were slowed; no speedup is measured",
-                 Cause::environment};
+                 Cause::environment, /*retry=*/true};
     check("env.reference_baseline", true,
           "reference fastest " + fmt(fastest) + " ms (median " + fmt(res.ref_ms.median) + ") in the timed trials, " +
-              fmt(slower) + "x its baseline's fastest " + fmt(base_fastest) + " ms (median " + fmt(base.median) +
+              fmt(slower) + "x its baseline's median " + fmt(base.median) + " ms (fastest " + fmt(base_fastest) +
               ") before any candidate ran (limit " + fmt(limit) + "x)");
   }
   check("env.thread_scheduling", true, "the evaluator's threads' affinity, priority and policy unchanged");
@@ -1884,27 +1894,45 @@ Result Evaluator::evaluate_compiled(const tasks::Task& task, tasks::Backend back
   if (release.b) res.gpu_claim_gb = double(release.b->held()) / double(1ull << 30);
   res.claim_wait_s = ms_since(t0) / 1000;
   if (cuda) tasks::reset_device_cache_peak();
-  Session s(o, task, backend, res);
-  s.so_path = cr.so_path;
-  if (cuda && o.gpu_lock) {
-    if (!impl_->gpu_lock) impl_->gpu_lock = std::make_unique<GpuTimingLock>(o.gpu_lock_dir, gpu_lock_key(o.device));
-    s.gpu_lock = impl_->gpu_lock.get();
+  // One more try when a loaded host slowed the reference against its baseline: a load that
+  // comes and goes should not cost an honest kernel its verdict. The retry is compared with
+  // the first baseline, taken before any candidate ran, so a kernel that slows the reference
+  // gets the same verdict again (and the learner leaves environment results out). A changed
+  // scheduling of the evaluator's threads is never retried.
+  const Result before = res;
+  std::vector<double> first_baseline;
+  for (int attempt = 0;; ++attempt) {
+    Session s(o, task, backend, res);
+    s.so_path = cr.so_path;
+    if (attempt > 0) s.base_ms = first_baseline, s.base_given = true;
+    if (cuda && o.gpu_lock) {
+      if (!impl_->gpu_lock) impl_->gpu_lock = std::make_unique<GpuTimingLock>(o.gpu_lock_dir, gpu_lock_key(o.device));
+      s.gpu_lock = impl_->gpu_lock.get();
+    }
+    try {
+      s.run();
+      res.verdict = Verdict::ok;
+    } catch (const Stop& st) {
+      if (st.retry && attempt == 0) {
+        first_baseline = s.base_ms;
+        kf::log_info("evaluator: ", task.name(), " ", cr.key.substr(0, 12), ": ", st.reason,
+                     "; verifying once more");
+        res = before;
+        continue;
+      }
+      res.verdict = st.verdict;
+      res.cause = st.cause;
+      res.reason = st.reason;
+      res.checks.push_back({"verdict", false, st.reason});
+    }
+    res.lock_wait_s = s.lock_wait_ms / 1000;
+    if (s.timing_start) res.timing_s = (s.timing_ms > 0 ? s.timing_ms : ms_since(*s.timing_start)) / 1000;
+    res.timed_trials = res.cand_ms.n;
+    if (cuda)
+      res.gpu_peak_gb = double(tasks::device_cache_peak_reserved_bytes() + (s.sb ? s.sb->device_arena_bytes() : 0)) /
+                        double(1ull << 30);
+    break;
   }
-  try {
-    s.run();
-    res.verdict = Verdict::ok;
-  } catch (const Stop& st) {
-    res.verdict = st.verdict;
-    res.cause = st.cause;
-    res.reason = st.reason;
-    res.checks.push_back({"verdict", false, st.reason});
-  }
-  res.lock_wait_s = s.lock_wait_ms / 1000;
-  if (s.timing_start) res.timing_s = (s.timing_ms > 0 ? s.timing_ms : ms_since(*s.timing_start)) / 1000;
-  res.timed_trials = res.cand_ms.n;
-  if (cuda)
-    res.gpu_peak_gb = double(tasks::device_cache_peak_reserved_bytes() + (s.sb ? s.sb->device_arena_bytes() : 0)) /
-                      double(1ull << 30);
   res.verify_s = ms_since(t0) / 1000;
   res.reward = impl_->reward.score(res);
   kf::log_debug("evaluated ", res.task, " [", res.backend, "] ", cr.key.substr(0, 12), ": ", verdict_name(res.verdict),

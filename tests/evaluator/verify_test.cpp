@@ -12,6 +12,7 @@
 #include <fstream>
 #include <limits>
 #include <map>
+#include <memory>
 #include <set>
 #include <nlohmann/json.hpp>
 
@@ -594,15 +595,20 @@ TEST(EvaluatorTest, UnstableTimingIsOkWithTheConservativeSpeedup) {
 
 namespace {
 // ReLU of a 256x256 matrix whose reference changes after its baseline (the first 7 runs: two
-// warm-ups and EvalOptions::ref_baseline_runs): Slow sleeps 30 ms in every later run (a
-// loaded host, a squeezed reference); Pin pins its calling thread to one CPU on the 8th.
+// warm-ups and EvalOptions::ref_baseline_runs): Slow sleeps 30 ms in every later run, of this
+// and of every later reference of the task (a squeezed reference); SlowOnce only in the
+// first reference's (a load that came and went); Pin pins its calling thread to one CPU on
+// the 8th.
 class DriftingReference : public kf::tasks::Reference {
  public:
-  enum Mode { Slow, Pin };
-  explicit DriftingReference(Mode m) : mode_(m) {}
+  enum Mode { Slow, SlowOnce, Pin };
+  DriftingReference(Mode m, std::shared_ptr<int> task_runs, bool first)
+      : mode_(m), task_runs_(std::move(task_runs)), first_(first) {}
   std::vector<at::Tensor> forward(const std::vector<at::Tensor>& in) override {
     ++runs_;
-    if (mode_ == Slow && runs_ > 7) usleep(30000);
+    ++*task_runs_;
+    if (mode_ == Slow && *task_runs_ > 7) usleep(30000);
+    if (mode_ == SlowOnce && first_ && runs_ > 7) usleep(30000);
     if (mode_ == Pin && runs_ == 8) {
       cpu_set_t s;
       CPU_ZERO(&s);
@@ -622,6 +628,8 @@ class DriftingReference : public kf::tasks::Reference {
 
  private:
   Mode mode_;
+  std::shared_ptr<int> task_runs_;
+  bool first_;
   int runs_ = 0;
   std::vector<at::Tensor> params_;
 };
@@ -634,11 +642,13 @@ class DriftingTask : public ConstantTask {
     return {at::randn({256, 256}).to(d)};
   }
   std::unique_ptr<kf::tasks::Reference> new_reference(kf::tasks::Backend, const at::Device&) const override {
-    return std::make_unique<DriftingReference>(mode_);
+    return std::make_unique<DriftingReference>(mode_, runs_, made_++ == 0);
   }
 
  private:
   DriftingReference::Mode mode_;
+  std::shared_ptr<int> runs_ = std::make_shared<int>(0);
+  mutable int made_ = 0;
 };
 
 std::string check_detail(const Result& r, const std::string& name) {
@@ -663,6 +673,13 @@ TEST(EvaluatorTest, ReferenceSlowerThanItsBaselineIsAnEnvironmentFailure) {
   EXPECT_EQ(r.verdict, Verdict::runtime_error) << to_text(r);
   EXPECT_EQ(r.cause, Cause::environment) << to_text(r);
   EXPECT_NE(r.reason.find("slower in the timed trials"), std::string::npos) << r.reason;
+
+  // A load that came and went: the one retry, against the first baseline, verifies it.
+  DriftingTask once(DriftingReference::SlowOnce);
+  Result retried = production_limit.evaluate(once, kf::tasks::Backend::CPU, test::read_kernel("cpu/good_relu.cpp"), 3);
+  EXPECT_EQ(retried.verdict, Verdict::ok) << to_text(retried);
+  EXPECT_NE(check_detail(retried, "env.reference_baseline").find("its baseline"), std::string::npos)
+      << to_text(retried);
 
   Result ok =
       evaluator().evaluate(*task("001_relu"), kf::tasks::Backend::CPU, test::read_kernel("cpu/good_relu.cpp"), 3);

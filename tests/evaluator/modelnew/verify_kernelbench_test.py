@@ -1,6 +1,7 @@
 """tools/verify-kernelbench on a CUDA-L1-style JSONL of three records (CPU backend): an honest
 load_inline ReLU, an fp16-output cheat, a record without code. Checks the per-problem rows,
-both protocols' metrics and the exit status. Run by ctest (ModelNewTest.VerifyKernelbenchTool)."""
+both protocols' metrics and the exit status; two at once (--jobs 2), and a second run with the
+same OUT takes the kept rows instead of verifying again. Run by ctest (ModelNewTest.VerifyKernelbenchTool)."""
 import json
 import os
 import subprocess
@@ -26,10 +27,10 @@ def main():
         f.write(json.dumps({"problem": "004_sigmoid", "code": read("cpu/fp16_output_relu.py")}) + "\n")
         f.write(json.dumps({"level_id": 1, "task_id": 5, "custom_code": None}) + "\n")
     out = os.path.join(tmp, "out")
-    p = subprocess.run([os.path.join(root, "tools", "verify-kernelbench"), src, "--backend", "cpu", "--tasks",
-                        os.path.join(build, "tasks"), "--out", out, "--kb-trials", "3", "--trials", "3",
-                        "--cache", os.path.join(build, "evaluator-test-cache")],
-                       capture_output=True, text=True, timeout=900)
+    cmd = [os.path.join(root, "tools", "verify-kernelbench"), src, "--backend", "cpu", "--tasks",
+           os.path.join(build, "tasks"), "--out", out, "--kb-trials", "3", "--trials", "3", "--jobs", "2",
+           "--cache", os.path.join(build, "evaluator-test-cache")]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     sys.stdout.write(p.stdout)
     sys.stderr.write(p.stderr)
     assert p.returncode == 0, "exit %d" % p.returncode
@@ -50,6 +51,13 @@ def main():
     table = open(os.path.join(out, "table.md")).read()
     for words in ("| fast_1.5 % |", "| geomean speedup (correct) |", "001_relu", "torch only", "KernelBench protocol"):
         assert words in table, words
+
+    # Again with the same OUT: the verified rows are kept (their timings unchanged), not redone.
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert again.returncode == 0, "second run: exit %d\n%s" % (again.returncode, again.stderr)
+    rows2 = {r["problem"]: r for r in map(json.loads, open(os.path.join(out, "results.jsonl")))}
+    for k in ("level1/1", "004_sigmoid"):
+        assert rows2[k]["seconds"] == rows[k]["seconds"] and rows2[k]["verdict"] == rows[k]["verdict"], (rows[k], rows2[k])
     print("verify-kernelbench test: ok")
 
 
