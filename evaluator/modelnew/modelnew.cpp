@@ -372,7 +372,7 @@ std::function<void(SpawnSpec&)> worker_spawn(const std::string& job, const std::
       if (s.argv[i] == "--scratch" && i + 1 < s.argv.size()) {
         scratch = s.argv[++i];
         rest.insert(rest.end(), {"--scratch", kViewScratch});
-      } else if (s.argv[i] != "--no-drop-root") {
+      } else if (s.argv[i] != "--no-drop-root" && s.argv[i] != "--own-uid") {  // the view decides both
         rest.push_back(s.argv[i]);
       }
     }

@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/syscall.h>
+#include <sys/utsname.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -54,7 +55,11 @@ enum Step : int {
   kNoNewPrivs,
   kDeathSignal,
   kChdirCwd,
-  kExec
+  kExec,
+  kProcNamespace,
+  kProcPrivate,
+  kProcMount,
+  kLastStep = kProcMount
 };
 const char* const kStepName[] = {"unshare(user/mount/net namespaces)",
                                  "write /proc/self/setgroups",
@@ -78,7 +83,10 @@ const char* const kStepName[] = {"unshare(user/mount/net namespaces)",
                                  "prctl(PR_SET_NO_NEW_PRIVS)",
                                  "prctl(PR_SET_PDEATHSIG)",
                                  "chdir to the working folder",
-                                 "execve"};
+                                 "execve",
+                                 "unshare(mount namespace) for a private /proc",
+                                 "make / private for a private /proc",
+                                 "mount a private /proc (hidepid=invisible)"};
 struct ChildFailure {
   int step, item, err;
 };
@@ -153,7 +161,7 @@ ViewPlan plan_view(const Confinement& c) {
 }
 
 std::string describe_failure(const ChildFailure& f, const ViewPlan& v) {
-  std::string what = f.step >= 0 && f.step <= kExec ? kStepName[f.step] : "step " + std::to_string(f.step);
+  std::string what = f.step >= 0 && f.step <= kLastStep ? kStepName[f.step] : "step " + std::to_string(f.step);
   auto in = [&](std::size_t n) { return f.item >= 0 && std::size_t(f.item) < n; };
   std::string detail;
   switch (f.step) {
@@ -254,10 +262,12 @@ pid_t spawn_process(const SpawnSpec& spec) {
   if (spec.argv.empty()) throw Error("spawn_process: empty argv");
   // Everything the child needs is prepared before fork: no allocation after it.
   const bool confined = spec.confine.enabled;
+  const bool private_proc = spec.private_proc && !confined;  // a view has its own /proc (or none)
+  const bool reports = confined || private_proc;             // set-up steps that can fail
   ViewPlan view;
   if (confined) view = plan_view(spec.confine);
   int errp[2] = {-1, -1};
-  if (confined && pipe2(errp, O_CLOEXEC) != 0) throw Error(std::string("pipe: ") + std::strerror(errno));
+  if (reports && pipe2(errp, O_CLOEXEC) != 0) throw Error(std::string("pipe: ") + std::strerror(errno));
   const pid_t parent = getpid();
   std::vector<char*> argv, envp;
   for (const auto& a : spec.argv) argv.push_back(const_cast<char*>(a.c_str()));
@@ -271,14 +281,14 @@ pid_t spawn_process(const SpawnSpec& spec) {
   pid_t pid = fork();
   if (pid < 0) {
     const int e = errno;
-    if (confined) close(errp[0]), close(errp[1]);
+    if (reports) close(errp[0]), close(errp[1]);
     throw Error(std::string("fork: ") + std::strerror(e));
   }
   if (pid == 0) {
     setpgid(0, 0);
     // Move sources out of the way first, so a source never collides with a target.
     for (auto& f : fds) f.first = fcntl(f.first, F_DUPFD, 200);
-    int efd = confined ? fcntl(errp[1], F_DUPFD, 200) : -1;
+    int efd = reports ? fcntl(errp[1], F_DUPFD, 200) : -1;
     int devnull = open("/dev/null", O_RDWR);
     bool has[3] = {false, false, false};
     for (const auto& f : fds) {
@@ -297,6 +307,13 @@ pid_t spawn_process(const SpawnSpec& spec) {
     }
     syscall(SYS_close_range, maxfd + 1, ~0u, 0);
     if (confined) enter_view(view, parent, efd);
+    if (private_proc) {
+      // Nothing mounted here propagates back: the host's /proc stays as it is.
+      if (unshare(CLONE_NEWNS) != 0) child_fail(efd, kProcNamespace, -1, errno);
+      if (mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) child_fail(efd, kProcPrivate, -1, errno);
+      if (mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=invisible") != 0)
+        child_fail(efd, kProcMount, -1, errno);
+    }
     for (const auto& l : lims) {
       struct rlimit rl {
         rlim_t(l.second), rlim_t(l.second)
@@ -308,15 +325,15 @@ pid_t spawn_process(const SpawnSpec& spec) {
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr);
     if (cwd && chdir(cwd) != 0) {
-      if (confined) child_fail(efd, kChdirCwd, -1, errno);
+      if (reports) child_fail(efd, kChdirCwd, -1, errno);
       _exit(126);
     }
     execve(argv[0], argv.data(), envp.data());
-    if (confined) child_fail(efd, kExec, -1, errno);
+    if (reports) child_fail(efd, kExec, -1, errno);
     _exit(127);
   }
   setpgid(pid, pid);  // also from the parent: no race with an early kill
-  if (confined) {
+  if (reports) {
     // The pipe closes at exec (close-on-exec) or carries the step that failed.
     close(errp[1]);
     ChildFailure f{};
@@ -330,7 +347,7 @@ pid_t spawn_process(const SpawnSpec& spec) {
       }
       std::string msg = describe_failure(f, view);
       if (f.step == kExec || f.step == kChdirCwd)
-        msg += " (" + std::string(f.step == kExec ? spec.argv[0] : spec.cwd) + ", inside the view)";
+        msg += " (" + std::string(f.step == kExec ? spec.argv[0] : spec.cwd) + (confined ? ", inside the view)" : ")");
       throw Error("spawn " + spec.argv[0] + ": " + msg);
     }
   }
@@ -425,6 +442,17 @@ std::string describe_wait_status(int status) {
     return std::string("killed by SIG") + (name ? name : std::to_string(s).c_str());
   }
   return "status " + std::to_string(status);
+}
+
+bool private_proc_supported() {
+  if (geteuid() != 0) return false;
+  // hidepid is an option of each proc mount from Linux 5.8; before, all mounts of one PID
+  // namespace share it, and mounting with it would hide processes on the host's /proc.
+  struct utsname u {};
+  if (uname(&u) != 0) return false;
+  int major = 0, minor = 0;
+  if (std::sscanf(u.release, "%d.%d", &major, &minor) != 2) return false;
+  return major > 5 || (major == 5 && minor >= 8);
 }
 
 }  // namespace kf::evaluator

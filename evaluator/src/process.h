@@ -43,7 +43,16 @@ struct SpawnSpec {
   std::vector<std::pair<int, unsigned long long>> rlimits;  // (RLIMIT_*, soft=hard value)
   std::string cwd;                                          // empty: inherit
   Confinement confine;                                      // off unless confine.enabled
+  // Unconfined children only: a mount namespace of its own with a fresh /proc that lists
+  // only the processes of the child's own user (hidepid=invisible), so a child that turns
+  // into another user before it runs untrusted code sees no other process. Needs root and
+  // Linux 5.8 or later (per-mount proc options; on older kernels the option would change
+  // the host's /proc): private_proc_supported().
+  bool private_proc = false;
 };
+
+// Whether this process can give a child a private /proc (root, Linux >= 5.8).
+bool private_proc_supported();
 
 // Starts the child in a new process group (pgid == pid). Throws kf::Error if fork fails,
 // and, with confinement, if any step of it fails in the child (the message names the

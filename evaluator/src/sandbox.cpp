@@ -14,6 +14,7 @@
 #include <dirent.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -640,6 +641,19 @@ std::unique_ptr<Sandbox> Sandbox::start(const SandboxOptions& opts, const std::v
   if (I.o.backend == KF_BACKEND_CPU)
     s.argv.insert(s.argv.end(), {"--address-space", std::to_string(I.o.memory_limit_bytes + I.total + (2ull << 30))});
   if (!I.o.drop_root) s.argv.push_back("--no-drop-root");
+  // Where it can, the worker sees no other process (the evaluator's threads, the
+  // calibration worker, other candidates): their activity would tell it which calls are
+  // timed, and their ids are what it would need to slow them.
+  static std::atomic<bool> private_proc_failed{false};
+  s.private_proc = I.o.private_proc && I.o.backend == KF_BACKEND_CPU && I.o.drop_root && !private_proc_failed;
+  if (s.private_proc && !private_proc_supported()) {
+    s.private_proc = false;
+    if (!private_proc_failed.exchange(true))
+      kf::log_warn(
+          "sandbox: workers see the host's processes in /proc (a private /proc needs root and Linux >= 5.8); "
+          "verification goes on without it");
+  }
+  if (s.private_proc) s.argv.push_back("--own-uid");
   s.env = pick_env({"LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES"});
   s.env.insert(s.env.end(),
                {"PATH=/usr/bin:/bin", "LANG=C", "HOME=" + I.scratch, "TMPDIR=" + I.scratch,
@@ -649,7 +663,18 @@ std::unique_ptr<Sandbox> Sandbox::start(const SandboxOptions& opts, const std::v
   s.cwd = I.scratch;
   if (I.o.adjust_spawn) I.o.adjust_spawn(s);  // the ModelNew worker (sandbox.h)
   try {
-    I.pid = spawn_process(s);
+    try {
+      I.pid = spawn_process(s);
+    } catch (const Error& e) {
+      if (!s.private_proc || s.confine.enabled) throw;
+      // No mount namespace here (a container without CAP_SYS_ADMIN): without it, once.
+      if (!private_proc_failed.exchange(true))
+        kf::log_warn("sandbox: no private /proc for workers (", e.what(),
+                     "); workers see the host's processes from now on, verification goes on");
+      s.private_proc = false;
+      s.argv.erase(std::remove(s.argv.begin(), s.argv.end(), std::string("--own-uid")), s.argv.end());
+      I.pid = spawn_process(s);
+    }
   } catch (...) {
     for (int fd : {cmd[0], cmd[1], rep[0], rep[1], lg[0], lg[1]}) close(fd);
     throw;

@@ -1915,8 +1915,7 @@ Result Evaluator::evaluate_compiled(const tasks::Task& task, tasks::Backend back
     } catch (const Stop& st) {
       if (st.retry && attempt == 0) {
         first_baseline = s.base_ms;
-        kf::log_info("evaluator: ", task.name(), " ", cr.key.substr(0, 12), ": ", st.reason,
-                     "; verifying once more");
+        kf::log_info("evaluator: ", task.name(), " ", cr.key.substr(0, 12), ": ", st.reason, "; verifying once more");
         res = before;
         continue;
       }

@@ -59,9 +59,10 @@ std::string confine(const ConfineOptions& o) {
   const pid_t parent = getppid();
   if (o.drop_root && geteuid() == 0) {
     const uid_t nobody = 65534;
+    const uid_t uid = o.own_uid ? uid_t(kOwnUidBase + unsigned(getpid())) : nobody;
     if (setgroups(0, nullptr) != 0) return std::string("setgroups: ") + std::strerror(errno);
     if (setresgid(nobody, nobody, nobody) != 0) return std::string("setresgid: ") + std::strerror(errno);
-    if (setresuid(nobody, nobody, nobody) != 0) return std::string("setresuid: ") + std::strerror(errno);
+    if (setresuid(uid, uid, uid) != 0) return std::string("setresuid: ") + std::strerror(errno);
     // NPROC counts threads of the uid system-wide; nobody runs nothing else of ours.
     if (!(err = set_limit(RLIMIT_NPROC, 4096, 4096, "NPROC")).empty()) return err;
   }

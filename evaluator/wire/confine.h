@@ -30,7 +30,12 @@ struct ConfineOptions {
   long cpu_seconds = 120;
   unsigned long long address_space_bytes = 0;  // 0: no RLIMIT_AS
   bool drop_root = true;
+  // Root gives way to a user of this process's own (kOwnUidBase + pid) rather than nobody:
+  // under a private /proc (hidepid=invisible) it then sees no other process, other
+  // workers included.
+  bool own_uid = false;
 };
+constexpr unsigned kOwnUidBase = 0x40000000u;
 
 // volatile int32 where the SIGSYS handler writes the denied syscall number.
 void install_sigsys_handler(volatile int* forbidden_syscall_slot);

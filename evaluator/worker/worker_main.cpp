@@ -54,6 +54,7 @@ struct Args {
   long cpu_seconds = 120;
   unsigned long long address_space = 0, scratch_limit = 1ull << 30, flush_bytes = 0;
   bool drop_root = true;
+  bool own_uid = false;  // a user of its own, not nobody (with the private /proc)
 };
 
 [[noreturn]] void die(const std::string& msg, int code = 3) {
@@ -165,6 +166,8 @@ Args parse(int argc, char** argv) {
       a.flush_bytes = std::stoull(val());
     else if (k == "--no-drop-root")
       a.drop_root = false;
+    else if (k == "--own-uid")
+      a.own_uid = true;
     else
       die("unknown argument " + k, 2);
   }
@@ -301,6 +304,7 @@ int main(int argc, char** argv) {
   co.cpu_seconds = args.cpu_seconds;
   co.address_space_bytes = args.address_space;
   co.drop_root = args.drop_root;
+  co.own_uid = args.own_uid;
   // glibc installs its internal signal handlers when a single-threaded process creates its
   // first thread; do that here, so that the candidate's threads need no rt_sigaction
   // (which the confinement forbids).

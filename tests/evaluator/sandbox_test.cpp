@@ -17,6 +17,7 @@
 
 #include "kf/common/error.h"
 #include "kf/evaluator/evaluator.h"
+#include "process.h"
 #include "sandbox.h"
 #include "test_util.h"
 
@@ -700,4 +701,59 @@ extern "C" int kf_forward(kf::Context*, const kf::Tensor*, int, kf::Tensor*, int
   EXPECT_EQ(p.kind, CallOutcome::Forbidden) << p.message;
   EXPECT_NE(p.message.find("setpriority"), std::string::npos) << p.message;
   EXPECT_EQ(getpriority(PRIO_PROCESS, 0), nice0) << "the evaluator's priority changed";
+}
+
+// The worker sees no other process: not its evaluator (the reference's threads), not a
+// second worker beside it (the calibration worker, another candidate), whose activity
+// would tell it which calls are timed. A private /proc lists only its own user's
+// processes, and each worker is a user of its own.
+TEST(SandboxTest, WorkerSeesNoOtherProcess) {
+  if (!private_proc_supported()) GTEST_SKIP() << "a private /proc needs root and Linux >= 5.8 (not here)";
+  const std::string looker = R"(#include <kf/kernel.h>
+#include <dirent.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <cstdio>
+#include <cstdlib>
+extern "C" int kf_forward(kf::Context*, const kf::Tensor* in, int, kf::Tensor* out, int) {
+  float* y = (float*)out[0].data;
+  float listed = 0, other = 0;
+  if (DIR* d = opendir("/proc")) {
+    while (dirent* e = readdir(d)) {
+      const int pid = std::atoi(e->d_name);
+      if (pid <= 0) continue;
+      listed += 1;
+      other += pid != getpid();
+    }
+    closedir(d);
+  }
+  char path[64];
+  struct stat st;
+  std::snprintf(path, sizeof path, "/proc/%d/task", int(getppid()));
+  y[0] = listed; y[1] = other; y[2] = stat(path, &st) == 0;
+  std::snprintf(path, sizeof path, "/proc/%d", int(((const float*)in[0].data)[0]));
+  y[3] = stat(path, &st) == 0;
+  y[4] = float(getuid() == 65534);
+  return 0;
+})";
+  const std::string so = build(looker);
+  auto a = start_1d();
+  auto b = start_1d();
+  ASSERT_TRUE(a->load(so).ok());
+  ASSERT_TRUE(b->load(so).ok());
+  for (const auto& pair : {std::make_pair(a.get(), b.get()), std::make_pair(b.get(), a.get())}) {
+    static_cast<float*>(pair.first->input(0, 0))[0] = float(pair.second->pid());  // its neighbour
+    CallOutcome c = pair.first->run(0, 0, false, 0, 5);
+    ASSERT_TRUE(c.ok()) << c.message << pair.first->log_tail();
+    const auto* y = static_cast<const float*>(pair.first->output_at_return(0, 0));
+    EXPECT_EQ(y[0], 1) << "processes listed in the worker's /proc";
+    EXPECT_EQ(y[1], 0) << "processes other than itself listed";
+    EXPECT_EQ(y[2], 0) << "the evaluator's threads are visible";
+    EXPECT_EQ(y[3], 0) << "the worker beside it is visible";
+    EXPECT_EQ(y[4], 0) << "the worker runs as nobody, a user other workers share";
+  }
+  // The evaluator's own /proc is the host's, unchanged: it still sees both workers.
+  EXPECT_TRUE(fs::exists("/proc/" + std::to_string(a->pid()) + "/task"));
+  EXPECT_TRUE(fs::exists("/proc/" + std::to_string(b->pid()) + "/task"));
+  EXPECT_TRUE(fs::exists("/proc/" + std::to_string(getpid()) + "/task"));
 }

@@ -291,6 +291,12 @@ struct SandboxOptions {
   // nothing crosses PCIe (falls back to host staging, with a log line, if IPC fails).
   bool device_arena = true;
   bool drop_root = true;
+  // The worker sees no other process: a private /proc that lists only its own user's
+  // processes, and a user of its own (not nobody, which other workers share). CPU backend
+  // only, so far (the CUDA driver's reads of /proc and its IPC under it are not yet
+  // measured on a GPU); needs root and Linux >= 5.8, else the worker runs without it and
+  // the evaluator says so once.
+  bool private_proc = true;
   // Hook for the ModelNew path (evaluator/modelnew/): changes the worker's spawn (the Python
   // interpreter in front of argv, its environment, a private filesystem view) just before
   // it starts. Empty: kf-sandbox-worker as built.

@@ -2,8 +2,9 @@
 // its parent's threads (the evaluator's) in /proc and pins each to one CPU, then lowers
 // their priority to the least. Both persist while the worker is stopped, so the reference
 // runs squeezed onto one core at low priority while none of the candidate's code runs,
-// and the honest ReLU below looks faster. The seccomp policy forbids changing another
-// thread's scheduling (affinity fails, priority traps).
+// and the honest ReLU below looks faster. Where the worker's /proc hides its parent, it
+// tries the parent's main thread, whose id it knows. The seccomp policy forbids changing
+// another thread's scheduling (affinity fails, priority traps).
 #include <kf/kernel.h>
 #include <dirent.h>
 #include <sched.h>
@@ -18,7 +19,11 @@ void squeeze_parent() {
   char path[64];
   std::snprintf(path, sizeof path, "/proc/%d/task", int(getppid()));
   DIR* d = opendir(path);
-  if (!d) return;
+  if (!d) {
+    // A private /proc hides the evaluator: its main thread's id is known all the same.
+    setpriority(PRIO_PROCESS, id_t(getppid()), 19);
+    return;
+  }
   cpu_set_t one;
   CPU_ZERO(&one);
   CPU_SET(0, &one);
