@@ -62,7 +62,14 @@ void load_weights(CausalLM& model, const std::string& dir) {
   const auto& cfg = model->config();
   for (auto& p : model->named_parameters()) {
     const std::string& name = p.key();
-    const auto e = ck.get(name);  // throws naming the files when missing
+    StCheckpoint::Entry e{};
+    try {
+      e = ck.get(name);  // throws naming the files when missing
+    } catch (const Error& missing) {
+      const std::vector<int64_t> want(p.value().sizes().begin(), p.value().sizes().end());
+      throw Error(std::string(missing.what()) + " (a " + cfg.model_type + " model with this config.json expects it, " +
+                  "shape " + shape_str(want) + ")");
+    }
     const auto& info = *e.info;
     const std::string ctx = *e.file + ": tensor '" + name + "'";
     auto& dst = p.value();

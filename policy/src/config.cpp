@@ -101,10 +101,10 @@ ModelConfig parse_model_config(const std::string& text, const std::string& ctx) 
   ModelConfig c;
   c.raw_json = text;
   if (!j.contains("model_type") || !j["model_type"].is_string())
-    throw Error(field_ctx(ctx, "model_type") + ": missing (required; \"qwen2\" or \"llama\")");
+    throw Error(field_ctx(ctx, "model_type") + ": missing (required; one of qwen2, qwen3, llama)");
   c.model_type = j["model_type"].get<std::string>();
-  if (c.model_type != "qwen2" && c.model_type != "llama")
-    throw Error(field_ctx(ctx, "model_type") + ": '" + c.model_type + "' is not supported (qwen2, llama)");
+  if (c.model_type != "qwen2" && c.model_type != "qwen3" && c.model_type != "llama")
+    throw Error(field_ctx(ctx, "model_type") + ": '" + c.model_type + "' is not supported (qwen2, qwen3, llama)");
   c.vocab_size = get_int(j, "vocab_size", ctx, true, 0);
   c.hidden_size = get_int(j, "hidden_size", ctx, true, 0);
   c.intermediate_size = get_int(j, "intermediate_size", ctx, true, 0);
@@ -126,6 +126,13 @@ ModelConfig parse_model_config(const std::string& text, const std::string& ctx) 
   c.tie_word_embeddings = get_bool(j, "tie_word_embeddings", ctx, false);
   if (c.model_type == "qwen2") {
     c.qkv_bias = true;
+    if (get_bool(j, "use_sliding_window", ctx, false))
+      throw Error(field_ctx(ctx, "use_sliding_window") + ": sliding-window attention is not supported");
+  } else if (c.model_type == "qwen3") {
+    // Qwen3: no q/k/v bias unless attention_bias (which biases o_proj too), RMSNorm per head
+    // of q and k before RoPE.
+    c.qkv_bias = c.o_bias = get_bool(j, "attention_bias", ctx, false);
+    c.qk_norm = true;
     if (get_bool(j, "use_sliding_window", ctx, false))
       throw Error(field_ctx(ctx, "use_sliding_window") + ": sliding-window attention is not supported");
   } else {
@@ -192,7 +199,9 @@ std::string model_config_to_json(const ModelConfig& c) {
     }
   }
   j["model_type"] = c.model_type;
-  j["architectures"] = {c.model_type == "qwen2" ? "Qwen2ForCausalLM" : "LlamaForCausalLM"};
+  j["architectures"] = {c.model_type == "qwen2"   ? "Qwen2ForCausalLM"
+                        : c.model_type == "qwen3" ? "Qwen3ForCausalLM"
+                                                  : "LlamaForCausalLM"};
   j["vocab_size"] = c.vocab_size;
   j["hidden_size"] = c.hidden_size;
   j["intermediate_size"] = c.intermediate_size;
@@ -208,6 +217,7 @@ std::string model_config_to_json(const ModelConfig& c) {
     j["attention_bias"] = c.qkv_bias;
     j["mlp_bias"] = c.mlp_bias;
   }
+  if (c.model_type == "qwen3") j["attention_bias"] = c.qkv_bias;
   json rope = {{"rope_type", c.rope.type}, {"rope_theta", c.rope.theta}};
   if (c.rope.type != "default") rope["factor"] = c.rope.factor;
   if (c.rope.type == "llama3") {

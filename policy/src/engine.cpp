@@ -188,9 +188,8 @@ struct Engine::Impl {
       auto* layer = model->model->layers[static_cast<std::size_t>(l)]->as<DecoderLayerImpl>();
       auto& att = *layer->self_attn;
       const auto a = layer->input_layernorm(x);
-      auto q = att.q_proj(a).view({B, 1, heads, hd}).transpose(1, 2);
-      auto k = att.k_proj(a).view({B, 1, kvh, hd}).transpose(1, 2);
-      const auto v = att.v_proj(a).view({B, kvh, hd});
+      auto [q, k, v3] = att.project(a);  // [B, heads | kvh, 1, D]
+      const auto v = v3.reshape({B, kvh, hd});
       q = rotary(q, r.cos, r.sin);  // the model's rotary embedding: q [B, heads, 1, D]
       const auto kr = rotary(k, r.cos, r.sin).reshape({B, kvh, hd});
       pk[l].index_copy_(0, slot, kr);

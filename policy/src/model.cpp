@@ -327,14 +327,25 @@ AttentionImpl::AttentionImpl(const ModelConfig& c, torch::TensorOptions opts)
   k_proj = register_module("k_proj", Linear(c.hidden_size, kv_heads * head_dim, c.qkv_bias, opts));
   v_proj = register_module("v_proj", Linear(c.hidden_size, kv_heads * head_dim, c.qkv_bias, opts));
   o_proj = register_module("o_proj", Linear(heads * head_dim, c.hidden_size, c.o_bias, opts));
+  if (c.qk_norm) {
+    q_norm = register_module("q_norm", RMSNorm(head_dim, c.rms_norm_eps, opts));
+    k_norm = register_module("k_norm", RMSNorm(head_dim, c.rms_norm_eps, opts));
+  }
+}
+
+std::array<torch::Tensor, 3> AttentionImpl::project(const torch::Tensor& x) {
+  const int64_t B = x.size(0), T = x.size(1);
+  auto q = q_proj(x).view({B, T, heads, head_dim});
+  auto k = k_proj(x).view({B, T, kv_heads, head_dim});
+  if (q_norm) q = q_norm(q), k = k_norm(k);
+  auto v = v_proj(x).view({B, T, kv_heads, head_dim});
+  return {q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)};
 }
 
 torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const RopeTables& rope, const torch::Tensor& mask,
                                      KVCache* cache, int64_t layer) {
   const int64_t B = x.size(0), T = x.size(1);
-  auto q = q_proj(x).view({B, T, heads, head_dim}).transpose(1, 2);
-  auto k = k_proj(x).view({B, T, kv_heads, head_dim}).transpose(1, 2);
-  auto v = v_proj(x).view({B, T, kv_heads, head_dim}).transpose(1, 2);
+  auto [q, k, v] = project(x);
   q = rotary(q, rope.cos, rope.sin);
   k = rotary(k, rope.cos, rope.sin);
   if (cache && cache->static_slot.defined()) {

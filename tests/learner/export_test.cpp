@@ -2,6 +2,8 @@
 // the same logits as our model (tests/learner/hf_export_check.py).
 #include <gtest/gtest.h>
 
+#include <fstream>
+
 #include <nlohmann/json.hpp>
 
 #include "kf/common/safetensors.h"
@@ -222,4 +224,89 @@ TEST(LearnerExportTest, LoraCheckpointsExportMergedWeightsOrAPeftAdapterFolder) 
   if (rc == 3) GTEST_SKIP() << "peft is not importable by " << lt::python() << ": " << lt::read_text(log);
   EXPECT_EQ(rc, 0) << lt::read_text(log);
   std::printf("%s", lt::read_text(log).c_str());
+}
+
+// Qwen3 (per-head q/k norms, no biases, head_dim 24 != 64 / 4): a learner trains it from a
+// config.json shape, tools/export's folder loads in transformers with our logits; with LoRA
+// on a Qwen3 base folder, peft loads the adapter folder onto that base with our logits.
+TEST(LearnerExportTest, Qwen3TrainsFullAndWithLoraAndExportsForTransformersAndPeft) {
+  lt::TempDir tmp;
+  const std::string shape = tmp.path + "/qwen3-tiny.json";
+  {
+    std::ofstream f(shape);
+    f << R"({"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 256, "hidden_size": 64,
+      "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+      "head_dim": 24, "attention_bias": false, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+      "tie_word_embeddings": false, "max_position_embeddings": 512, "eos_token_id": 0})";
+  }
+  LearnerConfig cfg;
+  cfg.init_shape = shape;
+  cfg.seed = 5;
+  cfg.optim.lr = 1e-2;
+  cfg.schedule.warmup_steps = 0;
+  cfg.groups_per_step = 2;
+  auto comm = make_local_comm();
+  SyntheticSource src(SyntheticConfig{});
+  src.groups_per_step_total = 2;
+  LearnerDeps d;
+  d.comm = comm.get();
+  d.source = &src;
+  d.checkpoint_dir = tmp.path + "/run/checkpoints";
+  const auto ids = torch::randint(0, 256, {2, 12}, torch::TensorOptions().dtype(torch::kInt64));
+  auto check_in_python = [&](const std::vector<std::string>& argv, const torch::Tensor& logits, const char* what) {
+    const std::string ref = tmp.path + "/" + what + ".safetensors";
+    kf::safetensors_write(
+        ref, {{"ids", "I64", ids.sizes().vec(), ids.data_ptr(), std::size_t(ids.numel() * 8)},
+              {"logits", "F32", logits.sizes().vec(), logits.data_ptr(), std::size_t(logits.numel() * 4)}});
+    auto args = argv;
+    args.push_back(ref);
+    const std::string log = tmp.path + "/" + what + ".log";
+    const int rc = lt::run(args, log);
+    EXPECT_NE(rc, 3) << what << ": transformers/peft not importable by " << lt::python() << ": " << lt::read_text(log);
+    EXPECT_EQ(rc, 0) << lt::read_text(log);
+    std::printf("%s", lt::read_text(log).c_str());
+  };
+
+  // 1. Full weights.
+  Learner l(cfg, d);
+  l.set_tokenizer_json(byte_tokenizer_json());
+  ASSERT_TRUE(l.step().updated);
+  l.checkpoint();
+  const std::string out = tmp.path + "/hf";
+  ASSERT_EQ(lt::run({lt::export_bin(), tmp.path + "/run", out}, tmp.path + "/export.log"), 0)
+      << lt::read_text(tmp.path + "/export.log");
+  EXPECT_EQ(nlohmann::json::parse(lt::read_text(out + "/config.json")).at("architectures")[0], "Qwen3ForCausalLM");
+  auto p = kf::policy::load_policy(out);
+  torch::Tensor logits;
+  {
+    torch::NoGradGuard ng;
+    logits = p.model->forward(ids).to(torch::kFloat32).contiguous();
+    EXPECT_LT((l.model()->forward(ids) - logits).abs().max().item<double>(), 1e-5);
+  }
+  check_in_python({lt::python(), lt::source_dir() + "/tests/learner/hf_export_check.py", out}, logits, "qwen3_hf");
+
+  // 2. LoRA on a Qwen3 base folder (the exported one), every projection adapted.
+  auto cl = cfg;
+  cl.policy = out;
+  cl.optim.lr = 2e-2;
+  cl.lora_rank = 4;
+  cl.lora_alpha = 8;
+  d.checkpoint_dir = tmp.path + "/run2/checkpoints";
+  Learner l2(cl, d);
+  for (int s = 0; s < 2; ++s) ASSERT_TRUE(l2.step().updated);
+  const std::string ck = l2.checkpoint();
+  ExportOptions po;
+  po.peft = true;
+  export_checkpoint(ck, tmp.path + "/peft", po);
+  torch::Tensor ours;
+  {
+    torch::NoGradGuard ng;
+    ours = l2.model()->forward(ids).to(torch::kFloat32).contiguous();
+    l2.model()->set_adapters_active(false);
+    EXPECT_GT((l2.model()->forward(ids) - ours).abs().max().item<double>(), 1e-4)
+        << "the trained adapters made no difference: the test proves nothing";
+    l2.model()->set_adapters_active(true);
+  }
+  check_in_python({lt::python(), lt::source_dir() + "/tests/learner/peft_adapter_check.py", out, tmp.path + "/peft"},
+                  ours, "qwen3_peft");
 }

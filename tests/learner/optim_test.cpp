@@ -276,6 +276,25 @@ TEST(LearnerShapeTest, QwenCoderShapeFilesParseToTheirPublishedSizes) {
   EXPECT_EQ(count(big), 7615616512);
 }
 
+// configs/shapes/qwen3-8b.json (Qwen3-8B's config.json): per-head q/k norms and no biases,
+// 8.19 B parameters (the model card's 8.2 B, 6.95 B without embeddings), counted from the
+// model built from it (random init, no weights read).
+TEST(LearnerShapeTest, Qwen3ShapeFileBuildsItsPublishedSize) {
+  const auto c = kf::policy::load_model_config(kf::learner::test::source_dir() + "/configs/shapes/qwen3-8b.json");
+  EXPECT_EQ(c.model_type, "qwen3");
+  EXPECT_TRUE(c.qk_norm);
+  EXPECT_FALSE(c.qkv_bias);
+  EXPECT_EQ(c.head_dim, 128);
+  EXPECT_EQ(c.eos_token_ids, (std::vector<int64_t>{151645}));
+  // One layer built on the meta device: its parameters, times the layer count, plus the
+  // embeddings (untied) and the final norm.
+  kf::policy::DecoderLayer layer(c, torch::TensorOptions().device(torch::kMeta));
+  int64_t per_layer = 0;
+  for (const auto& p : layer->parameters()) per_layer += p.numel();
+  EXPECT_EQ(per_layer, 192946432);
+  EXPECT_EQ(c.num_hidden_layers * per_layer + 2 * c.vocab_size * c.hidden_size + c.hidden_size, 8190735360);
+}
+
 // learner.dist.shard and learner.init_shape as read from a run config: a shape that is
 // neither named nor a readable config.json is refused naming the file and key.
 TEST(LearnerShapeTest, ConfigReadsShardAndRefusesAnUnknownShape) {

@@ -71,9 +71,34 @@ TEST(PolicyCheckpointTest, MissingConfigKeyNamesField) {
   EXPECT_NE(e.find("num_hidden_layers"), std::string::npos) << e;
 }
 
+// Qwen2 weights under a config.json that says qwen3: the first tensor a Qwen3 model needs
+// and the file lacks is named, with the shape expected; Qwen3 weights under "qwen2" name the
+// first q/k/v bias missing.
+TEST(PolicyCheckpointTest, MissingTensorNamesItAndTheShapeExpected) {
+  t::TempDir d;
+  copy_model(t::refs_dir() + "/qwen2", d.path);
+  std::string cfg = t::read_file(d.path + "/config.json");
+  cfg.replace(cfg.find("\"model_type\": \"qwen2\""), 21, "\"model_type\": \"qwen3\"");
+  t::write_file(d.path + "/config.json", cfg);
+  const auto e = load_error(d.path);
+  EXPECT_NE(e.find("model.layers.0.self_attn.q_norm.weight"), std::string::npos) << e;
+  EXPECT_NE(e.find("is missing"), std::string::npos) << e;
+  EXPECT_NE(e.find("shape [16]"), std::string::npos) << e;
+  EXPECT_NE(e.find("qwen3"), std::string::npos) << e;
+
+  t::TempDir d3;
+  copy_model(t::refs_dir() + "/qwen3", d3.path);
+  std::string cfg3 = t::read_file(d3.path + "/config.json");
+  cfg3.replace(cfg3.find("\"model_type\": \"qwen3\""), 21, "\"model_type\": \"qwen2\"");
+  t::write_file(d3.path + "/config.json", cfg3);
+  const auto e3 = load_error(d3.path);
+  EXPECT_NE(e3.find("model.layers.0.self_attn.q_proj.bias"), std::string::npos) << e3;
+  EXPECT_NE(e3.find("shape [96]"), std::string::npos) << e3;  // 4 heads x head_dim 24
+}
+
 // Write our model (sharded, to cover the index too), then HF loads it and must give our logits.
 TEST(PolicyCheckpointTest, WrittenCheckpointLoadsInHfWithSameLogits) {
-  for (const std::string name : {"qwen2", "llama"}) {
+  for (const std::string name : {"qwen2", "llama", "qwen3", "qwen3_tied"}) {
     t::TempDir d;
     auto p = load_policy(t::refs_dir() + "/" + name, torch::kCPU);
     save_policy(p, d.path, /*max_shard_bytes=*/64 << 10);

@@ -36,6 +36,29 @@ TEST(PolicyConfigTest, ReadsQwen2Fields) {
   EXPECT_EQ(c.eos_token_ids, (std::vector<int64_t>{5, 6}));
 }
 
+// Qwen3 (as transformers 5 writes it): q/k norms on, no q/k/v bias unless attention_bias,
+// an explicit head_dim; sliding-window attention refused by name.
+TEST(PolicyConfigTest, ReadsQwen3Fields) {
+  const auto c = parse_model_config(R"({"model_type": "qwen3", "vocab_size": 100, "hidden_size": 64,
+    "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "head_dim": 32, "attention_bias": false, "tie_word_embeddings": false,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}})",
+                                    "config.json");
+  EXPECT_TRUE(c.qk_norm);
+  EXPECT_FALSE(c.qkv_bias);
+  EXPECT_FALSE(c.o_bias);
+  EXPECT_EQ(c.head_dim, 32);
+  EXPECT_DOUBLE_EQ(c.rope.theta, 1e6);
+  const auto biased = parse_model_config(R"({"model_type": "qwen3", "vocab_size": 100, "hidden_size": 64,
+    "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "attention_bias": true})",
+                                         "config.json");
+  EXPECT_TRUE(biased.qkv_bias && biased.o_bias);
+  EXPECT_FALSE(parse_model_config(kQwen, "config.json").qk_norm);
+  const std::string e = error_of(R"({"model_type": "qwen3", "vocab_size": 100, "hidden_size": 64,
+    "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "use_sliding_window": true})");
+  EXPECT_NE(e.find("use_sliding_window"), std::string::npos) << e;
+}
+
 TEST(PolicyConfigTest, ReadsNewerRopeParametersForm) {
   const auto c = parse_model_config(R"({"model_type": "llama", "vocab_size": 10, "hidden_size": 32,
     "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2, "attention_bias": true,
@@ -58,6 +81,9 @@ TEST(PolicyConfigTest, MissingKeyNamesFileAndField) {
 
 TEST(PolicyConfigTest, BadValuesNameTheField) {
   EXPECT_NE(error_of(R"({"model_type": "gpt_neox"})").find("model_type"), std::string::npos);
+  // An unknown architecture names itself and the supported list.
+  const std::string unknown = error_of(R"({"model_type": "gpt_neox"})");
+  EXPECT_NE(unknown.find("'gpt_neox' is not supported (qwen2, qwen3, llama)"), std::string::npos) << unknown;
   EXPECT_NE(error_of("{not json").find("dir/config.json"), std::string::npos);
   std::string bad = kQwen;
   bad.replace(bad.find("\"num_key_value_heads\": 2"), 24, "\"num_key_value_heads\": 3");

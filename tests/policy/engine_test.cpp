@@ -16,8 +16,14 @@ using namespace kf::policy;
 namespace {
 
 // A tiny fp32 model with weights large enough (std 0.2) that greedy choices are not ties.
-CausalLM tiny_model(uint64_t seed) {
+CausalLM tiny_model(uint64_t seed, bool qwen3 = false) {
   auto c = named_model_shape("tiny");
+  if (qwen3) {  // per-head q/k norms, no q/k/v bias, head_dim 24 (heads x head_dim != hidden)
+    c.model_type = "qwen3";
+    c.qk_norm = true;
+    c.qkv_bias = false;
+    c.head_dim = 24;
+  }
   CausalLM m(c, torch::TensorOptions().dtype(torch::kFloat32));
   m->init_random(seed, 0.2);
   m->eval();
@@ -75,8 +81,7 @@ EngineOptions small_pool() {
 
 }  // namespace
 
-TEST(EngineTest, GreedyEqualsGroupAtATimeDecodingForConcurrentPromptsOfDifferentLengths) {
-  auto m = tiny_model(3);
+static void check_greedy_equals_group_at_a_time(CausalLM m) {
   Engine e(m, small_pool());
   const auto cs = cases();
   const auto got = run(e, cs, greedy(0));
@@ -105,6 +110,16 @@ TEST(EngineTest, GreedyEqualsGroupAtATimeDecodingForConcurrentPromptsOfDifferent
   int64_t prompt_tokens = 0;
   for (const auto& c : cs) prompt_tokens += static_cast<int64_t>(c.prompt.size());
   EXPECT_EQ(st.prefill_tokens, prompt_tokens);
+}
+
+TEST(EngineTest, GreedyEqualsGroupAtATimeDecodingForConcurrentPromptsOfDifferentLengths) {
+  check_greedy_equals_group_at_a_time(tiny_model(3));
+}
+
+// The engine's decode projects q, k and v as the model does (AttentionImpl::project): a Qwen3
+// shape's per-head norms are applied on both paths.
+TEST(EngineTest, Qwen3GreedyEqualsGroupAtATimeDecoding) {
+  check_greedy_equals_group_at_a_time(tiny_model(3, /*qwen3=*/true));
 }
 
 TEST(EngineTest, PaddingToBatchBucketsDoesNotChangeResults) {

@@ -33,7 +33,8 @@ def randomise(model, seed):
 
 
 def make_models(out):
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    from transformers import (LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
+                              Qwen3ForCausalLM)
 
     specs = {
         # Qwen2: q/k/v bias, GQA 4:2, untied lm_head.
@@ -50,6 +51,19 @@ def make_models(out):
             rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
                              "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                              "original_max_position_embeddings": 64},
+            bos_token_id=1, eos_token_id=2)),
+        # Qwen3: per-head q/k RMSNorm, no q/k/v bias, GQA 4:2, a head_dim that is not
+        # hidden/heads (as Qwen3-0.6B's 128 against 1024/16), untied lm_head.
+        "qwen3": (Qwen3ForCausalLM, Qwen3Config(
+            vocab_size=352, hidden_size=64, intermediate_size=144, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=24, max_position_embeddings=256,
+            rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=False, attention_bias=False,
+            bos_token_id=1, eos_token_id=2)),
+        # Qwen3 with tied embeddings and attention_bias (q/k/v and o_proj biased), MQA 4:1.
+        "qwen3_tied": (Qwen3ForCausalLM, Qwen3Config(
+            vocab_size=320, hidden_size=48, intermediate_size=96, num_hidden_layers=3,
+            num_attention_heads=4, num_key_value_heads=1, head_dim=16, max_position_embeddings=256,
+            rms_norm_eps=1e-6, rope_theta=10000.0, tie_word_embeddings=True, attention_bias=True,
             bos_token_id=1, eos_token_id=2)),
     }
     for i, (name, (cls, cfg)) in enumerate(specs.items()):

@@ -79,13 +79,40 @@ TEST(PolicyModelTest, LlamaLogitsMatchHf) { check_full("llama"); }
 TEST(PolicyModelTest, ShardedCheckpointLogitsMatchHf) { check_full("qwen2_sharded"); }
 TEST(PolicyModelTest, Qwen2KvCacheMatchesHf) { check_cached("qwen2"); }
 TEST(PolicyModelTest, LlamaKvCacheMatchesHf) { check_cached("llama"); }
+// Qwen3: per-head q/k norms, no q/k/v bias (untied), attention_bias on q/k/v/o (tied).
+TEST(PolicyModelTest, Qwen3LogitsMatchHf) {
+  check_full("qwen3");
+  check_full("qwen3_tied");
+}
+TEST(PolicyModelTest, Qwen3KvCacheMatchesHf) {
+  check_cached("qwen3");
+  check_cached("qwen3_tied");
+}
 TEST(PolicyModelTest, LeftPaddedBatchMatchesHf) {
   check_padded("qwen2", false);
   check_padded("llama", false);
+  check_padded("qwen3", false);
 }
 TEST(PolicyModelTest, LeftPaddedKvCacheMatchesHf) {
   check_padded("qwen2", true);
   check_padded("llama", true);
+  check_padded("qwen3", true);
+}
+
+TEST(PolicyModelTest, Qwen3HasPerHeadNormsAndNoQkvBias) {
+  auto l = load("qwen3");
+  std::set<std::string> names;
+  for (const auto& p : l.p.model->named_parameters()) names.insert(p.key());
+  EXPECT_TRUE(names.count("model.layers.1.self_attn.q_norm.weight"));
+  EXPECT_TRUE(names.count("model.layers.1.self_attn.k_norm.weight"));
+  EXPECT_FALSE(names.count("model.layers.1.self_attn.q_proj.bias"));
+  EXPECT_EQ(l.p.model->named_parameters()["model.layers.0.self_attn.q_norm.weight"].sizes(),
+            torch::IntArrayRef({24}));  // head_dim, not hidden / heads
+  auto tied = load("qwen3_tied");
+  std::set<std::string> tnames;
+  for (const auto& p : tied.p.model->named_parameters()) tnames.insert(p.key());
+  EXPECT_TRUE(tnames.count("model.layers.2.self_attn.o_proj.bias"));
+  EXPECT_FALSE(tnames.count("lm_head.weight"));
 }
 
 TEST(PolicyModelTest, ParameterNamesAreHfNames) {

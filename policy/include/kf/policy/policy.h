@@ -15,6 +15,7 @@
 // (kf_policy_text, kf-render-prompt and the fuzzers do): it then sees the first part only.
 #pragma once
 #include <cstddef>
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -41,7 +42,7 @@ struct RopeConfig {
 };
 
 struct ModelConfig {
-  std::string model_type = "qwen2";  // "qwen2" or "llama"
+  std::string model_type = "qwen2";  // "qwen2", "qwen3" or "llama"
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;
@@ -53,8 +54,9 @@ struct ModelConfig {
   double rms_norm_eps = 1e-6;
   RopeConfig rope;
   bool tie_word_embeddings = false;
-  bool qkv_bias = false;               // qwen2: always; llama: attention_bias
-  bool o_bias = false;                 // llama attention_bias also biases o_proj
+  bool qkv_bias = false;               // qwen2: always; llama, qwen3: attention_bias
+  bool o_bias = false;                 // llama, qwen3: attention_bias also biases o_proj
+  bool qk_norm = false;                // qwen3: RMSNorm over each head of q and k, before RoPE
   bool mlp_bias = false;               // llama mlp_bias
   std::vector<int64_t> eos_token_ids;  // stop ids: config.json's, then generation_config.json's (load_model_config)
   int64_t bos_token_id = -1;
@@ -393,7 +395,11 @@ class AttentionImpl : public torch::nn::Module {
   // CausalLMImpl::hidden_packed): causal attention inside each, none across them.
   torch::Tensor forward(const torch::Tensor& x, const RopeTables& rope, const torch::Tensor& mask, KVCache* cache,
                         int64_t layer);
+  // q [B, heads, T, head_dim], k and v [B, kv_heads, T, head_dim], before RoPE (with the
+  // per-head q/k norms of qwen3): the one place both the model and the engine project.
+  std::array<torch::Tensor, 3> project(const torch::Tensor& x);
   Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  RMSNorm q_norm{nullptr}, k_norm{nullptr};  // qwen3 only (ModelConfig::qk_norm)
   int64_t heads, kv_heads, head_dim;
 };
 TORCH_MODULE(Attention);
