@@ -147,7 +147,7 @@ Actor::Actor(ActorOptions opts, ActorPolicy policy, std::vector<std::shared_ptr<
     throw Error("actors.prompt.context_tokens (" + std::to_string(opts_.context_tokens) +
                 ") must exceed actors.sampling.max_new_tokens (" + std::to_string(opts_.max_new_tokens) + ")");
   // The model's chat template (a bad one fails here, not at the first prompt).
-  const auto chat = policy::ChatTemplate::for_model(opts_.policy_dir);
+  const auto chat = policy::ChatTemplate::for_model(opts_.policy_dir, opts_.chat_vars);
   log_info("actor ", opts_.id, ": ", tasks_.size(), " tasks, G=", opts_.group_size, ", K=", opts_.exemplars, ", mode ",
            prompt_mode_name(opts_.mode), ", context ", opts_.context_tokens, " tokens, template ", tpl,
            ", chat template ", chat ? chat->source() : std::string("none (raw text)"));
@@ -259,7 +259,7 @@ Prompt Actor::build_task_prompt(const tasks::Task& task, uint64_t seed) {
   po.min_exemplar_tokens = static_cast<std::size_t>(opts_.min_exemplar_tokens);
   po.marker = opts_.extract.marker;
   po.abi = abi_;
-  po.chat = policy::ChatTemplate::for_model(opts_.policy_dir);
+  po.chat = policy::ChatTemplate::for_model(opts_.policy_dir, opts_.chat_vars);
   return build_prompt(tpl_, policy_.codec, it->second, ex, po);
 }
 
@@ -858,7 +858,7 @@ void Actor::build_followups(Awaiting& aw, const replay::ScoredGroup& g) {
   next.prompt.text.clear();
   next.turn = prev.turn + 1;
   next.root_group_id = prev.turn == 1 ? prev.group_id : prev.root_group_id;
-  const auto chat = policy::ChatTemplate::for_model(opts_.policy_dir);
+  const auto chat = policy::ChatTemplate::for_model(opts_.policy_dir, opts_.chat_vars);
   const auto info = info_.find(prev.task->name());
   const std::string lang = info != info_.end() ? info->second.lang : std::string("cpp");
   const std::size_t budget = static_cast<std::size_t>(opts_.context_tokens - opts_.max_new_tokens);

@@ -61,6 +61,9 @@ ActorOptions actor_options(const Config& cfg, int actor_id) {
 
   o.mode = parse_prompt_mode(cfg.get_string("actors.prompt.mode"), src + ": actors.prompt.mode");
   o.template_path = cfg.get_string("actors.prompt.template");
+  // A reasoning model's switch: "template" leaves it to the chat template's default.
+  if (const auto think = cfg.get_string("actors.prompt.enable_thinking"); think != "template")
+    o.chat_vars = std::string("{\"enable_thinking\": ") + (think == "true" ? "true" : "false") + "}";
   o.abi_header_path = cfg.get_string("actors.prompt.abi_header");
   o.exemplars = cfg.get_int("actors.prompt.exemplars");
   if (o.exemplars < 0 || o.exemplars > 32) throw bad("actors.prompt.exemplars", "must be in [0, 32]");

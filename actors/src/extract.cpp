@@ -164,7 +164,17 @@ bool defines_entry_point(const std::string& source) {
   return false;
 }
 
-Extraction extract_kernel(const std::string& completion, const ExtractOptions& opts) {
+Extraction extract_kernel(const std::string& full, const ExtractOptions& opts) {
+  // A model that reasons first (Qwen3's <think> ... </think>) may draft code in its
+  // reasoning: the kernel is what follows the block. A block that never closes is cut off.
+  std::string after;
+  const auto think_end = full.rfind("</think>");
+  if (think_end != std::string::npos) {
+    after = full.substr(think_end + 8);
+  } else if (full.find("<think>") != std::string::npos) {
+    return fail("unterminated", "the reasoning block (<think>) never closes (completion cut off?)");
+  }
+  const std::string& completion = think_end != std::string::npos ? after : full;
   const auto blocks = fenced_blocks(completion);
   if (blocks.empty()) return fail("no_code", "the completion has no fenced code block");
   std::vector<const Block*> marked, unmarked;

@@ -105,7 +105,7 @@ Prompt optimize_prompt(const ActorOptions& o, const ActorPolicy& policy, const t
   po.min_exemplar_tokens = static_cast<std::size_t>(o.min_exemplar_tokens);
   po.marker = o.extract.marker;
   po.abi = compact_abi(read_file(abi_path));
-  po.chat = policy::ChatTemplate::for_model(o.policy_dir);
+  po.chat = policy::ChatTemplate::for_model(o.policy_dir, o.chat_vars);
   return build_prompt(tpl, policy.codec, task_info(task, o.backend), exemplars, po);
 }
 

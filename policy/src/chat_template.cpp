@@ -1,6 +1,7 @@
 #include "kf/policy/policy.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <spawn.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -44,8 +45,11 @@ std::string slurp(const std::string& p) {
   return ss.str();
 }
 
-// One layout: pieces[0] slot[0] pieces[1] ... slot[n-1] pieces[n].
+// One layout: pieces[0] slot[0] pieces[1] ... slot[n-1] pieces[n]. Or `exact`: the template
+// transforms or branches on the text for this role sequence, so every conversation of it is
+// rendered by jinja2 itself (the renderer's serve process).
 struct Layout {
+  bool exact = false;
   std::vector<std::string> pieces;
   std::vector<std::size_t> slots;
   std::vector<bool> lstrip, rstrip;
@@ -70,7 +74,8 @@ std::string roles_text(const std::vector<std::string>& roles) {
 }
 
 // Runs the layout script; stdout is the JSON layout, stderr the reason of a failure.
-Layout fetch_layout(const std::string& model_dir, const std::string& source, const std::vector<std::string>& roles) {
+Layout fetch_layout(const std::string& model_dir, const std::string& source, const std::vector<std::string>& roles,
+                    const std::string& vars) {
   const std::string py = python_path(), script = script_path();
   const std::string what = source + ": laying out the chat template for roles " + roles_text(roles);
   if (!file_exists(script))
@@ -84,7 +89,7 @@ Layout fetch_layout(const std::string& model_dir, const std::string& source, con
     if (err_fd >= 0) ::close(err_fd), ::unlink(err_tpl);
     throw Error(what + ": cannot create a temporary file in /tmp: " + std::strerror(errno));
   }
-  std::vector<std::string> args = {py, script, "layout", model_dir};
+  std::vector<std::string> args = {py, script, "layout", "--vars", vars, model_dir};
   args.insert(args.end(), roles.begin(), roles.end());
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
@@ -118,6 +123,11 @@ Layout fetch_layout(const std::string& model_dir, const std::string& source, con
   Layout l;
   try {
     const json j = json::parse(out);
+    if (j.value("exact", false)) {
+      l.exact = true;
+      l.empty_ok.assign(roles.size(), true);
+      return l;
+    }
     for (const auto& p : j.at("pieces")) l.pieces.push_back(p.get<std::string>());
     for (const auto& s : j.at("slots")) l.slots.push_back(s.get<std::size_t>());
     for (const auto& b : j.at("lstrip")) l.lstrip.push_back(b.get<bool>());
@@ -177,15 +187,126 @@ std::string py_rstrip(const std::string& s) {
 }
 
 struct ChatTemplate::Impl {
-  std::string dir, source;
+  std::string dir, source, vars = "{}";
   mutable std::mutex mu;
   mutable std::map<std::vector<std::string>, Layout> layouts;
+  // The serve process (kf_chat_template.py serve) for role sequences rendered exactly:
+  // started at the first such conversation, one request line and one reply line each.
+  mutable std::mutex serve_mu;
+  mutable pid_t serve_pid = -1;
+  mutable int serve_in = -1, serve_out = -1;
+  mutable std::string serve_buf;
+
+  ~Impl() { stop_server(); }
 
   const Layout& layout(const std::vector<std::string>& roles) const {
     std::lock_guard<std::mutex> lk(mu);
     auto it = layouts.find(roles);
-    if (it == layouts.end()) it = layouts.emplace(roles, fetch_layout(dir, source, roles)).first;
+    if (it == layouts.end()) it = layouts.emplace(roles, fetch_layout(dir, source, roles, vars)).first;
     return it->second;
+  }
+
+  void stop_server() const {
+    if (serve_in >= 0) ::close(serve_in);
+    if (serve_out >= 0) ::close(serve_out);
+    serve_in = serve_out = -1;
+    if (serve_pid > 0) {
+      ::kill(serve_pid, SIGKILL);
+      while (::waitpid(serve_pid, nullptr, 0) < 0 && errno == EINTR) {
+      }
+    }
+    serve_pid = -1;
+    serve_buf.clear();
+  }
+
+  void start_server() const {
+    const std::string py = python_path(), script = script_path();
+    int to_child[2], from_child[2];
+    if (::pipe2(to_child, O_CLOEXEC) != 0) throw Error(source + ": pipe: " + std::strerror(errno));
+    if (::pipe2(from_child, O_CLOEXEC) != 0) {
+      ::close(to_child[0]), ::close(to_child[1]);
+      throw Error(source + ": pipe: " + std::strerror(errno));
+    }
+    std::vector<std::string> args = {py, script, "serve", "--vars", vars, dir};
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, to_child[0], 0);
+    posix_spawn_file_actions_adddup2(&fa, from_child[1], 1);
+    pid_t pid = -1;
+    const int err = posix_spawnp(&pid, py.c_str(), &fa, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&fa);
+    ::close(to_child[0]);
+    ::close(from_child[1]);
+    if (err != 0) {
+      ::close(to_child[1]), ::close(from_child[0]);
+      throw Error(source + ": cannot start python '" + py + "' for exact rendering: " + std::strerror(err) +
+                  " (set KF_PYTHON)");
+    }
+    serve_pid = pid;
+    serve_in = to_child[1];
+    serve_out = from_child[0];
+  }
+
+  // One conversation through jinja2 (the template transforms or branches on its text).
+  std::string render_exact(const std::vector<ChatMessage>& messages) const {
+    json req = {{"messages", json::array()}};
+    for (const auto& m : messages) req["messages"].push_back({{"role", m.role}, {"content", m.content}});
+    const std::string line = req.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
+    std::lock_guard<std::mutex> lk(serve_mu);
+    if (serve_pid < 0) start_server();
+    // A renderer that died must not take this process with it: SIGPIPE is blocked on this
+    // thread for the write, and one it raised is taken back before the mask is restored.
+    sigset_t pipe_sig, old_mask;
+    sigemptyset(&pipe_sig);
+    sigaddset(&pipe_sig, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe_sig, &old_mask);
+    const char* p = line.data();
+    std::size_t left = line.size();
+    bool broken = false;
+    while (left > 0) {
+      const ssize_t n = ::write(serve_in, p, left);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        broken = true;
+        break;
+      }
+      p += n, left -= static_cast<std::size_t>(n);
+    }
+    if (broken) {
+      const timespec zero{0, 0};
+      while (sigtimedwait(&pipe_sig, nullptr, &zero) > 0) {
+      }
+    }
+    pthread_sigmask(SIG_SETMASK, &old_mask, nullptr);
+    if (broken) {
+      stop_server();
+      throw Error(source + ": the exact renderer (" + script_path() + " serve) is gone: write failed");
+    }
+    std::size_t nl;
+    while ((nl = serve_buf.find('\n')) == std::string::npos) {
+      char buf[65536];
+      const ssize_t n = ::read(serve_out, buf, sizeof buf);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        stop_server();
+        throw Error(source + ": the exact renderer (" + script_path() + " serve) exited without a reply");
+      }
+      serve_buf.append(buf, static_cast<std::size_t>(n));
+    }
+    const std::string reply = serve_buf.substr(0, nl);
+    serve_buf.erase(0, nl + 1);
+    json j;
+    try {
+      j = json::parse(reply);
+    } catch (const std::exception& e) {
+      stop_server();
+      throw Error(source + ": the exact renderer's reply is not JSON (" + e.what() + ")");
+    }
+    if (j.contains("error")) throw Error(j["error"].get<std::string>());
+    return j.at("text").get<std::string>();
   }
 };
 
@@ -213,27 +334,38 @@ bool ChatTemplate::present(const std::string& model_dir) {
   return !model_dir.empty() && !template_source(model_dir).empty();
 }
 
-std::optional<ChatTemplate> ChatTemplate::load(const std::string& model_dir) {
+std::optional<ChatTemplate> ChatTemplate::load(const std::string& model_dir, const std::string& vars_json) {
   const std::string source = template_source(model_dir);
   if (source.empty()) return std::nullopt;
   ChatTemplate t;
   t.impl_ = std::make_shared<Impl>();
   t.impl_->dir = model_dir;
   t.impl_->source = source;
+  if (!vars_json.empty()) {
+    json v;
+    try {
+      v = json::parse(vars_json);
+    } catch (const std::exception& e) {
+      throw Error(source + ": template variables are not JSON (" + e.what() + "): " + vars_json);
+    }
+    if (!v.is_object()) throw Error(source + ": template variables must be a JSON object: " + vars_json);
+    t.impl_->vars = v.dump();
+  }
   t.impl_->layout({"user"});  // fail at load, not at the first prompt
   return t;
 }
 
-std::shared_ptr<const ChatTemplate> ChatTemplate::for_model(const std::string& model_dir) {
+std::shared_ptr<const ChatTemplate> ChatTemplate::for_model(const std::string& model_dir,
+                                                            const std::string& vars_json) {
   if (model_dir.empty()) return nullptr;
   static std::mutex mu;
-  static std::map<std::string, std::shared_ptr<const ChatTemplate>> cache;
+  static std::map<std::pair<std::string, std::string>, std::shared_ptr<const ChatTemplate>> cache;
   std::lock_guard<std::mutex> lk(mu);
-  auto it = cache.find(model_dir);
+  auto it = cache.find({model_dir, vars_json});
   if (it != cache.end()) return it->second;
-  auto t = load(model_dir);
+  auto t = load(model_dir, vars_json);
   auto p = t ? std::make_shared<const ChatTemplate>(std::move(*t)) : nullptr;
-  cache.emplace(model_dir, p);
+  cache.emplace(std::make_pair(model_dir, vars_json), p);
   return p;
 }
 
@@ -242,6 +374,7 @@ std::string ChatTemplate::render(const std::vector<ChatMessage>& messages) const
   std::vector<std::string> roles;
   for (const auto& m : messages) roles.push_back(m.role);
   const Layout& l = impl_->layout(roles);
+  if (l.exact) return impl_->render_exact(messages);
   for (std::size_t i = 0; i < messages.size(); ++i)
     if (messages[i].content.empty() && !l.empty_ok[i])
       throw Error(impl_->source + ": message " + std::to_string(i) + " (" + messages[i].role +

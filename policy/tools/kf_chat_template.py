@@ -10,12 +10,19 @@ proves it for the role sequence with probe contents (leading/trailing whitespace
 spaces, Jinja-looking text, special-token text, "</think>", empty strings, equal and unequal
 contents): each probe is rendered by jinja2 and by the layout, and any difference is an
 error, so a template the sentinel method cannot render exactly is refused rather than
-approximated. Contents whose emptiness changes the output (`{% if message.content %}`) are
-marked: the C++ side then refuses an empty content for that slot.
+approximated by the layout: the layout says {"exact": true} instead, and the C++ side renders
+every conversation of that role sequence with `serve` (a process that keeps the compiled
+template and renders one conversation per request with jinja2 itself, as transformers does).
+Contents whose emptiness changes the output (`{% if message.content %}`) are marked: the C++
+side then refuses an empty content for that slot of a layout.
 
 Usage:
   kf_chat_template.py layout MODEL_DIR ROLE [ROLE ...]   -> JSON layout on stdout
   kf_chat_template.py render MODEL_DIR MESSAGES.json      -> the rendered text on stdout
+  kf_chat_template.py serve MODEL_DIR                     -> one JSON line per JSON line on stdin:
+        {"messages": [...]} -> {"text": "..."} or {"error": "..."}
+Each command takes --vars JSON before MODEL_DIR: more variables for the template (for example
+{"enable_thinking": false}), as keyword arguments of apply_chat_template.
 Exit: 0 ok, 1 template error (message on stderr), 2 usage.
 """
 import json
@@ -31,6 +38,10 @@ SPECIAL_TOKENS = ["bos_token", "eos_token", "unk_token", "sep_token", "pad_token
 
 class TemplateFailure(Exception):
     pass
+
+
+class ContentDependent(TemplateFailure):
+    """The template transforms or branches on the text: renderable, but not by a layout."""
 
 
 def _token_text(v):
@@ -129,10 +140,12 @@ def compile_template(text):
     return env.from_string(text)
 
 
-def render(compiled, special, messages):
+def render(compiled, special, messages, extra=None):
     import jinja2
+    kwargs = dict(special)
+    kwargs.update(extra or {})
     try:
-        return compiled.render(messages=messages, tools=None, documents=None, add_generation_prompt=True, **special)
+        return compiled.render(messages=messages, tools=None, documents=None, add_generation_prompt=True, **kwargs)
     except jinja2.exceptions.TemplateError as e:
         raise TemplateFailure(f"the template raised: {e}")
 
@@ -195,7 +208,7 @@ def _probes(n):
     return sets
 
 
-def layout(model_dir, roles):
+def layout(model_dir, roles, extra=None):
     text, source, special = load(model_dir)
     try:
         compiled = compile_template(text)
@@ -211,7 +224,7 @@ def layout(model_dir, roles):
         return [{"role": r, "content": c} for r, c in zip(roles, contents)]
 
     try:
-        base = render(compiled, special, msgs(sentinels))
+        base = render(compiled, special, extra=extra, messages=msgs(sentinels))
     except TemplateFailure as e:
         raise TemplateFailure(f"{source}: roles {roles}: {e}")
     pieces, slots = _split(base, sentinels)
@@ -219,12 +232,12 @@ def layout(model_dir, roles):
     padded = [PAD + s + PAD for s in sentinels]
     lstrip, rstrip = [], []
     try:
-        ptext = render(compiled, special, msgs(padded))
+        ptext = render(compiled, special, extra=extra, messages=msgs(padded))
     except TemplateFailure as e:
         raise TemplateFailure(f"{source}: roles {roles}: padded contents: {e}")
     ppieces, pslots = _split(ptext, sentinels)
     if pslots != slots:
-        raise TemplateFailure(f"{source}: roles {roles}: where the contents land depends on their "
+        raise ContentDependent(f"{source}: roles {roles}: where the contents land depends on their "
                               f"whitespace; the sentinel method cannot render this template exactly")
     for k in range(len(slots)):
         before, after = ppieces[k], ppieces[k + 1]
@@ -233,10 +246,10 @@ def layout(model_dir, roles):
     lay = {"pieces": pieces, "slots": slots, "lstrip": lstrip, "rstrip": rstrip, "roles": list(roles),
            "source": source, "empty_ok": [True] * n}
     for probe in _probes(n):
-        want = render(compiled, special, msgs(probe))
+        want = render(compiled, special, extra=extra, messages=msgs(probe))
         got = _splice(lay, probe)
         if want != got:
-            raise TemplateFailure(
+            raise ContentDependent(
                 f"{source}: roles {roles}: the output depends on the message text beyond placing "
                 f"(and trimming) it (probe {probe!r}); the sentinel method cannot render this "
                 f"template exactly")
@@ -245,7 +258,7 @@ def layout(model_dir, roles):
         probe = [f"content {j}" for j in range(n)]
         probe[i] = ""
         try:
-            want = render(compiled, special, msgs(probe))
+            want = render(compiled, special, extra=extra, messages=msgs(probe))
         except TemplateFailure:
             lay["empty_ok"][i] = False
             continue
@@ -254,13 +267,50 @@ def layout(model_dir, roles):
     return lay
 
 
+def serve(model_dir, extra):
+    """Renders one conversation per input line until stdin closes (ChatTemplate's exact path)."""
+    text, source, special = load(model_dir)
+    try:
+        compiled = compile_template(text)
+    except Exception as e:
+        raise TemplateFailure(f"{source}: does not compile: {e}")
+    for line in sys.stdin:
+        try:
+            messages = json.loads(line)["messages"]
+            out = {"text": render(compiled, special, messages, extra)}
+        except TemplateFailure as e:
+            out = {"error": f"{source}: {e}"}
+        except (ValueError, KeyError, TypeError) as e:
+            out = {"error": f"{source}: a bad request ({e})"}
+        sys.stdout.write(json.dumps(out, ensure_ascii=False) + "\n")
+        sys.stdout.flush()
+    return 0
+
+
 def main(argv):
-    if len(argv) < 3 or argv[0] not in ("layout", "render"):
+    extra = {}
+    if len(argv) >= 2 and argv[1] == "--vars":
+        try:
+            extra = json.loads(argv[2]) if len(argv) > 2 else None
+        except ValueError as e:
+            print(f"--vars: not JSON ({e})", file=sys.stderr)
+            return 2
+        if not isinstance(extra, dict):
+            print("--vars: must be a JSON object", file=sys.stderr)
+            return 2
+        argv = argv[:1] + argv[3:]
+    if len(argv) < 2 or argv[0] not in ("layout", "render", "serve") or (argv[0] != "serve" and len(argv) < 3):
         print(__doc__.split("Usage:")[1].split("Exit:")[0].rstrip(), file=sys.stderr)
         return 2
     try:
+        if argv[0] == "serve":
+            return serve(argv[1], extra)
         if argv[0] == "layout":
-            print(json.dumps(layout(argv[1], argv[2:]), ensure_ascii=False))
+            try:
+                lay = layout(argv[1], argv[2:], extra)
+            except ContentDependent as e:
+                lay = {"exact": True, "reason": str(e), "roles": argv[2:]}
+            print(json.dumps(lay, ensure_ascii=False))
             return 0
         if len(argv) != 3:
             print("render MODEL_DIR MESSAGES.json", file=sys.stderr)
@@ -268,7 +318,7 @@ def main(argv):
         with open(argv[2], encoding="utf-8") as f:
             messages = json.load(f)
         text, source, special = load(argv[1])
-        sys.stdout.write(render(compile_template(text), special, messages))
+        sys.stdout.write(render(compile_template(text), special, messages, extra))
         return 0
     except TemplateFailure as e:
         print(str(e), file=sys.stderr)

@@ -4,6 +4,8 @@
 // add_generation_prompt=True) renders it, or, for a folder without a template, the
 // contents joined as they are (the raw prompt). FILE.json: a list of {"role", "content"}.
 // --tokens also prints the prompt's token count on stderr (with the folder's tokenizer.json).
+// --enable-thinking true|false passes that template variable (apply_chat_template's
+// enable_thinking=...); without it the template's own default.
 // Exit: 0 ok, 1 bad input or template error (message names the file and field), 2 usage.
 #include <sys/stat.h>
 
@@ -60,6 +62,9 @@ int main(int argc, char** argv) {
   app.add_option("--model", model, "HF model folder (tokenizer_config.json / chat_template.jinja)")->required();
   app.add_option("--messages", messages, "JSON file: a list of {\"role\", \"content\"}")->required();
   app.add_flag("--tokens", tokens, "also print the token count on stderr (needs the folder's tokenizer.json)");
+  std::string thinking;
+  app.add_option("--enable-thinking", thinking, "true or false: the template variable enable_thinking")
+      ->check(CLI::IsMember({"true", "false"}));
   KF_CLI_PARSE(app, argc, argv);
   if (!is_dir(model)) {
     std::fprintf(stderr, "render-prompt: --model %s: not a folder\n", model.c_str());
@@ -68,7 +73,8 @@ int main(int argc, char** argv) {
   try {
     const auto msgs = read_messages(messages);
     std::string text;
-    if (auto t = kf::policy::ChatTemplate::load(model)) {
+    const std::string vars = thinking.empty() ? "" : "{\"enable_thinking\": " + thinking + "}";
+    if (auto t = kf::policy::ChatTemplate::load(model, vars)) {
       text = t->render(msgs);
     } else {
       std::fprintf(stderr, "render-prompt: %s has no chat template: the raw text (contents joined)\n", model.c_str());

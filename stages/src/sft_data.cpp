@@ -121,7 +121,7 @@ TaskPrompt task_prompt(const actors::PromptTemplate& tpl, const std::string& abi
   po.min_exemplar_tokens = static_cast<std::size_t>(opts.min_exemplar_tokens);
   po.marker = opts.marker;
   po.abi = abi;
-  po.chat = policy::ChatTemplate::for_model(opts.model_dir);
+  po.chat = policy::ChatTemplate::for_model(opts.model_dir, opts.chat_vars);
   tp.prompt = actors::build_prompt(tpl, codec, task, in, po);
   // build_prompt keeps the order and drops from the middle: match the kept speedups in order.
   std::size_t j = 0;

@@ -91,6 +91,7 @@ int main(int argc, char** argv) {
       dopt.exemplars = ao.exemplars;
       dopt.min_exemplar_tokens = ao.min_exemplar_tokens;
       dopt.marker = ao.extract.marker;
+      dopt.chat_vars = ao.chat_vars;
       if (ao.context_tokens > 0 && !app.count("--context")) context = ao.context_tokens;
       if (!app.count("--max-new-tokens")) max_new_tokens = ao.max_new_tokens;
     }

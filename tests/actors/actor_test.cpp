@@ -286,6 +286,17 @@ TEST(ActorTest, HeldOutTasksAreNeverScheduledAndABadListIsAnError) {
   };
   auto o = actor_options(cfg(list, ""), 0);
   EXPECT_EQ(o.heldout, (std::vector<std::string>{"001_relu", "002_gelu"}));
+  // actors.prompt.enable_thinking: the chat template's own default, or a variable for it.
+  EXPECT_EQ(o.chat_vars, "");
+  auto think = [&](const std::string& v) {
+    return actor_options(kf::Config::parse("", "think_test",
+                                           {"tasks.dir=" + test::tasks_dir(), "actors.prompt.enable_thinking=" + v}),
+                         0)
+        .chat_vars;
+  };
+  EXPECT_EQ(think("false"), R"({"enable_thinking": false})");
+  EXPECT_EQ(think("true"), R"({"enable_thinking": true})");
+  EXPECT_THROW(think("maybe"), kf::Error);
   auto names = [](const std::vector<std::shared_ptr<const kf::tasks::Task>>& ts) {
     std::set<std::string> n;
     for (const auto& t : ts) n.insert(t->name());

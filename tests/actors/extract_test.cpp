@@ -69,3 +69,21 @@ TEST(ExtractTest, UnmarkedFallbackOnlyForOneBlockWithEntryPoint) {
   m.marker = "kf-final";
   EXPECT_TRUE(extract_kernel("```cuda kf-final\n" + kKernel + "```", m).ok);
 }
+
+// A reasoning model drafts code inside <think> ... </think>: the kernel is the one after it.
+// A reasoning block that never closes (the completion ran out) is `unterminated`.
+TEST(ExtractTest, KernelAfterTheReasoningBlock) {
+  const std::string draft = "```cpp kernel\nint draft;\n```\n";
+  const auto e = extract_kernel("<think>\nTry a loop first:\n" + draft + "No: vectorise.\n</think>\n\n```cpp kernel\n" +
+                                kKernel + "```\n");
+  ASSERT_TRUE(e.ok) << e.error;
+  EXPECT_EQ(e.source, kKernel);
+  const auto cut = extract_kernel("<think>\nstill thinking " + draft);
+  EXPECT_FALSE(cut.ok);
+  EXPECT_EQ(cut.code, "unterminated");
+  EXPECT_NE(cut.error.find("<think>"), std::string::npos) << cut.error;
+  // Reasoning with no kernel after it: no code (the draft inside does not count).
+  EXPECT_EQ(extract_kernel("<think>\n" + draft + "</think>\nI give up.").code, "no_code");
+  // A completion without reasoning is read as before.
+  EXPECT_TRUE(extract_kernel("```cpp kernel\n" + kKernel + "```").ok);
+}

@@ -31,6 +31,14 @@ CONVERSATIONS = [
      {"role": "assistant", "content": ASSISTANT1}, {"role": "user", "content": USER2}],
     [{"role": "user", "content": "  ünïcödé \u4e2d\u6587 {{ not jinja }} <|im_end|>  "},
      {"role": "assistant", "content": "\u3000ok\u3000"}, {"role": "user", "content": "again"}],
+    # An earlier turn that reasoned first (Qwen3 drops the <think> block of an earlier turn).
+    [{"role": "system", "content": SYSTEM}, {"role": "user", "content": USER1},
+     {"role": "assistant", "content": "<think>\nThe input is fp32; one thread per element.\n</think>\n\n" + ASSISTANT1},
+     {"role": "user", "content": USER2}],
+    # Three user turns, two answers, text that looks like template syntax and a </think> alone.
+    [{"role": "user", "content": "{% if x %}y{% endif %} first"}, {"role": "assistant", "content": "a1</think>tail"},
+     {"role": "user", "content": "second"}, {"role": "assistant", "content": "\n\na2"},
+     {"role": "user", "content": "third \U0001f680"}],
 ]
 
 

@@ -1,9 +1,11 @@
-// Chat templates: our rendering (ChatTemplate: jinja2 layouts joined in C++) against
-// transformers' apply_chat_template, run live (tests/policy/chat_template_reference.py),
-// on the templates of four model families (tests/policy/data/chat_templates), and
-// tools/render-prompt's output and errors.
+// Chat templates: our rendering (ChatTemplate: jinja2 layouts joined in C++, or jinja2 itself
+// where a template transforms the text) against transformers' apply_chat_template, run live
+// (tests/policy/chat_template_reference.py), on the templates of five model families
+// (tests/policy/data/chat_templates), and tools/render-prompt's output and errors.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+
+#include <chrono>
 
 #include <nlohmann/json.hpp>
 
@@ -77,11 +79,11 @@ bool have_jinja2() { return std::system((python() + " -c 'import jinja2' >/dev/n
 std::string data_dir(const std::string& family) { return source_dir() + "/tests/policy/data/chat_templates/" + family; }
 
 const char* kFamilies[] = {"qwen2.5-coder-instruct", "llama-3.2-instruct", "deepseek-coder-instruct",
-                           "mistral-nemo-instruct"};
+                           "mistral-nemo-instruct", "qwen3"};
 
 }  // namespace
 
-TEST(ChatTemplateTest, EqualsTransformersOnFourModelFamilies) {
+TEST(ChatTemplateTest, EqualsTransformersOnFiveModelFamilies) {
   REQUIRE_REFERENCES();
   int compared = 0, with_history = 0;
   for (const char* fam : kFamilies) {
@@ -106,8 +108,8 @@ TEST(ChatTemplateTest, EqualsTransformersOnFourModelFamilies) {
       if (msgs.size() >= 4 && msgs[0].role == "system") ++with_history;
     }
   }
-  EXPECT_GE(compared, 16);
-  EXPECT_EQ(with_history, 4) << "each family renders a system turn plus a two-turn history";
+  EXPECT_GE(compared, 25);
+  EXPECT_EQ(with_history, 10) << "each family renders two conversations of a system turn plus a two-turn history";
 }
 
 TEST(ChatTemplateTest, ChatTemplateJinjaWinsOverTokenizerConfig) {
@@ -147,22 +149,50 @@ TEST(ChatTemplateTest, NoTemplateIsRawText) {
   EXPECT_EQ(ChatTemplate::for_model(""), nullptr);
 }
 
-TEST(ChatTemplateTest, RefusesTemplateThatRewritesContent) {
+// A template that transforms the text (Qwen3-style: the text after </think> only; upper
+// case) cannot be laid out: jinja2 renders each such conversation itself, exactly, and in
+// about a millisecond (the time per rendered prompt is printed).
+TEST(ChatTemplateTest, RendersTemplateThatRewritesContentExactly) {
   REQUIRE_JINJA2();
-  // Qwen3-style: the text after </think> only. The sentinel layout cannot be exact: refused.
   TempDir d;
   write_file(d.path + "/chat_template.jinja",
              "{% for m in messages %}<{{ m.role }}>{{ m.content.split('</think>')[-1] }}\n{% endfor %}");
-  try {
-    ChatTemplate::load(d.path);
-    FAIL() << "a template that rewrites the content must be refused";
-  } catch (const kf::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("cannot render this template exactly"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("chat_template.jinja"), std::string::npos) << e.what();
-  }
-  // Upper-casing the content: refused too.
-  write_file(d.path + "/chat_template.jinja", "{{ messages[0].content | upper }}");
-  EXPECT_THROW(ChatTemplate::load(d.path), kf::Error);
+  auto t = ChatTemplate::load(d.path);
+  ASSERT_TRUE(t);
+  EXPECT_EQ(t->render({{"user", "q"}, {"assistant", "<think>plan</think>done"}, {"user", "again</think>x"}}),
+            "<user>q\n<assistant>done\n<user>x\n");
+  EXPECT_EQ(t->render({{"user", "no think"}}), "<user>no think\n");
+  const int n = 200;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < n; ++i)
+    ASSERT_EQ(t->render({{"user", "u" + std::to_string(i)}, {"assistant", "<think>r</think>a"}, {"user", "v"}}),
+              "<user>u" + std::to_string(i) + "\n<assistant>a\n<user>v\n");
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / n;
+  std::printf("exact rendering: %.3f ms per prompt (mean of %d)\n", ms, n);
+  EXPECT_LT(ms, 50) << "a rendered prompt must not slow an actor's step";
+  TempDir u;
+  write_file(u.path + "/chat_template.jinja", "{{ messages[0].content | upper }}");
+  auto up = ChatTemplate::load(u.path);
+  ASSERT_TRUE(up);
+  EXPECT_EQ(up->render({{"user", "mixed Case"}}), "MIXED CASE");
+}
+
+// Template variables (apply_chat_template's keyword arguments): Qwen3's enable_thinking.
+TEST(ChatTemplateTest, TemplateVariablesReachTheTemplate) {
+  REQUIRE_JINJA2();
+  const std::string dir = data_dir("qwen3");
+  auto on = ChatTemplate::load(dir);
+  auto off = ChatTemplate::load(dir, R"({"enable_thinking": false})");
+  ASSERT_TRUE(on && off);
+  EXPECT_EQ(on->render({{"user", "q"}}), "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n");
+  EXPECT_EQ(off->render({{"user", "q"}}),
+            "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
+  // Multi-turn (rendered by jinja2 itself): the earlier turn's reasoning is dropped.
+  EXPECT_EQ(off->render({{"user", "q"}, {"assistant", "<think>\nr\n</think>\n\nk1"}, {"user", "again"}}),
+            "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\nk1<|im_end|>\n<|im_start|>user\nagain<|im_end|>\n"
+            "<|im_start|>assistant\n<think>\n\n</think>\n\n");
+  EXPECT_THROW(ChatTemplate::load(dir, "[1]"), kf::Error);
+  EXPECT_THROW(ChatTemplate::load(dir, "{bad"), kf::Error);
 }
 
 TEST(ChatTemplateTest, EmptyContentTheTemplateBranchesOnIsAnError) {
@@ -248,6 +278,15 @@ TEST(ChatTemplateTest, RenderPromptToolPrintsAndFails) {
   EXPECT_NE(out.find("must be a list"), std::string::npos) << out;
   EXPECT_EQ(run(tool + " --messages " + msgs, &out), 2) << out;
   EXPECT_EQ(run(tool + " --model /nonexistent/dir --messages " + msgs, &out), 2) << out;
+  // --enable-thinking reaches the template (Qwen3 closes an empty reasoning block).
+  write_file(msgs, R"([{"role": "user", "content": "q"}])");
+  ASSERT_EQ(run(tool + " --model " + data_dir("qwen3") + " --messages " + msgs + " --enable-thinking false 2>/dev/null",
+                &out),
+            0)
+      << out;
+  EXPECT_EQ(out, "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
+  EXPECT_EQ(run(tool + " --model " + data_dir("qwen3") + " --messages " + msgs + " --enable-thinking maybe", &out), 2)
+      << out;
   // A folder without a template: the raw text.
   write_file(msgs, R"([{"role": "user", "content": "raw prompt\n"}])");
   ASSERT_EQ(run(tool + " --model " + d.path + " --messages " + msgs + " 2>/dev/null", &out), 0) << out;

@@ -58,7 +58,9 @@ namespace kf::actors {
 //   no_entry_point   no `extern "C"` definition of kf_forward(...) { ... }
 //   too_large        the source exceeds max_bytes (it would not fit a queue slot / the DB)
 // Fallback (allow_unmarked): with no marked block, exactly one unmarked block that
-// defines kf_forward is taken. Pure functions; any thread.
+// defines kf_forward is taken. A completion that reasons first (<think> ... </think>, as
+// Qwen3 does) is read after its last </think>; one whose <think> never closes is
+// `unterminated`. Pure functions; any thread.
 
 struct ExtractOptions {
   std::string marker = "kernel";  // a word of the fence's info string
@@ -281,6 +283,9 @@ struct ActorOptions {
   std::vector<std::string> heldout;  // never scheduled (tasks.heldout, read when the options are made)
   // policy (the learner's initial weights; snapshots replace them)
   std::string policy_dir;  // HF folder; empty: random init of init_shape
+  // Variables for the chat template, as JSON (actors.prompt.enable_thinking: {} or
+  // {"enable_thinking": true|false}); the template decides what they do.
+  std::string chat_vars;
   std::string init_shape = "tiny";
   // prompts
   PromptMode mode = PromptMode::contrastive;

@@ -139,11 +139,14 @@ std::vector<std::string> byte_level_symbols();
 // literal pieces between them plus, per placed content, whether the template trims it.
 // render() joins the pieces around the real contents in C++ (microseconds; the prompt
 // fitter re-renders many times per prompt). The script proves the layout exact for that
-// role sequence with probe contents and refuses (kf::Error) a template that transforms or
-// branches on the text beyond placing and trimming it; a template that branches on a
-// content being empty gets an error for an empty content instead. A layout is cached for
-// the life of the object, so a template that prints today's date (Llama 3.x) keeps the
-// date of its first rendering.
+// role sequence with probe contents. Where the template transforms or branches on the text
+// beyond placing and trimming it (Qwen3 strips an earlier turn's <think> block), that role
+// sequence is rendered by jinja2 itself instead: one `kf_chat_template.py serve` process per
+// object keeps the compiled template and renders each conversation on request (a pipe round
+// trip, 0.06 ms on the 2-core machine). A template that branches on a content being empty gets an
+// error for an empty content of a laid-out sequence. A layout is cached for the life of the
+// object, so a template that prints today's date (Llama 3.x) keeps the date of its first
+// rendering.
 //
 // Python: $KF_PYTHON, else the interpreter the build was configured with; the script: under
 // $KF_SOURCE_DIR, else the source tree this was built from. Needs jinja2 (requirements.txt).
@@ -159,17 +162,19 @@ class ChatTemplate {
   // The template of `model_dir`, or nullopt when the folder has none. Renders the [user]
   // layout at once, so a template that cannot be rendered exactly fails here: kf::Error
   // naming the file (and the Python or jinja2 failure).
-  static std::optional<ChatTemplate> load(const std::string& model_dir);
-  // One shared instance per folder for the process (null when the folder has no template or
-  // `model_dir` is empty); the pointer stays valid for the life of the process.
-  static std::shared_ptr<const ChatTemplate> for_model(const std::string& model_dir);
+  // `vars_json`: a JSON object of more template variables, as keyword arguments of
+  // apply_chat_template (e.g. {"enable_thinking": false}); empty: none.
+  static std::optional<ChatTemplate> load(const std::string& model_dir, const std::string& vars_json = "");
+  // One shared instance per folder and variables for the process (null when the folder has
+  // no template or `model_dir` is empty); the pointer stays valid for the life of the process.
+  static std::shared_ptr<const ChatTemplate> for_model(const std::string& model_dir, const std::string& vars_json = "");
   // True when the folder holds a template (chat_template.jinja or a non-null
   // tokenizer_config.json "chat_template"); reads files only.
   static bool present(const std::string& model_dir);
 
   // The text transformers renders for `messages` with add_generation_prompt=True.
-  // kf::Error naming the template for a role sequence the template rejects
-  // (raise_exception) or cannot be laid out exactly, or an empty content it branches on.
+  // kf::Error naming the template for a conversation the template rejects
+  // (raise_exception), or an empty content a laid-out sequence branches on.
   std::string render(const std::vector<ChatMessage>& messages) const;
 
   const std::string& model_dir() const;

@@ -113,6 +113,7 @@ struct SftDataOptions {
   // The policy folder whose chat template renders the prompts, as the actors render them
   // (policy::ChatTemplate::for_model); empty, or a folder without one: raw text.
   std::string model_dir;
+  std::string chat_vars;  // its variables (ActorOptions::chat_vars: actors.prompt.enable_thinking)
 };
 
 struct SftExample {
