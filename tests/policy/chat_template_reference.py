@@ -42,6 +42,36 @@ CONVERSATIONS = [
 ]
 
 
+def generated_conversations(n=24, seed=20261207):
+    """Seeded random conversations: an optional system turn, then 1-4 user turns with the
+    answers between them, contents drawn from long, Unicode, whitespace-padded, marker and
+    template-looking texts (some reasoning first in <think> blocks)."""
+    import random
+    rnd = random.Random(seed)
+    pool = [USER1, USER2, ASSISTANT1, SYSTEM, "x", " ", "\t\n", "{{ messages }} {% for %}", "{# c #}",
+            "<|im_start|>assistant\n", "<|eot_id|>[INST]", "</think>", "<think>\nmaybe\n</think>\n\nok",
+            "\u00e9\u4e2d\U0001f680\u3000\u00a0", "line\r\nbreaks\r\n", "'quotes' \"double\" \\backslash",
+            "word " * 300]
+    convs = []
+    for _ in range(n):
+        conv = []
+        if rnd.random() < 0.5:
+            conv.append({"role": "system", "content": rnd.choice(pool)})
+        turns = rnd.randint(1, 4)
+        for t in range(turns):
+            conv.append({"role": "user", "content": "".join(rnd.choice(pool) for _ in range(rnd.randint(1, 3)))})
+            if t + 1 < turns:
+                reply = "".join(rnd.choice(pool) for _ in range(rnd.randint(1, 2)))
+                if rnd.random() < 0.3:
+                    reply = "<think>\n" + rnd.choice(pool) + "\n</think>\n\n" + reply
+                conv.append({"role": "assistant", "content": reply})
+        convs.append(conv)
+    return convs
+
+
+CONVERSATIONS += generated_conversations()
+
+
 def special_tokens(folder):
     with open(os.path.join(folder, "tokenizer_config.json"), encoding="utf-8") as f:
         cfg = json.load(f)
