@@ -6,6 +6,8 @@
 // checkpoints of whole weights, exact resume, and the refusal of LoRA.
 #include <gtest/gtest.h>
 
+#include <fstream>
+
 #include <atomic>
 #include <chrono>
 #include <functional>
@@ -372,4 +374,35 @@ TEST(LearnerShardParamsTest, LoraWithShardedParametersIsRefusedNamingTheKeys) {
     EXPECT_NE(w.find("learner.dist.shard"), std::string::npos) << w;
     EXPECT_NE(w.find("learner.lora.rank"), std::string::npos) << w;
   }
+}
+
+// A Qwen3 shape (per-head q/k norms: small 1-D tensors in every layer, no biases, head_dim
+// 24 != 64 / 4) under ZeRO-3 at 2 ranks: ZeRO-2 bitwise, one unsharded rank within float
+// summation order.
+TEST(LearnerShardParamsTest, Qwen3ShapeMatchesUnshardedAndShardedGradients) {
+  lt::TempDir tmp;
+  const std::string shape = tmp.path + "/qwen3-tiny.json";
+  {
+    std::ofstream f(shape);
+    f << R"({"model_type": "qwen3", "vocab_size": 256, "hidden_size": 64, "intermediate_size": 128,
+      "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 24,
+      "attention_bias": false, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "tie_word_embeddings": false,
+      "max_position_embeddings": 512, "eos_token_id": 0})";
+  }
+  auto base = tiny_config();
+  base.init_shape = shape;
+  const auto one = run_ranks(base, 1, 2, "q3one");
+  expect_ok(one);
+  EXPECT_TRUE(as_map(one[0].weights).count("model.layers.1.self_attn.k_norm.weight"));
+  auto cfg = base;
+  cfg.shard = ShardMode::params;
+  const auto z3 = run_ranks(cfg, 2, 2, "q3z3");
+  expect_ok(z3);
+  cfg.shard = ShardMode::gradients;
+  const auto z2 = run_ranks(cfg, 2, 2, "q3z2");
+  expect_ok(z2);
+  EXPECT_TRUE(bitwise_equal(z3[0].weights, z2[0].weights)) << "z3-z2 " << max_abs_diff(z3[0].weights, z2[0].weights);
+  const double d = max_abs_diff(z3[0].weights, one[0].weights);
+  EXPECT_GE(d, 0.0);
+  EXPECT_LT(d, 1e-5);
 }
