@@ -6,12 +6,14 @@
 #   corpus     every CUDA kernel of tests/evaluator/kernels/corpus.json through kf-eval with
 #              its default settings (as an attacker would run it): verdict and reason against
 #              the corpus's expectation -> corpus_cuda.md, corpus_cuda.jsonl
+#   corpus_pp  the same with --private-proc-cuda (CUDA workers with a private /proc and a
+#              user of their own) -> corpus_cuda_pp.md: whether that can be the CUDA default
 #   modelnew   the CUDA ModelNew candidates of tests/evaluator/modelnew/cuda/ through tools/eval,
 #              with the confined load_inline compile time cold and cached -> modelnew_cuda.md
 #   cudal1     CUDA-L1's published H100 kernels (KF_KB/h100.json.gz) through
 #              tools/verify-kernelbench --backend cuda on the imported KernelBench levels
 #              (KF_LEVELS, default 1), KF_JOBS at once, until the deadline -> cudal1/
-#   dev/gpu_verifier_evidence.sh [STAGE...]          (default: corpus modelnew cudal1)
+#   dev/gpu_verifier_evidence.sh [STAGE...]          (default: corpus modelnew corpus_pp cudal1)
 # Carry [".deps", ".kb"]: the Debian TBB/seccomp trees, and .kb/ holding KernelBench/level{1,2,3}
 # (ScalingIntelligence/KernelBench) and h100.json.gz (CUDA-L1's optimized_cuda_code/h100.json).
 # KF_DEADLINE_S (default 270): no new work starts after this many seconds of the call; work
@@ -38,7 +40,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > 
   { echo "gpu_verifier_evidence.sh: no GPU visible; nothing run" >&2; exit 2; }
 GPU=$(head -1 "$OUTDIR/gpu.txt")
 stamp "$GPU"
-STAGES=("$@"); [ ${#STAGES[@]} -eq 0 ] && STAGES=(corpus modelnew cudal1)
+STAGES=("$@"); [ ${#STAGES[@]} -eq 0 ] && STAGES=(corpus modelnew corpus_pp cudal1)
 want() { local s; for s in "${STAGES[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
 
 # --- tasks, imported while the build runs
@@ -76,18 +78,20 @@ export KF_BUILD_DIR=$BUILD KF_TASKS_DIR=$BUILD/tasks
 
 # --- corpus: every CUDA kernel, default settings, JOBS at once (the GPU timing lock keeps
 # each timed trial alone on the device)
-corpus_stage() {
-  stamp "corpus: CUDA kernels of tests/evaluator/kernels/corpus.json"
-  "$PY" - "$BUILD" "$OUTDIR" "$JOBS" "$(( $(left) + 20 ))" <<'PYEOF'
+corpus_stage() {  # corpus_stage NAME [kf-eval flag ...]
+  local name=$1; shift
+  stamp "$name: CUDA kernels of tests/evaluator/kernels/corpus.json $*"
+  "$PY" - "$BUILD" "$OUTDIR" "$JOBS" "$(( $(left) + 20 ))" "$name" "$@" <<'PYEOF'
 import concurrent.futures, json, subprocess, sys, time
-build, out, jobs, budget = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+build, out, jobs, budget, name = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), sys.argv[5]
+extra = sys.argv[6:]
 t_end = time.time() + budget
 ks = [k for k in json.load(open("tests/evaluator/kernels/corpus.json"))["kernels"] if k["file"].startswith("cuda/")]
 def one(k):
     left = t_end - time.time()
     if left < 10:
         return dict(k, verdict="not_run", reason="deadline")
-    cmd = [build + "/evaluator/kf-eval", k["task"], "tests/evaluator/kernels/" + k["file"], "--json", "--backend", "cuda"]
+    cmd = [build + "/evaluator/kf-eval", k["task"], "tests/evaluator/kernels/" + k["file"], "--json", "--backend", "cuda"] + extra
     t0 = time.time()
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=left)
@@ -103,7 +107,7 @@ with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
     rows = list(pool.map(one, ks))
 good = 0
 lines = ["| kernel | task | expected | verdict | reason | verify s | as expected |", "|---|---|---|---|---|---:|---|"]
-with open(out + "/corpus_cuda.jsonl", "w") as f:
+with open(out + "/" + name + ".jsonl", "w") as f:
     for r in rows:
         e = r["expect"]
         named = not e.get("reason") or any(s in r["reason"] for s in e["reason"])
@@ -115,13 +119,13 @@ with open(out + "/corpus_cuda.jsonl", "w") as f:
                      "yes" if r["as_expected"] else "**no**"))
 lines.append("")
 lines.append("%d of %d CUDA corpus kernels as expected" % (good, len(rows)))
-open(out + "/corpus_cuda.md", "w").write("\n".join(lines) + "\n")
+open(out + "/" + name + ".md", "w").write("\n".join(lines) + "\n")
 print("\n".join(lines[-1:]))
 for r in rows:
     if not r["as_expected"]:
         print("  not as expected: %s: %s (%s)" % (r["file"], r["verdict"], r["reason"][:200]))
 PYEOF
-  stamp "corpus done"
+  stamp "$name done"
 }
 
 # --- ModelNew CUDA candidates: verdicts, and load_inline's confined compile cold then cached
@@ -170,10 +174,11 @@ cudal1_stage() {
   grep -E "^\[" "$OUTDIR/cudal1.log" | tail -40
 }
 
-want corpus && corpus_stage &
+want corpus && corpus_stage corpus_cuda &
 cpid=$!
 want modelnew && modelnew_stage
 wait $cpid
+want corpus_pp && corpus_stage corpus_cuda_pp --private-proc-cuda
 want cudal1 && cudal1_stage
 stamp "all stages done"
 cat "$OUTDIR/corpus_cuda.md" 2>/dev/null | tail -3

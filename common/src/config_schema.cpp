@@ -211,6 +211,7 @@ const std::vector<ConfigKey>& config_schema() {
       {"evaluator.max_trials", T::Int, "30", false, {}, "more trials while the spread is too wide, up to this"},
       {"evaluator.max_spread", T::Float, "0.5", false, {}, "give up when (p90-p10)/median stays above this"},
       {"evaluator.ref_slowdown_limit", T::Float, "2", false, {}, "reference over its baseline: environment failure"},
+      {"evaluator.private_proc_cuda", T::Bool, "false", false, {}, "CUDA workers see no other process too"},
       {"evaluator.flush_cache", T::Bool, "true", false, {}, "flush caches before every timed call"},
       {"evaluator.min_call_timeout_s", T::Float, "10", false, {}, "wall-clock limit per kernel call (at least)"},
       {"evaluator.cuda_arch", T::String, "sm_90", false, {}, "nvcc -arch for CUDA candidates"},

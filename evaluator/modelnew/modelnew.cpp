@@ -257,6 +257,16 @@ struct Build {
   std::string job;  // the job folder on the host
 };
 
+constexpr const char* kTritonOnCuda =
+    "modelnew: Triton kernels are verified on the CPU backend only (in Triton's interpreter): on CUDA their "
+    "compile at the first launch runs ptxas and writes a cache, which the sandbox worker may not";
+
+// A candidate that imports Triton (KernelBench's triton backend).
+bool uses_triton(const std::string& source) {
+  static const std::regex re(R"((^|\n)\s*(import\s+triton|from\s+triton[\s.]))");
+  return std::regex_search(source, re);
+}
+
 // The compile step: build_ext.py in the view, the job folder writable at /kf/job.
 Build build(const tasks::Task& task, tasks::Backend b, const std::string& source, const Options& o) {
   const auto t0 = Clock::now();
@@ -290,6 +300,15 @@ Build build(const tasks::Task& task, tasks::Backend b, const std::string& source
     out.cr.seconds = seconds();
     return out;
   }
+  if (b == tasks::Backend::CUDA && uses_triton(source)) {
+    // Triton compiles a kernel at its first launch (ptxas, a cache folder): inside the
+    // worker, where the sandbox allows neither. Until the compile step builds them, say so;
+    // not the candidate's fault, so the learner leaves it out.
+    out.cr.environment_failure = true;
+    out.cr.diagnostics = kTritonOnCuda;
+    out.cr.seconds = seconds();
+    return out;
+  }
   const std::string work = out.job + ".tmp." + std::to_string(getpid());
   fsutil::remove_tree(work);
   if (!fsutil::make_dirs(work, 0755)) throw error_at(work, std::string("cannot create: ") + std::strerror(errno));
@@ -316,6 +335,7 @@ Build build(const tasks::Task& task, tasks::Backend b, const std::string& source
                 "MAX_JOBS=" + std::to_string(std::max(1, o.eval.compile.jobs > 0 ? o.eval.compile.jobs : 2)),
                 "PYTHONDONTWRITEBYTECODE=1", "USER=nobody", "LOGNAME=nobody"});
   if (!cuda_home.empty()) s.env.push_back("CUDA_HOME=" + cuda_home);
+  if (b == tasks::Backend::CPU) s.env.push_back("TRITON_INTERPRET=1");
   s.cwd = kViewJob;
   s.confine = base_view(view_root(cache), st);
   s.confine.binds.push_back({work, kViewJob, /*writable=*/true});
@@ -388,6 +408,7 @@ std::function<void(SpawnSpec&)> worker_spawn(const std::string& job, const std::
                            "PYTHONDONTWRITEBYTECODE=1", "TORCH_EXTENSIONS_DIR=/tmp/torch_extensions",
                            // getpass.getuser() reads these first; else a passwd lookup opens nscd's socket
                            "USER=nobody", "LOGNAME=nobody", "TORCHINDUCTOR_CACHE_DIR=/tmp/inductor"});
+    if (!cuda) env.push_back("TRITON_INTERPRET=1");  // Triton kernels run in its interpreter on the CPU
     s.env = env;
     s.cwd = kViewScratch;
     s.confine = base_view(view_root(cache), st);
@@ -806,6 +827,7 @@ Outcome evaluate(const tasks::Task& task, tasks::Backend b, const std::string& s
   r = ev.evaluate_compiled(task, b, bd.cr, candidate_seed);
   if (r.verdict == Verdict::compile_error && r.reason == "compile error")
     r.reason = "compile error (ModelNew compile step)";
+  if (bd.cr.environment_failure && bd.cr.diagnostics == kTritonOnCuda) r.reason = kTritonOnCuda;
   name_worker_failure(r);
 
   // The speedup: reference and candidate timed alike (time_alike), when the protocol passed.
@@ -926,6 +948,16 @@ Outcome evaluate(const tasks::Task& task, tasks::Backend b, const std::string& s
                             : defined.empty()
                                 ? "no load_inline extension: forward uses torch ops only"
                                 : "load_inline functions defined but never called during forward: " + join(defined);
+      }
+      // Triton kernels (KernelBench's triton backend) count as the candidate's own code.
+      std::vector<std::string> triton;
+      if (e.contains("triton_launches"))
+        for (auto it = e["triton_launches"].begin(); it != e["triton_launches"].end(); ++it)
+          if (it.value().get<long>() > 0) triton.push_back(it.key() + " x" + std::to_string(it.value().get<long>()));
+      if (!triton.empty()) {
+        out.custom_detail = "Triton kernels launched during forward: " + join(triton) +
+                            (out.custom_code_ran ? "; " + out.custom_detail : std::string());
+        out.custom_code_ran = true;
       }
       out.torch_only = !out.custom_code_ran;
       r.checks.push_back({"modelnew.custom_code", true, (out.torch_only ? "torch_only: " : "") + out.custom_detail});

@@ -139,6 +139,30 @@ def parse_args(argv):
     return a
 
 
+JOB_DIR = "/kf/job"  # the compile step's folder in the view (modelnew.cpp kViewJob)
+
+
+def count_triton_launches(state):
+    """Wraps Triton's launch (kernel[grid](...)) to count launches per kernel name."""
+    try:
+        from triton.runtime import jit as triton_jit
+    except ImportError:
+        return
+    orig = triton_jit.KernelInterface.__getitem__
+
+    def getitem(self, grid):
+        launch = orig(self, grid)
+        fn = getattr(self, "fn", None)
+        tag = "triton." + getattr(fn, "__name__", type(self).__name__)
+        state["triton_launches"].setdefault(tag, 0)
+
+        def counted(*a, **k):
+            state["triton_launches"][tag] += 1
+            return launch(*a, **k)
+        return counted
+    triton_jit.KernelInterface.__getitem__ = getitem
+
+
 def main():
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     args = parse_args(sys.argv[1:])
@@ -246,7 +270,7 @@ def main():
     n_task_out = L.n_out - 1 if probe else L.n_out
 
     # The candidate's load_inline calls are answered from the compile step's builds.
-    state = {"job": None, "manifest": {}, "ext_calls": {}, "ext_loaded": []}
+    state = {"job": None, "manifest": {}, "ext_calls": {}, "ext_loaded": [], "triton_launches": {}}
 
     def load_inline(*a, **k):
         kw = mn_common.normalise_inline_args(a, k)
@@ -291,6 +315,18 @@ def main():
         raise RuntimeError("torch.utils.cpp_extension.load (source files) is not supported: use load_inline")
     cpp.load_inline = load_inline
     cpp.load = refuse_load
+
+    # Triton (KernelBench's triton backend): imported before the confinement, with every
+    # kernel launch counted (the "custom code ran" evidence for Triton kernels). On the CPU
+    # backend its kernels run in Triton's interpreter (TRITON_INTERPRET=1, set by the
+    # evaluator); CUDA candidates with Triton are refused at the compile step.
+    try:
+        with open(os.path.join(JOB_DIR, "candidate.py"), encoding="utf-8", errors="replace") as f:
+            uses_triton = "triton" in f.read()
+    except OSError:
+        uses_triton = False
+    if uses_triton:
+        count_triton_launches(state)
 
     # glibc's signal set-up at the first thread, before seccomp forbids rt_sigaction.
     t = threading.Thread(target=lambda: None)
@@ -573,6 +609,8 @@ def probe_evidence(model, args_s, spec, state, torch, cuda, dev):
     ev = {"ext_loaded": state["ext_loaded"], "errors": []}
     for k in state["ext_calls"]:
         state["ext_calls"][k] = 0
+    for k in state["triton_launches"]:
+        state["triton_launches"][k] = 0
     from torch.utils._python_dispatch import TorchDispatchMode
     narrow = {torch.float16, torch.bfloat16}
     wide = all(p in ("float32", "float64") for p in spec.get("float_dtypes", ["float32"]))
@@ -596,6 +634,7 @@ def probe_evidence(model, args_s, spec, state, torch, cuda, dev):
     except BaseException as e:
         ev["errors"].append("op log: " + one_line(e))
     ev["ext_calls"] = dict(state["ext_calls"])
+    ev["triton_launches"] = dict(state["triton_launches"])
     ev["aten_ops"] = dict(sorted(ops.items(), key=lambda x: -x[1])[:40])
     ev["low_precision_ops"] = sorted(low)[:20]
     if cuda:

@@ -31,6 +31,7 @@ EvalOptions eval_options(const Config& c) {
   o.max_trials = positive(c, "evaluator.max_trials", o.trials);
   o.max_spread = at_least(c, "evaluator.max_spread", 0.0);
   o.ref_slowdown_limit = at_least(c, "evaluator.ref_slowdown_limit", 1.0);
+  o.sandbox.private_proc_cuda = c.get_bool("evaluator.private_proc_cuda");
   o.flush_cache = c.get_bool("evaluator.flush_cache");
   o.min_call_timeout_s = at_least(c, "evaluator.min_call_timeout_s", 0.1);
   o.compile.cuda_arch = c.get_string("evaluator.cuda_arch");

@@ -645,7 +645,8 @@ std::unique_ptr<Sandbox> Sandbox::start(const SandboxOptions& opts, const std::v
   // calibration worker, other candidates): their activity would tell it which calls are
   // timed, and their ids are what it would need to slow them.
   static std::atomic<bool> private_proc_failed{false};
-  s.private_proc = I.o.private_proc && I.o.backend == KF_BACKEND_CPU && I.o.drop_root && !private_proc_failed;
+  s.private_proc = I.o.private_proc && (I.o.backend == KF_BACKEND_CPU || I.o.private_proc_cuda) && I.o.drop_root &&
+                   !private_proc_failed;
   if (s.private_proc && !private_proc_supported()) {
     s.private_proc = false;
     if (!private_proc_failed.exchange(true))

@@ -47,6 +47,8 @@ int main(int argc, char** argv) {
                  "spread (p90-p10)/median of the trials above this after --max-trials: the timing is flagged "
                  "unstable and the speedup is its 95 % interval's lower bound");
   app.add_option("--max-trials", o.max_trials, "most timed trials while the spread is too wide");
+  app.add_flag("--private-proc-cuda", o.sandbox.private_proc_cuda,
+               "CUDA workers get a private /proc and a user of their own too (not yet measured on a GPU)");
   app.add_option("--ref-slowdown-limit", o.ref_slowdown_limit,
                  "the reference's fastest timed run over its baseline's median beyond this: an environment failure")
       ->check(CLI::Range(1.0, 1e6));

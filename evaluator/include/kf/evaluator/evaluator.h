@@ -292,11 +292,13 @@ struct SandboxOptions {
   bool device_arena = true;
   bool drop_root = true;
   // The worker sees no other process: a private /proc that lists only its own user's
-  // processes, and a user of its own (not nobody, which other workers share). CPU backend
-  // only, so far (the CUDA driver's reads of /proc and its IPC under it are not yet
-  // measured on a GPU); needs root and Linux >= 5.8, else the worker runs without it and
-  // the evaluator says so once.
+  // processes, and a user of its own (not nobody, which other workers share). Needs root and
+  // Linux >= 5.8, else the worker runs without it and the evaluator says so once. On CUDA
+  // only with private_proc_cuda (evaluator.private_proc_cuda, kf-eval --private-proc-cuda):
+  // the CUDA driver's reads of /proc and its IPC under another user have not been measured
+  // on a GPU (dev/gpu_verifier_evidence.sh runs the CUDA corpus both ways).
   bool private_proc = true;
+  bool private_proc_cuda = false;
   // Hook for the ModelNew path (evaluator/modelnew/): changes the worker's spawn (the Python
   // interpreter in front of argv, its environment, a private filesystem view) just before
   // it starts. Empty: kf-sandbox-worker as built.
