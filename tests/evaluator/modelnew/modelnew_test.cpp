@@ -110,6 +110,8 @@ std::vector<Entry> entries() {
       {"cpu/host_file_at_import.py", "001_relu", false, "compile_error", "No such file", -1},
       {"cpu/socket_in_forward.py", "001_relu", false, "rejected_cheat", "forbidden system call", -1},
       {"cpu/closes_reply_pipe_relu.py", "001_relu", false, "runtime_error", "worker error: OSError", -1},
+      {"cpu/triton_relu.py", "001_relu", false, "ok", "", 0},
+      {"cpu/triton_unlaunched_relu.py", "001_relu", false, "ok", "", 1},
       {"cuda/good_relu_cuda.py", "001_relu", true, "ok", "", 0},
       {"cuda/side_stream_relu_cuda.py", "001_relu", true, "rejected_cheat", "unsynchronised side stream", -1},
       {"cuda/silent_fallback_relu_cuda.py", "001_relu", true, "ok", "", 1},
@@ -117,6 +119,8 @@ std::vector<Entry> entries() {
       {"cpu/cached_result_relu.py", "001_relu", true, "rejected_cheat", "cached", -1},
       {"cpu/input_modification_relu.py", "001_relu", true, "rejected_cheat", "modifies its inputs", -1},
       {"cpu/fp16_output_relu.py", "001_relu", true, "rejected_cheat", "precision downgrade", -1},
+      {"cpu/triton_relu.py", "001_relu", true, "runtime_error", "Triton kernels are verified on the CPU backend only",
+       -1},
   };
   for (auto& e : v) {
     e.name = (e.cuda ? "Cuda_" : "Cpu_") + e.file.substr(e.file.find('/') + 1);
@@ -142,6 +146,9 @@ TEST_P(ModelNewTest, VerdictReasonAndCustomCodeFlag) {
               verdict_name(r.verdict), r.reason.c_str(), int(o.torch_only), o.custom_detail.c_str(), o.kb_correct,
               o.kb_trials, o.kb_speedup);
   EXPECT_EQ(verdict_name(r.verdict), e.verdict) << r.reason << "\n" << r.diagnostics;
+  if (e.file.find("triton_relu") != std::string::npos && !e.cuda)
+    EXPECT_NE(o.custom_detail.find("Triton kernels launched during forward: triton.relu_kernel"), std::string::npos)
+        << o.custom_detail;
   if (!e.reason.empty())
     EXPECT_NE((r.reason + "\n" + r.diagnostics).find(e.reason), std::string::npos) << r.reason << "\n" << r.diagnostics;
   if (e.torch_only >= 0) {
