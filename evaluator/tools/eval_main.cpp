@@ -47,6 +47,9 @@ int main(int argc, char** argv) {
                  "spread (p90-p10)/median of the trials above this after --max-trials: the timing is flagged "
                  "unstable and the speedup is its 95 % interval's lower bound");
   app.add_option("--max-trials", o.max_trials, "most timed trials while the spread is too wide");
+  bool no_private_proc = false;
+  app.add_flag("--no-private-proc", no_private_proc,
+               "workers see the host's /proc and run as nobody (to compare timings with and without)");
   app.add_flag("--private-proc-cuda", o.sandbox.private_proc_cuda,
                "CUDA workers get a private /proc and a user of their own too (not yet measured on a GPU)");
   app.add_option("--ref-slowdown-limit", o.ref_slowdown_limit,
@@ -60,6 +63,7 @@ int main(int argc, char** argv) {
   app.add_option("--kb-trials", kb_trials, ".py (ModelNew) candidates: KernelBench-protocol timed trials")
       ->check(CLI::PositiveNumber);
   KF_CLI_PARSE(app, argc, argv);
+  if (no_private_proc) o.sandbox.private_proc = false;
   if (!check_seed.empty()) {
     size_t used = 0;
     try {
