@@ -667,7 +667,10 @@ std::unique_ptr<Sandbox> Sandbox::start(const SandboxOptions& opts, const std::v
     try {
       I.pid = spawn_process(s);
     } catch (const Error& e) {
-      if (!s.private_proc || s.confine.enabled) throw;
+      // Only a failed private-/proc step (process.cpp names each "... private /proc ...");
+      // any other spawn failure is the caller's to see.
+      if (!s.private_proc || s.confine.enabled || std::string(e.what()).find("private /proc") == std::string::npos)
+        throw;
       // No mount namespace here (a container without CAP_SYS_ADMIN): without it, once.
       if (!private_proc_failed.exchange(true))
         kf::log_warn("sandbox: no private /proc for workers (", e.what(),
