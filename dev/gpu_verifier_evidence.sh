@@ -16,6 +16,7 @@
 #   dev/gpu_verifier_evidence.sh [STAGE...]          (default: corpus modelnew corpus_pp cudal1)
 # Carry [".deps", ".kb"]: the Debian TBB/seccomp trees, and .kb/ holding KernelBench/level{1,2,3}
 # (ScalingIntelligence/KernelBench) and h100.json.gz (CUDA-L1's optimized_cuda_code/h100.json).
+# KF_REUSE_BUILD=1: skip the build when $BUILD already holds kf-eval (a second call).
 # KF_DEADLINE_S (default 270): no new work starts after this many seconds of the call; work
 # under way is given KF_DEADLINE_S + 20 s at most. A missing GPU exits 2 before any build.
 set -uo pipefail
@@ -70,8 +71,14 @@ if [ ! -f "$BUILD/build.ninja" ]; then
   cmake -S . -B "$BUILD" -G Ninja -DKF_PYTHON="$PY" -DCMAKE_CUDA_ARCHITECTURES=90 -DKF_BUILD_BENCH=OFF "${DEPS[@]}" \
     > "$OUTDIR/configure.log" 2>&1 || { tail -30 "$OUTDIR/configure.log"; exit 1; }
 fi
-cmake --build "$BUILD" -j "$(nproc)" --target kf-eval kf-sandbox-worker > "$OUTDIR/build.log" 2>&1 ||
-  { grep -m20 -B2 -A5 "error" "$OUTDIR/build.log"; exit 1; }
+# KF_REUSE_BUILD=1 keeps the binaries of an earlier call on the warm machine (a later call's
+# tree may differ from the one measured)
+if [ "${KF_REUSE_BUILD:-0}" = 1 ] && [ -x "$BUILD/evaluator/kf-eval" ]; then
+  stamp "reusing the build in $BUILD"
+else
+  cmake --build "$BUILD" -j "$(nproc)" --target kf-eval kf-sandbox-worker > "$OUTDIR/build.log" 2>&1 ||
+    { grep -m20 -B2 -A5 "error" "$OUTDIR/build.log"; exit 1; }
+fi
 wait "$suite_pid" || { echo "suite import failed:"; tail -20 "$OUTDIR/import_suite.log"; }
 stamp "built; suite tasks imported ($corpus_tasks)"
 export KF_BUILD_DIR=$BUILD KF_TASKS_DIR=$BUILD/tasks
