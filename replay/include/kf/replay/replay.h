@@ -137,6 +137,43 @@ struct PeerInfo {
   std::vector<uint64_t> counters;
 };
 
+// Control-block counter ids, per role: the one place they are named. Writers add to them,
+// the launcher's status and time split read them. 8-10 (ControlBlock::kWorkMs, ...) mean
+// the same in every role.
+namespace counter {
+enum Actor : int {
+  kActorPushed = 0,           // candidates handed to the evaluators
+  kActorGroups = 1,           // groups published
+  kActorTokens = 2,           // completion tokens sampled
+  kActorExtractFail = 3,      // completions with no extractable kernel
+  kActorSnapshotLoads = 4,    // policy snapshots loaded
+  kActorSnapshotRejects = 5,  // snapshots refused (shape or checksum)
+  kActorGroupsDropped = 6,    // groups dropped for a full replay
+  kActorLagSum = 7,           // policy lag of the candidates handed over, summed
+};
+enum Evaluator : int {
+  kEvalScored = 0,
+  kEvalOk = 1,
+  kEvalCheat = 2,
+  kEvalCompileError = 3,
+  kEvalKernelsInserted = 4,
+  kEvalEnvironment = 5,  // verdicts the machine caused (Result::cause environment)
+  kEvalLost = 6,         // candidates counted lost here (group gone, result not stored)
+  kEvalDegenerate = 7,   // results of tasks flagged degenerate
+};
+enum Learner : int {
+  kLearnerSteps = 0,
+  kLearnerGroupsUsed = 1,
+  kLearnerDroppedStale = 2,
+  kLearnerSkippedEqual = 3,
+  kLearnerTokens = 4,
+  kLearnerEmptySteps = 5,
+  kLearnerPublishes = 6,
+  kLearnerCheckpoints = 7,
+  kLearnerAbsoluteStep = 11,  // the absolute optimizer step (the launcher reads the live value)
+};
+}  // namespace counter
+
 class ControlBlock {
  public:
   static constexpr int kMaxProcs = 128;
@@ -772,6 +809,104 @@ class SnapshotStore {
 
 // Multi-threaded memcpy used by publish/read (exposed for the benchmark).
 void parallel_copy(void* dst, const void* src, std::size_t n, int threads);
+
+// --- The work seam (docs/architecture.md, "Seams"): the only way actors, evaluators and the
+// learner move work. Three small interfaces; shared memory implements them here
+// (shm_candidates, shm_groups, shm_ready_groups below), Redis Streams in netqueue/, and
+// kf::transport::open_* (transport/) picks one from the config. The loops that call them
+// (the actor's group step, the evaluator's scoring step, the learner's take) exist once
+// and run unchanged on every node.
+
+// One candidate an evaluator claimed. `ticket` is the transport's handle for it (the shm
+// queue slot, the stream entry id): only the source that made the claim reads it.
+struct Claim {
+  Candidate candidate;
+  uint64_t ticket = 0;
+  std::string entry;        // the stream entry id (network transports; empty in shm)
+  uint32_t deliveries = 1;  // > 1: taken over from a dead or stalled evaluator
+};
+
+// What complete() did with a result.
+struct Completion {
+  bool first = true;            // false: another evaluator's result for it counts (a late duplicate)
+  bool joined = true;           // false: its group is gone (evicted or taken at its deadline) or scored already
+  bool kernel_inserted = false; // a verified kernel entered the kernel database here
+};
+
+// Evaluators: claim candidates, complete each with its result (or give it back).
+// Contract: one object per evaluator thread; a claim is completed, given back or dropped by
+// the object that made it. A process that dies holding claims loses none: they go to
+// another evaluator (shm: reap; Redis: claim after the idle time).
+class CandidateSource {
+ public:
+  virtual ~CandidateSource() = default;
+  // Up to max claims appended to out, waiting up to timeout for the first. Claims that do
+  // not resolve (the group gone, already scored) are settled inside with a log line naming
+  // `who` and counted in unresolved_gone() / unresolved_scored(); they are not returned.
+  virtual std::size_t claim(std::vector<Claim>& out, std::size_t max, Timeout timeout) = 0;
+  // Stores r as the result of c and acknowledges c (the result first: a kill in between
+  // scores it twice, never zero times). Verified kernels go to the kernel database by
+  // kernel_entry_of. Throws kf::Error when it could not be stored; then call drop(c).
+  virtual Completion complete(const Claim& c, const Result& r) = 0;
+  virtual void give_back(const Claim& c) = 0;  // unscored, to another evaluator
+  virtual void drop(const Claim& c) = 0;       // counted lost (the caller logged why)
+  // Keeps claims being verified for a long time from looking abandoned. Any thread.
+  virtual void keep_alive(const std::vector<Claim>& held) { (void)held; }
+  virtual uint64_t unresolved_gone() const { return 0; }
+  virtual uint64_t unresolved_scored() const { return 0; }
+  virtual std::string where() const = 0;  // for log lines: "candidate queue of run R", "redis at H:P"
+};
+
+// The kernel-database rule, once: the entry a verified result adds, or none. A degenerate
+// task's speedup measures nothing, so its correct kernels enter with speedup 1.0.
+std::optional<KernelEntry> kernel_entry_of(const Candidate& c, const Result& r);
+
+// Actors: publish a group of G candidates, with the results the actor already knows
+// (extraction failures it scores itself; index_in_group names the member). The other
+// members go to the evaluators. Contract: one object per actor thread.
+struct GroupPublish {
+  std::vector<Candidate> candidates;  // the group: same group_id, indices 0..G-1
+  std::vector<Result> known;          // results known at publish time
+  Timeout deadline{};                 // scoring must finish within this
+  bool hold = false;                  // the actor reads the results before the learner takes it
+};
+enum class PublishOutcome { published, full, stopped };
+class GroupSink {
+ public:
+  virtual ~GroupSink() = default;
+  // Publishes g. full: no room for `room_wait` (nothing published; the caller counts the
+  // drop). stopped: keep_going() turned false while the evaluators' queue was full;
+  // the members not handed over are counted lost and in *unqueued. keep_going is called
+  // while it waits (heartbeats, other work).
+  virtual PublishOutcome publish(const GroupPublish& g, Timeout room_wait, const std::function<bool()>& keep_going,
+                                 std::size_t* unqueued = nullptr) = 0;
+  // Multi-turn and probes: a held group's state; when ready, *out gets its candidates and
+  // results and `release` hands it to the learner. release(): hand over without reading.
+  virtual GroupPeek peek(uint64_t group_id, ScoredGroup* out, bool release) = 0;
+  virtual bool release(uint64_t group_id) = 0;
+  virtual std::string where() const = 0;
+};
+
+// The learner: ready groups (all scored, or past their deadline), this rank's share.
+struct TakeRequest {
+  int64_t step = 0;  // the optimizer step being built
+  int rank = 0, world = 1;
+  int64_t groups = 0;   // this rank's share
+  int64_t version = 0;  // the learner's current policy version
+  int64_t max_lag = 0;  // older groups are dropped (counted) before they reach the learner
+};
+class ReadyGroups {
+ public:
+  virtual ~ReadyGroups() = default;
+  virtual std::vector<ScoredGroup> take(const TakeRequest& r) = 0;
+  virtual uint64_t dropped_stale() const { return 0; }
+};
+
+class RunShm;
+// The shared-memory implementations (this node's run). Callers use the interfaces.
+std::unique_ptr<CandidateSource> shm_candidates(RunShm& shm, const std::string& who);
+std::unique_ptr<GroupSink> shm_groups(RunShm& shm, const std::string& who);
+std::unique_ptr<ReadyGroups> shm_ready_groups(ReplayBuffer& replay, std::chrono::milliseconds wait);
 
 // --- RunShm: all shared-memory segments of one run, named "kf.<run>.<part>"
 // (ctl, cand, replay, kdb, snap). A candidate lives in its replay group; the candidate
