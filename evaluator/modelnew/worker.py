@@ -200,8 +200,11 @@ def main():
     dev = torch.device("cuda", args["device"]) if cuda else torch.device("cpu")
     cudart = None
     if cuda:
-        torch.cuda.set_device(dev)
-        torch.cuda.init()
+        try:
+            torch.cuda.set_device(dev)
+            torch.cuda.init()
+        except Exception as e:
+            die("CUDA did not start in the worker: %s [%s]" % (one_line(e), cuda_start_diagnosis()))
         a = torch.ones(64, 64, device=dev)
         (a @ a).sum().item()  # cuBLAS handle
         try:
@@ -493,6 +496,28 @@ def typed(lib):
     lib.cudaGetErrorName.restype = ctypes.c_char_p
     lib.cudaGetErrorString.restype = ctypes.c_char_p
     return lib
+
+
+def cuda_start_diagnosis():
+    # What the confined view offers the driver, for the verdict's reason: the driver's own
+    # cuInit result, the device nodes it can open, and who the worker is.
+    parts = ["uid %d" % os.getuid()]
+    try:
+        rc = ctypes.CDLL("libcuda.so.1").cuInit(0)
+        parts.append("cuInit %d" % rc)
+    except OSError as e:
+        parts.append("libcuda.so.1 not loadable: %s" % e)
+    try:
+        nodes = sorted(n for n in os.listdir("/dev") if n.startswith("nvidia"))
+        parts.append("/dev: " + ",".join("%s%s" % (n, "" if os.access("/dev/" + n, os.R_OK | os.W_OK) else "(no rw)")
+                                         for n in nodes))
+    except OSError as e:
+        parts.append("/dev unreadable: %s" % e)
+    for f in ("/proc/driver/nvidia/version", "/sys/bus/pci/drivers/nvidia"):
+        parts.append("%s %s" % (f, "ok" if os.path.exists(f) else "missing"))
+    for k in ("CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH"):
+        parts.append("%s=%s" % (k, os.environ.get(k, "")))
+    return "; ".join(parts)
 
 
 def load_cudart():
