@@ -1,3 +1,6 @@
+// The actor loop (Actor, kf/actors/actors.h; its state: actor_impl.h): sample groups from the
+// current policy and publish them through a replay::GroupSink; multi-turn follow-ups and the
+// learning-curve probe read their held groups back through the same sink.
 #include "kf/actors/actors.h"
 
 #include "kf/common/metrics.h"
@@ -18,12 +21,15 @@
 #include "kf/common/error.h"
 #include "kf/common/log.h"
 #include "kf/common/run_dir.h"
+#include "actor_impl.h"
+#include "prompt.h"
 #include "weights_blob.h"
 
 namespace kf::actors {
 
 namespace {
 
+namespace ctr = replay::counter;
 using Clock = std::chrono::steady_clock;
 double secs(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
 
@@ -108,9 +114,14 @@ std::vector<std::shared_ptr<const tasks::Task>> load_actor_tasks(const ActorOpti
   return out;
 }
 
-Actor::Actor(ActorOptions opts, ActorPolicy policy, std::vector<std::shared_ptr<const tasks::Task>> tasks,
-             replay::RunShm& shm)
-    : opts_(std::move(opts)), policy_(std::move(policy)), tasks_(std::move(tasks)), shm_(shm) {
+Actor::Impl::Impl(ActorOptions opts, ActorPolicy policy, std::vector<std::shared_ptr<const tasks::Task>> tasks,
+                  replay::RunShm& shm, std::unique_ptr<replay::GroupSink> sink)
+    : opts_(std::move(opts)),
+      policy_(std::move(policy)),
+      tasks_(std::move(tasks)),
+      shm_(shm),
+      sink_(std::move(sink)) {
+  if (!sink_) throw Error("actor " + std::to_string(opts_.id) + ": no group sink to publish to");
   std::vector<TaskEntry> entries;
   for (const auto& t : tasks_) entries.push_back({t->name(), t->level()});
   sched_ = std::make_unique<TaskScheduler>(entries, opts_.schedule, opts_.seed ^ splitmix(uint64_t(opts_.id) + 1));
@@ -150,17 +161,42 @@ Actor::Actor(ActorOptions opts, ActorPolicy policy, std::vector<std::shared_ptr<
   const auto chat = policy::ChatTemplate::for_model(opts_.policy_dir, opts_.chat_vars);
   log_info("actor ", opts_.id, ": ", tasks_.size(), " tasks, G=", opts_.group_size, ", K=", opts_.exemplars, ", mode ",
            prompt_mode_name(opts_.mode), ", context ", opts_.context_tokens, " tokens, template ", tpl,
-           ", chat template ", chat ? chat->source() : std::string("none (raw text)"));
+           ", chat template ", chat ? chat->source() : std::string("none (raw text)"), ", groups to ",
+           sink_->where());
   setup_probe();
 }
 
-Actor::~Actor() {
+Actor::Impl::~Impl() {
   release_held();
   if (groups_log_) std::fclose(groups_log_);
   if (slot_ >= 0) shm_.control().unregister_process(slot_);
 }
 
-void Actor::log_group(const GroupJob& job, std::size_t completions, const std::map<std::string, uint64_t>& codes) {
+// --- Actor: the public face (kf/actors/actors.h) over Impl.
+
+Actor::Actor(ActorOptions opts, ActorPolicy policy, std::vector<std::shared_ptr<const tasks::Task>> tasks,
+             replay::RunShm& shm, std::unique_ptr<replay::GroupSink> sink)
+    : impl_(std::make_unique<Impl>(std::move(opts), std::move(policy), std::move(tasks), shm, std::move(sink))) {}
+
+Actor::Actor(ActorOptions opts, ActorPolicy policy, std::vector<std::shared_ptr<const tasks::Task>> tasks,
+             replay::RunShm& shm) {
+  auto sink = replay::shm_groups(shm, "actor " + std::to_string(opts.id));
+  impl_ = std::make_unique<Impl>(std::move(opts), std::move(policy), std::move(tasks), shm, std::move(sink));
+}
+
+Actor::~Actor() = default;
+StepResult Actor::step() { return impl_->step(); }
+void Actor::run(const std::atomic<bool>* stop) { impl_->run(stop); }
+void Actor::request_stop() { impl_->stop_ = true; }
+bool Actor::refresh_weights() { return impl_->refresh_weights(); }
+int64_t Actor::policy_version() const { return impl_->version_; }
+const ActorMetrics& Actor::metrics() const { return impl_->m_; }
+std::string Actor::metrics_json() const { return impl_->metrics_json(); }
+Prompt Actor::build_task_prompt(const tasks::Task& task, uint64_t seed) { return impl_->build_task_prompt(task, seed); }
+const std::vector<ProbeRecord>& Actor::probe_records() const { return impl_->probe_done_; }
+std::vector<std::string> Actor::probe_task_names() const { return impl_->probe_task_names(); }
+
+void Actor::Impl::log_group(const GroupJob& job, std::size_t completions, const std::map<std::string, uint64_t>& codes) {
   const Prompt& prompt = job.prompt;
   if (opts_.metrics_dir.empty() || groups_log_failed_) return;
   const std::string path = opts_.metrics_dir + "/groups-" + std::to_string(opts_.id) + ".jsonl";
@@ -207,7 +243,7 @@ void Actor::log_group(const GroupJob& job, std::size_t completions, const std::m
   }
 }
 
-bool Actor::refresh_weights() {
+bool Actor::Impl::refresh_weights() {
   auto& snaps = shm_.snapshots();
   const auto info = snaps.latest();
   // Newer than what is loaded (-1: the initial weights) and not already found bad.
@@ -223,7 +259,7 @@ bool Actor::refresh_weights() {
                 version_);
     rejected_version_ = got.version;
     ++m_.snapshots_rejected;
-    shm_.control().add_counter(slot_, 5, 1);
+    shm_.control().add_counter(slot_, ctr::kActorSnapshotRejects, 1);
     return false;
   }
   {
@@ -234,12 +270,12 @@ bool Actor::refresh_weights() {
   loaded_version_ = got.version;
   m_.policy_version = version_;
   ++m_.snapshots_loaded;
-  shm_.control().add_counter(slot_, 4, 1);
+  shm_.control().add_counter(slot_, ctr::kActorSnapshotLoads, 1);
   log_info("actor ", opts_.id, ": loaded policy snapshot v", version_, " (", got.bytes, " bytes)");
   return true;
 }
 
-Prompt Actor::build_task_prompt(const tasks::Task& task, uint64_t seed) {
+Prompt Actor::Impl::build_task_prompt(const tasks::Task& task, uint64_t seed) {
   auto it = info_.find(task.name());
   if (it == info_.end()) it = info_.emplace(task.name(), task_info(task, opts_.backend)).first;
   std::vector<ExemplarIn> ex;
@@ -264,7 +300,7 @@ Prompt Actor::build_task_prompt(const tasks::Task& task, uint64_t seed) {
 }
 
 // A next turn goes before a new task.
-std::optional<Actor::GroupJob> Actor::next_job() {
+std::optional<Actor::Impl::GroupJob> Actor::Impl::next_job() {
   if (followups_.empty()) return next_group();
   GroupJob job = std::move(followups_.front());
   followups_.pop_front();
@@ -272,7 +308,7 @@ std::optional<Actor::GroupJob> Actor::next_job() {
   return job;
 }
 
-std::optional<Actor::GroupJob> Actor::next_group() {
+std::optional<Actor::Impl::GroupJob> Actor::Impl::next_group() {
   // Task and prompt.
   if (picks_ % static_cast<uint64_t>(opts_.stats_refresh_every) == 0) {
     for (const auto& t : tasks_) {
@@ -308,7 +344,7 @@ std::optional<Actor::GroupJob> Actor::next_group() {
   return job;
 }
 
-policy::SamplingParams Actor::sampling_params(uint64_t group_id) {
+policy::SamplingParams Actor::Impl::sampling_params(uint64_t group_id) {
   policy::SamplingParams sp;
   sp.temperature = opts_.temperature;
   sp.top_p = opts_.top_p;
@@ -324,16 +360,35 @@ policy::SamplingParams Actor::sampling_params(uint64_t group_id) {
   return sp;
 }
 
-// Room in the candidate queue for `groups` groups (one slot each when the actor scores
-// extraction failures itself, else G), capped at the queue's capacity.
-bool Actor::queue_has_room(uint64_t groups) {
+// Room in this node's candidate queue for `groups` groups (one slot each when the actor scores
+// extraction failures itself, else G), capped at the queue's capacity. With a network sink the
+// node's queue stays empty: the wait for room is publish()'s.
+bool Actor::Impl::queue_has_room(uint64_t groups) {
   const auto G = static_cast<uint64_t>(opts_.group_size);
   const uint64_t need = (opts_.score_extraction_failures ? 1 : G) * groups;
-  auto& queue = shm_.candidates();
-  return queue.raw().stats().free_slots >= std::min<uint64_t>(need, queue.raw().capacity());
+  const auto room = shm_.candidate_room();
+  return room.free_slots >= std::min<uint64_t>(need, room.capacity);
 }
 
-StepResult Actor::step() {
+bool Actor::Impl::keep_going() {
+  auto& ctl = shm_.control();
+  const auto st = ctl.state();
+  if (stopping() || st == replay::RunState::stopped || st == replay::RunState::draining) return false;
+  ctl.heartbeat(slot_);
+  poll_turns();  // held groups whose results came in go to the learner meanwhile
+  return true;
+}
+
+void Actor::Impl::count_sampling(double sampled_s) {
+  auto& ctl = shm_.control();
+  m_.sample_s += sampled_s;
+  ctl.add_counter(slot_, replay::ControlBlock::kWorkMs, static_cast<uint64_t>(sampled_s * 1e3));
+  ctl.add_counter(slot_, replay::ControlBlock::kGpuWaitMs,
+                  static_cast<uint64_t>((gpu_share_.wait_seconds() - m_.gpu_wait_s) * 1e3));
+  m_.gpu_wait_s = gpu_share_.wait_seconds();
+}
+
+StepResult Actor::Impl::step() {
   AddSeconds elapsed{m_.elapsed_s};  // every return counts
   auto& ctl = shm_.control();
   ctl.heartbeat(slot_);
@@ -352,10 +407,7 @@ StepResult Actor::step() {
   // Back-pressure: wait for room for the whole group before spending time sampling. Held
   // groups are read meanwhile: the learner takes each one as soon as its results are in.
   while (!queue_has_room(1)) {
-    const auto st = ctl.state();
-    if (stopping() || st == replay::RunState::stopped || st == replay::RunState::draining) return StepResult::stopped;
-    ctl.heartbeat(slot_);
-    poll_turns();
+    if (!keep_going()) return StepResult::stopped;
     AddSeconds waited{m_.backpressure_s};
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
@@ -367,17 +419,12 @@ StepResult Actor::step() {
                                : rollout_group(policy_.model, policy_.codec, job->prompt.tokens, opts_.group_size, sp,
                                                policy_.valid_vocab, opts_.extract, opts_.shared_prefill);
   const double sampled_s = secs(s0, Clock::now());
-  m_.sample_s += sampled_s;
+  count_sampling(sampled_s);
   if (job->turn > 1) m_.followup_sample_s += sampled_s;
-  shm_.control().add_counter(slot_, replay::ControlBlock::kWorkMs, static_cast<uint64_t>(sampled_s * 1e3));
-  shm_.control().add_counter(slot_, replay::ControlBlock::kGpuWaitMs,
-                             static_cast<uint64_t>((gpu_share_.wait_seconds() - m_.gpu_wait_s) * 1e3));
-  m_.gpu_wait_s = gpu_share_.wait_seconds();
   return finish_group(std::move(*job), std::move(samples));
 }
 
-StepResult Actor::step_engine() {
-  auto& ctl = shm_.control();
+StepResult Actor::Impl::step_engine() {
   // Weights change only while no group is in flight: a newer snapshot stops new groups
   // until the engine drains, then loads.
   const auto latest = shm_.snapshots().latest();
@@ -401,10 +448,7 @@ StepResult Actor::step_engine() {
   while (may_add && sequences() < want && !stopping()) {
     if (!queue_has_room(in_flight_.size() + 1)) {
       if (!in_flight_.empty()) break;  // the groups in flight make progress meanwhile
-      const auto st = ctl.state();
-      if (st == replay::RunState::stopped || st == replay::RunState::draining) return StepResult::stopped;
-      ctl.heartbeat(slot_);
-      poll_turns();
+      if (!keep_going()) return StepResult::stopped;
       AddSeconds waited{m_.backpressure_s};
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
       continue;
@@ -460,12 +504,7 @@ StepResult Actor::step_engine() {
 
   const auto s0 = Clock::now();
   auto done = engine_->step();
-  const double sampled_s = secs(s0, Clock::now());
-  m_.sample_s += sampled_s;
-  ctl.add_counter(slot_, replay::ControlBlock::kWorkMs, static_cast<uint64_t>(sampled_s * 1e3));
-  ctl.add_counter(slot_, replay::ControlBlock::kGpuWaitMs,
-                  static_cast<uint64_t>((gpu_share_.wait_seconds() - m_.gpu_wait_s) * 1e3));
-  m_.gpu_wait_s = gpu_share_.wait_seconds();
+  count_sampling(secs(s0, Clock::now()));
   StepResult res = StepResult::no_task;
   for (auto& r : done) {
     if (auto mr = member_requests_.find(r.id); mr != member_requests_.end()) {  // a member of a later turn
@@ -493,20 +532,21 @@ StepResult Actor::step_engine() {
   return res;
 }
 
-StepResult Actor::finish_group(GroupJob job, std::vector<RolloutSample> samples) {
+StepResult Actor::Impl::finish_group(GroupJob job, std::vector<RolloutSample> samples) {
   auto& ctl = shm_.control();
-  auto& queue = shm_.candidates();
   const tasks::Task* task = job.task;
   const uint64_t group_id = job.group_id;
   const int64_t version = job.version;
   const Prompt& prompt = job.prompt;
   const int64_t t_sampled = mono_ns();
 
-  // Extract and build the candidates.
-  std::vector<replay::Candidate> cands(samples.size());
-  std::vector<bool> extracted(samples.size());
+  // Extract and build the candidates; the extraction failures the actor scores itself go
+  // with the group as known results, the rest to the evaluators.
+  replay::GroupPublish pub;
+  auto& cands = pub.candidates;
+  cands.resize(samples.size());
   std::map<std::string, uint64_t> group_codes;  // this group's extraction failures, by code
-  uint64_t tokens = 0;
+  uint64_t tokens = 0, failures = 0;
   for (std::size_t i = 0; i < samples.size(); ++i) {
     auto& c = cands[i];
     const auto& comp = samples[i].completion;
@@ -528,25 +568,35 @@ StepResult Actor::finish_group(GroupJob job, std::vector<RolloutSample> samples)
     tokens += comp.tokens.size();
     ++m_.finish_reasons[comp.finish_reason];
     auto& ex = samples[i].kernel;
-    extracted[i] = ex.ok;
     if (ex.ok) {
       c.source = std::move(ex.source);
-    } else {
-      c.extraction_error = ex.error;
-      ++m_.extraction_failures;
-      ++m_.extraction_codes[ex.code];
-      ++group_codes[ex.code];
+      continue;
     }
+    c.extraction_error = ex.error;
+    ++failures;
+    ++m_.extraction_failures;
+    ++m_.extraction_codes[ex.code];
+    ++group_codes[ex.code];
+    if (!opts_.score_extraction_failures) continue;  // an evaluator scores it (compile_error)
+    replay::Result r;
+    r.candidate_id = c.id;
+    r.group_id = c.group_id;
+    r.index_in_group = c.index_in_group;
+    r.verdict = replay::Verdict::compile_error;
+    r.reason = c.extraction_error;
+    r.reward = opts_.extraction_failure_reward;
+    r.evaluator_id = -1 - opts_.id;  // scored by an actor
+    r.t_scored_ns = mono_ns();
+    pub.known.push_back(std::move(r));
   }
+  const std::size_t n = cands.size();
+  const std::size_t to_score = n - pub.known.size();  // members handed to the evaluators
   m_.completion_tokens += tokens;
-  m_.candidates += cands.size();
-  ctl.add_counter(slot_, 2, tokens);
-  ctl.add_counter(slot_, 3, static_cast<uint64_t>(std::count(extracted.begin(), extracted.end(), false)));
+  m_.candidates += n;
+  ctl.add_counter(slot_, ctr::kActorTokens, tokens);
+  ctl.add_counter(slot_, ctr::kActorExtractFail, failures);
 
-  // Open the group (the candidates' one home), then push their handles: a consumer reads
-  // the candidate from the group, so the group must exist before its handle is queued.
-  const auto deadline =
-      std::chrono::duration_cast<replay::Timeout>(std::chrono::duration<double>(opts_.group_deadline_s));
+  pub.deadline = std::chrono::duration_cast<replay::Timeout>(std::chrono::duration<double>(opts_.group_deadline_s));
   // Members that may answer again. A conversation holds at least its prompt and its answer
   // (the feedback comes on top), so a member whose prompt and answer already fill the
   // context budget ends here: known now, not after its result. A group none of whose members
@@ -565,38 +615,59 @@ StepResult Actor::finish_group(GroupJob job, std::vector<RolloutSample> samples)
     }
   }
   // The next turn reads the results before the learner takes them; so does a probe.
-  const bool hold = job.probe || std::find(may_go_on.begin(), may_go_on.end(), true) != may_go_on.end();
-  bool opened = false;
+  pub.hold = job.probe || std::find(may_go_on.begin(), may_go_on.end(), true) != may_go_on.end();
+
+  // Publish: the group (the candidates' one home) with its known results, then the members to
+  // score go to the evaluators; publish() waits while the replay buffer (up to 5 s) or the
+  // evaluators' queue is full, calling keep_going() between tries. Time in keep_going() is
+  // turn_s (poll_turns), not push_wait_s.
+  double kept_going_s = 0;
+  std::size_t unqueued = 0;
+  // A probe round stays open while one of its groups is published: keep_going() may read the
+  // round's earlier groups meanwhile, and the round ends only once every group is read.
+  if (job.probe) ++probe_rounds_[version].pending;
+  auto outcome = replay::PublishOutcome::full;
+  const auto p0 = Clock::now();
   try {
-    AddSeconds waited{m_.push_wait_s};  // waits only while the replay buffer is full
-    opened = shm_.replay().open_group(cands, deadline, std::chrono::seconds(5), hold);
+    outcome = sink_->publish(
+        pub, std::chrono::seconds(5),
+        [&] {
+          AddSeconds timed{kept_going_s};
+          return keep_going();
+        },
+        &unqueued);
   } catch (const Error& e) {
     log_error("actor ", opts_.id, ": group for task ", task->name(), " not opened (", e.what(),
               "); dropped, the actor goes on");
   }
-  if (!opened) {
+  m_.push_wait_s += std::max(0.0, secs(p0, Clock::now()) - kept_going_s);
+  if (outcome == replay::PublishOutcome::full) {
     ++m_.groups_dropped;
-    ctl.add_counter(slot_, 6, 1);
-    log_warn("actor ", opts_.id, ": replay buffer full for 5 s, group for task ", task->name(), " dropped");
-    if (job.probe) ++probe_rounds_[version].rec.lost_groups;
+    ctl.add_counter(slot_, ctr::kActorGroupsDropped, 1);
+    log_warn("actor ", opts_.id, ": no room to publish for 5 s (", sink_->where(), "), group for task ", task->name(),
+             " dropped");
+    if (job.probe) {
+      auto& round = probe_rounds_[version];
+      --round.pending;
+      ++round.rec.lost_groups;
+    }
     return StepResult::dropped;
   }
   ++m_.groups;
-  ctl.add_counter(slot_, 1, 1);
-  log_group(job, cands.size(), group_codes);
+  ctl.add_counter(slot_, ctr::kActorGroups, 1);
+  log_group(job, n, group_codes);
   if (job.turn > 1) ++m_.followup_groups;
   if (too_long) {
     m_.turn_members_too_long += too_long;
     log_info("actor ", opts_.id, ": group ", group_id, " (task ", task->name(), ", turn ", job.turn, "): ", too_long,
              " of ", samples.size(), " member(s) end here, their prompt and answer filling the context budget (",
              "actors.prompt.context_tokens - actors.sampling.max_new_tokens = ", budget, ")",
-             hold ? "" : "; the group is not held, the learner takes it once scored");
+             pub.hold ? "" : "; the group is not held, the learner takes it once scored");
   }
   if (job.probe) {
     probe_groups_[group_id] = {version, task->name()};
     probe_since_[group_id] = Clock::now();
-    ++probe_rounds_[version].pending;
-  } else if (hold) {
+  } else if (pub.hold) {
     Awaiting aw;
     aw.job = job;
     aw.may_go_on = may_go_on;
@@ -604,51 +675,27 @@ StepResult Actor::finish_group(GroupJob job, std::vector<RolloutSample> samples)
     aw.since = Clock::now();
     awaiting_.emplace(group_id, std::move(aw));
   }
-  std::vector<uint64_t> unpushed;
-  for (std::size_t i = 0; i < cands.size(); ++i) {
-    auto& c = cands[i];
-    if (!extracted[i] && opts_.score_extraction_failures) {
-      replay::Result r;
-      r.candidate_id = c.id;
-      r.group_id = c.group_id;
-      r.index_in_group = c.index_in_group;
-      r.verdict = replay::Verdict::compile_error;
-      r.reason = c.extraction_error;
-      r.reward = opts_.extraction_failure_reward;
-      r.evaluator_id = -1 - opts_.id;  // scored by an actor
-      r.t_scored_ns = mono_ns();
-      shm_.replay().add_result(r);
-      continue;
-    }
-    bool ok = false;
-    while (!ok) {
-      c.t_pushed_ns = mono_ns();
-      {
-        AddSeconds waited{m_.push_wait_s};                                   // blocks only while the queue is full
-        ok = queue.push(replay::ref_of(c), std::chrono::milliseconds(100));  // the handle: c lives in its group
-      }
-      if (ok) break;
-      const auto st = ctl.state();
-      if (stopping() || st == replay::RunState::stopped || st == replay::RunState::draining) break;
-      ctl.heartbeat(slot_);
-      poll_turns();  // held groups whose results came in go to the learner meanwhile
-    }
-    if (!ok) {
-      unpushed.push_back(c.id);
-      continue;
-    }
-    ++m_.pushed;
-    const int64_t lag = std::max<int64_t>(0, shm_.snapshots().latest().version - version);
-    m_.lag_sum += static_cast<double>(lag);
+  // The members handed over; the rest (the actor or the run stopped while the evaluators'
+  // queue was full) the sink counted lost.
+  const std::size_t pushed = outcome == replay::PublishOutcome::stopped ? to_score - std::min(unqueued, to_score)
+                                                                        : to_score;
+  const int64_t lag = std::max<int64_t>(0, shm_.snapshots().latest().version - version);
+  m_.pushed += pushed;
+  if (pushed > 0) {
+    m_.lag_sum += static_cast<double>(lag) * static_cast<double>(pushed);
     m_.lag_max = std::max(m_.lag_max, lag);
-    ctl.add_counter(slot_, 0, 1);
-    ctl.add_counter(slot_, 7, static_cast<uint64_t>(lag));
   }
-  if (!unpushed.empty()) shm_.replay().mark_lost(unpushed);
-  return unpushed.empty() ? StepResult::pushed : StepResult::stopped;
+  ctl.add_counter(slot_, ctr::kActorPushed, pushed);
+  ctl.add_counter(slot_, ctr::kActorLagSum, static_cast<uint64_t>(lag) * pushed);
+  if (outcome == replay::PublishOutcome::stopped) {
+    log_info("actor ", opts_.id, ": stopping while group ", group_id, " (task ", task->name(), ") waited for room in ",
+             sink_->where(), ": ", unqueued, " of its ", to_score, " candidate(s) not handed over, counted lost");
+    return StepResult::stopped;
+  }
+  return StepResult::pushed;
 }
 
-std::string Actor::metrics_json() const {
+std::string Actor::Impl::metrics_json() const {
   nlohmann::json j;
   j["actor"] = opts_.id;
   j["policy_version"] = version_;
@@ -704,7 +751,7 @@ std::string Actor::metrics_json() const {
   return j.dump();
 }
 
-void Actor::run(const std::atomic<bool>* stop) {
+void Actor::Impl::run(const std::atomic<bool>* stop) {
   ext_stop_ = stop;  // the waits inside step() (back-pressure, full queue) watch it too
   auto& ctl = shm_.control();
   if (ctl.state() == replay::RunState::starting) {
@@ -765,12 +812,12 @@ void Actor::run(const std::atomic<bool>* stop) {
   report();
 }
 
-void Actor::release_held() {
+void Actor::Impl::release_held() {
   if (!probe_groups_.empty()) {
     std::size_t released = 0;
     for (const auto& [id, vt] : probe_groups_) {
       try {
-        if (shm_.replay().release_group(id)) ++released;
+        if (sink_->release(id)) ++released;
       } catch (const Error& e) {
         log_error("actor ", opts_.id, ": releasing probe group ", id, " failed (", e.what(),
                   "); it waits for its deadline");
@@ -785,7 +832,7 @@ void Actor::release_held() {
   std::size_t released = 0;
   for (const auto& [id, aw] : awaiting_) {
     try {
-      if (shm_.replay().release_group(id)) ++released;
+      if (sink_->release(id)) ++released;
     } catch (const Error& e) {
       log_error("actor ", opts_.id, ": releasing held group ", id, " failed (", e.what(),
                 "); it waits for its deadline");
@@ -798,7 +845,7 @@ void Actor::release_held() {
   followups_.clear();
 }
 
-void Actor::poll_turns() {
+void Actor::Impl::poll_turns() {
   poll_probes();
   if (awaiting_.empty()) return;
   AddSeconds timed{m_.turn_s};
@@ -808,7 +855,7 @@ void Actor::poll_turns() {
     replay::ScoredGroup g;
     replay::GroupPeek st = replay::GroupPeek::absent;
     try {
-      st = shm_.replay().peek_group(id, &g, /*release=*/true);
+      st = sink_->peek(id, &g, /*release=*/true);
     } catch (const Error& e) {
       log_error("actor ", opts_.id, ": reading held group ", id, " failed (", e.what(),
                 "); its conversations end here");
@@ -818,7 +865,7 @@ void Actor::poll_turns() {
       // The replay deadline makes a group ready; this guards against one that never is.
       if (secs(aw.since, Clock::now()) > opts_.group_deadline_s + 60) {
         ++m_.turn_groups_timed_out;
-        shm_.replay().release_group(id);
+        sink_->release(id);
         log_warn("actor ", opts_.id, ": group ", id, " (task ", aw.job.task->name(), ", turn ", aw.job.turn,
                  ") not scored within actors.group_deadline_s + 60 s; released, its conversations end here");
         it = awaiting_.erase(it);
@@ -847,7 +894,7 @@ void Actor::poll_turns() {
   }
 }
 
-void Actor::build_followups(Awaiting& aw, const replay::ScoredGroup& g) {
+void Actor::Impl::build_followups(Awaiting& aw, const replay::ScoredGroup& g) {
   const GroupJob& prev = aw.job;
   GroupJob next;
   next.task = prev.task;
@@ -904,7 +951,7 @@ void Actor::build_followups(Awaiting& aw, const replay::ScoredGroup& g) {
 
 // The members decode together, one row each (their conversations differ: left-padded to the
 // longest, as policy::Sampler batches prompts), not one after another.
-std::vector<RolloutSample> Actor::sample_members(const GroupJob& job) {
+std::vector<RolloutSample> Actor::Impl::sample_members(const GroupJob& job) {
   std::vector<std::vector<int32_t>> prompts;
   prompts.reserve(job.members.size());
   for (const auto& m : job.members) prompts.push_back(m.tokens);
@@ -925,13 +972,13 @@ uint64_t name_hash(const std::string& s) {  // FNV-1a: a task's name to a seed, 
 constexpr std::size_t kDefaultProbeTasks = 4;
 }  // namespace
 
-std::vector<std::string> Actor::probe_task_names() const {
+std::vector<std::string> Actor::Impl::probe_task_names() const {
   std::vector<std::string> out;
   for (const auto& p : probe_) out.push_back(p.task->name());
   return out;
 }
 
-void Actor::setup_probe() {
+void Actor::Impl::setup_probe() {
   if (opts_.probe_every <= 0 || opts_.id != 0) return;
   std::vector<std::string> names = opts_.probe_tasks;
   if (names.empty()) {
@@ -986,7 +1033,7 @@ void Actor::setup_probe() {
            " policy versions (from v0): ", opts_.probe_samples, " samples of each of ", list);
 }
 
-void Actor::save_probe_prompts() {
+void Actor::Impl::save_probe_prompts() {
   if (opts_.metrics_dir.empty()) return;
   nlohmann::json j = nlohmann::json::object();
   for (const auto& pt : probe_)
@@ -1000,11 +1047,13 @@ void Actor::save_probe_prompts() {
   }
 }
 
-StepResult Actor::run_probe() {
+StepResult Actor::Impl::run_probe() {
   const int64_t v = version_;
   probe_next_ = (v / opts_.probe_every + 1) * opts_.probe_every;
-  auto& ctl = shm_.control();
   probe_rounds_[v].rec.version = v;
+  // The round stays open until its last group is published: the waits in between read its
+  // earlier groups (poll_probes), which must not finish it early.
+  ++probe_rounds_[v].pending;
   bool built = false;
   StepResult res = StepResult::pushed;
   for (auto& pt : probe_) {
@@ -1020,13 +1069,10 @@ StepResult Actor::run_probe() {
     }
     // Room for the whole group first, as for any group.
     while (!queue_has_room(1)) {
-      const auto st = ctl.state();
-      if (stopping() || st == replay::RunState::stopped || st == replay::RunState::draining) {
+      if (!keep_going()) {
         probe_rounds_.erase(v);  // an incomplete probe is not recorded
         return StepResult::stopped;
       }
-      ctl.heartbeat(slot_);
-      poll_turns();
       AddSeconds waited{m_.backpressure_s};
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
@@ -1042,34 +1088,30 @@ StepResult Actor::run_probe() {
     const auto s0 = Clock::now();
     auto samples = rollout_group(policy_.model, policy_.codec, pt.prompt.tokens, opts_.probe_samples, sp,
                                  policy_.valid_vocab, opts_.extract, opts_.shared_prefill);
-    const double sampled_s = secs(s0, Clock::now());
-    m_.sample_s += sampled_s;
-    ctl.add_counter(slot_, replay::ControlBlock::kWorkMs, static_cast<uint64_t>(sampled_s * 1e3));
-    ctl.add_counter(slot_, replay::ControlBlock::kGpuWaitMs,
-                    static_cast<uint64_t>((gpu_share_.wait_seconds() - m_.gpu_wait_s) * 1e3));
-    m_.gpu_wait_s = gpu_share_.wait_seconds();
+    count_sampling(secs(s0, Clock::now()));
     const auto got = finish_group(std::move(job), std::move(samples));
     if (got != StepResult::pushed) res = got;
     if (got == StepResult::stopped) break;
   }
   if (built) save_probe_prompts();
-  // No group opened (every task failed): the probe is recorded as lost at once.
+  // Every group read already, or none published (every task failed: the probe is recorded
+  // as lost at once).
   auto it = probe_rounds_.find(v);
-  if (it != probe_rounds_.end() && it->second.pending == 0) {
+  if (it != probe_rounds_.end() && --it->second.pending == 0) {
     if (res != StepResult::stopped) finish_probe(it->second);
     probe_rounds_.erase(it);
   }
   return res;
 }
 
-void Actor::poll_probes() {
+void Actor::Impl::poll_probes() {
   for (auto it = probe_groups_.begin(); it != probe_groups_.end();) {
     const uint64_t id = it->first;
     const auto [v, task] = it->second;
     replay::ScoredGroup g;
     replay::GroupPeek st = replay::GroupPeek::absent;
     try {
-      st = shm_.replay().peek_group(id, &g, /*release=*/true);
+      st = sink_->peek(id, &g, /*release=*/true);
     } catch (const Error& e) {
       log_error("actor ", opts_.id, ": reading probe group ", id, " failed (", e.what(), ")");
     }
@@ -1079,7 +1121,7 @@ void Actor::poll_probes() {
         ++it;
         continue;
       }
-      shm_.replay().release_group(id);
+      sink_->release(id);
       st = replay::GroupPeek::absent;
     }
     auto rit = probe_rounds_.find(v);
@@ -1111,7 +1153,7 @@ void Actor::poll_probes() {
   }
 }
 
-void Actor::finish_probe(ProbeRound& round) {
+void Actor::Impl::finish_probe(ProbeRound& round) {
   ProbeRecord& r = round.rec;
   for (const auto& [task, t] : r.tasks) {
     r.all.samples += t.samples;

@@ -1,3 +1,5 @@
+// ActorOptions from the run config (actor_options) and where the source tree's defaults are
+// (resolve_tree_path): the range checks name the file and key.
 #include "kf/actors/actors.h"
 
 #include <sys/stat.h>
@@ -6,6 +8,8 @@
 
 #include "kf/common/error.h"
 #include "kf/tasks/tasks.h"
+#include "prompt.h"
+#include "scheduler.h"
 
 #ifndef KF_SOURCE_DIR_BUILT
 #define KF_SOURCE_DIR_BUILT "."

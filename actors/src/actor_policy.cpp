@@ -1,3 +1,5 @@
+// The actor's copy of the policy (ActorPolicy): the learner's initial weights, or a model the
+// caller built, with its text codec, EOS ids and sampleable vocabulary.
 #include "kf/actors/actors.h"
 
 #include <torch/cuda.h>

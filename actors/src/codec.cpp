@@ -1,3 +1,4 @@
+// TextCodec: text <-> token ids over a BPE tokenizer or raw bytes.
 #include "kf/actors/actors.h"
 
 namespace kf::actors {

@@ -1,3 +1,5 @@
+// Extraction: the one marked kernel block out of a completion, or a failure code saying why
+// there is none (docs/actors.md, Extraction).
 #include "kf/actors/actors.h"
 
 #include <cctype>
@@ -134,8 +136,7 @@ std::string strip_comments_and_strings(const std::string& s) {
   return out;
 }
 
-}  // namespace
-
+// True if `source` has an extern "C" kf_forward definition (a body, not just a declaration).
 bool defines_entry_point(const std::string& source) {
   const std::string s = strip_comments_and_strings(source);
   // extern "C" survives stripping as `extern "` + blanks + `"`; accept either form.
@@ -163,6 +164,8 @@ bool defines_entry_point(const std::string& source) {
   }
   return false;
 }
+
+}  // namespace
 
 Extraction extract_kernel(const std::string& full, const ExtractOptions& opts) {
   // A model that reasons first (Qwen3's <think> ... </think>) may draft code in its

@@ -1,7 +1,11 @@
+// Multi-turn refinement (feedback.h): the verifier's word as the next user turn, and the
+// conversation rendered as the next prompt.
 #include "kf/actors/actors.h"
 
 #include <cmath>
 #include <cstdio>
+
+#include "feedback.h"
 
 namespace kf::actors {
 

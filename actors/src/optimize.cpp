@@ -1,3 +1,5 @@
+// tools/optimize's pieces (optimize.h, optimize_prompt): exemplars from a saved kernel database
+// or seed folder, the actor's prompt for one task, and .py task import.
 #include "kf/actors/actors.h"
 
 #include <fcntl.h>
@@ -14,6 +16,7 @@
 #include "kf/common/log.h"
 #include "kf/common/run_dir.h"
 #include "kf/replay/replay.h"
+#include "optimize.h"
 
 extern char** environ;
 

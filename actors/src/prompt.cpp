@@ -1,3 +1,5 @@
+// Contrastive prompts: template files, task info, the ABI text, and build_prompt's token-exact
+// fitting to the context (docs/actors.md, Prompt template).
 #include "kf/actors/actors.h"
 
 #include <algorithm>
@@ -6,6 +8,7 @@
 
 #include "kf/common/error.h"
 #include "kf/common/run_dir.h"
+#include "prompt.h"
 
 namespace kf::actors {
 

@@ -1,3 +1,5 @@
+// One rollout: G completions of a prompt as samples (text without the stopping EOS, the
+// extracted kernel); actors, tools/optimize and tools/selfsup all sample through it.
 #include "kf/actors/actors.h"
 
 #include <torch/torch.h>

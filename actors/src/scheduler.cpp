@@ -1,3 +1,4 @@
+// TaskScheduler (scheduler.h): which task the next group is for.
 #include "kf/actors/actors.h"
 
 #include <algorithm>
@@ -6,6 +7,7 @@
 #include <set>
 
 #include "kf/common/error.h"
+#include "scheduler.h"
 
 namespace kf::actors {
 

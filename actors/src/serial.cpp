@@ -1,3 +1,5 @@
+// Serial mode (SerialRunner): one actor group, then the evaluator process's own loop over the
+// queued candidates, in one process over the run's shared memory.
 #include "kf/actors/actors.h"
 #include "kf/evaluator/evaluator.h"
 

@@ -2,11 +2,14 @@
 //   kf-actor --run NAME --config configs/default.yaml --id 0 [--set actors.group_size=4]
 //            [--run-dir runs/NAME] [--device cuda:0] [--max-groups N]
 // Exit codes: 0 stopped (run drained/stopped, SIGINT/SIGTERM, or --max-groups reached),
-// 1 runtime error, 2 bad config or arguments, 3 the run's shared memory is not there.
+// 1 runtime error (also: the group transport would not open), 2 bad config or arguments,
+// 3 the run's shared memory is not there.
 #include <signal.h>
 
 #include "kf/common/cli.h"
 #include <atomic>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -14,6 +17,7 @@
 #include "kf/common/config.h"
 #include "kf/common/error.h"
 #include "kf/common/log.h"
+#include "kf/transport/transport.h"
 
 namespace {
 std::atomic<bool> g_stop{false};
@@ -44,14 +48,15 @@ int main(int argc, char** argv) {
   signal(SIGTERM, on_signal);
 
   kf::actors::ActorOptions opts;
+  std::optional<kf::Config> cfg;
   try {
-    const auto cfg = kf::Config::load(config_file, sets);
-    const auto level = cfg.get_string("run.log_level");
+    cfg = kf::Config::load(config_file, sets);
+    const auto level = cfg->get_string("run.log_level");
     kf::log_set_level(level == "debug"   ? kf::LogLevel::Debug
                       : level == "warn"  ? kf::LogLevel::Warn
                       : level == "error" ? kf::LogLevel::Error
                                          : kf::LogLevel::Info);
-    opts = kf::actors::actor_options(cfg, id);
+    opts = kf::actors::actor_options(*cfg, id);
     if (!device.empty()) opts.device = device;
     if (max_groups > 0) opts.max_groups = max_groups;
     if (!run_dir.empty()) opts.metrics_dir = run_dir + "/metrics";
@@ -67,10 +72,19 @@ int main(int argc, char** argv) {
                   "; exiting (code 3), the launcher restarts it once the run exists");
     return 3;
   }
+  const std::string who = "actor " + std::to_string(id);
+  std::unique_ptr<kf::replay::GroupSink> groups;
+  try {
+    groups = kf::transport::open_groups(*cfg, shm.get(), who);  // cluster.role: this node's run or the head's
+  } catch (const kf::Error& e) {
+    kf::log_error(who, ": cannot open where its groups go (cluster.role): ", e.what(),
+                  "; exiting (code 1), the launcher restarts it");
+    return 1;
+  }
   try {
     auto policy = kf::actors::load_actor_policy(opts.policy_dir, opts.init_shape, opts.seed, opts.device);
     auto tasks = kf::actors::load_actor_tasks(opts);
-    kf::actors::Actor actor(opts, std::move(policy), std::move(tasks), *shm);
+    kf::actors::Actor actor(opts, std::move(policy), std::move(tasks), *shm, std::move(groups));
     actor.run(&g_stop);
     kf::log_info("actor ", id, ": stopped after ", actor.metrics().groups, " groups");
     return 0;

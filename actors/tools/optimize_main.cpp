@@ -30,6 +30,8 @@
 #include "kf/common/run_dir.h"
 #include "kf/evaluator/evaluator.h"
 #include "kf/tasks/tasks.h"
+#include "optimize.h"  // actors/src: load_exemplars, import_task_file
+#include "prompt.h"    // actors/src: prompt_mode_name
 
 #ifndef KF_PYTHON_BUILT
 #define KF_PYTHON_BUILT "python3"

@@ -15,6 +15,7 @@
 
 #include "kf/common/log.h"
 #include "kf/learner/learner.h"
+#include "comm.h"  // defines: Rendezvous, file_rendezvous, make_nccl_comm (learner/src)
 #include "kf/replay/replay.h"
 
 #ifdef KF_HAVE_CUDA

@@ -35,6 +35,7 @@
 #include <string>
 #include <vector>
 
+#include "comm.h"  // defines: Rendezvous, file_rendezvous, make_nccl_comm (learner/src)
 #include "grad_buckets.h"
 #include "kf/bench/util.h"
 #include "kf/common/error.h"

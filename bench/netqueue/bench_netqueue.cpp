@@ -29,6 +29,7 @@
 
 #include "kf/netqueue/netqueue.h"
 #include "kf/replay/replay.h"
+#include "queue.h"  // defines: ShmQueue (replay/src, internal)
 
 using namespace kf::netqueue;
 using kf::replay::QueueConfig;

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "kf/replay/replay.h"
+#include "queue.h"  // defines: ShmQueue (replay/src, internal)
 
 namespace bip = boost::interprocess;
 using namespace kf::replay;

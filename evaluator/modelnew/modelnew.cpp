@@ -25,9 +25,12 @@
 #include "kf/common/fsutil.h"
 #include "kf/common/gpu_lock.h"
 #include "kf/common/log.h"
+#include "attempt.h"  // defines: abi_backend
 #include "process.h"  // defines: SpawnSpec, Confinement, run_bounded, pick_env
+#include "reward.h"
 #include "sandbox.h"
 #include "sha256.h"        // defines: sha256_hex
+#include "stats.h"         // defines: quantile, paired_speedup_interval
 #include "tensor_check.h"  // defines: abi_dtype
 
 #ifdef KF_MN_CUDA

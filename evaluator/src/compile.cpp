@@ -28,6 +28,7 @@
 #include "kf/common/error.h"
 #include "kf/common/fsutil.h"
 #include "kf/common/log.h"
+#include "compile.h"
 #include "process.h"
 #include "sha256.h"
 

@@ -1,4 +1,6 @@
-#include "kf/evaluator/evaluator.h"
+// Out of GPU memory while verifying: its classification, one attempt, and the in-place
+// retry of the one-process stages (attempt.h; evaluate_retrying_oom in the facade).
+#include "attempt.h"
 
 #include <c10/util/Exception.h>
 
@@ -6,6 +8,7 @@
 
 #include "kf/common/log.h"
 #include "kf/tasks/tasks.h"
+#include "reward.h"
 
 namespace kf::evaluator {
 

@@ -1,3 +1,4 @@
+// Result: checks_passed and its JSON and text renderings (the facade's verdict type).
 #include "kf/evaluator/evaluator.h"
 
 #include <cstdio>

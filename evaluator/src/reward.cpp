@@ -1,4 +1,5 @@
-#include "kf/evaluator/evaluator.h"
+// RewardModel: the reward of a verified result (reward.h).
+#include "reward.h"
 
 #include <algorithm>
 #include <cmath>

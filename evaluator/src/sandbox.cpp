@@ -28,6 +28,7 @@
 #include "kf/common/gpu_lock.h"
 #include "kf/common/log.h"
 #include "process.h"
+#include "worker_openmp.h"
 #include "wire/confine.h"
 #include "wire/poison.h"
 #include "wire/protocol.h"

@@ -1,20 +1,33 @@
-// EvaluatorService (see kf/evaluator/evaluator.h).
-#include "kf/evaluator/evaluator.h"
+// EvaluatorService: the evaluator process's loop over a replay::CandidateSource, the same
+// on every node (kf/evaluator/evaluator.h; how a step goes: service.h).
+#include "service.h"
 
 #include <time.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
+#include <fstream>
 #include <future>
+#include <map>
+#include <mutex>
 #include <nlohmann/json.hpp>
+#include <set>
+#include <thread>
 
+#include "attempt.h"
 #include "kf/common/config.h"
 #include "kf/common/error.h"
 #include "kf/common/log.h"
 #include "kf/tasks/tasks.h"
+#include "reward.h"
 
 namespace kf::evaluator {
 namespace {
+
+namespace counter = replay::counter;
 
 int64_t monotonic_ns() {
   timespec ts;
@@ -46,6 +59,8 @@ std::string diagnostics_without_paths(const std::string& diagnostics) {
   }
   return out;
 }
+
+std::string who_of(const ServiceOptions& o) { return "evaluator " + std::to_string(o.evaluator_id); }
 
 }  // namespace
 
@@ -88,30 +103,14 @@ ServiceOptions service_options(const Config& c) {
   if (!(gb >= 0)) throw error_at(c.source(), "evaluator.cache_limit_gb: " + std::to_string(gb) + " must be at least 0");
   o.cache_limit_bytes = static_cast<std::size_t>(gb * double(1ull << 30));
   o.train_on_degenerate_tasks = c.get_bool("evaluator.train_on_degenerate_tasks");
+  // The network source gives a claim away after claim_idle_s without a keep-alive: renew
+  // three times per period (the shared-memory source ignores it).
+  const double idle_s = c.get_float("cluster.redis.claim_idle_s");
+  o.keep_alive_every = std::max(std::chrono::milliseconds(100),
+                                std::chrono::milliseconds(static_cast<long long>(idle_s * 1000 / 3)));
   return o;
 }
 
-EvaluatorService::EvaluatorService(Evaluator& ev, replay::RunShm& shm, ServiceOptions o)
-    : ev_(ev), shm_(shm), o_(std::move(o)) {
-  if (!o_.verdict_log.empty()) {
-    verdicts_.open(o_.verdict_log, std::ios::app);
-    if (!verdicts_)
-      throw Error(o_.verdict_log + ": cannot open the verdict log for append (" + std::strerror(errno) + ")");
-  }
-  slot_ = shm_.control().register_process("evaluator", o_.evaluator_id);
-  // Claims of evaluators that died go back to the queue now (each logged by the queue).
-  const std::size_t reaped = shm_.candidates().raw().reap();
-  if (reaped)
-    log_warn("evaluator ", o_.evaluator_id, ": at start-up, reclaimed ", reaped,
-             " candidate slot(s) held by dead processes (see the lines above)");
-}
-
-void EvaluatorService::give_back(replay::ShmQueue::Slot claim, uint64_t id, const char* why) {
-  shm_.candidates().raw().give_back(&claim, 1);
-  ++stats_.given_back;
-  log_warn("evaluator ", o_.evaluator_id, ": candidate ", id, " goes back to the candidate queue unscored (", why,
-           "); another evaluator scores it");
-}
 
 std::string verdict_json_line(const replay::Candidate& c, const Result& r, int level, int evaluator_id) {
   const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -154,40 +153,163 @@ std::string verdict_json_line(const replay::Candidate& c, const Result& r, int l
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
-void EvaluatorService::log_verdict(const replay::Candidate& c, const Result& r, int level) {
-  if (!verdicts_.is_open()) return;
-  verdicts_ << verdict_json_line(c, r, level, o_.evaluator_id) << '\n' << std::flush;
-  if (!verdicts_) {
-    log_error("evaluator ", o_.evaluator_id, ": writing ", o_.verdict_log,
-              " failed; the verdict log stops here, scoring goes on");
-    verdicts_.close();
+struct EvaluatorService::Impl {
+  Impl(Evaluator& e, replay::CandidateSource& s, replay::ControlBlock* ctl, ServiceOptions opts);
+  ~Impl();
+
+  std::size_t step();
+  Result score(const replay::Candidate& c);
+  std::shared_ptr<const tasks::Task> task(const std::string& name, std::string* error);
+  void account(const Result& r, const replay::Candidate& c);
+  void log_verdict(const replay::Candidate& c, const Result& r, int level);
+  // Out of GPU memory on `claim` (attempt `attempt`, 0-based): frees the allocator cache and
+  // holds the claim for a retry; false when the attempts are used up (then it is scored).
+  bool retry_out_of_memory(const replay::Claim& claim, int attempt, const std::string& what);
+  void give_back(const replay::Claim& claim, const char* why);
+  void count(int id, uint64_t n) {
+    if (control && slot >= 0 && n) control->add_counter(slot, id, n);
   }
+  void heartbeat() {
+    if (control && slot >= 0) control->heartbeat(slot);
+  }
+  // The claims the keeper renews: batch[from..] and the held retries.
+  void hold(const std::vector<replay::Claim>& batch, std::size_t from);
+  void keep_alive_loop();
+
+  struct Retry {
+    replay::Claim claim;
+    int attempt = 0;  // tries so far
+    std::chrono::steady_clock::time_point due;
+  };
+  Evaluator& ev;
+  std::unique_ptr<replay::CandidateSource> owned;  // the one-node constructor's source
+  replay::CandidateSource& source;
+  replay::ControlBlock* control;  // null on an evaluator node
+  ServiceOptions o;
+  std::string who;  // "evaluator N", for log lines
+  int slot = -1;    // control-block entry
+  ServiceStats stats;
+  uint64_t seen_gone = 0, seen_scored = 0;  // the source's unresolved counts already accounted
+  std::map<std::string, std::shared_ptr<const tasks::Task>> tasks;
+  std::function<void(const replay::Result&, const Result&)> on_result;
+  std::ofstream verdicts;  // o.verdict_log, opened for append
+  std::deque<Retry> retry;
+  std::set<std::string> degenerate_logged;  // tasks whose degenerate flag was logged
+  // The keeper thread (ServiceOptions::keep_alive_every > 0).
+  std::mutex held_mu;
+  std::condition_variable held_cv;
+  std::vector<replay::Claim> held;
+  bool stopping = false;
+  std::thread keeper;
+};
+
+EvaluatorService::Impl::Impl(Evaluator& e, replay::CandidateSource& s, replay::ControlBlock* ctl, ServiceOptions opts)
+    : ev(e), source(s), control(ctl), o(std::move(opts)), who(who_of(o)) {
+  if (!o.verdict_log.empty()) {
+    verdicts.open(o.verdict_log, std::ios::app);
+    if (!verdicts)
+      throw Error(o.verdict_log + ": cannot open the verdict log for append (" + std::strerror(errno) + ")");
+  }
+  if (control) slot = control->register_process("evaluator", o.evaluator_id);
+  if (o.keep_alive_every.count() > 0) keeper = std::thread([this] { keep_alive_loop(); });
 }
 
-EvaluatorService::~EvaluatorService() {
-  for (auto& r : retry_) {
+EvaluatorService::Impl::~Impl() {
+  for (auto& r : retry) {
     try {
-      give_back(r.claim, r.c.id, "the evaluator stops while it waits for an out-of-memory retry");
+      give_back(r.claim, "the evaluator stops while it waits for an out-of-memory retry");
     } catch (const std::exception& e) {
-      log_error("evaluator ", o_.evaluator_id, ": giving candidate ", r.c.id, " back failed: ", e.what(),
-                "; its claim is reaped when this process has exited");
+      log_error(who, ": giving candidate ", r.claim.candidate.id, " back failed: ", e.what(),
+                "; the source hands it to another evaluator when this one is gone");
     }
   }
-  if (slot_ >= 0) shm_.control().unregister_process(slot_);
+  if (keeper.joinable()) {
+    {
+      std::lock_guard<std::mutex> g(held_mu);
+      stopping = true;
+    }
+    held_cv.notify_all();
+    keeper.join();
+  }
+  if (slot >= 0) control->unregister_process(slot);
 }
 
-void EvaluatorService::add_task(std::shared_ptr<const tasks::Task> t) { tasks_[t->name()] = std::move(t); }
+void EvaluatorService::Impl::hold(const std::vector<replay::Claim>& batch, std::size_t from) {
+  if (!keeper.joinable()) return;
+  std::vector<replay::Claim> h(batch.begin() + std::ptrdiff_t(std::min(from, batch.size())), batch.end());
+  for (const auto& r : retry) h.push_back(r.claim);
+  std::lock_guard<std::mutex> g(held_mu);
+  held.swap(h);
+}
 
-std::shared_ptr<const tasks::Task> EvaluatorService::task(const std::string& name, std::string* error) {
-  auto it = tasks_.find(name);
-  if (it != tasks_.end()) return it->second;
+void EvaluatorService::Impl::keep_alive_loop() {
+  std::unique_lock<std::mutex> lk(held_mu);
+  while (!held_cv.wait_for(lk, o.keep_alive_every, [this] { return stopping; })) {
+    if (held.empty()) continue;
+    const std::vector<replay::Claim> h = held;
+    lk.unlock();
+    try {
+      source.keep_alive(h);
+    } catch (const std::exception& e) {
+      log_warn(who, ": keeping ", h.size(), " claim(s) alive at ", source.where(), " failed: ", e.what(),
+               "; retried at the next beat");
+    }
+    lk.lock();
+  }
+}
+
+EvaluatorService::EvaluatorService(Evaluator& ev, replay::CandidateSource& source, replay::ControlBlock* control,
+                                   ServiceOptions o)
+    : impl_(std::make_unique<Impl>(ev, source, control, std::move(o))) {}
+
+EvaluatorService::EvaluatorService(Evaluator& ev, replay::RunShm& shm, ServiceOptions o) {
+  auto source = replay::shm_candidates(shm, who_of(o));
+  impl_ = std::make_unique<Impl>(ev, *source, &shm.control(), std::move(o));
+  impl_->owned = std::move(source);
+}
+
+EvaluatorService::~EvaluatorService() = default;
+
+std::size_t EvaluatorService::step() { return impl_->step(); }
+Result EvaluatorService::score(const replay::Candidate& c) { return impl_->score(c); }
+void EvaluatorService::add_task(std::shared_ptr<const tasks::Task> t) { impl_->tasks[t->name()] = std::move(t); }
+void EvaluatorService::on_result(std::function<void(const replay::Result&, const Result&)> fn) {
+  impl_->on_result = std::move(fn);
+}
+const ServiceStats& EvaluatorService::stats() const { return impl_->stats; }
+std::size_t EvaluatorService::pending_retries() const { return impl_->retry.size(); }
+
+void EvaluatorService::Impl::give_back(const replay::Claim& claim, const char* why) {
   try {
-    auto t = tasks::Task::load(o_.tasks_dir + "/" + name);
-    if (!t->has_backend(o_.backend)) {
-      *error = "task '" + name + "' has no " + tasks::backend_name(o_.backend) + " artifact in " + o_.tasks_dir;
+    source.give_back(claim);
+  } catch (const std::exception& e) {
+    throw SourceError("giving candidate " + std::to_string(claim.candidate.id) + " back to " + source.where() +
+                      " failed: " + e.what());
+  }
+  ++stats.given_back;
+  log_warn(who, ": candidate ", claim.candidate.id, " goes back unscored to ", source.where(), " (", why,
+           "); another evaluator scores it");
+}
+
+void EvaluatorService::Impl::log_verdict(const replay::Candidate& c, const Result& r, int level) {
+  if (!verdicts.is_open()) return;
+  verdicts << verdict_json_line(c, r, level, o.evaluator_id) << '\n' << std::flush;
+  if (!verdicts) {
+    log_error(who, ": writing ", o.verdict_log, " failed; the verdict log stops here, scoring goes on");
+    verdicts.close();
+  }
+}
+
+std::shared_ptr<const tasks::Task> EvaluatorService::Impl::task(const std::string& name, std::string* error) {
+  auto it = tasks.find(name);
+  if (it != tasks.end()) return it->second;
+  try {
+    auto t = tasks::Task::load(o.tasks_dir + "/" + name);
+    if (!t->has_backend(o.backend)) {
+      *error = "task '" + name + "' has no " + tasks::backend_name(o.backend) + " artifact in " + o.tasks_dir;
       return nullptr;
     }
-    tasks_[name] = t;
+    tasks[name] = t;
     return t;
   } catch (const kf::Error& e) {
     *error = e.what();
@@ -195,15 +317,15 @@ std::shared_ptr<const tasks::Task> EvaluatorService::task(const std::string& nam
   }
 }
 
-Result EvaluatorService::score(const replay::Candidate& c) {
+Result EvaluatorService::Impl::score(const replay::Candidate& c) {
   auto fail = [&](Verdict v, const std::string& reason, Cause cause) {
     Result r;
     r.task = c.task;
-    r.backend = tasks::backend_name(o_.backend);
+    r.backend = tasks::backend_name(o.backend);
     r.verdict = v;
     r.cause = cause;
     r.reason = reason;
-    r.reward = ev_.reward_model().failure_reward(v);
+    r.reward = ev.reward_model().failure_reward(v);
     return r;
   };
   if (c.source.empty())
@@ -212,104 +334,96 @@ Result EvaluatorService::score(const replay::Candidate& c) {
   std::string err;
   auto t = task(c.task, &err);
   if (!t) {
-    log_error("evaluator ", o_.evaluator_id, ": cannot score candidate ", c.id, ": ", err,
-              "; it is scored runtime_error and the evaluator goes on");
+    log_error(who, ": cannot score candidate ", c.id, ": ", err, "; it is scored runtime_error and the evaluator goes on");
     return fail(Verdict::runtime_error, "evaluator: " + err, Cause::environment);
   }
-  if (o_.other_format && o_.score_other && o_.other_format(c.source))
-    return o_.score_other(*t, o_.backend, c.source, c.id);
-  return ev_.evaluate(*t, o_.backend, c.source, c.id);
+  if (o.other_format && o.score_other && o.other_format(c.source)) return o.score_other(*t, o.backend, c.source, c.id);
+  return ev.evaluate(*t, o.backend, c.source, c.id);
 }
 
-void EvaluatorService::account(const Result& r, const replay::Candidate& c) {
-  ++stats_.scored;
-  auto& ctl = shm_.control();
-  ctl.add_counter(slot_, kScored, 1);
-  ctl.add_counter(slot_, replay::ControlBlock::kWorkMs, static_cast<uint64_t>(r.verify_s * 1e3));
-  ctl.add_counter(slot_, replay::ControlBlock::kCompileMs, static_cast<uint64_t>(r.compile_s * 1e3));
-  if (r.verdict == Verdict::rejected_cheat) ++stats_.rejected_cheat, ctl.add_counter(slot_, kCheat, 1);
-  if (r.verdict == Verdict::compile_error) ++stats_.compile_error, ctl.add_counter(slot_, kCompileError, 1);
-  if (r.cause == Cause::environment) ++stats_.environment, ctl.add_counter(slot_, kEnvironment, 1);
+void EvaluatorService::Impl::account(const Result& r, const replay::Candidate& c) {
+  ++stats.scored;
+  count(counter::kEvalScored, 1);
+  count(replay::ControlBlock::kWorkMs, static_cast<uint64_t>(r.verify_s * 1e3));
+  count(replay::ControlBlock::kCompileMs, static_cast<uint64_t>(r.compile_s * 1e3));
+  if (r.verdict == Verdict::rejected_cheat) ++stats.rejected_cheat, count(counter::kEvalCheat, 1);
+  if (r.verdict == Verdict::compile_error) ++stats.compile_error, count(counter::kEvalCompileError, 1);
+  if (r.cause == Cause::environment) ++stats.environment, count(counter::kEvalEnvironment, 1);
   if (r.task_degenerate) {
-    ++stats_.degenerate;
-    ctl.add_counter(slot_, kDegenerate, 1);
-    if (degenerate_logged_.insert(c.task).second)
-      log_warn("evaluator ", o_.evaluator_id, ": task ", c.task, " is degenerate (",
+    ++stats.degenerate;
+    count(counter::kEvalDegenerate, 1);
+    if (degenerate_logged.insert(c.task).second)
+      log_warn(who, ": task ", c.task, " is degenerate (",
                r.degenerate_reason.empty() ? "reference output nearly input-independent" : r.degenerate_reason,
                "); its ok kernels enter the kernel database with speedup 1.0 and its results ",
-               o_.train_on_degenerate_tasks ? "still go to the learner (evaluator.train_on_degenerate_tasks)"
-                                            : "are left out of training (evaluator.train_on_degenerate_tasks: false)");
+               o.train_on_degenerate_tasks ? "still go to the learner (evaluator.train_on_degenerate_tasks)"
+                                           : "are left out of training (evaluator.train_on_degenerate_tasks: false)");
   }
-  if (!r.ok()) return;
-  ++stats_.ok;
-  ctl.add_counter(slot_, kOk, 1);
-  // A degenerate task's speedup measures nothing: its correct kernels never rank as fast.
-  const double db_speedup = r.task_degenerate ? 1.0 : r.speedup;
-  const auto out = shm_.kernels().insert({c.task, db_speedup, c.policy_version, c.source, 0});
-  if (out == replay::InsertOutcome::inserted) ++stats_.kernels_inserted, ctl.add_counter(slot_, kKernelsInserted, 1);
+  if (r.ok()) ++stats.ok, count(counter::kEvalOk, 1);
 }
 
-bool EvaluatorService::retry_out_of_memory(const replay::Candidate& c, replay::ShmQueue::Slot claim, int attempt,
-                                           const std::string& what) {
+bool EvaluatorService::Impl::retry_out_of_memory(const replay::Claim& claim, int attempt, const std::string& what) {
+  const replay::Candidate& c = claim.candidate;
   tasks::release_device_cache();
   const std::string why = what.substr(0, what.find('\n')).substr(0, 200);
-  if (attempt + 1 >= o_.oom_attempts) {
-    log_error("evaluator ", o_.evaluator_id, ": out of GPU memory verifying candidate ", c.id, " of ", c.task, " on ",
-              attempt + 1, " tries (", why, "); it is scored runtime_error and the evaluator goes on");
+  if (attempt + 1 >= o.oom_attempts) {
+    log_error(who, ": out of GPU memory verifying candidate ", c.id, " of ", c.task, " on ", attempt + 1, " tries (",
+              why, "); it is scored runtime_error and the evaluator goes on");
     return false;
   }
-  const auto delay = o_.oom_retry_delay * (attempt + 1);
-  log_warn("evaluator ", o_.evaluator_id, ": out of GPU memory verifying candidate ", c.id, " of ", c.task, " (", why,
-           "); cache freed, verified again in ", delay.count(), " ms (try ", attempt + 2, " of ", o_.oom_attempts, ")");
-  retry_.push_back({c, claim, attempt + 1, std::chrono::steady_clock::now() + delay});
+  const auto delay = o.oom_retry_delay * (attempt + 1);
+  log_warn(who, ": out of GPU memory verifying candidate ", c.id, " of ", c.task, " (", why,
+           "); cache freed, verified again in ", delay.count(), " ms (try ", attempt + 2, " of ", o.oom_attempts, ")");
+  retry.push_back({claim, attempt + 1, std::chrono::steady_clock::now() + delay});
   return true;
 }
 
-std::size_t EvaluatorService::step() {
-  shm_.control().heartbeat(slot_);
-  std::vector<replay::Candidate> batch;
-  std::vector<replay::ShmQueue::Slot> claims;  // batch[i]'s slot, released once its result is stored
-  std::vector<int> attempts;                   // tries so far, per candidate of the batch
-  // Candidates put back after running out of GPU memory go first once due.
+std::size_t EvaluatorService::Impl::step() {
+  heartbeat();
+  std::vector<replay::Claim> batch;
+  std::vector<int> attempts;  // tries so far, per candidate of the batch
+  // Claims held after running out of GPU memory go first once due.
   const auto now = std::chrono::steady_clock::now();
-  while (!retry_.empty() && retry_.front().due <= now && batch.size() < o_.batch) {
-    batch.push_back(std::move(retry_.front().c));
-    claims.push_back(retry_.front().claim);
-    attempts.push_back(retry_.front().attempt);
-    retry_.pop_front();
+  while (!retry.empty() && retry.front().due <= now && batch.size() < o.batch) {
+    batch.push_back(std::move(retry.front().claim));
+    attempts.push_back(retry.front().attempt);
+    retry.pop_front();
   }
   if (batch.empty()) {
-    // The queue carries handles: each is resolved in its replay group here. One whose group
-    // is gone is counted lost and one already scored is acknowledged, each with a log line
-    // (CandidateQueue::claim); neither is scored.
-    replay::Unresolved un;
-    const std::size_t got = shm_.candidates().claim(batch, claims, o_.batch, o_.pop_timeout,
-                                                    "evaluator " + std::to_string(o_.evaluator_id), &un);
-    if (!un.gone.empty()) {
-      stats_.lost_group_gone += un.gone.size();
-      shm_.control().add_counter(slot_, kLost, un.gone.size());
+    // Claims whose group is gone or that were scored already are settled inside the source
+    // (each with a log line) and only counted here.
+    try {
+      source.claim(batch, o.batch, o.pop_timeout);
+    } catch (const std::exception& e) {
+      throw SourceError("claiming candidates from " + source.where() + " failed: " + e.what());
     }
-    stats_.already_scored += un.scored.size();
-    if (got == 0) return 0;
+    const uint64_t gone = source.unresolved_gone(), scored = source.unresolved_scored();
+    if (gone > seen_gone) stats.lost_group_gone += gone - seen_gone, count(counter::kEvalLost, gone - seen_gone);
+    if (scored > seen_scored) stats.already_scored += scored - seen_scored;
+    seen_gone = gone, seen_scored = scored;
+    if (batch.empty()) return 0;
     attempts.assign(batch.size(), 0);
   }
+  hold(batch, 0);
   std::size_t done = 0;
   // Compile the whole batch on the pool while the first candidates are verified.
-  const Backend abi = abi_backend(o_.backend);
+  const Backend abi = abi_backend(o.backend);
   std::vector<std::shared_future<CompileResult>> compiles(batch.size());
   std::vector<char> other(batch.size(), 0);  // another format (ServiceOptions::other_format): not compiled here
   for (std::size_t i = 0; i < batch.size(); ++i) {
-    other[i] = !batch[i].source.empty() && o_.other_format && o_.score_other && o_.other_format(batch[i].source);
-    if (!batch[i].source.empty() && !other[i]) compiles[i] = ev_.compiler().submit(batch[i].source, abi);
+    const std::string& src = batch[i].candidate.source;
+    other[i] = !src.empty() && o.other_format && o.score_other && o.other_format(src);
+    if (!src.empty() && !other[i]) compiles[i] = ev.compiler().submit(src, abi);
   }
   for (std::size_t i = 0; i < batch.size(); ++i) {
-    if (i > 0 && o_.stop && o_.stop->load()) {
-      log_warn("evaluator ", o_.evaluator_id, ": stopping on a signal; ", batch.size() - i,
-               " candidate(s) of its batch go back to the candidate queue unscored");
-      for (std::size_t j = i; j < batch.size(); ++j) give_back(claims[j], batch[j].id, "stop signal");
+    if (i > 0 && o.stop && o.stop->load()) {
+      log_warn(who, ": stopping on a signal; ", batch.size() - i, " candidate(s) of its batch go back unscored to ",
+               source.where());
+      for (std::size_t j = i; j < batch.size(); ++j) give_back(batch[j], "stop signal");
       break;
     }
-    const replay::Candidate& c = batch[i];
+    const replay::Claim& claim = batch[i];
+    const replay::Candidate& c = claim.candidate;
     Result r;
     std::string err;
     std::shared_ptr<const tasks::Task> t;
@@ -319,58 +433,72 @@ std::size_t EvaluatorService::step() {
       std::string oom;  // why, when the GPU ran out of memory
       try {
         if (other[i]) {
-          r = o_.score_other(*t, o_.backend, c.source, c.id);
+          r = o.score_other(*t, o.backend, c.source, c.id);
         } else {
-          Attempt a = evaluate_once(ev_, *t, o_.backend, compiles[i].get(), c.id);
+          Attempt a = evaluate_once(ev, *t, o.backend, compiles[i].get(), c.id);
           r = std::move(a.result);
           oom = std::move(a.out_of_memory);
         }
       } catch (const kf::Error& e) {
         // The task or the installation, not the candidate: say so, score it, go on.
-        log_error("evaluator ", o_.evaluator_id, ": verifying candidate ", c.id, " failed: ", e.what(),
+        log_error(who, ": verifying candidate ", c.id, " failed: ", e.what(),
                   "; scored runtime_error, the evaluator goes on");
         r.verdict = Verdict::runtime_error;
         r.cause = Cause::environment;
         r.reason = std::string("evaluator error: ") + e.what();
-        r.reward = ev_.reward_model().failure_reward(Verdict::runtime_error);
+        r.reward = ev.reward_model().failure_reward(Verdict::runtime_error);
       }
-      if (!oom.empty() && retry_out_of_memory(c, claims[i], attempts[i], oom)) continue;
+      if (!oom.empty() && retry_out_of_memory(claim, attempts[i], oom)) {
+        hold(batch, i + 1);
+        continue;
+      }
       if (!oom.empty()) {
         r.cause = Cause::environment;
-        r.reason = "out of GPU memory on " + std::to_string(o_.oom_attempts) + " tries: " + r.reason;
+        r.reason = "out of GPU memory on " + std::to_string(o.oom_attempts) + " tries: " + r.reason;
       }
     }
     ++done;
+    const int level = t ? t->level() : 0;
     account(r, c);
-    log_verdict(c, r, t ? t->level() : 0);
-    const replay::Result rec = to_record(r, c, o_.evaluator_id, o_.train_on_degenerate_tasks);
-    // The result goes into its group's empty slot; the claim is acknowledged only after
-    // that (a kill before the release puts the candidate back in the queue: scored again,
-    // the second result is counted duplicate and dropped by the replay).
-    bool joined = false;
+    log_verdict(c, r, level);
+    const replay::Result rec = to_record(r, c, o.evaluator_id, o.train_on_degenerate_tasks);
+    // The source stores the result, enters a verified kernel, then acknowledges the claim
+    // (a kill in between scores it twice, never zero times).
+    replay::Completion out;
+    bool stored = false;
     try {
-      joined = shm_.replay().add_result(rec);
-      shm_.candidates().raw().release(&claims[i], 1);
+      out = source.complete(claim, rec);
+      stored = true;
     } catch (const std::exception& e) {
-      ++stats_.results_dropped;
-      shm_.candidates().raw().drop(&claims[i], 1);
-      shm_.control().add_counter(slot_, kLost, 1);
-      log_error("evaluator ", o_.evaluator_id, ": storing the result of candidate ", c.id, " in the replay failed (",
-                e.what(),
-                "); the candidate is counted lost (candidate queue: dropped_by_consumer) and its group "
-                "will hit its deadline");
+      ++stats.results_dropped;
+      count(counter::kEvalLost, 1);
+      log_error(who, ": storing the result of candidate ", c.id, " in ", source.where(), " failed (", e.what(),
+                "); the candidate is counted lost and its group will hit its deadline");
+      try {
+        source.drop(claim);
+      } catch (const std::exception& d) {
+        throw SourceError("dropping candidate " + std::to_string(c.id) + " at " + source.where() + " failed: " +
+                          d.what());
+      }
     }
-    log_info(
-        "evaluator ", o_.evaluator_id, ": candidate ", c.id, " of ", c.task, ": ", verdict_name(r.verdict),
-        r.cause == Cause::environment ? " [environment]" : "", r.reason.empty() ? "" : " (" + r.reason + ")",
-        r.ok() ? ", speedup " + std::to_string(r.speedup) : "",
-        joined ? "" : "; not joined: its group is gone (evicted, or taken at its deadline) or it was scored already");
-    if (on_result_) on_result_(rec, r);
-    if (o_.backend == tasks::Backend::CUDA && o_.cache_limit_bytes > 0 &&
-        tasks::device_cache_reserved_bytes() > o_.cache_limit_bytes)
+    if (stored && out.kernel_inserted) ++stats.kernels_inserted, count(counter::kEvalKernelsInserted, 1);
+    if (stored && !out.first) ++stats.late;
+    hold(batch, i + 1);
+    log_info(who, ": candidate ", c.id, " of ", c.task, " (level ", level, "): ", verdict_name(r.verdict),
+             r.cause == Cause::environment ? " [environment]" : "", r.reason.empty() ? "" : " (" + r.reason + ")",
+             r.ok() ? ", speedup " + std::to_string(r.speedup) : "",
+             !stored      ? "; not stored: counted lost"
+             : !out.first ? "; a late duplicate: another evaluator's result for it counts"
+             : !out.joined
+                 ? "; not joined: its group is gone (evicted, or taken at its deadline) or it was scored already"
+                 : "");
+    if (on_result) on_result(rec, r);
+    if (o.backend == tasks::Backend::CUDA && o.cache_limit_bytes > 0 &&
+        tasks::device_cache_reserved_bytes() > o.cache_limit_bytes)
       tasks::release_device_cache();
-    shm_.control().heartbeat(slot_);
+    heartbeat();
   }
+  hold({}, 0);
   return done;
 }
 

@@ -1,4 +1,5 @@
-#include "kf/evaluator/evaluator.h"
+// Timing statistics of the verifier (stats.h; TimeSummary and summarize are public).
+#include "stats.h"
 
 #include <algorithm>
 #include <cmath>

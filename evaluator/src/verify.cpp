@@ -35,8 +35,11 @@
 #include "kf/common/log.h"
 #include "kf/evaluator/evaluator.h"
 #include "kf/tasks/tasks.h"
+#include "attempt.h"
 #include "check_plan.h"
+#include "reward.h"
 #include "sandbox.h"
+#include "stats.h"
 #include "tensor_check.h"
 
 namespace kf::evaluator {
@@ -1824,30 +1827,33 @@ std::size_t spec_bytes(const std::vector<tasks::TensorSpec>& specs) {
   return n;
 }
 
-}  // namespace
-
-GpuMemoryBudget* Evaluator::claim_gpu_memory(const tasks::Task& task, const EvalOptions& o) {
-  if (!impl_->gpu_memory) {
+// Claims the GPU memory of verifying one candidate of `task` from `budget` (made on first
+// use); null: no claim was had (it goes ahead without one).
+GpuMemoryBudget* claim_gpu_memory(std::unique_ptr<GpuMemoryBudget>& budget, const tasks::Task& task,
+                                  const EvalOptions& o) {
+  if (!budget) {
     const auto total = at::accelerator::getMemoryInfo(static_cast<c10::DeviceIndex>(o.device)).second;
-    impl_->gpu_memory = std::make_unique<GpuMemoryBudget>(
+    budget = std::make_unique<GpuMemoryBudget>(
         o.gpu_lock_dir, gpu_lock_key(o.device), static_cast<std::size_t>(o.gpu_memory_fraction * double(total)));
   }
   const auto b = tasks::Backend::CUDA;
   const std::size_t need =
       verify_gpu_bytes(spec_bytes(task.inputs(b)) + spec_bytes(task.params(b)), spec_bytes(task.outputs(b)));
   const auto t0 = Clock::now();
-  if (!impl_->gpu_memory->claim(need, std::chrono::milliseconds(int64_t(o.gpu_lock_timeout_s * 1000)))) {
+  if (!budget->claim(need, std::chrono::milliseconds(int64_t(o.gpu_lock_timeout_s * 1000)))) {
     log_warn("evaluator: ", task.name(), " needs ", need >> 20, " MiB of GPU memory; other evaluators claimed ",
-             impl_->gpu_memory->claimed_by_others() >> 20, " MiB of the ", impl_->gpu_memory->budget() >> 20,
-             " MiB budget (", impl_->gpu_memory->path(), ") for ", o.gpu_lock_timeout_s,
+             budget->claimed_by_others() >> 20, " MiB of the ", budget->budget() >> 20,
+             " MiB budget (", budget->path(), ") for ", o.gpu_lock_timeout_s,
              " s; verifying without a claim (an out-of-memory error is retried)");
     return nullptr;
   }
   if (ms_since(t0) > 1000)
     log_debug("evaluator: waited ", ms_since(t0) / 1000, " s for ", need >> 20, " MiB of GPU memory (", task.name(),
               ")");
-  return impl_->gpu_memory.get();
+  return budget.get();
 }
+
+}  // namespace
 
 Result Evaluator::evaluate_compiled(const tasks::Task& task, tasks::Backend backend, const CompileResult& cr,
                                     uint64_t candidate_seed) {
@@ -1890,7 +1896,7 @@ Result Evaluator::evaluate_compiled(const tasks::Task& task, tasks::Backend back
     }
   } release;
   const bool cuda = backend == tasks::Backend::CUDA;
-  if (cuda && o.gpu_memory_fraction > 0) release.b = claim_gpu_memory(task, o);
+  if (cuda && o.gpu_memory_fraction > 0) release.b = claim_gpu_memory(impl_->gpu_memory, task, o);
   if (release.b) res.gpu_claim_gb = double(release.b->held()) / double(1ull << 30);
   res.claim_wait_s = ms_since(t0) / 1000;
   if (cuda) tasks::reset_device_cache_peak();

@@ -19,11 +19,12 @@
 #include "kf/evaluator/evaluator.h"
 #include "kf/tasks/tasks.h"
 #include "modelnew.h"  // ModelNew (KernelBench-style .py) candidates: evaluator/modelnew/
+#include "worker_openmp.h"
 
 using namespace kf::evaluator;
 
 int main(int argc, char** argv) {
-  exec_with_worker_openmp();  // OpenMP threads sleep when they wait, as the worker's (evaluator.h)
+  exec_with_worker_openmp();  // OpenMP threads sleep when they wait, as the worker's (worker_openmp.h)
   CLI::App app{"Verify a candidate kernel against a task and time it"};
   std::string task_arg, kernel_path, backend_s, tasks_dir, arch = "sm_90", cache;
   bool json = false;

@@ -1,4 +1,6 @@
-// Several nodes (see cluster.h).
+// Several nodes, the parts without Redis (see cluster.h): the cluster.* options and their
+// checks, the Slurm plan, node reports as JSON, and the evaluator and learners nodes'
+// supervision loops. The Redis side is in cluster_net.cpp (or cluster_none.cpp).
 #include "cluster.h"
 
 #include <arpa/inet.h>
@@ -20,10 +22,6 @@
 #include "kf/replay/replay.h"
 #include "launch_common.h"
 #include "supervisor.h"
-
-#ifdef KF_HAVE_NETQUEUE
-#include "kf/netqueue/netqueue.h"
-#endif
 
 namespace kf::launch {
 namespace {
@@ -52,14 +50,6 @@ std::string numeric_address(const std::string& host, const std::string& key) {
   return buf;
 }
 }  // namespace
-
-bool cluster_supported() {
-#ifdef KF_HAVE_NETQUEUE
-  return true;
-#else
-  return false;
-#endif
-}
 
 namespace {
 // Where the learner ranks run, and whether that can work: ranks on several nodes talk only
@@ -269,353 +259,41 @@ std::vector<std::string> srun_argv(const SlurmPlan& plan, const std::vector<std:
   return a;
 }
 
-// ---------------------------------------------------------------- head: the server
-
-#ifdef KF_HAVE_NETQUEUE
-struct HeadServer::Impl {
-  netqueue::RedisServer server;
-  std::string bind;
-};
-HeadServer::HeadServer(const ClusterOptions& co, const RunDir& run) {
-  netqueue::ServerOptions so;
-  so.bind = co.bind;
-  so.port = co.port;
-  so.user = "kf";
-  so.password = co.password;
-  so.dir = run.sub("redis");
-  if (so.dir[0] != '/') {  // redis-server resolves its log file against its own folder
-    char cwd[4096];
-    if (::getcwd(cwd, sizeof cwd)) so.dir = std::string(cwd) + "/" + so.dir;
-  }
-  std::string bind;
-  for (const auto& b : co.bind) bind += (bind.empty() ? "" : ",") + b;
-  impl_ = std::make_unique<Impl>(Impl{netqueue::RedisServer::start(so), bind});
-}
-HeadServer::~HeadServer() { stop(); }
-void HeadServer::stop() {
-  if (impl_) impl_->server.stop();
-}
-bool HeadServer::alive() const { return impl_ && impl_->server.pid() > 0 && ::kill(impl_->server.pid(), 0) == 0; }
-std::string HeadServer::where() const {
-  return "redis-server pid " + std::to_string(impl_->server.pid()) + " on " + impl_->bind + ":" +
-         std::to_string(impl_->server.port());
-}
-#else
-struct HeadServer::Impl {};
-HeadServer::HeadServer(const ClusterOptions&, const RunDir&) {
-  throw Error("cluster.role: head needs the Redis queue, which this build lacks (no hiredis)");
-}
-HeadServer::~HeadServer() = default;
-void HeadServer::stop() {}
-bool HeadServer::alive() const { return false; }
-std::string HeadServer::where() const { return "none"; }
-#endif
-
-// ---------------------------------------------------------------- head: the bridge
-
-#ifdef KF_HAVE_NETQUEUE
-struct RemoteBridge::Impl {
-  replay::RunShm& shm;
-  ClusterOptions co;
-  bool train_on_degenerate = false;
-  netqueue::StreamQueue out, in, reports;
-  std::map<std::string, NodeSeconds> node_secs;  // newest report per node session (under mu)
-  Clock::time_point next_reports{};
-  bool bad_report_logged = false;
-  struct Held {
-    replay::ShmQueue::Slot claim;
-    std::string task, source;
-    int64_t policy_version = 0;
-    uint64_t group_id = 0;
-    uint32_t index_in_group = 0;
-  };
-  std::map<uint64_t, Held> held;  // candidate id -> its claim in the shm queue (thread only)
-  mutable std::mutex mu;
-  BridgeCounters c;
-  std::atomic<bool> stop{false};
-  std::thread thread;
-  bool failing = false;
-
-  Impl(replay::RunShm& s, const ClusterOptions& o, bool tod, netqueue::StreamQueue q_out, netqueue::StreamQueue q_in,
-       netqueue::StreamQueue q_reports)
-      : shm(s),
-        co(o),
-        train_on_degenerate(tod),
-        out(std::move(q_out)),
-        in(std::move(q_in)),
-        reports(std::move(q_reports)) {}
-
-  std::size_t dead_seen = 0;  // entries of kf:candidates:dead already handled
-  std::chrono::steady_clock::time_point next_dead_check{};
-  void results_back();
-  void candidates_out(bool wait);
-  void dead_letters();
-  void node_reports();
-  void loop();
-};
-
-// Evaluator and actor nodes' seconds (NodeReporter): the newest report per session.
-void RemoteBridge::Impl::node_reports() {
-  const auto now = Clock::now();
-  if (now < next_reports) return;
-  next_reports = now + 250ms;
-  const auto msgs = reports.take(256, 0ms);
-  if (msgs.empty()) return;
-  std::vector<std::string> ids;
-  for (const auto& m : msgs) {
-    ids.push_back(m.id);
-    try {
-      auto [session, secs] = decode_node_report(m.data, std::string(kNodeSecondsStream) + " entry " + m.id);
-      std::lock_guard<std::mutex> g(mu);
-      node_secs[session].raise_to(secs);
-      ++c.reports;
-    } catch (const std::exception& e) {
-      if (!bad_report_logged)
-        log_error("launch: redis bridge: ", e.what(),
-                  "; dropped (the time split leaves it out; further ones are "
-                  "dropped silently)");
-      bad_report_logged = true;
-    }
-  }
-  reports.ack(ids);
-}
-
-void RemoteBridge::Impl::results_back() {
-  const auto msgs = in.take(256, 50ms);
-  if (msgs.empty()) return;
-  std::vector<std::string> ids;
-  for (const auto& m : msgs) {
-    ids.push_back(m.id);
-    auto it = held.find(m.tag);
-    if (it == held.end()) {
-      std::lock_guard<std::mutex> g(mu);
-      ++c.duplicates;
-      log_warn("launch: redis bridge: a second result for candidate ", m.tag,
-               " (it was already scored, or its claim is gone); dropped and counted as a duplicate");
-      continue;
-    }
-    Held& h = it->second;
-    replay::Result r;
-    try {
-      r = replay::decode_result(reinterpret_cast<const unsigned char*>(m.data.data()), m.data.size(),
-                                "kf:results entry " + m.id);
-    } catch (const std::exception& e) {
-      r = replay::Result{};
-      r.verdict = replay::Verdict::runtime_error;
-      r.cause = replay::Cause::environment;
-      r.reason = std::string("the result did not decode: ") + e.what();
-      log_error("launch: redis bridge: result of candidate ", m.tag, " did not decode (", e.what(),
-                "); scored runtime_error (environment) so that its group completes");
-    }
-    // Routing comes from the candidate this node holds, not from the network.
-    r.candidate_id = m.tag;
-    r.group_id = h.group_id;
-    r.index_in_group = h.index_in_group;
-    // Into the group's empty slot, as a local evaluator writes it (a result whose group is
-    // gone is counted orphan by the replay); then the claim is acknowledged.
-    bool stored = true;
-    try {
-      (void)shm.replay().add_result(r);
-    } catch (const std::exception& e) {
-      stored = false;
-      shm.candidates().raw().drop(&h.claim, 1);
-      std::lock_guard<std::mutex> g(mu);
-      ++c.unstored;
-      log_error("launch: redis bridge: storing the result of candidate ", m.tag, " in the replay failed (", e.what(),
-                "); the candidate is counted lost (dropped) and its group will hit its deadline");
-    }
-    if (stored) {
-      shm.candidates().raw().release(&h.claim, 1);
-      if (r.verdict == replay::Verdict::ok) {
-        const double db_speedup = r.task_degenerate ? 1.0 : r.speedup;
-        (void)shm.kernels().insert({h.task, db_speedup, h.policy_version, h.source, 0});
-      }
-      std::lock_guard<std::mutex> g(mu);
-      ++c.results;
-    }
-    held.erase(it);
-    std::lock_guard<std::mutex> g(mu);
-    c.on_network = held.size();
-  }
-  in.ack(ids);
-}
-
-void RemoteBridge::Impl::candidates_out(bool wait) {
-  if (held.size() >= co.bound) return;
-  const std::size_t room = std::min<std::size_t>(64, co.bound - held.size());
-  std::vector<replay::Candidate> batch;
-  std::vector<replay::ShmQueue::Slot> claims;
-  // The shm queue holds handles; evaluator nodes cannot reach this node's shared memory, so
-  // each candidate is read from its replay group here and sent whole. A handle whose group
-  // is gone is counted lost (candidate ledger: dropped) and one already scored is
-  // acknowledged, each with a log line (CandidateQueue::claim).
-  if (shm.candidates().claim(batch, claims, room, wait ? 50ms : 0ms, "launch: redis bridge") == 0) return;
-  std::vector<netqueue::Outgoing> recs;
-  for (const auto& cand : batch) {
-    std::string bytes(replay::encoded_size(cand), '\0');
-    replay::encode(cand, reinterpret_cast<unsigned char*>(bytes.data()));
-    recs.push_back({cand.id, std::move(bytes)});
-  }
-  std::size_t n = 0;
-  try {
-    n = out.push_batch(recs, 1000ms);
-  } catch (...) {
-    // Some may have gone in: they come back (if ever) as duplicates of the re-sent ones.
-    shm.candidates().raw().give_back(claims.data(), claims.size());
-    throw;
-  }
-  for (std::size_t i = 0; i < n; ++i) {
-    const auto& b = batch[i];
-    held[b.id] = Held{claims[i], b.task, b.source, b.policy_version, b.group_id, b.index_in_group};
-  }
-  if (n < batch.size()) shm.candidates().raw().give_back(claims.data() + n, batch.size() - n);
-  std::lock_guard<std::mutex> g(mu);
-  c.sent += n;
-  c.on_network = held.size();
-}
-
-// A candidate that killed or hung cluster.redis max deliveries' evaluators is moved to
-// kf:candidates:dead by the queue and never comes back: its claim here is dropped
-// (counted lost, "dropped", in the candidate account), one line each.
-void RemoteBridge::Impl::dead_letters() {
-  const auto now = std::chrono::steady_clock::now();
-  if (now < next_dead_check) return;
-  next_dead_check = now + 2s;
-  const uint64_t dead = out.depth().dead;
-  if (dead <= dead_seen) return;
-  const auto entries = out.dead_letters(static_cast<std::size_t>(dead));
-  for (std::size_t i = dead_seen; i < entries.size(); ++i) {
-    const auto& f = entries[i];
-    std::string reason, tag;
-    for (std::size_t k = 0; k + 1 < f.size(); k += 2) {
-      if (f[k] == "reason") reason = f[k + 1];
-      if (f[k] == "t") tag = f[k + 1];
-    }
-    uint64_t id = 0;
-    try {
-      id = std::stoull(tag);
-    } catch (...) {
-      continue;
-    }
-    auto it = held.find(id);
-    if (it == held.end()) continue;
-    shm.candidates().raw().drop(&it->second.claim, 1);
-    log_error("launch: redis bridge: candidate ", id, " of ", it->second.task, " was moved to kf:candidates:dead (",
-              reason, "); counted lost (dropped), its group completes at its deadline");
-    held.erase(it);
-    std::lock_guard<std::mutex> g(mu);
-    ++c.dead;
-    c.on_network = held.size();
-  }
-  dead_seen = entries.size();
-}
-
-void RemoteBridge::Impl::loop() {
-  while (!stop.load()) {
-    try {
-      results_back();
-      dead_letters();
-      node_reports();
-      candidates_out(held.empty());
-      if (failing) log_info("launch: redis bridge: the server at ", co.host, ":", co.port, " answers again");
-      failing = false;
-    } catch (const std::exception& e) {
-      {
-        std::lock_guard<std::mutex> g(mu);
-        ++c.errors;
-      }
-      if (!failing)
-        log_error("launch: redis bridge: ", e.what(),
-                  "; candidates on the network keep their claims, retrying every 1 s");
-      failing = true;
-      std::this_thread::sleep_for(1s);
-    }
-  }
-}
-
-RemoteBridge::RemoteBridge(replay::RunShm& shm, const ClusterOptions& co, bool train_on_degenerate_tasks) {
-  netqueue::StreamConfig sc;
-  sc.host = co.bind.empty() ? co.host : co.bind.front();  // the head reaches its own server where it listens
-  if (sc.host == "0.0.0.0") sc.host = "127.0.0.1";
-  sc.port = co.port;
-  sc.password = co.password;
-  sc.bound = co.bound;
-  sc.consumer = "bridge-" + co.node_name;
-  netqueue::StreamConfig rc = sc;
-  rc.stream = "kf:results";
-  rc.group = "replay";
-  rc.consumer = "replay-" + co.node_name;
-  rc.bound = 1u << 30;  // results are appended by ack_forward; the candidates' bound limits them
-  netqueue::StreamConfig nc = rc;
-  nc.stream = kNodeSecondsStream;
-  nc.group = "head";
-  nc.consumer = "head-" + co.node_name;
-  impl_ = std::make_unique<Impl>(shm, co, train_on_degenerate_tasks, netqueue::StreamQueue::open(sc),
-                                 netqueue::StreamQueue::open(rc), netqueue::StreamQueue::open(nc));
-  Impl* m = impl_.get();
-  m->thread = std::thread([m] { m->loop(); });
-}
-
-RemoteBridge::~RemoteBridge() { stop(); }
-
-void RemoteBridge::stop() {
-  if (!impl_ || !impl_->thread.joinable()) return;
-  impl_->stop = true;
-  impl_->thread.join();
-  if (!impl_->held.empty())
-    log_warn("launch: redis bridge stopped with ", impl_->held.size(),
-             " candidate(s) still on the network (no result came back); the candidate account counts them in flight");
-}
-
-BridgeCounters RemoteBridge::counters() const {
-  std::lock_guard<std::mutex> g(impl_->mu);
-  return impl_->c;
-}
-
-bool RemoteBridge::idle() const {
-  return counters().on_network == 0 && impl_->shm.candidates().raw().stats().queued == 0;
-}
-
-std::map<std::string, NodeSeconds> RemoteBridge::node_seconds() const {
-  std::lock_guard<std::mutex> g(impl_->mu);
-  return impl_->node_secs;
-}
-
-uint64_t RemoteBridge::reported_verdicts() const {
-  std::lock_guard<std::mutex> g(impl_->mu);
-  uint64_t n = 0;
-  for (const auto& [k, v] : impl_->node_secs) n += v.verdicts;
-  return n;
-}
-#else
-struct RemoteBridge::Impl {};
-RemoteBridge::RemoteBridge(replay::RunShm&, const ClusterOptions&, bool) {
-  throw Error("cluster.role: head needs the Redis queue, which this build lacks (no hiredis)");
-}
-RemoteBridge::~RemoteBridge() = default;
-void RemoteBridge::stop() {}
-BridgeCounters RemoteBridge::counters() const { return {}; }
-bool RemoteBridge::idle() const { return true; }
-std::map<std::string, NodeSeconds> RemoteBridge::node_seconds() const { return {}; }
-uint64_t RemoteBridge::reported_verdicts() const { return 0; }
-#endif
-
 // ---------------------------------------------------------------- node seconds
 
-std::string encode_node_report(const std::string& session, const NodeSeconds& s) {
-  return nlohmann::json{{"session", session},     {"generate_s", s.generate_s}, {"compile_s", s.compile_s},
-                        {"verify_s", s.verify_s}, {"gpu_wait_s", s.gpu_wait_s}, {"verdicts", s.verdicts}}
+std::string encode_node_report(const NodeReport& r) {
+  const NodeSeconds& s = r.figures;
+  return nlohmann::json{{"session", r.session},
+                        {"role", r.role},
+                        {"done", r.done},
+                        {"generate_s", s.generate_s},
+                        {"compile_s", s.compile_s},
+                        {"verify_s", s.verify_s},
+                        {"gpu_wait_s", s.gpu_wait_s},
+                        {"verdicts", s.verdicts},
+                        {"pushed", s.pushed},
+                        {"extraction_failures", s.extraction_failures},
+                        {"lag_sum", s.lag_sum}}
       .dump();
 }
 
-std::pair<std::string, NodeSeconds> decode_node_report(const std::string& text, const std::string& context) {
+NodeReport decode_node_report(const std::string& text, const std::string& context) {
   try {
     const auto j = nlohmann::json::parse(text);
-    NodeSeconds s{j.at("generate_s").get<double>(), j.at("compile_s").get<double>(), j.at("verify_s").get<double>(),
-                  j.at("gpu_wait_s").get<double>(), j.at("verdicts").get<uint64_t>()};
-    const std::string session = j.at("session").get<std::string>();
-    if (session.empty()) throw Error("empty session");
-    return {session, s};
+    NodeReport r;
+    r.figures = {j.at("generate_s").get<double>(),
+                 j.at("compile_s").get<double>(),
+                 j.at("verify_s").get<double>(),
+                 j.at("gpu_wait_s").get<double>(),
+                 j.at("verdicts").get<uint64_t>(),
+                 j.value("pushed", uint64_t{0}),
+                 j.value("extraction_failures", uint64_t{0}),
+                 j.value("lag_sum", uint64_t{0})};
+    r.session = j.at("session").get<std::string>();
+    r.role = j.value("role", std::string());
+    r.done = j.value("done", false);
+    if (r.session.empty()) throw Error("empty session");
+    return r;
   } catch (const std::exception& e) {
     throw Error(context + ": not a node report (" + e.what() + ")");
   }
@@ -641,67 +319,6 @@ void add_verdict_seconds(const std::string& path, uint64_t* offset, NodeSeconds*
   }
   *offset += end + 1;
 }
-
-#ifdef KF_HAVE_NETQUEUE
-struct NodeReporter::Impl {
-  ClusterOptions co;
-  std::string session;
-  std::unique_ptr<netqueue::StreamQueue> q;
-  NodeSeconds sent;
-  bool any_sent = false, failing = false;
-  Clock::time_point next{};
-};
-NodeReporter::NodeReporter(const ClusterOptions& co) : impl_(std::make_unique<Impl>()) {
-  impl_->co = co;
-  const auto ms =
-      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
-          .count();
-  impl_->session = co.node_name + "/" + std::to_string(::getpid()) + "/" + std::to_string(ms);
-}
-NodeReporter::~NodeReporter() = default;
-const std::string& NodeReporter::session() const { return impl_->session; }
-void NodeReporter::report(const NodeSeconds& s, bool force) {
-  Impl& m = *impl_;
-  const auto now = Clock::now();
-  if (!force && now < m.next) return;
-  if (m.any_sent && s == m.sent) return;
-  m.next = now + 500ms;
-  try {
-    if (!m.q) {
-      netqueue::StreamConfig sc;
-      sc.host = m.co.host;
-      sc.port = m.co.port;
-      sc.password = m.co.password;
-      sc.stream = kNodeSecondsStream;
-      sc.group = "head";
-      sc.bound = 4096;
-      sc.connect_timeout = 1000ms;
-      sc.io_timeout = 2000ms;
-      m.q = std::make_unique<netqueue::StreamQueue>(netqueue::StreamQueue::open(sc));
-    }
-    // Cumulative figures: a report that finds the stream full is dropped, the next carries it.
-    if (m.q->push(0, encode_node_report(m.session, s), 100ms)) {
-      m.sent = s;
-      m.any_sent = true;
-    }
-    m.failing = false;
-  } catch (const std::exception& e) {
-    m.q.reset();
-    if (!m.failing)
-      log_warn("launch: node ", m.co.node_name, ": reporting its seconds to the head failed (", e.what(),
-               "); the head's time split misses them until a report gets through");
-    m.failing = true;
-  }
-}
-#else
-struct NodeReporter::Impl {
-  std::string session;
-};
-NodeReporter::NodeReporter(const ClusterOptions&) : impl_(std::make_unique<Impl>()) {}
-NodeReporter::~NodeReporter() = default;
-const std::string& NodeReporter::session() const { return impl_->session; }
-void NodeReporter::report(const NodeSeconds&, bool) {}
-#endif
 
 // ---------------------------------------------------------------- evaluator node
 
@@ -836,10 +453,8 @@ int run_evaluator_node(const Config& cfg, const RunDir& run, const std::string& 
     w.log_path = run.sub("logs") + "/evaluator-" + std::to_string(i) + ".out";
     sup.add(w);
   }
-  log_info("launch: evaluator node ", co.node_name, ": ", n, " remote evaluator(s) taking candidates from redis at ",
-           co.host, ":", co.port, "; logs in ", run.sub("logs"),
-           "; the node ends when the head's server has been "
-           "gone for ",
+  log_info("launch: evaluator node ", co.node_name, ": ", n, " evaluator(s) taking candidates from redis at ", co.host,
+           ":", co.port, "; logs in ", run.sub("logs"), "; the node ends when the head's server has been gone for ",
            co.gone_after.count() / 1000.0, " s");
   for (int i = 0; i < n; ++i) {
     sup.start(static_cast<std::size_t>(i));
@@ -851,12 +466,14 @@ int run_evaluator_node(const Config& cfg, const RunDir& run, const std::string& 
   const double status_every = cfg.get_float("launch.status_every_s");
   auto next_status = Clock::now() + std::chrono::milliseconds(static_cast<long long>(status_every * 1000));
   // The head's time split: the compile and verify seconds of this node's verdict lines.
-  NodeReporter reporter(co);
+  NodeReporter reporter(co, "evaluators");
+  // The run ends for this node when the head's server is gone (the head stops it last).
+  HeadWatch head(co);
   NodeSeconds secs;
   std::vector<uint64_t> offsets(static_cast<std::size_t>(n), 0);
   auto next_read = Clock::now();
   int handled = 0;
-  bool failed = false;
+  bool failed = false, head_gone = false;
   for (;;) {
     if (Clock::now() >= next_read) {
       next_read = Clock::now() + 250ms;
@@ -864,6 +481,15 @@ int run_evaluator_node(const Config& cfg, const RunDir& run, const std::string& 
         add_verdict_seconds(run.sub("metrics") + "/verdicts-" + std::to_string(i) + ".jsonl",
                             &offsets[static_cast<std::size_t>(i)], &secs);
       reporter.report(secs);
+      (void)head.run_state();
+      if (!head_gone && handled == 0 && head.gone()) {
+        head_gone = true;
+        log_info("launch: evaluator node ", co.node_name, ": the head's server has not answered for ",
+                 co.gone_after.count() / 1000.0,
+                 " s (cluster.redis.gone_after_s): the run ended or the head died; the evaluators stop");
+        for (auto& w : sup.workers()) w.restart_pending = false;
+        sup.signal_role("", SIGTERM);
+      }
     }
     const int sig = signals ? signals->load() : 0;
     if (sig > handled) {
@@ -885,7 +511,7 @@ int run_evaluator_node(const Config& cfg, const RunDir& run, const std::string& 
         log_info("launch: ", w.name(), " exited normally");
         continue;
       }
-      if (handled > 0) {
+      if (handled > 0 || head_gone) {
         log_warn("launch: ", w.name(), " ", describe_exit(e), " while stopping");
         continue;
       }
@@ -921,8 +547,9 @@ int run_evaluator_node(const Config& cfg, const RunDir& run, const std::string& 
   } catch (const std::exception& e) {
     log_warn("launch: clearing the scratch folders failed: ", e.what());
   }
-  log_info("launch: evaluator node ", co.node_name, " finished", failed ? " (an evaluator kept dying)" : "",
-           "; logs in ", run.sub("logs"));
+  log_info("launch: evaluator node ", co.node_name, " finished", failed ? " (an evaluator kept dying)" : "", "; ",
+           secs.verdicts, " verdict(s), compile ", secs.compile_s, " s, verify ", secs.verify_s,
+           " s (reported to the head as session ", reporter.session(), "); logs in ", run.sub("logs"));
   return failed ? 1 : 0;
 }
 

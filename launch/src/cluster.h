@@ -1,22 +1,32 @@
-// Several nodes: the head node (replay, learner, actors, a Redis server) and evaluator
-// nodes fed from it over Redis Streams (kf::netqueue; docs/operations.md, "Several nodes").
+// Several nodes: one Redis server on the head, and every process of every node moving its
+// work through it with the network transport (kf/transport/transport.h; docs/architecture.md,
+// "Several nodes"). The launchers here only supervise: they start and restart processes,
+// start the server (head), write the run's state into it (kf:run:state), and read what it
+// counts (stream depths and counters, the nodes' reports) for the status and the closing
+// account. No launcher moves a candidate, a result, a group or a kernel.
 //
 //   cluster.role = all        one node, shared memory only (the default; nothing here runs)
-//   cluster.role = head       the launcher starts redis-server (password, bound addresses)
-//                             and a RemoteBridge thread; cluster.head_evaluators local evaluators,
-//                             cluster.head_actors local actors (-1: actors.count; 0: only
-//                             actor nodes sample)
-//   cluster.role = evaluators the launcher starts N `kf-evaluator --remote` processes
-//                             (run_evaluator_node) and restarts them; no shared memory
+//   cluster.role = head       the launcher starts redis-server (password, bound addresses),
+//                             the learner ranks, cluster.head_evaluators evaluators and
+//                             cluster.head_actors actors (-1: actors.count; 0: only actor
+//                             nodes sample), every one on the network transport
+//   cluster.role = evaluators the launcher starts N kf-evaluator processes that take
+//                             candidates from the head's server (run_evaluator_node) and
+//                             restarts them; no shared memory
 //   cluster.role = learners   the launcher starts learner ranks whose groups come from the
 //                             head's rank 0 through Redis (run_learner_node); NCCL only
-//   cluster.role = actors     the launcher runs actors on a replay segment of its own and
-//                             sends their groups to the head (actor_nodes.h, run_actor_node)
+//   cluster.role = actors     the launcher runs actors that publish to the head's server, on
+//                             a run shared memory of this node for the weights and kernels
+//                             they mirror from it (actor_nodes.h, run_actor_node)
 //   tools/launch CONFIG --slurm  maps SLURM_NODEID to a role (slurm_plan) and, outside a job
 //                             step, execs the srun line that starts one launcher per node
 //
-// Threading: ClusterOptions / slurm_* are plain functions (any thread). A RemoteBridge
-// owns one thread; start/stop/counters from the launcher's main thread.
+// Which source files hold the Redis side is chosen by launch/CMakeLists.txt: cluster_net.cpp
+// when kf_netqueue was built, else cluster_none.cpp (the same functions, refusing the roles).
+//
+// Threading: ClusterOptions / slurm_* are plain functions (any thread). HeadServer,
+// ClusterWatch, HeadWatch and NodeReporter each hold their own connection: one object per
+// thread, called from a launcher's main loop. None of them starts a thread.
 #pragma once
 #include <atomic>
 #include <chrono>
@@ -115,55 +125,62 @@ class HeadServer {
   std::unique_ptr<Impl> impl_;
 };
 
-// --- head: candidates to the network, results back
-struct BridgeCounters {
-  uint64_t sent = 0;        // candidates pushed to kf:candidates
-  uint64_t on_network = 0;  // sent, result not yet back (their shm claims are held)
-  uint64_t results = 0;     // results written into the replay (add_result)
-  uint64_t duplicates = 0;  // a second result for a candidate: dropped
-  uint64_t unstored = 0;    // the replay could not store it: dropped, candidate counted lost
-  uint64_t dead = 0;        // dead-lettered (killed or hung max_deliveries evaluators): counted lost
-  uint64_t errors = 0;      // Redis errors (each logged; the bridge retries)
-  uint64_t reports = 0;     // node reports taken from kf:node_seconds
+// --- head: what the server counts, for the live status and the closing account. Every
+// candidate an actor (of any node) publishes goes into kf:candidates and leaves it once:
+// with its result into kf:results (scored: one result per candidate, whichever evaluator of
+// whichever node sent it), into kf:candidates:dead (it killed or hung cluster.redis max
+// deliveries evaluators, or did not parse), or dropped by an evaluator that could not store
+// its result. So, once the processes' counts are in (each adds its own to kf:counts at most
+// a second late, and when it closes):
+//   created = scored + lost + queued + in flight
+// Results then wait in kf:results, and groups in kf:groups, until the head's learner rank 0
+// joins them into the head's replay (results_waiting, groups_waiting).
+struct NetworkAccount {
+  bool read = false;             // the server answered at least once (else every figure is 0)
+  uint64_t created = 0;          // candidates actors published into kf:candidates
+  uint64_t scored = 0;           // results evaluators sent into kf:results
+  uint64_t dead = 0;             // moved to kf:candidates:dead (the server's count)
+  uint64_t dropped = 0;          // claims evaluators dropped
+  uint64_t queued = 0;           // in kf:candidates, not taken by an evaluator yet
+  uint64_t in_flight = 0;        // taken by an evaluator, no result yet
+  uint64_t results_waiting = 0;  // in kf:results, not joined into the head's replay yet
+  uint64_t groups_waiting = 0;   // in kf:groups, not opened in the head's replay yet
+  // What the processes counted besides (netqueue::NetworkCounts): actors, evaluators, and
+  // the head's learner rank 0 joining groups and results into the head's replay.
+  uint64_t groups_published = 0, known_results = 0, unqueued = 0;
+  uint64_t results_late = 0, claimed_again = 0, undecodable = 0;
+  uint64_t groups_opened = 0, groups_dropped = 0, groups_duplicate = 0;
+  uint64_t results_joined = 0, results_orphan = 0, results_duplicate = 0, kernels_inserted = 0;
+  uint64_t lost() const { return dead + dropped; }
+  bool balanced() const { return created == scored + lost() + queued + in_flight; }
 };
 
-class RemoteBridge {
- public:
-  // Opens both streams (throws kf::Error naming the server on failure) and starts the thread.
-  RemoteBridge(replay::RunShm& shm, const ClusterOptions& co, bool train_on_degenerate_tasks);
-  ~RemoteBridge();  // stop()
-  // Stops the thread; candidates still on the network keep their claims (counted in
-  // flight by the candidate ledger).
-  void stop();
-  BridgeCounters counters() const;
-  // No candidate queued in shared memory and none on the network.
-  bool idle() const;
-  // The newest seconds each node launcher session reported (kNodeSecondsStream), and the
-  // verdict lines they summed, over the sessions this bridge heard from.
-  std::map<std::string, NodeSeconds> node_seconds() const;
-  uint64_t reported_verdicts() const;
-
- private:
-  struct Impl;
-  std::unique_ptr<Impl> impl_;
-};
-
-// --- Seconds of work on other nodes, for the head's time split. Each evaluator or actor
-// node's launcher sums its processes' seconds (evaluator nodes: compile_s and verify_s of
+// --- Nodes' reports, for the head's time split and its drain. Each evaluator or actor
+// node's launcher sums its processes' figures (evaluator nodes: compile_s and verify_s of
 // their evaluators' verdict lines; actor nodes: their actors' control-block counters) and
 // pushes the cumulative figures of its session, as JSON, to this stream at most every
-// 0.5 s when they changed; the head's bridge takes them (consumer group "head") and keeps
-// the newest per session. A session is one launcher of one node ("<node>/<pid>/<start ms>").
+// 0.5 s when they changed, and a last one marked done when its processes have all exited.
+// The head's ClusterWatch takes them (consumer group "head") and keeps the newest per
+// session. A session is one launcher of one node ("<node>/<pid>/<start ms>").
 inline constexpr const char* kNodeSecondsStream = "kf:node_seconds";
+
+struct NodeReport {
+  std::string session;
+  std::string role;  // evaluators | actors
+  NodeSeconds figures;
+  bool done = false;  // the node's processes have all exited (its last report)
+};
 
 class NodeReporter {
  public:
-  explicit NodeReporter(const ClusterOptions& co);
+  NodeReporter(const ClusterOptions& co, std::string role);
   ~NodeReporter();
-  // Sends s when it changed since the last send and `every` has passed (or force). A Redis
+  // Sends s when it changed since the last send and 0.5 s have passed (or force). A Redis
   // error is logged once per episode and the next call tries again (nothing is queued up:
   // the figures are cumulative).
   void report(const NodeSeconds& s, bool force = false);
+  // The last report (done): sent even when s did not change. False when it did not get through.
+  bool finish(const NodeSeconds& s);
   const std::string& session() const;
 
  private:
@@ -171,12 +188,59 @@ class NodeReporter {
   std::unique_ptr<Impl> impl_;
 };
 // One report as JSON, and back (throws kf::Error naming `context` on a malformed report).
-std::string encode_node_report(const std::string& session, const NodeSeconds& s);
-std::pair<std::string, NodeSeconds> decode_node_report(const std::string& text, const std::string& context);
+std::string encode_node_report(const NodeReport& r);
+NodeReport decode_node_report(const std::string& text, const std::string& context);
 // Adds the complete lines appended to an evaluator's verdict log since *offset (compile_s,
 // verify_s, one verdict each) and moves *offset past them; a torn last line waits for the
 // next call. A missing file adds nothing.
 void add_verdict_seconds(const std::string& path, uint64_t* offset, NodeSeconds* s);
+
+// --- head: the launcher's view of its server (supervision only). It writes the run's
+// state (kf:run:state: running | draining; actor nodes stop their actors on draining) and
+// reads the nodes' reports, the account above and whether an actor node has announced
+// itself (kf:actor_nodes, set by actor nodes' actors). Errors are logged once per episode
+// and counted; the figures keep their last values.
+class ClusterWatch {
+ public:
+  // Reaches the head's own server where it listens (co.bind, else co.host). Connects lazily.
+  explicit ClusterWatch(const ClusterOptions& co);
+  ~ClusterWatch();
+  // Remembers the state and writes it at the next poll (and again every second, so a node
+  // that connects late reads it).
+  void set_run_state(const std::string& state);
+  // One round (writes the state, takes reports, reads the account), at most every 250 ms
+  // unless `now`. False when the server did not answer.
+  bool poll(bool now = false);
+  NetworkAccount account() const;
+  std::map<std::string, NodeSeconds> node_seconds() const;  // newest figures per session
+  uint64_t reported_verdicts() const;                        // verdict lines, over the sessions
+  bool actor_nodes_seen() const;
+  // Actor-node sessions whose actors still run: reported, not done, heard from within
+  // cluster.redis.gone_after_s.
+  int actor_nodes_running() const;
+  uint64_t errors() const;
+  std::string where() const;  // "redis at HOST:PORT"
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// --- actor or evaluator node: the head's run state, read from its server at most every
+// 0.5 s. gone(): the server has not answered for cluster.redis.gone_after_s.
+class HeadWatch {
+ public:
+  explicit HeadWatch(const ClusterOptions& co);
+  ~HeadWatch();
+  // "running", "draining", or "" before the head wrote one; errors are logged once per
+  // episode (the last state read stays).
+  std::string run_state();
+  bool gone() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 // What an evaluator node needs before it starts (evaluator keys, tasks.dir, run name,
 // cluster keys and the password); throws kf::Error naming the key.
@@ -194,8 +258,9 @@ void preflight_learner_node(const Config& cfg);
 int run_learner_node(const Config& cfg, const RunDir& run, const std::string& binary_dir, bool resumed,
                      const std::atomic<int>* signals);
 
-// --- evaluator node: supervise `kf-evaluator --remote` processes until they have all
-// exited 0 (the head's server gone for cluster.redis.gone_after_s) or a stop signal.
+// --- evaluator node: supervise kf-evaluator processes (network transport: candidates from
+// the head's server, results back to it) until they have all exited 0 (the head's server
+// gone for cluster.redis.gone_after_s) or a stop signal.
 int run_evaluator_node(const Config& cfg, const RunDir& run, const std::string& binary_dir,
                        const std::atomic<int>* signals);
 

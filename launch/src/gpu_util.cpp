@@ -1,3 +1,4 @@
+// GPU utilization for the live status, read through NVML opened at run time (see gpu_util.h).
 #include "gpu_util.h"
 
 #include <dlfcn.h>

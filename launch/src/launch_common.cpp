@@ -1,3 +1,5 @@
+// What the cluster and serial modes share (see launch_common.h): GPUs, the run's outputs and
+// launch state, run names, dead runs' shared memory, sandbox scratch folders.
 #include "launch_common.h"
 
 #include <torch/cuda.h>
@@ -132,7 +134,7 @@ std::vector<std::string> remove_dead_run_shm(const std::string& key, bool lock_t
   if (replay::ShmSegment::probe(ctl) == replay::SegmentState::Live) {
     int32_t pid = 0;
     try {
-      pid = replay::ControlBlock::attach(ctl, std::chrono::milliseconds(200)).segment().header()->creator_pid;
+      pid = replay::ControlBlock::attach(ctl, std::chrono::milliseconds(200)).segment().creator_pid();
     } catch (const std::exception&) {
     }
     throw Error("run '" + key + "': its launcher" + (pid > 0 ? " (pid " + std::to_string(pid) + ")" : std::string()) +
@@ -213,9 +215,21 @@ double load_launch_state(const RunDir& run, RunMonitor& monitor) {
   }
 }
 
+nlohmann::json read_launch_state(const RunDir& run) {
+  const std::string p = launch_state_path(run);
+  if (access(p.c_str(), R_OK) != 0) return nlohmann::json::object();
+  try {
+    auto j = nlohmann::json::parse(read_file(p));
+    return j.is_object() ? j : nlohmann::json::object();
+  } catch (const std::exception&) {
+    return nlohmann::json::object();
+  }
+}
+
 void save_launch_state(const RunDir& run, const RunMonitor& monitor, double elapsed_s, const char* when,
-                       int64_t policy_version) {
+                       int64_t policy_version, const nlohmann::json& extra) {
   nlohmann::json st = monitor.to_json();
+  for (auto it = extra.begin(); it != extra.end(); ++it) st[it.key()] = it.value();
   st["elapsed_s"] = elapsed_s;
   // Never lower than what an earlier session saved (a resumed run starts its store empty).
   int64_t newest = policy_version;

@@ -1,6 +1,7 @@
 // Pieces both launch modes (cluster and serial) share.
 #pragma once
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -28,9 +29,12 @@ void save_run_outputs(replay::RunShm& shm, const RunDir& run, tasks::Backend bac
 // seconds (0 when there is none; an unreadable file is logged and treated as none).
 double load_launch_state(const RunDir& run, RunMonitor& monitor);
 // policy_version: the newest published snapshot version (-1: none), kept so a learner of a
-// resumed run can continue past every version the run ever published.
+// resumed run can continue past every version the run ever published. extra: more top-level
+// keys (a head's network account).
 void save_launch_state(const RunDir& run, const RunMonitor& monitor, double elapsed_s, const char* when,
-                       int64_t policy_version = -1);
+                       int64_t policy_version = -1, const nlohmann::json& extra = nlohmann::json::object());
+// The saved state as it is (an empty object when there is none or it is unreadable).
+nlohmann::json read_launch_state(const RunDir& run);
 
 // Resume with a newer kernels/kernel_db.json than the checkpoint it falls back to: the
 // file's entries are inserted into the run's database (a union: identical sources are

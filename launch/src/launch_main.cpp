@@ -7,13 +7,15 @@
 //   tools/launch CONFIG --slurm [--print-srun]   inside a Slurm allocation: execs (or prints)
 //                                      the srun line that starts one launcher per node; each
 //                                      of those maps SLURM_NODEID to cluster.role (node 0 head)
-// cluster.role evaluators: no shared memory; N `kf-evaluator --remote` processes take
-// candidates from the head's Redis server (cluster.h, run_evaluator_node), in the run
-// folder <run.root>/<run.name>.<node name>. cluster.role learners: learner ranks that meet
-// the head's over NCCL and get their groups from its rank 0 (run_learner_node); the
-// launcher's logs in <run.root>/<run.name>.<node name>, checkpoints in the head's folder.
-// cluster.role actors: actors on a replay segment of this node whose groups go to the head
-// through Redis (run_actor_node), logs and actor metrics in <run.root>/<run.name>.<node name>.
+// Several nodes (cluster.h): every worker of every node moves its work through the head's
+// Redis server; a node's launcher only supervises. cluster.role evaluators: no shared
+// memory; N `kf-evaluator --remote` processes take candidates from the head's server
+// (run_evaluator_node), in the run folder <run.root>/<run.name>.<node name>. cluster.role
+// learners: learner ranks that meet the head's over NCCL and get their groups from its
+// rank 0 (run_learner_node); the launcher's logs in <run.root>/<run.name>.<node name>,
+// checkpoints in the head's folder. cluster.role actors: actors that publish their groups to
+// the head's server, on this node's run shared memory for the weights and kernels they
+// mirror (run_actor_node), logs and actor metrics in <run.root>/<run.name>.<node name>.
 // Validates the config and the task selection before anything starts, creates the run
 // directory and the run's shared memory, spawns the evaluators (one per GPU, pinned),
 // the actors and the learner ranks (evaluators write results into the replay themselves;

@@ -1,3 +1,7 @@
+// The launcher of one node's run (cluster.role all) or of a head (kf/launch/launcher.h): it
+// starts, watches and restarts the workers, shows the status, drains and stops the run, and
+// closes the candidate account. On a head it also runs the Redis server and watches it
+// (cluster.h, ClusterWatch); the workers reach the server themselves.
 #include "kf/launch/launcher.h"
 
 #include <signal.h>
@@ -12,7 +16,6 @@
 #include <set>
 #include <thread>
 
-#include "actor_nodes.h"
 #include "cluster.h"
 #include "gpu_util.h"
 #include "kf/actors/actors.h"
@@ -121,6 +124,16 @@ std::string binary_dir(const char* argv0) {
   return cut(cut(self));  // <build>/launch/kf-launch -> <build>
 }
 
+namespace {
+// A head's network account in checkpoints/launch_state.json: a resumed head closes the
+// account of a launcher that died with it.
+nlohmann::json account_json(const NetworkAccount& a, bool closed) {
+  return {{"created", a.created}, {"scored", a.scored},       {"dead", a.dead},
+          {"dropped", a.dropped}, {"queued", a.queued},       {"in_flight", a.in_flight},
+          {"closed", closed}};
+}
+}  // namespace
+
 enum class Phase { running, draining, stopping, done };
 const char* phase_name(Phase p) {
   switch (p) {
@@ -141,10 +154,11 @@ struct Launcher::Impl {
   LaunchOptions opts;
   tasks::Backend backend;
   std::unique_ptr<replay::RunShm> shm;
-  ClusterOptions cluster;  // role head: the Redis server and the bridge
+  ClusterOptions cluster;  // role head: the Redis server and the launcher's watch on it
   std::unique_ptr<HeadServer> redis;
-  std::unique_ptr<RemoteBridge> bridge;
-  std::unique_ptr<ActorNodeLink> actor_link;  // role head: groups from actor nodes, weights to them
+  std::unique_ptr<ClusterWatch> watch;  // role head: run state out, counts and nodes' reports in
+  bool redis_died = false;              // the server died mid-run: the account is its last read
+  bool network_stopped = false;         // stop_network ran: the account is final
   Supervisor sup;
   RunMonitor monitor;
   std::unique_ptr<MetricsWriter> metrics;
@@ -192,7 +206,10 @@ struct Launcher::Impl {
   void advance_phase();
   void save_state(const char* when);
   void save_clock();    // checkpoints/launch_state.json only (every few seconds)
-  void stop_network();  // head: the bridge, then the Redis server (evaluator nodes then end)
+  void watch_network();  // head: poll the server, feed the monitor
+  bool network_done();   // head, draining: nothing left on the network, the counts settled
+  void stop_network();   // head: the last account, then the Redis server (the nodes then end)
+  void log_network();    // head: the closing account of the network
   Status status();
   void show(const Status& s, bool force_line);
 };
@@ -315,7 +332,7 @@ void Launcher::Impl::handle_exit(const Exit& e) {
   }
   // Free whatever it held mid-write or mid-read in the queues and the replay (counted as lost there).
   try {
-    const std::size_t freed = shm->candidates().raw().reap() + shm->replay().reap();
+    const std::size_t freed = shm->reap();
     if (freed) log_warn("launch: freed ", freed, " queue slots / replay groups held by dead ", w.name());
   } catch (const std::exception& ex) {
     log_error("launch: reclaiming what ", w.name(), " held failed: ", ex.what(), "; the run goes on");
@@ -392,6 +409,10 @@ void Launcher::Impl::begin_drain(const std::string& why) {
   phase_since = Clock::now();
   for (auto& w : sup.workers()) w.restart_pending = false;
   shm->control().set_state(replay::RunState::draining);
+  if (watch && !redis_died) {  // actor nodes stop their actors when they read it
+    watch->set_run_state("draining");
+    (void)watch->poll(/*now=*/true);
+  }
   log_info("launch: stopping the run (", why, "): actors stop, evaluators score what is queued (up to ",
            cfg.get_float("launch.drain_timeout_s"), " s), then the learners checkpoint",
            tty ? "; Ctrl-C again stops at once" : "");
@@ -410,17 +431,9 @@ void Launcher::Impl::advance_phase() {
   }
   if (phase == Phase::draining) {
     const double limit = cfg.get_float("launch.drain_timeout_s");
-    // Remote evaluators score what is on the network too; after the drain's SIGKILL the
-    // rest stays counted in flight.
-    bool remote_done = !bridge || bridge->idle() || escalation >= 2;
-    // The last verdicts' seconds reach the head a moment after their results (evaluator
-    // nodes report every 0.5 s): wait up to 3 s until the reports cover every result back.
-    if (bridge && remote_done && escalation < 2) {
-      if (network_idle_since == Clock::time_point{}) network_idle_since = Clock::now();
-      const BridgeCounters c = bridge->counters();
-      remote_done =
-          bridge->reported_verdicts() >= c.results || Clock::now() - network_idle_since > std::chrono::seconds(3);
-    }
+    // On a head, evaluators of other nodes score what is on the network too and actor nodes
+    // stop their actors; after the drain's SIGKILL the rest stays counted queued or in flight.
+    const bool remote_done = !watch || escalation >= 2 || network_done();
     const bool drained = sup.running("actor") == 0 && sup.running("evaluator") == 0 && remote_done;
     if (!drained && in_phase > limit && escalation == 0) {
       escalation = 1;
@@ -435,7 +448,6 @@ void Launcher::Impl::advance_phase() {
       sup.signal_role("evaluator", SIGKILL);
     }
     if (drained) {
-      stop_network();
       phase = Phase::stopping;
       phase_since = Clock::now();
       escalation = 0;
@@ -463,42 +475,70 @@ void Launcher::Impl::advance_phase() {
   }
 }
 
+void Launcher::Impl::watch_network() {
+  if (!watch || redis_died || network_stopped) return;
+  (void)watch->poll();
+  const NetworkAccount a = watch->account();
+  if (a.read) monitor.set_network_counts(a.created, a.scored);
+  monitor.merge_node_seconds(watch->node_seconds());
+}
+
+bool Launcher::Impl::network_done() {
+  if (redis_died) return true;  // nothing comes back through a dead server
+  if (sup.running("actor") > 0 || sup.running("evaluator") > 0) return false;
+  const NetworkAccount a = watch->account();  // watch_network polls it every 250 ms
+  // Actor nodes stop their actors when they read the state (within a second); what those
+  // publish before they exit is scored like the rest.
+  if (watch->actor_nodes_running() > 0 || !a.read || a.queued + a.in_flight > 0) {
+    network_idle_since = {};
+    return false;
+  }
+  // The processes' counts reach the server up to a second late, the evaluator nodes'
+  // reports up to half a second after their verdict lines: wait up to 3 s until the
+  // account adds up and the reports cover every result.
+  if (network_idle_since == Clock::time_point{}) network_idle_since = Clock::now();
+  const uint64_t verdicts = watch->reported_verdicts() + monitor.counters().sum("evaluator", replay::counter::kEvalScored);
+  return (a.balanced() && verdicts >= a.scored) || Clock::now() - network_idle_since > std::chrono::seconds(3);
+}
+
 void Launcher::Impl::stop_network() {
-  if (actor_link) {
-    actor_link->stop();
-    const ActorLinkCounters c = actor_link->counters();
-    monitor.set_remote_samples(c.candidates_queued, c.actor_scored, c.lag_sum);  // the final counts
-    const uint64_t left = actor_link->waiting();
-    log_info("launch: actor nodes: ", c.groups, " group(s) opened here (", c.candidates_queued,
-             " candidate(s) queued, ", c.actor_scored, " scored by their actors, ", c.lost, " reported lost), ",
-             c.groups_dropped, " dropped (replay full), ", c.duplicates, " duplicate(s), ", c.undecodable,
-             " undecodable, ", left, " left in ", kGroupsStream, " unopened; newest policy version sent ",
-             c.weights_version, ", ", c.errors, " redis error(s)");
-    actor_link.reset();
+  if (watch && !redis_died && !network_stopped) {
+    (void)watch->poll(/*now=*/true);  // the last figures, before the server goes
+    watch_network();
   }
-  if (bridge) {
-    bridge->stop();
-    const BridgeCounters c = bridge->counters();
-    monitor.set_remote_verified(c.results);  // the final count (status() no longer sees the bridge)
-    monitor.merge_node_seconds(bridge->node_seconds());
-    log_info("launch: redis bridge: sent ", c.sent, " candidate(s) to remote evaluators, ", c.results,
-             " result(s) back, ", c.duplicates, " duplicate result(s) dropped, ", c.unstored, " result(s) not stored, ",
-             c.dead, " dead-lettered, ", c.on_network, " still on the network (counted in flight), ", c.errors,
-             " redis error(s)");
-    bridge.reset();
-  }
+  network_stopped = true;
   if (redis) {
     redis->stop();
     redis.reset();
-    log_info("launch: the Redis server stopped; evaluator nodes end after cluster.redis.gone_after_s (",
+    log_info("launch: the Redis server stopped; evaluator and actor nodes end after cluster.redis.gone_after_s (",
              cfg.get_float("cluster.redis.gone_after_s"), " s)");
   }
+}
+
+// The network's closing line: what went through the head's server, beside the candidate
+// account (log_ledger).
+void Launcher::Impl::log_network() {
+  if (!watch) return;
+  const NetworkAccount a = watch->account();
+  log_info("launch: network: ", a.groups_published, " group(s) and ", a.created,
+           " candidate(s) published to the head's server, ", a.scored, " result(s) sent back by evaluators (",
+           a.claimed_again, " candidate(s) claimed from a dead or stalled evaluator, ", a.results_late,
+           " late result(s) dropped), ", a.dead, " dead-lettered, ", a.dropped, " dropped, ", a.queued, " queued, ",
+           a.in_flight, " in flight; the head's replay opened ", a.groups_opened, " group(s) (", a.groups_dropped,
+           " dropped, ", a.groups_duplicate, " duplicate) and joined ", a.results_joined, " result(s) (",
+           a.results_orphan, " orphan, ", a.results_duplicate, " duplicate result(s) dropped); ",
+           a.results_waiting, " result(s) and ", a.groups_waiting, " group(s) left unjoined; ", a.undecodable,
+           " undecodable record(s), ", watch->errors(), " redis error(s) reading the server",
+           redis_died ? " (the server died: these are its last figures)" : "");
 }
 
 void Launcher::Impl::save_state(const char* when) {
   try {
     save_run_outputs(*shm, run, backend);
-    save_launch_state(run, monitor, elapsed(), when, shm->snapshots().latest().version);
+    const bool closed = std::string(when) == "end of run";
+    save_launch_state(run, monitor, elapsed(), when, shm->snapshots().latest().version,
+                      watch ? nlohmann::json{{"network_session", account_json(watch->account(), closed)}}
+                            : nlohmann::json::object());
   } catch (const std::exception& e) {
     log_error("launch: saving the run's outputs (", when, ") failed: ", e.what(), "; the run goes on");
   }
@@ -506,7 +546,9 @@ void Launcher::Impl::save_state(const char* when) {
 
 void Launcher::Impl::save_clock() {
   try {
-    save_launch_state(run, monitor, elapsed(), "periodic", shm->snapshots().latest().version);
+    save_launch_state(run, monitor, elapsed(), "periodic", shm->snapshots().latest().version,
+                      watch ? nlohmann::json{{"network_session", account_json(watch->account(), false)}}
+                            : nlohmann::json::object());
   } catch (const std::exception& e) {
     log_error("launch: saving the launcher's clock and totals failed: ", e.what(), "; the run goes on");
   }
@@ -519,35 +561,27 @@ Status Launcher::Impl::status() {
   s.step = learner_step;
   s.step_budget = cfg.get_int("learner.steps");
   s.time_budget_s = cfg.get_float("launch.max_minutes") * 60;
-  if (bridge) {
-    monitor.set_remote_verified(bridge->counters().results);
-    monitor.merge_node_seconds(bridge->node_seconds());
-  }
-  if (actor_link) {
-    const ActorLinkCounters c = actor_link->counters();
-    monitor.set_remote_samples(c.candidates_queued, c.actor_scored, c.lag_sum);
-  }
+  watch_network();
   monitor.sample_rates(s.elapsed_s, s);
-  const auto cq = shm->candidates().raw().stats();
   const auto rp = shm->replay().stats();
-  s.candidate_queue = cq.queued;
+  s.candidate_queue = shm->candidate_ledger().queued;
   s.ready_groups = rp.ready_now;
   s.open_groups = rp.open_now;
   s.policy_version = shm->snapshots().latest().version;
   s.gpu_busy = gpu.busy();
   if (const auto probe = shm->control().rendezvous_get("probe", std::chrono::nanoseconds(0)))
     apply_probe_brief(*probe, s);
-  if (bridge) {
-    const BridgeCounters c = bridge->counters();
-    s.workers.push_back("redis bridge: " + std::to_string(c.on_network) + " on the network, " + std::to_string(c.sent) +
-                        " sent, " + std::to_string(c.results) + " back, " + std::to_string(c.duplicates) +
-                        " duplicates");
-  }
-  if (actor_link) {
-    const ActorLinkCounters c = actor_link->counters();
-    s.workers.push_back(std::string("actor nodes: ") + (c.nodes_seen ? "" : "none connected yet, ") +
-                        std::to_string(c.groups) + " groups in, " + std::to_string(c.candidates_queued) +
-                        " candidates queued, policy version " + std::to_string(c.weights_version) + " sent");
+  if (watch) {
+    const NetworkAccount a = watch->account();
+    s.candidate_queue = a.queued;  // the head's shared-memory queue is not used
+    s.workers.push_back(std::string("network: ") + (redis_died ? "server died, last figures: " : "") +
+                        std::to_string(a.queued) + " queued, " + std::to_string(a.in_flight) + " in flight, " +
+                        std::to_string(a.results_waiting) + " results and " + std::to_string(a.groups_waiting) +
+                        " groups for the learner, " + std::to_string(a.dead) + " dead-lettered");
+    if (local_actors == 0 || watch->actor_nodes_seen())
+      s.workers.push_back(std::string("actor nodes: ") +
+                          (watch->actor_nodes_seen() ? std::to_string(watch->actor_nodes_running()) + " running"
+                                                     : "none connected yet"));
   }
   for (const auto& w : sup.workers()) {
     std::string st = w.running()         ? "up"
@@ -589,6 +623,25 @@ static void log_ledger(const replay::QueueLedger& l, const char* whose) {
            l.balanced() ? "" : " (does not add up: a bug)");
 }
 
+// The same account on a head, where every candidate passed the head's server (cluster.h,
+// NetworkAccount). `gone`: the server is gone (it died, or the launcher that ran it did):
+// what it still held is lost with it, nothing is queued or in flight any more.
+static void log_network_ledger(const NetworkAccount& a, const char* whose, const char* gone) {
+  uint64_t with_server = 0, queued = a.queued, in_flight = a.in_flight;
+  bool adds_up = a.balanced();
+  if (gone) {
+    const uint64_t settled = a.scored + a.lost();
+    with_server = a.created > settled ? a.created - settled : 0;
+    adds_up = a.created >= settled;
+    queued = in_flight = 0;
+  }
+  log_info("launch: candidates of ", whose, ": created ", a.created, " = scored ", a.scored, " + lost ",
+           a.lost() + with_server, " (dead-lettered ", a.dead, ", dropped ", a.dropped, gone ? ", " : "",
+           gone ? gone : "", gone ? " " + std::to_string(with_server) : std::string(), ") + queued ", queued,
+           " + in flight ", in_flight, "; through the head's server, as its processes counted them",
+           adds_up ? "" : " (does not add up: a process's last counts are missing, or a bug)");
+}
+
 Launcher::Launcher(const Config& cfg, const RunDir& run, const LaunchOptions& opts)
     : impl_(std::make_unique<Impl>(cfg, run, opts)) {
   Impl& m = *impl_;
@@ -598,7 +651,19 @@ Launcher::Launcher(const Config& cfg, const RunDir& run, const LaunchOptions& op
   if (replay::RunShm::probe(run.shm_key()) == replay::SegmentState::Stale) {
     try {
       const replay::Salvage sv = replay::salvage_or_count(run.shm_key(), run.path());
-      if (sv.found) log_ledger(sv.ledger, "the dead launcher's session");
+      // A head's candidates went through its server, which died with it: its account is
+      // the one it last saved (the counts of its last few seconds are not in it).
+      const auto saved = read_launch_state(run).value("network_session", nlohmann::json());
+      if (m.cluster.role == "head" && saved.is_object() && !saved.value("closed", true)) {
+        NetworkAccount a;
+        a.created = saved.value("created", uint64_t{0});
+        a.scored = saved.value("scored", uint64_t{0});
+        a.dead = saved.value("dead", uint64_t{0});
+        a.dropped = saved.value("dropped", uint64_t{0});
+        log_network_ledger(a, "the dead launcher's session", "launcher died");
+      }
+      if (sv.found && (m.cluster.role != "head" || sv.ledger.created > 0))
+        log_ledger(sv.ledger, "the dead launcher's session");
     } catch (const std::exception& e) {
       log_warn("launch: run ", run.name(), ": could not count the candidates its dead launcher left: ", e.what());
     }
@@ -620,9 +685,9 @@ Launcher::Launcher(const Config& cfg, const RunDir& run, const LaunchOptions& op
     m.redis = std::make_unique<HeadServer>(m.cluster, run);
     log_info("launch: head node ", m.cluster.node_name, ": ", m.redis->where(), " (user kf, password from $",
              m.cluster.password_env, "); evaluator nodes connect to ", m.cluster.host, ":", m.cluster.port);
-    m.bridge = std::make_unique<RemoteBridge>(*m.shm, m.cluster, cfg.get_bool("evaluator.train_on_degenerate_tasks"));
-    m.actor_link = std::make_unique<ActorNodeLink>(*m.shm, m.cluster, cfg.get_float("actors.group_deadline_s"),
-                                                   static_cast<int>(cfg.get_int("actors.group_size")));
+    m.watch = std::make_unique<ClusterWatch>(m.cluster);
+    m.watch->set_run_state("running");
+    (void)m.watch->poll(/*now=*/true);
     if (m.local_actors == 0)
       log_info(
           "launch: the head runs no actor of its own (cluster.head_actors 0): every group comes from actor "
@@ -683,21 +748,25 @@ int Launcher::run() {
     for (std::size_t i : m.sup.start_due())
       log_info("launch: restarted ", m.sup.workers()[i].name(), " as pid ", m.sup.workers()[i].pid);
     m.read_results();
+    m.watch_network();  // a head: at most every 250 ms
     const auto now = Clock::now();
     if (now >= next_check) {
       m.check_hangs();
-      if (m.redis && !m.redis->alive() && m.phase == Phase::running) {
+      if (m.redis && !m.redis_died && !m.redis->alive()) {
         log_error("launch: the Redis server (", m.redis->where(), ") died; log ", m.run.sub("redis"),
-                  "/redis.log; stopping the run (candidates on the network stay counted in flight; resume with "
-                  "tools/launch --resume ",
-                  m.run.path(), " on every node, which starts a fresh server)");
-        m.failed = true;
+                  "/redis.log; ",
+                  m.phase == Phase::running ? "stopping the run" : "the run was stopping already",
+                  " (what it held is counted lost with it; resume with tools/launch --resume ", m.run.path(),
+                  " on every node, which starts a fresh server)");
         // Nothing comes back through a dead server: the drain does not wait for the network.
-        m.stop_network();
-        m.begin_drain("the Redis server died");
+        m.redis_died = true;
+        if (m.phase == Phase::running) {
+          m.failed = true;
+          m.begin_drain("the Redis server died");
+        }
       }
       // A head that runs no actor of its own needs an actor node: without one nothing samples.
-      if (m.actor_link && m.local_actors == 0 && m.phase == Phase::running && !m.actor_link->counters().nodes_seen &&
+      if (m.watch && m.local_actors == 0 && m.phase == Phase::running && !m.watch->actor_nodes_seen() &&
           now - m.t0 > m.cluster.gone_after) {
         log_error("launch: cluster.head_actors is 0 and no actor node has connected to ", m.cluster.host, ":",
                   m.cluster.port, " within cluster.redis.gone_after_s (", m.cluster.gone_after.count() / 1000.0,
@@ -746,7 +815,12 @@ int Launcher::run() {
   } catch (const std::exception&) {
   }
   m.save_state("end of run");
-  log_ledger(m.shm->candidate_ledger(), "this session");
+  if (m.watch) {
+    m.log_network();
+    log_network_ledger(m.watch->account(), "this session", m.redis_died ? "server died" : nullptr);
+  } else {
+    log_ledger(m.shm->candidate_ledger(), "this session");
+  }
   m.shm->shutdown();
   try {
     const std::size_t n = clear_scratch(m.run);

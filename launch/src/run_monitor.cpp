@@ -1,3 +1,5 @@
+// RunMonitor: the launcher's counts for the status, metrics/run.jsonl and the resume state
+// (see run_monitor.h).
 #include "run_monitor.h"
 
 #include <algorithm>
@@ -10,9 +12,7 @@ namespace kf::launch {
 
 namespace {
 constexpr int kCounters = replay::ControlBlock::kCounters;
-// Control-block counters used here (their meaning is documented by each role).
-constexpr int kActorPushed = 0, kActorExtractFail = 3, kActorLagSum = 7;
-constexpr int kEvalScored = 0;
+using namespace replay::counter;
 
 std::vector<uint64_t>& at_role(std::map<std::string, std::vector<uint64_t>>& m, const std::string& role) {
   auto& v = m[role];
@@ -150,22 +150,33 @@ NodeSeconds RunMonitor::node_seconds() const {
     t.verify_s += v.verify_s;
     t.gpu_wait_s += v.gpu_wait_s;
     t.verdicts += v.verdicts;
+    t.pushed += v.pushed;
+    t.extraction_failures += v.extraction_failures;
+    t.lag_sum += v.lag_sum;
   }
   return t;
 }
 
 void RunMonitor::sample_rates(double elapsed_s, Status& s) {
-  RateSample now{elapsed_s, counters_.sum("actor", kActorPushed) + remote_samples_,
-                 counters_.sum("evaluator", kEvalScored) + remote_verified_,
-                 counters_.sum("actor", kActorLagSum) + remote_lag_sum_};
+  const NodeSeconds nodes = node_seconds();  // evaluator and actor nodes (a head only)
+  // The lag: this node's actors' (counted when they hand a candidate over) and the actor
+  // nodes' (reported), over the candidates they counted.
+  RateSample now{elapsed_s,
+                 counters_.sum("actor", kActorPushed),
+                 counters_.sum("evaluator", kEvalScored),
+                 counters_.sum("actor", kActorPushed) + nodes.pushed,
+                 counters_.sum("actor", kActorLagSum) + nodes.lag_sum};
+  if (network_) {  // every candidate and result of the run passed the head's server
+    now.samples = net_created_base_ + net_created_;
+    now.verified = net_scored_base_ + net_scored_;
+  }
   rate_.push_back(now);
   while (rate_.size() > 2 && rate_.front().t < elapsed_s - 10.0) rate_.pop_front();
   s.samples = now.samples;
   s.verified = now.verified;
-  s.extraction_failures = counters_.sum("actor", kActorExtractFail) + remote_extract_fail_;
+  s.extraction_failures = counters_.sum("actor", kActorExtractFail) + nodes.extraction_failures;
   using CB = replay::ControlBlock;
   auto secs = [&](const char* role, int c) { return 1e-3 * static_cast<double>(counters_.sum(role, c)); };
-  const NodeSeconds nodes = node_seconds();  // evaluator and actor nodes (a head only)
   s.generate_s = secs("actor", CB::kWorkMs) + nodes.generate_s;
   s.compile_s = secs("evaluator", CB::kCompileMs) + nodes.compile_s;
   s.verify_s = secs("evaluator", CB::kWorkMs) + nodes.verify_s;
@@ -177,8 +188,8 @@ void RunMonitor::sample_rates(double elapsed_s, Status& s) {
     s.samples_per_s = static_cast<double>(now.samples - old.samples) / dt;
     s.verified_per_min = 60.0 * static_cast<double>(now.verified - old.verified) / dt;
   }
-  const uint64_t pushed = now.samples - old.samples;
-  s.policy_lag = pushed ? static_cast<double>(now.lag_sum - old.lag_sum) / static_cast<double>(pushed) : 0.0;
+  const uint64_t counted = now.lag_n - old.lag_n;
+  s.policy_lag = counted ? static_cast<double>(now.lag_sum - old.lag_sum) / static_cast<double>(counted) : 0.0;
   s.results = results();
   fill_eta(elapsed_s, s);
 }
@@ -225,12 +236,18 @@ nlohmann::json RunMonitor::to_json() const {
                 {"compile_s", v.compile_s},
                 {"verify_s", v.verify_s},
                 {"gpu_wait_s", v.gpu_wait_s},
-                {"verdicts", v.verdicts}};
-  return {{"results_total", total_},
-          {"verdicts", verdicts_},
-          {"best_speedup", best_ever_},
-          {"counters", counters_.to_json()},
-          {"node_seconds", nodes}};
+                {"verdicts", v.verdicts},
+                {"pushed", v.pushed},
+                {"extraction_failures", v.extraction_failures},
+                {"lag_sum", v.lag_sum}};
+  nlohmann::json j = {{"results_total", total_},
+                      {"verdicts", verdicts_},
+                      {"best_speedup", best_ever_},
+                      {"counters", counters_.to_json()},
+                      {"node_seconds", nodes}};
+  if (network_ || net_created_base_ || net_scored_base_)
+    j["network"] = {{"created", net_created_base_ + net_created_}, {"scored", net_scored_base_ + net_scored_}};
+  return j;
 }
 
 void RunMonitor::from_json(const nlohmann::json& j) {
@@ -245,10 +262,16 @@ void RunMonitor::from_json(const nlohmann::json& j) {
     std::map<std::string, NodeSeconds> saved;
     for (auto it = j["node_seconds"].begin(); it != j["node_seconds"].end(); ++it) {
       const auto& v = it.value();
-      saved[it.key()] = {v.value("generate_s", 0.0), v.value("compile_s", 0.0), v.value("verify_s", 0.0),
-                         v.value("gpu_wait_s", 0.0), v.value("verdicts", uint64_t{0})};
+      saved[it.key()] = {v.value("generate_s", 0.0),        v.value("compile_s", 0.0),
+                         v.value("verify_s", 0.0),          v.value("gpu_wait_s", 0.0),
+                         v.value("verdicts", uint64_t{0}),  v.value("pushed", uint64_t{0}),
+                         v.value("extraction_failures", uint64_t{0}), v.value("lag_sum", uint64_t{0})};
     }
-    merge_node_seconds(saved);
+    for (const auto& [k, v] : saved) node_seconds_[k].raise_to(v);  // under mu_ already
+  }
+  if (j.contains("network")) {
+    net_created_base_ += j["network"].value("created", uint64_t{0});
+    net_scored_base_ += j["network"].value("scored", uint64_t{0});
   }
 }
 

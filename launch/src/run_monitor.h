@@ -2,12 +2,15 @@
 // metrics/run.jsonl and the resume state.
 //
 // Two sources:
-//  - every result an evaluator (or the head's bridge) wrote into the replay, read from the
-//    replay's result notes (read_results; serial mode passes its results to add_result):
-//    verdict mix, speedups, rewards, over the last `window` results and in total;
+//  - every result joined into the replay (by an evaluator on one node, by the learner's rank 0
+//    on a head), read from the replay's result notes (read_results; serial mode passes its
+//    results to add_result): verdict mix, speedups, rewards, over the last `window` results
+//    and in total;
 //  - the control block's per-process counters, summed per role over every process
 //    the run ever had: a worker that exits or is restarted keeps its counts (the
-//    monitor remembers the last value seen per (slot, pid)).
+//    monitor remembers the last value seen per (slot, pid));
+//  - on a head (several nodes): the server's counts of candidates and results
+//    (set_network_counts) and the figures other nodes reported (merge_node_seconds).
 // Rates (samples/s, verified/min) are taken over the last ~10 s of samples.
 //
 // Threading: add_result() may run on another thread than the rest; everything else is
@@ -39,11 +42,14 @@ struct ResultSummary {
   double frac(const char* verdict) const;  // share of the window with that verdict (0 if none)
 };
 
-// Seconds of work one launcher session of an evaluator or actor node reported to the head
-// (cluster.h, kNodeSecondsStream): cumulative over that session.
+// Seconds of work (and the actors' counts) one launcher session of an evaluator or actor
+// node reported to the head (cluster.h, kNodeSecondsStream): cumulative over that session.
 struct NodeSeconds {
   double generate_s = 0, compile_s = 0, verify_s = 0, gpu_wait_s = 0;
   uint64_t verdicts = 0;  // verdict lines summed (evaluator nodes)
+  // Actor nodes: their actors' counters (replay::counter kActorPushed, kActorExtractFail,
+  // kActorLagSum), for the head's extraction failures and policy lag.
+  uint64_t pushed = 0, extraction_failures = 0, lag_sum = 0;
   // Reports of one session only grow: keep each figure's largest, so one delivered late
   // never takes a figure back.
   void raise_to(const NodeSeconds& o) {
@@ -52,10 +58,14 @@ struct NodeSeconds {
     verify_s = std::max(verify_s, o.verify_s);
     gpu_wait_s = std::max(gpu_wait_s, o.gpu_wait_s);
     verdicts = std::max(verdicts, o.verdicts);
+    pushed = std::max(pushed, o.pushed);
+    extraction_failures = std::max(extraction_failures, o.extraction_failures);
+    lag_sum = std::max(lag_sum, o.lag_sum);
   }
   bool operator==(const NodeSeconds& o) const {
     return generate_s == o.generate_s && compile_s == o.compile_s && verify_s == o.verify_s &&
-           gpu_wait_s == o.gpu_wait_s && verdicts == o.verdicts;
+           gpu_wait_s == o.gpu_wait_s && verdicts == o.verdicts && pushed == o.pushed &&
+           extraction_failures == o.extraction_failures && lag_sum == o.lag_sum;
   }
 };
 
@@ -127,18 +137,14 @@ class RunMonitor {
   // Records one sample of the cumulative counts (call about once a second) and fills
   // the rates of `s` over the last ~10 s.
   void sample_rates(double elapsed_s, Status& s);
-  // Candidates verified on evaluator nodes (the head's bridge counts their results; their
-  // processes are not in this node's control block): added to `verified`.
-  void set_remote_verified(uint64_t n) { remote_verified_ = n; }
-  // Candidates from actor nodes (the head's link counts them; their actors are not in this
-  // node's control block): queued ones added to `samples`, the ones their actors scored
-  // (extraction failures) to `extraction_failures`.
-  // lag_sum: the policy lag of those queued candidates, summed (the head's newest version
-  // when each was queued minus the candidate's), as the actors' counter 7.
-  void set_remote_samples(uint64_t queued, uint64_t actor_scored, uint64_t lag_sum = 0) {
-    remote_samples_ = queued;
-    remote_extract_fail_ = actor_scored;
-    remote_lag_sum_ = lag_sum;
+  // Several nodes (a head): every candidate of every node passes the head's server, so
+  // `samples` and `verified` are its counts of this launcher session (candidates published,
+  // results sent back; cluster.h, NetworkAccount) plus what earlier sessions of the run
+  // counted (the resume state), instead of this node's actors' and evaluators' counters.
+  void set_network_counts(uint64_t created, uint64_t scored) {
+    network_ = true;
+    net_created_ = created;
+    net_scored_ = scored;
   }
   // Seconds other nodes reported, per launcher session: each field of a session keeps the
   // largest value seen (reports are cumulative; a resumed head merges what it saved).
@@ -167,12 +173,14 @@ class RunMonitor {
   CounterTotals counters_;
   struct RateSample {
     double t;
-    uint64_t samples, verified, lag_sum;
+    uint64_t samples, verified;
+    uint64_t lag_n, lag_sum;  // candidates whose lag is counted, and that lag summed
   };
   std::deque<RateSample> rate_;
-  uint64_t remote_verified_ = 0;                                                // set_remote_verified
-  uint64_t remote_samples_ = 0, remote_extract_fail_ = 0, remote_lag_sum_ = 0;  // set_remote_samples
-  std::map<std::string, NodeSeconds> node_seconds_;                             // merge_node_seconds
+  bool network_ = false;                                    // set_network_counts was called
+  uint64_t net_created_ = 0, net_scored_ = 0;               // this session's (set_network_counts)
+  uint64_t net_created_base_ = 0, net_scored_base_ = 0;     // earlier sessions' (from_json)
+  std::map<std::string, NodeSeconds> node_seconds_;         // merge_node_seconds
   double first_step_t_ = -1;  // when this launcher first saw a learner step
   int64_t first_step_ = 0;
 };

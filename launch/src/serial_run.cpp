@@ -34,10 +34,12 @@ int run_serial(const Config& cfg, const RunDir& run, const LaunchOptions& opts) 
   auto lc = learner::learner_config_from(cfg);
   const torch::Device device = backend == tasks::Backend::CUDA ? torch::Device(torch::kCUDA, 0) : torch::kCPU;
   auto comm = learner::make_local_comm();
-  learner::ReplaySource source(shm->replay(), 0);
+  // Groups from this process's replay, without waiting: the actor and evaluator below run
+  // between the learner's steps in this same thread.
+  const auto source = replay::shm_ready_groups(shm->replay(), std::chrono::milliseconds(0));
   learner::LearnerDeps deps;
   deps.comm = comm.get();
-  deps.source = &source;
+  deps.source = source.get();
   deps.snapshots = &shm->snapshots();
   deps.shm = shm.get();
   deps.checkpoint_dir = run.sub("checkpoints");

@@ -1,3 +1,5 @@
+// Supervisor: spawning, reaping, signalling and restarting a node's worker processes (see
+// supervisor.h).
 #include "supervisor.h"
 
 #include <fcntl.h>

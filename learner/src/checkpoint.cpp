@@ -1,3 +1,4 @@
+#include "checkpoint.h"
 #include "kf/learner/learner.h"
 
 #include <dirent.h>

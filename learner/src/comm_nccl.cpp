@@ -8,6 +8,7 @@
 #include "kf/common/error.h"
 #include "kf/common/log.h"
 #include "kf/learner/learner.h"
+#include "comm.h"  // defines: Rendezvous, make_nccl_comm (learner/src)
 
 #ifdef KF_HAVE_NCCL
 #include <c10/cuda/CUDAGuard.h>

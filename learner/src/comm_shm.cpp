@@ -25,6 +25,7 @@
 
 #include "kf/common/error.h"
 #include "kf/common/log.h"
+#include "comm.h"
 #include "kf/learner/learner.h"
 
 namespace kf::learner {

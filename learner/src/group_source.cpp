@@ -1,18 +1,10 @@
+// SyntheticSource: the deterministic group stream of tests and benchmarks (a
+// replay::ReadyGroups; a run's groups come from kf::transport::open_ready_groups).
 #include "kf/learner/learner.h"
 
 #include <random>
 
 namespace kf::learner {
-
-std::vector<replay::ScoredGroup> ReplaySource::take(const TakeRequest& r) {
-  std::vector<replay::ScoredGroup> out;
-  if (r.groups <= 0) return out;
-  buffer_.take_ready(out, static_cast<std::size_t>(r.groups), r.version, r.max_lag,
-                     std::chrono::milliseconds(timeout_ms_));
-  return out;
-}
-
-uint64_t ReplaySource::dropped_stale() const { return buffer_.stats().dropped_stale; }
 
 replay::ScoredGroup SyntheticSource::make_group(int64_t step, int64_t k, int64_t version, int64_t max_lag) const {
   std::mt19937_64 rng(cfg_.seed * 0x9E3779B97F4A7C15ULL + static_cast<uint64_t>(step) * 1000003ULL +
@@ -55,7 +47,7 @@ replay::ScoredGroup SyntheticSource::make_group(int64_t step, int64_t k, int64_t
   return g;
 }
 
-std::vector<replay::ScoredGroup> SyntheticSource::take(const TakeRequest& r) {
+std::vector<replay::ScoredGroup> SyntheticSource::take(const replay::TakeRequest& r) {
   std::vector<replay::ScoredGroup> out;
   for (int64_t k = r.rank; k < groups_per_step_total; k += r.world)
     out.push_back(make_group(r.step, k, r.version, r.max_lag));

@@ -10,6 +10,7 @@
 #include <unordered_map>
 
 #include "batch.h"
+#include "checkpoint.h"
 #include "grad_buckets.h"
 #include "kf/common/error.h"
 #include "kf/common/log.h"
@@ -17,6 +18,7 @@
 #include "kf/policy/policy.h"
 #include "loss.h"
 #include "optimizer.h"
+#include "snapshot_publisher.h"
 
 #ifdef KF_HAVE_CUDA
 #include <ATen/cuda/CUDAGeneratorImpl.h>
@@ -344,7 +346,7 @@ StepStats Learner::step() {
   const double t0 = now_s();
   auto& comm = *deps_.comm;
   StepStats st;
-  TakeRequest req;
+  replay::TakeRequest req;
   req.step = step_;
   req.rank = comm.rank();
   req.world = comm.world();

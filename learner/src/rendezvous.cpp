@@ -1,18 +1,17 @@
 // Rendezvous over a folder (a shared filesystem), the run's control block (one node) or
-// the run's Redis server (several nodes; kf::netqueue::StoreRendezvous).
+// the head's Redis server (several nodes; kf::transport::network_rendezvous).
 #include <sys/stat.h>
 
 #include <fstream>
 #include <sstream>
 #include <thread>
 
+#include "comm.h"
 #include "kf/common/error.h"
 #include "kf/common/run_dir.h"
 #include "kf/learner/learner.h"
 #include "kf/replay/replay.h"
-#ifdef KF_HAVE_NETQUEUE
-#include "kf/netqueue/netqueue.h"
-#endif
+#include "kf/transport/transport.h"
 
 namespace kf::learner {
 namespace {
@@ -59,43 +58,36 @@ class ControlRendezvous : public Rendezvous {
   replay::ControlBlock& ctl_;
 };
 
-#ifdef KF_HAVE_NETQUEUE
-class RedisRendezvous : public Rendezvous {
+// The network transport's blob rendezvous, as the learner's Rendezvous.
+class NetworkRendezvous : public Rendezvous {
  public:
-  explicit RedisRendezvous(const netqueue::RendezvousConfig& c) : rdv_(c) {}
-  void put(const std::string& key, const std::string& bytes) override { rdv_.publish(key, bytes); }
+  explicit NetworkRendezvous(std::unique_ptr<transport::BlobRendezvous> rdv) : rdv_(std::move(rdv)) {}
+  void put(const std::string& key, const std::string& bytes) override { rdv_->put(key, bytes); }
   std::string get(const std::string& key, std::chrono::milliseconds timeout) override {
-    return rdv_.fetch(key, timeout);
+    return rdv_->get(key, timeout);
   }
 
  private:
-  netqueue::StoreRendezvous rdv_;
+  std::unique_ptr<transport::BlobRendezvous> rdv_;
 };
-#endif
 
 }  // namespace
 
-#ifdef KF_HAVE_NETQUEUE
-bool redis_rendezvous_available() { return true; }
+bool redis_rendezvous_available() { return transport::network_supported(); }
+
 std::unique_ptr<Rendezvous> redis_rendezvous(const RedisRendezvousOptions& o) {
-  netqueue::RendezvousConfig c;
-  c.server.host = o.host;
-  c.server.port = o.port;
-  c.server.user = o.user;
-  c.server.password = o.password;
-  c.scope = o.scope;
-  c.rank = o.rank;
-  c.world = o.world;
-  c.timeout = o.timeout;
-  return std::make_unique<RedisRendezvous>(c);
+  if (!redis_rendezvous_available())
+    throw Error(
+        "redis rendezvous: this build has no network transport (hiredis was not found at configure time; run "
+        "./setup.sh)");
+  transport::ServerAddress server;
+  server.host = o.host;
+  server.port = o.port;
+  server.user = o.user;
+  server.password = o.password;
+  return std::make_unique<NetworkRendezvous>(
+      transport::network_rendezvous(server, o.scope, o.rank, o.world, o.timeout));
 }
-#else
-bool redis_rendezvous_available() { return false; }
-std::unique_ptr<Rendezvous> redis_rendezvous(const RedisRendezvousOptions&) {
-  throw Error(
-      "redis rendezvous: this build has no Redis queue (hiredis was not found at configure time; run ./setup.sh)");
-}
-#endif
 
 std::unique_ptr<Rendezvous> file_rendezvous(const std::string& dir) { return std::make_unique<FileRendezvous>(dir); }
 std::unique_ptr<Rendezvous> control_rendezvous(replay::ControlBlock& ctl) {

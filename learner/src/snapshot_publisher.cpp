@@ -1,3 +1,4 @@
+#include "snapshot_publisher.h"
 #include "kf/learner/learner.h"
 
 #include <chrono>

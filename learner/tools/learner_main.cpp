@@ -9,14 +9,17 @@
 // --rendezvous redis through the run's Redis server: cluster.redis.host/port, password
 // in $cluster.redis.password_env, for ranks on several nodes), shared memory on CPU
 // (one host only: --rendezvous redis with more than one rank and no NCCL is refused).
-// With --remote-from K, ranks K..R-1 run on other nodes: they attach no shared memory and
-// take their groups from rank 0, which takes them from the replay on their behalf
-// (kf::netqueue::GroupRelay through the same Redis server). Rank 0 writes metrics/learner.jsonl + a TensorBoard event
-// file in the run folder (attached to a run, or given --run-dir): one line per updated step, and one per 30 s of empty
-// steps so a starved learner shows. Prints "STEP {json}" per step with
-// --print-steps, and
-// "WEIGHTS_CHECKSUM <hex>" at the end. SIGINT/SIGTERM or the run state `stopped` end the
-// loop (agreed by all ranks) with a final checkpoint. Exit 0 ok, 1 error, 2 usage.
+// Groups: kf::transport::open_ready_groups picks the run's replay (cluster.role all) or
+// the network transport (any other role). With --remote-from K (= cluster.head_learner_ranks),
+// ranks K..R-1 run on other nodes: they attach no shared memory, and the network
+// transport brings their share from rank 0's take on the head. --synthetic: every rank
+// makes its own share of the deterministic synthetic stream instead.
+// Rank 0 writes metrics/learner.jsonl + a TensorBoard event file in the run folder
+// (attached to a run, or given --run-dir): one line per updated step, and one per 30 s of
+// empty steps so a starved learner shows. Prints "STEP {json}" per step with
+// --print-steps, and "WEIGHTS_CHECKSUM <hex>" at the end. SIGINT/SIGTERM or the run state
+// `stopped` end the loop (agreed by all ranks) with a final checkpoint. Exit 0 ok, 1 error,
+// 2 usage.
 #include <sys/stat.h>
 
 #include "kf/common/cli.h"
@@ -33,12 +36,11 @@
 #include "kf/common/error.h"
 #include "kf/common/log.h"
 #include "kf/common/metrics.h"
+#include "comm.h"  // make_shm_comm, control_rendezvous, redis_rendezvous (learner/src)
 #include "kf/learner/learner.h"
 #include "kf/policy/policy.h"
-
-#ifdef KF_HAVE_NETQUEUE
-#include "kf/netqueue/netqueue.h"
-#endif
+#include "kf/replay/replay.h"
+#include "kf/transport/transport.h"
 
 namespace {
 volatile std::sig_atomic_t g_stop = 0;
@@ -62,59 +64,22 @@ RedisServerRef redis_server_of(const kf::Config& cfg, const char* why) {
   return r;
 }
 
-#ifdef KF_HAVE_NETQUEUE
-// A rank on another node waits this long for rank 0's reply (rank 0 may be checkpointing,
-// or waiting for ready groups for every remote rank in turn), and rank 0 as long for a
-// remote rank's request; the steps are in lockstep anyway (each ends in an all-reduce).
-constexpr std::chrono::milliseconds kRelayWait{1800 * 1000};
-
-// Rank 0 when ranks [remote_from, world) run on other nodes: at each take it also takes
-// each remote rank's share from the same source, for that rank's own request.
-class RelaySource : public kf::learner::GroupSource {
- public:
-  RelaySource(kf::learner::GroupSource& inner, kf::netqueue::GroupRelay& relay, int remote_from)
-      : inner_(inner), relay_(relay), remote_from_(remote_from) {}
-  std::vector<kf::replay::ScoredGroup> take(const kf::learner::TakeRequest& r) override {
-    auto own = inner_.take(r);
-    for (int rank = remote_from_; rank < r.world; ++rank) {
-      const auto q = relay_.next_request(rank, kRelayWait);
-      if (q.step != r.step)
-        throw kf::Error(relay_.where() + ": rank " + std::to_string(rank) + " asks for step " + std::to_string(q.step) +
-                        " while rank 0 is at step " + std::to_string(r.step) + " (the ranks are out of step)");
-      auto tr = r;
-      tr.rank = rank;
-      tr.groups = q.groups;
-      tr.version = q.version;
-      tr.max_lag = q.max_lag;
-      relay_.reply(rank, q.step, inner_.take(tr));
-    }
-    return own;
-  }
-  uint64_t dropped_stale() const override { return inner_.dropped_stale(); }
-
- private:
-  kf::learner::GroupSource& inner_;
-  kf::netqueue::GroupRelay& relay_;
-  int remote_from_;
+// The learner's counts (Learner::counters(), by name) that go to this rank's control-block
+// entry, role "learner" (replay::counter names the ids; the launcher's status reads them).
+struct ControlCounter {
+  kf::replay::counter::Learner id;
+  const char* name;
 };
-
-// A rank on another node: its share comes from rank 0 through Redis (one request per take).
-class RemoteSource : public kf::learner::GroupSource {
- public:
-  explicit RemoteSource(kf::netqueue::GroupRelay& relay) : relay_(relay) {}
-  std::vector<kf::replay::ScoredGroup> take(const kf::learner::TakeRequest& r) override {
-    kf::netqueue::GroupRequest q;
-    q.step = r.step;
-    q.groups = r.groups;
-    q.version = r.version;
-    q.max_lag = r.max_lag;
-    return relay_.request(r.rank, q, kRelayWait);
-  }
-
- private:
-  kf::netqueue::GroupRelay& relay_;
+constexpr ControlCounter kControlCounters[] = {
+    {kf::replay::counter::kLearnerSteps, "steps"},
+    {kf::replay::counter::kLearnerGroupsUsed, "groups_used"},
+    {kf::replay::counter::kLearnerDroppedStale, "dropped_stale"},
+    {kf::replay::counter::kLearnerSkippedEqual, "skipped_equal"},
+    {kf::replay::counter::kLearnerTokens, "tokens"},
+    {kf::replay::counter::kLearnerEmptySteps, "empty_steps"},
+    {kf::replay::counter::kLearnerPublishes, "publishes"},
+    {kf::replay::counter::kLearnerCheckpoints, "checkpoints"},
 };
-#endif
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -135,8 +100,8 @@ int main(int argc, char** argv) {
                  "NCCL unique id hand-over: a folder (default when no run is attached: the run folder), or "
                  "'redis': the run's Redis server (cluster.redis.*), for ranks on several nodes");
   app.add_option("--remote-from", remote_from,
-                 "ranks >= this run on other nodes: they get their groups from rank 0 through the run's Redis "
-                 "server (cluster.redis.*), and attach no shared memory (0: every rank is on this node)");
+                 "ranks >= this run on other nodes (cluster.head_learner_ranks): they attach no shared memory and "
+                 "get their groups from rank 0 through the network transport (0: every rank is on this node)");
   app.add_option("--steps", steps, "steps to run (overrides learner.steps; 0 runs none)");
   app.add_option("--dump-weights", dump, "rank 0 writes the final weights here (safetensors)");
   app.add_flag("--synthetic", synthetic, "train on the synthetic group stream");
@@ -172,11 +137,23 @@ int main(int argc, char** argv) {
       throw kf::Error("--remote-from " + std::to_string(remote_from) + ": must be 1.." + std::to_string(lc.ranks - 1) +
                       " (learner.dist.ranks " + std::to_string(lc.ranks) + "), or 0");
     const bool remote_rank = remote_from > 0 && rank >= remote_from;
-#ifndef KF_HAVE_NETQUEUE
-    if (remote_from > 0)
-      throw kf::Error(
-          "--remote-from: this build has no Redis queue (hiredis was not found at configure time; run ./setup.sh)");
-#endif
+    if (remote_from > 0 && !synthetic) {
+      // Ranks off the head have no replay: only the network transport reaches them, and it
+      // learns from the config which ranks those are.
+      if (!kf::transport::network_supported())
+        throw kf::Error(
+            "--remote-from: this build has no network transport (hiredis was not found at configure time; run "
+            "./setup.sh)");
+      if (kf::transport::kind_of(cfg) != kf::transport::Kind::network)
+        throw kf::error_at(cfg.source(), "cluster.role: 'all' keeps every learner rank on this node; --remote-from " +
+                                             std::to_string(remote_from) +
+                                             " needs a role of several nodes (head or learners)");
+      if (cfg.get_int("cluster.head_learner_ranks") != remote_from)
+        throw kf::error_at(cfg.source(),
+                           "cluster.head_learner_ranks: " + std::to_string(cfg.get_int("cluster.head_learner_ranks")) +
+                               ", but --remote-from " + std::to_string(remote_from) +
+                               " (the ranks on other nodes must be the same in both)");
+    }
     std::unique_ptr<kf::replay::RunShm> shm;
     if (!run.empty() && !remote_rank) shm = kf::replay::RunShm::attach(run);
     std::string comm_kind = lc.comm;
@@ -218,27 +195,8 @@ int main(int argc, char** argv) {
                                         static_cast<int>(lc.ranks));
     }
 
-    std::unique_ptr<kf::learner::GroupSource> source;
-#ifdef KF_HAVE_NETQUEUE
-    std::unique_ptr<kf::netqueue::GroupRelay> relay;
-    if (remote_from > 0 && (rank == 0 || remote_rank)) {
-      const auto srv = redis_server_of(cfg, "--remote-from");
-      kf::netqueue::StreamConfig sc;
-      sc.host = srv.host;
-      sc.port = srv.port;
-      sc.password = srv.password;
-      relay = std::make_unique<kf::netqueue::GroupRelay>(sc, name);
-      kf::log_info("learner rank ", rank, ": ",
-                   remote_rank ? "takes its groups from rank 0" : "serves the groups of ranks ",
-                   remote_rank ? std::string() : std::to_string(remote_from) + ".." + std::to_string(lc.ranks - 1),
-                   " through ", relay->where());
-    }
-#endif
-    if (remote_rank) {
-#ifdef KF_HAVE_NETQUEUE
-      source = std::make_unique<RemoteSource>(*relay);
-#endif
-    } else if (synthetic) {
+    std::unique_ptr<kf::replay::ReadyGroups> source;
+    if (synthetic) {
       kf::learner::SyntheticConfig sc;
       sc.seed = lc.seed + 1;
       sc.vocab = lc.policy.empty() ? kf::learner::model_shape(lc.init_shape).vocab_size : 256;
@@ -246,16 +204,14 @@ int main(int argc, char** argv) {
       s->groups_per_step_total = lc.groups_per_step;
       source = std::move(s);
     } else {
-      if (!shm) throw kf::Error("kf-learner: give --run NAME (attach a run) or --synthetic");
-      source = std::make_unique<kf::learner::ReplaySource>(shm->replay(), lc.take_timeout_ms);
+      // One node (cluster.role all): the run's replay, so the run must be attached. Several
+      // nodes: the network transport (it logs where its groups come from, and which ranks
+      // rank 0 serves).
+      if (!shm && kf::transport::kind_of(cfg) == kf::transport::Kind::shm)
+        throw kf::Error("kf-learner: give --run NAME (attach a run) or --synthetic");
+      source = kf::transport::open_ready_groups(cfg, shm.get(), rank, static_cast<int>(lc.ranks),
+                                                std::chrono::milliseconds(lc.take_timeout_ms));
     }
-#ifdef KF_HAVE_NETQUEUE
-    std::unique_ptr<kf::learner::GroupSource> relayed;
-    if (relay && rank == 0) {
-      relayed = std::make_unique<RelaySource>(*source, *relay, remote_from);
-      std::swap(relayed, source);  // source: the relay; relayed: the inner source it takes from
-    }
-#endif
 
     kf::learner::LearnerDeps deps;
     deps.comm = comm.get();
@@ -269,12 +225,13 @@ int main(int argc, char** argv) {
     // With sharded parameters every rank takes part in the publish (rank 0 writes).
     if (shm || lc.shard == kf::learner::ShardMode::params) learner.publish_snapshot();
     int slot = shm ? shm->control().register_process("learner", rank) : -1;
-    // Counter 11: this rank's absolute step (the resumed step included), which the
-    // launcher's status shows for rank 0.
+    // This rank's absolute step (the resumed step included), which the launcher's status
+    // shows for rank 0.
     int64_t step_reported = 0;
     auto report_step = [&] {
       if (slot < 0 || learner.steps_done() <= step_reported) return;
-      shm->control().add_counter(slot, 11, static_cast<uint64_t>(learner.steps_done() - step_reported));
+      shm->control().add_counter(slot, kf::replay::counter::kLearnerAbsoluteStep,
+                                 static_cast<uint64_t>(learner.steps_done() - step_reported));
       step_reported = learner.steps_done();
     };
     report_step();
@@ -302,14 +259,9 @@ int main(int argc, char** argv) {
       const auto before = learner.counters();
       const auto st = learner.step();
       if (slot >= 0) {
-        // Control-block counters of role "learner": 0 steps, 1 groups used, 2 groups dropped
-        // stale, 3 groups skipped (equal rewards), 4 tokens, 5 empty steps, 6 snapshots
-        // published, 7 checkpoints written (all counted by this process); 11 the absolute step.
-        const char* names[] = {"steps",  "groups_used", "dropped_stale", "skipped_equal",
-                               "tokens", "empty_steps", "publishes",     "checkpoints"};
-        for (int i = 0; i < 8; ++i) {
-          const int64_t d = learner.counters().at(names[i]) - before.at(names[i]);
-          if (d > 0) shm->control().add_counter(slot, i, static_cast<uint64_t>(d));
+        for (const auto& c : kControlCounters) {
+          const int64_t d = learner.counters().at(c.name) - before.at(c.name);
+          if (d > 0) shm->control().add_counter(slot, c.id, static_cast<uint64_t>(d));
         }
         using CB = kf::replay::ControlBlock;
         shm->control().add_counter(slot, CB::kWorkMs, static_cast<uint64_t>((st.seconds - st.take_seconds) * 1e3));

@@ -1,5 +1,6 @@
-// GroupRelay: scored groups through Redis lists (RPUSH / BLPOP), and their byte form.
-#include "kf/netqueue/netqueue.h"
+// GroupRelay (relay.h): scored groups for learner ranks on other nodes through Redis lists
+// (RPUSH / BLPOP); the groups travel in records.h's byte form.
+#include "relay.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -11,112 +12,16 @@
 #include "kf/common/error.h"
 #include "kf/common/log.h"
 #include "kf/replay/replay.h"
+#include "records.h"
 
 namespace kf::netqueue {
 
 using detail::Args;
 using detail::Conn;
 using detail::Reply;
+using detail::decode_groups;
+using detail::encode_groups;
 using Clock = std::chrono::steady_clock;
-
-namespace {
-
-const char kMagic[4] = {'K', 'F', 'G', '1'};
-
-template <class T>
-void put(std::string& out, T v) {
-  out.append(reinterpret_cast<const char*>(&v), sizeof(v));
-}
-void put_bytes(std::string& out, const std::string& s) {
-  put<uint32_t>(out, static_cast<uint32_t>(s.size()));
-  out += s;
-}
-
-struct Reader {
-  const std::string& b;
-  std::size_t pos = 0;
-  const std::string& context;
-  [[noreturn]] void fail(const std::string& what) const {
-    throw Error(context + ": scored groups record: " + what + " at byte " + std::to_string(pos) + " of " +
-                std::to_string(b.size()));
-  }
-  template <class T>
-  T get(const char* field) {
-    if (b.size() - pos < sizeof(T)) fail(std::string("field ") + field + " cut short");
-    T v;
-    std::memcpy(&v, b.data() + pos, sizeof(T));
-    pos += sizeof(T);
-    return v;
-  }
-  std::string bytes(const char* field) {
-    const auto n = get<uint32_t>(field);
-    if (b.size() - pos < n) fail(std::string("field ") + field + " of " + std::to_string(n) + " bytes cut short");
-    std::string s = b.substr(pos, n);
-    pos += n;
-    return s;
-  }
-};
-
-}  // namespace
-
-std::string encode_groups(const std::vector<replay::ScoredGroup>& groups) {
-  std::string out(kMagic, 4);
-  put<uint32_t>(out, static_cast<uint32_t>(groups.size()));
-  for (const auto& g : groups) {
-    if (g.results.size() != g.candidates.size() || g.missing.size() != g.candidates.size())
-      throw Error("encode_groups: group " + std::to_string(g.group_id) + " has " + std::to_string(g.candidates.size()) +
-                  " candidates, " + std::to_string(g.results.size()) + " results and " +
-                  std::to_string(g.missing.size()) + " missing flags (must be equal)");
-    put<uint64_t>(out, g.group_id);
-    put_bytes(out, g.task);
-    put<int64_t>(out, g.policy_version);
-    put<uint32_t>(out, static_cast<uint32_t>(g.prompt_tokens.size()));
-    out.append(reinterpret_cast<const char*>(g.prompt_tokens.data()), g.prompt_tokens.size() * sizeof(int32_t));
-    put<uint32_t>(out, static_cast<uint32_t>(g.candidates.size()));
-    for (std::size_t i = 0; i < g.candidates.size(); ++i) {
-      std::string c(replay::encoded_size(g.candidates[i]), '\0');
-      replay::encode(g.candidates[i], reinterpret_cast<unsigned char*>(c.data()));
-      put_bytes(out, c);
-      std::string r(replay::encoded_size(g.results[i]), '\0');
-      replay::encode(g.results[i], reinterpret_cast<unsigned char*>(r.data()));
-      put_bytes(out, r);
-      put<uint8_t>(out, g.missing[i]);
-    }
-    put<uint8_t>(out, g.deadline_hit ? 1 : 0);
-  }
-  return out;
-}
-
-std::vector<replay::ScoredGroup> decode_groups(const std::string& bytes, const std::string& context) {
-  Reader rd{bytes, 0, context};
-  if (bytes.size() < 4 || std::memcmp(bytes.data(), kMagic, 4) != 0) rd.fail("not a scored groups record (magic)");
-  rd.pos = 4;
-  const auto n = rd.get<uint32_t>("count");
-  std::vector<replay::ScoredGroup> out;
-  for (uint32_t k = 0; k < n; ++k) {
-    replay::ScoredGroup g;
-    g.group_id = rd.get<uint64_t>("group_id");
-    g.task = rd.bytes("task");
-    g.policy_version = rd.get<int64_t>("policy_version");
-    const auto np = rd.get<uint32_t>("prompt length");
-    if ((bytes.size() - rd.pos) / sizeof(int32_t) < np) rd.fail("prompt tokens cut short");
-    g.prompt_tokens.resize(np);
-    std::memcpy(g.prompt_tokens.data(), bytes.data() + rd.pos, np * sizeof(int32_t));
-    rd.pos += np * sizeof(int32_t);
-    const auto nc = rd.get<uint32_t>("candidates");
-    for (uint32_t i = 0; i < nc; ++i) {
-      const std::string c = rd.bytes("candidate"), r = rd.bytes("result");
-      g.candidates.push_back(
-          replay::decode_candidate(reinterpret_cast<const unsigned char*>(c.data()), c.size(), context));
-      g.results.push_back(replay::decode_result(reinterpret_cast<const unsigned char*>(r.data()), r.size(), context));
-      g.missing.push_back(rd.get<uint8_t>("missing"));
-    }
-    g.deadline_hit = rd.get<uint8_t>("deadline_hit") != 0;
-    out.push_back(std::move(g));
-  }
-  if (rd.pos != bytes.size()) rd.fail(std::to_string(bytes.size() - rd.pos) + " trailing bytes");
-  return out;
-}
 
 struct GroupRelay::Impl {
   StreamConfig server;

@@ -80,6 +80,20 @@ end
 return n
 )lua";
 
+// KEYS[1] stream; ARGV[1] group, ARGV[2] consumer, ARGV[3] idle ms, ARGV[4..] ids. Sets the
+// idle time of the ids this consumer owns to ARGV[3], so the next XAUTOCLAIM takes them.
+const char* kGiveBackScript = R"lua(
+local n = 0
+for i = 4, #ARGV do
+  local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1)
+  if #p == 1 and p[1][2] == ARGV[2] then
+    redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[i], 'IDLE', ARGV[3], 'JUSTID')
+    n = n + 1
+  end
+end
+return n
+)lua";
+
 bool valid_id(const std::string& id) {
   auto dash = id.find('-');
   if (dash == std::string::npos || dash == 0 || dash + 1 == id.size()) return false;
@@ -136,6 +150,8 @@ struct StreamQueue::Impl {
   Millis claim_every;
   Millis prune_after;  // forget consumers idle this long with nothing pending
   Clock::time_point next_prune;
+  Clock::time_point next_full_log{};  // push_batch's "stream full" line: at most one a minute
+  uint64_t full_unlogged = 0;
 
   explicit Impl(const StreamConfig& c)
       : cfg(c),
@@ -418,9 +434,17 @@ std::size_t StreamQueue::push_batch(const std::vector<Outgoing>& records, Millis
     if (now >= deadline) {
       std::size_t left = records.size() - done;
       q.stats.push_timeouts += left;
-      log_warn("netqueue: ", q.where(), ": stream full (bound ", q.cfg.bound, " unacknowledged records) for ",
-               std::chrono::duration_cast<Millis>(timeout).count(), " ms; pushed ", done, " of ", records.size(),
-               ", the caller decides about the other ", left);
+      // A producer that waits in short slices (publish's back-pressure loop) would log every
+      // slice: one line, then at most one a minute with the count since.
+      ++q.full_unlogged;
+      if (now >= q.next_full_log) {
+        log_warn("netqueue: ", q.where(), ": stream full (bound ", q.cfg.bound, " unacknowledged records) for ",
+                 std::chrono::duration_cast<Millis>(timeout).count(), " ms; pushed ", done, " of ", records.size(),
+                 ", the caller decides about the other ", left,
+                 q.full_unlogged > 1 ? " (" + std::to_string(q.full_unlogged) + " such waits since the last line)" : "");
+        q.full_unlogged = 0;
+        q.next_full_log = now + std::chrono::minutes(1);
+      }
       return done;
     }
     std::this_thread::sleep_for(std::min<Clock::duration>(backoff, deadline - now));
@@ -482,6 +506,24 @@ std::size_t StreamQueue::keep_alive(const std::vector<std::string>& ids) {
   }
   Reply r = q.conn.call(a, "keep-alive script");
   return static_cast<std::size_t>(detail::reply_integer(r.get(), q.where(), "keep-alive script"));
+}
+
+std::size_t StreamQueue::give_back(const std::vector<std::string>& ids) {
+  Impl& q = *impl_;
+  q.ready();
+  if (ids.empty()) return 0;
+  Args a;
+  a.add("EVAL").add(kGiveBackScript).add("1").add(q.cfg.stream).add(q.cfg.group).add(q.cfg.consumer);
+  a.add_copy(std::to_string(q.cfg.claim_idle.count() + 1));
+  for (const auto& id : ids) {
+    if (!valid_id(id)) throw Error(where() + ": give_back: '" + id.substr(0, 64) + "' is not a stream entry id");
+    a.add(id);
+  }
+  Reply r = q.conn.call(a, "give-back script");
+  // The next take() claims at once (this consumer included), not after claim_every.
+  q.next_claim = Clock::now();
+  q.claim_cursor = "0-0";
+  return static_cast<std::size_t>(detail::reply_integer(r.get(), q.where(), "give-back script"));
 }
 
 StreamDepth StreamQueue::depth() {

@@ -1,3 +1,8 @@
+// ChatTemplate (kf/policy/policy.h): layouts from jinja2, filled in C++; how and why:
+// policy/src/chat_template.h. load() renders the [user] layout at once, so a template that
+// cannot be rendered exactly fails there (kf::Error naming the file and the Python or jinja2
+// failure); render() fails naming the template for a conversation it rejects
+// (raise_exception) or an empty content a laid-out sequence branches on.
 #include "kf/policy/policy.h"
 
 #include <fcntl.h>
@@ -18,6 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kf/common/error.h"
+#include "chat_template.h"
 
 extern char** environ;
 

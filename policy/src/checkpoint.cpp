@@ -1,3 +1,8 @@
+// HF model folders (kf/policy/policy.h: load_policy, save_policy, save_weights; src/checkpoint.h:
+// load_weights). Loading maps each shard and copies tensor by tensor into the model's
+// parameters (any dtype conversion happens in that copy), so peak memory is the model plus
+// the page cache; saving writes shards of at most max_shard_bytes plus an index, as HF
+// transformers does. load_policy checks that the tokenizer's ids fit the model's vocab_size.
 #include "kf/policy/policy.h"
 
 #include <sys/stat.h>
@@ -7,6 +12,8 @@
 #include <set>
 
 #include "kf/common/error.h"
+#include "checkpoint.h"
+#include "config.h"
 
 namespace kf::policy {
 

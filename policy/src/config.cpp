@@ -1,3 +1,6 @@
+// ModelConfig <-> config.json (kf/policy/policy.h, policy/src/config.h), the stop ids of
+// generation_config.json, and the named random-init shapes (named_model_shape: kf::Error
+// naming learner.init_shape for an unknown name). Errors name the file and the field.
 #include "kf/policy/policy.h"
 
 #include <algorithm>
@@ -6,6 +9,7 @@
 #include <sstream>
 
 #include "kf/common/error.h"
+#include "config.h"
 
 namespace kf::policy {
 namespace {

@@ -1,4 +1,33 @@
 // The rollout engine (Engine in kf/policy/policy.h): block pool, admission, prefill, paged decode, stops.
+// It serves many requests (a prompt and n samples of it, e.g. a GRPO group) at once:
+//   - continuous batching: the running batch is re-formed every `check_every` decode steps;
+//     a sequence that ended (EOS, loop, max tokens) leaves it there and a waiting request
+//     joins (its prompt is prefilled, its first tokens sampled);
+//   - a paged KV cache: per layer one pool of fixed-size blocks (block_size tokens) sized by
+//     a memory budget in bytes; each sequence has a block table. A request is admitted only
+//     when the pool can hold all of its samples at their longest (prompt + max_new_tokens),
+//     so a running sequence never waits for memory and nothing is preempted;
+//   - the prompt prefilled once per request: its blocks are shared by the n samples by
+//     reference count; the last, partial block is copied on the first write of a sample
+//     that does not own it alone (copy-on-write);
+//   - attention reads a working copy of the batch's keys and values, gathered from the
+//     blocks into logical order once per chunk of check_every steps (each step appends its
+//     token to the copy and to the pool): one gather per chunk, contiguous reads per step,
+//     at the cost of holding that copy (about the running sequences' KV once more);
+//   - on CUDA, the decode step (model forward to logits) is captured as a CUDA graph per
+//     (batch bucket, KV-length bucket) and replayed; the batch is padded to its bucket with
+//     rows that write to a reserved scratch block. On the CPU the step runs eagerly
+//     (padding only when EngineOptions::pad_batch asks for it, which tests use to show
+//     that padding does not change results).
+// Tokens are drawn by sample_tokens (src/sampler.h: the Sampler's code) and each token's
+// log-prob is log softmax(logits / temperature) of the full vocabulary, as the learner
+// recomputes it. Randomness comes from one generator per engine (EngineOptions::seed): a
+// request's SamplingParams::seed, stop strings, static_decode, cuda_graph, shared_prefill
+// and gpu_share are not used. Greedy decoding does not depend on the batch (up to float
+// rounding of the attention sums). submit() refuses (kf::Error) an empty prompt, a token
+// outside the vocab, n < 1, max_new_tokens < 1, stop strings, or a request that could never
+// fit the KV budget (saying how many MB it needs); the constructor refuses a pool of fewer
+// than two blocks, naming actors.engine.kv_budget_mb.
 //
 // Layout: per layer, keys and values are one pool each, [blocks * block_size, kv_heads,
 // head_dim] (token-major), so a token's slot is block * block_size + offset and the write
@@ -18,6 +47,8 @@
 #include <utility>
 
 #include "kf/common/error.h"
+#include "layers.h"
+#include "sampler.h"
 
 #ifdef KF_POLICY_CUDA
 #include <ATen/cuda/CUDAGraph.h>

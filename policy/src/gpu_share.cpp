@@ -1,3 +1,9 @@
+// GpuShare (kf/policy/policy.h): the evaluator holds a GPU's GpuTimingLock exclusively around
+// each timed trial; a learner's or actor's GPU work runs inside enter()/leave(), which hold it
+// shared, and leave() synchronizes the device first, so none of their kernels still runs when
+// a trial starts (docs/architecture.md#sharing-a-gpu). Holds are short (a decode chunk, a
+// micro-batch), so a trial waits little. The lock is per open file description: one thread
+// per GpuShare.
 #include "kf/policy/policy.h"
 
 #include <chrono>

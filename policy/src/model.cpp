@@ -1,3 +1,13 @@
+// CausalLM and its parts (kf/policy/policy.h, policy/src/layers.h): the decoder's modules,
+// the memory-lean layer functions (custom autograd nodes), the KV cache, LoRA, packed
+// sequences, gradient checkpointing and the ParamHooks calls.
+// ParamHooks order: pre_forward(l) before decoder layer l runs forward (l = -1: the
+// embeddings, final norm and head, which hidden() and hidden_packed() need from their
+// start); post_forward(l) after it (the owner may free layer l's full weights; autograd's
+// saved references keep the tensors, whose storage the owner refills before backward);
+// pre_backward(l) before layer l's backward: inside LayerCheckpoint's backward
+// (recomputation) before the layer is re-run, else from a hook on the layer output's
+// gradient. Freeing after backward is the owner's (when the layer's gradients are in).
 #include "kf/policy/policy.h"
 
 #include <ATen/SDPBackend.h>
@@ -10,6 +20,7 @@
 #include <tuple>
 
 #include "kf/common/error.h"
+#include "layers.h"
 
 namespace kf::policy {
 
@@ -447,8 +458,9 @@ KVCache KVCache::create(const ModelConfig& c, int64_t batch, int64_t capacity, t
 
 CausalLMImpl::CausalLMImpl(const ModelConfig& c, torch::TensorOptions opts) : config_(c), opts_(opts) {
   c.validate("model config");
-  model = register_module("model", Backbone(c, opts));
-  if (!c.tie_word_embeddings) lm_head = register_module("lm_head", Linear(c.hidden_size, c.vocab_size, false, opts));
+  model = register_module("model", std::make_shared<BackboneImpl>(c, opts));
+  if (!c.tie_word_embeddings)
+    lm_head = register_module("lm_head", std::make_shared<LinearImpl>(c.hidden_size, c.vocab_size, false, opts));
   inv_freq_ = make_inv_freq(c).to(opts.device());
 }
 
@@ -623,7 +635,7 @@ torch::Tensor CausalLMImpl::decode_static(const torch::Tensor& tok, KVCache& cac
 }
 
 torch::Tensor CausalLMImpl::logits(const torch::Tensor& h) {
-  return lm_head ? lm_head(h) : torch::nn::functional::linear(h, model->embed_tokens->weight);
+  return lm_head ? lm_head->forward(h) : torch::nn::functional::linear(h, model->embed_tokens->weight);
 }
 
 torch::Tensor CausalLMImpl::forward(const torch::Tensor& ids, const torch::Tensor& attention_mask) {

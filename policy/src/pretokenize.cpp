@@ -1,3 +1,5 @@
+// The hand-compiled pre-tokeniser regexes of GPT-2, Qwen2 and Llama 3 (pretokenize.h says
+// why by hand); tokenizer.cpp runs them.
 #include "pretokenize.h"
 
 #include "unicode.h"

@@ -1,3 +1,7 @@
+// Safetensors checkpoints (kf/policy/policy.h): st_parse over the one header parser of
+// kf/common/safetensors_header.h, StFile (a read-only mmap), StCheckpoint (a folder, sharded
+// or not) and st_write (declared tensors filled one at a time, temporary file + rename), so a
+// multi-GB model never sits in host memory twice.
 #include "kf/policy/policy.h"
 
 #include <fcntl.h>
@@ -15,6 +19,7 @@
 
 #include "kf/common/error.h"
 #include "kf/common/safetensors_header.h"
+#include "safetensors_format.h"
 
 namespace kf::policy {
 // The parsing and validation live in kf/common/safetensors_header.h (one parser for task

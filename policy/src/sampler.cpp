@@ -1,9 +1,22 @@
+// The Sampler (kf/policy/policy.h) and token sampling (policy/src/sampler.h): prompts are
+// left-padded into one prefill; each decode step samples one token per row (temperature,
+// top-k, top-p, padding logits masked) and records its log-prob. Per-row stop: EOS ids, stop
+// strings, a loop (loop_period), max tokens, checked on the host every check_every steps
+// (each check is a device sync; the result is exact for any value, a larger one only wastes
+// some tokens after a stop). Static decode (KVCache::static_slot) keeps shapes fixed so the
+// step is captured once as a CUDA graph and replayed; on the CPU the growing cache is faster,
+// hence static_decode = -1 means CUDA only. shared_prefill prefills one row of a group of
+// equal prompts and copies its KV cache to the others. SamplingParams::gpu_share is held for
+// the whole generation and paused at every host check, so an evaluator's timed trial can run
+// between chunks.
 #include "kf/policy/policy.h"
 
 #include <algorithm>
 #include <limits>
 
 #include "kf/common/error.h"
+#include "layers.h"
+#include "sampler.h"
 
 #ifdef KF_POLICY_CUDA
 #include <ATen/cuda/CUDAGraph.h>

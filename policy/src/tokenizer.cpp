@@ -1,3 +1,9 @@
+// Tokenizer (kf/policy/policy.h): an HF tokenizer.json byte-level BPE. Covers: merges as
+// "a b" or ["a","b"]; added/special tokens split off before normalisation/pre-tokenisation
+// (leftmost-longest, lstrip/rstrip/single_word); the GPT-2, Qwen2 and Llama 3 split regexes
+// (pretokenize.h); NFC (unicode.h); ignore_merges; byte-level decoding back to the exact
+// bytes. Anything else is refused with kf::Error naming the file and the field (e.g.
+// "tokenizer.json: field 'model.type': 'WordPiece' is not supported"). Fuzzed: policy/fuzz/.
 #include "kf/policy/policy.h"
 
 #include <algorithm>

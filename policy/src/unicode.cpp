@@ -1,3 +1,5 @@
+// UTF-8 decoding and encoding, the L/N/White_Space categories and NFC for the tokenizer
+// (declared in unicode.h), over the tables of unicode_tables.inc.
 #include "unicode.h"
 
 #include <algorithm>

@@ -1,3 +1,5 @@
+// ControlBlock: run state, the process table (heartbeats, counters) and rendezvous slots in one
+// segment. Table writes and rendezvous puts take a robust mutex; the rest are lock-free atomics.
 #include "kf/replay/replay.h"
 
 #include <climits>
@@ -5,12 +7,17 @@
 #include <thread>
 
 #include "kf/common/error.h"
+#include "segment.h"
 #include "shm_util.h"
 
 namespace kf::replay {
 using namespace detail;
 
 namespace {
+constexpr int kMaxProcs = 128;
+constexpr int kRendezvous = 8;
+constexpr int kRendezvousBytes = 256;
+
 struct ProcEntry {
   std::atomic<uint64_t> owner;  // owner_word(1, pid) when claimed
   uint64_t start;
@@ -24,7 +31,7 @@ struct RdvEntry {
   std::atomic<uint64_t> seq;  // seqlock: odd while written
   char key[32];
   uint32_t len;
-  unsigned char data[ControlBlock::kRendezvousBytes];
+  unsigned char data[kRendezvousBytes];
 };
 }  // namespace
 
@@ -51,22 +58,22 @@ const char* run_state_name(RunState s) {
   return "unknown";
 }
 
-std::size_t ControlBlock::segment_bytes() { return ShmSegment::kHeaderBytes + sizeof(Header); }
-ControlBlock::Header* ControlBlock::hdr() const { return static_cast<Header*>(seg_.body()); }
+static std::size_t segment_bytes() { return kSegmentHeaderBytes + sizeof(ControlBlock::Header); }
+ControlBlock::Header* ControlBlock::hdr() const { return static_cast<Header*>(segment_body(seg_)); }
 
-ControlBlock ControlBlock::create(const std::string& name, const SegmentOptions& opt) {
+ControlBlock ControlBlock::create(const std::string& name, const SegmentOptions* opt) {
   ControlBlock c;
-  c.seg_ = ShmSegment::create(name, SegmentKind::Control, segment_bytes(), opt);
-  Header* h = new (c.seg_.body()) Header();
+  c.seg_ = create_segment(name, SegmentKind::Control, segment_bytes(), opt ? *opt : SegmentOptions{});
+  Header* h = new (segment_body(c.seg_)) Header();
   robust_mutex_init(&h->mu);
-  c.seg_.mark_ready();
+  mark_segment_ready(c.seg_);
   return c;
 }
 
 ControlBlock ControlBlock::attach(const std::string& name, Timeout wait_ready) {
   ControlBlock c;
-  c.seg_ = ShmSegment::attach(name, SegmentKind::Control, wait_ready);
-  if (c.seg_.size() != segment_bytes())
+  c.seg_ = attach_segment(name, SegmentKind::Control, wait_ready);
+  if (segment_size(c.seg_) != segment_bytes())
     throw Error("replay: control block '" + name + "': field total_bytes: layout differs from this build");
   return c;
 }

@@ -14,6 +14,7 @@
 #include "codec.h"
 #include "kf/common/error.h"
 #include "kf/common/run_dir.h"
+#include "segment.h"
 #include "shm_util.h"
 
 namespace kf::replay {
@@ -69,10 +70,10 @@ struct ReplayBuffer::Header {
   NoteSlot notes[ReplayBuffer::kResultNotes];
 
   GroupSlot* slot(uint32_t i) {
-    return reinterpret_cast<GroupSlot*>(reinterpret_cast<char*>(this) - ShmSegment::kHeaderBytes + slots_off) + i;
+    return reinterpret_cast<GroupSlot*>(reinterpret_cast<char*>(this) - kSegmentHeaderBytes + slots_off) + i;
   }
   unsigned char* data(uint32_t i) {
-    return reinterpret_cast<unsigned char*>(this) - ShmSegment::kHeaderBytes + data_off +
+    return reinterpret_cast<unsigned char*>(this) - kSegmentHeaderBytes + data_off +
            static_cast<uint64_t>(i) * group_bytes;
   }
   unsigned char* result_region(uint32_t i, uint32_t k) { return data(i) + static_cast<uint64_t>(k) * result_bytes; }
@@ -83,38 +84,38 @@ struct ReplayBuffer::Header {
 // result counts only once its bit is set (after its bytes were written).
 #define KF_REPLAY_LOCK(h) RobustLock lock_(&(h)->mu, "replay buffer", nullptr, &(h)->recoveries)
 
-ReplayBuffer::Header* ReplayBuffer::hdr() const { return static_cast<Header*>(seg_.body()); }
+ReplayBuffer::Header* ReplayBuffer::hdr() const { return static_cast<Header*>(segment_body(seg_)); }
 
-std::size_t ReplayBuffer::segment_bytes(const ReplayConfig& cfg) {
-  uint64_t off = align_up(ShmSegment::kHeaderBytes + sizeof(Header), 64);
+static std::size_t segment_bytes(const ReplayConfig& cfg) {
+  uint64_t off = align_up(kSegmentHeaderBytes + sizeof(ReplayBuffer::Header), 64);
   off = align_up(off + sizeof(GroupSlot) * cfg.capacity, 4096);
   return off + static_cast<uint64_t>(cfg.group_bytes) * cfg.capacity;
 }
 
-ReplayBuffer ReplayBuffer::create(const std::string& name, const ReplayConfig& cfg, const SegmentOptions& opt) {
+ReplayBuffer ReplayBuffer::create(const std::string& name, const ReplayConfig& cfg, const SegmentOptions* opt) {
   if (cfg.capacity == 0 || cfg.result_bytes < 256 || cfg.group_bytes < cfg.result_bytes * 2 + 64)
     throw Error("replay: replay buffer '" + name +
                 "': need capacity > 0, result_bytes >= 256, group_bytes > 2*result_bytes");
   ReplayBuffer r;
-  r.seg_ = ShmSegment::create(name, SegmentKind::Replay, segment_bytes(cfg), opt);
-  Header* h = new (r.seg_.body()) Header();
+  r.seg_ = create_segment(name, SegmentKind::Replay, segment_bytes(cfg), opt ? *opt : SegmentOptions{});
+  Header* h = new (segment_body(r.seg_)) Header();
   h->capacity = cfg.capacity;
   h->group_bytes = cfg.group_bytes;
   h->result_bytes = cfg.result_bytes;
-  uint64_t off = align_up(ShmSegment::kHeaderBytes + sizeof(Header), 64);
+  uint64_t off = align_up(kSegmentHeaderBytes + sizeof(Header), 64);
   h->slots_off = off;
   h->data_off = align_up(off + sizeof(GroupSlot) * cfg.capacity, 4096);
   robust_mutex_init(&h->mu);
   for (uint32_t i = 0; i < cfg.capacity; ++i) new (h->slot(i)) GroupSlot();
-  r.seg_.mark_ready();
+  mark_segment_ready(r.seg_);
   return r;
 }
 
 ReplayBuffer ReplayBuffer::attach(const std::string& name, Timeout wait_ready) {
   ReplayBuffer r;
-  r.seg_ = ShmSegment::attach(name, SegmentKind::Replay, wait_ready);
+  r.seg_ = attach_segment(name, SegmentKind::Replay, wait_ready);
   Header* h = r.hdr();
-  if (segment_bytes(ReplayConfig{h->capacity, h->group_bytes, h->result_bytes}) != r.seg_.size())
+  if (segment_bytes(ReplayConfig{h->capacity, h->group_bytes, h->result_bytes}) != segment_size(r.seg_))
     throw Error("replay: replay buffer '" + name + "': field capacity/group_bytes disagree with the segment size");
   return r;
 }
@@ -294,7 +295,8 @@ namespace {
 void note_result(ReplayBuffer::Header* h, const Result& r, bool joined);
 }  // namespace
 
-bool ReplayBuffer::add_result(const Result& r) {
+bool ReplayBuffer::add_result(const Result& r, bool* duplicate) {
+  if (duplicate) *duplicate = false;
   Header* h = hdr();
   Result x = fit_result(r, h->result_bytes);
   const std::size_t n = encoded_size(x);
@@ -318,6 +320,7 @@ bool ReplayBuffer::add_result(const Result& r) {
     const uint64_t bit = 1ull << r.index_in_group;
     if (s->scored_mask.load(std::memory_order_relaxed) & bit) {
       h->duplicate.fetch_add(1, std::memory_order_relaxed);
+      if (duplicate) *duplicate = true;
       return false;
     }
     unsigned char* region = h->result_region(i, r.index_in_group);

@@ -13,6 +13,7 @@
 #include "kf/common/error.h"
 #include "kf/common/log.h"
 #include "kf/common/run_dir.h"
+#include "segment.h"
 #include "shm_util.h"
 
 namespace fs = std::filesystem;
@@ -44,47 +45,46 @@ struct KernelDb::Header {
   uint64_t next_seq;
   std::atomic<uint64_t> inserted, duplicates, rejected_slower, rejected_full, evicted, too_large, recoveries;
   KEntry* entry(uint32_t i) {
-    return reinterpret_cast<KEntry*>(reinterpret_cast<char*>(this) - ShmSegment::kHeaderBytes + entries_off) + i;
+    return reinterpret_cast<KEntry*>(reinterpret_cast<char*>(this) - kSegmentHeaderBytes + entries_off) + i;
   }
   char* source(uint32_t i) {
-    return reinterpret_cast<char*>(this) - ShmSegment::kHeaderBytes + source_off +
-           static_cast<uint64_t>(i) * source_bytes;
+    return reinterpret_cast<char*>(this) - kSegmentHeaderBytes + source_off + static_cast<uint64_t>(i) * source_bytes;
   }
 };
 
 #define KF_KDB_LOCK(h) RobustLock lock_(&(h)->mu, "kernel database", nullptr, &(h)->recoveries)
 
-KernelDb::Header* KernelDb::hdr() const { return static_cast<Header*>(seg_.body()); }
+KernelDb::Header* KernelDb::hdr() const { return static_cast<Header*>(segment_body(seg_)); }
 
-std::size_t KernelDb::segment_bytes(const KernelDbConfig& cfg) {
-  uint64_t off = align_up(ShmSegment::kHeaderBytes + sizeof(Header), 64);
+static std::size_t segment_bytes(const KernelDbConfig& cfg) {
+  uint64_t off = align_up(kSegmentHeaderBytes + sizeof(KernelDb::Header), 64);
   off = align_up(off + sizeof(KEntry) * cfg.capacity, 4096);
   return off + static_cast<uint64_t>(cfg.source_bytes) * cfg.capacity;
 }
 
-KernelDb KernelDb::create(const std::string& name, const KernelDbConfig& cfg, const SegmentOptions& opt) {
+KernelDb KernelDb::create(const std::string& name, const KernelDbConfig& cfg, const SegmentOptions* opt) {
   if (cfg.capacity == 0 || cfg.source_bytes == 0 || cfg.max_per_task == 0)
     throw Error("replay: kernel database '" + name + "': capacity, source_bytes and max_per_task must be > 0");
   KernelDb db;
-  db.seg_ = ShmSegment::create(name, SegmentKind::KernelDb, segment_bytes(cfg), opt);
-  Header* h = new (db.seg_.body()) Header();
+  db.seg_ = create_segment(name, SegmentKind::KernelDb, segment_bytes(cfg), opt ? *opt : SegmentOptions{});
+  Header* h = new (segment_body(db.seg_)) Header();
   h->capacity = cfg.capacity;
   h->source_bytes = cfg.source_bytes;
   h->max_per_task = cfg.max_per_task;
-  uint64_t off = align_up(ShmSegment::kHeaderBytes + sizeof(Header), 64);
+  uint64_t off = align_up(kSegmentHeaderBytes + sizeof(Header), 64);
   h->entries_off = off;
   h->source_off = align_up(off + sizeof(KEntry) * cfg.capacity, 4096);
   robust_mutex_init(&h->mu);
   for (uint32_t i = 0; i < cfg.capacity; ++i) new (h->entry(i)) KEntry();
-  db.seg_.mark_ready();
+  mark_segment_ready(db.seg_);
   return db;
 }
 
 KernelDb KernelDb::attach(const std::string& name, Timeout wait_ready) {
   KernelDb db;
-  db.seg_ = ShmSegment::attach(name, SegmentKind::KernelDb, wait_ready);
+  db.seg_ = attach_segment(name, SegmentKind::KernelDb, wait_ready);
   Header* h = db.hdr();
-  if (segment_bytes(KernelDbConfig{h->capacity, h->source_bytes, h->max_per_task}) != db.seg_.size())
+  if (segment_bytes(KernelDbConfig{h->capacity, h->source_bytes, h->max_per_task}) != segment_size(db.seg_))
     throw Error("replay: kernel database '" + name + "': field capacity/source_bytes disagree with the segment size");
   return db;
 }

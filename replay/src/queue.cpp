@@ -4,7 +4,7 @@
 // READING(dead pid) -> QUEUED when reap() puts a dead consumer's claim back.
 // All state changes happen under the header's robust mutex; the owner word is the
 // truth and the ring/free stack are rebuilt from it if a lock owner died.
-#include "kf/replay/replay.h"
+#include "queue.h"
 
 #include <algorithm>
 #include <climits>
@@ -14,6 +14,7 @@
 
 #include "kf/common/error.h"
 #include "kf/common/log.h"
+#include "segment.h"
 #include "shm_util.h"
 
 namespace kf::replay {
@@ -74,13 +75,13 @@ struct ShmQueue::Header {
   uint64_t lost_log[kLostLog];
 
   uint32_t* ring() {
-    return reinterpret_cast<uint32_t*>(reinterpret_cast<char*>(this) - ShmSegment::kHeaderBytes + ring_off);
+    return reinterpret_cast<uint32_t*>(reinterpret_cast<char*>(this) - kSegmentHeaderBytes + ring_off);
   }
   uint32_t* free_stack() {
-    return reinterpret_cast<uint32_t*>(reinterpret_cast<char*>(this) - ShmSegment::kHeaderBytes + free_off);
+    return reinterpret_cast<uint32_t*>(reinterpret_cast<char*>(this) - kSegmentHeaderBytes + free_off);
   }
   SlotHdr* slot(uint32_t i) {
-    return reinterpret_cast<SlotHdr*>(reinterpret_cast<char*>(this) - ShmSegment::kHeaderBytes + slots_off +
+    return reinterpret_cast<SlotHdr*>(reinterpret_cast<char*>(this) - kSegmentHeaderBytes + slots_off +
                                       static_cast<uint64_t>(i) * stride);
   }
   unsigned char* payload(uint32_t i) { return reinterpret_cast<unsigned char*>(slot(i)) + sizeof(SlotHdr); }
@@ -221,14 +222,14 @@ void repair(H* h) {
 }
 }  // namespace
 
-ShmQueue::Header* ShmQueue::hdr() const { return static_cast<Header*>(seg_.body()); }
+ShmQueue::Header* ShmQueue::hdr() const { return static_cast<Header*>(segment_body(seg_)); }
 uint32_t ShmQueue::slot_bytes() const { return hdr()->slot_bytes; }
 uint32_t ShmQueue::capacity() const { return hdr()->capacity; }
 
 static uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
 std::size_t ShmQueue::segment_bytes(const QueueConfig& cfg) {
-  uint64_t off = ShmSegment::kHeaderBytes + align_up(sizeof(Header), 64);
+  uint64_t off = kSegmentHeaderBytes + align_up(sizeof(Header), 64);
   off = align_up(off + 4ull * cfg.capacity, 64);
   off = align_up(off + 4ull * cfg.capacity, 64);
   uint64_t stride = align_up(sizeof(SlotHdr) + cfg.slot_bytes, 64);
@@ -239,15 +240,15 @@ ShmQueue ShmQueue::create(const std::string& name, const QueueConfig& cfg, const
   if (cfg.capacity == 0 || cfg.slot_bytes == 0)
     throw Error("replay: queue '" + name + "': capacity and slot_bytes must be > 0");
   ShmQueue q;
-  q.seg_ = ShmSegment::create(name, SegmentKind::Queue, segment_bytes(cfg), opt);
-  Header* h = new (q.seg_.body()) Header();
+  q.seg_ = create_segment(name, SegmentKind::Queue, segment_bytes(cfg), opt);
+  Header* h = new (segment_body(q.seg_)) Header();
   h->capacity = cfg.capacity;
   h->slot_bytes = cfg.slot_bytes;
   h->stride = static_cast<uint32_t>(align_up(sizeof(SlotHdr) + cfg.slot_bytes, 64));
   h->spin_us = cfg.spin_us;
   h->max_claims = cfg.max_claims;
   h->reap_after_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(cfg.reap_after).count();
-  uint64_t off = ShmSegment::kHeaderBytes + align_up(sizeof(Header), 64);
+  uint64_t off = kSegmentHeaderBytes + align_up(sizeof(Header), 64);
   h->ring_off = off;
   off = align_up(off + 4ull * cfg.capacity, 64);
   h->free_off = off;
@@ -259,15 +260,15 @@ ShmQueue ShmQueue::create(const std::string& name, const QueueConfig& cfg, const
     h->free_stack()[i] = cfg.capacity - 1 - i;
   }
   h->free_top.store(cfg.capacity);
-  q.seg_.mark_ready();
+  mark_segment_ready(q.seg_);
   return q;
 }
 
 ShmQueue ShmQueue::attach(const std::string& name, Timeout wait_ready) {
   ShmQueue q;
-  q.seg_ = ShmSegment::attach(name, SegmentKind::Queue, wait_ready);
+  q.seg_ = attach_segment(name, SegmentKind::Queue, wait_ready);
   Header* h = q.hdr();
-  if (segment_bytes(QueueConfig{h->capacity, h->slot_bytes}) != q.seg_.size())
+  if (segment_bytes(QueueConfig{h->capacity, h->slot_bytes}) != segment_size(q.seg_))
     throw Error("replay: queue '" + name + "': field capacity/slot_bytes disagree with the segment size");
   return q;
 }
@@ -402,7 +403,7 @@ std::size_t ShmQueue::take(Slot* out, std::size_t max, Timeout timeout) {
         s->owner.store(owner_word(kReading, me), std::memory_order_relaxed);
         h->ring_head.store(head, std::memory_order_relaxed);
         h->ring_count.store(--count, std::memory_order_relaxed);
-        out[i] = Slot{idx, h->payload(idx), s->len, s->tag};
+        out[i] = Slot{idx, h->payload(idx), s->len, s->tag, s->claims};
       }
       h->queued_hint.store(count, std::memory_order_relaxed);
     }

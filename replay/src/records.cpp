@@ -1,4 +1,6 @@
-#include "kf/replay/replay.h"
+// The records and their encoding: Candidate, Result, CandidateRef (records of replay.h, the
+// handle's encoding of queue.h). Format versions and the fields each adds: below.
+#include "queue.h"
 
 #include "codec.h"
 

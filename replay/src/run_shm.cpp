@@ -1,3 +1,5 @@
+// RunShm: creates, attaches, checks and removes the five segments of one run; the candidate
+// ledger, room and reap for supervision; salvage_or_count for a run whose launcher died.
 #include "kf/replay/replay.h"
 
 #include <fcntl.h>
@@ -12,6 +14,8 @@
 
 #include "kf/common/error.h"
 #include "kf/common/log.h"
+#include "queue.h"
+#include "segment.h"
 #include "shm_util.h"
 
 namespace kf::replay {
@@ -48,6 +52,35 @@ void check_incarnation(const std::string& run, const char* part, const ShmSegmen
 }
 }  // namespace
 
+struct RunShm::Parts {
+  std::string run;
+  bool creator = false;
+  bool shut = false;
+  std::unique_ptr<ControlBlock> control;
+  std::unique_ptr<ReplayBuffer> replay;  // before candidates: the queue resolves in it
+  std::unique_ptr<CandidateQueue> candidates;
+  std::unique_ptr<KernelDb> kernels;
+  std::unique_ptr<SnapshotStore> snapshots;
+};
+
+RunShm::RunShm() : p_(std::make_unique<Parts>()) {}
+ControlBlock& RunShm::control() { return *p_->control; }
+CandidateQueue& RunShm::candidates() { return *p_->candidates; }
+ReplayBuffer& RunShm::replay() { return *p_->replay; }
+KernelDb& RunShm::kernels() { return *p_->kernels; }
+SnapshotStore& RunShm::snapshots() { return *p_->snapshots; }
+const std::string& RunShm::run() const { return p_->run; }
+bool RunShm::is_creator() const { return p_->creator; }
+
+QueueLedger RunShm::candidate_ledger() const { return p_->candidates->raw().ledger(); }
+
+CandidateRoom RunShm::candidate_room() const {
+  ShmQueue& q = p_->candidates->raw();
+  return {q.stats().free_slots, q.capacity()};
+}
+
+std::size_t RunShm::reap() { return p_->candidates->raw().reap() + p_->replay->reap(); }
+
 std::string RunShm::segment_name(const std::string& run, const char* part) { return "kf." + run + "." + part; }
 
 SegmentState RunShm::probe(const std::string& run, std::chrono::milliseconds stale_after) {
@@ -60,7 +93,7 @@ SegmentState RunShm::probe(const std::string& run, std::chrono::milliseconds sta
     try {
       ControlBlock c = ControlBlock::attach(ctl, std::chrono::milliseconds(200));
       int64_t newest =
-          std::max<int64_t>(static_cast<int64_t>(c.segment().header()->heartbeat_ns), c.newest_heartbeat_ns());
+          std::max<int64_t>(static_cast<int64_t>(segment_header(c.segment())->heartbeat_ns), c.newest_heartbeat_ns());
       if (now_ns() - newest > std::chrono::duration_cast<std::chrono::nanoseconds>(stale_after).count())
         return SegmentState::Stale;
     } catch (const Error&) {
@@ -91,8 +124,8 @@ std::unique_ptr<RunShm> RunShm::create(const std::string& run, const RunShmConfi
     remove(run);
   }
   std::unique_ptr<RunShm> r(new RunShm());
-  r->run_ = run;
-  r->creator_ = true;
+  r->p_->run = run;
+  r->p_->creator = true;
   SegmentOptions opt;
   opt.stale_after = cfg.stale_after;
   opt.incarnation = 0;
@@ -102,44 +135,44 @@ std::unique_ptr<RunShm> RunShm::create(const std::string& run, const RunShmConfi
     qc.slot_bytes = static_cast<uint32_t>(kCandidateRefBytes);  // a slot holds one handle
     ShmQueue probe_inc = ShmQueue::create(segment_name(run, "cand"), qc, opt);
     opt.incarnation = probe_inc.segment().incarnation();
-    r->replay_ = std::make_unique<ReplayBuffer>(ReplayBuffer::create(segment_name(run, "replay"), cfg.replay, opt));
-    r->candidates_ = std::make_unique<CandidateQueue>(std::move(probe_inc), r->replay_.get());
-    r->kernels_ = std::make_unique<KernelDb>(KernelDb::create(segment_name(run, "kdb"), cfg.kernels, opt));
-    r->snapshots_ =
-        std::make_unique<SnapshotStore>(SnapshotStore::create(segment_name(run, "snap"), cfg.snapshot, opt));
-    r->control_ = std::make_unique<ControlBlock>(ControlBlock::create(segment_name(run, "ctl"), opt));
+    r->p_->replay = std::make_unique<ReplayBuffer>(ReplayBuffer::create(segment_name(run, "replay"), cfg.replay, &opt));
+    r->p_->candidates = std::make_unique<CandidateQueue>(std::move(probe_inc), r->p_->replay.get());
+    r->p_->kernels = std::make_unique<KernelDb>(KernelDb::create(segment_name(run, "kdb"), cfg.kernels, &opt));
+    r->p_->snapshots =
+        std::make_unique<SnapshotStore>(SnapshotStore::create(segment_name(run, "snap"), cfg.snapshot, &opt));
+    r->p_->control = std::make_unique<ControlBlock>(ControlBlock::create(segment_name(run, "ctl"), &opt));
   } catch (...) {
     remove(run);
     throw;
   }
-  r->control_->segment().heartbeat();
+  beat_segment(r->p_->control->segment());
   return r;
 }
 
 std::unique_ptr<RunShm> RunShm::attach(const std::string& run, Timeout wait_ready) {
   check_name(run, "run name");
   std::unique_ptr<RunShm> r(new RunShm());
-  r->run_ = run;
-  r->control_ = std::make_unique<ControlBlock>(ControlBlock::attach(segment_name(run, "ctl"), wait_ready));
-  const uint64_t inc = r->control_->segment().incarnation();
-  r->replay_ = std::make_unique<ReplayBuffer>(ReplayBuffer::attach(segment_name(run, "replay"), wait_ready));
-  check_incarnation(run, "replay", r->replay_->segment(), inc);
-  r->candidates_ =
-      std::make_unique<CandidateQueue>(ShmQueue::attach(segment_name(run, "cand"), wait_ready), r->replay_.get());
-  check_incarnation(run, "cand", r->candidates_->raw().segment(), inc);
-  if (r->candidates_->raw().slot_bytes() != kCandidateRefBytes)
+  r->p_->run = run;
+  r->p_->control = std::make_unique<ControlBlock>(ControlBlock::attach(segment_name(run, "ctl"), wait_ready));
+  const uint64_t inc = r->p_->control->segment().incarnation();
+  r->p_->replay = std::make_unique<ReplayBuffer>(ReplayBuffer::attach(segment_name(run, "replay"), wait_ready));
+  check_incarnation(run, "replay", r->p_->replay->segment(), inc);
+  r->p_->candidates =
+      std::make_unique<CandidateQueue>(ShmQueue::attach(segment_name(run, "cand"), wait_ready), r->p_->replay.get());
+  check_incarnation(run, "cand", r->p_->candidates->raw().segment(), inc);
+  if (r->p_->candidates->raw().slot_bytes() != kCandidateRefBytes)
     throw Error("replay: run '" + run + "': segment cand: field slot_bytes is " +
-                std::to_string(r->candidates_->raw().slot_bytes()) + ", this build's candidate handle takes " +
+                std::to_string(r->p_->candidates->raw().slot_bytes()) + ", this build's candidate handle takes " +
                 std::to_string(kCandidateRefBytes) + " (a queue made by another build)");
-  r->kernels_ = std::make_unique<KernelDb>(KernelDb::attach(segment_name(run, "kdb"), wait_ready));
-  check_incarnation(run, "kdb", r->kernels_->segment(), inc);
-  r->snapshots_ = std::make_unique<SnapshotStore>(SnapshotStore::attach(segment_name(run, "snap"), wait_ready));
-  check_incarnation(run, "snap", r->snapshots_->segment(), inc);
+  r->p_->kernels = std::make_unique<KernelDb>(KernelDb::attach(segment_name(run, "kdb"), wait_ready));
+  check_incarnation(run, "kdb", r->p_->kernels->segment(), inc);
+  r->p_->snapshots = std::make_unique<SnapshotStore>(SnapshotStore::attach(segment_name(run, "snap"), wait_ready));
+  check_incarnation(run, "snap", r->p_->snapshots->segment(), inc);
   return r;
 }
 
 RunShm::~RunShm() {
-  if (creator_) {
+  if (p_->creator) {
     try {
       shutdown();
     } catch (...) {
@@ -147,31 +180,31 @@ RunShm::~RunShm() {
   }
 }
 
-void RunShm::heartbeat() { control_->segment().heartbeat(); }
+void RunShm::heartbeat() { beat_segment(p_->control->segment()); }
 
 void RunShm::shutdown() {
-  if (!creator_ || shut_) return;
-  shut_ = true;
-  control_->set_state(RunState::stopped);
-  remove(run_);
-  ::unlink(lock_path(run_).c_str());
+  if (!p_->creator || p_->shut) return;
+  p_->shut = true;
+  p_->control->set_state(RunState::stopped);
+  remove(p_->run);
+  ::unlink(lock_path(p_->run).c_str());
 }
 
 void RunShm::save(const std::string& run_dir) const {
   std::filesystem::create_directories(run_dir + "/checkpoints");
   std::filesystem::create_directories(run_dir + "/kernels");
-  replay_->save(run_dir + "/checkpoints/replay.bin");
-  kernels_->save(run_dir + "/kernels/kernel_db.json");
+  p_->replay->save(run_dir + "/checkpoints/replay.bin");
+  p_->kernels->save(run_dir + "/kernels/kernel_db.json");
 }
 
 int RunShm::load(const std::string& run_dir) {
   int n = 0;
   if (std::filesystem::exists(run_dir + "/checkpoints/replay.bin")) {
-    replay_->load(run_dir + "/checkpoints/replay.bin");
+    p_->replay->load(run_dir + "/checkpoints/replay.bin");
     ++n;
   }
   if (std::filesystem::exists(run_dir + "/kernels/kernel_db.json")) {
-    kernels_->load(run_dir + "/kernels/kernel_db.json");
+    p_->kernels->load(run_dir + "/kernels/kernel_db.json");
     ++n;
   }
   return n;

@@ -1,4 +1,6 @@
-#include "kf/replay/replay.h"
+// ShmSegment: one named POSIX shared-memory segment (Boost.Interprocess shared_memory_object +
+// mapped_region) with the header of segment.h; probe() tells a live creator from a dead or hung one.
+#include "segment.h"
 
 #include <sys/mman.h>
 
@@ -17,12 +19,15 @@ namespace bip = boost::interprocess;
 namespace kf::replay {
 using namespace detail;
 
-static_assert(sizeof(SegmentHeader) <= ShmSegment::kHeaderBytes, "segment header too big");
-
 struct ShmSegment::Impl {
   std::string name;
   bip::mapped_region region;
   bool creator = false;
+};
+
+// The free functions of segment.h reach the mapping through this friend.
+struct SegmentAccess {
+  static ShmSegment::Impl& impl(const ShmSegment& s) { return *s.impl_; }
 };
 
 namespace {
@@ -46,7 +51,7 @@ bool read_header(const std::string& name, SegmentHeader* out, std::size_t* size)
     bip::offset_t sz = 0;
     shm.get_size(sz);
     *size = static_cast<std::size_t>(sz);
-    if (*size < ShmSegment::kHeaderBytes) {
+    if (*size < kSegmentHeaderBytes) {
       std::memset(out, 0, sizeof *out);
       return true;
     }
@@ -64,10 +69,11 @@ ShmSegment::~ShmSegment() = default;
 ShmSegment::ShmSegment(ShmSegment&&) noexcept = default;
 ShmSegment& ShmSegment::operator=(ShmSegment&&) noexcept = default;
 
-void* ShmSegment::base() const { return impl_->region.get_address(); }
-std::size_t ShmSegment::size() const { return impl_->region.get_size(); }
+void* segment_base(const ShmSegment& s) { return SegmentAccess::impl(s).region.get_address(); }
+std::size_t segment_size(const ShmSegment& s) { return SegmentAccess::impl(s).region.get_size(); }
 const std::string& ShmSegment::name() const { return impl_->name; }
-bool ShmSegment::is_creator() const { return impl_->creator; }
+uint64_t ShmSegment::incarnation() const { return segment_header(*this)->incarnation; }
+int32_t ShmSegment::creator_pid() const { return segment_header(*this)->creator_pid; }
 
 SegmentState ShmSegment::probe(const std::string& name, std::chrono::milliseconds stale_after) {
   SegmentHeader h;
@@ -90,10 +96,10 @@ SegmentState ShmSegment::probe(const std::string& name, std::chrono::millisecond
 
 bool ShmSegment::remove(const std::string& name) { return bip::shared_memory_object::remove(name.c_str()); }
 
-ShmSegment ShmSegment::create(const std::string& name, SegmentKind kind, std::size_t bytes, const SegmentOptions& opt) {
+ShmSegment create_segment(const std::string& name, SegmentKind kind, std::size_t bytes, const SegmentOptions& opt) {
   check_name(name, "segment name");
-  if (bytes < kHeaderBytes) bytes = kHeaderBytes;
-  SegmentState st = probe(name, opt.stale_after);
+  if (bytes < kSegmentHeaderBytes) bytes = kSegmentHeaderBytes;
+  SegmentState st = ShmSegment::probe(name, opt.stale_after);
   if (st == SegmentState::Live) {
     SegmentHeader h;
     std::size_t sz;
@@ -103,20 +109,21 @@ ShmSegment ShmSegment::create(const std::string& name, SegmentKind kind, std::si
   }
   if (st == SegmentState::Stale) {
     log_warn("replay: replacing stale shared-memory segment '", name, "'");
-    remove(name);
+    ShmSegment::remove(name);
   }
   ShmSegment seg;
-  seg.impl_->name = name;
-  seg.impl_->creator = true;
+  auto& im = SegmentAccess::impl(seg);
+  im.name = name;
+  im.creator = true;
   try {
     bip::shared_memory_object shm(bip::create_only, name.c_str(), bip::read_write, bip::permissions(0600));
     shm.truncate(static_cast<bip::offset_t>(bytes));
-    seg.impl_->region = bip::mapped_region(shm, bip::read_write, 0, bytes, nullptr, map_flags(opt.prefault));
+    im.region = bip::mapped_region(shm, bip::read_write, 0, bytes, nullptr, map_flags(opt.prefault));
   } catch (const bip::interprocess_exception& e) {
     throw Error("replay: cannot create segment '" + name + "': " + e.what() +
                 (e.get_error_code() == bip::already_exists_error ? " (another creator won the race)" : ""));
   }
-  SegmentHeader* h = seg.header();
+  SegmentHeader* h = segment_header(seg);
   h->layout_version = kLayoutVersion;
   h->kind = static_cast<uint32_t>(kind);
   h->total_bytes = bytes;
@@ -129,19 +136,20 @@ ShmSegment ShmSegment::create(const std::string& name, SegmentKind kind, std::si
   return seg;
 }
 
-ShmSegment ShmSegment::attach(const std::string& name, SegmentKind kind, Timeout wait_ready, bool prefault) {
+ShmSegment attach_segment(const std::string& name, SegmentKind kind, Timeout wait_ready, bool prefault) {
   check_name(name, "segment name");
   const int64_t deadline = now_ns() + wait_ready.count();
   ShmSegment seg;
-  seg.impl_->name = name;
+  auto& im = SegmentAccess::impl(seg);
+  im.name = name;
   for (;;) {
     try {
       bip::shared_memory_object shm(bip::open_only, name.c_str(), bip::read_write);
       bip::offset_t sz = 0;
       shm.get_size(sz);
-      if (static_cast<std::size_t>(sz) >= kHeaderBytes) {
-        seg.impl_->region = bip::mapped_region(shm, bip::read_write, 0, 0, nullptr, map_flags(prefault));
-        SegmentHeader* h = seg.header();
+      if (static_cast<std::size_t>(sz) >= kSegmentHeaderBytes) {
+        im.region = bip::mapped_region(shm, bip::read_write, 0, 0, nullptr, map_flags(prefault));
+        SegmentHeader* h = segment_header(seg);
         if (ready_word(h)->load(std::memory_order_acquire) == 1) break;
       }
     } catch (const bip::interprocess_exception& e) {
@@ -150,7 +158,7 @@ ShmSegment ShmSegment::attach(const std::string& name, SegmentKind kind, Timeout
     if (now_ns() >= deadline) throw Error("replay: segment '" + name + "' not ready in time");
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
-  const SegmentHeader* h = seg.header();
+  const SegmentHeader* h = segment_header(seg);
   if (h->magic != kSegmentMagic) throw Error("replay: segment '" + name + "': field magic: not a KernelForge segment");
   if (h->layout_version != kLayoutVersion)
     throw Error("replay: segment '" + name + "': field layout_version: " + std::to_string(h->layout_version) +
@@ -158,18 +166,18 @@ ShmSegment ShmSegment::attach(const std::string& name, SegmentKind kind, Timeout
   if (h->kind != static_cast<uint32_t>(kind))
     throw Error("replay: segment '" + name + "': field kind: " + std::to_string(h->kind) + ", expected " +
                 std::to_string(static_cast<uint32_t>(kind)));
-  if (h->total_bytes != seg.size())
+  if (h->total_bytes != segment_size(seg))
     throw Error("replay: segment '" + name + "': field total_bytes disagrees with the mapping size");
   return seg;
 }
 
-void ShmSegment::mark_ready() {
-  heartbeat();
-  ready_word(header())->store(1, std::memory_order_release);
+void mark_segment_ready(ShmSegment& s) {
+  beat_segment(s);
+  ready_word(segment_header(s))->store(1, std::memory_order_release);
 }
 
-void ShmSegment::heartbeat() {
-  heartbeat_word(header())->store(static_cast<uint64_t>(now_ns()), std::memory_order_relaxed);
+void beat_segment(ShmSegment& s) {
+  heartbeat_word(segment_header(s))->store(static_cast<uint64_t>(now_ns()), std::memory_order_relaxed);
 }
 
 }  // namespace kf::replay

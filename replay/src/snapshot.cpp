@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "kf/common/error.h"
+#include "segment.h"
 #include "shm_util.h"
 
 namespace kf::replay {
@@ -48,40 +49,40 @@ void parallel_copy(void* dst, const void* src, std::size_t n, int threads) {
   for (auto& th : pool) th.join();
 }
 
-std::size_t SnapshotStore::segment_bytes(const SnapshotConfig& cfg) {
-  uint64_t off = align_up(ShmSegment::kHeaderBytes + sizeof(Header), kBufAlign);
+static std::size_t segment_bytes(const SnapshotConfig& cfg) {
+  uint64_t off = align_up(kSegmentHeaderBytes + sizeof(SnapshotStore::Header), kBufAlign);
   return off + 2 * align_up(cfg.max_bytes, kBufAlign);
 }
 
-SnapshotStore::Header* SnapshotStore::hdr() const { return static_cast<Header*>(seg_.body()); }
+SnapshotStore::Header* SnapshotStore::hdr() const { return static_cast<Header*>(segment_body(seg_)); }
 unsigned char* SnapshotStore::buffer(int i) const {
-  return static_cast<unsigned char*>(seg_.base()) + hdr()->buf_off[i];
+  return static_cast<unsigned char*>(segment_base(seg_)) + hdr()->buf_off[i];
 }
 uint64_t SnapshotStore::max_bytes() const { return hdr()->max_bytes; }
 uint64_t SnapshotStore::publishes() const { return hdr()->publishes.load(); }
 uint64_t SnapshotStore::read_retries() const { return hdr()->read_retries.load(); }
 
-SnapshotStore SnapshotStore::create(const std::string& name, const SnapshotConfig& cfg, const SegmentOptions& opt) {
-  SegmentOptions o = opt;
+SnapshotStore SnapshotStore::create(const std::string& name, const SnapshotConfig& cfg, const SegmentOptions* opt) {
+  SegmentOptions o = opt ? *opt : SegmentOptions{};
   o.prefault = o.prefault || cfg.prefault;
   SnapshotStore s;
-  s.seg_ = ShmSegment::create(name, SegmentKind::Snapshot, segment_bytes(cfg), o);
-  Header* h = new (s.seg_.body()) Header();
+  s.seg_ = create_segment(name, SegmentKind::Snapshot, segment_bytes(cfg), o);
+  Header* h = new (segment_body(s.seg_)) Header();
   h->max_bytes = cfg.max_bytes;
-  uint64_t off = align_up(ShmSegment::kHeaderBytes + sizeof(Header), kBufAlign);
+  uint64_t off = align_up(kSegmentHeaderBytes + sizeof(Header), kBufAlign);
   h->buf_off[0] = off;
   h->buf_off[1] = off + align_up(cfg.max_bytes, kBufAlign);
   robust_mutex_init(&h->writer_mu);
   h->current.store(-1);
   for (auto& b : h->buf) b.version.store(-1);
-  s.seg_.mark_ready();
+  mark_segment_ready(s.seg_);
   return s;
 }
 
 SnapshotStore SnapshotStore::attach(const std::string& name, Timeout wait_ready, bool prefault) {
   SnapshotStore s;
-  s.seg_ = ShmSegment::attach(name, SegmentKind::Snapshot, wait_ready, prefault);
-  if (segment_bytes(SnapshotConfig{s.hdr()->max_bytes}) != s.seg_.size())
+  s.seg_ = attach_segment(name, SegmentKind::Snapshot, wait_ready, prefault);
+  if (segment_bytes(SnapshotConfig{s.hdr()->max_bytes}) != segment_size(s.seg_))
     throw Error("replay: snapshot store '" + name + "': field max_bytes disagrees with the segment size");
   return s;
 }

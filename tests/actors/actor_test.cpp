@@ -117,14 +117,8 @@ namespace {
 using test::RunFixture;
 using test::small_options;
 
-std::vector<rp::Candidate> drain(rp::RunShm& shm) {
-  std::vector<rp::Candidate> all, batch;
-  while (shm.candidates().pop_batch(batch, 64, std::chrono::milliseconds(0)) > 0) {
-    all.insert(all.end(), batch.begin(), batch.end());
-    batch.clear();
-  }
-  return all;
-}
+// Every candidate queued now, claimed by the test as the evaluators (never scored from here).
+std::vector<rp::Candidate> drain(test::RunFixture& run) { return run.drain(); }
 
 }  // namespace
 
@@ -134,7 +128,7 @@ TEST(ActorTest, PicksUpNewSnapshotsAndIgnoresAMismatchingOne) {
   auto opts = small_options();
   Actor actor(opts, test::tiny_policy(0), load_actor_tasks(opts), *run.shm);
   ASSERT_EQ(actor.step(), StepResult::pushed);
-  auto c = drain(*run.shm);
+  auto c = drain(run);
   ASSERT_EQ(c.size(), 2u);
   EXPECT_EQ(c[0].policy_version, 0);
   EXPECT_EQ(c[0].group_id, c[1].group_id);
@@ -150,7 +144,7 @@ TEST(ActorTest, PicksUpNewSnapshotsAndIgnoresAMismatchingOne) {
   const auto blob1 = make_weights_blob(v1.model, 1);
   run.shm->snapshots().publish(1, blob1.data(), blob1.size());
   ASSERT_EQ(actor.step(), StepResult::pushed);
-  c = drain(*run.shm);
+  c = drain(run);
   ASSERT_EQ(c.size(), 2u);
   EXPECT_EQ(c[0].policy_version, 1);
   EXPECT_EQ(actor.policy_version(), 1);
@@ -161,7 +155,7 @@ TEST(ActorTest, PicksUpNewSnapshotsAndIgnoresAMismatchingOne) {
   run.shm->snapshots().publish(2, blob2.data(), blob2.size());
   ASSERT_EQ(actor.step(), StepResult::pushed);
   ASSERT_EQ(actor.step(), StepResult::pushed);
-  c = drain(*run.shm);
+  c = drain(run);
   ASSERT_EQ(c.size(), 4u);
   for (const auto& x : c) EXPECT_EQ(x.policy_version, 1);
   EXPECT_EQ(actor.metrics().snapshots_rejected, 1u);  // once per version
@@ -172,7 +166,7 @@ TEST(ActorTest, PicksUpNewSnapshotsAndIgnoresAMismatchingOne) {
   const auto blob3 = make_weights_blob(v1.model, 3);
   run.shm->snapshots().publish(3, blob3.data(), blob3.size());
   actor.step();
-  c = drain(*run.shm);
+  c = drain(run);
   EXPECT_EQ(c.at(0).policy_version, 3);
   EXPECT_EQ(actor.metrics().snapshots_loaded, 2u);
   const auto j = actor.metrics_json();
@@ -197,7 +191,7 @@ TEST(ActorTest, FailedExtractionsAreScoredIntoTheGroupAndExemplarsAreUsed) {
   const auto p = actor.build_task_prompt(*test::relu_task(), 1);
   EXPECT_NE(p.text.find("speedup 1.25x"), std::string::npos);
   ASSERT_EQ(actor.step(), StepResult::pushed);
-  EXPECT_TRUE(drain(*run.shm).empty());  // nothing for the evaluators
+  EXPECT_TRUE(drain(run).empty());  // nothing for the evaluators
   std::vector<rp::ScoredGroup> groups;
   ASSERT_EQ(run.shm->replay().take_ready(groups, 4, 0, 100, std::chrono::seconds(2)), 1u);
   ASSERT_EQ(groups[0].results.size(), 2u);
@@ -404,7 +398,7 @@ TEST(ActorTest, ProbeDrawsTheSamePromptsAndSeedsAtItsVersionsAndIsRecorded) {
     EXPECT_EQ(actor.probe_task_names(), std::vector<std::string>{"001_relu"});  // the first 4 tasks by name
     auto expect_probe = [&](int64_t version) {
       ASSERT_EQ(actor.step(), StepResult::pushed) << "v" << version;
-      auto c = drain(*run.shm);
+      auto c = drain(run);
       ASSERT_EQ(c.size(), 3u) << "v" << version;
       for (uint32_t i = 0; i < 3; ++i) {
         EXPECT_TRUE(c[i].probe);
@@ -417,7 +411,7 @@ TEST(ActorTest, ProbeDrawsTheSamePromptsAndSeedsAtItsVersionsAndIsRecorded) {
     };
     auto expect_training = [&](int64_t version, std::vector<rp::Candidate>* out = nullptr) {
       ASSERT_EQ(actor.step(), StepResult::pushed) << "v" << version;
-      const auto c = drain(*run.shm);
+      const auto c = drain(run);
       ASSERT_EQ(c.size(), 2u) << "v" << version;
       for (const auto& x : c) {
         EXPECT_FALSE(x.probe);
@@ -517,7 +511,7 @@ TEST(ActorTest, ProbeDrawsTheSamePromptsAndSeedsAtItsVersionsAndIsRecorded) {
   {
     Actor again(opts, test::tiny_policy(0), load_actor_tasks(opts), *run.shm);
     ASSERT_EQ(again.step(), StepResult::pushed);
-    const auto c = drain(*run.shm);
+    const auto c = drain(run);
     ASSERT_EQ(c.size(), 3u);
     for (uint32_t i = 0; i < 3; ++i) {
       EXPECT_TRUE(c[i].probe);

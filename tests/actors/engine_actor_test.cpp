@@ -33,14 +33,8 @@ ActorOptions engine_options() {
   return o;
 }
 
-std::vector<rp::Candidate> drain(rp::RunShm& shm) {
-  std::vector<rp::Candidate> all, batch;
-  while (shm.candidates().pop_batch(batch, 64, std::chrono::milliseconds(0)) > 0) {
-    all.insert(all.end(), batch.begin(), batch.end());
-    batch.clear();
-  }
-  return all;
-}
+// Every candidate queued now, claimed by the test as the evaluators (never scored from here).
+std::vector<rp::Candidate> drain(test::RunFixture& run) { return run.drain(); }
 
 // Largest |behaviour log-prob - the log-prob of the distribution the actor sampled from
 // (temperature, top-k, top-p of `o`)| over a candidate's tokens.
@@ -65,7 +59,7 @@ TEST(ActorEngineTest, GroupsInFlightArePushedWholeAndSnapshotsWaitForThemToFinis
   for (int i = 0; i < 6 && all.size() < 6; ++i) {
     const auto r = actor.step();
     EXPECT_TRUE(r == StepResult::pushed || r == StepResult::no_task);
-    for (auto& c : drain(*run.shm)) all.push_back(std::move(c));
+    for (auto& c : drain(run)) all.push_back(std::move(c));
   }
   ASSERT_GE(all.size(), 6u);
   std::map<uint64_t, int> per_group;
@@ -86,7 +80,7 @@ TEST(ActorEngineTest, GroupsInFlightArePushedWholeAndSnapshotsWaitForThemToFinis
   std::vector<rp::Candidate> after;
   for (int i = 0; i < 12; ++i) {
     actor.step();
-    for (auto& c : drain(*run.shm)) after.push_back(std::move(c));
+    for (auto& c : drain(run)) after.push_back(std::move(c));
     if (!after.empty() && after.back().policy_version == 1 && after.size() >= 4) break;
   }
   ASSERT_FALSE(after.empty());
@@ -143,7 +137,7 @@ TEST(ActorEngineTest, ProbeRunsWhileTheEngineIsIdleWithItsFixedSeed) {
   auto v0 = test::tiny_policy(0);
   Actor actor(opts, test::tiny_policy(0), load_actor_tasks(opts), *run.shm);
   ASSERT_EQ(actor.step(), StepResult::pushed);
-  const auto first = drain(*run.shm);
+  const auto first = drain(run);
   ASSERT_EQ(first.size(), 3u);
   for (const auto& c : first) {
     EXPECT_TRUE(c.probe);
@@ -153,7 +147,7 @@ TEST(ActorEngineTest, ProbeRunsWhileTheEngineIsIdleWithItsFixedSeed) {
   std::size_t trained = 0;
   for (int i = 0; i < 8 && trained < 4; ++i) {
     actor.step();
-    for (const auto& c : drain(*run.shm)) {
+    for (const auto& c : drain(run)) {
       EXPECT_FALSE(c.probe);
       ++trained;
     }
@@ -164,7 +158,7 @@ TEST(ActorEngineTest, ProbeRunsWhileTheEngineIsIdleWithItsFixedSeed) {
   std::vector<rp::Candidate> second;
   for (int i = 0; i < 20 && second.size() < 3; ++i) {
     actor.step();
-    for (auto& c : drain(*run.shm))
+    for (auto& c : drain(run))
       if (c.probe) second.push_back(std::move(c));
   }
   ASSERT_EQ(second.size(), 3u);

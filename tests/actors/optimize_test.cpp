@@ -18,6 +18,7 @@
 #include "kf/common/config.h"
 #include "kf/policy/policy.h"
 #include "kf/replay/replay.h"
+#include "optimize.h"  // actors/src: load_exemplars
 #include "test_util.h"
 
 using namespace kf::actors;

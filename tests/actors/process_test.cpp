@@ -55,15 +55,13 @@ TEST(ActorProcessTest, SigkillAndRestartResumePushingAndPickUpASnapshot) {
                        "  prompt: {context_tokens: 8192, template: " +
                        test::source_dir() + "/configs/prompts/contrastive.txt, abi_header: " + test::source_dir() +
                        "/evaluator/include/kf/kernel.h}\n");
-  auto& q = shm->candidates();
+  test::Evaluators evaluators(*shm);  // the test acts as the evaluators, through the seam
   std::vector<rp::Candidate> got;
   auto pump = [&](auto done, double timeout_s) {
     const auto t0 = std::chrono::steady_clock::now();
-    std::vector<rp::Candidate> batch;
     while (!done()) {
       if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > timeout_s) return false;
-      batch.clear();
-      q.pop_batch(batch, 16, std::chrono::milliseconds(50));  // act as the evaluators
+      const auto batch = evaluators.score(16, std::chrono::milliseconds(50));
       got.insert(got.end(), batch.begin(), batch.end());
     }
     return true;
@@ -75,8 +73,7 @@ TEST(ActorProcessTest, SigkillAndRestartResumePushingAndPickUpASnapshot) {
   ::kill(a, SIGKILL);
   int status = 0;
   ::waitpid(a, &status, 0);
-  q.raw().reap();
-  shm->replay().reap();
+  shm->reap();  // what the killed actor held (a slot mid-push, a group being filled)
   const std::size_t before = got.size();
 
   pid_t b = spawn_actor(run, cfg, tmp.path);
@@ -95,8 +92,7 @@ TEST(ActorProcessTest, SigkillAndRestartResumePushingAndPickUpASnapshot) {
   while ((w = ::waitpid(b, &status, WNOHANG)) == 0 &&
          std::chrono::steady_clock::now() - t0 < std::chrono::seconds(30)) {
     pump([] { return true; }, 1);
-    std::vector<rp::Candidate> batch;
-    q.pop_batch(batch, 16, std::chrono::milliseconds(20));
+    evaluators.score(16, std::chrono::milliseconds(20));
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   if (w == 0) ::kill(b, SIGKILL), ::waitpid(b, &status, 0);
@@ -104,17 +100,23 @@ TEST(ActorProcessTest, SigkillAndRestartResumePushingAndPickUpASnapshot) {
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
 
   // Nothing corrupt, no id twice, every group of one run, and no slot leaked.
-  const auto st = q.raw().stats();
-  EXPECT_EQ(st.corrupt, 0u);
-  EXPECT_LE(st.lost_producer, 2u);  // at most the killed actor's in-flight push
+  shm->reap();
+  for (auto& c : evaluators.score(16, std::chrono::milliseconds(300))) got.push_back(std::move(c));  // the last ones
+  const auto ledger = shm->candidate_ledger();
+  EXPECT_EQ(ledger.corrupt, 0u);
+  EXPECT_LE(ledger.lost_producer, 2u);  // at most the killed actor's in-flight push
   std::set<uint64_t> ids;
   for (const auto& x : got) {
     EXPECT_TRUE(ids.insert(x.id).second) << "candidate id " << x.id << " delivered twice";
     EXPECT_EQ(x.task, "001_relu");
     EXPECT_EQ(x.behaviour_logprobs.size(), x.completion_tokens.size());
   }
-  q.raw().reap();
-  EXPECT_EQ(q.raw().stats().free_slots + q.raw().stats().queued, q.raw().capacity());
+  EXPECT_TRUE(ledger.balanced()) << "created " << ledger.created << " != scored " << ledger.scored << " + lost "
+                                 << ledger.lost() << " + queued " << ledger.queued << " + in flight "
+                                 << ledger.in_flight;
+  EXPECT_EQ(ledger.queued + ledger.in_flight, 0u);
+  const auto room = shm->candidate_room();
+  EXPECT_EQ(room.free_slots, room.capacity) << "a slot is still held";
   const auto rs = shm->replay().stats();
   EXPECT_LE(rs.lost_filling, 1u);
   const std::string log = test::read_text(tmp.path + "/logs/actor-0.log");

@@ -7,6 +7,7 @@
 #include "kf/common/error.h"
 #include "kf/common/run_dir.h"
 #include "kf/replay/replay.h"
+#include "prompt.h"  // actors/src: parse_prompt_mode
 #include "test_util.h"
 
 using namespace kf::actors;

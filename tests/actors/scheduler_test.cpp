@@ -5,6 +5,7 @@
 
 #include "kf/actors/actors.h"
 #include "kf/common/error.h"
+#include "scheduler.h"  // actors/src: TaskScheduler
 
 using namespace kf::actors;
 

@@ -4,14 +4,17 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <fstream>
 #include <memory>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "../test_support.h"
 #include "kf/actors/actors.h"
+#include "kf/common/error.h"
 #include "kf/replay/replay.h"
 #include "kf/tasks/tasks.h"
 
@@ -127,22 +130,75 @@ inline double sampler_logprob_gap(policy::CausalLM& m, const std::vector<int32_t
 // A unique run name for shared memory.
 inline std::string run_name(const std::string& tag) { return "kfat" + tag + std::to_string(::getpid()); }
 
+// The test as the run's evaluators, through the work seam (replay::shm_candidates).
+struct Evaluators {
+  std::unique_ptr<replay::CandidateSource> source;
+  std::vector<replay::Claim> held;  // claimed by drain(), never completed (still "verifying")
+  explicit Evaluators(replay::RunShm& shm) : source(replay::shm_candidates(shm, "test evaluator")) {}
+
+  // Every candidate queued now. Their claims stay open in `held`: the groups get no result
+  // from here (a test adds its own), and each open claim keeps its queue slot.
+  std::vector<replay::Candidate> drain() {
+    std::vector<replay::Candidate> out;
+    std::vector<replay::Claim> batch;
+    while (source->claim(batch, 64, std::chrono::milliseconds(0)) > 0) {
+      for (auto& c : batch) out.push_back(c.candidate);
+      held.insert(held.end(), batch.begin(), batch.end());
+      batch.clear();
+    }
+    return out;
+  }
+  // Completes `c` as an evaluator that found no kernel (compile_error, reward -1); a result
+  // that cannot be stored drops the claim, as the evaluator loop does.
+  void complete(const replay::Claim& c) {
+    replay::Result r;
+    r.candidate_id = c.candidate.id;
+    r.group_id = c.candidate.group_id;
+    r.index_in_group = c.candidate.index_in_group;
+    r.verdict = replay::Verdict::compile_error;
+    r.reason = "scored by the test";
+    r.reward = -1;
+    try {
+      source->complete(c, r);
+    } catch (const Error&) {
+      source->drop(c);
+    }
+  }
+  // Claims up to `max` candidates (waiting up to `wait` for the first) and completes each.
+  std::vector<replay::Candidate> score(std::size_t max, std::chrono::milliseconds wait) {
+    std::vector<replay::Claim> batch;
+    source->claim(batch, max, wait);
+    std::vector<replay::Candidate> out;
+    for (const auto& c : batch) {
+      complete(c);
+      out.push_back(c.candidate);
+    }
+    return out;
+  }
+};
+
 // A run's shared memory for actor tests (room for a few groups of small candidates), in
-// state running; shut down at the end.
+// state running, with the test as its evaluators; shut down at the end.
 struct RunFixture {
   std::string name;
   std::unique_ptr<replay::RunShm> shm;
+  std::unique_ptr<Evaluators> evaluators;
   explicit RunFixture(const std::string& tag = "a", uint32_t replay_groups = 16) : name(run_name(tag)) {
     replay::RunShmConfig c;
-    c.candidates = {64, 256 * 1024};
+    c.candidates = {256, 256 * 1024};  // room for the claims drain() keeps open
     c.replay.capacity = replay_groups;
     c.replay.group_bytes = 4u << 20;
     c.kernels = {64, 64 * 1024, 16};
     c.snapshot.max_bytes = 8u << 20;
     shm = replay::RunShm::create(name, c);
     shm->control().set_state(replay::RunState::running);
+    evaluators = std::make_unique<Evaluators>(*shm);
   }
-  ~RunFixture() { shm->shutdown(); }
+  ~RunFixture() {
+    evaluators.reset();
+    shm->shutdown();
+  }
+  std::vector<replay::Candidate> drain() { return evaluators->drain(); }
 };
 
 // One task (001_relu), groups of 2, 12 new tokens, the shipped contrastive template; every

@@ -16,6 +16,7 @@
 #include "kf/common/error.h"
 #include "kf/common/run_dir.h"
 #include "kf/evaluator/evaluator.h"
+#include "feedback.h"  // actors/src: FeedbackTemplate
 #include "kf/policy/policy.h"
 #include "test_util.h"
 
@@ -361,31 +362,23 @@ TEST(ActorTurnsTest, HeldGroupReachesTheLearnerWhileTheActorWaitsForQueueRoom) {
   o.score_extraction_failures = false;  // every candidate goes through the queue
   Actor actor(o, test::tiny_policy(8), load_actor_tasks(o), *run.shm);
   ASSERT_EQ(actor.step(), StepResult::pushed);  // group A, held; its 2 handles fill the queue
-  auto& queue = run.shm->candidates();
+  // The test is A's evaluator: while it verifies (its claims open) the queue stays full, so
+  // the actor's next group must wait.
+  test::Evaluators ev(*run.shm);
+  std::vector<rp::Claim> claims;
+  ASSERT_EQ(ev.source->claim(claims, 2, 1s), 2u);
   std::vector<rp::Candidate> a;
-  ASSERT_EQ(queue.pop_batch(a, 2, 1s), 2u);  // the test is A's evaluator
-  // Someone else's group fills the queue again: the actor's next group must wait.
-  std::vector<rp::Candidate> other(2);
-  for (uint32_t i = 0; i < 2; ++i) {
-    other[i].id = 900 + i;
-    other[i].task = "001_relu";
-    other[i].group_id = 4343;
-    other[i].index_in_group = i;
-    other[i].prompt_tokens = {1, 2};
-  }
-  ASSERT_TRUE(run.shm->replay().open_group(other, 60s));
-  for (const auto& c : other) ASSERT_TRUE(queue.push(rp::ref_of(c), 1s));
+  for (const auto& c : claims) a.push_back(c.candidate);
 
   std::thread stepper([&] { actor.step(); });  // polls A (pending), picks a new task, waits for room
   std::this_thread::sleep_for(300ms);
-  score_all(run.shm->replay(), a);  // A's results arrive while the actor waits
+  score_all(run.shm->replay(), a);  // A's results arrive while the actor waits (claims still open)
   std::vector<rp::ScoredGroup> out;
   const std::size_t got = run.shm->replay().take_ready(out, 8, 0, 100, 3s);
-  const bool waiting = run.shm->replay().stats().opened == 2;  // A and the other group: the step's is not open yet
-  std::vector<rp::Candidate> drain;
-  queue.pop_batch(drain, 2, 1s);  // room again: the step samples and pushes its group
+  const bool waiting = run.shm->replay().stats().opened == 1;  // A only: the step's group is not open yet
+  for (const auto& c : claims) ev.complete(c);  // acknowledged: room again, the step samples and publishes
   stepper.join();
-  queue.pop_batch(drain, 2, 1s);  // and room for the next
+  ev.score(2, 1s);  // and room for the next
   ASSERT_EQ(got, 1u) << "the scored turn-1 group stayed held while the actor waited for queue room";
   EXPECT_EQ(out[0].group_id, a[0].group_id);
   EXPECT_TRUE(waiting) << "the group was taken while the actor still waited";

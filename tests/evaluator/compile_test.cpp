@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "kf/evaluator/evaluator.h"
+#include "compile.h"  // check_source_policy
 #include "test_util.h"
 
 using namespace kf::evaluator;

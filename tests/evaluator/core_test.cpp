@@ -7,6 +7,8 @@
 #include "../../evaluator/src/sha256.h"
 #include "kf/common/error.h"
 #include "kf/evaluator/evaluator.h"
+#include "reward.h"  // RewardModel
+#include "stats.h"   // speedup_of, SpeedupInterval
 
 using namespace kf::evaluator;
 

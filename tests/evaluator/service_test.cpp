@@ -1,4 +1,5 @@
-// EvaluatorService: the evaluator process's loop over real shared memory (RunShm), with
+// EvaluatorService: the evaluator process's loop over a CandidateSource: this node's real
+// shared memory (replay::shm_candidates over a RunShm), and a source made in the test, with
 // the real verifier on the CPU backend.
 #include "kf/evaluator/evaluator.h"
 
@@ -7,21 +8,27 @@
 
 #include <atomic>
 #include <chrono>
-#include <thread>
 #include <cstdio>
+#include <deque>
 #include <fstream>
 #include <iterator>
 #include <map>
-#include <set>
+#include <mutex>
 #include <nlohmann/json.hpp>
+#include <set>
+#include <thread>
 
+#include "attempt.h"  // worker_out_of_memory
 #include "kf/common/gpu_lock.h"
+#include "kf/common/gpu_memory.h"
 #include "kf/replay/replay.h"
 #include "kf/tasks/tasks.h"
+#include "service.h"  // verdict_json_line
 #include "test_util.h"
 
 using namespace kf::evaluator;
 namespace replay = kf::replay;
+namespace counter = kf::replay::counter;
 
 namespace {
 
@@ -59,10 +66,14 @@ EvalOptions light_options() {
   return o;
 }
 
-// As the actor does: opens the candidates' group in the replay, then queues them.
+// As the actor does: publishes the candidates' group through the seam (shm: the group opens
+// in the replay and its members' handles go to the candidate queue).
 void open_and_queue(replay::RunShm& shm, const std::vector<replay::Candidate>& cands) {
-  ASSERT_TRUE(shm.replay().open_group(cands, std::chrono::minutes(10)));
-  for (const auto& c : cands) ASSERT_TRUE(shm.candidates().push(replay::ref_of(c), std::chrono::seconds(1)));
+  replay::GroupPublish g;
+  g.candidates = cands;
+  g.deadline = std::chrono::minutes(10);
+  ASSERT_EQ(replay::shm_groups(shm, "test actor")->publish(g, std::chrono::seconds(1), [] { return true; }),
+            replay::PublishOutcome::published);
 }
 
 // The results the evaluator wrote into the groups that are complete (the learner's view),
@@ -77,6 +88,65 @@ std::map<uint64_t, replay::Result> scored_results(replay::RunShm& shm) {
   return out;
 }
 
+// A CandidateSource made in the test: a vector of claims, and a record of what the service
+// did with each. Any transport looks like this to the service.
+class VectorSource : public replay::CandidateSource {
+ public:
+  explicit VectorSource(const std::vector<replay::Candidate>& cands) {
+    for (const auto& c : cands) {
+      replay::Claim cl;
+      cl.candidate = c;
+      cl.ticket = 1000 + c.id;  // the transport's handle: must come back unchanged
+      waiting.push_back(cl);
+    }
+  }
+  std::size_t claim(std::vector<replay::Claim>& out, std::size_t max, replay::Timeout) override {
+    if (fail_claim) throw kf::Error("test source: the server is gone");
+    std::size_t n = 0;
+    for (; n < max && !waiting.empty(); ++n) {
+      out.push_back(waiting.front());
+      claimed.push_back(waiting.front().candidate.id);
+      waiting.pop_front();
+    }
+    return n;
+  }
+  replay::Completion complete(const replay::Claim& c, const replay::Result& r) override {
+    EXPECT_EQ(c.ticket, 1000 + c.candidate.id);
+    EXPECT_EQ(r.candidate_id, c.candidate.id);
+    if (fail_complete) throw kf::Error("test source: the result was not stored");
+    completed.push_back(r);
+    replay::Completion out;
+    out.first = !late;
+    out.kernel_inserted = r.verdict == replay::Verdict::ok;
+    return out;
+  }
+  void give_back(const replay::Claim& c) override { given_back.push_back(c.candidate.id); }
+  void drop(const replay::Claim& c) override { dropped.push_back(c.candidate.id); }
+  void keep_alive(const std::vector<replay::Claim>& held) override {
+    std::lock_guard<std::mutex> g(mu);
+    for (const auto& c : held) kept_alive.insert(c.candidate.id);
+  }
+  std::string where() const override { return "test source"; }
+  std::set<uint64_t> kept() {
+    std::lock_guard<std::mutex> g(mu);
+    return kept_alive;
+  }
+  std::map<uint64_t, int> completions() const {
+    std::map<uint64_t, int> n;
+    for (const auto& r : completed) ++n[r.candidate_id];
+    return n;
+  }
+
+  std::deque<replay::Claim> waiting;
+  std::vector<uint64_t> claimed, given_back, dropped;
+  std::vector<replay::Result> completed;
+  bool fail_claim = false, fail_complete = false, late = false;
+
+ private:
+  std::mutex mu;  // keep_alive comes from the service's keeper thread
+  std::set<uint64_t> kept_alive;
+};
+
 }  // namespace
 
 TEST(EvaluatorServiceTest, ScoresQueuedCandidatesWritesResultsIntoTheGroupAndStoresOkKernels) {
@@ -90,7 +160,8 @@ TEST(EvaluatorServiceTest, ScoresQueuedCandidatesWritesResultsIntoTheGroupAndSto
   const std::string log = build_dir() + "/evaluator-test-verdicts-" + std::to_string(getpid()) + ".jsonl";
   std::remove(log.c_str());
   so.verdict_log = log;
-  EvaluatorService service(ev, *shm, so);
+  auto source = replay::shm_candidates(*shm, "evaluator 3");
+  EvaluatorService service(ev, *source, &shm->control(), so);
 
   const std::string good = test::read_kernel("cpu/good_relu.cpp");
   replay::Candidate no_code = candidate(103, "001_relu", "", 2);
@@ -186,9 +257,10 @@ TEST(EvaluatorServiceTest, ScoresQueuedCandidatesWritesResultsIntoTheGroupAndSto
   for (const auto& p : shm->control().peers(std::chrono::seconds(60)))
     if (p.role == "evaluator" && p.id == 3) {
       seen = true;
-      EXPECT_EQ(p.counters[kScored], 5u);
-      EXPECT_EQ(p.counters[kOk], 1u);
-      EXPECT_EQ(p.counters[kCheat], 1u);
+      EXPECT_EQ(p.counters[counter::kEvalScored], 5u);
+      EXPECT_EQ(p.counters[counter::kEvalOk], 1u);
+      EXPECT_EQ(p.counters[counter::kEvalCheat], 1u);
+      EXPECT_EQ(p.counters[counter::kEvalKernelsInserted], 1u);
     }
   EXPECT_TRUE(seen);
   shm->shutdown();
@@ -206,7 +278,8 @@ TEST(EvaluatorServiceTest, StopFlagEndsTheBatchAfterTheCandidateInHand) {
   so.tasks_dir = build_dir() + "/tasks";
   so.batch = 8;
   so.stop = &stop;
-  EvaluatorService service(ev, *shm, so);
+  auto source = replay::shm_candidates(*shm, "evaluator 0");
+  EvaluatorService service(ev, *source, &shm->control(), so);
   service.on_result([&](const replay::Result&, const Result&) { stop = true; });  // the signal arrives meanwhile
   const std::string good = test::read_kernel("cpu/good_relu.cpp");
   std::vector<replay::Candidate> first;
@@ -223,7 +296,8 @@ TEST(EvaluatorServiceTest, StopFlagEndsTheBatchAfterTheCandidateInHand) {
   // The rest of the stopped batch went back to the queue, not lost: without the flag the
   // next step scores those two and the two new ones.
   stop = false;
-  EvaluatorService plain(ev, *shm, [&] {
+  auto plain_source = replay::shm_candidates(*shm, "evaluator 1");
+  EvaluatorService plain(ev, *plain_source, &shm->control(), [&] {
     ServiceOptions o = so;
     o.stop = nullptr;
     return o;
@@ -241,6 +315,96 @@ TEST(EvaluatorServiceTest, StopFlagEndsTheBatchAfterTheCandidateInHand) {
   shm->shutdown();
 }
 
+// The loop needs nothing but the seam: over a source made here, with no control block (an
+// evaluator node has none), every claim is completed once; the out-of-memory retry holds its
+// claim and completes it through the source (never claimed again); a stop signal and a
+// stopping service give claims back through it; a result it could not store is dropped
+// through it; its failure to claim reaches the caller as SourceError.
+TEST(EvaluatorServiceTest, RunsOverAnyCandidateSource) {
+  Evaluator ev(light_options());
+  const std::string good = test::read_kernel("cpu/good_relu.cpp");
+  const std::string oom = test::read_kernel("cpu/fake_worker_oom.cpp");
+  ServiceOptions so;
+  so.evaluator_id = 6;
+  so.tasks_dir = build_dir() + "/tasks";
+  so.batch = 8;
+  so.oom_attempts = 2;
+  so.oom_retry_delay = std::chrono::milliseconds(20);
+  so.keep_alive_every = std::chrono::milliseconds(20);
+  replay::Candidate no_code = candidate(602, "001_relu", "", 1);
+  no_code.extraction_error = "extract: no_code: the completion has no fenced code block";
+  {
+    VectorSource src({candidate(601, "001_relu", good, 0), no_code, candidate(603, "001_relu", oom, 2)});
+    EvaluatorService service(ev, src, nullptr, so);
+    std::size_t scored = 0;
+    for (int i = 0; i < 300 && scored < 3; ++i) {
+      scored += service.step();
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ASSERT_EQ(scored, 3u);
+    EXPECT_EQ(service.pending_retries(), 0u);
+    EXPECT_EQ(src.claimed, (std::vector<uint64_t>{601, 602, 603})) << "the retry went through its claim";
+    EXPECT_EQ(src.completions(), (std::map<uint64_t, int>{{601, 1}, {602, 1}, {603, 1}}));
+    std::map<uint64_t, replay::Result> by_id;
+    for (const auto& r : src.completed) by_id[r.candidate_id] = r;
+    EXPECT_EQ(by_id[601].verdict, replay::Verdict::ok) << by_id[601].reason;
+    EXPECT_EQ(by_id[601].evaluator_id, 6);
+    EXPECT_EQ(by_id[602].verdict, replay::Verdict::compile_error);
+    EXPECT_EQ(by_id[603].verdict, replay::Verdict::runtime_error);
+    EXPECT_EQ(by_id[603].cause, replay::Cause::environment);
+    EXPECT_NE(by_id[603].reason.find("out of GPU memory on 2 tries"), std::string::npos) << by_id[603].reason;
+    EXPECT_TRUE(src.given_back.empty());
+    EXPECT_TRUE(src.dropped.empty());
+    EXPECT_EQ(service.stats().scored, 3u);
+    EXPECT_EQ(service.stats().kernels_inserted, 1u) << "counted from the source's Completion";
+    // Held while 601 was verified: the whole batch, the retry included.
+    EXPECT_EQ(src.kept(), (std::set<uint64_t>{601, 602, 603}));
+  }
+  {
+    std::atomic<bool> stop{false};
+    ServiceOptions o = so;
+    o.stop = &stop;
+    VectorSource src({candidate(611, "001_relu", good, 0), candidate(612, "001_relu", good, 1),
+                      candidate(613, "001_relu", good, 2)});
+    EvaluatorService service(ev, src, nullptr, o);
+    service.on_result([&](const replay::Result&, const Result&) { stop = true; });  // the signal arrives meanwhile
+    EXPECT_EQ(service.step(), 1u);
+    EXPECT_EQ(src.completions(), (std::map<uint64_t, int>{{611, 1}}));
+    EXPECT_EQ(src.given_back, (std::vector<uint64_t>{612, 613}));
+    EXPECT_EQ(service.stats().given_back, 2u);
+  }
+  {
+    VectorSource src({candidate(621, "001_relu", oom, 0)});
+    {
+      EvaluatorService service(ev, src, nullptr, so);
+      EXPECT_EQ(service.step(), 0u);
+      EXPECT_EQ(service.pending_retries(), 1u);
+    }
+    EXPECT_TRUE(src.completed.empty());
+    EXPECT_EQ(src.given_back, (std::vector<uint64_t>{621})) << "a stopping service gives its held retry back";
+  }
+  {
+    VectorSource src({no_code});
+    src.fail_complete = true;
+    EvaluatorService service(ev, src, nullptr, so);
+    EXPECT_EQ(service.step(), 1u);
+    EXPECT_EQ(src.dropped, (std::vector<uint64_t>{602}));
+    EXPECT_EQ(service.stats().results_dropped, 1u);
+    src.fail_complete = false;
+    src.late = true;
+    src.waiting.push_back([&] {
+      replay::Claim c;
+      c.candidate = candidate(604, "001_relu", "", 3);
+      c.ticket = 1604;
+      return c;
+    }());
+    EXPECT_EQ(service.step(), 1u);
+    EXPECT_EQ(service.stats().late, 1u) << "another evaluator's result for it counted";
+    src.fail_claim = true;
+    EXPECT_THROW(service.step(), SourceError);
+  }
+}
+
 // The queue carries handles; the candidates live in their groups. A handle whose group was
 // evicted before an evaluator claimed it is counted lost (service stats, control counter,
 // candidate ledger: dropped) and nothing is scored for it; the group that evicted it is
@@ -255,7 +419,8 @@ TEST(EvaluatorServiceTest, HandleOfAnEvictedGroupIsCountedLostAndNotScored) {
   so.evaluator_id = 4;
   so.tasks_dir = build_dir() + "/tasks";
   so.batch = 8;
-  EvaluatorService service(ev, *shm, so);
+  auto source = replay::shm_candidates(*shm, "evaluator 4");
+  EvaluatorService service(ev, *source, &shm->control(), so);
   std::vector<uint64_t> scored_ids;
   service.on_result([&](const replay::Result& r, const Result&) { scored_ids.push_back(r.candidate_id); });
   const std::string good = test::read_kernel("cpu/good_relu.cpp");
@@ -280,7 +445,7 @@ TEST(EvaluatorServiceTest, HandleOfAnEvictedGroupIsCountedLostAndNotScored) {
   EXPECT_TRUE(l.balanced());
   uint64_t lost_counter = 0;
   for (const auto& p : shm->control().peers(std::chrono::hours(1)))
-    if (p.role == "evaluator") lost_counter += p.counters.at(kLost);
+    if (p.role == "evaluator") lost_counter += p.counters.at(counter::kEvalLost);
   EXPECT_EQ(lost_counter, 2u);
   shm->shutdown();
 }
@@ -293,7 +458,8 @@ TEST(EvaluatorServiceTest, OutOfGpuMemoryIsRetriedThenScoredAndNeverKillsTheServ
   so.tasks_dir = build_dir() + "/tasks";
   so.oom_attempts = 3;
   so.oom_retry_delay = std::chrono::milliseconds(20);
-  EvaluatorService service(ev, *shm, so);
+  auto source = replay::shm_candidates(*shm, "evaluator 0");
+  EvaluatorService service(ev, *source, &shm->control(), so);
   ASSERT_NO_FATAL_FAILURE(
       open_and_queue(*shm, {candidate(201, "001_relu", test::read_kernel("cpu/fake_worker_oom.cpp"), 0)}));
   // First try: put back, nothing scored or written.
@@ -376,7 +542,8 @@ TEST(EvaluatorServiceTest, CudaCacheAboveTheLimitIsGivenBackAfterACandidate) {
     so.backend = kf::tasks::Backend::CUDA;
     so.tasks_dir = build_dir() + "/tasks";
     so.cache_limit_bytes = limit;
-    EvaluatorService service(ev, *shm, so);
+    auto source = replay::shm_candidates(*shm, "evaluator 0");
+    EvaluatorService service(ev, *source, &shm->control(), so);
     replay::Candidate c = candidate(id, "001_relu", test::read_kernel("cuda/good_relu.cu"), 0);
     c.group_id = id;
     open_and_queue(*shm, {c});

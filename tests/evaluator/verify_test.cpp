@@ -23,6 +23,7 @@
 #include "kf/common/fsutil.h"
 #include "kf/evaluator/evaluator.h"
 #include "kf/tasks/tasks.h"
+#include "worker_openmp.h"
 #include "test_util.h"
 
 using namespace kf::evaluator;

@@ -304,10 +304,14 @@ TEST(LaunchClusterTest, VerdictSecondsAreSummedOncePerCompleteLine) {
   EXPECT_DOUBLE_EQ(s.compile_s, 10.5);
   EXPECT_DOUBLE_EQ(s.verify_s, 3.5);
   EXPECT_EQ(s.verdicts, 3u);
-  const auto [session, back] =
-      kf::launch::decode_node_report(kf::launch::encode_node_report("n1/42/7", s), "test report");
-  EXPECT_EQ(session, "n1/42/7");
-  EXPECT_TRUE(back == s);
+  s.pushed = 4;  // actor nodes' counts travel in the same report
+  s.lag_sum = 2;
+  const auto back = kf::launch::decode_node_report(kf::launch::encode_node_report({"n1/42/7", "evaluators", s, true}),
+                                                   "test report");
+  EXPECT_EQ(back.session, "n1/42/7");
+  EXPECT_EQ(back.role, "evaluators");
+  EXPECT_TRUE(back.done);
+  EXPECT_TRUE(back.figures == s);
   EXPECT_NE(error_of([] {
               kf::launch::decode_node_report("{\"session\": \"x\"}", "kf:node_seconds entry 1-0");
             }).find("kf:node_seconds entry 1-0: not a node report"),

@@ -111,7 +111,8 @@ TEST(RunMonitorResultsTest, VerdictMixComesFromTheReplaysResultNotesEachOnce) {
 // On a head, the seconds evaluator and actor nodes report join the time split: the newest
 // report of each node session counts once (a late, smaller one takes nothing back), sessions
 // add up, and a resumed launcher keeps them (its launch state) without counting any twice.
-// The candidates from actor nodes carry their policy lag into the status's lag.
+// The candidates of actor nodes carry their policy lag into the status's lag and their
+// extraction failures into its count; samples and verified are the server's counts.
 TEST(RunMonitorNodeSecondsTest, NodeReportsJoinTheTimeSplitOnceAndSurviveAResume) {
   using kf::launch::NodeSeconds;
   RunMonitor m(100);
@@ -121,14 +122,18 @@ TEST(RunMonitorNodeSecondsTest, NodeReportsJoinTheTimeSplitOnceAndSurviveAResume
   m.merge_node_seconds({{"n1/10/1", NodeSeconds{0, 2.0, 3.0, 0, 4}}, {"a1/11/1", NodeSeconds{5.0, 0, 0, 0.5, 0}}});
   m.merge_node_seconds({{"n1/10/1", NodeSeconds{0, 1.0, 1.0, 0, 2}}});  // an older report, delivered late
   m.merge_node_seconds({{"n1/10/1", NodeSeconds{0, 2.5, 3.5, 0, 5}}});  // the newest
-  m.set_remote_samples(4, 1, 6);  // 4 candidates queued from actor nodes, lag 6 in all
+  // The actor node handed over 4 candidates, lag 6 in all, and scored 1 extraction failure.
+  m.merge_node_seconds({{"a1/11/1", NodeSeconds{5.0, 0, 0, 0.5, 0, 4, 1, 6}}});
+  m.set_network_counts(5, 3);  // the server: 5 candidates published, 3 results back
   m.sample_rates(1, s);
   EXPECT_DOUBLE_EQ(s.compile_s, 2.5);
   EXPECT_DOUBLE_EQ(s.verify_s, 3.5);
   EXPECT_DOUBLE_EQ(s.generate_s, 5.0);
   EXPECT_DOUBLE_EQ(s.gpu_wait_s, 0.5);
   EXPECT_DOUBLE_EQ(s.policy_lag, 1.5);
-  EXPECT_EQ(s.samples, 4u);
+  EXPECT_EQ(s.samples, 5u);
+  EXPECT_EQ(s.verified, 3u);
+  EXPECT_EQ(s.extraction_failures, 1u);
   EXPECT_NE(kf::launch::render_status(s).find("time: generate 5 s  compile 2 s  verify 4 s"), std::string::npos)
       << kf::launch::render_status(s);
   bool has = false;
@@ -145,6 +150,11 @@ TEST(RunMonitorNodeSecondsTest, NodeReportsJoinTheTimeSplitOnceAndSurviveAResume
   EXPECT_DOUBLE_EQ(t.verify_s, 4.0);
   EXPECT_DOUBLE_EQ(t.generate_s, 5.0);
   EXPECT_EQ(r.node_seconds().verdicts, 6u);
+  // The resumed head's server counts from zero: the earlier session's counts are its base.
+  r.set_network_counts(2, 1);
+  r.sample_rates(1, t);
+  EXPECT_EQ(t.samples, 7u);
+  EXPECT_EQ(t.verified, 4u);
 }
 
 // Actor 0's learning-curve probe reaches the status through the control block's rendezvous

@@ -7,6 +7,7 @@
 
 #include <fstream>
 
+#include "checkpoint.h"
 #include "kf/common/error.h"
 
 #include "kf/learner/learner.h"

@@ -8,6 +8,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "checkpoint.h"
+#include "comm.h"
 #include "grad_buckets.h"
 #include "kf/common/error.h"
 #include "kf/learner/learner.h"

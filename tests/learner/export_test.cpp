@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "checkpoint.h"
 #include "kf/common/safetensors.h"
 #include "kf/learner/learner.h"
 #include "kf/policy/policy.h"

@@ -10,10 +10,12 @@
 #include <regex>
 #include <sstream>
 
+#include "checkpoint.h"
 #include "kf/common/error.h"
 #include "kf/learner/learner.h"
 #include "kf/policy/policy.h"
 #include "loss.h"
+#include "snapshot_publisher.h"
 #include "test_util.h"
 
 using namespace kf::learner;
@@ -59,10 +61,10 @@ struct Fixture {
 };
 
 // One group whose completions the current model scored itself (behaviour = policy).
-class FixedSource : public GroupSource {
+class FixedSource : public kf::replay::ReadyGroups {
  public:
   kf::replay::ScoredGroup g;
-  std::vector<kf::replay::ScoredGroup> take(const TakeRequest& r) override {
+  std::vector<kf::replay::ScoredGroup> take(const kf::replay::TakeRequest& r) override {
     auto copy = g;
     copy.policy_version = r.version;
     return {copy};
@@ -157,7 +159,7 @@ TEST(LearnerTest, StepsWithoutSignalChangeNothing) {
 }
 
 // A source whose groups arrive one per take (a slow evaluator).
-class OneAtATime : public GroupSource {
+class OneAtATime : public kf::replay::ReadyGroups {
  public:
   SyntheticSource gen{[] {
     auto c = synth();
@@ -165,7 +167,7 @@ class OneAtATime : public GroupSource {
     return c;
   }()};
   int64_t takes = 0;
-  std::vector<kf::replay::ScoredGroup> take(const TakeRequest& r) override {
+  std::vector<kf::replay::ScoredGroup> take(const kf::replay::TakeRequest& r) override {
     EXPECT_GE(r.groups, 1);
     ++takes;
     return {gen.make_group(takes, 0, r.version, r.max_lag)};
@@ -228,10 +230,10 @@ TEST(LearnerTest, PullsFromTheReplayDropsStaleGroupsAndPublishesSnapshots) {
   cfg.snapshot_every = 1;
   cfg.take_timeout_ms = 200;
   auto comm = make_local_comm();
-  ReplaySource src(shm->replay(), cfg.take_timeout_ms);
+  auto src = kf::replay::shm_ready_groups(shm->replay(), std::chrono::milliseconds(cfg.take_timeout_ms));
   LearnerDeps d;
   d.comm = comm.get();
-  d.source = &src;
+  d.source = src.get();
   d.snapshots = &shm->snapshots();
   d.shm = shm.get();
   lt::TempDir tmp;

@@ -11,6 +11,7 @@
 #include <set>
 
 #include "batch.h"
+#include "checkpoint.h"
 #include "kf/common/config.h"
 #include "kf/common/error.h"
 #include "kf/learner/learner.h"
@@ -331,10 +332,10 @@ namespace {
 
 // The same groups every step (step 0's of a SyntheticSource), so training makes steady
 // progress on them that both runs can be compared on.
-class FixedBatchSource : public GroupSource {
+class FixedBatchSource : public kf::replay::ReadyGroups {
  public:
   explicit FixedBatchSource(SyntheticConfig c) : src_(c) {}
-  std::vector<kf::replay::ScoredGroup> take(const TakeRequest& r) override {
+  std::vector<kf::replay::ScoredGroup> take(const kf::replay::TakeRequest& r) override {
     std::vector<kf::replay::ScoredGroup> out;
     for (int64_t k = 0; k < r.groups; ++k) out.push_back(src_.make_group(0, k, r.version, r.max_lag));
     return out;

@@ -13,10 +13,13 @@
 #include <functional>
 #include <thread>
 
+#include "checkpoint.h"
+#include "comm.h"
 #include "kf/common/error.h"
 #include "kf/learner/learner.h"
 #include "kf/policy/policy.h"
 #include "kf/replay/replay.h"
+#include "snapshot_publisher.h"
 #include "test_util.h"
 
 using namespace kf::learner;

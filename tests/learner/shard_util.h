@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint.h"
 #include "kf/learner/learner.h"
 #include "test_util.h"
 

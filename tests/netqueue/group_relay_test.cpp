@@ -10,10 +10,15 @@
 
 #include "kf/common/error.h"
 #include "kf/netqueue/netqueue.h"
+#include "records.h"  // netqueue/src: the groups' byte form
+#include "relay.h"    // netqueue/src: GroupRelay
 #include "test_util.h"
 
 namespace kf::netqueue {
 namespace {
+
+using detail::decode_groups;
+using detail::encode_groups;
 
 replay::ScoredGroup group(uint64_t id, int g) {
   replay::ScoredGroup s;

@@ -11,6 +11,7 @@
 
 #include "kf/common/error.h"
 #include "kf/policy/policy.h"
+#include "chat_template.h"
 #include "test_util.h"
 
 using namespace kf::policy;

@@ -6,6 +6,7 @@
 
 #include "kf/common/error.h"
 #include "kf/policy/policy.h"
+#include "config.h"
 
 using kf::policy::parse_model_config;
 

@@ -3,6 +3,7 @@
 
 #include "kf/common/error.h"
 #include "kf/policy/policy.h"
+#include "config.h"
 #include "test_util.h"
 
 using namespace kf::policy;

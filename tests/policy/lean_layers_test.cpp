@@ -1,14 +1,21 @@
 // The memory-lean layer functions (rms_norm, swiglu_down, rotary) against the plain expressions
 // they replace: the same forward result, bitwise, and the same gradients to rounding, in
 // fp32 and in the mixed dtypes bf16 autocast gives them (bf16 activations, fp32 weights or
-// tables). Without grad mode they take the plain path (no autograd node).
+// tables). Without grad mode they take the plain path (no autograd node). And their memory:
+// one decoder layer keeps less for backward than the plain expressions would.
 #include <gtest/gtest.h>
+#include <c10/core/CPUAllocator.h>
+#include <c10/core/impl/alloc_cpu.h>
 #include <algorithm>
+#include <cstdio>
+#include <mutex>
 #include <torch/torch.h>
+#include <unordered_map>
 
 #include <ATen/autocast_mode.h>
 
 #include "kf/policy/policy.h"
+#include "layers.h"
 #include "torch_util.h"
 
 namespace kf::policy {
@@ -201,6 +208,142 @@ TEST(LeanLayersTest, WithoutGradModeTheyRecordNothing) {
   for (const auto& y : {rms_norm(x, w, 1e-6), rotary(x.view({1, 1, 2, 8}), w.view({1, 1, 8}), w.view({1, 1, 8}))})
     EXPECT_FALSE(y.requires_grad());
   EXPECT_TRUE(torch::equal(rms_norm(x, w, 1e-6), plain_rms_norm(x, w, 1e-6)));
+}
+
+// ---- memory: one decoder layer keeps less for backward than the plain expressions ----
+
+// Counts the bytes the CPU allocator hands out (current and peak). Data pointer and
+// context are the same pointer, as raw_allocate() requires; sizes are looked up by it.
+struct CountingCpuAllocator final : c10::Allocator {
+  std::mutex mu;
+  std::unordered_map<void*, int64_t> sizes;
+  int64_t current = 0, peak = 0;
+  static CountingCpuAllocator& get() {
+    static CountingCpuAllocator a;  // never destroyed: tensors it made may outlive a test
+    return a;
+  }
+  static void release(void* p) {
+    auto& a = get();
+    {
+      std::lock_guard<std::mutex> g(a.mu);
+      auto it = a.sizes.find(p);
+      if (it != a.sizes.end()) {
+        a.current -= it->second;
+        a.sizes.erase(it);
+      }
+    }
+    c10::free_cpu(p);
+  }
+  c10::DataPtr allocate(size_t n) override {
+    void* p = c10::alloc_cpu(n);
+    {
+      std::lock_guard<std::mutex> g(mu);
+      sizes[p] = static_cast<int64_t>(n);
+      current += static_cast<int64_t>(n);
+      peak = std::max(peak, current);
+    }
+    return {p, p, &release, c10::Device(c10::DeviceType::CPU)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &release; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override { default_copy_data(dest, src, count); }
+  // Bytes still allocated after fn() above the level before it, with this allocator installed.
+  template <class F>
+  int64_t kept_by(F&& fn) {
+    c10::Allocator* before = c10::GetCPUAllocator();
+    c10::SetCPUAllocator(this, /*priority=*/100);
+    struct Restore {
+      c10::Allocator* a;
+      ~Restore() { c10::SetCPUAllocator(a, /*priority=*/100); }
+    } restore{before};
+    int64_t start;
+    {
+      std::lock_guard<std::mutex> g(mu);
+      start = current;
+    }
+    fn();
+    std::lock_guard<std::mutex> g(mu);
+    return current - start;
+  }
+};
+
+torch::Tensor plain_norm(const torch::Tensor& x, const RMSNorm& n) { return plain_rms_norm(x, n->weight, n->eps); }
+torch::Tensor plain_proj(const torch::Tensor& x, LinearImpl& p) {
+  auto y = torch::nn::functional::linear(x, p.weight, p.bias);
+  const auto xa = x.to(p.lora_A->weight.scalar_type());  // the fp32 copy autocast casts back and keeps
+  const auto d = torch::nn::functional::linear(torch::nn::functional::linear(xa, p.lora_A->weight), p.lora_B->weight);
+  return y + (d * p.lora_scale).to(y.scalar_type());
+}
+torch::Tensor plain_layer(DecoderLayerImpl& l, const torch::Tensor& x, const RopeTables& r) {
+  auto& a = *l.self_attn;
+  const int64_t B = x.size(0), T = x.size(1), G = a.heads / a.kv_heads;
+  const auto n1 = plain_norm(x, l.input_layernorm);
+  auto q = plain_proj(n1, *a.q_proj).view({B, T, a.heads, a.head_dim}).transpose(1, 2);
+  auto k = plain_proj(n1, *a.k_proj).view({B, T, a.kv_heads, a.head_dim}).transpose(1, 2);
+  auto v = plain_proj(n1, *a.v_proj).view({B, T, a.kv_heads, a.head_dim}).transpose(1, 2);
+  q = plain_rotary(q, r.cos, r.sin);
+  k = plain_rotary(k, r.cos, r.sin).repeat_interleave(G, 1);
+  v = v.repeat_interleave(G, 1);
+  const auto o = at::scaled_dot_product_attention(q, k, v, {}, 0.0, true);
+  const auto h = x + plain_proj(o.transpose(1, 2).reshape({B, T, a.heads * a.head_dim}), *a.o_proj);
+  auto& m = *l.mlp;
+  const auto n2 = plain_norm(h, l.post_attention_layernorm);
+  return h + plain_proj(torch::silu(plain_proj(n2, *m.gate_proj)) * plain_proj(n2, *m.up_proj), *m.down_proj);
+}
+
+// One decoder layer of a bf16 base with fp32 adapters on all seven projections under (CPU)
+// bf16 autocast, the 7 B LoRA setting, forward only: the bytes still allocated after it (the
+// graph's saved tensors and the output) against a re-implementation with the plain
+// expressions and the same weights. (Moved here from the learner's memory tests: what it
+// measures is the policy's layers.)
+TEST(LeanLayersTest, ALayerKeepsLessForBackwardThanThePlainExpressions) {
+  auto& counter = CountingCpuAllocator::get();
+  auto mc = named_model_shape("tiny");
+  const int64_t T = 256, H = mc.hidden_size, I = mc.intermediate_size;
+  CausalLM m(mc, torch::TensorOptions().dtype(torch::kBFloat16));
+  m->init_random(5);
+  LoraConfig lc;
+  lc.rank = 4;
+  lc.targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+  m->enable_lora(lc, 2, torch::kFloat32);
+  {
+    torch::NoGradGuard ng;  // B = 0 would hide a wrong adapter path from the output check
+    for (auto& p : m->named_parameters())
+      if (p.key().find("lora_B") != std::string::npos) p.value().normal_(0, 0.02);
+  }
+  auto& layer = *m->model->layers[0]->as<DecoderLayerImpl>();
+  const auto r = m->rope(torch::arange(T, torch::kInt64).unsqueeze(0));
+  torch::manual_seed(3);
+  // A later layer's input: the residual stream, which needs a gradient.
+  const auto x = torch::randn({1, T, H}).to(torch::kBFloat16).requires_grad_(true);
+  auto kept = [&](auto&& forward, torch::Tensor* out) {
+    CpuAutocastScope on(true);
+    return counter.kept_by([&] { *out = forward(); });
+  };
+  torch::Tensor y_lean, y_plain;
+  const int64_t lean = kept([&] { return layer.forward(x, r, {}, nullptr, 0); }, &y_lean);
+  const int64_t plain = kept([&] { return plain_layer(layer, x, r); }, &y_plain);
+  ASSERT_TRUE(y_lean.requires_grad() && y_plain.requires_grad());
+  EXPECT_TRUE(torch::equal(y_lean, y_plain)) << "the lean layer changed the forward result";
+  // Per token, at least: each norm's fp32 copy of x less the bf16 x the lean norm keeps
+  // (2 x 2H bytes), silu(gate) and the product down's adapter keeps (2 x 2I), q and its
+  // rotated half (4H).
+  const int64_t want = T * (8 * H + 4 * I);
+  std::printf(
+      "one layer's forward keeps %lld bytes per token (plain expressions: %lld; lower bound on the saving %lld)\n",
+      static_cast<long long>(lean / T), static_cast<long long>(plain / T), static_cast<long long>(want / T));
+  EXPECT_LE(lean + want, plain);
+  // An adapted projection keeps no copy of its bf16 input: the frozen base keeps only its
+  // weight, and the adapter the input itself, which the layer holds anyway.
+  auto& up = *layer.mlp->up_proj;
+  const auto n = torch::randn({1, T, H}).to(torch::kBFloat16).requires_grad_(true);
+  y_lean = y_plain = torch::Tensor();  // the layer's graphs go before the counting starts
+  torch::Tensor p_lean, p_plain;
+  const int64_t lean_proj = kept([&] { return up.forward(n); }, &p_lean);
+  const int64_t plain_proj_kept = kept([&] { return plain_proj(n, up); }, &p_plain);
+  EXPECT_TRUE(torch::equal(p_lean, p_plain));
+  std::printf("an adapted projection keeps %lld bytes per token (with the fp32 input copy: %lld)\n",
+              static_cast<long long>(lean_proj / T), static_cast<long long>(plain_proj_kept / T));
+  EXPECT_LE(lean_proj + T * H * 2, plain_proj_kept);
 }
 
 }  // namespace

@@ -5,6 +5,8 @@
 
 #include "kf/common/error.h"
 #include "kf/policy/policy.h"
+#include "checkpoint.h"
+#include "layers.h"
 #include "torch_util.h"
 
 using namespace kf::policy;
@@ -75,6 +77,17 @@ void check_padded(const std::string& name, bool cached) {
 }  // namespace
 
 TEST(PolicyModelTest, Qwen2LogitsMatchHf) { check_full("qwen2"); }
+
+// A shape can be built on the meta device (no memory) to count its parameters: Qwen3-8B's
+// config.json (configs/shapes/qwen3-8b.json) gives the model card's 8.19 B, 192.9 M per layer.
+TEST(PolicyModelTest, BuildsOnTheMetaDeviceWithItsPublishedSize) {
+  const auto c = load_model_config(t::source_dir() + "/configs/shapes/qwen3-8b.json");
+  CausalLM model(c, torch::TensorOptions().device(torch::kMeta));
+  int64_t total = 0;
+  for (const auto& p : model->parameters()) total += p.numel();
+  EXPECT_EQ(total, 8190735360);
+  EXPECT_EQ((total - 2 * c.vocab_size * c.hidden_size - c.hidden_size) / c.num_hidden_layers, 192946432);
+}
 TEST(PolicyModelTest, LlamaLogitsMatchHf) { check_full("llama"); }
 TEST(PolicyModelTest, ShardedCheckpointLogitsMatchHf) { check_full("qwen2_sharded"); }
 TEST(PolicyModelTest, Qwen2KvCacheMatchesHf) { check_cached("qwen2"); }

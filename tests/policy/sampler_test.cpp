@@ -6,6 +6,7 @@
 
 #include "kf/common/error.h"
 #include "kf/policy/policy.h"
+#include "sampler.h"
 #include "torch_util.h"
 
 using namespace kf::policy;

@@ -12,6 +12,7 @@
 
 #include "kf/replay/replay.h"
 #include "proc_util.h"
+#include "queue.h"
 
 using namespace kf::replay;
 using namespace kf::replay::test;
@@ -29,6 +30,9 @@ QueueConfig claims_cfg(uint32_t max_claims) {
   c.max_claims = max_claims;
   return c;
 }
+
+// The run's candidate queue as a plain ShmQueue (slot handles are valid in any mapping).
+ShmQueue cand_queue(const std::string& run) { return ShmQueue::attach(RunShm::segment_name(run, "cand"), 1s); }
 
 void push_ids(ShmQueue& q, uint64_t from, uint64_t n) {
   for (uint64_t id = from; id < from + n; ++id) ASSERT_TRUE(q.push(&id, sizeof id, id, 1s));
@@ -290,7 +294,7 @@ TEST(ReplayResultPathTest, EvaluatorKilledAfterWritingItsResultLosesNothingAndCo
   ::close(fds[0]);
   ::close(fds[1]);
   EXPECT_EQ(shm->candidate_ledger().in_flight, 1u);
-  EXPECT_EQ(shm->candidates().raw().reap(), 1u);  // the dead evaluator's claim goes back
+  EXPECT_EQ(shm->reap(), 1u);  // the dead evaluator's claim goes back
 
   std::vector<Candidate> got;
   std::vector<ShmQueue::Slot> claims;
@@ -302,7 +306,7 @@ TEST(ReplayResultPathTest, EvaluatorKilledAfterWritingItsResultLosesNothingAndCo
   int joined = 0;
   for (std::size_t i = 0; i < got.size(); ++i) {
     joined += shm->replay().add_result(result(got[i], 2.5));
-    shm->candidates().raw().release(&claims[i], 1);
+    cand_queue(run).release(&claims[i], 1);
   }
   EXPECT_EQ(joined, 1);
   const ReplayStats st = shm->replay().stats();
@@ -371,7 +375,7 @@ TEST(ReplayResultPathTest, HandleOfAnEvictedGroupIsReportedLostAndCountedAndNeve
   EXPECT_EQ(un.gone[0].candidate_id, 100u);
   EXPECT_EQ(un.gone[1].candidate_id, 101u);
   EXPECT_TRUE(un.scored.empty());
-  shm->candidates().raw().release(claims.data(), claims.size());
+  cand_queue(run).release(claims.data(), claims.size());
 
   EXPECT_EQ(shm->replay().stats().refs_unresolved, 3u);  // two evicted, one wrong id
   EXPECT_EQ(shm->replay().stats().results_joined, 0u) << "nothing was scored";
@@ -396,8 +400,7 @@ TEST(ReplayResultPathTest, CandidateQueueSlotsHoldOnlyTheHandle) {
   RunShmConfig cfg;
   cfg.candidates.slot_bytes = 1u << 20;  // ignored: the slots are sized to the handle
   auto shm = RunShm::create(run, cfg);
-  EXPECT_EQ(shm->candidates().raw().slot_bytes(), layout);
-  EXPECT_EQ(RunShm::attach(run)->candidates().raw().slot_bytes(), layout);
+  EXPECT_EQ(cand_queue(run).slot_bytes(), layout);
   std::vector<Candidate> g(1);
   g[0].id = 1;
   g[0].task = "t";
@@ -411,6 +414,6 @@ TEST(ReplayResultPathTest, CandidateQueueSlotsHoldOnlyTheHandle) {
   ASSERT_EQ(shm->candidates().pop_batch(got, 4, 1s), 1u);
   EXPECT_EQ(got[0].source, g[0].source);
   EXPECT_EQ(got[0].completion_tokens, g[0].completion_tokens);
-  EXPECT_EQ(shm->candidates().raw().stats().dropped_too_large, 0u);
+  EXPECT_EQ(cand_queue(run).stats().dropped_too_large, 0u);
   shm->shutdown();
 }

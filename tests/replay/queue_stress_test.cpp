@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "kf/replay/replay.h"
+#include "queue.h"
 #include "proc_util.h"
 
 using namespace kf::replay;

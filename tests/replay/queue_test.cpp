@@ -8,6 +8,7 @@
 #include "kf/common/error.h"
 #include "kf/replay/replay.h"
 #include "proc_util.h"
+#include "queue.h"
 
 using namespace kf::replay;
 using namespace kf::replay::test;
@@ -104,7 +105,7 @@ TEST_F(ReplayQueueTest, TypedCandidateHandlesRoundTrip) {
   EXPECT_EQ(got[0].index_in_group, 3u);
   EXPECT_EQ(got[0].t_pushed_ns, 1234);
   uint64_t cursor = 0;
-  EXPECT_EQ(cq.raw().lost_tags(&cursor).size(), 0u);
+  EXPECT_EQ(ShmQueue::attach(name).lost_tags(&cursor).size(), 0u);
   // Resolving needs the replay buffer: without one, claiming candidates is an error.
   std::vector<Candidate> cands;
   std::vector<ShmQueue::Slot> claims;
@@ -114,7 +115,7 @@ TEST_F(ReplayQueueTest, TypedCandidateHandlesRoundTrip) {
   ShmSegment::remove(name);
   CandidateQueue small(ShmQueue::create(name, QueueConfig{8, static_cast<uint32_t>(kCandidateRefBytes - 1)}), nullptr);
   EXPECT_FALSE(small.push(ref_of(c), 0ms));
-  EXPECT_EQ(small.raw().stats().dropped_too_large, 1u);
+  EXPECT_EQ(ShmQueue::attach(name).stats().dropped_too_large, 1u);
 }
 
 TEST_F(ReplayQueueTest, TornWriteIsNeverDelivered) {

@@ -3,6 +3,7 @@
 
 #include "kf/common/error.h"
 #include "kf/replay/replay.h"
+#include "queue.h"
 
 using namespace kf::replay;
 

@@ -9,6 +9,8 @@
 #include "kf/common/error.h"
 #include "kf/replay/replay.h"
 #include "proc_util.h"
+#include "queue.h"
+#include "segment.h"
 
 using namespace kf::replay;
 using namespace kf::replay::test;
@@ -36,57 +38,57 @@ bool shm_exists(const std::string& n) { return std::filesystem::exists("/dev/shm
 }  // namespace
 
 TEST_F(ReplaySegmentTest, AttachChecksKindAndPresence) {
-  EXPECT_THROW(ShmSegment::attach(name, SegmentKind::Queue, 10ms), kf::Error);
+  EXPECT_THROW(attach_segment(name, SegmentKind::Queue, 10ms), kf::Error);
   EXPECT_EQ(ShmSegment::probe(name), SegmentState::Absent);
-  ShmSegment s = ShmSegment::create(name, SegmentKind::Test, 4096);
-  s.mark_ready();
+  ShmSegment s = create_segment(name, SegmentKind::Test, 4096);
+  mark_segment_ready(s);
   EXPECT_EQ(ShmSegment::probe(name), SegmentState::Live);
-  EXPECT_NO_THROW(ShmSegment::attach(name, SegmentKind::Test, 10ms));
+  EXPECT_NO_THROW(attach_segment(name, SegmentKind::Test, 10ms));
   try {
-    ShmSegment::attach(name, SegmentKind::Queue, 10ms);
+    attach_segment(name, SegmentKind::Queue, 10ms);
     FAIL();
   } catch (const kf::Error& e) {
     EXPECT_NE(std::string(e.what()).find("field kind"), std::string::npos) << e.what();
   }
-  EXPECT_THROW(ShmSegment::create(name, SegmentKind::Test, 4096), kf::Error) << "live segment replaced";
-  EXPECT_THROW(ShmSegment::create("bad/name", SegmentKind::Test, 4096), kf::Error);
+  EXPECT_THROW(create_segment(name, SegmentKind::Test, 4096), kf::Error) << "live segment replaced";
+  EXPECT_THROW(create_segment("bad/name", SegmentKind::Test, 4096), kf::Error);
 }
 
 TEST_F(ReplaySegmentTest, NotReadySegmentIsNotAttached) {
-  ShmSegment s = ShmSegment::create(name, SegmentKind::Test, 4096);  // no mark_ready()
-  EXPECT_THROW(ShmSegment::attach(name, SegmentKind::Test, 30ms), kf::Error);
+  ShmSegment s = create_segment(name, SegmentKind::Test, 4096);  // not marked ready
+  EXPECT_THROW(attach_segment(name, SegmentKind::Test, 30ms), kf::Error);
 }
 
 TEST_F(ReplaySegmentTest, StaleSegmentOfADeadCreatorIsReplaced) {
   Staller st;
   pid_t launcher = spawn([&] {
-    ShmSegment s = ShmSegment::create(name, SegmentKind::Test, 8192);
-    static_cast<char*>(s.body())[0] = 'X';
-    s.mark_ready();
+    ShmSegment s = create_segment(name, SegmentKind::Test, 8192);
+    static_cast<char*>(segment_body(s))[0] = 'X';
+    mark_segment_ready(s);
     st.arm("now");
     kf::replay::testing::set_stall_hook(&stall_hook);
     stall_hook("now");
     return 0;
   });
   ASSERT_TRUE(st.wait_stalled());
-  uint64_t old_inc = ShmSegment::attach(name, SegmentKind::Test, 1s).incarnation();
+  uint64_t old_inc = attach_segment(name, SegmentKind::Test, 1s).incarnation();
   EXPECT_EQ(ShmSegment::probe(name), SegmentState::Live);
   kill_and_wait(launcher);
   EXPECT_EQ(ShmSegment::probe(name), SegmentState::Stale);
-  ShmSegment fresh = ShmSegment::create(name, SegmentKind::Test, 4096);
-  fresh.mark_ready();
+  ShmSegment fresh = create_segment(name, SegmentKind::Test, 4096);
+  mark_segment_ready(fresh);
   EXPECT_NE(fresh.incarnation(), old_inc);
-  EXPECT_EQ(static_cast<char*>(fresh.body())[0], 0) << "old contents must not leak into the new segment";
-  EXPECT_EQ(fresh.size(), 4096u);
+  EXPECT_EQ(static_cast<char*>(segment_body(fresh))[0], 0) << "old contents must not leak into the new segment";
+  EXPECT_EQ(segment_size(fresh), 4096u);
 }
 
 TEST_F(ReplaySegmentTest, HungCreatorWithAnOldHeartbeatIsStale) {
-  ShmSegment s = ShmSegment::create(name, SegmentKind::Test, 4096);
-  s.mark_ready();  // heartbeat now
+  ShmSegment s = create_segment(name, SegmentKind::Test, 4096);
+  mark_segment_ready(s);  // heartbeat now
   EXPECT_EQ(ShmSegment::probe(name, 50ms), SegmentState::Live);
   std::this_thread::sleep_for(80ms);
   EXPECT_EQ(ShmSegment::probe(name, 50ms), SegmentState::Stale);
-  s.heartbeat();
+  beat_segment(s);
   EXPECT_EQ(ShmSegment::probe(name, 50ms), SegmentState::Live);
 }
 
@@ -134,9 +136,9 @@ TEST_F(ReplayRunShmTest, RunOfAKilledLauncherIsDetectedAndReplaced) {
   kill_and_wait(launcher);
   EXPECT_EQ(RunShm::probe(name), SegmentState::Stale);
   auto run = RunShm::create(name, small_config());
-  EXPECT_EQ(run->candidates().raw().stats().queued, 0u) << "fresh segments";
+  EXPECT_EQ(run->candidate_ledger().queued, 0u) << "fresh segments";
   EXPECT_NE(run->control().segment().incarnation(), old_worker->control().segment().incarnation());
-  EXPECT_EQ(old_worker->candidates().raw().stats().queued, 1u) << "old mapping stays valid for its holder";
+  EXPECT_EQ(old_worker->candidate_ledger().queued, 1u) << "old mapping stays valid for its holder";
   auto new_worker = RunShm::attach(name, 1s);
   EXPECT_EQ(new_worker->control().segment().incarnation(), run->control().segment().incarnation());
 }

@@ -2,6 +2,8 @@
 // Streams (netqueue/) for every process of a several-node run.
 #include "kf/transport/transport.h"
 
+#include <utility>
+
 #include "kf/common/error.h"
 
 #ifdef KF_HAVE_NETQUEUE
@@ -61,6 +63,43 @@ std::unique_ptr<replay::ReadyGroups> open_ready_groups(const Config& cfg, replay
 #else
   (void)rank, (void)world;
   no_network(cfg);
+#endif
+}
+
+#ifdef KF_HAVE_NETQUEUE
+namespace {
+// The learner ranks' blob through the head's server (netqueue::StoreRendezvous).
+class StoreBlobRendezvous : public BlobRendezvous {
+ public:
+  explicit StoreBlobRendezvous(netqueue::RendezvousConfig c) : rdv_(std::move(c)) {}
+  void put(const std::string& key, const std::string& bytes) override { rdv_.publish(key, bytes); }
+  std::string get(const std::string& key, std::chrono::milliseconds timeout) override {
+    return rdv_.fetch(key, timeout);
+  }
+
+ private:
+  netqueue::StoreRendezvous rdv_;
+};
+}  // namespace
+#endif
+
+std::unique_ptr<BlobRendezvous> network_rendezvous(const ServerAddress& server, const std::string& scope, int rank,
+                                                   int world, std::chrono::milliseconds timeout) {
+#ifdef KF_HAVE_NETQUEUE
+  netqueue::RendezvousConfig c;
+  c.server.host = server.host;
+  c.server.port = server.port;
+  c.server.user = server.user;
+  c.server.password = server.password;
+  c.scope = scope;
+  c.rank = rank;
+  c.world = world;
+  c.timeout = timeout;
+  return std::make_unique<StoreBlobRendezvous>(std::move(c));
+#else
+  (void)server, (void)scope, (void)rank, (void)world, (void)timeout;
+  throw Error("transport: a rendezvous through Redis (learner ranks on several nodes) needs the network transport, "
+              "which this build left out (hiredis was not found; run ./setup.sh and rebuild)");
 #endif
 }
 

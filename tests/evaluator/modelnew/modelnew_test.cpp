@@ -329,7 +329,8 @@ TEST(ModelNewTest, EvaluatorServiceScoresKernelBenchCandidatesWithTheKernelbench
   modelnew::Options mo;
   mo.eval = eo;
   modelnew::install_in_service(so, ev, mo);
-  EvaluatorService service(ev, *shm, so);
+  auto source = kf::replay::shm_candidates(*shm, "evaluator 0");
+  EvaluatorService service(ev, *source, &shm->control(), so);
   std::vector<kf::replay::Candidate> cands;
   const std::vector<std::string> sources = {read("cpu/good_relu_inline.py"), read("cpu/cached_result_relu.py"),
                                             slurp(std::string(KF_KERNELS_DIR) + "/cpu/good_relu.cpp")};
@@ -344,8 +345,11 @@ TEST(ModelNewTest, EvaluatorServiceScoresKernelBenchCandidatesWithTheKernelbench
     c.behaviour_logprobs = {-0.1f, -0.2f};
     cands.push_back(c);
   }
-  ASSERT_TRUE(shm->replay().open_group(cands, std::chrono::minutes(30)));
-  for (const auto& c : cands) ASSERT_TRUE(shm->candidates().push(kf::replay::ref_of(c), std::chrono::seconds(1)));
+  kf::replay::GroupPublish g;  // as an actor publishes a group (the seam)
+  g.candidates = cands;
+  g.deadline = std::chrono::minutes(30);
+  ASSERT_EQ(kf::replay::shm_groups(*shm, "test actor")->publish(g, std::chrono::seconds(1), [] { return true; }),
+            kf::replay::PublishOutcome::published);
   std::size_t scored = 0;
   for (int i = 0; i < 20 && scored < cands.size(); ++i) scored += service.step();
   ASSERT_EQ(scored, cands.size());

@@ -1,5 +1,5 @@
-// GpuTimingLock: the exclusive GPU lock of a run's evaluator (ARCHITECTURE.md: "no other
-// process of the run does GPU work on that GPU while it times").
+// GpuTimingLock: the exclusive GPU lock of a run's evaluator (docs/architecture.md, "Sharing a
+// GPU": no other process of the run does GPU work on that GPU while it times).
 //
 // The evaluator holds the lock EXCLUSIVELY around each timed trial; learners and actors
 // that share the GPU hold it SHARED around their GPU work (a step, a decode burst), so

@@ -16,11 +16,13 @@
 // checkpoint and exit -> the replay, kernel database, best kernels and launcher state
 // are saved. A second Ctrl-C kills every worker at once (exit 130).
 //
-// Data: the launcher carries none. Evaluators write their results into the replay groups
-// themselves; the live status reads the replay's result notes and the control block.
+// Data: the launcher carries none, in any mode. On one node evaluators write their results
+// into the replay groups themselves; on a head (cluster.role head) every worker moves its
+// work through the head's Redis server (docs/architecture.md), and the launcher only starts
+// that server, writes the run's state into it and reads its counts. The live status reads
+// the replay's result notes, the control block and, on a head, those counts.
 //
-// Threading: run() is called once, from the main thread (a head node's Redis bridge runs
-// its own threads: cluster.h).
+// Threading: run() is called once, from the main thread; the launcher starts no thread.
 #pragma once
 #include <atomic>
 #include <memory>

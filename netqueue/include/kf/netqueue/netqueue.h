@@ -1,28 +1,26 @@
 // kf/netqueue/netqueue.h: the netqueue component's one public header. Sections:
 //   StreamQueue, RedisServer     the cross-node queue on Redis Streams (below)
 //   StoreRendezvous              the learner ranks' rendezvous over the same server
-//   GroupRelay                   scored groups for learner ranks on other nodes
-//   KeyStore                     plain keys: snapshot and kernel database for actor nodes
+//   KeyStore                     plain keys and hash counters on the same server
+//   The work seam on the network stream_candidates, stream_groups, stream_ready_groups: the
+//                                seam of kf/replay/replay.h for every process of a run of
+//                                several nodes (kf::transport picks them), its streams and
+//                                keys, and the counts the launcher reads (network_counts)
 //
 // kf::netqueue: the cross-node candidate/result queue on Redis Streams (hiredis), and a
 // redis-server the launcher (or a test) can start. Inside a node the shared-memory
 // ShmQueue (replay/) stays the transport; this carries the same byte records (payload +
 // 64-bit tag, e.g. an encoded kf::replay::Candidate and its id) between nodes.
 //
-// Shape: one StreamQueue object = one connection to one stream with one consumer group.
-//   producer: push()/push_batch() add records with XADD (MAXLEN = bound) inside a Lua
-//     script that first checks XLEN, so a full stream makes the producer wait (poll with
-//     back-off) up to its timeout instead of trimming or filling memory.
-//   consumer: take() reads new records with XREADGROUP (COUNT, BLOCK) and, every
-//     claim_every, claims records other consumers left pending longer than claim_idle
-//     (XAUTOCLAIM) - a dead consumer's work is never lost. ack() acknowledges records
-//     after the caller has stored their outcome: XACK + XDEL in one script, so the
-//     stream length is exactly the records not yet acknowledged (that is what the bound
-//     limits). ack_forward() also appends outputs (results) to another stream in the
-//     same atomic step, only for records still pending: of two consumers that scored the
-//     same claimed record, exactly one result goes in.
-//   A record delivered more than max_deliveries times (it kills its consumers), or one
-//   that does not parse, is moved to "<stream>:dead" with a reason, counted and logged.
+// Shape (docs/netqueue.md): one StreamQueue object = one connection to one stream with
+// one consumer group. push() adds records in a Lua script that first checks XLEN against
+// the bound (a full stream makes the producer wait, never trims). take() reads new records
+// (XREADGROUP) and every claim_every claims records other consumers left pending longer
+// than claim_idle (XAUTOCLAIM): a dead consumer's work is never lost. ack() is XACK + XDEL
+// in one script, so XLEN is exactly the records not yet acknowledged; ack_forward() also
+// appends outputs to another stream atomically, only for records still pending (of two
+// consumers that scored the same record, one result goes in). A record delivered more
+// than max_deliveries times, or one that does not parse, goes to "<stream>:dead".
 //
 // Failures: every error is a kf::Error naming "redis at HOST:PORT" and what failed
 // (connect, AUTH, a command, a lost connection). Socket timeouts bound every call, so a
@@ -44,6 +42,7 @@
 #include <utility>
 #include <vector>
 
+#include "kf/common/config.h"
 #include "kf/replay/replay.h"
 
 namespace kf::netqueue {
@@ -132,6 +131,9 @@ class StreamQueue {
   // Resets the idle time of messages this consumer still works on, so a slow but live
   // consumer keeps them (XCLAIM ... JUSTID). Returns how many it still owns.
   std::size_t keep_alive(const std::vector<std::string>& ids);
+  // Hands entries this consumer holds back unprocessed: they look idle for claim_idle, so
+  // the next claim of any consumer takes them (a delivery more). Returns how many it owned.
+  std::size_t give_back(const std::vector<std::string>& ids);
 
   // --- supervision
   StreamDepth depth();
@@ -191,23 +193,13 @@ class RedisServer {
 };
 
 // --- StoreRendezvous: hands one small blob (the NCCL unique id) from rank 0 to ranks
-// 1..world-1 of a job through the run's Redis server, when the ranks sit on several
-// nodes and share no memory or file system. kf::learner::redis_rendezvous wraps it.
-//
-// Keys (all under the ACL user's `kf:` prefix, scoped by the run name):
-//   kf:rdv:<scope>:<key>:rank:<r>   rank r's announcement: a random token of this process
-//   kf:rdv:<scope>:<key>            rank 0's publication: the tokens of ranks 1..world-1
-//                                   it saw, then the blob
-// Every rank first announces itself. Rank 0 waits until all world-1 others have, then
-// publishes; rank r accepts only a publication that carries its own token, so a value
-// left by an earlier attempt of the same run on the same server is never taken for the
-// current one. Keys expire (timeout + 60 s) and are not persisted.
-//
-// Failures: a timeout throws kf::Error naming the rendezvous, the server and the ranks
-// that never announced themselves (rank 0: the others; rank r: rank 0's publication and
-// whoever is missing). Until the deadline, an unreachable server (the head not up yet)
-// is retried every 200 ms; the last Redis error is in the timeout's message.
-//
+// 1..world-1 of a job through the run's Redis server, when the ranks sit on several nodes
+// (kf::transport::network_rendezvous wraps it). Keys kf:rdv:<scope>:<key>[:rank:<r>]
+// (docs/netqueue.md): every rank announces a random token; rank 0 waits for all world-1
+// others, then publishes their tokens and the blob; rank r accepts only a publication that
+// carries its own token (never a value an earlier attempt left). Keys expire.
+// Failures: a timeout throws kf::Error naming the rendezvous, the server and the ranks that
+// never announced themselves; until then an unreachable server is retried every 200 ms.
 // Threads: one object per thread (one connection).
 
 struct RendezvousConfig {
@@ -237,54 +229,6 @@ class StoreRendezvous {
   std::unique_ptr<Impl> impl_;
 };
 
-// --- Scored groups for learner ranks off the replay's node. A learner rank on another node
-// cannot map the head's replay; rank 0 (on the head) takes that rank's share for it and
-// hands it over through the run's Redis server, one request and one reply per learner
-// step (kf-learner --remote-from; docs/netqueue.md, "Groups for learner ranks on other
-// nodes").
-//
-//   kf:lrn:<run>:req:<r>   rank r's requests (a Redis list): step, groups wanted, version, max lag
-//   kf:lrn:<run>:rep:<r>   rank 0's replies: the step and the encoded groups
-//
-// Every rank calls take() once per learner step (the steps are in lockstep: each ends in
-// an all-reduce), so rank 0 serves each remote rank exactly once per step, in order; a
-// reply for another step is an error, never silently used.
-//
-// Failures: kf::Error naming the server, the run, the rank and the step ("no request
-// from rank 2 for step 14 within 300000 ms"). Threads: one object per thread.
-
-// Byte form of a list of scored groups (candidates and results in the replay's record
-// encoding). decode throws kf::Error naming `context` and the field on malformed input.
-std::string encode_groups(const std::vector<replay::ScoredGroup>& groups);
-std::vector<replay::ScoredGroup> decode_groups(const std::string& bytes, const std::string& context);
-
-struct GroupRequest {
-  int64_t step = 0;
-  int64_t groups = 0;
-  int64_t version = 0;
-  int64_t max_lag = 0;
-};
-
-class GroupRelay {
- public:
-  // Connects (kf::Error naming the server on failure). scope: the run name.
-  GroupRelay(const StreamConfig& server, std::string scope);
-  ~GroupRelay();
-  GroupRelay(const GroupRelay&) = delete;
-  GroupRelay& operator=(const GroupRelay&) = delete;
-
-  // --- a remote rank r: send its request, wait up to timeout for rank 0's reply.
-  std::vector<replay::ScoredGroup> request(int rank, const GroupRequest& req, Millis timeout);
-  // --- rank 0: the next request of rank r (waits up to timeout), then the reply to it.
-  GroupRequest next_request(int rank, Millis timeout);
-  void reply(int rank, int64_t step, const std::vector<replay::ScoredGroup>& groups);
-  std::string where() const;
-
- private:
-  struct Impl;
-  std::unique_ptr<Impl> impl_;
-};
-
 // --- KeyStore: plain keys on the run's Redis server (binary-safe values), for what several
 // nodes read and one node writes: the policy snapshot and the kernel database that the
 // head publishes to actor nodes, and the head's run state (docs/cluster.md, "Actor nodes").
@@ -306,6 +250,10 @@ class KeyStore {
   // Sets several keys in one atomic step (MSET): readers never see one without the other.
   void set_many(const std::vector<std::pair<std::string, std::string>>& kv);
   std::optional<std::string> get(const std::string& key);
+  // Hash counters: adds each (field, delta) to hash `key` (HINCRBY, pipelined); counts()
+  // reads them all (fields that are not integers are left out).
+  void add(const std::string& key, const std::vector<std::pair<std::string, int64_t>>& deltas);
+  std::vector<std::pair<std::string, int64_t>> counts(const std::string& key);
   std::string where() const;  // "redis at HOST:PORT"
 
   struct Impl;
@@ -314,5 +262,88 @@ class KeyStore {
   explicit KeyStore(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
+
+// --- The work seam on the network (kf/replay/replay.h, "The work seam"; docs/netqueue.md).
+// With cluster.role other than "all", every process of every node moves work through the
+// head's server:
+//   actor      GroupSink: the group record (candidates, known results, deadline, hold) to
+//              kf:groups, then each member still to be scored to kf:candidates (bound
+//              cluster.redis.bound: publish waits while full).
+//   evaluator  CandidateSource: takes kf:candidates; complete = result into kf:results and
+//              acknowledgement in one atomic step. No shared memory.
+//   learner    ReadyGroups, rank 0 on the head: each take drains kf:groups into the head's
+//              replay, then kf:results (add_result; kernel_entry_of -> the head's KernelDb),
+//              then takes ready groups; it serves the ranks on learners nodes and publishes
+//              the kernel DB and newest snapshot for actor nodes. Other head ranks take
+//              from the head's replay.
+//   actor node GroupSink also mirrors kf:weights / kf:kernels into the node's run (at most
+//              once a second, on a version change) and announces the node (kf:actor_nodes).
+// A result is routed by its candidate id through the group records the head opened.
+// Delivery is at least once: a second group record or result is counted duplicate.
+// Threads: each object follows its interface's contract; CandidateSource::keep_alive may
+// be called from another thread (it has its own connection).
+
+// Streams (entries: t = tag, d = bytes) and keys, all under the ACL prefix kf:.
+inline constexpr const char* kCandidatesStream = "kf:candidates";  // group "evaluators": candidate id, encode(Candidate)
+inline constexpr const char* kResultsStream = "kf:results";        // group "head": candidate id, encode(Result)
+inline constexpr const char* kGroupsStream = "kf:groups";          // group "head": group id, the group record
+inline constexpr const char* kEvaluatorsGroup = "evaluators";
+inline constexpr const char* kHeadGroup = "head";
+inline constexpr const char* kWeightsKey = "kf:weights";  // "KFW1" + version (i64) + size (u64) + blob
+inline constexpr const char* kWeightsVersionKey = "kf:weights:version";  // decimal; set after kf:weights
+inline constexpr const char* kKernelsKey = "kf:kernels";  // JSON: [{task, speedup, policy_version, source}]
+inline constexpr const char* kKernelsVersionKey = "kf:kernels:version";  // decimal, grows by 1 per publish
+inline constexpr const char* kRunStateKey = "kf:run:state";      // running | draining (the head's launcher)
+inline constexpr const char* kActorNodesKey = "kf:actor_nodes";  // an actor node's name: the head publishes
+inline constexpr const char* kCountsKey = "kf:counts";           // hash of NetworkCounts' fields
+
+// The head's server as cluster.redis.* name it (on the head: where it listens), the
+// password from $cluster.redis.password_env. Stream and group are left as defaults.
+// Throws kf::Error naming the key (an unset or empty password variable included).
+StreamConfig server_config(const Config& cfg);
+
+// Evaluator `who` (its log name, e.g. "evaluator 2"): consumer "<node>:<who>:<pid>" of
+// kf:candidates (node: cluster.node_name, else the host name). A candidate record that does
+// not decode is settled inside: its result runtime_error (environment) goes to kf:results,
+// logged and counted undecodable; it is never returned. An unreachable server is retried
+// (logged); after cluster.redis.gone_after_s without an answer, claim() and complete()
+// throw kf::Error whose text holds "the run has ended or its head is gone" (an evaluator
+// node then exits 0). give_back() makes the entry claimable by any evaluator at once.
+std::unique_ptr<replay::CandidateSource> stream_candidates(const Config& cfg, const std::string& who);
+// Actor `who`. shm: the head's run (actors on the head: peek/release read its replay, where
+// the head's rank 0 opens the group), an actor node's own run (cluster.role actors: the
+// mirror above; peek finds nothing), or null (peek finds nothing). Multi-turn groups need
+// the head. publish throws kf::Error after cluster.redis.gone_after_s without an answer.
+std::unique_ptr<replay::GroupSink> stream_groups(const Config& cfg, replay::RunShm* shm, const std::string& who);
+// Learner rank `rank` of `world`. shm: the head's run (rank 0 must have it); null on a
+// learners node (the share comes from rank 0). Ranks [cluster.head_learner_ranks, world)
+// are on learners nodes when cluster.head_learner_ranks > 0. wait: how long a take waits
+// for the first ready group.
+std::unique_ptr<replay::ReadyGroups> stream_ready_groups(const Config& cfg, replay::RunShm* shm, int rank, int world,
+                                                         std::chrono::milliseconds wait);
+
+// What went over the network, summed over every process of the run (hash kf:counts, field
+// names as below; each process adds its own at most once a second and when it closes).
+struct NetworkCounts {
+  uint64_t groups_published = 0;      // actors: group records into kf:groups
+  uint64_t candidates_published = 0;  // actors: members into kf:candidates
+  uint64_t known_results = 0;         // actors: results in the group records (extraction failures)
+  uint64_t unqueued = 0;              // actors: members never handed over (publish stopped)
+  uint64_t results_sent = 0;          // evaluators: results into kf:results
+  uint64_t results_late = 0;          // evaluators: results of entries claimed away meanwhile (dropped)
+  uint64_t claimed_again = 0;         // evaluators: candidates taken over from a dead or stalled one
+  uint64_t undecodable = 0;           // records that did not decode (candidates, results, group records)
+  uint64_t dropped = 0;               // evaluators: claims dropped (their result could not be stored)
+  uint64_t dead_lettered = 0;         // entries moved to <stream>:dead (malformed, or max_deliveries)
+  uint64_t groups_opened = 0;         // head: group records opened in the head's replay
+  uint64_t groups_dropped = 0;        // head: group records that did not fit (their results become orphans)
+  uint64_t groups_duplicate = 0;      // head: group records delivered again (dropped)
+  uint64_t results_joined = 0;        // head: results joined to their group
+  uint64_t results_orphan = 0;        // head: results whose group was not open (dropped, acknowledged)
+  uint64_t results_duplicate = 0;     // head: second results for a scored candidate (dropped)
+  uint64_t kernels_inserted = 0;      // head: verified kernels that entered the head's KernelDb
+};
+// Reads kf:counts (throws kf::Error naming the server when it does not answer).
+NetworkCounts network_counts(const StreamConfig& server);
 
 }  // namespace kf::netqueue
