@@ -37,6 +37,9 @@ class StreamCandidates : public replay::CandidateSource {
         where_("redis at " + sc_.host + ":" + std::to_string(sc_.port)),
         watch_(who_, where_, s.gone_after),
         counts_(s.server, who_) {
+    // Counted by the forward itself: an evaluator killed right after it loses no count.
+    sc_.count_hash = kCountsKey;
+    sc_.forward_count_field = "results_sent";
     log_info(who_, ": candidates from ", where_, " stream ", kCandidatesStream, " (consumer ", sc_.consumer,
              "), results to ", kResultsStream);
   }
@@ -106,9 +109,7 @@ class StreamCandidates : public replay::CandidateSource {
         replay::Completion done;
         done.first = !first.empty() && first[0];
         done.joined = done.first;  // the head joins it (or counts it orphan) when it drains kf:results
-        if (done.first) {
-          counts_.add("results_sent", 1);
-        } else {
+        if (!done.first) {  // results_sent is counted by the forward itself
           counts_.add("results_late", 1);
           log_warn(who_, ": candidate ", c.candidate.id,
                    " was claimed by another evaluator meanwhile; its result from here is dropped (the other one "
@@ -213,7 +214,6 @@ class StreamCandidates : public replay::CandidateSource {
       std::vector<bool> first;
       q_->ack_forward({m.id}, {{m.tag, detail::encode_record(r)}}, kResultsStream, &first);
       counts_.add("undecodable", 1);
-      if (!first.empty() && first[0]) counts_.add("results_sent", 1);
     } catch (const std::exception& e) {
       reset();
       log_warn(who_, ": settling entry ", m.id, " failed (", message_of(e), "); it stays pending and comes back");

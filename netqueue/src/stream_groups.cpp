@@ -67,7 +67,6 @@ class StreamGroups : public replay::GroupSink {
     const std::size_t total = members.size();
     auto stop = [&](std::size_t left, const char* when) {
       if (unqueued) *unqueued = left;
-      counts_.add("candidates_published", total - left);
       counts_.add("unqueued", left);
       counts_.flush();
       log_warn(who_, ": stopped ", when, ": ", left, " of group ", gid, "'s ", g.candidates.size(),
@@ -97,14 +96,12 @@ class StreamGroups : public replay::GroupSink {
     if (g.hold && head_shm_) held_[gid] = Clock::now() + std::chrono::duration_cast<Clock::duration>(g.deadline) + 5s;
 
     // 2. Its members, while kf:candidates has room (the evaluators' back-pressure).
-    std::size_t sent = 0;
     while (!members.empty()) {
       try {
         connect();
         const std::size_t n = cands_->push_batch(members, 200ms);
         watch_.ok();
         members.erase(members.begin(), members.begin() + static_cast<long>(n));
-        sent += n;
       } catch (const std::exception& e) {
         reset();
         watch_.failed(e);
@@ -114,7 +111,6 @@ class StreamGroups : public replay::GroupSink {
       tend();
       if (!going()) return stop(members.size(), ("while " + std::string(kCandidatesStream) + " was full").c_str());
     }
-    counts_.add("candidates_published", sent);
     counts_.flush();
     return replay::PublishOutcome::published;
   }
@@ -158,9 +154,13 @@ class StreamGroups : public replay::GroupSink {
  private:
   void connect() {
     if (!groups_) groups_ = std::make_unique<StreamQueue>(StreamQueue::open(detail::stream_config(s_, kGroupsStream, kHeadGroup)));
-    if (!cands_)
-      cands_ = std::make_unique<StreamQueue>(
-          StreamQueue::open(detail::stream_config(s_, kCandidatesStream, kEvaluatorsGroup)));
+    if (!cands_) {
+      // Counted by the push itself: a publisher killed right after it loses no count.
+      StreamConfig c = detail::stream_config(s_, kCandidatesStream, kEvaluatorsGroup);
+      c.count_hash = kCountsKey;
+      c.push_count_field = "candidates_published";
+      cands_ = std::make_unique<StreamQueue>(StreamQueue::open(c));
+    }
   }
   void reset() {
     groups_.reset();

@@ -23,35 +23,44 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-// KEYS[1] stream; ARGV[1] bound; ARGV[2..] tag, data pairs. Adds as many as fit under
-// the bound (XLEN counts only unacknowledged records: ack deletes), in order.
+// KEYS[1] stream, KEYS[2] count hash; ARGV[1] bound, ARGV[2] count field ("" = none),
+// ARGV[3..] tag, data pairs. Adds as many as fit under the bound (XLEN counts only
+// unacknowledged records: ack deletes), in order, and counts them in the same step.
 const char* kPushScript = R"lua(
 local room = tonumber(ARGV[1]) - redis.call('XLEN', KEYS[1])
-local n = (#ARGV - 1) / 2
+local n = (#ARGV - 2) / 2
 if room < n then n = room end
 if n <= 0 then return 0 end
 for i = 1, n do
-  redis.call('XADD', KEYS[1], 'MAXLEN', ARGV[1], '*', 't', ARGV[2*i], 'd', ARGV[2*i+1])
+  redis.call('XADD', KEYS[1], 'MAXLEN', ARGV[1], '*', 't', ARGV[2*i+1], 'd', ARGV[2*i+2])
 end
+if ARGV[2] ~= '' then redis.call('HINCRBY', KEYS[2], ARGV[2], n) end
 return n
 )lua";
 
-// KEYS[1] stream, KEYS[2] output stream; ARGV[1] group, ARGV[2] n, ARGV[3..2+n] ids,
-// then (when forwarding) n tag, data pairs. Per id: 1 = was pending (acked, deleted,
-// output appended), 0 = not pending (already acknowledged elsewhere; output dropped).
+// KEYS[1] stream, KEYS[2] output stream, KEYS[3] count hash; ARGV[1] group, ARGV[2] n,
+// ARGV[3] count field for the outputs ("" = none), ARGV[4..3+n] ids, then (when forwarding)
+// n tag, data pairs. Per id: 1 = was pending (acked, deleted, output appended), 0 = not
+// pending (already acknowledged elsewhere; output dropped). Outputs are counted in the same
+// step, so a process killed right after it loses no count.
 const char* kAckScript = R"lua(
 local n = tonumber(ARGV[2])
-local fwd = #ARGV >= 2 + 3 * n
+local fwd = #ARGV >= 3 + 3 * n
 local res = {}
+local sent = 0
 for i = 1, n do
-  local id = ARGV[2 + i]
+  local id = ARGV[3 + i]
   local a = redis.call('XACK', KEYS[1], ARGV[1], id)
   if a == 1 then
     redis.call('XDEL', KEYS[1], id)
-    if fwd then redis.call('XADD', KEYS[2], '*', 't', ARGV[2 + n + 2 * i - 1], 'd', ARGV[2 + n + 2 * i]) end
+    if fwd then
+      redis.call('XADD', KEYS[2], '*', 't', ARGV[3 + n + 2 * i - 1], 'd', ARGV[3 + n + 2 * i])
+      sent = sent + 1
+    end
   end
   res[i] = a
 end
+if sent > 0 and ARGV[3] ~= '' then redis.call('HINCRBY', KEYS[3], ARGV[3], sent) end
 return res
 )lua";
 
@@ -364,11 +373,13 @@ struct StreamQueue::Impl {
       Args a;
       a.add("EVAL")
           .add(kAckScript)
-          .add("2")
+          .add("3")
           .add(cfg.stream)
           .add(outputs ? out_stream : cfg.stream)
+          .add(cfg.count_hash.empty() ? cfg.stream : cfg.count_hash)
           .add(cfg.group)
-          .add_copy(std::to_string(n));
+          .add_copy(std::to_string(n))
+          .add_copy(outputs ? cfg.forward_count_field : std::string());
       for (std::size_t i = 0; i < n; ++i) a.add(ids[off + i]);
       if (outputs)
         for (std::size_t i = 0; i < n; ++i)
@@ -413,7 +424,9 @@ std::size_t StreamQueue::push_batch(const std::vector<Outgoing>& records, Millis
   const std::size_t max_bytes = 8u << 20;  // one script call carries at most ~8 MiB
   while (done < records.size()) {
     Args a;
-    a.add("EVAL").add(kPushScript).add("1").add(q.cfg.stream).add_copy(std::to_string(q.cfg.bound));
+    a.add("EVAL").add(kPushScript).add("2").add(q.cfg.stream);
+    a.add(q.cfg.count_hash.empty() ? q.cfg.stream : q.cfg.count_hash).add_copy(std::to_string(q.cfg.bound));
+    a.add(q.cfg.push_count_field);
     std::size_t n = 0, bytes = 0;
     while (done + n < records.size() && n < q.cfg.batch_records && (n == 0 || bytes < max_bytes)) {
       const Outgoing& r = records[done + n];

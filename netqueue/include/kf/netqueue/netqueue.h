@@ -64,6 +64,10 @@ struct StreamConfig {
   Millis claim_every{0};         // 0 = claim_idle / 4 (at least 10 ms)
   uint32_t max_deliveries = 5;   // then the record goes to <stream>:dead
   uint32_t batch_records = 256;  // most records per script call (push/ack)
+  // HINCRBY'd in the same script as the records: push()es, ack_forward() outputs ("": none).
+  std::string count_hash;
+  std::string push_count_field;
+  std::string forward_count_field;
 };
 
 struct Message {
