@@ -116,11 +116,7 @@ std::vector<std::shared_ptr<const tasks::Task>> load_actor_tasks(const ActorOpti
 
 Actor::Impl::Impl(ActorOptions opts, ActorPolicy policy, std::vector<std::shared_ptr<const tasks::Task>> tasks,
                   replay::RunShm& shm, std::unique_ptr<replay::GroupSink> sink)
-    : opts_(std::move(opts)),
-      policy_(std::move(policy)),
-      tasks_(std::move(tasks)),
-      shm_(shm),
-      sink_(std::move(sink)) {
+    : opts_(std::move(opts)), policy_(std::move(policy)), tasks_(std::move(tasks)), shm_(shm), sink_(std::move(sink)) {
   if (!sink_) throw Error("actor " + std::to_string(opts_.id) + ": no group sink to publish to");
   std::vector<TaskEntry> entries;
   for (const auto& t : tasks_) entries.push_back({t->name(), t->level()});
@@ -161,8 +157,7 @@ Actor::Impl::Impl(ActorOptions opts, ActorPolicy policy, std::vector<std::shared
   const auto chat = policy::ChatTemplate::for_model(opts_.policy_dir, opts_.chat_vars);
   log_info("actor ", opts_.id, ": ", tasks_.size(), " tasks, G=", opts_.group_size, ", K=", opts_.exemplars, ", mode ",
            prompt_mode_name(opts_.mode), ", context ", opts_.context_tokens, " tokens, template ", tpl,
-           ", chat template ", chat ? chat->source() : std::string("none (raw text)"), ", groups to ",
-           sink_->where());
+           ", chat template ", chat ? chat->source() : std::string("none (raw text)"), ", groups to ", sink_->where());
   setup_probe();
 }
 
@@ -196,7 +191,8 @@ Prompt Actor::build_task_prompt(const tasks::Task& task, uint64_t seed) { return
 const std::vector<ProbeRecord>& Actor::probe_records() const { return impl_->probe_done_; }
 std::vector<std::string> Actor::probe_task_names() const { return impl_->probe_task_names(); }
 
-void Actor::Impl::log_group(const GroupJob& job, std::size_t completions, const std::map<std::string, uint64_t>& codes) {
+void Actor::Impl::log_group(const GroupJob& job, std::size_t completions,
+                            const std::map<std::string, uint64_t>& codes) {
   const Prompt& prompt = job.prompt;
   if (opts_.metrics_dir.empty() || groups_log_failed_) return;
   const std::string path = opts_.metrics_dir + "/groups-" + std::to_string(opts_.id) + ".jsonl";
@@ -345,16 +341,7 @@ std::optional<Actor::Impl::GroupJob> Actor::Impl::next_group() {
 }
 
 policy::SamplingParams Actor::Impl::sampling_params(uint64_t group_id) {
-  policy::SamplingParams sp;
-  sp.temperature = opts_.temperature;
-  sp.top_p = opts_.top_p;
-  sp.top_k = opts_.top_k;
-  sp.max_new_tokens = opts_.max_new_tokens;
-  sp.loop_repeats = opts_.loop_repeats;
-  sp.loop_max_period = opts_.loop_max_period;
-  sp.loop_min_span = opts_.loop_min_span;
-  sp.eos_ids = policy_.eos_ids;
-  sp.seed = opts_.seed ^ group_id;
+  policy::SamplingParams sp = sampling_params_of(opts_, policy_.eos_ids, opts_.seed ^ group_id);
   sp.valid_vocab = policy_.valid_vocab;
   sp.gpu_share = &gpu_share_;
   return sp;
@@ -677,8 +664,8 @@ StepResult Actor::Impl::finish_group(GroupJob job, std::vector<RolloutSample> sa
   }
   // The members handed over; the rest (the actor or the run stopped while the evaluators'
   // queue was full) the sink counted lost.
-  const std::size_t pushed = outcome == replay::PublishOutcome::stopped ? to_score - std::min(unqueued, to_score)
-                                                                        : to_score;
+  const std::size_t pushed =
+      outcome == replay::PublishOutcome::stopped ? to_score - std::min(unqueued, to_score) : to_score;
   const int64_t lag = std::max<int64_t>(0, shm_.snapshots().latest().version - version);
   m_.pushed += pushed;
   if (pushed > 0) {

@@ -288,16 +288,7 @@ int main(int argc, char** argv) {
   std::vector<Candidate> cands;
   const auto t_sample = Clock::now();
   try {
-    kf::policy::SamplingParams sp;
-    sp.temperature = o.temperature;
-    sp.top_p = o.top_p;
-    sp.top_k = o.top_k;
-    sp.max_new_tokens = o.max_new_tokens;
-    sp.loop_repeats = o.loop_repeats;
-    sp.loop_max_period = o.loop_max_period;
-    sp.loop_min_span = o.loop_min_span;
-    sp.eos_ids = pol.eos_ids;
-    sp.seed = o.seed;
+    const kf::policy::SamplingParams sp = kf::actors::sampling_params_of(o, pol.eos_ids, o.seed);
     for (auto& r :
          rollout_group(pol.model, pol.codec, prompt.tokens, n, sp, pol.valid_vocab, o.extract, o.shared_prefill)) {
       Candidate k;

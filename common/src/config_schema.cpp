@@ -525,7 +525,8 @@ const std::vector<ConfigKey>& config_schema() {
        "512",
        false,
        {},
-       "most entries waiting in each stream of the head's server (kf:candidates: on the network or with an evaluator; kf:groups: published, not yet gathered by the learner)"},
+       "most entries waiting in each stream of the head's server (kf:candidates: on the network or with an evaluator; "
+       "kf:groups: published, not yet gathered by the learner)"},
       {"cluster.redis.claim_idle_s",
        T::Float,
        "120",
@@ -537,7 +538,8 @@ const std::vector<ConfigKey>& config_schema() {
        "60",
        false,
        {},
-       "any process of a node off the head: the head's server unreachable this long ends it (the run is over or the head is gone)"},
+       "any process of a node off the head: the head's server unreachable this long ends it (the run is over or the "
+       "head is gone)"},
       // learner: GRPO / pairwise training of the policy (docs/learner.md)
       {"learner.policy",
        T::String,

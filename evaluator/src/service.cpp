@@ -106,11 +106,10 @@ ServiceOptions service_options(const Config& c) {
   // The network source gives a claim away after claim_idle_s without a keep-alive: renew
   // three times per period (the shared-memory source ignores it).
   const double idle_s = c.get_float("cluster.redis.claim_idle_s");
-  o.keep_alive_every = std::max(std::chrono::milliseconds(100),
-                                std::chrono::milliseconds(static_cast<long long>(idle_s * 1000 / 3)));
+  o.keep_alive_every =
+      std::max(std::chrono::milliseconds(100), std::chrono::milliseconds(static_cast<long long>(idle_s * 1000 / 3)));
   return o;
 }
-
 
 std::string verdict_json_line(const replay::Candidate& c, const Result& r, int level, int evaluator_id) {
   const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -334,7 +333,8 @@ Result EvaluatorService::Impl::score(const replay::Candidate& c) {
   std::string err;
   auto t = task(c.task, &err);
   if (!t) {
-    log_error(who, ": cannot score candidate ", c.id, ": ", err, "; it is scored runtime_error and the evaluator goes on");
+    log_error(who, ": cannot score candidate ", c.id, ": ", err,
+              "; it is scored runtime_error and the evaluator goes on");
     return fail(Verdict::runtime_error, "evaluator: " + err, Cause::environment);
   }
   if (o.other_format && o.score_other && o.other_format(c.source)) return o.score_other(*t, o.backend, c.source, c.id);
@@ -477,8 +477,8 @@ std::size_t EvaluatorService::Impl::step() {
       try {
         source.drop(claim);
       } catch (const std::exception& d) {
-        throw SourceError("dropping candidate " + std::to_string(c.id) + " at " + source.where() + " failed: " +
-                          d.what());
+        throw SourceError("dropping candidate " + std::to_string(c.id) + " at " + source.where() +
+                          " failed: " + d.what());
       }
     }
     if (stored && out.kernel_inserted) ++stats.kernels_inserted, count(counter::kEvalKernelsInserted, 1);

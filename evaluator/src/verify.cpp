@@ -1833,8 +1833,8 @@ GpuMemoryBudget* claim_gpu_memory(std::unique_ptr<GpuMemoryBudget>& budget, cons
                                   const EvalOptions& o) {
   if (!budget) {
     const auto total = at::accelerator::getMemoryInfo(static_cast<c10::DeviceIndex>(o.device)).second;
-    budget = std::make_unique<GpuMemoryBudget>(
-        o.gpu_lock_dir, gpu_lock_key(o.device), static_cast<std::size_t>(o.gpu_memory_fraction * double(total)));
+    budget = std::make_unique<GpuMemoryBudget>(o.gpu_lock_dir, gpu_lock_key(o.device),
+                                               static_cast<std::size_t>(o.gpu_memory_fraction * double(total)));
   }
   const auto b = tasks::Backend::CUDA;
   const std::size_t need =
@@ -1842,9 +1842,8 @@ GpuMemoryBudget* claim_gpu_memory(std::unique_ptr<GpuMemoryBudget>& budget, cons
   const auto t0 = Clock::now();
   if (!budget->claim(need, std::chrono::milliseconds(int64_t(o.gpu_lock_timeout_s * 1000)))) {
     log_warn("evaluator: ", task.name(), " needs ", need >> 20, " MiB of GPU memory; other evaluators claimed ",
-             budget->claimed_by_others() >> 20, " MiB of the ", budget->budget() >> 20,
-             " MiB budget (", budget->path(), ") for ", o.gpu_lock_timeout_s,
-             " s; verifying without a claim (an out-of-memory error is retried)");
+             budget->claimed_by_others() >> 20, " MiB of the ", budget->budget() >> 20, " MiB budget (", budget->path(),
+             ") for ", o.gpu_lock_timeout_s, " s; verifying without a claim (an out-of-memory error is retried)");
     return nullptr;
   }
   if (ms_since(t0) > 1000)

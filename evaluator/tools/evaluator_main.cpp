@@ -85,8 +85,9 @@ int main(int argc, char** argv) {
     if (eo.cpu_threads > 0) at::set_num_threads(eo.cpu_threads);
     network = kf::transport::kind_of(cfg) == kf::transport::Kind::network;
     if (remote && !network)
-      throw kf::error_at(cfg.source(), "cluster.role: 'all' has no evaluator nodes; --remote needs another role "
-                                       "(evaluators)");
+      throw kf::error_at(cfg.source(),
+                         "cluster.role: 'all' has no evaluator nodes; --remote needs another role "
+                         "(evaluators)");
     if (remote && !kf::transport::network_supported())
       throw kf::Error("--remote: this build has no Redis queue (hiredis was not found; run ./setup.sh)");
     if (!remote && run.empty()) throw kf::Error("--run NAME is required (or --remote)");
@@ -115,8 +116,8 @@ int main(int argc, char** argv) {
     mo.eval = eo;
     kf::evaluator::modelnew::install_in_service(so, *ev, mo);  // KernelBench-format (.py) candidates
     service = std::make_unique<kf::evaluator::EvaluatorService>(*ev, *source, shm ? &shm->control() : nullptr, so);
-    kf::log_info(who, ": ", remote ? "evaluator node" : "attached to run " + run, ", candidates from ",
-                 source->where(), ", backend ", kf::tasks::backend_name(so.backend), ", tasks from ", so.tasks_dir);
+    kf::log_info(who, ": ", remote ? "evaluator node" : "attached to run " + run, ", candidates from ", source->where(),
+                 ", backend ", kf::tasks::backend_name(so.backend), ", tasks from ", so.tasks_dir);
   } catch (const std::exception& e) {
     kf::log_error(who, ": fatal: ", kf::message_of(e), "; exiting (the ", remote ? "node's " : "",
                   "launcher restarts evaluators)");

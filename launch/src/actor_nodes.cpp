@@ -146,11 +146,13 @@ int run_actor_node(const Config& cfg, const RunDir& run, const std::string& work
       const NodeSeconds& f = figures;
       std::string st;
       for (const auto& w : sup.workers())
-        st += (st.empty() ? "" : ", ") + w.name() + (w.running() ? " up" : w.finished ? " done" : " down") +
+        st += (st.empty() ? "" : ", ") + w.name() +
+              (w.running()  ? " up"
+               : w.finished ? " done"
+                            : " down") +
               (w.deaths ? " (" + std::to_string(w.deaths) + " restarts)" : "");
-      log_info("launch: actor node ", co.node_name, ": ", f.pushed, " candidate(s) published, ",
-               f.extraction_failures, " extraction failure(s), policy version ", shm->snapshots().latest().version,
-               "; ", st);
+      log_info("launch: actor node ", co.node_name, ": ", f.pushed, " candidate(s) published, ", f.extraction_failures,
+               " extraction failure(s), policy version ", shm->snapshots().latest().version, "; ", st);
       next_status = Clock::now() + std::chrono::milliseconds(static_cast<long long>(status_every * 1000));
     }
     std::this_thread::sleep_for(stopping ? 100ms : 20ms);
@@ -158,8 +160,8 @@ int run_actor_node(const Config& cfg, const RunDir& run, const std::string& work
   // The actors are gone: the last figures, marked done (the head's drain waits for it).
   const NodeSeconds secs = node_figures();
   const bool reported = !head.gone() && reporter.finish(secs);
-  log_info("launch: actor node ", co.node_name, " finished (", why.empty() ? "every actor exited" : why, "): ",
-           secs.pushed, " candidate(s) published, ", secs.extraction_failures,
+  log_info("launch: actor node ", co.node_name, " finished (", why.empty() ? "every actor exited" : why,
+           "): ", secs.pushed, " candidate(s) published, ", secs.extraction_failures,
            " extraction failure(s) scored by the actors, newest policy version here ",
            shm->snapshots().latest().version, "; generate ", secs.generate_s, " s, GPU wait ", secs.gpu_wait_s, " s",
            reported ? " (reported to the head as session " + reporter.session() + ")"

@@ -213,7 +213,7 @@ class ClusterWatch {
   bool poll(bool now = false);
   NetworkAccount account() const;
   std::map<std::string, NodeSeconds> node_seconds() const;  // newest figures per session
-  uint64_t reported_verdicts() const;                        // verdict lines, over the sessions
+  uint64_t reported_verdicts() const;                       // verdict lines, over the sessions
   bool actor_nodes_seen() const;
   // Actor-node sessions whose actors still run: reported, not done, heard from within
   // cluster.redis.gone_after_s.

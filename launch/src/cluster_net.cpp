@@ -24,7 +24,8 @@ using namespace std::chrono_literals;
 netqueue::StreamConfig server_of(const ClusterOptions& co, bool on_head) {
   netqueue::StreamConfig sc;
   sc.host = co.host;
-  if (on_head && !co.bind.empty()) sc.host = co.bind.front() == "0.0.0.0" || co.bind.front() == "::" ? "127.0.0.1" : co.bind.front();
+  if (on_head && !co.bind.empty())
+    sc.host = co.bind.front() == "0.0.0.0" || co.bind.front() == "::" ? "127.0.0.1" : co.bind.front();
   sc.port = co.port;
   sc.password = co.password;
   sc.bound = co.bound;
@@ -98,7 +99,8 @@ struct ClusterWatch::Impl {
   void connect() {
     if (!store) store = std::make_unique<netqueue::KeyStore>(netqueue::KeyStore::open(server));
     auto open = [&](std::unique_ptr<netqueue::StreamQueue>& q, const char* stream, const char* group) {
-      if (!q) q = std::make_unique<netqueue::StreamQueue>(netqueue::StreamQueue::open(on_stream(server, stream, group)));
+      if (!q)
+        q = std::make_unique<netqueue::StreamQueue>(netqueue::StreamQueue::open(on_stream(server, stream, group)));
     };
     open(reports, kNodeSecondsStream, "head");
     open(candidates, netqueue::kCandidatesStream, netqueue::kEvaluatorsGroup);
@@ -136,7 +138,8 @@ struct ClusterWatch::Impl {
         s.heard = Clock::now();
       } catch (const std::exception& e) {
         if (!bad_report_logged)
-          log_error("launch: ", e.what(), "; dropped (the time split leaves it out; further ones are dropped silently)");
+          log_error("launch: ", e.what(),
+                    "; dropped (the time split leaves it out; further ones are dropped silently)");
         bad_report_logged = true;
       }
     }

@@ -128,9 +128,8 @@ namespace {
 // A head's network account in checkpoints/launch_state.json: a resumed head closes the
 // account of a launcher that died with it.
 nlohmann::json account_json(const NetworkAccount& a, bool closed) {
-  return {{"created", a.created}, {"scored", a.scored},       {"dead", a.dead},
-          {"dropped", a.dropped}, {"queued", a.queued},       {"in_flight", a.in_flight},
-          {"closed", closed}};
+  return {{"created", a.created}, {"scored", a.scored},       {"dead", a.dead},  {"dropped", a.dropped},
+          {"queued", a.queued},   {"in_flight", a.in_flight}, {"closed", closed}};
 }
 }  // namespace
 
@@ -205,7 +204,7 @@ struct Launcher::Impl {
   void begin_drain(const std::string& why);
   void advance_phase();
   void save_state(const char* when);
-  void save_clock();    // checkpoints/launch_state.json only (every few seconds)
+  void save_clock();     // checkpoints/launch_state.json only (every few seconds)
   void watch_network();  // head: poll the server, feed the monitor
   bool network_done();   // head, draining: nothing left on the network, the counts settled
   void stop_network();   // head: the last account, then the Redis server (the nodes then end)
@@ -497,7 +496,8 @@ bool Launcher::Impl::network_done() {
   // reports up to half a second after their verdict lines: wait up to 3 s until the
   // account adds up and the reports cover every result.
   if (network_idle_since == Clock::time_point{}) network_idle_since = Clock::now();
-  const uint64_t verdicts = watch->reported_verdicts() + monitor.counters().sum("evaluator", replay::counter::kEvalScored);
+  const uint64_t verdicts =
+      watch->reported_verdicts() + monitor.counters().sum("evaluator", replay::counter::kEvalScored);
   return (a.balanced() && verdicts >= a.scored) || Clock::now() - network_idle_since > std::chrono::seconds(3);
 }
 
@@ -526,9 +526,9 @@ void Launcher::Impl::log_network() {
            " late result(s) dropped), ", a.dead, " dead-lettered, ", a.dropped, " dropped, ", a.queued, " queued, ",
            a.in_flight, " in flight; the head's replay opened ", a.groups_opened, " group(s) (", a.groups_dropped,
            " dropped, ", a.groups_duplicate, " duplicate) and joined ", a.results_joined, " result(s) (",
-           a.results_orphan, " orphan, ", a.results_duplicate, " duplicate result(s) dropped); ",
-           a.results_waiting, " result(s) and ", a.groups_waiting, " group(s) left unjoined; ", a.undecodable,
-           " undecodable record(s), ", watch->errors(), " redis error(s) reading the server",
+           a.results_orphan, " orphan, ", a.results_duplicate, " duplicate result(s) dropped); ", a.results_waiting,
+           " result(s) and ", a.groups_waiting, " group(s) left unjoined; ", a.undecodable, " undecodable record(s), ",
+           watch->errors(), " redis error(s) reading the server",
            redis_died ? " (the server died: these are its last figures)" : "");
 }
 
@@ -536,9 +536,9 @@ void Launcher::Impl::save_state(const char* when) {
   try {
     save_run_outputs(*shm, run, backend);
     const bool closed = std::string(when) == "end of run";
-    save_launch_state(run, monitor, elapsed(), when, shm->snapshots().latest().version,
-                      watch ? nlohmann::json{{"network_session", account_json(watch->account(), closed)}}
-                            : nlohmann::json::object());
+    save_launch_state(
+        run, monitor, elapsed(), when, shm->snapshots().latest().version,
+        watch ? nlohmann::json{{"network_session", account_json(watch->account(), closed)}} : nlohmann::json::object());
   } catch (const std::exception& e) {
     log_error("launch: saving the run's outputs (", when, ") failed: ", e.what(), "; the run goes on");
   }
@@ -546,9 +546,9 @@ void Launcher::Impl::save_state(const char* when) {
 
 void Launcher::Impl::save_clock() {
   try {
-    save_launch_state(run, monitor, elapsed(), "periodic", shm->snapshots().latest().version,
-                      watch ? nlohmann::json{{"network_session", account_json(watch->account(), false)}}
-                            : nlohmann::json::object());
+    save_launch_state(
+        run, monitor, elapsed(), "periodic", shm->snapshots().latest().version,
+        watch ? nlohmann::json{{"network_session", account_json(watch->account(), false)}} : nlohmann::json::object());
   } catch (const std::exception& e) {
     log_error("launch: saving the launcher's clock and totals failed: ", e.what(), "; the run goes on");
   }
@@ -753,8 +753,7 @@ int Launcher::run() {
     if (now >= next_check) {
       m.check_hangs();
       if (m.redis && !m.redis_died && !m.redis->alive()) {
-        log_error("launch: the Redis server (", m.redis->where(), ") died; log ", m.run.sub("redis"),
-                  "/redis.log; ",
+        log_error("launch: the Redis server (", m.redis->where(), ") died; log ", m.run.sub("redis"), "/redis.log; ",
                   m.phase == Phase::running ? "stopping the run" : "the run was stopping already",
                   " (what it held is counted lost with it; resume with tools/launch --resume ", m.run.path(),
                   " on every node, which starts a fresh server)");

@@ -161,9 +161,7 @@ void RunMonitor::sample_rates(double elapsed_s, Status& s) {
   const NodeSeconds nodes = node_seconds();  // evaluator and actor nodes (a head only)
   // The lag: this node's actors' (counted when they hand a candidate over) and the actor
   // nodes' (reported), over the candidates they counted.
-  RateSample now{elapsed_s,
-                 counters_.sum("actor", kActorPushed),
-                 counters_.sum("evaluator", kEvalScored),
+  RateSample now{elapsed_s, counters_.sum("actor", kActorPushed), counters_.sum("evaluator", kEvalScored),
                  counters_.sum("actor", kActorPushed) + nodes.pushed,
                  counters_.sum("actor", kActorLagSum) + nodes.lag_sum};
   if (network_) {  // every candidate and result of the run passed the head's server
@@ -262,10 +260,14 @@ void RunMonitor::from_json(const nlohmann::json& j) {
     std::map<std::string, NodeSeconds> saved;
     for (auto it = j["node_seconds"].begin(); it != j["node_seconds"].end(); ++it) {
       const auto& v = it.value();
-      saved[it.key()] = {v.value("generate_s", 0.0),        v.value("compile_s", 0.0),
-                         v.value("verify_s", 0.0),          v.value("gpu_wait_s", 0.0),
-                         v.value("verdicts", uint64_t{0}),  v.value("pushed", uint64_t{0}),
-                         v.value("extraction_failures", uint64_t{0}), v.value("lag_sum", uint64_t{0})};
+      saved[it.key()] = {v.value("generate_s", 0.0),
+                         v.value("compile_s", 0.0),
+                         v.value("verify_s", 0.0),
+                         v.value("gpu_wait_s", 0.0),
+                         v.value("verdicts", uint64_t{0}),
+                         v.value("pushed", uint64_t{0}),
+                         v.value("extraction_failures", uint64_t{0}),
+                         v.value("lag_sum", uint64_t{0})};
     }
     for (const auto& [k, v] : saved) node_seconds_[k].raise_to(v);  // under mu_ already
   }

@@ -177,11 +177,11 @@ class RunMonitor {
     uint64_t lag_n, lag_sum;  // candidates whose lag is counted, and that lag summed
   };
   std::deque<RateSample> rate_;
-  bool network_ = false;                                    // set_network_counts was called
-  uint64_t net_created_ = 0, net_scored_ = 0;               // this session's (set_network_counts)
-  uint64_t net_created_base_ = 0, net_scored_base_ = 0;     // earlier sessions' (from_json)
-  std::map<std::string, NodeSeconds> node_seconds_;         // merge_node_seconds
-  double first_step_t_ = -1;  // when this launcher first saw a learner step
+  bool network_ = false;                                 // set_network_counts was called
+  uint64_t net_created_ = 0, net_scored_ = 0;            // this session's (set_network_counts)
+  uint64_t net_created_base_ = 0, net_scored_base_ = 0;  // earlier sessions' (from_json)
+  std::map<std::string, NodeSeconds> node_seconds_;      // merge_node_seconds
+  double first_step_t_ = -1;                             // when this launcher first saw a learner step
   int64_t first_step_ = 0;
 };
 

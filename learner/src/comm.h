@@ -30,7 +30,6 @@ class Rendezvous {
 // <dir>/<key>, written atomically.
 std::unique_ptr<Rendezvous> file_rendezvous(const std::string& dir);
 
-
 // One rank per GPU (`device` is this rank's CUDA index). Rank 0 puts the unique id under
 // `key`; the others get it (waiting up to timeout).
 std::unique_ptr<Communicator> make_nccl_comm(int rank, int world, int device, Rendezvous& rdv,

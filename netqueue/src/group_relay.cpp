@@ -18,9 +18,9 @@ namespace kf::netqueue {
 
 using detail::Args;
 using detail::Conn;
-using detail::Reply;
 using detail::decode_groups;
 using detail::encode_groups;
+using detail::Reply;
 using Clock = std::chrono::steady_clock;
 
 struct GroupRelay::Impl {

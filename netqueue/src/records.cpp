@@ -54,7 +54,8 @@ std::string encode_groups(const std::vector<replay::ScoredGroup>& groups) {
 
 std::vector<replay::ScoredGroup> decode_groups(const std::string& bytes, const std::string& context) {
   Reader rd{bytes, 0, context, "scored groups record"};
-  if (bytes.size() < 4 || std::memcmp(bytes.data(), kGroupsMagic, 4) != 0) rd.fail("not a scored groups record (magic)");
+  if (bytes.size() < 4 || std::memcmp(bytes.data(), kGroupsMagic, 4) != 0)
+    rd.fail("not a scored groups record (magic)");
   rd.pos = 4;
   const auto n = rd.get<uint32_t>("count");
   std::vector<replay::ScoredGroup> out;
@@ -116,7 +117,8 @@ PublishedGroup decode_published(const std::string& bytes, const std::string& con
               std::to_string(g.group_id));
   }
   const auto nk = rd.get<uint32_t>("known");
-  if (nk > nc) rd.fail("field known counts " + std::to_string(nk) + " results for " + std::to_string(nc) + " candidates");
+  if (nk > nc)
+    rd.fail("field known counts " + std::to_string(nk) + " results for " + std::to_string(nc) + " candidates");
   for (uint32_t i = 0; i < nk; ++i) {
     const std::string field = "known result " + std::to_string(i);
     g.known.push_back(result_of(rd.bytes(field), context + ": group record: " + field));

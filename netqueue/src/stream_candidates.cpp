@@ -67,8 +67,8 @@ class StreamCandidates : public replay::CandidateSource {
       if (held_.count(m.id)) continue;
       if (m.deliveries > 1) {
         counts_.add("claimed_again", 1);
-        log_warn(who_, ": candidate ", m.tag, " (entry ", m.id, ") was claimed from a dead or stalled evaluator (delivery ",
-                 m.deliveries, "); scoring it here");
+        log_warn(who_, ": candidate ", m.tag, " (entry ", m.id,
+                 ") was claimed from a dead or stalled evaluator (delivery ", m.deliveries, "); scoring it here");
       }
       replay::Claim c;
       try {
@@ -95,7 +95,8 @@ class StreamCandidates : public replay::CandidateSource {
 
   replay::Completion complete(const replay::Claim& c, const replay::Result& r) override {
     if (c.entry.empty())
-      throw Error(who_ + ": complete: candidate " + std::to_string(c.candidate.id) + " was not claimed from " + where());
+      throw Error(who_ + ": complete: candidate " + std::to_string(c.candidate.id) + " was not claimed from " +
+                  where());
     const std::string bytes = detail::encode_record(r);
     // The result and the acknowledgement go in one step; on an error it is retried until the
     // server is gone (the entry stays pending meanwhile, so nothing is lost either way).
@@ -109,7 +110,7 @@ class StreamCandidates : public replay::CandidateSource {
         replay::Completion done;
         done.first = !first.empty() && first[0];
         done.joined = done.first;  // the head joins it (or counts it orphan) when it drains kf:results
-        if (!done.first) {  // results_sent is counted by the forward itself
+        if (!done.first) {         // results_sent is counted by the forward itself
           counts_.add("results_late", 1);
           log_warn(who_, ": candidate ", c.candidate.id,
                    " was claimed by another evaluator meanwhile; its result from here is dropped (the other one "
@@ -179,8 +180,8 @@ class StreamCandidates : public replay::CandidateSource {
                  ") are no longer ours (claimed by another evaluator); their results will be dropped as late");
       }
     } catch (const std::exception& e) {
-      log_warn(who_, ": keep-alive of entry ", ids.front(), ids.size() > 1 ? " and others" : "", " failed: ",
-               message_of(e), "; retried at the next beat");
+      log_warn(who_, ": keep-alive of entry ", ids.front(), ids.size() > 1 ? " and others" : "",
+               " failed: ", message_of(e), "; retried at the next beat");
       keeper_.reset();
     }
   }

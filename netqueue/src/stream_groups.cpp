@@ -41,8 +41,9 @@ class StreamGroups : public replay::GroupSink {
         counts_(s.server, who_) {
     log_info(who_, ": groups to ", where_, " stream ", kGroupsStream, ", their candidates to ", kCandidatesStream,
              " (at most ", s.server.bound, " waiting)",
-             node_shm_ ? "; the head's weights and kernel database are mirrored into this node's run " + node_shm_->run()
-                       : std::string());
+             node_shm_
+                 ? "; the head's weights and kernel database are mirrored into this node's run " + node_shm_->run()
+                 : std::string());
   }
   ~StreamGroups() override { counts_.flush(true); }
 
@@ -153,7 +154,8 @@ class StreamGroups : public replay::GroupSink {
 
  private:
   void connect() {
-    if (!groups_) groups_ = std::make_unique<StreamQueue>(StreamQueue::open(detail::stream_config(s_, kGroupsStream, kHeadGroup)));
+    if (!groups_)
+      groups_ = std::make_unique<StreamQueue>(StreamQueue::open(detail::stream_config(s_, kGroupsStream, kHeadGroup)));
     if (!cands_) {
       // Counted by the push itself: a publisher killed right after it loses no count.
       StreamConfig c = detail::stream_config(s_, kCandidatesStream, kEvaluatorsGroup);
@@ -260,9 +262,9 @@ class StreamGroups : public replay::GroupSink {
     try {
       for (const auto& e : nlohmann::json::parse(*text)) {
         ++total;
-        const auto got = node_shm_->kernels().insert({e.at("task").get<std::string>(), e.at("speedup").get<double>(),
-                                                      e.at("policy_version").get<int64_t>(),
-                                                      e.at("source").get<std::string>(), 0});
+        const auto got =
+            node_shm_->kernels().insert({e.at("task").get<std::string>(), e.at("speedup").get<double>(),
+                                         e.at("policy_version").get<int64_t>(), e.at("source").get<std::string>(), 0});
         if (got == replay::InsertOutcome::inserted) ++added;
       }
     } catch (const std::exception& ex) {

@@ -451,10 +451,11 @@ std::size_t StreamQueue::push_batch(const std::vector<Outgoing>& records, Millis
       // slice: one line, then at most one a minute with the count since.
       ++q.full_unlogged;
       if (now >= q.next_full_log) {
-        log_warn("netqueue: ", q.where(), ": stream full (bound ", q.cfg.bound, " unacknowledged records) for ",
-                 std::chrono::duration_cast<Millis>(timeout).count(), " ms; pushed ", done, " of ", records.size(),
-                 ", the caller decides about the other ", left,
-                 q.full_unlogged > 1 ? " (" + std::to_string(q.full_unlogged) + " such waits since the last line)" : "");
+        log_warn(
+            "netqueue: ", q.where(), ": stream full (bound ", q.cfg.bound, " unacknowledged records) for ",
+            std::chrono::duration_cast<Millis>(timeout).count(), " ms; pushed ", done, " of ", records.size(),
+            ", the caller decides about the other ", left,
+            q.full_unlogged > 1 ? " (" + std::to_string(q.full_unlogged) + " such waits since the last line)" : "");
         q.full_unlogged = 0;
         q.next_full_log = now + std::chrono::minutes(1);
       }

@@ -36,16 +36,23 @@ StreamConfig server_config(const Config& cfg) {
 NetworkCounts network_counts(const StreamConfig& server) {
   auto ks = KeyStore::open(server);
   NetworkCounts c;
-  const std::map<std::string, uint64_t*> fields = {
-      {"groups_published", &c.groups_published},   {"candidates_published", &c.candidates_published},
-      {"known_results", &c.known_results},         {"unqueued", &c.unqueued},
-      {"results_sent", &c.results_sent},           {"results_late", &c.results_late},
-      {"claimed_again", &c.claimed_again},         {"undecodable", &c.undecodable},
-      {"dropped", &c.dropped},                     {"dead_lettered", &c.dead_lettered},
-      {"groups_opened", &c.groups_opened},         {"groups_dropped", &c.groups_dropped},
-      {"groups_duplicate", &c.groups_duplicate},   {"results_joined", &c.results_joined},
-      {"results_orphan", &c.results_orphan},       {"results_duplicate", &c.results_duplicate},
-      {"kernels_inserted", &c.kernels_inserted}};
+  const std::map<std::string, uint64_t*> fields = {{"groups_published", &c.groups_published},
+                                                   {"candidates_published", &c.candidates_published},
+                                                   {"known_results", &c.known_results},
+                                                   {"unqueued", &c.unqueued},
+                                                   {"results_sent", &c.results_sent},
+                                                   {"results_late", &c.results_late},
+                                                   {"claimed_again", &c.claimed_again},
+                                                   {"undecodable", &c.undecodable},
+                                                   {"dropped", &c.dropped},
+                                                   {"dead_lettered", &c.dead_lettered},
+                                                   {"groups_opened", &c.groups_opened},
+                                                   {"groups_dropped", &c.groups_dropped},
+                                                   {"groups_duplicate", &c.groups_duplicate},
+                                                   {"results_joined", &c.results_joined},
+                                                   {"results_orphan", &c.results_orphan},
+                                                   {"results_duplicate", &c.results_duplicate},
+                                                   {"kernels_inserted", &c.kernels_inserted}};
   for (const auto& [f, v] : ks.counts(kCountsKey)) {
     const auto it = fields.find(f);
     if (it != fields.end() && v > 0) *it->second = static_cast<uint64_t>(v);
@@ -93,8 +100,7 @@ void Counts::flush(bool force) {
     failing_ = false;
   } catch (const std::exception& e) {
     // A lost reply may have added them already: at most one flush is counted twice.
-    if (!failing_)
-      log_warn(who_, ": adding to ", kCountsKey, " failed (", e.what(), "); kept for the next try");
+    if (!failing_) log_warn(who_, ": adding to ", kCountsKey, " failed (", e.what(), "); kept for the next try");
     failing_ = true;
     store_.reset();
   }

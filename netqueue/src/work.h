@@ -17,11 +17,11 @@ namespace kf::netqueue::detail {
 using Clock = std::chrono::steady_clock;
 
 struct NetSettings {
-  StreamConfig server;    // server_config(cfg): host, port, user, password, bound, claim_idle
-  Millis gone_after{0};   // cluster.redis.gone_after_s
-  std::string role;       // cluster.role
-  std::string node;       // cluster.node_name, else the host name
-  std::string run;        // run.name (scopes the learner relay's keys)
+  StreamConfig server;   // server_config(cfg): host, port, user, password, bound, claim_idle
+  Millis gone_after{0};  // cluster.redis.gone_after_s
+  std::string role;      // cluster.role
+  std::string node;      // cluster.node_name, else the host name
+  std::string run;       // run.name (scopes the learner relay's keys)
 };
 NetSettings net_settings(const Config& cfg);
 // settings.server on `stream` with consumer group `group` and consumer name `consumer`

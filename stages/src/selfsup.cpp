@@ -165,16 +165,7 @@ std::vector<RoundStats> run_selfsup(policy::Policy& pol, const Corpus& corpus, c
       // The task's counts are what the round's counters gain while it is sampled.
       const int64_t samples0 = rs.samples, extracted0 = rs.extracted, compiled0 = rs.compiled, correct0 = rs.correct;
       const double speedup0 = speedup_sum;
-      policy::SamplingParams sp;
-      sp.temperature = o.temperature;
-      sp.top_p = o.top_p;
-      sp.top_k = o.top_k;
-      sp.max_new_tokens = o.max_new_tokens;
-      sp.loop_repeats = o.loop_repeats;
-      sp.loop_max_period = o.loop_max_period;
-      sp.loop_min_span = o.loop_min_span;
-      sp.eos_ids = pol.config.eos_token_ids;
-      sp.seed = seed;
+      policy::SamplingParams sp = actors::sampling_params_of(o, pol.config.eos_token_ids, seed);
       sp.gpu_share = &gpu_share;
       const int64_t valid = std::min<int64_t>(pol.tokenizer->vocab_size(), pol.config.vocab_size);
       auto t0 = Clock::now();

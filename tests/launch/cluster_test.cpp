@@ -306,8 +306,8 @@ TEST(LaunchClusterTest, VerdictSecondsAreSummedOncePerCompleteLine) {
   EXPECT_EQ(s.verdicts, 3u);
   s.pushed = 4;  // actor nodes' counts travel in the same report
   s.lag_sum = 2;
-  const auto back = kf::launch::decode_node_report(kf::launch::encode_node_report({"n1/42/7", "evaluators", s, true}),
-                                                   "test report");
+  const auto back =
+      kf::launch::decode_node_report(kf::launch::encode_node_report({"n1/42/7", "evaluators", s, true}), "test report");
   EXPECT_EQ(back.session, "n1/42/7");
   EXPECT_EQ(back.role, "evaluators");
   EXPECT_TRUE(back.done);

@@ -734,8 +734,8 @@ TEST(LaunchTest, LearnerKilledBeforeItsFirstCheckpointKeepsVersionsMonotonic) {
 
 // ---- Several nodes: a head (learner, actor, Redis server) and two evaluator nodes, each
 // its own tools/launch process, every worker on the network transport (the launchers only
-// supervise); one evaluator node is SIGKILLed mid-run with its evaluators. In network namespaces joined by veth pairs when the test may make
-// them (CAP_NET_ADMIN, iproute2), else on loopback (a printed note says so).
+// supervise); one evaluator node is SIGKILLed mid-run with its evaluators. In network namespaces joined by veth pairs
+// when the test may make them (CAP_NET_ADMIN, iproute2), else on loopback (a printed note says so).
 
 namespace {
 bool has_cap_net_admin() {
@@ -893,9 +893,10 @@ TEST(LaunchClusterTest, HeadAndTwoEvaluatorNodesOneKilledLosesNoCandidate) {
   const int port = 20000 + getpid() % 20000;
   const std::string name = "cl" + std::to_string(getpid());
   const int steps = 4;
-  const std::string cfg = write_config(tmp.path, steps,
-                                       "cluster:\n  redis: {bound: 8, port: " + std::to_string(port) + ", bind: [" + addr1 +
-                                           (netns ? ", " + addr2 : "") + "], claim_idle_s: 4, gone_after_s: 4}\n");
+  const std::string cfg =
+      write_config(tmp.path, steps,
+                   "cluster:\n  redis: {bound: 8, port: " + std::to_string(port) + ", bind: [" + addr1 +
+                       (netns ? ", " + addr2 : "") + "], claim_idle_s: 4, gone_after_s: 4}\n");
   ::setenv("KF_REDIS_PASSWORD", ("pw" + std::to_string(getpid()) + "x7Q").c_str(), 1);
   const std::string run = tmp.path + "/runs/" + name;
   // The drain waits for what is on the network: the queue's 8 candidates, one node left.
@@ -973,7 +974,8 @@ TEST(LaunchClusterTest, WholeAllocationKilledThenResumedFinishes) {
   const std::string name = "cr" + std::to_string(getpid());
   const int steps = 4;
   const std::string cfg = write_config(
-      tmp.path, steps, "cluster:\n  redis: {bound: 8, port: " + std::to_string(port) + ", claim_idle_s: 4, gone_after_s: 3}\n");
+      tmp.path, steps,
+      "cluster:\n  redis: {bound: 8, port: " + std::to_string(port) + ", claim_idle_s: 4, gone_after_s: 3}\n");
   ::setenv("KF_REDIS_PASSWORD", ("pw" + std::to_string(getpid()) + "r2Z").c_str(), 1);
   const std::string run = tmp.path + "/runs/" + name;
   const std::vector<std::string> node = {"--set", "cluster.role=evaluators", "--set", "cluster.node_name=n1"};
@@ -1053,8 +1055,7 @@ TEST(LaunchClusterTest, HeadAndLearnersNodeTrainTogetherOverNccl) {
   ASSERT_EQ(head_exit, 0) << slurp(tmp.path + "/head.txt") << slurp(run + "/logs/learner-0.out") << rank1;
   EXPECT_EQ(node_exit, 0) << slurp(tmp.path + "/l1.txt") << rank1;
   EXPECT_GE(learner_step(run), steps);
-  EXPECT_NE(slurp(run + "/logs/learner-0.out").find("serves the groups of ranks 1..1"),
-            std::string::npos);
+  EXPECT_NE(slurp(run + "/logs/learner-0.out").find("serves the groups of ranks 1..1"), std::string::npos);
   EXPECT_NE(rank1.find("NCCL rendezvous through redis at 127.0.0.1:" + std::to_string(port)), std::string::npos)
       << rank1;
   EXPECT_NE(rank1.find("takes its groups from rank 0"), std::string::npos) << rank1;
@@ -1172,12 +1173,12 @@ TEST(LaunchClusterTest, HeadActorNodeAndTwoEvaluatorNodesMatchOneNodeRun) {
                                     small_stream};
   };
   // The head waits cluster.redis.gone_after_s for the actor node: longer than the nodes' 3 s.
-  auto head = start_in(ns("h"),
-                       {cfg, "--name", name, "--set", "cluster.role=head", "--set",
-                        "cluster.redis.host=" + head_addr(1), "--set", "launch.drain_timeout_s=60", "--set",
-                        small_queue, "--set", small_stream, "--set", "cluster.head_actors=0", "--set",
-                        "cluster.redis.gone_after_s=60"},
-                       tmp.path + "/head.txt");
+  auto head =
+      start_in(ns("h"),
+               {cfg, "--name", name, "--set", "cluster.role=head", "--set", "cluster.redis.host=" + head_addr(1),
+                "--set", "launch.drain_timeout_s=60", "--set", small_queue, "--set", small_stream, "--set",
+                "cluster.head_actors=0", "--set", "cluster.redis.gone_after_s=60"},
+               tmp.path + "/head.txt");
   auto ev1 = start_in(ns("1"), node("evaluators", 1), tmp.path + "/n1.txt");
   auto ev2 = start_in(ns("2"), node("evaluators", 2), tmp.path + "/n2.txt");
   // Two actors on the actor node (the head runs none): candidates enough that node 2 holds
@@ -1338,7 +1339,8 @@ TEST(LaunchClusterTest, RedisKilledStopsTheRunCleanlyAndResumeFinishes) {
   const std::string name = "rk" + std::to_string(getpid());
   const int steps = 4;
   const std::string cfg = write_config(
-      tmp.path, steps, "cluster:\n  redis: {bound: 8, port: " + std::to_string(port) + ", claim_idle_s: 3, gone_after_s: 3}\n");
+      tmp.path, steps,
+      "cluster:\n  redis: {bound: 8, port: " + std::to_string(port) + ", claim_idle_s: 3, gone_after_s: 3}\n");
   ::setenv("KF_REDIS_PASSWORD", ("pw" + std::to_string(getpid()) + "k3R").c_str(), 1);
   const std::string run = tmp.path + "/runs/" + name;
   const std::vector<std::string> node = {"--set", "cluster.role=evaluators", "--set", "cluster.node_name=n1"};

@@ -39,8 +39,9 @@ std::string write_config(const std::string& dir, const std::string& name, int ra
                 "\n  seed: 5\nlearner:\n  groups_per_step: 8\n"
                 "  micro_batch_tokens: 96\n  deterministic: true\n  optim:\n    lr: 1.0e-3\n  schedule:\n"
                 "    warmup_steps: 0\n  snapshot:\n    every: 0\n  checkpoint:\n    every: 0\n  dist:\n    ranks: " +
-                std::to_string(ranks) + "\n    comm: auto\ncluster:\n" + cluster + "  redis:\n    host: 127.0.0.1\n    port: " +
-                std::to_string(redis_port) + "\n    password_env: KF_TEST_REDIS_PASSWORD\n");
+                std::to_string(ranks) + "\n    comm: auto\ncluster:\n" + cluster +
+                "  redis:\n    host: 127.0.0.1\n    port: " + std::to_string(redis_port) +
+                "\n    password_env: KF_TEST_REDIS_PASSWORD\n");
   return path;
 }
 
@@ -108,10 +109,10 @@ TEST(LaunchLearnerNodesTest, RemoteRankTakesItsGroupsThroughRankZeroAndTrainsIde
     std::vector<pid_t> pids;
     for (int r : {0, 1}) {
       const std::string role = r == 0 ? "head" : "learners";
-      const auto cfg = relay ? write_config(tmp.path, name, 2, srv.port(),
-                                            "  role: " + role + "\n  head_learner_ranks: 1\n  learner_ranks: 1\n",
-                                            "-" + role)
-                             : write_config(tmp.path, name, 2, srv.port());
+      const auto cfg =
+          relay ? write_config(tmp.path, name, 2, srv.port(),
+                               "  role: " + role + "\n  head_learner_ranks: 1\n  learner_ranks: 1\n", "-" + role)
+                : write_config(tmp.path, name, 2, srv.port());
       std::vector<std::string> a = {learner_bin(), cfg,
                                     "--device",    "cpu",
                                     "--steps",     std::to_string(steps),

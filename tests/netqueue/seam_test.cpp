@@ -248,7 +248,8 @@ TEST(NetqueueSeamTest, FullCandidateStreamWaitsAndStopsWhenKeepGoingTurnsFalse) 
   int asked = 0;
   std::size_t unqueued = 99;
   const auto t0 = Clock::now();
-  const auto out = sink->publish(group(30, 4), 1s, [&] { return ++asked < 3; }, &unqueued);
+  const auto out = sink->publish(
+      group(30, 4), 1s, [&] { return ++asked < 3; }, &unqueued);
   EXPECT_EQ(out, replay::PublishOutcome::stopped);
   EXPECT_EQ(unqueued, 2u) << "two of four fit under the bound of 2";
   EXPECT_EQ(asked, 3);

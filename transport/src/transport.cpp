@@ -98,8 +98,9 @@ std::unique_ptr<BlobRendezvous> network_rendezvous(const ServerAddress& server, 
   return std::make_unique<StoreBlobRendezvous>(std::move(c));
 #else
   (void)server, (void)scope, (void)rank, (void)world, (void)timeout;
-  throw Error("transport: a rendezvous through Redis (learner ranks on several nodes) needs the network transport, "
-              "which this build left out (hiredis was not found; run ./setup.sh and rebuild)");
+  throw Error(
+      "transport: a rendezvous through Redis (learner ranks on several nodes) needs the network transport, "
+      "which this build left out (hiredis was not found; run ./setup.sh and rebuild)");
 #endif
 }
 

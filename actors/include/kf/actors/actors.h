@@ -1,9 +1,7 @@
 // kf/actors/actors.h: what other folders call of actors/, the process that turns the current
-// policy into candidates (docs/architecture.md, "actor"; docs/actors.md): extraction, text
-// codec, prompts, ActorOptions, ActorPolicy, rollout, the Actor loop (its groups go through
-// a replay::GroupSink), optimize_prompt (kf-optimize) and SerialRunner (kf_actors_serial).
-// Internals are in actors/src/ (scheduler.h, feedback.h, actor_impl.h, group_sampler.h,
-// weights_blob.h, optimize.h, prompt.h). Each section states its threading contract.
+// policy into candidates (docs/actors.md): extraction, text codec, prompts, ActorOptions,
+// ActorPolicy, rollout, the Actor loop (its groups go through a replay::GroupSink),
+// optimize_prompt (kf-optimize), SerialRunner. Internals: actors/src/. Threading: per section.
 #pragma once
 #include <atomic>
 #include <cstddef>
@@ -26,7 +24,7 @@ class EvaluatorService;
 
 namespace kf::actors {
 
-// --- Extraction: the kernel source out of one completion (docs/actors.md, Extraction): the
+// --- Extraction: the kernel source out of one completion (docs/actors.md): the
 // one fenced block whose info string carries the marker word (```cuda kernel ... ```).
 // Failure codes (metrics; carried as "extract: <code>: <detail>"): no_code, no_marked_block,
 // several_blocks, unterminated, empty_block, no_entry_point, too_large. A completion that
@@ -169,7 +167,7 @@ struct ActorOptions {
   std::vector<std::string> heldout;  // never scheduled (tasks.heldout, read when the options are made)
   // policy (the learner's initial weights; snapshots replace them)
   std::string policy_dir;  // HF folder; empty: random init of init_shape
-  std::string chat_vars;  // chat template variables, JSON (actors.prompt.enable_thinking)
+  std::string chat_vars;   // chat template variables, JSON (actors.prompt.enable_thinking)
   std::string init_shape = "tiny";
   // prompts
   PromptMode mode = PromptMode::contrastive;
@@ -222,7 +220,7 @@ ActorOptions actor_options(const Config& cfg, int actor_id);
 // against the working directory, then $KF_SOURCE_DIR, then the tree this was built from.
 std::string resolve_tree_path(const std::string& path);
 
-// --- The actor's copy of the policy: model, text codec, EOS ids and the sampleable vocab.
+// --- The actor's copy of the policy: model, codec, EOS ids, sampleable vocab.
 // Initial weights are the learner's version 0 (learner.policy, or learner.init_shape seeded
 // with run.seed); snapshots replace them. One thread drives an ActorPolicy.
 
@@ -255,6 +253,23 @@ struct RolloutSample {
   Extraction kernel;              // the extracted kernel, or why there is none
 };
 
+// actors.sampling.* (same names in ActorOptions, kf-optimize's and stage 2's options) as
+// SamplingParams, in one place; callers add valid_vocab and gpu_share.
+template <class Knobs>
+policy::SamplingParams sampling_params_of(const Knobs& o, std::vector<int64_t> eos_ids, uint64_t seed) {
+  policy::SamplingParams sp;
+  sp.temperature = o.temperature;
+  sp.top_p = o.top_p;
+  sp.top_k = o.top_k;
+  sp.max_new_tokens = o.max_new_tokens;
+  sp.loop_repeats = o.loop_repeats;
+  sp.loop_max_period = o.loop_max_period;
+  sp.loop_min_span = o.loop_min_span;
+  sp.eos_ids = std::move(eos_ids);
+  sp.seed = seed;
+  return sp;
+}
+
 std::vector<RolloutSample> rollout_group(policy::CausalLM& model, const TextCodec& codec,
                                          const std::vector<int32_t>& prompt, int64_t G,
                                          const policy::SamplingParams& sampling, int64_t valid_vocab,
@@ -267,11 +282,9 @@ std::vector<RolloutSample> rollout_samples(const TextCodec& codec, std::vector<p
 // A completion's tokens decoded, less the EOS token that stopped it (a byte model's is a NUL).
 std::string completion_text(const TextCodec& codec, const policy::Completion& c);
 
-// --- Actor: turns the current policy into candidates (the loop: actors/src/actor_impl.h).
-// step(): newest snapshot -> task -> prompt -> wait for room (backpressure_s) -> G samples ->
-// extraction -> one replay::GroupSink::publish (candidates; results of the extraction
-// failures it scores itself, evaluator_id = -1 - actor id; deadline; hold when a next turn
-// or a probe reads the results through the sink first). No room for 5 s: dropped, counted.
+// --- Actor: turns the current policy into candidates (actors/src/actor_impl.h).
+// step(): snapshot -> task -> prompt -> room -> G samples -> extraction -> one
+// GroupSink::publish (docs/actors.md, "One step"). No room for 5 s: dropped, counted.
 // Bad input (missing task, prompt too long, mismatching snapshot) is logged, never fatal.
 // Counters: replay::counter::kActor*. One thread drives an Actor; request_stop() from any.
 
@@ -285,11 +298,11 @@ struct ActorMetrics {
   int64_t lag_max = 0;
   // Where step()'s wall time (elapsed_s) goes; the rest (extraction, prompts) is "other_s".
   double sample_s = 0, backpressure_s = 0, elapsed_s = 0;
-  double gpu_wait_s = 0;   // of sample_s: waiting for the GPU while the evaluator timed
-  double push_wait_s = 0;  // publish(): a sampled group waiting for replay or queue room
-  double weights_s = 0;    // reading and loading policy snapshots
-  double idle_s = 0;       // nothing to sample (first snapshot, no usable task, engine empty)
-  double turn_s = 0;       // polling held groups, building follow-up prompts
+  double gpu_wait_s = 0;                             // of sample_s: waiting for the GPU while the evaluator timed
+  double push_wait_s = 0;                            // publish(): a sampled group waiting for replay or queue room
+  double weights_s = 0;                              // reading and loading policy snapshots
+  double idle_s = 0;                                 // nothing to sample (first snapshot, no usable task, engine empty)
+  double turn_s = 0;                                 // polling held groups, building follow-up prompts
   std::map<std::string, uint64_t> extraction_codes;  // failure code -> count
   std::map<std::string, uint64_t> finish_reasons;    // "eos", "loop", "length" -> completions
   // multi-turn (actors.turns > 1)

@@ -1,13 +1,8 @@
-// kf/evaluator/evaluator.h: the evaluator component's public header: what other folders call.
-//   torch-free (kf_evaluator_core; a torch-free file defines KF_EVALUATOR_CORE_ONLY before
-//   including it and sees this part only): TimeSummary; CompileOptions, CompileService;
-//   Result, Check, Verdict, Cause; RewardOptions, SandboxOptions (held by EvalOptions);
-//   gpu_lock_key.
-//   with torch (kf_evaluator): EvalOptions, eval_options, Evaluator, evaluate_retrying_oom;
-//   EvaluatorService, ServiceOptions, service_options (kf_evaluator_service).
-// The kernel ABI that candidates compile against is kf/kernel.h, apart from this header.
-// Everything else is the evaluator's own (evaluator/src/*.h); docs/evaluator.md has the
-// verification protocol.
+// kf/evaluator/evaluator.h: what other folders call of the evaluator.
+//   torch-free (kf_evaluator_core; KF_EVALUATOR_CORE_ONLY sees only it): TimeSummary,
+//   CompileOptions/CompileService, Result/Check/Verdict/Cause, RewardOptions, SandboxOptions,
+//   gpu_lock_key. With torch: EvalOptions, Evaluator, evaluate_retrying_oom, EvaluatorService.
+// The kernel ABI is kf/kernel.h; internals: evaluator/src/*.h; protocol: docs/evaluator.md.
 //
 // The verified evaluator: compile, run in a sandbox worker against the task's reference:
 //   kf::evaluator::Evaluator ev(opts);
@@ -133,7 +128,7 @@ struct Result {
   double speedup = 0;           // ref median / candidate median (ok only); speedup_lo when timing_unstable
   // The speedup's 95 % interval from the paired trials (distribution-free, src/stats.h).
   double speedup_lo = 0, speedup_hi = 0;
-  bool timing_unstable = false;  // correct, time not stable after max_trials: speedup is speedup_lo
+  bool timing_unstable = false;                 // correct, time not stable after max_trials: speedup is speedup_lo
   double max_abs_error = 0, max_rel_error = 0;  // over every checked call
   bool nondeterministic = false;  // identical calls gave different bits at the sampled positions (within tolerance)
   bool task_degenerate = false;   // reference output (nearly) constant / input-independent
@@ -141,7 +136,7 @@ struct Result {
   std::vector<Check> checks;
   double reward = 0;
   double compile_s = 0, verify_s = 0;
-  double gpu_claim_gb = 0, gpu_peak_gb = 0;  // CUDA: GPU memory claimed, and the most held
+  double gpu_claim_gb = 0, gpu_peak_gb = 0;                // CUDA: GPU memory claimed, and the most held
   double claim_wait_s = 0, lock_wait_s = 0, timing_s = 0;  // CUDA: where verify_s went
   int timed_trials = 0;
   bool ok() const { return verdict == Verdict::ok; }
@@ -185,7 +180,7 @@ struct SandboxOptions {
   unsigned long long scratch_limit_bytes = 2ull << 30;  // per call, via ctx->scratch_alloc
   unsigned long long flush_bytes = 0;                   // cache flush buffer (0: none)
   double start_timeout_s = 60;                          // worker start (CUDA context) and candidate load
-  bool device_arena = true;  // CUDA: tensors in one device allocation shared by IPC
+  bool device_arena = true;                             // CUDA: tensors in one device allocation shared by IPC
   bool drop_root = true;
   // A private /proc and a user of its own (root, Linux >= 5.8; on CUDA only with private_proc_cuda).
   bool private_proc = true;
@@ -219,23 +214,23 @@ struct EvalOptions {
   int cpu_threads = 0;  // threads for the reference and the kernel (0: hardware)
 
   // correctness
-  int correctness_sets = 3;  // K fresh sets from the task's distribution
-  int stress_sets = 2;         // global stress sets (every element changed alike)
-  bool local_stress = true;    // large values in a few rows, numeric-edge sets
-  bool near_duplicate = true;  // a near-duplicate of the call before: the output must follow
-  bool redraw_params = true;   // re-drawn parameters (all, near-duplicate, one tensor at a time)
+  int correctness_sets = 3;           // K fresh sets from the task's distribution
+  int stress_sets = 2;                // global stress sets (every element changed alike)
+  bool local_stress = true;           // large values in a few rows, numeric-edge sets
+  bool near_duplicate = true;         // a near-duplicate of the call before: the output must follow
+  bool redraw_params = true;          // re-drawn parameters (all, near-duplicate, one tensor at a time)
   double stress_atol_scale_cap = 64;  // stress atol grows with output magnitude, up to this
 
   // timing
   int warmup = 2;
   int trials = 10;
-  int max_trials = 30;      // more while the spread is too wide (then: timing_unstable)
-  double max_spread = 0.5;  // (p90 - p10) / median, for reference and candidate
+  int max_trials = 30;         // more while the spread is too wide (then: timing_unstable)
+  double max_spread = 0.5;     // (p90 - p10) / median, for reference and candidate
   double slow_speedup = 0.05;  // under this after 3 trials: timed no further (0: time every trial)
   bool flush_cache = true;
   // CUDA: each timed trial holds the run's exclusive GPU timing lock (kf/common/gpu_lock.h).
   bool gpu_lock = true;
-  std::string gpu_lock_dir;  // empty: $KF_GPU_LOCK_DIR or /tmp
+  std::string gpu_lock_dir;         // empty: $KF_GPU_LOCK_DIR or /tmp
   double gpu_lock_timeout_s = 120;  // longer: an installation problem (kf::Error), not the kernel's
   // CUDA: a verification first claims its GPU memory from a budget of this fraction of the
   // GPU's, shared by the GPU's evaluators (kf/common/gpu_memory.h). 0: no claims.
@@ -254,9 +249,9 @@ struct EvalOptions {
   double gpu_settle_ms = 0.5;       // CUDA: device busy after the worker stopped at return
   double timer_slack_ms = 0.5;      // the worker's clock under the evaluator's by more than
   double timer_slack_frac = 0.25;   // these on most timed calls: tampered with
-  int ref_baseline_runs = 5;         // reference timed first (0: not); slower at the trials by
-  double ref_slowdown_limit = 2.0;   // more than this: an environment failure, never a speedup
-  double degenerate_rel = 1e-6;  // reference output spread below this x scale: degenerate
+  int ref_baseline_runs = 5;        // reference timed first (0: not); slower at the trials by
+  double ref_slowdown_limit = 2.0;  // more than this: an environment failure, never a speedup
+  double degenerate_rel = 1e-6;     // reference output spread below this x scale: degenerate
 };
 
 // From the run's config (run.seed and the evaluator.* keys); throws kf::Error naming the
@@ -320,7 +315,7 @@ struct ServiceOptions {
   std::size_t batch = 8;  // candidates claimed per step
   std::chrono::milliseconds pop_timeout{200};
   std::string verdict_log;  // one JSON line per scored candidate (metrics/verdicts-<id>.jsonl; empty: none)
-  int oom_attempts = 3;  // tries per candidate when the GPU is out of memory
+  int oom_attempts = 3;     // tries per candidate when the GPU is out of memory
   std::chrono::milliseconds oom_retry_delay{5000};
   std::chrono::milliseconds keep_alive_every{0};  // held claims kept alive this often (0: never)
   // CUDA: the allocator cache is given back after a candidate when over this (0: never).

@@ -2,10 +2,8 @@
 //   StreamQueue, RedisServer     the cross-node queue on Redis Streams (below)
 //   StoreRendezvous              the learner ranks' rendezvous over the same server
 //   KeyStore                     plain keys and hash counters on the same server
-//   The work seam on the network stream_candidates, stream_groups, stream_ready_groups: the
-//                                seam of kf/replay/replay.h for every process of a run of
-//                                several nodes (kf::transport picks them), its streams and
-//                                keys, and the counts the launcher reads (network_counts)
+//   The work seam on the network stream_candidates, stream_groups, stream_ready_groups
+//                                (picked by kf::transport), its streams, keys and counts
 //
 // kf::netqueue: the cross-node candidate/result queue on Redis Streams (hiredis), and a
 // redis-server the launcher (or a test) can start. Inside a node the shared-memory
@@ -288,18 +286,19 @@ class KeyStore {
 // be called from another thread (it has its own connection).
 
 // Streams (entries: t = tag, d = bytes) and keys, all under the ACL prefix kf:.
-inline constexpr const char* kCandidatesStream = "kf:candidates";  // group "evaluators": candidate id, encode(Candidate)
-inline constexpr const char* kResultsStream = "kf:results";        // group "head": candidate id, encode(Result)
-inline constexpr const char* kGroupsStream = "kf:groups";          // group "head": group id, the group record
+inline constexpr const char* kCandidatesStream =
+    "kf:candidates";                                         // group "evaluators": candidate id, encode(Candidate)
+inline constexpr const char* kResultsStream = "kf:results";  // group "head": candidate id, encode(Result)
+inline constexpr const char* kGroupsStream = "kf:groups";    // group "head": group id, the group record
 inline constexpr const char* kEvaluatorsGroup = "evaluators";
 inline constexpr const char* kHeadGroup = "head";
-inline constexpr const char* kWeightsKey = "kf:weights";  // "KFW1" + version (i64) + size (u64) + blob
+inline constexpr const char* kWeightsKey = "kf:weights";                 // "KFW1" + version (i64) + size (u64) + blob
 inline constexpr const char* kWeightsVersionKey = "kf:weights:version";  // decimal; set after kf:weights
 inline constexpr const char* kKernelsKey = "kf:kernels";  // JSON: [{task, speedup, policy_version, source}]
 inline constexpr const char* kKernelsVersionKey = "kf:kernels:version";  // decimal, grows by 1 per publish
-inline constexpr const char* kRunStateKey = "kf:run:state";      // running | draining (the head's launcher)
-inline constexpr const char* kActorNodesKey = "kf:actor_nodes";  // an actor node's name: the head publishes
-inline constexpr const char* kCountsKey = "kf:counts";           // hash of NetworkCounts' fields
+inline constexpr const char* kRunStateKey = "kf:run:state";              // running | draining (the head's launcher)
+inline constexpr const char* kActorNodesKey = "kf:actor_nodes";          // an actor node's name: the head publishes
+inline constexpr const char* kCountsKey = "kf:counts";                   // hash of NetworkCounts' fields
 
 // The head's server as cluster.redis.* name it (on the head: where it listens), the
 // password from $cluster.redis.password_env. Stream and group are left as defaults.

@@ -1,9 +1,8 @@
-// kf/policy/policy.h: what other components use of the policy: a Llama/Qwen2-family decoder
-// in libtorch, its Hugging Face folders and its generators. Torch-free part (kf_policy_text;
-// a unit that defines KF_POLICY_TEXT_ONLY sees only it): ModelConfig, Tokenizer, ChatTemplate,
-// safetensors. libtorch part (kf_policy): CausalLM, LoRA, ParamHooks, GpuShare, Policy
-// folders, Sampler, Engine. Internals: policy/src/*.h. Errors are kf::Error naming the file,
-// field or option at fault. Threading: per section.
+// kf/policy/policy.h: what other components use of the policy: a Llama/Qwen decoder in
+// libtorch, its HF folders and generators. Torch-free (KF_POLICY_TEXT_ONLY sees only it):
+// ModelConfig, Tokenizer, ChatTemplate, safetensors. libtorch: CausalLM, LoRA, ParamHooks,
+// GpuShare, Policy folders, Sampler, Engine. Internals: policy/src/*.h. Errors: kf::Error
+// naming the file, field or option. Threading: per section.
 #pragma once
 #include <array>
 #include <cstddef>
@@ -60,7 +59,7 @@ std::string model_config_to_json(const ModelConfig& c);  // loadable by HF trans
 // Random-init shapes ("tiny", "qwen2.5-0.5b", ...): learner and actors share this one table.
 ModelConfig named_model_shape(const std::string& name);
 
-// --- Tokenizer: an HF tokenizer.json byte-level BPE (GPT-2, Qwen2, Llama 3 style).
+// --- Tokenizer: an HF tokenizer.json byte-level BPE.
 // Immutable after construction: const methods may run concurrently.
 class Tokenizer {
  public:
@@ -292,9 +291,9 @@ class GpuShare {
   GpuShare& operator=(GpuShare&&) = default;
 
   bool active() const { return lock_ != nullptr; }
-  void enter();  // blocks while a trial runs or waits
-  void leave();  // synchronize, release (no-op when not held)
-  void pause_point();  // leave() then enter(): lets a trial in
+  void enter();                                    // blocks while a trial runs or waits
+  void leave();                                    // synchronize, release (no-op when not held)
+  void pause_point();                              // leave() then enter(): lets a trial in
   double wait_seconds() const { return wait_s_; }  // total time waited in enter()
   const std::string& key() const { return key_; }
 
@@ -352,11 +351,11 @@ struct SamplingParams {
   std::vector<int64_t> eos_ids;
   std::vector<std::string> stop;  // stop strings (need a tokenizer)
   uint64_t seed = 0;
-  int64_t valid_vocab = -1;  // ids >= it are never sampled; -1: the tokenizer's vocab
-  int64_t check_every = 8;   // decode steps between host checks for stops
-  int static_decode = -1;    // fixed-shape decode: -1 on CUDA only, 0 off, 1 on
-  bool cuda_graph = true;    // static decode on CUDA: capture the step, replay it
-  bool shared_prefill = false;  // all prompts equal (a GRPO group): prefill one row
+  int64_t valid_vocab = -1;       // ids >= it are never sampled; -1: the tokenizer's vocab
+  int64_t check_every = 8;        // decode steps between host checks for stops
+  int static_decode = -1;         // fixed-shape decode: -1 on CUDA only, 0 off, 1 on
+  bool cuda_graph = true;         // static decode on CUDA: capture the step, replay it
+  bool shared_prefill = false;    // all prompts equal (a GRPO group): prefill one row
   GpuShare* gpu_share = nullptr;  // held for the generation, paused at every host check
 };
 
@@ -386,13 +385,13 @@ class Sampler {
 // drawn as the Sampler draws them, from one generator per engine: with temperature > 0 they
 // depend on the batch. One thread drives it; change weights only when idle().
 struct EngineOptions {
-  int64_t kv_budget_mb = 256;  // the KV pool, all layers, keys and values
-  int64_t block_size = 16;     // tokens per KV block
-  int64_t max_sequences = 64;  // most sequences in the running batch
-  int64_t check_every = 8;     // decode steps between host checks (stops, admission)
+  int64_t kv_budget_mb = 256;          // the KV pool, all layers, keys and values
+  int64_t block_size = 16;             // tokens per KV block
+  int64_t max_sequences = 64;          // most sequences in the running batch
+  int64_t check_every = 8;             // decode steps between host checks (stops, admission)
   std::vector<int64_t> batch_buckets;  // padded batch sizes; empty: powers of two
-  bool pad_batch = false;  // CPU: pad to the buckets too (CUDA always pads)
-  bool cuda_graph = true;  // CUDA: capture and replay the decode step
+  bool pad_batch = false;              // CPU: pad to the buckets too (CUDA always pads)
+  bool cuda_graph = true;              // CUDA: capture and replay the decode step
   uint64_t seed = 0;
   GpuShare* gpu_share = nullptr;  // held while the engine works, paused at every host check
 };
@@ -408,8 +407,8 @@ struct EngineRequest {
 struct EngineResult {
   uint64_t id = 0;
   std::vector<Completion> completions;  // n, in sample order; text stays empty
-  double queued_s = 0;   // submit -> admission
-  double latency_s = 0;  // submit -> last sample finished
+  double queued_s = 0;                  // submit -> admission
+  double latency_s = 0;                 // submit -> last sample finished
 };
 
 struct EngineStats {
