@@ -253,8 +253,12 @@ Arm run_arm(bool placebo) {
   auto end = kf::actors::load_actor_policy(run + "/checkpoints/" + last, "tiny", 0, "cpu");
   a.share_end = share_of(end.model, b);
 
-  // The reward the learner trained on, first and last windows of the run's verdicts.
-  const auto v = verdicts(run);
+  // The reward the learner trained on, first and last windows of the run's verdicts. Verdicts
+  // the machine caused (cause environment: e.g. a reference slowed by the other arm running
+  // beside this one) and probe samples never reach the update, so they are not in it either.
+  std::vector<nlohmann::json> v;
+  for (auto& j : verdicts(run))
+    if (!j.value("environment", false) && !j.value("probe", false)) v.push_back(std::move(j));
   a.verdicts = static_cast<int64_t>(v.size());
   EXPECT_GE(a.verdicts, 2 * kWindow) << "too few verdicts to compare windows";
   if (a.verdicts < 2 * kWindow) return a;
