@@ -139,20 +139,11 @@ int run_actor_node(const Config& cfg, const RunDir& run, const std::string& work
       }
       reporter.report(figures);
     }
-    bool pending = false;
-    for (const auto& w : sup.workers()) pending = pending || w.restart_pending;
-    if (sup.running() == 0 && !pending) break;
+    if (sup.settled()) break;
     if (!stopping && Clock::now() >= next_status) {
       const NodeSeconds& f = figures;
-      std::string st;
-      for (const auto& w : sup.workers())
-        st += (st.empty() ? "" : ", ") + w.name() +
-              (w.running()  ? " up"
-               : w.finished ? " done"
-                            : " down") +
-              (w.deaths ? " (" + std::to_string(w.deaths) + " restarts)" : "");
       log_info("launch: actor node ", co.node_name, ": ", f.pushed, " candidate(s) published, ", f.extraction_failures,
-               " extraction failure(s), policy version ", shm->snapshots().latest().version, "; ", st);
+               " extraction failure(s), policy version ", shm->snapshots().latest().version, "; ", sup.states());
       next_status = Clock::now() + std::chrono::milliseconds(static_cast<long long>(status_every * 1000));
     }
     std::this_thread::sleep_for(stopping ? 100ms : 20ms);

@@ -526,18 +526,9 @@ int run_evaluator_node(const Config& cfg, const RunDir& run, const std::string& 
     }
     for (std::size_t i : sup.start_due())
       log_info("launch: restarted ", sup.workers()[i].name(), " as pid ", sup.workers()[i].pid);
-    bool pending = false;
-    for (const auto& w : sup.workers()) pending = pending || w.restart_pending;
-    if (sup.running() == 0 && !pending) break;
+    if (sup.settled()) break;
     if (Clock::now() >= next_status) {
-      std::string st;
-      for (const auto& w : sup.workers())
-        st += (st.empty() ? "" : ", ") + w.name() +
-              (w.running()  ? " up"
-               : w.finished ? " done"
-                            : " down") +
-              (w.deaths ? " (" + std::to_string(w.deaths) + " restarts)" : "");
-      log_info("launch: evaluator node ", co.node_name, ": ", st);
+      log_info("launch: evaluator node ", co.node_name, ": ", sup.states());
       next_status = Clock::now() + std::chrono::milliseconds(static_cast<long long>(status_every * 1000));
     }
     std::this_thread::sleep_for(100ms);

@@ -146,7 +146,7 @@ struct ClusterWatch::Impl {
     reports->ack(ids);
   }
   void read_account() {
-    const netqueue::NetworkCounts c = netqueue::network_counts(server);
+    const netqueue::NetworkCounts c = netqueue::network_counts(*store);  // the watch's own connection
     const netqueue::StreamDepth cd = candidates->depth();
     NetworkAccount a;
     a.read = true;

@@ -144,6 +144,24 @@ int Supervisor::running(const std::string& role) const {
   return n;
 }
 
+bool Supervisor::settled() const {
+  if (running() > 0) return false;
+  for (const auto& w : workers_)
+    if (w.restart_pending) return false;
+  return true;
+}
+
+std::string Supervisor::states() const {
+  std::string st;
+  for (const auto& w : workers_)
+    st += (st.empty() ? "" : ", ") + w.name() +
+          (w.running()  ? " up"
+           : w.finished ? " done"
+                        : " down") +
+          (w.deaths ? " (" + std::to_string(w.deaths) + " restarts)" : "");
+  return st;
+}
+
 bool Supervisor::wait_role(const std::string& role, std::chrono::milliseconds timeout, std::vector<Exit>* exits) {
   const auto until = Clock::now() + timeout;
   for (;;) {

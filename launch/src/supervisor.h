@@ -79,6 +79,10 @@ class Supervisor {
   std::vector<Worker>& workers() { return workers_; }
   const std::vector<Worker>& workers() const { return workers_; }
   int running(const std::string& role = "") const;
+  // Nothing runs and no restart is pending: a node launcher's loop is over.
+  bool settled() const;
+  // "evaluator-0 up, evaluator-1 down (2 restarts), ..." for a node's status line.
+  std::string states() const;
   std::size_t find_pid(pid_t pid) const;  // workers().size() if not ours
 
  private:

@@ -35,6 +35,10 @@ StreamConfig server_config(const Config& cfg) {
 
 NetworkCounts network_counts(const StreamConfig& server) {
   auto ks = KeyStore::open(server);
+  return network_counts(ks);
+}
+
+NetworkCounts network_counts(KeyStore& ks) {
   NetworkCounts c;
   const std::map<std::string, uint64_t*> fields = {{"groups_published", &c.groups_published},
                                                    {"candidates_published", &c.candidates_published},

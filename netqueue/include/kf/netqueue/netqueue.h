@@ -346,7 +346,9 @@ struct NetworkCounts {
   uint64_t results_duplicate = 0;     // head: second results for a scored candidate (dropped)
   uint64_t kernels_inserted = 0;      // head: verified kernels that entered the head's KernelDb
 };
-// Reads kf:counts (throws kf::Error naming the server when it does not answer).
+// Reads kf:counts (throws kf::Error naming the server when it does not answer); the second
+// form over a connection the caller keeps (a status loop).
 NetworkCounts network_counts(const StreamConfig& server);
+NetworkCounts network_counts(KeyStore& store);
 
 }  // namespace kf::netqueue
