@@ -426,7 +426,15 @@ std::function<void(SpawnSpec&)> worker_spawn(const std::string& job, const std::
         if (n.rfind("nvidia", 0) == 0 && !e.is_directory(ec))
           s.confine.binds.push_back({e.path().string(), e.path().string(), true, true});
       }
-      s.confine.binds.push_back({"/proc", "/proc"});
+      // cuInit names its threads through /proc/<pid>/task/<tid>/comm and fails (304) when
+      // that write fails: the view gets a /proc of its own, listing only the worker. Without
+      // one (not root, or Linux < 5.8) the host's /proc is shown read-only, and CUDA fails
+      // to start with the worker's diagnosis rather than the worker seeing, writable, the
+      // /proc entries of every other worker.
+      if (private_proc_supported())
+        s.confine.private_proc = true;
+      else
+        s.confine.binds.push_back({"/proc", "/proc"});
       s.confine.binds.push_back({"/sys", "/sys"});
     } else {
       // torch's cpuinfo (fp16/bf16 kernels pick their ISA with it) reads these.

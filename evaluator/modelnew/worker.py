@@ -513,6 +513,12 @@ def cuda_start_diagnosis():
                                          for n in nodes))
     except OSError as e:
         parts.append("/dev unreadable: %s" % e)
+    try:  # the driver names its threads here during cuInit
+        with open("/proc/thread-self/comm", "w") as f:
+            f.write("kf-worker")
+        parts.append("/proc/thread-self/comm writable")
+    except OSError as e:
+        parts.append("/proc/thread-self/comm not writable: %s" % e.strerror)
     for f in ("/proc/driver/nvidia/version", "/sys/bus/pci/drivers/nvidia"):
         parts.append("%s %s" % (f, "ok" if os.path.exists(f) else "missing"))
     for k in ("CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH"):

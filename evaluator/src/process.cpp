@@ -24,6 +24,7 @@
 #include <set>
 
 #include "kf/common/error.h"
+#include "wire/confine.h"
 
 extern char** environ;
 
@@ -59,7 +60,8 @@ enum Step : int {
   kProcNamespace,
   kProcPrivate,
   kProcMount,
-  kLastStep = kProcMount
+  kViewProc,
+  kLastStep = kViewProc
 };
 const char* const kStepName[] = {"unshare(user/mount/net namespaces)",
                                  "write /proc/self/setgroups",
@@ -86,7 +88,8 @@ const char* const kStepName[] = {"unshare(user/mount/net namespaces)",
                                  "execve",
                                  "unshare(mount namespace) for a private /proc",
                                  "make / private for a private /proc",
-                                 "mount a private /proc (hidepid=invisible)"};
+                                 "mount a private /proc (hidepid=invisible)",
+                                 "mount the view's private /proc (hidepid=invisible)"};
 struct ChildFailure {
   int step, item, err;
 };
@@ -95,6 +98,7 @@ struct ChildFailure {
 struct ViewPlan {
   bool userns = false;  // caller is not root: a user namespace provides the privileges
   std::string root, tmp, tmp_options, root_ro_options = "size=1m,mode=0755";
+  std::string proc;  // the view's private /proc (empty: none)
   std::string uid_map, gid_map;
   std::vector<std::string> dirs;  // full paths, parents first
   struct BindStep {
@@ -152,6 +156,10 @@ ViewPlan plan_view(const Confinement& c) {
   }
   add_dirs("/tmp", true);
   v.tmp = v.root + "/tmp";
+  if (c.private_proc) {
+    add_dirs("/proc", true);
+    v.proc = v.root + "/proc";
+  }
   v.tmp_options = c.tmp_options;
   for (const auto& l : c.symlinks) {
     add_dirs(l.second, false);
@@ -235,6 +243,9 @@ void enter_view(const ViewPlan& v, pid_t parent, int efd) {
   }
   if (mount("kf-tmp", v.tmp.c_str(), "tmpfs", MS_NOSUID | MS_NODEV, v.tmp_options.c_str()) != 0)
     child_fail(efd, kTmpTmpfs, -1, errno);
+  if (!v.proc.empty() &&
+      mount("proc", v.proc.c_str(), "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=invisible") != 0)
+    child_fail(efd, kViewProc, -1, errno);
   for (std::size_t i = 0; i < v.links.size(); ++i)
     if (symlink(v.links[i].first.c_str(), v.links[i].second.c_str()) != 0) child_fail(efd, kSymlink, int(i), errno);
   if (mount("kf-view", v.root.c_str(), "tmpfs", MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV,
@@ -248,7 +259,9 @@ void enter_view(const ViewPlan& v, pid_t parent, int efd) {
   if (!v.userns) {
     if (setgroups(0, nullptr) != 0) child_fail(efd, kSetgroups, -1, errno);
     if (setresgid(v.gid, v.gid, v.gid) != 0) child_fail(efd, kSetgid, -1, errno);
-    if (setresuid(v.uid, v.uid, v.uid) != 0) child_fail(efd, kSetuid, -1, errno);
+    // With a private /proc, a user no other process has (hidepid hides other users only).
+    const uid_t uid = v.proc.empty() ? v.uid : uid_t(worker::kOwnUidBase + unsigned(getpid()));
+    if (setresuid(uid, uid, uid) != 0) child_fail(efd, kSetuid, -1, errno);
   }
   if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) child_fail(efd, kNoNewPrivs, -1, errno);
   // A change of identity clears the parent-death signal: set it now, after the change.

@@ -34,6 +34,12 @@ struct Confinement {
   std::string tmp_options = "size=512m,mode=1777";            // the private /tmp (tmpfs)
   uid_t uid = 65534;                                          // nobody
   gid_t gid = 65534;                                          // nogroup
+  // A fresh /proc in the view (hidepid=invisible), writable by the child for its own
+  // entries, and the identity a user of the child's own (kOwnUidBase + pid, not `uid`), so
+  // that /proc lists only the child's processes. CUDA's driver names its threads through
+  // /proc/<pid>/task/<tid>/comm during cuInit and fails (304) when it cannot; a bind of the
+  // host's /proc would show every other worker. Needs private_proc_supported().
+  bool private_proc = false;
 };
 
 struct SpawnSpec {

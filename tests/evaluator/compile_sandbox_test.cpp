@@ -444,6 +444,49 @@ TEST(CompileSandboxTest, WithoutMountPrivilegeTheSpawnFailsAndSaysWhy) {
   EXPECT_NE(msg.find("CAP_SYS_ADMIN"), std::string::npos) << msg;
 }
 
+// A view with a private /proc (the ModelNew worker's on CUDA: the driver writes its threads'
+// names there during cuInit): the child can write its own entries, lists only itself, sees
+// neither its parent nor anything else of the host's, and is a user no other process is.
+TEST(CompileSandboxTest, PrivateProcInAViewListsOnlyTheChildAndTakesItsThreadNames) {
+  if (!private_proc_supported()) GTEST_SKIP() << "a private /proc needs root and Linux >= 5.8 (not here)";
+  const std::string dir = test::temp_dir("proc-view");
+  SpawnSpec s;
+  // Builtins only: a second process (ls, cat) would be listed too.
+  s.argv = {"/usr/bin/bash", "-c",
+            "echo \"probe uid=$UID pid=$$\" >&2;"
+            "echo kf-probe > /proc/thread-self/comm && read -r c < /proc/self/comm && echo \"probe comm=$c\" >&2;"
+            "n=0; for d in /proc/[0-9]*; do n=$((n+1)); echo \"probe lists ${d#/proc/}\" >&2; done;"
+            "echo \"probe listed=$n\" >&2;"
+            "[ -e /proc/$PPID ] && echo 'probe sees its parent' >&2;"
+            "[ -e /proc/1 ] && echo 'probe sees pid 1' >&2;"
+            "echo x > /proc/sys/kernel/hostname 2>/dev/null && echo 'probe wrote a sysctl' >&2; exit 0"};
+  s.confine.enabled = true;
+  s.confine.mount_point = dir;
+  s.confine.private_proc = true;
+  for (const char* top : {"/usr", "/lib", "/lib64", "/bin"}) {
+    struct stat st;
+    if (::lstat(top, &st) == 0 && S_ISDIR(st.st_mode))
+      s.confine.binds.push_back({top, top});
+    else if (::lstat(top, &st) == 0 && S_ISLNK(st.st_mode))
+      s.confine.symlinks.push_back({fs::read_symlink(top).string(), top});
+  }
+  s.confine.binds.push_back({"/dev/null", "/dev/null", true, true});
+  const BoundedRun br = run_bounded(s, 20, 1 << 16);
+  const std::string& d = br.output;
+  std::printf("%s", d.c_str());
+  ASSERT_TRUE(WIFEXITED(br.status) && WEXITSTATUS(br.status) == 0) << describe_wait_status(br.status) << "\n" << d;
+  const auto at = d.find("probe uid=");
+  ASSERT_NE(at, std::string::npos) << d;
+  unsigned long uid = 0, pid = 0;
+  ASSERT_EQ(std::sscanf(d.c_str() + at, "probe uid=%lu pid=%lu", &uid, &pid), 2) << d;
+  EXPECT_EQ(uid, 0x40000000ul + pid) << "the child is not a user of its own";
+  EXPECT_NE(d.find("probe comm=kf-probe"), std::string::npos) << "the child could not name its thread: " << d;
+  EXPECT_NE(d.find("probe listed=1\n"), std::string::npos) << d;
+  EXPECT_NE(d.find("probe lists " + std::to_string(pid) + "\n"), std::string::npos) << d;
+  EXPECT_EQ(d.find("probe sees"), std::string::npos) << d;
+  EXPECT_EQ(d.find("probe wrote"), std::string::npos) << d;
+}
+
 // Median of 5 uncached compiles, CPU and CUDA (run by hand with
 // --gtest_also_run_disabled_tests; numbers for docs and reports).
 TEST(CompileSandboxTest, DISABLED_LatencyMedianOfFive) {
