@@ -347,13 +347,13 @@ policy::SamplingParams Actor::Impl::sampling_params(uint64_t group_id) {
   return sp;
 }
 
-// Room in this node's candidate queue for `groups` groups (one slot each when the actor scores
-// extraction failures itself, else G), capped at the queue's capacity. With a network sink the
-// node's queue stays empty: the wait for room is publish()'s.
+// Room where the sink puts candidates (this node's queue, or the head's kf:candidates) for
+// `groups` groups (one slot each when the actor scores extraction failures itself, else G),
+// capped at its capacity.
 bool Actor::Impl::queue_has_room(uint64_t groups) {
   const auto G = static_cast<uint64_t>(opts_.group_size);
   const uint64_t need = (opts_.score_extraction_failures ? 1 : G) * groups;
-  const auto room = shm_.candidate_room();
+  const auto room = sink_->room();
   return room.free_slots >= std::min<uint64_t>(need, room.capacity);
 }
 

@@ -96,9 +96,6 @@ int main(int argc, char** argv) {
       const char* pw = std::getenv(pw_env.c_str());
       if (!pw || !*pw) throw kf::Error("cluster.redis.password_env: $" + pw_env + " is unset or empty");
     }
-    // One claim at a time over the network, as evaluator nodes always took them: a claim
-    // waiting in one evaluator's batch is a candidate another node's idle evaluator could score.
-    if (network) so.batch = 1;
   } catch (const std::exception& e) {
     kf::log_error(who, ": bad configuration: ", e.what(), "; exiting");
     return 2;

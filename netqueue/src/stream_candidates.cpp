@@ -52,7 +52,18 @@ class StreamCandidates : public replay::CandidateSource {
     std::vector<Message> msgs;
     try {
       open();
-      msgs = q_->take(max, std::max(Millis(0), std::chrono::duration_cast<Millis>(timeout)));
+      msgs = q_->take(1, std::max(Millis(0), std::chrono::duration_cast<Millis>(timeout)));
+      if (!msgs.empty() && max > 1) {
+        // More only from a backlog, and only this evaluator's share of it: a candidate held in
+        // one evaluator's batch is one another node's idle evaluator cannot score.
+        const StreamDepth d = q_->depth();
+        const uint64_t waiting = d.length > d.pending ? d.length - d.pending : 0;
+        if (waiting > 0) {
+          const std::size_t more = std::min<uint64_t>(max - 1, waiting / live_evaluators());
+          if (more > 0)
+            for (auto& m : q_->take(more, Millis(0))) msgs.push_back(std::move(m));
+        }
+      }
       watch_.ok();
     } catch (const std::exception& e) {
       reset();
@@ -197,6 +208,16 @@ class StreamCandidates : public replay::CandidateSource {
     q_.reset();
     dead_seen_ = 0;
   }
+  // The evaluators seen within claim_idle, read again at most every claim_idle / 4: they join
+  // and leave slowly, and the read's reply grows with every consumer the group has known.
+  uint64_t live_evaluators() {
+    const auto now = Clock::now();
+    if (live_ == 0 || now >= live_read_ + sc_.claim_idle / 4) {
+      live_ = std::max<uint64_t>(q_->live_consumers(), 1);
+      live_read_ = now;
+    }
+    return live_;
+  }
   void count_dead() {
     if (q_) counts_.add_dead(*q_, &dead_seen_);
   }
@@ -229,6 +250,8 @@ class StreamCandidates : public replay::CandidateSource {
   detail::Counts counts_;
   std::unique_ptr<StreamQueue> q_;
   uint64_t dead_seen_ = 0;
+  uint64_t live_ = 0;
+  Clock::time_point live_read_{};
   std::set<std::string> held_;  // entries claimed here and not yet completed, given back or dropped
   std::mutex keep_mu_;
   std::unique_ptr<StreamQueue> keeper_;

@@ -150,6 +150,31 @@ class StreamGroups : public replay::GroupSink {
     return true;
   }
 
+  // kf:candidates under cluster.redis.bound, read at most every 100 ms (an actor asks every
+  // 20 ms while it waits). An unanswered read says "room": publish() then meets the server
+  // and decides (retry, or the run is gone).
+  replay::CandidateRoom room() override {
+    const auto now = Clock::now();
+    if (now < room_read_ + 100ms) return room_;
+    room_read_ = now;
+    room_.capacity = s_.server.bound;
+    try {
+      connect();
+      const uint64_t unacked = cands_->depth().length;
+      room_.free_slots = unacked < room_.capacity ? room_.capacity - unacked : 0;
+      watch_.ok();
+      room_failing_ = false;
+    } catch (const std::exception& e) {
+      reset();
+      room_.free_slots = room_.capacity;
+      if (!room_failing_)
+        log_warn(who_, ": reading the room in ", kCandidatesStream, " at ", where_, " failed (", message_of(e),
+                 "); sampling goes on, the publish waits for the server");
+      room_failing_ = true;
+    }
+    return room_;
+  }
+
   std::string where() const override { return where_ + " streams " + kGroupsStream + ", " + kCandidatesStream; }
 
  private:
@@ -285,6 +310,9 @@ class StreamGroups : public replay::GroupSink {
   detail::Reachability watch_;
   detail::Counts counts_;
   std::unique_ptr<StreamQueue> groups_, cands_;
+  replay::CandidateRoom room_;
+  Clock::time_point room_read_{};
+  bool room_failing_ = false;
   std::unique_ptr<KeyStore> store_;
   // Held groups this sink published, until their deadline (+5 s): peek says pending while the
   // head's learner has not opened them yet.

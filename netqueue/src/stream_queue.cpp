@@ -569,6 +569,27 @@ StreamDepth StreamQueue::depth() {
   return d;
 }
 
+uint64_t StreamQueue::live_consumers() {
+  Impl& q = *impl_;
+  q.ready();
+  Args a;
+  a.add("XINFO").add("CONSUMERS").add(q.cfg.stream).add(q.cfg.group);
+  Reply r = q.conn.call(a, "XINFO CONSUMERS");
+  uint64_t live = 0;
+  // "idle": milliseconds since the consumer last read, claimed or was kept alive.
+  for (std::size_t c = 0; r->type == REDIS_REPLY_ARRAY && c < r->elements; ++c) {
+    const redisReply* info = r->element[c];
+    for (std::size_t i = 0; info->type == REDIS_REPLY_ARRAY && i + 1 < info->elements; i += 2) {
+      const redisReply* k = info->element[i];
+      const redisReply* v = info->element[i + 1];
+      if (k->str && std::string(k->str, k->len) == "idle" && v->type == REDIS_REPLY_INTEGER &&
+          v->integer <= q.cfg.claim_idle.count())
+        ++live;
+    }
+  }
+  return live;
+}
+
 std::vector<std::vector<std::string>> StreamQueue::dead_letters(std::size_t max) {
   Impl& q = *impl_;
   q.ready();

@@ -194,6 +194,7 @@ class ShmGroups final : public GroupSink {
     return shm_.replay().peek_group(group_id, out, release);
   }
   bool release(uint64_t group_id) override { return shm_.replay().release_group(group_id); }
+  CandidateRoom room() override { return shm_.candidate_room(); }
   std::string where() const override { return "replay and candidate queue of run " + shm_.run(); }
 
  private:

@@ -623,22 +623,34 @@ Clocks clocks_of(const std::string& so, int64_t n, bool check) {
 // worker waits for a CPU there on a loaded host), so the ReLU is compared with the CPU
 // time an honest single-threaded ReLU takes in its call.
 TEST(SandboxTest, WorkBeforeTheWorkersClockIsOnTheEvaluatorsClock) {
-  const int64_t n = 1 << 23;  // 32 MiB: milliseconds of single-threaded ReLU
-  const Clocks empty = clocks_of("", n, false);
-  const Clocks cheat = clocks_of(build(test::read_kernel("cpu/cheat_work_before_clock.cpp")), n, true);
-  const std::string honest_src = R"(#include <kf/kernel.h>
+  const int64_t n = 1 << 24;  // 64 MiB: milliseconds of single-threaded ReLU
+  const std::string cheat_so = build(test::read_kernel("cpu/cheat_work_before_clock.cpp"));
+  const std::string honest_so = build(R"(#include <kf/kernel.h>
 extern "C" int kf_forward(kf::Context*, const kf::Tensor* in, int, kf::Tensor* out, int) {
   const float* x = (const float*)in[0].data; float* y = (float*)out[0].data; const long n = in[0].numel();
   for (long i = 0; i < n; ++i) y[i] = x[i] > 0.f ? x[i] : 0.f;  // the cheat's loop
   return 0;
-})";
-  const Clocks honest = clocks_of(build(honest_src), n, true);
-  std::printf("outside/worker clock (call CPU), ms: empty %.3f/%.3f, honest %.3f/%.3f (%.3f), cheat %.3f/%.3f\n",
-              empty.outside, empty.worker, honest.outside, honest.worker, honest.call_cpu, cheat.outside, cheat.worker);
-  EXPECT_LT(empty.outside, 0.5 * honest.call_cpu) << "the protocol's own cost is small next to the work";
-  EXPECT_LT(cheat.worker, 0.1 * honest.call_cpu) << "the cheat hides its work from the worker's clock";
-  EXPECT_GT(cheat.outside - empty.outside, 0.6 * honest.call_cpu) << "the evaluator's measure must hold the work";
-  EXPECT_GT(honest.outside - empty.outside, 0.9 * honest.worker);
+})");
+  // On a loaded host a resumed worker can wait for a CPU on most calls of one measurement
+  // (the suite measured an empty call at 1.8 ms beside two training runs): the claim must
+  // show in one of three measurements. A boundary that misses the cheat's work fails all three.
+  for (int attempt = 1; attempt <= 3; ++attempt) {
+    const Clocks empty = clocks_of("", n, false);
+    const Clocks cheat = clocks_of(cheat_so, n, true);
+    const Clocks honest = clocks_of(honest_so, n, true);
+    std::printf("outside/worker clock (call CPU), ms: empty %.3f/%.3f, honest %.3f/%.3f (%.3f), cheat %.3f/%.3f\n",
+                empty.outside, empty.worker, honest.outside, honest.worker, honest.call_cpu, cheat.outside,
+                cheat.worker);
+    const bool held = empty.outside < 0.5 * honest.call_cpu && cheat.worker < 0.1 * honest.call_cpu &&
+                      cheat.outside - empty.outside > 0.6 * honest.call_cpu &&
+                      honest.outside - empty.outside > 0.9 * honest.worker;
+    if (!held && attempt < 3) continue;
+    EXPECT_LT(empty.outside, 0.5 * honest.call_cpu) << "the protocol's own cost is small next to the work";
+    EXPECT_LT(cheat.worker, 0.1 * honest.call_cpu) << "the cheat hides its work from the worker's clock";
+    EXPECT_GT(cheat.outside - empty.outside, 0.6 * honest.call_cpu) << "the evaluator's measure must hold the work";
+    EXPECT_GT(honest.outside - empty.outside, 0.9 * honest.worker);
+    break;
+  }
 }
 
 // Scheduling of other threads: a candidate running with the evaluator's own uid (no drop

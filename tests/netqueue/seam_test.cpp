@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <set>
 #include <chrono>
 #include <cstdlib>
 #include <string>
@@ -189,6 +190,69 @@ TEST(NetqueueSeamTest, GivenBackCandidateGoesToAnotherEvaluatorAtOnce) {
   ASSERT_EQ(b->claim(theirs, 1, 2s), 1u);
   EXPECT_EQ(theirs[0].candidate.id, 5000u);
   EXPECT_TRUE(b->complete(theirs[0], result_for(theirs[0].candidate, replay::Verdict::incorrect)).first);
+}
+
+// An evaluator's claim takes one candidate, then its share of the unclaimed rest: all it
+// asks for while it is the only evaluator seen, a share once others read too; every
+// candidate is claimed once.
+TEST(NetqueueSeamTest, ClaimTakesItsShareOfTheBacklog) {
+  auto srv = test::start_server();
+  // claim_idle 4 s: each evaluator reads who is live at most every 1 s.
+  const Config cfg = config_for(srv, "head", {"cluster.redis.claim_idle_s=4"});
+  auto sink = stream_groups(cfg, nullptr, "actor 0");
+  ASSERT_EQ(sink->publish(group(60, 10), 1s, kNoStop), replay::PublishOutcome::published);
+  auto a = stream_candidates(cfg, "evaluator 0");
+  auto b = stream_candidates(cfg, "evaluator 1");
+  std::vector<replay::Claim> ca, cb;
+  EXPECT_EQ(a->claim(ca, 4, 2s), 4u) << "alone, from a backlog of 10: all it asked for";
+  EXPECT_EQ(b->claim(cb, 8, 2s), 3u) << "one, then half of the 5 left: two evaluators are seen now";
+  std::this_thread::sleep_for(1100ms);  // evaluator 0 reads again who is live
+  EXPECT_EQ(a->claim(ca, 8, 2s), 2u) << "one, then half of the 2 left";
+  EXPECT_EQ(b->claim(cb, 8, 2s), 1u) << "the last one";
+  EXPECT_EQ(a->claim(ca, 8, 100ms), 0u);
+  std::set<uint64_t> ids;
+  for (const auto* v : {&ca, &cb})
+    for (const auto& c : *v) ids.insert(c.candidate.id);
+  EXPECT_EQ(ids.size(), 10u) << "a candidate was claimed twice";
+}
+
+// An evaluator that has not read for claim_idle (dead or gone) takes no share.
+TEST(NetqueueSeamTest, ClaimShareLeavesOutEvaluatorsNotSeenForClaimIdle) {
+  auto srv = test::start_server();
+  const Config cfg = config_for(srv, "head");  // claim_idle 1 s
+  std::vector<replay::Claim> none, mine;
+  {
+    auto gone = stream_candidates(cfg, "evaluator 9");
+    EXPECT_EQ(gone->claim(none, 8, 50ms), 0u);  // it read once: the group knows it
+  }
+  std::this_thread::sleep_for(1500ms);
+  auto sink = stream_groups(cfg, nullptr, "actor 0");
+  ASSERT_EQ(sink->publish(group(61, 10), 1s, kNoStop), replay::PublishOutcome::published);
+  auto a = stream_candidates(cfg, "evaluator 0");
+  EXPECT_EQ(a->claim(mine, 8, 2s), 8u) << "the gone evaluator was counted as one to share with";
+}
+
+// The sink's room, which an actor waits on before it samples: cluster.redis.bound less the
+// candidates not yet acknowledged (claimed but unscored ones included).
+TEST(NetqueueSeamTest, RoomIsTheBoundLessTheCandidatesNotYetScored) {
+  auto srv = test::start_server();
+  const Config cfg = config_for(srv, "head", {"cluster.redis.bound=8", "cluster.redis.claim_idle_s=30"});
+  auto sink = stream_groups(cfg, nullptr, "actor 0");
+  const auto empty = sink->room();
+  EXPECT_EQ(empty.capacity, 8u);
+  EXPECT_EQ(empty.free_slots, 8u);
+  ASSERT_EQ(sink->publish(group(70, 3), 1s, kNoStop), replay::PublishOutcome::published);
+  std::this_thread::sleep_for(150ms);  // the room is read at most every 100 ms
+  EXPECT_EQ(sink->room().free_slots, 5u);
+  auto ev = stream_candidates(cfg, "evaluator 0");
+  std::vector<replay::Claim> claims;
+  for (const auto t0 = Clock::now(); claims.size() < 3 && test::seconds_since(t0) < 10;) ev->claim(claims, 3, 200ms);
+  ASSERT_EQ(claims.size(), 3u);
+  std::this_thread::sleep_for(150ms);
+  EXPECT_EQ(sink->room().free_slots, 5u) << "claimed, not yet scored: still taking room";
+  for (const auto& c : claims) ev->complete(c, result_for(c.candidate, replay::Verdict::incorrect));
+  std::this_thread::sleep_for(150ms);
+  EXPECT_EQ(sink->room().free_slots, 8u);
 }
 
 TEST(NetqueueSeamTest, SecondResultIsNotJoinedTwiceAndALateOneIsAnOrphan) {

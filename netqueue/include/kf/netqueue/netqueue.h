@@ -139,6 +139,9 @@ class StreamQueue {
 
   // --- supervision
   StreamDepth depth();
+  // Consumers seen (read, claimed, kept alive) within claim_idle: XINFO CONSUMERS, whose
+  // reply grows with the group (dead consumers stay listed), so callers read it sparingly.
+  uint64_t live_consumers();
   // Up to max entries of <stream>:dead, oldest first: (field, value) pairs flattened,
   // starting with "id" (the original entry id) and "reason".
   std::vector<std::vector<std::string>> dead_letters(std::size_t max);
@@ -312,6 +315,7 @@ StreamConfig server_config(const Config& cfg);
 // (logged); after cluster.redis.gone_after_s without an answer, claim() and complete()
 // throw kf::Error whose text holds "the run has ended or its head is gone" (an evaluator
 // node then exits 0). give_back() makes the entry claimable by any evaluator at once.
+// claim(max) takes one, then at most its share of the unclaimed rest (waiting / live).
 std::unique_ptr<replay::CandidateSource> stream_candidates(const Config& cfg, const std::string& who);
 // Actor `who`. shm: the head's run (actors on the head: peek/release read its replay, where
 // the head's rank 0 opens the group), an actor node's own run (cluster.role actors: the

@@ -431,6 +431,10 @@ struct GroupPublish {
   bool hold = false;  // the actor reads the results before the learner takes it
 };
 enum class PublishOutcome { published, full, stopped };
+struct CandidateRoom {  // of the candidate queue
+  uint64_t free_slots = 0, capacity = 0;
+};
+
 class GroupSink {
  public:
   virtual ~GroupSink() = default;
@@ -440,6 +444,8 @@ class GroupSink {
                                  std::size_t* unqueued = nullptr) = 0;
   virtual GroupPeek peek(uint64_t group_id, ScoredGroup* out, bool release) = 0;
   virtual bool release(uint64_t group_id) = 0;
+  // Room where publish() puts candidates, so an actor waits before it samples, not after.
+  virtual CandidateRoom room() = 0;
   virtual std::string where() const = 0;
 };
 
@@ -488,10 +494,6 @@ struct Salvage {
 Salvage salvage_or_count(const std::string& run, const std::string& run_dir);
 
 class CandidateQueue;  // replay/src/queue.h
-
-struct CandidateRoom {  // of the candidate queue
-  uint64_t free_slots = 0, capacity = 0;
-};
 
 class RunShm {
  public:
