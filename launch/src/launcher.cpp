@@ -291,6 +291,8 @@ void Launcher::Impl::plan_workers() {
       if (backend != tasks::Backend::CUDA) w.env.push_back("NCCL_NVLS_ENABLE=0");  // NCCL even on a CPU-task run
     }
     if (opts.resumed) w.argv.push_back("--resume");  // weights, optimizer, replay and kernel DB
+    // A head's rank 0 joins what the network scores during the drain (advance_phase).
+    if (r == 0 && cluster.role == "head") w.argv.push_back("--join-until-stopped");
     if (pin) w.cpus = rest, w.env.push_back("OMP_NUM_THREADS=" + std::to_string(share));
     if (backend == tasks::Backend::CUDA) w.env.push_back("NCCL_NVLS_ENABLE=0");
     w.log_path = out_log("learner", r);
@@ -424,6 +426,10 @@ void Launcher::Impl::advance_phase() {
     for (const auto& w : sup.workers())
       if (w.spec.role == "learner" && !w.finished) all_learners_done = false;
     if (all_learners_done) begin_drain("the learner reached learner.steps");
+    // On a head, learner rank 0 stays after its last step, joining what the network still
+    // scores into the head's replay until the run stops: its last step starts the drain.
+    const int64_t steps = cfg.get_int("learner.steps");
+    if (watch && steps > 0 && learner_step >= steps) begin_drain("the learner reached learner.steps");
     const double budget = cfg.get_float("launch.max_minutes") * 60;
     if (budget > 0 && elapsed() >= budget) begin_drain("launch.max_minutes reached");
     return;
@@ -498,7 +504,10 @@ bool Launcher::Impl::network_done() {
   if (network_idle_since == Clock::time_point{}) network_idle_since = Clock::now();
   const uint64_t verdicts =
       watch->reported_verdicts() + monitor.counters().sum("evaluator", replay::counter::kEvalScored);
-  return (a.balanced() && verdicts >= a.scored) || Clock::now() - network_idle_since > std::chrono::seconds(3);
+  // A live learner rank 0 joins kf:groups and kf:results into the head's replay: wait for it.
+  const bool joined = sup.running("learner") == 0 || a.results_waiting + a.groups_waiting == 0;
+  return (a.balanced() && verdicts >= a.scored && joined) ||
+         Clock::now() - network_idle_since > std::chrono::seconds(3);
 }
 
 void Launcher::Impl::stop_network() {

@@ -18,8 +18,9 @@
 // (attached to a run, or given --run-dir): one line per updated step, and one per 30 s of
 // empty steps so a starved learner shows. Prints "STEP {json}" per step with
 // --print-steps, and "WEIGHTS_CHECKSUM <hex>" at the end. SIGINT/SIGTERM or the run state
-// `stopped` end the loop (agreed by all ranks) with a final checkpoint. Exit 0 ok, 1 error,
-// 2 usage.
+// `stopped` end the loop (agreed by all ranks) with a final checkpoint. --join-until-stopped
+// (a head's rank 0): after the last step, go on joining the network into the head's replay
+// until the run state is `stopped`. Exit 0 ok, 1 error, 2 usage.
 #include <sys/stat.h>
 
 #include "kf/common/cli.h"
@@ -28,6 +29,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <thread>
 #include <nlohmann/json.hpp>
 #include <utility>
 #include <vector>
@@ -89,6 +91,7 @@ int main(int argc, char** argv) {
   int rank = 0, remote_from = 0;
   int64_t steps = -1;
   bool synthetic = false, resume = false, keep_shm = false, print_steps = false, final_ckpt = false;
+  bool join_until_stopped = false;
   app.add_option("CONFIG", config_file, "run config (YAML)")->required();
   app.add_option("--set", sets, "override key=value");
   app.add_option("--run", run, "run name whose shared memory to attach (kf.<run>.*)");
@@ -110,6 +113,9 @@ int main(int argc, char** argv) {
                "with --resume: leave the run's replay and kernel DB as they are (a restarted rank of a live run)");
   app.add_flag("--print-steps", print_steps, "print one STEP json line per step");
   app.add_flag("--final-checkpoint", final_ckpt, "checkpoint when the loop ends");
+  app.add_flag("--join-until-stopped", join_until_stopped,
+               "rank 0 on a head of several nodes: after the last step, go on joining the network's groups and "
+               "results into the head's replay until the run state is stopped (the launcher passes it)");
   KF_CLI_PARSE(app, argc, argv);
   try {
     const auto cfg = kf::Config::load(config_file, sets);
@@ -335,6 +341,26 @@ int main(int argc, char** argv) {
         });
     }
     std::printf("WEIGHTS_CHECKSUM %016llx\n", static_cast<unsigned long long>(learner.weights_checksum()));
+    // On a head of several nodes, rank 0 is the one process that joins the network's groups
+    // and results into the head's replay (and verified kernels into its kernel database).
+    // After its last step the evaluators still score what is queued while the run drains:
+    // rank 0 goes on joining until the run is stopped, so that nothing scored then is left
+    // in the server (on one node the evaluators write into the replay themselves).
+    if (join_until_stopped && !run_stopped && !g_stop && rank == 0 && shm && !synthetic &&
+        kf::transport::kind_of(cfg) == kf::transport::Kind::network) {
+      kf::log_info(
+          "learner rank 0: last step done; joining what the network still scores into the head's replay "
+          "until the run stops");
+      kf::replay::TakeRequest join;  // no groups: the take only joins
+      join.step = learner.steps_done();
+      while (!g_stop && shm->control().state() != kf::replay::RunState::stopped) {
+        source->take(join);
+        if (slot >= 0) shm->control().heartbeat(slot);
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      }
+      source->take(join);  // what came in last
+      kf::log_info("learner rank 0: the run stopped; exiting");
+    }
     return 0;
   } catch (const std::exception& e) {
     const std::string what = kf::message_of(e);

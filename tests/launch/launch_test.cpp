@@ -940,6 +940,11 @@ TEST(LaunchClusterTest, HeadAndTwoEvaluatorNodesOneKilledLosesNoCandidate) {
   EXPECT_EQ(m[2], m[3]) << m[0];
   EXPECT_GE(std::stoll(m[4]), 1) << m[0];
   EXPECT_EQ(std::stoll(m[6]) + std::stoll(m[7]) + std::stoll(m[8]) + std::stoll(m[9]), 0) << m[0];
+  std::printf("%s\n", m[0].str().c_str());
+  // Learner rank 0 joined what was scored after its last step: nothing is left in the server.
+  EXPECT_EQ(std::stoll(m[16]) + std::stoll(m[17]), 0) << m[0];
+  EXPECT_EQ(std::stoll(m[13]) + std::stoll(m[14]) + std::stoll(m[15]), std::stoll(m[3])) << m[0];
+  EXPECT_NE(slurp(run + "/logs/learner-0.log").find("last step done; joining"), std::string::npos);
   const int64_t results_sent = std::stoll(m[3]);
   // Each node's verdict log: together one line per scored candidate id.
   std::set<uint64_t> ids;
@@ -1268,11 +1273,12 @@ TEST(LaunchClusterTest, HeadActorNodeAndTwoEvaluatorNodesMatchOneNodeRun) {
   EXPECT_EQ(last.at("verified_total").get<double>(), static_cast<double>(l.scored)) << last.dump();
   EXPECT_EQ(last.at("samples_total").get<double>(), static_cast<double>(l.created)) << last.dump();
   // The verdict mix counts the results joined into the head's replay: every scored one but
-  // those the learner never joined (it had reached its steps) or whose group was gone.
+  // those whose group was gone (learner rank 0 joins until the run stops: none is left unjoined).
   int64_t verdicts = 0;
   for (const auto& [k, v] : last.at("verdicts").items()) verdicts += v.get<int64_t>();
   EXPECT_GT(verdicts, 0) << last.dump();
-  EXPECT_GE(verdicts + unjoined + orphans, l.scored) << last.dump();
+  EXPECT_EQ(unjoined, 0) << m[0];
+  EXPECT_GE(verdicts + orphans, l.scored) << last.dump();
   // Node 1 took over what node 2's evaluator held when it died.
   const std::string n1 = slurp(run + ".n1/logs/evaluator-0.out");
   EXPECT_NE(n1.find("was claimed from a dead or stalled evaluator"), std::string::npos) << n1;
