@@ -425,11 +425,11 @@ void Launcher::Impl::advance_phase() {
     bool all_learners_done = true;
     for (const auto& w : sup.workers())
       if (w.spec.role == "learner" && !w.finished) all_learners_done = false;
-    if (all_learners_done) begin_drain("the learner reached learner.steps");
     // On a head, learner rank 0 stays after its last step, joining what the network still
     // scores into the head's replay until the run stops: its last step starts the drain.
     const int64_t steps = cfg.get_int("learner.steps");
-    if (watch && steps > 0 && learner_step >= steps) begin_drain("the learner reached learner.steps");
+    if (all_learners_done || (watch && steps > 0 && learner_step >= steps))
+      begin_drain("the learner reached learner.steps");
     const double budget = cfg.get_float("launch.max_minutes") * 60;
     if (budget > 0 && elapsed() >= budget) begin_drain("launch.max_minutes reached");
     return;
