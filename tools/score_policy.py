@@ -15,7 +15,11 @@ figures, with one log line and a note under the table; --include-degenerate coun
 Writes OUT/scores.json, OUT/table.md, and OUT/tasks/<task>/ (tools/optimize's outputs) with
 OUT/tasks/<task>.log; prints the table. A task whose tools/optimize exits 2 or 3, or leaves
 no report.json, is "failed": listed and left out of the figures; one that exits 3 because
-the GPU ran out of memory is run again first (3 tries, pauses of 10 and 20 s).
+the GPU ran out of memory is run again first (3 tries, pauses of 10 and 20 s). A candidate
+whose verification the machine failed (its result's cause "environment": a loaded host
+slowed the reference, the compile service failed) is not a sample: the task is run again
+(3 tries, pauses of 5 and 10 s), and what is still unmeasured is counted apart
+(not_measured) and noted under the table; a task with no measured sample is "failed".
 Exit 0 every task scored, 1 some failed or were not scored (--time-limit; or an output could not be written), 2 usage or
 bad input. docs/stages.md describes the figures.
 
@@ -44,6 +48,7 @@ TREE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NAME_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
 SPLITS = ["train", "held-out"]
 OOM_ATTEMPTS, OOM_PAUSE_S = 3, 10  # tools/optimize runs per task when the GPU is out of memory
+ENV_ATTEMPTS, ENV_PAUSE_S = 3, 5  # tools/optimize runs per task when the machine failed a verification
 PROMPT_NOTE = ("every task gets the no-exemplar (first-round) prompt (no --exemplars), so policies "
                "are comparable")
 UNSOLVED_NOTE = "a task without an ok sample counts as 1.0x (the user keeps the reference)"
@@ -189,27 +194,48 @@ def last_line(path):
 
 
 def read_report(path):
-    """(samples, ok, verdict counts, ok speedups, degenerate reason or None) from tools/optimize's
-    report.json; ValueError if bad."""
+    """(samples, ok, verdict counts, ok speedups, degenerate reason or None, reasons of the
+    candidates not measured) from tools/optimize's report.json; ValueError if bad. A candidate
+    whose verification failed by the machine (its result's cause "environment": a loaded host
+    slowed the reference, the compiler's service failed) says nothing of the policy: it is not
+    a sample, and its reason is returned instead (a duplicate shares its original's result)."""
     rep = load_json(path)
     cands = rep.get("candidates") if isinstance(rep, dict) else None
     if not isinstance(cands, list):
         raise ValueError(f"{path}: field candidates: expected an array")
-    verdicts, speedups, degenerate = {}, [], None
+    verdicts, speedups, degenerate, unmeasured = {}, [], None, []
+    results = [c.get("result") if isinstance(c, dict) and isinstance(c.get("result"), dict) else {} for c in cands]
     for i, c in enumerate(cands):
         v = c.get("verdict") if isinstance(c, dict) else None
         if not isinstance(v, str):
             raise ValueError(f"{path}: candidates[{i}]: no verdict")
-        res = c.get("result") if isinstance(c.get("result"), dict) else {}
+        res = results[i]
+        dup = c.get("duplicate_of")
+        if not res and isinstance(dup, int) and not isinstance(dup, bool) and 0 <= dup < len(cands):
+            res = results[dup]
+        cause = c.get("cause") or res.get("cause")
+        reason = c.get("reason") or res.get("reason")
         if degenerate is None and (c.get("task_degenerate") is True or res.get("task_degenerate") is True):
             degenerate = str(res.get("degenerate_reason") or "flagged by the evaluator")
+        if v != "ok" and cause == "environment":
+            unmeasured.append(f"{v}: {reason or 'no reason given'}")
+            continue
         verdicts[v] = verdicts.get(v, 0) + 1
         s = c.get("speedup")
         if v == "ok":
             if not isinstance(s, (int, float)) or isinstance(s, bool):
                 raise ValueError(f"{path}: candidates[{i}]: an ok candidate without a speedup")
             speedups.append(float(s))
-    return len(cands), verdicts.get("ok", 0), verdicts, speedups, degenerate
+    return len(cands) - len(unmeasured), verdicts.get("ok", 0), verdicts, speedups, degenerate, unmeasured
+
+
+def unmeasured_in(report):
+    """The reasons of report's candidates that were not measured; none if it cannot be read
+    (score_task's read then names the problem)."""
+    try:
+        return read_report(report)[5]
+    except (OSError, ValueError):
+        return []
 
 
 def score_task(name, split, level, args, out, deadline):
@@ -217,7 +243,7 @@ def score_task(name, split, level, args, out, deadline):
     dest = os.path.join(out, "tasks", name)
     log = dest + ".log"
     rec = {"task": name, "split": split, "level": level, "status": "failed", "reason": "", "rc": None,
-           "samples": 0, "ok": 0, "verdicts": {}, "best_speedup": None, "counted_speedup": None, "ok_speedups": [],
+           "samples": 0, "not_measured": 0, "ok": 0, "verdicts": {}, "best_speedup": None, "counted_speedup": None, "ok_speedups": [],
            "degenerate": None, "seconds": 0.0, "out": os.path.relpath(dest, out), "log": os.path.relpath(log, out)}
     if deadline is not None and time.monotonic() >= deadline:
         rec.update(status="not scored", reason="--time-limit reached before it started")
@@ -237,18 +263,34 @@ def score_task(name, split, level, args, out, deadline):
         if os.path.exists(report):
             os.remove(report)
         with open(log, "w", encoding="utf-8") as lf:
-            for attempt in range(1, OOM_ATTEMPTS + 1):
+            oom_try = env_try = 1
+            while True:
                 lf.write("$ " + shlex.join(cmd) + "\n")
                 lf.flush()
                 rc = subprocess.run(cmd, stdout=lf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL).returncode
                 # The evaluator ran out of GPU memory (other processes hold it: the machine's
                 # state, not the policy's): again after a pause, as the run's evaluators do.
-                if rc != 3 or attempt == OOM_ATTEMPTS or "out of memory" not in last_line(log):
-                    break
-                lf.write(f"{PROG}: out of GPU memory; tools/optimize again in {OOM_PAUSE_S * attempt} s "
-                         f"(try {attempt + 1} of {OOM_ATTEMPTS})\n")
-                lf.flush()
-                time.sleep(OOM_PAUSE_S * attempt)
+                if rc == 3 and oom_try < OOM_ATTEMPTS and "out of memory" in last_line(log):
+                    lf.write(f"{PROG}: out of GPU memory; tools/optimize again in {OOM_PAUSE_S * oom_try} s "
+                             f"(try {oom_try + 1} of {OOM_ATTEMPTS})\n")
+                    lf.flush()
+                    time.sleep(OOM_PAUSE_S * oom_try)
+                    oom_try += 1
+                    continue
+                # Verifications the machine failed (a loaded host, often this tool's other
+                # tasks beside it): the whole task again after a pause, so that every sample
+                # is measured; what is still unmeasured after the last try is reported.
+                unmeasured = unmeasured_in(report) if rc in (0, 1) else []
+                if unmeasured and env_try < ENV_ATTEMPTS:
+                    lf.write(f"{PROG}: {len(unmeasured)} candidate(s) not measured, the machine failed their "
+                             f"verification ({unmeasured[0]}); tools/optimize again in {ENV_PAUSE_S * env_try} s "
+                             f"(try {env_try + 1} of {ENV_ATTEMPTS})\n")
+                    lf.flush()
+                    os.remove(report)
+                    time.sleep(ENV_PAUSE_S * env_try)
+                    env_try += 1
+                    continue
+                break
     except OSError as e:
         rec["reason"] = f"could not run tools/optimize ({e.strerror or e})"
         return rec
@@ -264,9 +306,14 @@ def score_task(name, split, level, args, out, deadline):
         rec["reason"] = f"tools/optimize exited {rc} but wrote no report.json"
         return rec
     try:
-        samples, ok, verdicts, speedups, degenerate = read_report(report)
+        samples, ok, verdicts, speedups, degenerate, unmeasured = read_report(report)
     except ValueError as e:
         rec["reason"] = str(e)
+        return rec
+    rec["not_measured"] = len(unmeasured)
+    if samples == 0 and unmeasured:
+        rec["reason"] = (f"no candidate was measured: the machine failed all {len(unmeasured)} verifications "
+                         f"in {ENV_ATTEMPTS} tries ({unmeasured[0]})")
         return rec
     best = max(speedups) if speedups else None
     rec.update(status="scored", samples=samples, ok=ok, verdicts=verdicts, ok_speedups=speedups, best_speedup=best,
@@ -289,6 +336,7 @@ def make_row(split, level, recs):
     degenerate = sum(1 for r in recs if r["status"] == "degenerate")
     return {"split": split, "level": level, "tasks": tasks, "failed": failed, "degenerate": degenerate,
             "not_scored": len(recs) - tasks - failed - degenerate, "samples": samples, "ok": ok,
+            "not_measured": sum(r.get("not_measured", 0) for r in scored),
             "correct_pct": 100.0 * ok / samples if samples else None,
             "fast1_pct": 100.0 * sum(1 for r in scored if r["counted_speedup"] > 1.0) / tasks if tasks else None,
             "solved_pct": 100.0 * sum(1 for r in scored if r["ok"] > 0) / tasks if tasks else None,
@@ -346,6 +394,11 @@ def table_md(meta, rows, records):
     if included:
         notes.append(f"{len(included)} degenerate task(s) are counted (--include-degenerate): "
                      + ", ".join(included) + ".")
+    unmeasured = [r for r in records if r["status"] == "scored" and r.get("not_measured")]
+    if unmeasured:
+        notes.append(f"{sum(r['not_measured'] for r in unmeasured)} sample(s) were not measured (the machine failed "
+                     f"their verification in all {ENV_ATTEMPTS} tries: cause environment, e.g. a loaded host) and are "
+                     "not in the figures: " + ", ".join(f"{r['task']} {r['not_measured']}" for r in unmeasured) + ".")
     skipped = [r["task"] for r in records if r["status"] == "not scored"]
     if skipped:
         notes.append(f"{len(skipped)} task(s) were not scored (--time-limit reached; tasks run in a seeded random "
@@ -358,6 +411,7 @@ def table_md(meta, rows, records):
                         [[r["task"], r["split"], str(r["level"]), str(r["samples"]), str(r["ok"]),
                           spd(r["best_speedup"]) if r["status"] in ("scored", "degenerate") else r["status"],
                           (", ".join(f"{k} {v}" for k, v in sorted(r["verdicts"].items())) or r["reason"])
+                          + (f"; not measured {r['not_measured']}" if r.get("not_measured") else "")
                           + ("; degenerate: left out" if r["status"] == "degenerate" else "")]
                          for r in records])
     summary = head + "\n\n" + "\n\n".join(notes) + "\n\n" + body + "\n"
@@ -583,7 +637,8 @@ def main(argv):
             r = fut.result()
             records[r["task"]] = r
             done += 1
-            what = (f"{r['ok']}/{r['samples']} ok, best {spd(r['best_speedup'])}" if r["status"] == "scored"
+            what = (f"{r['ok']}/{r['samples']} ok, best {spd(r['best_speedup'])}"
+                    + (f", {r['not_measured']} not measured" if r.get("not_measured") else "") if r["status"] == "scored"
                     else f"{r['ok']}/{r['samples']} ok; left out of the tables: {r['reason']} "
                          "(--include-degenerate counts it)" if r["status"] == "degenerate"
                     else "not scored (--time-limit)" if r["status"] == "not scored"

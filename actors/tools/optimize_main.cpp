@@ -370,6 +370,7 @@ int main(int argc, char** argv) {
                           {"extraction_error", c.ex.error},
                           {"verdict", ev::verdict_name(c.result.verdict)},
                           {"reason", c.result.reason},
+                          {"cause", ev::cause_name(c.result.cause)},
                           {"speedup", c.result.speedup},
                           {"speedup_lo", c.result.speedup_lo},
                           {"speedup_hi", c.result.speedup_hi},

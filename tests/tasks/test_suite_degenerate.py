@@ -111,8 +111,8 @@ class ScorePolicyDegenerateTest(unittest.TestCase):
             for degenerate in (True, False):
                 with open(path, "w") as f:
                     json.dump(optimize_report(degenerate), f)
-                samples, ok, verdicts, speedups, why = score_policy.read_report(path)
-                self.assertEqual((samples, ok, speedups), (2, 1, [10.1]))
+                samples, ok, verdicts, speedups, why, unmeasured = score_policy.read_report(path)
+                self.assertEqual((samples, ok, speedups, unmeasured), (2, 1, [10.1], []))
                 if degenerate:
                     self.assertEqual(why, "reference output is (nearly) the same for different inputs")
                 else:
@@ -146,6 +146,45 @@ class ScorePolicyDegenerateTest(unittest.TestCase):
         self.assertAlmostEqual(total["mean_speedup"], (1.5 + 10.1) / 2)
         self.assertIn("1 degenerate task(s) are counted (--include-degenerate): 041_mse_loss",
                       score_policy.table_md(meta, rows, records)[0])
+
+
+class ScorePolicyUnmeasuredTest(unittest.TestCase):
+    def test_a_verification_the_machine_failed_is_not_a_sample(self):
+        # Three candidates: ok; runtime_error caused by the machine (a reference slowed by a
+        # loaded host); its duplicate, whose result is the original's; and a kernel's own
+        # runtime_error. Only the first and the last are samples.
+        env = {"verdict": "runtime_error", "cause": "environment",
+               "reason": "environment: the reference ran 2.4x slower in the timed trials"}
+        rep = {"task": "001_relu", "candidates": [
+            {"index": 0, "verdict": "ok", "cause": "kernel", "speedup": 1.2, "result": {"verdict": "ok"}},
+            {"index": 1, "verdict": "runtime_error", "speedup": 0, "result": env},
+            {"index": 2, "verdict": "runtime_error", "speedup": 0, "duplicate_of": 1},
+            {"index": 3, "verdict": "runtime_error", "cause": "kernel", "reason": "kf_forward returned 3",
+             "speedup": 0, "result": {"verdict": "runtime_error", "cause": "kernel"}}]}
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "report.json")
+            with open(path, "w") as f:
+                json.dump(rep, f)
+            samples, ok, verdicts, speedups, _, unmeasured = score_policy.read_report(path)
+            self.assertEqual((samples, ok, speedups), (2, 1, [1.2]))
+            self.assertEqual(verdicts, {"ok": 1, "runtime_error": 1})
+            self.assertEqual(len(unmeasured), 2)
+            self.assertIn("2.4x slower", unmeasured[0])
+            self.assertEqual(score_policy.unmeasured_in(path), unmeasured)
+            self.assertEqual(score_policy.unmeasured_in(os.path.join(d, "none.json")), [])
+        rec = {"task": "001_relu", "split": "train", "level": 1, "status": "scored", "reason": "", "rc": 0,
+               "samples": 2, "not_measured": 2, "ok": 1, "verdicts": verdicts, "best_speedup": 1.2,
+               "counted_speedup": 1.2, "ok_speedups": [1.2], "degenerate": None, "seconds": 1.0,
+               "out": "tasks/001_relu", "log": "tasks/001_relu.log"}
+        rows = score_policy.make_rows([rec])
+        total = [r for r in rows if r["level"] == "all"][0]
+        self.assertEqual((total["samples"], total["not_measured"]), (2, 2))
+        self.assertAlmostEqual(total["correct_pct"], 50.0)
+        meta = {"model": "m", "label": "", "n": 4, "backend": "cpu", "date": "d", "machine": "CPU"}
+        summary, full = score_policy.table_md(meta, rows, [rec])
+        self.assertIn("2 sample(s) were not measured", summary)
+        self.assertIn("001_relu 2", summary)
+        self.assertIn("not measured 2", full)
 
 
 if __name__ == "__main__":
