@@ -223,8 +223,15 @@ TEST(SandboxTest, ThreadsWorkingOutsideTheCallAreMeasured) {
                 wall, n);
     return cpu / n;
   };
-  const double spinning = outside_per_call("cpu/cheat_background.cpp"),
-               sleeping = outside_per_call("cpu/good_relu.cpp");
+  // On a loaded 2-core machine the spinning thread may get no core in windows this short
+  // (a full suite measured 0.0167 against 0.0182 ms once), so the claim must hold in one of
+  // three measurements; a boundary that does not measure that CPU fails all three.
+  double spinning = 0, sleeping = 0;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    spinning = outside_per_call("cpu/cheat_background.cpp");
+    sleeping = outside_per_call("cpu/good_relu.cpp");
+    if (spinning > 0.005 && spinning > 1.2 * sleeping) break;
+  }
   EXPECT_GT(spinning, 0.005) << "the spinning thread's CPU outside the call was not measured";
   EXPECT_GT(spinning, 1.2 * sleeping);
 }
