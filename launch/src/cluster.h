@@ -151,6 +151,7 @@ struct NetworkAccount {
   uint64_t results_late = 0, claimed_again = 0, undecodable = 0;
   uint64_t groups_opened = 0, groups_dropped = 0, groups_duplicate = 0;
   uint64_t results_joined = 0, results_orphan = 0, results_duplicate = 0, kernels_inserted = 0;
+  uint64_t members_lost = 0;  // unqueued members the head marked lost in their group
   uint64_t lost() const { return dead + dropped; }
   bool balanced() const { return created == scored + lost() + queued + in_flight; }
 };

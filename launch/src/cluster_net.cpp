@@ -165,6 +165,7 @@ struct ClusterWatch::Impl {
     a.claimed_again = c.claimed_again;
     a.undecodable = c.undecodable;
     a.unqueued = c.unqueued;
+    a.members_lost = c.members_lost;
     a.groups_published = c.groups_published;
     a.groups_opened = c.groups_opened;
     a.groups_dropped = c.groups_dropped;

@@ -535,10 +535,10 @@ void Launcher::Impl::log_network() {
            " late result(s) dropped), ", a.dead, " dead-lettered, ", a.dropped, " dropped, ", a.queued, " queued, ",
            a.in_flight, " in flight; the head's replay opened ", a.groups_opened, " group(s) (", a.groups_dropped,
            " dropped, ", a.groups_duplicate, " duplicate) and joined ", a.results_joined, " result(s) (",
-           a.results_orphan, " orphan, ", a.results_duplicate, " duplicate result(s) dropped); ", a.results_waiting,
-           " result(s) and ", a.groups_waiting, " group(s) left unjoined; ", a.undecodable, " undecodable record(s), ",
-           watch->errors(), " redis error(s) reading the server",
-           redis_died ? " (the server died: these are its last figures)" : "");
+           a.results_orphan, " orphan, ", a.results_duplicate, " duplicate result(s) dropped) and marked ",
+           a.members_lost, " unsent member(s) lost; ", a.results_waiting, " result(s) and ", a.groups_waiting,
+           " group(s) left unjoined; ", a.undecodable, " undecodable record(s), ", watch->errors(),
+           " redis error(s) reading the server", redis_died ? " (the server died: these are its last figures)" : "");
 }
 
 void Launcher::Impl::save_state(const char* when) {

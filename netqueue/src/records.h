@@ -14,6 +14,12 @@
 
 namespace kf::netqueue::detail {
 
+// A kf:results entry that is no result: its candidate (the entry's tag) was never handed to
+// the evaluators (its publish stopped after the group record went in), so the head marks
+// it lost and its group completes without waiting for its deadline. No encoded result
+// is this short.
+inline constexpr const char* kLostMember = "lost";
+
 // Little-endian fixed-width values and u32-length-prefixed bytes.
 template <class T>
 void put(std::string& out, T v) {

@@ -74,6 +74,26 @@ class StreamGroups : public replay::GroupSink {
                " candidate(s) were not handed over to the evaluators (counted lost)");
       return replay::PublishOutcome::stopped;
     };
+    // Once the group record is in, the members never handed over are marked lost on the
+    // head (as ShmGroups marks them in the replay), so their group does not wait for its
+    // deadline. Best effort: a server that does not take them leaves the deadline to it.
+    auto mark_lost = [&](const std::vector<Outgoing>& left) {
+      std::vector<Outgoing> marks;
+      for (const auto& m : left) marks.push_back({m.tag, detail::kLostMember});
+      std::size_t n = 0;
+      try {
+        connect();
+        n = results_->push_batch(marks, 200ms);
+      } catch (const std::exception& e) {
+        reset();
+        log_warn(who_, ": marking group ", gid, "'s unsent member(s) lost in ", kResultsStream, " failed (",
+                 message_of(e), "); the head completes the group at its deadline");
+        return;
+      }
+      if (n < marks.size())
+        log_warn(who_, ": ", marks.size() - n, " of group ", gid, "'s unsent member(s) could not be marked lost (",
+                 kResultsStream, " full); the head completes the group at its deadline");
+    };
 
     // 1. The group record, waiting up to room_wait for room in kf:groups.
     const Millis wait = std::max(Millis(0), std::chrono::duration_cast<Millis>(room_wait));
@@ -105,12 +125,15 @@ class StreamGroups : public replay::GroupSink {
         members.erase(members.begin(), members.begin() + static_cast<long>(n));
       } catch (const std::exception& e) {
         reset();
-        watch_.failed(e);
+        watch_.failed(e);  // throws once the head's server has been silent for gone_after
         std::this_thread::sleep_for(1s);
       }
       if (members.empty()) break;
       tend();
-      if (!going()) return stop(members.size(), ("while " + std::string(kCandidatesStream) + " was full").c_str());
+      if (!going()) {
+        mark_lost(members);
+        return stop(members.size(), ("while " + std::string(kCandidatesStream) + " was full").c_str());
+      }
     }
     counts_.flush();
     return replay::PublishOutcome::published;
@@ -188,10 +211,14 @@ class StreamGroups : public replay::GroupSink {
       c.push_count_field = "candidates_published";
       cands_ = std::make_unique<StreamQueue>(StreamQueue::open(c));
     }
+    if (!results_)
+      results_ =
+          std::make_unique<StreamQueue>(StreamQueue::open(detail::stream_config(s_, kResultsStream, kHeadGroup)));
   }
   void reset() {
     groups_.reset();
     cands_.reset();
+    results_.reset();
   }
 
   void no_head(const char* what) {
@@ -309,7 +336,7 @@ class StreamGroups : public replay::GroupSink {
   std::string where_;
   detail::Reachability watch_;
   detail::Counts counts_;
-  std::unique_ptr<StreamQueue> groups_, cands_;
+  std::unique_ptr<StreamQueue> groups_, cands_, results_;
   replay::CandidateRoom room_;
   Clock::time_point room_read_{};
   bool room_failing_ = false;

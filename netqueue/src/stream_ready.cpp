@@ -251,6 +251,17 @@ class HeadGather : public replay::ReadyGroups {
   }
 
   void join_message(const Message& m) {
+    if (m.data == detail::kLostMember) {  // never handed to the evaluators: its group need not wait
+      const std::size_t marked = shm_.replay().mark_lost({m.tag});
+      routes_.erase(m.tag);
+      if (marked > 0)
+        counts_.add("members_lost", 1);
+      else  // its actor counted it lost already (unqueued)
+        log_info("learner rank 0: candidate ", m.tag,
+                 " was marked lost by its actor, but no open group holds it unscored (gone, or taken at its "
+                 "deadline); nothing to mark");
+      return;
+    }
     replay::Result r;
     try {
       r = replay::decode_result(reinterpret_cast<const unsigned char*>(m.data.data()), m.data.size(),

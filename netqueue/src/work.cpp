@@ -56,6 +56,7 @@ NetworkCounts network_counts(KeyStore& ks) {
                                                    {"results_joined", &c.results_joined},
                                                    {"results_orphan", &c.results_orphan},
                                                    {"results_duplicate", &c.results_duplicate},
+                                                   {"members_lost", &c.members_lost},
                                                    {"kernels_inserted", &c.kernels_inserted}};
   for (const auto& [f, v] : ks.counts(kCountsKey)) {
     const auto it = fields.find(f);

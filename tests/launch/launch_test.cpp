@@ -868,14 +868,15 @@ bool wait_until_busy(const std::string& eval_log, const std::string& head_log, s
 // candidates published [1, 2], results sent back [3], claimed from a dead or stalled evaluator
 // [4], late results dropped [5], dead-lettered [6], dropped [7], queued [8], in flight [9];
 // groups the head's replay opened [10], dropped [11], duplicate [12]; results it joined [13],
-// orphan [14], duplicate [15]; results [16] and groups [17] left unjoined.
+// orphan [14], duplicate [15]; unsent members it marked lost [16]; results [17] and groups
+// [18] left unjoined.
 const char* const kNetworkLine =
     "network: ([0-9]+) group\\(s\\) and ([0-9]+) candidate\\(s\\) published to the head's server, ([0-9]+) "
     "result\\(s\\) sent back by evaluators \\(([0-9]+) candidate\\(s\\) claimed from a dead or stalled evaluator, "
     "([0-9]+) late result\\(s\\) dropped\\), ([0-9]+) dead-lettered, ([0-9]+) dropped, ([0-9]+) queued, ([0-9]+) in "
     "flight; the head's replay opened ([0-9]+) group\\(s\\) \\(([0-9]+) dropped, ([0-9]+) duplicate\\) and joined "
-    "([0-9]+) result\\(s\\) \\(([0-9]+) orphan, ([0-9]+) duplicate result\\(s\\) dropped\\); ([0-9]+) result\\(s\\) "
-    "and ([0-9]+) group\\(s\\) left unjoined";
+    "([0-9]+) result\\(s\\) \\(([0-9]+) orphan, ([0-9]+) duplicate result\\(s\\) dropped\\) and marked ([0-9]+) unsent "
+    "member\\(s\\) lost; ([0-9]+) result\\(s\\) and ([0-9]+) group\\(s\\) left unjoined";
 
 TEST(LaunchClusterTest, HeadAndTwoEvaluatorNodesOneKilledLosesNoCandidate) {
   NEED_LAUNCH();
@@ -942,7 +943,7 @@ TEST(LaunchClusterTest, HeadAndTwoEvaluatorNodesOneKilledLosesNoCandidate) {
   EXPECT_EQ(std::stoll(m[6]) + std::stoll(m[7]) + std::stoll(m[8]) + std::stoll(m[9]), 0) << m[0];
   std::printf("%s\n", m[0].str().c_str());
   // Learner rank 0 joined what was scored after its last step: nothing is left in the server.
-  EXPECT_EQ(std::stoll(m[16]) + std::stoll(m[17]), 0) << m[0];
+  EXPECT_EQ(std::stoll(m[17]) + std::stoll(m[18]), 0) << m[0];
   EXPECT_EQ(std::stoll(m[13]) + std::stoll(m[14]) + std::stoll(m[15]), std::stoll(m[3])) << m[0];
   EXPECT_NE(slurp(run + "/logs/learner-0.log").find("last step done; joining"), std::string::npos);
   const int64_t results_sent = std::stoll(m[3]);
@@ -1227,7 +1228,7 @@ TEST(LaunchClusterTest, HeadActorNodeAndTwoEvaluatorNodesMatchOneNodeRun) {
   EXPECT_GT(std::stoll(m[10]), 0) << m[0];
   EXPECT_EQ(std::stoll(m[11]) + std::stoll(m[12]) + std::stoll(m[15]), 0) << m[0];
   EXPECT_EQ(std::stoll(m[6]) + std::stoll(m[7]), 0) << m[0];
-  const int64_t unjoined = std::stoll(m[16]), orphans = std::stoll(m[14]);
+  const int64_t unjoined = std::stoll(m[17]), orphans = std::stoll(m[14]);
   // The head ran no actor: every candidate it created came from the actor node.
   EXPECT_NE(log.find("the head runs no actor of its own (cluster.head_actors 0)"), std::string::npos) << log;
   EXPECT_EQ(log.find("started actor"), std::string::npos) << log;

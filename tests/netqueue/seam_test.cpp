@@ -3,7 +3,8 @@
 // evaluators, one of which dies holding a candidate (the other claims it after
 // claim_idle), and the head's learner rank 0 gathers the group with every result into its
 // replay, the verified kernel into its kernel database; a second result is not joined
-// twice; a full candidate stream stops a publish whose keep_going turns false; an actor
+// twice; a full candidate stream stops a publish whose keep_going turns false, and the
+// members it never handed over are marked lost on the head; an actor
 // node mirrors the head's snapshot and kernel database into its own run.
 #include <unistd.h>
 
@@ -335,6 +336,49 @@ TEST(NetqueueSeamTest, FullCandidateStreamWaitsAndStopsWhenKeepGoingTurnsFalse) 
   EXPECT_EQ(n.candidates_published, 2u);
   EXPECT_EQ(n.unqueued, 2u);
   EXPECT_EQ(n.known_results, 1u);
+}
+
+// As on one node (ReplaySeamTest.FullQueueWhileStopping...): the members a stopped publish
+// never handed over are marked lost on the head, so the group is ready once the others are
+// scored, long before its deadline (60 s).
+TEST(NetqueueSeamTest, StoppedPublishMarksItsUnsentMembersLostOnTheHead) {
+  auto srv = test::start_server();
+  const Config cfg = config_for(srv, "head", {"cluster.redis.bound=2"});
+  TestRun head("l");
+  auto sink = stream_groups(cfg, head.get(), "actor 0");
+  int asked = 0;
+  std::size_t unqueued = 0;
+  ASSERT_EQ(sink->publish(
+                group(60, 4), 1s, [&] { return ++asked < 3; }, &unqueued),
+            replay::PublishOutcome::stopped);
+  EXPECT_EQ(unqueued, 2u);
+
+  auto ev = stream_candidates(cfg, "evaluator 0");
+  std::vector<replay::Claim> claims;
+  const auto t0 = Clock::now();
+  while (claims.size() < 2 && test::seconds_since(t0) < 10) ev->claim(claims, 2, 200ms);
+  ASSERT_EQ(claims.size(), 2u);
+  for (const auto& c : claims) EXPECT_TRUE(ev->complete(c, result_for(c.candidate, replay::Verdict::incorrect)).first);
+
+  auto learner = stream_ready_groups(cfg, head.get(), 0, 1, 5000ms);
+  const auto got = learner->take(want(1));
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].group_id, 60u);
+  EXPECT_EQ(got[0].missing, (std::vector<uint8_t>{0, 0, 1, 1}));
+  EXPECT_FALSE(got[0].deadline_hit) << "ready by the losses, not by the deadline (60 s)";
+  EXPECT_LT(test::seconds_since(t0), 20) << "the group waited for its deadline";
+
+  sink.reset(), ev.reset(), learner.reset();
+  const auto n = network_counts(srv.client_config());
+  EXPECT_EQ(n.unqueued, 2u);
+  EXPECT_EQ(n.members_lost, 2u);
+  EXPECT_EQ(n.results_joined, 2u);
+  EXPECT_EQ(n.results_orphan, 0u);
+  EXPECT_EQ(head->replay().stats().candidates_lost, 2u);
+  StreamConfig sc = srv.client_config();
+  sc.stream = kResultsStream;
+  sc.group = kHeadGroup;
+  EXPECT_EQ(StreamQueue::open(sc).depth().length, 0u) << "the marks were acknowledged";
 }
 
 TEST(NetqueueSeamTest, HeldGroupIsPendingUntilTheHeadOpensAndReleasedToTheLearner) {

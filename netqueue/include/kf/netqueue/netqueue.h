@@ -273,7 +273,8 @@ class KeyStore {
 // head's server:
 //   actor      GroupSink: the group record (candidates, known results, deadline, hold) to
 //              kf:groups, then each member still to be scored to kf:candidates (bound
-//              cluster.redis.bound: publish waits while full).
+//              cluster.redis.bound: publish waits while full; if stopped, marks the rest
+//              lost in kf:results).
 //   evaluator  CandidateSource: takes kf:candidates; complete = result into kf:results and
 //              acknowledgement in one atomic step. No shared memory.
 //   learner    ReadyGroups, rank 0 on the head: each take drains kf:groups into the head's
@@ -348,6 +349,7 @@ struct NetworkCounts {
   uint64_t results_joined = 0;        // head: results joined to their group
   uint64_t results_orphan = 0;        // head: results whose group was not open (dropped, acknowledged)
   uint64_t results_duplicate = 0;     // head: second results for a scored candidate (dropped)
+  uint64_t members_lost = 0;          // head: unqueued members marked lost in their group
   uint64_t kernels_inserted = 0;      // head: verified kernels that entered the head's KernelDb
 };
 // Reads kf:counts (throws kf::Error naming the server when it does not answer); the second
