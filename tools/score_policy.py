@@ -243,8 +243,9 @@ def score_task(name, split, level, args, out, deadline):
     dest = os.path.join(out, "tasks", name)
     log = dest + ".log"
     rec = {"task": name, "split": split, "level": level, "status": "failed", "reason": "", "rc": None,
-           "samples": 0, "not_measured": 0, "ok": 0, "verdicts": {}, "best_speedup": None, "counted_speedup": None, "ok_speedups": [],
-           "degenerate": None, "seconds": 0.0, "out": os.path.relpath(dest, out), "log": os.path.relpath(log, out)}
+           "samples": 0, "not_measured": 0, "ok": 0, "verdicts": {}, "best_speedup": None, "counted_speedup": None,
+           "ok_speedups": [], "degenerate": None, "seconds": 0.0, "out": os.path.relpath(dest, out),
+           "log": os.path.relpath(log, out)}
     if deadline is not None and time.monotonic() >= deadline:
         rec.update(status="not scored", reason="--time-limit reached before it started")
         return rec
