@@ -52,7 +52,7 @@ constexpr int kSteps = 12;            // learner steps of each arm, one group ea
 constexpr int kGroupSize = 8;         // samples per group
 // Margins from five runs of both arms on the 2-core machine (docs/results/2026-12-07-learning-causes.md):
 // RL's share rose by 0.65-0.69 in all five; the placebo's share moved by -0.18 to +0.35 and
-// its windows' reward by -0.16 to +0.33. Full suites at -j2 (two in CI) gave RL a share of
+// its windows' reward by -0.16 to +0.33. Full suites at -j2 (one in CI) gave RL a share of
 // +0.67. J's rise is the share's rise times the gap between the kernels' rewards, and the gap
 // is 1 + the correct kernel's measured speedup (ok earns 1 + clip(speedup - 1), wrong -1),
 // at least about 1 on a loaded machine: +0.50 x 1 puts J's floor of 0.30 well inside.
