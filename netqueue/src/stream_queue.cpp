@@ -303,31 +303,44 @@ struct StreamQueue::Impl {
     prune_consumers();
   }
 
+  // The group's consumers as XINFO CONSUMERS lists them ("idle": milliseconds since the
+  // consumer last read, claimed or was kept alive; -1 where a field is missing).
+  struct Consumer {
+    std::string name;
+    long long pending = -1, idle = -1;
+  };
+  std::vector<Consumer> consumers() {
+    Args a;
+    a.add("XINFO").add("CONSUMERS").add(cfg.stream).add(cfg.group);
+    Reply r = conn.call(a, "XINFO CONSUMERS");
+    std::vector<Consumer> out;
+    for (std::size_t i = 0; r->type == REDIS_REPLY_ARRAY && i < r->elements; ++i) {
+      const redisReply* c = r->element[i];
+      Consumer info;
+      for (std::size_t j = 0; c->type == REDIS_REPLY_ARRAY && j + 1 < c->elements; j += 2) {
+        std::string k(c->element[j]->str ? c->element[j]->str : "", c->element[j]->len);
+        const redisReply* v = c->element[j + 1];
+        if (k == "name" && v->type == REDIS_REPLY_STRING) info.name.assign(v->str, v->len);
+        if (k == "pending" && v->type == REDIS_REPLY_INTEGER) info.pending = v->integer;
+        if (k == "idle" && v->type == REDIS_REPLY_INTEGER) info.idle = v->integer;
+      }
+      out.push_back(std::move(info));
+    }
+    return out;
+  }
+
   // Forgets consumers with nothing pending that have been idle for long (dead evaluators'
   // names); a live one that reads again is re-created by XREADGROUP. Every prune_after.
   void prune_consumers() {
     auto now = Clock::now();
     if (now < next_prune) return;
     next_prune = now + prune_after;
-    Args a;
-    a.add("XINFO").add("CONSUMERS").add(cfg.stream).add(cfg.group);
-    Reply r = conn.call(a, "XINFO CONSUMERS");
-    for (std::size_t i = 0; r->type == REDIS_REPLY_ARRAY && i < r->elements; ++i) {
-      const redisReply* c = r->element[i];
-      std::string name;
-      long long pending = -1, idle = -1;
-      for (std::size_t j = 0; c->type == REDIS_REPLY_ARRAY && j + 1 < c->elements; j += 2) {
-        std::string k(c->element[j]->str ? c->element[j]->str : "", c->element[j]->len);
-        const redisReply* v = c->element[j + 1];
-        if (k == "name" && v->type == REDIS_REPLY_STRING) name.assign(v->str, v->len);
-        if (k == "pending" && v->type == REDIS_REPLY_INTEGER) pending = v->integer;
-        if (k == "idle" && v->type == REDIS_REPLY_INTEGER) idle = v->integer;
-      }
-      if (name.empty() || name == cfg.consumer || pending != 0 || idle < prune_after.count()) continue;
+    for (const Consumer& c : consumers()) {
+      if (c.name.empty() || c.name == cfg.consumer || c.pending != 0 || c.idle < prune_after.count()) continue;
       Args d;
-      d.add("XGROUP").add("DELCONSUMER").add(cfg.stream).add(cfg.group).add(name);
+      d.add("XGROUP").add("DELCONSUMER").add(cfg.stream).add(cfg.group).add(c.name);
       conn.call(d, "XGROUP DELCONSUMER");
-      log_info("netqueue: ", where(), ": forgot consumer ", name, " (nothing pending, idle ", idle, " ms)");
+      log_info("netqueue: ", where(), ": forgot consumer ", c.name, " (nothing pending, idle ", c.idle, " ms)");
     }
   }
 
@@ -572,21 +585,9 @@ StreamDepth StreamQueue::depth() {
 uint64_t StreamQueue::live_consumers() {
   Impl& q = *impl_;
   q.ready();
-  Args a;
-  a.add("XINFO").add("CONSUMERS").add(q.cfg.stream).add(q.cfg.group);
-  Reply r = q.conn.call(a, "XINFO CONSUMERS");
   uint64_t live = 0;
-  // "idle": milliseconds since the consumer last read, claimed or was kept alive.
-  for (std::size_t c = 0; r->type == REDIS_REPLY_ARRAY && c < r->elements; ++c) {
-    const redisReply* info = r->element[c];
-    for (std::size_t i = 0; info->type == REDIS_REPLY_ARRAY && i + 1 < info->elements; i += 2) {
-      const redisReply* k = info->element[i];
-      const redisReply* v = info->element[i + 1];
-      if (k->str && std::string(k->str, k->len) == "idle" && v->type == REDIS_REPLY_INTEGER &&
-          v->integer <= q.cfg.claim_idle.count())
-        ++live;
-    }
-  }
+  for (const auto& c : q.consumers())
+    if (c.idle >= 0 && c.idle <= q.cfg.claim_idle.count()) ++live;
   return live;
 }
 

@@ -110,6 +110,14 @@ replay::TakeRequest want(int64_t groups) {
 
 const auto kNoStop = [] { return true; };
 
+// kf:results as the head's learner rank 0 reads it.
+StreamQueue head_results(const RedisServer& srv) {
+  StreamConfig sc = srv.client_config();
+  sc.stream = kResultsStream;
+  sc.group = kHeadGroup;
+  return StreamQueue::open(sc);
+}
+
 TEST(NetqueueSeamTest, ClaimedAwayCandidateIsScoredOnceAndTheHeadGathersTheGroup) {
   auto srv = test::start_server();
   const Config cfg = config_for(srv, "head");
@@ -272,26 +280,14 @@ TEST(NetqueueSeamTest, SecondResultIsNotJoinedTwiceAndALateOneIsAnOrphan) {
   auto dup = result_for(g.candidates[0], replay::Verdict::ok, 3.0);
   std::string bytes(replay::encoded_size(dup), '\0');
   replay::encode(dup, reinterpret_cast<unsigned char*>(bytes.data()));
-  {
-    StreamConfig sc = srv.client_config();
-    sc.stream = kResultsStream;
-    sc.group = kHeadGroup;
-    auto producer = StreamQueue::open(sc);
-    ASSERT_TRUE(producer.push(dup.candidate_id, bytes, 1s));
-  }
+  ASSERT_TRUE(head_results(srv).push(dup.candidate_id, bytes, 1s));
   auto learner = stream_ready_groups(cfg, head.get(), 0, 1, 3000ms);
   const auto got = learner->take(want(4));
   ASSERT_EQ(got.size(), 1u);
   EXPECT_EQ(got[0].results[0].verdict, replay::Verdict::incorrect) << "the first result counts";
   EXPECT_FALSE(head->kernels().best("001_relu").has_value()) << "the duplicate's kernel did not enter";
   // A result for the group already taken: counted orphan, acknowledged.
-  {
-    StreamConfig sc = srv.client_config();
-    sc.stream = kResultsStream;
-    sc.group = kHeadGroup;
-    auto producer = StreamQueue::open(sc);
-    ASSERT_TRUE(producer.push(dup.candidate_id, bytes, 1s));
-  }
+  ASSERT_TRUE(head_results(srv).push(dup.candidate_id, bytes, 1s));
   EXPECT_TRUE(learner->take(want(4)).empty());
   sink.reset(), ev.reset(), learner.reset();
   const auto n = network_counts(srv.client_config());
@@ -300,10 +296,7 @@ TEST(NetqueueSeamTest, SecondResultIsNotJoinedTwiceAndALateOneIsAnOrphan) {
   EXPECT_EQ(n.results_orphan, 1u);
   EXPECT_EQ(n.kernels_inserted, 0u);
   EXPECT_GE(head->replay().stats().results_duplicate, 1u);
-  StreamConfig sc = srv.client_config();
-  sc.stream = kResultsStream;
-  sc.group = kHeadGroup;
-  EXPECT_EQ(StreamQueue::open(sc).depth().length, 0u) << "every result entry was acknowledged";
+  EXPECT_EQ(head_results(srv).depth().length, 0u) << "every result entry was acknowledged";
 }
 
 TEST(NetqueueSeamTest, FullCandidateStreamWaitsAndStopsWhenKeepGoingTurnsFalse) {
@@ -375,10 +368,7 @@ TEST(NetqueueSeamTest, StoppedPublishMarksItsUnsentMembersLostOnTheHead) {
   EXPECT_EQ(n.results_joined, 2u);
   EXPECT_EQ(n.results_orphan, 0u);
   EXPECT_EQ(head->replay().stats().candidates_lost, 2u);
-  StreamConfig sc = srv.client_config();
-  sc.stream = kResultsStream;
-  sc.group = kHeadGroup;
-  EXPECT_EQ(StreamQueue::open(sc).depth().length, 0u) << "the marks were acknowledged";
+  EXPECT_EQ(head_results(srv).depth().length, 0u) << "the marks were acknowledged";
 }
 
 TEST(NetqueueSeamTest, HeldGroupIsPendingUntilTheHeadOpensAndReleasedToTheLearner) {
